@@ -1,0 +1,19 @@
+//! The ublkd dataplane: everything that touches the kernel's ublk driver.
+//!
+//! What it is: pinned worker threads (one per CPU it is given) that own io_uring rings and serve the
+//! ublk queues of every volume mapped to their CPU; the ublk control protocol on
+//! `/dev/ublk-control`; and the storage backends behind each volume.
+//!
+//! What it is not: it knows nothing of gRPC, tokio or Prometheus. The daemon in `server/` drives it
+//! through a narrow handle and reads its statistics.
+//!
+//! `unsafe` lives only in [`sys`] (kernel UAPI layouts and thin syscall wrappers) and the ring
+//! module; every other module is safe code.
+
+pub mod ctrl;
+pub mod features;
+pub mod ring;
+pub mod sys;
+
+pub use ctrl::{ControlDevice, CtrlError};
+pub use features::Features;

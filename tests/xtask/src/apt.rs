@@ -1,0 +1,270 @@
+//! Debian packages: the host's own prerequisites (installed with apt when missing) and a private
+//! apt setup that reads newer suites to find and download a guest kernel.
+//!
+//! The mirror is never written down here: it is read at run time from the machine's own apt
+//! sources, so the harness follows whatever mirror or proxy the machine is configured with.
+
+use anyhow::{bail, Context, Result};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Suites searched for a guest kernel, newest first in spirit; the newest version wins anyway.
+const KERNEL_SUITES: &[&str] = &["trixie-backports", "trixie", "sid"];
+
+/// Host commands the harness needs, with the Debian package that provides each.
+const HOST_TOOLS: &[(&str, &str)] = &[
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("busybox", "busybox-static"),
+    ("depmod", "kmod"),
+    ("xz", "xz-utils"),
+    ("fio", "fio"),
+    ("mkfs.ext4", "e2fsprogs"),
+    ("blkdiscard", "util-linux"),
+    ("timeout", "coreutils"),
+];
+
+/// Installs whatever host packages are missing; does nothing (and downloads nothing) when all are
+/// there.
+pub fn ensure_host_tools() -> Result<()> {
+    let mut missing: Vec<&str> = HOST_TOOLS
+        .iter()
+        .filter(|(cmd, _)| which(cmd).is_none())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    // The initramfs needs a static busybox; a dynamic one from another package would not run.
+    if which("busybox").is_some() && !busybox_is_static() {
+        missing.push("busybox-static");
+    }
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing host packages: {}", missing.join(" "));
+    let install = |quiet_update: bool| -> Result<bool> {
+        if quiet_update {
+            run_ok(Command::new("apt-get").args(["update", "-qq"]))?;
+        }
+        let status = Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("running apt-get (is this a Debian machine, and are we root?)")?;
+        Ok(status.success())
+    };
+    if !install(false)? && !install(true)? {
+        bail!("apt-get install {} failed", missing.join(" "));
+    }
+    Ok(())
+}
+
+fn busybox_is_static() -> bool {
+    let Some(path) = which("busybox") else {
+        return false;
+    };
+    // A static ELF has no PT_INTERP; `ldd` says "not a dynamic executable".
+    Command::new("ldd")
+        .arg(&path)
+        .output()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).to_string()
+                + &String::from_utf8_lossy(&o.stderr);
+            text.contains("not a dynamic executable") || text.contains("statically linked")
+        })
+        .unwrap_or(false)
+}
+
+/// Full path of `cmd` on PATH (plus the sbin directories root uses).
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+        .map(|d| Path::new(d).join(cmd))
+        .find(|p| p.is_file());
+    found
+}
+
+pub fn run_ok(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+pub fn output_ok(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The Debian archive URI this machine's apt uses (not the security archive).
+pub fn debian_mirror() -> Result<String> {
+    let mut candidates = Vec::new();
+    let mut texts = Vec::new();
+    if let Ok(t) = fs::read_to_string("/etc/apt/sources.list") {
+        texts.push(t);
+    }
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for p in paths {
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if ext == "sources" || ext == "list" {
+                if let Ok(t) = fs::read_to_string(&p) {
+                    texts.push(t);
+                }
+            }
+        }
+    }
+    for text in &texts {
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("URIs:") {
+                candidates.extend(rest.split_whitespace().map(str::to_owned));
+            } else if let Some(rest) = line.strip_prefix("deb ") {
+                // deb [options] URI suite components
+                let mut words = rest.split_whitespace().peekable();
+                if words.peek().is_some_and(|w| w.starts_with('[')) {
+                    for w in words.by_ref() {
+                        if w.ends_with(']') {
+                            break;
+                        }
+                    }
+                }
+                if let Some(uri) = words.next() {
+                    candidates.push(uri.to_owned());
+                }
+            }
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|u| {
+            let u = u.trim_end_matches('/');
+            u.ends_with("/debian") && !u.contains("security")
+        })
+        .context("no Debian archive found in /etc/apt/sources.list{,.d}")
+}
+
+/// A private apt configuration under `dir` that reads the kernel suites without touching the
+/// machine's own apt state.
+#[derive(Debug)]
+pub struct PrivateApt {
+    dir: PathBuf,
+}
+
+impl PrivateApt {
+    pub fn new(dir: &Path) -> Result<Self> {
+        for sub in ["lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        let status = dir.join("status");
+        if !status.exists() {
+            fs::write(&status, "")?;
+        }
+        let mirror = debian_mirror()?;
+        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+        let sources: String = KERNEL_SUITES
+            .iter()
+            .map(|s| format!("deb [signed-by={keyring}] {mirror} {s} main\n"))
+            .collect();
+        fs::write(dir.join("sources.list"), sources)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    fn options(&self) -> Vec<String> {
+        let d = self.dir.display();
+        vec![
+            format!("-oDir::Etc::SourceList={d}/sources.list"),
+            "-oDir::Etc::SourceParts=/nonexistent".into(),
+            format!("-oDir::State::Lists={d}/lists"),
+            format!("-oDir::Cache={d}/cache"),
+            format!("-oDir::State::status={d}/status"),
+            "-oDebug::NoLocking=1".into(),
+            "-oAPT::Architecture=amd64".into(),
+            "-oAPT::Sandbox::User=root".into(),
+        ]
+    }
+
+    pub fn update(&self) -> Result<()> {
+        eprintln!(
+            "xtask: reading kernel suites ({})",
+            KERNEL_SUITES.join(", ")
+        );
+        run_ok(
+            Command::new("apt-get")
+                .args(self.options())
+                .args(["update", "-qq"]),
+        )
+    }
+
+    /// Package names matching an apt-cache regex.
+    pub fn search_names(&self, regex: &str) -> Result<Vec<String>> {
+        let out = output_ok(Command::new("apt-cache").args(self.options()).args([
+            "search",
+            "--names-only",
+            regex,
+        ]))?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split(" - ").next())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    pub fn has_package(&self, name: &str) -> bool {
+        Command::new("apt-cache")
+            .args(self.options())
+            .args(["show", "--no-all-versions", name])
+            .output()
+            .map(|o| o.status.success() && !o.stdout.is_empty())
+            .unwrap_or(false)
+    }
+
+    /// Downloads `packages` into `dest` (apt-get download; newest version of each).
+    pub fn download(&self, packages: &[String], dest: &Path) -> Result<()> {
+        fs::create_dir_all(dest)?;
+        eprintln!("xtask: downloading {}", packages.join(" "));
+        run_ok(
+            Command::new("apt-get")
+                .current_dir(dest)
+                .args(self.options())
+                .args(["download", "-qq"])
+                .args(packages),
+        )
+    }
+}
+
+/// A kernel release string such as `7.3.4+deb13-amd64` as numbers (7, 3, 4).
+pub fn kver_numbers(kver: &str) -> Vec<u64> {
+    kver.split(['+', '-'])
+        .next()
+        .unwrap_or("")
+        .split('.')
+        .map(|p| p.parse().unwrap_or(0))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_compare_numerically() {
+        assert_eq!(kver_numbers("7.3.4+deb13-amd64"), vec![7, 3, 4]);
+        assert!(kver_numbers("7.10.1+deb13-amd64") > kver_numbers("7.9.12+deb13-amd64"));
+        assert!(kver_numbers("7.1.3+deb13-amd64") >= vec![7, 1]);
+        assert!(kver_numbers("6.19.14+deb13-amd64") < vec![7, 1]);
+    }
+}

@@ -1,0 +1,58 @@
+#!/bin/busybox sh
+# /init of the ublkd test VM. Loads the kernel modules the tests need (with their parameters from
+# the kernel command line, which busybox insmod does not read by itself), mounts the host's root
+# read-only over 9p, mounts the run directory writable at its own host path, chroots and runs the
+# command, records its exit status and powers off.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+echo "ublkd-vm: init started (uptime $(cut -d' ' -f1 /proc/uptime)s)"
+
+for m in $(cat /modules.order); do
+    name=$(basename "$m" .ko | tr - _)
+    params=""
+    for word in $(cat /proc/cmdline); do
+        case "$word" in
+            "$name".*=*) params="$params ${word#"$name".}" ;;
+        esac
+    done
+    insmod "/lib/modules/$m" $params || echo "ublkd-vm: insmod $m failed"
+done
+run_dir=""
+for word in $(cat /proc/cmdline); do
+    case "$word" in
+        ublkd.run=*) run_dir="${word#ublkd.run=}" ;;
+    esac
+done
+
+fail() {
+    echo "ublkd-vm: $*"
+    echo "UBLKD-VM-EXIT=250"
+    poweroff -f
+}
+
+mkdir -p /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot || fail "cannot mount host root"
+mount -t proc proc /newroot/proc
+mount -t sysfs sys /newroot/sys
+mount -t devtmpfs dev /newroot/dev
+mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
+mount -t tmpfs shm /newroot/dev/shm
+mount -t tmpfs run /newroot/run
+case "$run_dir" in
+    /tmp/*) scratch=/run/tmp; mkdir -p /newroot/run/tmp ;;
+    *) scratch=/tmp; mount -t tmpfs tmp /newroot/tmp ;;
+esac
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 xfer "/newroot$run_dir" || fail "cannot mount run dir $run_dir"
+echo "ublkd-vm: modules loaded, running command (uptime $(cut -d' ' -f1 /proc/uptime)s)"
+
+chroot /newroot /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/root TMPDIR="$scratch" TERM=dumb UBLKD_VM=1 UBLKD_VM_RUN="$run_dir" \
+    /bin/sh "$run_dir/cmd.sh"
+rc=$?
+echo "$rc" > "/newroot$run_dir/rc"
+sync
+echo "UBLKD-VM-EXIT=$rc"
+poweroff -f

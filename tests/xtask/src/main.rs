@@ -1,0 +1,186 @@
+//! `cargo xtask`: ublkd's task runner.
+//!
+//! What it is: the VM harness (fetch a Debian kernel that has `ublk_drv` and `nvme`, build an
+//! initramfs, boot QEMU with an emulated NVMe controller, run commands and test binaries inside)
+//! and the project's top-level commands: `test`, `vm-test`, `vm-run`, `demo`, `bench`.
+//! What it is not: shipped code. Nothing here is linked into ublkd.
+
+mod apt;
+mod cpio;
+mod image;
+mod suite;
+mod vm;
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  test               host tests (cargo test --workspace), then the whole VM suite
+  vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it
+  vm-run [--timeout SECS] -- CMD...
+                     boot the VM, run CMD inside (host root read-only, chroot), return its exit code
+  demo               boot the VM and show what the kernel offers and what ublkd sees
+  prepare            fetch the kernel and build the initramfs (what the others do first)
+
+environment:
+  UBLKD_VM_CACHE     cache directory (default ~/.cache/ublkd-vm)
+  UBLKD_VM_REFRESH=1 look for a newer kernel now instead of using the one resolved this week
+  UBLKD_VM_KVER      pin the guest kernel version (e.g. 7.3.4+deb13-amd64)
+  UBLKD_VM_ACCEL     kvm or tcg (default: kvm when a probe boot works, else tcg)
+  UBLKD_VM_VERBOSE=1 echo the guest console while it runs
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<ExitCode> {
+    let ws = workspace_root()?;
+    match args.first().map(String::as_str) {
+        Some("test") => {
+            host_tests(&ws)?;
+            let outcome = suite::run(&ws, None)?;
+            Ok(outcome.exit_code())
+        }
+        Some("vm-test") => {
+            let filter = args.get(1).map(String::as_str);
+            let outcome = suite::run(&ws, filter)?;
+            Ok(outcome.exit_code())
+        }
+        Some("vm-run") => vm_run(&ws, &args[1..]),
+        Some("demo") => demo(&ws),
+        Some("prepare") => {
+            let kernel = image::prepare(&ws)?;
+            println!("kernel {} ready: {}", kernel.kver, kernel.vmlinuz.display());
+            println!("initramfs: {}", kernel.initramfs.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("-h") | Some("--help") | Some("help") => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprint!("{USAGE}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+/// The workspace root: two levels above this crate's manifest.
+fn workspace_root() -> Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest
+        .ancestors()
+        .nth(2)
+        .context("xtask manifest is not two levels below the workspace")?;
+    Ok(root.to_path_buf())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn host_tests(ws: &Path) -> Result<()> {
+    eprintln!("xtask: host tests: cargo test --workspace");
+    let status = cargo()
+        .current_dir(ws)
+        .args(["test", "--workspace"])
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("host tests failed ({status})");
+    }
+    Ok(())
+}
+
+fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
+    let mut timeout = 600u64;
+    let mut rest = args;
+    while let Some(first) = rest.first() {
+        match first.as_str() {
+            "--timeout" => {
+                let v = rest.get(1).context("--timeout needs a number of seconds")?;
+                timeout = v.parse().with_context(|| format!("bad --timeout {v:?}"))?;
+                rest = &rest[2..];
+            }
+            "--" => {
+                rest = &rest[1..];
+                break;
+            }
+            _ => break,
+        }
+    }
+    if rest.is_empty() {
+        bail!("vm-run needs a command: cargo xtask vm-run -- CMD...");
+    }
+    let script = rest
+        .iter()
+        .map(|a| vm::shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let kernel = image::prepare(ws)?;
+    let run = vm::Vm::new(ws, &kernel)?
+        .timeout_secs(timeout)
+        .echo(true)
+        .run(&script)?;
+    match &run.exit {
+        vm::Exit::Code(c) => Ok(ExitCode::from(
+            u8::try_from((*c).clamp(0, 255)).unwrap_or(1),
+        )),
+        other => {
+            eprintln!(
+                "xtask: guest {other}; console tail:\n{}",
+                run.console_tail(40)
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn demo(ws: &Path) -> Result<ExitCode> {
+    eprintln!("xtask: building ublkd");
+    let status = cargo()
+        .current_dir(ws)
+        .args(["build", "--package", "ublkd-server", "--bin", "ublkd"])
+        .status()
+        .context("building ublkd")?;
+    if !status.success() {
+        bail!("building ublkd failed ({status})");
+    }
+    let ublkd = ws.join("target/debug/ublkd");
+    let kernel = image::prepare(ws)?;
+    let script = format!(
+        r#"set -e
+echo "== guest kernel: $(uname -r)"
+echo "== /dev/ublk-control:"; ls -l /dev/ublk-control
+echo "== ublkd probe (features reported by the kernel's ublk driver):"
+{ublkd} probe
+echo "== NVMe controller:"; ls -l /dev/nvme0n1 /dev/ng0n1
+echo "   poll queues: $(cat /sys/module/nvme/parameters/poll_queues), io_poll: $(cat /sys/block/nvme0n1/queue/io_poll)"
+echo "== demo done"
+"#,
+        ublkd = vm::shell_quote(&ublkd.to_string_lossy())
+    );
+    let run = vm::Vm::new(ws, &kernel)?
+        .timeout_secs(300)
+        .echo(true)
+        .run(&script)?;
+    match run.exit {
+        vm::Exit::Code(0) => Ok(ExitCode::SUCCESS),
+        other => {
+            eprintln!("xtask: demo failed: guest {other}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The VM test suite: the `ublkd-tests` crate built with its `vm` feature, each test run on its
+//! own inside one guest boot, each bounded by a timeout, and a closing line
+//! `N passed, N failed` counting them.
+
+use crate::image;
+use crate::vm::{self, Exit, Vm};
+use anyhow::{bail, Context, Result};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+/// Bound on one test inside the guest.
+const PER_TEST_SECS: u64 = 300;
+
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub passed: Vec<String>,
+    pub failed: Vec<String>,
+}
+
+impl Outcome {
+    pub fn exit_code(&self) -> ExitCode {
+        if self.failed.is_empty() && !self.passed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Debug)]
+struct TestCase {
+    binary: PathBuf,
+    name: String,
+}
+
+/// Builds the VM test binaries and returns their paths.
+pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
+    eprintln!("xtask: building VM tests (cargo test -p ublkd-tests --features vm --no-run)");
+    let out = crate::cargo()
+        .current_dir(ws)
+        .args([
+            "test",
+            "--package",
+            "ublkd-tests",
+            "--features",
+            "vm",
+            "--test",
+            "*",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo")?;
+    if !out.status.success() {
+        bail!("building the VM tests failed");
+    }
+    let mut bins = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true {
+            if let Some(exe) = msg["executable"].as_str() {
+                bins.push(PathBuf::from(exe));
+            }
+        }
+    }
+    Ok(bins)
+}
+
+/// Makes sure the binaries the VM tests drive are built (ublkd, ublkctl).
+fn build_daemon_binaries(ws: &Path) -> Result<()> {
+    let status = crate::cargo()
+        .current_dir(ws)
+        .args(["build", "--package", "ublkd-server", "--package", "ublkctl"])
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("building ublkd/ublkctl failed");
+    }
+    Ok(())
+}
+
+fn list_tests(binary: &Path) -> Result<Vec<String>> {
+    let out = Command::new(binary)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .with_context(|| format!("listing tests of {}", binary.display()))?;
+    if !out.status.success() {
+        bail!("{} --list failed", binary.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_owned)
+        .collect())
+}
+
+pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
+    let kernel = image::prepare(ws)?;
+    build_daemon_binaries(ws)?;
+    let mut cases = Vec::new();
+    for binary in build_test_binaries(ws)? {
+        for name in list_tests(&binary)? {
+            if filter.is_none_or(|f| name.contains(f)) {
+                cases.push(TestCase {
+                    binary: binary.clone(),
+                    name,
+                });
+            }
+        }
+    }
+    if cases.is_empty() {
+        bail!(
+            "no VM test matches {:?}: nothing would run",
+            filter.unwrap_or("")
+        );
+    }
+    eprintln!(
+        "xtask: running {} VM test(s) in one boot of {}",
+        cases.len(),
+        kernel.kver
+    );
+
+    let target = ws.join("target/debug");
+    let mut script = format!(
+        "cd {ws}\nexport RUST_BACKTRACE=1 UBLKD_BIN={ublkd} UBLKCTL_BIN={ublkctl}\n\
+         echo \"ublkd-vm: guest kernel $(uname -r)\"\n\
+         run_test() {{\n  echo \"=== RUN  $2\"\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
+         [ $rc -eq 124 ] && echo \"=== TIMEOUT $2 after {PER_TEST_SECS} s\"\n  \
+         echo \"$rc $2\" >> \"$UBLKD_VM_RUN/results\"\n  echo \"=== END  $2 rc=$rc\"\n}}\n",
+        ws = vm::shell_quote(&ws.to_string_lossy()),
+        ublkd = vm::shell_quote(&target.join("ublkd").to_string_lossy()),
+        ublkctl = vm::shell_quote(&target.join("ublkctl").to_string_lossy()),
+    );
+    for c in &cases {
+        script.push_str(&format!(
+            "run_test {} {}\n",
+            vm::shell_quote(&c.binary.to_string_lossy()),
+            vm::shell_quote(&c.name)
+        ));
+    }
+    script.push_str("exit 0\n");
+
+    let timeout = std::env::var("UBLKD_VM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120 + (PER_TEST_SECS + 15) * cases.len() as u64);
+    let vm = Vm::new(ws, &kernel)?.timeout_secs(timeout).echo(true);
+    let run = vm.run(&script)?;
+
+    let results = fs::read_to_string(run.run_dir.join("results")).unwrap_or_default();
+    let mut outcome = Outcome::default();
+    for c in &cases {
+        let rc = results.lines().find_map(|l| {
+            let (rc, name) = l.split_once(' ')?;
+            (name == c.name).then(|| rc.parse::<i32>().unwrap_or(-1))
+        });
+        match rc {
+            Some(0) => outcome.passed.push(c.name.clone()),
+            _ => outcome.failed.push(c.name.clone()),
+        }
+    }
+    println!();
+    println!(
+        "VM suite ({}, {:.1} s):",
+        kernel.kver,
+        run.wall.as_secs_f64()
+    );
+    for name in &outcome.passed {
+        println!("  ok      {name}");
+    }
+    for name in &outcome.failed {
+        println!("  FAILED  {name}");
+    }
+    if run.exit != Exit::Code(0) {
+        println!(
+            "guest {}; console tail:\n{}",
+            run.exit,
+            run.console_tail(40)
+        );
+    }
+    if outcome.failed.is_empty() && run.exit == Exit::Code(0) {
+        let _ = fs::remove_dir_all(&run.run_dir);
+    } else {
+        println!("logs kept in {}", run.run_dir.display());
+    }
+    println!(
+        "{} passed, {} failed",
+        outcome.passed.len(),
+        outcome.failed.len()
+    );
+    Ok(outcome)
+}

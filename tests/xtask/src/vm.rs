@@ -1,0 +1,293 @@
+//! One QEMU run: boot the guest kernel with the initramfs, an emulated NVMe controller with poll
+//! queues and the host root shared read-only, run a shell script in a chroot of that root, and
+//! report how it ended. A guest that hangs or panics is killed at the timeout and reported with
+//! its console tail; it is never waited on forever.
+
+use crate::apt;
+use crate::image::Kernel;
+use anyhow::{Context, Result};
+use std::fmt;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Size of the emulated NVMe namespace (sparse on the host).
+const NVME_BYTES: u64 = 1 << 30;
+const CONSOLE_KEEP: usize = 2000;
+
+/// How a guest run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// The command ran and exited with this status.
+    Code(i32),
+    /// The guest was killed at the timeout.
+    Timeout(u64),
+    /// The kernel panicked.
+    Panic,
+    /// QEMU ended without the guest reporting a status.
+    NoStatus(String),
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exited with status {c}"),
+            Exit::Timeout(s) => write!(f, "did not power off within {s} s and was killed"),
+            Exit::Panic => write!(f, "kernel panicked"),
+            Exit::NoStatus(why) => write!(f, "ended without reporting a status ({why})"),
+        }
+    }
+}
+
+/// The outcome of one guest run.
+#[derive(Debug)]
+pub struct RunResult {
+    pub exit: Exit,
+    pub console: Vec<String>,
+    pub run_dir: PathBuf,
+    pub wall: Duration,
+}
+
+impl RunResult {
+    pub fn console_tail(&self, n: usize) -> String {
+        let start = self.console.len().saturating_sub(n);
+        self.console[start..].join("\n")
+    }
+}
+
+#[derive(Debug)]
+pub struct Vm {
+    kernel: Kernel,
+    run_dir: PathBuf,
+    timeout: u64,
+    echo: bool,
+    accel: Option<String>,
+}
+
+static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl Vm {
+    pub fn new(ws: &Path, kernel: &Kernel) -> Result<Self> {
+        let seq = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
+        let run_dir = ws
+            .join("target/vm")
+            .join(format!("run-{}-{seq}", std::process::id()));
+        let _ = fs::remove_dir_all(&run_dir);
+        fs::create_dir_all(&run_dir)?;
+        Ok(Self {
+            kernel: kernel.clone(),
+            run_dir: run_dir.canonicalize()?,
+            timeout: 600,
+            echo: std::env::var("UBLKD_VM_VERBOSE").is_ok_and(|v| v == "1"),
+            accel: None,
+        })
+    }
+
+    pub fn timeout_secs(mut self, secs: u64) -> Self {
+        self.timeout = secs;
+        self
+    }
+
+    pub fn echo(mut self, on: bool) -> Self {
+        self.echo = self.echo || on;
+        self
+    }
+
+    fn with_accel(mut self, accel: &str) -> Self {
+        self.accel = Some(accel.to_owned());
+        self
+    }
+
+    /// Boots the guest and runs `script` (POSIX sh) inside; `$UBLKD_VM_RUN` there names the
+    /// writable run directory, shared with the host.
+    pub fn run(self, script: &str) -> Result<RunResult> {
+        let accel = match &self.accel {
+            Some(a) => a.clone(),
+            None => choose_accel(&self.kernel)?,
+        };
+        let rd = &self.run_dir;
+        fs::write(rd.join("cmd.sh"), script)?;
+        let image = rd.join("nvme.img");
+        fs::File::create(&image)?.set_len(NVME_BYTES)?;
+        let qemu = apt::which("qemu-system-x86_64").context("qemu-system-x86_64 not found")?;
+        let mut cmd = Command::new(qemu);
+        cmd.args(["-nodefaults", "-display", "none", "-no-reboot"])
+            .args(["-serial", "stdio", "-smp", "2", "-m", "4G"]);
+        if accel == "kvm" {
+            cmd.args(["-accel", "kvm", "-cpu", "host"]);
+        } else {
+            cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max"]);
+        }
+        cmd.arg("-kernel")
+            .arg(&self.kernel.vmlinuz)
+            .arg("-initrd")
+            .arg(&self.kernel.initramfs)
+            .arg("-append")
+            .arg(format!(
+                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={}",
+                rd.display()
+            ))
+            .arg("-virtfs")
+            .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+            .arg("-virtfs")
+            .arg(format!(
+                "local,path={},mount_tag=xfer,security_model=none",
+                rd.display()
+            ))
+            .arg("-drive")
+            .arg(format!(
+                "file={},if=none,id=nvm,format=raw,cache=none,aio=io_uring",
+                image.display()
+            ))
+            .args([
+                "-device",
+                "nvme,serial=ublkd-nvme0,drive=nvm,max_ioqpairs=8",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(rd.join("qemu.stderr"))?);
+
+        let started = Instant::now();
+        let mut child = cmd.spawn().context("starting qemu")?;
+        let stdout = child.stdout.take().context("qemu stdout")?;
+        let console = Arc::new(Mutex::new(Vec::<String>::new()));
+        let reader = {
+            let console = Arc::clone(&console);
+            let mut log = fs::File::create(rd.join("console.log"))?;
+            let echo = self.echo;
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).split(b'\n') {
+                    let Ok(line) = line else { break };
+                    let line = String::from_utf8_lossy(&line).trim_end().to_owned();
+                    let _ = writeln!(log, "{line}");
+                    if echo {
+                        println!("  | {line}");
+                    }
+                    if let Ok(mut c) = console.lock() {
+                        c.push(line);
+                        if c.len() > CONSOLE_KEEP {
+                            c.drain(..CONSOLE_KEEP / 2);
+                        }
+                    }
+                }
+            })
+        };
+
+        let deadline = started + Duration::from_secs(self.timeout);
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                timed_out = true;
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let _ = reader.join();
+        let wall = started.elapsed();
+        let _ = fs::remove_file(&image);
+        let console = console.lock().map(|c| c.clone()).unwrap_or_default();
+
+        let rc = fs::read_to_string(rd.join("rc"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .or_else(|| {
+                console.iter().rev().find_map(|l| {
+                    l.split("UBLKD-VM-EXIT=")
+                        .nth(1)
+                        .and_then(|v| v.trim().parse().ok())
+                })
+            });
+        let panicked = console.iter().any(|l| l.contains("Kernel panic"));
+        let exit = match (rc, timed_out, panicked) {
+            (_, _, true) => Exit::Panic,
+            (Some(rc), _, false) => Exit::Code(rc),
+            (None, true, false) => Exit::Timeout(self.timeout),
+            (None, false, false) => {
+                let stderr = fs::read_to_string(rd.join("qemu.stderr")).unwrap_or_default();
+                Exit::NoStatus(format!(
+                    "qemu {}; {}",
+                    status.map_or("killed".into(), |s| s.to_string()),
+                    stderr.trim()
+                ))
+            }
+        };
+        Ok(RunResult {
+            exit,
+            console,
+            run_dir: self.run_dir.clone(),
+            wall,
+        })
+    }
+}
+
+/// KVM when it is asked for or a probe boot works on this host, else TCG. The probe's answer is
+/// cached per host kernel: a host whose KVM cannot run a stock kernel (PVM) fails the probe once.
+fn choose_accel(kernel: &Kernel) -> Result<String> {
+    if let Ok(a) = std::env::var("UBLKD_VM_ACCEL") {
+        return Ok(a);
+    }
+    if fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_err()
+    {
+        return Ok("tcg".into());
+    }
+    let host = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let marker = kernel
+        .cache
+        .join(format!("kvm-probe-{}-{}", host.trim(), kernel.kver));
+    if let Ok(a) = fs::read_to_string(&marker) {
+        return Ok(a.trim().to_owned());
+    }
+    eprintln!("xtask: probing whether KVM can boot the guest kernel (once per host kernel)");
+    let probe_dir = std::env::temp_dir().join(format!("ublkd-kvm-probe-{}", std::process::id()));
+    fs::create_dir_all(&probe_dir)?;
+    let probe = Vm::new(&probe_dir, kernel)?
+        .timeout_secs(60)
+        .with_accel("kvm")
+        .run("exit 0")?;
+    let _ = fs::remove_dir_all(&probe_dir);
+    let accel = if probe.exit == Exit::Code(0) {
+        "kvm"
+    } else {
+        "tcg"
+    };
+    eprintln!("xtask: KVM probe {}: using {accel}", probe.exit);
+    fs::write(&marker, accel)?;
+    Ok(accel.into())
+}
+
+/// Quotes `s` for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_leaves_plain_words_and_quotes_the_rest() {
+        assert_eq!(shell_quote("abc/d-e"), "abc/d-e");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}
