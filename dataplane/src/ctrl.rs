@@ -4,7 +4,7 @@
 //! timeout.
 
 use crate::features::Features;
-use crate::ring::{ControlRing, RingError};
+use crate::ring::{ControlRing, KernelBuf, RingError};
 use crate::sys;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -33,6 +33,11 @@ pub enum CtrlError {
         command: &'static str,
         #[source]
         source: io::Error,
+    },
+    #[error("{command} did not complete within {after:?}")]
+    Timeout {
+        command: &'static str,
+        after: Duration,
     },
     #[error("{command} returned {got} bytes, expected {want}")]
     ShortReply {
@@ -76,6 +81,121 @@ impl ControlDevice {
     /// Sets the bound on each control command.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// Runs one control command; a negative result becomes `CtrlError::Command`.
+    fn exec(
+        &mut self,
+        command: &'static str,
+        op: u32,
+        dev_id: u32,
+        data0: u64,
+        buf: Option<KernelBuf>,
+    ) -> Result<(i32, Option<KernelBuf>), CtrlError> {
+        let cmd = sys::ublksrv_ctrl_cmd {
+            dev_id,
+            queue_id: u16::MAX,
+            data: [data0],
+            ..Default::default()
+        };
+        let (res, buf) = self
+            .ring
+            .uring_cmd(self.file.as_raw_fd(), op, cmd, buf, self.timeout)
+            .map_err(|e| match e {
+                RingError::Timeout(after) => CtrlError::Timeout { command, after },
+                other => CtrlError::Ring(other),
+            })?;
+        if res < 0 {
+            return Err(CtrlError::Command {
+                command,
+                source: io::Error::from_raw_os_error(-res),
+            });
+        }
+        Ok((res, buf))
+    }
+
+    /// `ADD_DEV`: asks for a device described by `info` (dev_id `u32::MAX` lets the kernel pick);
+    /// returns the kernel's answer (dev id, granted flags, ...).
+    pub fn add_dev(
+        &mut self,
+        info: &sys::ublksrv_ctrl_dev_info,
+    ) -> Result<sys::ublksrv_ctrl_dev_info, CtrlError> {
+        let (_, buf) = self.exec(
+            "ADD_DEV",
+            sys::UBLK_U_CMD_ADD_DEV,
+            info.dev_id,
+            0,
+            Some(sys::to_bytes(info)),
+        )?;
+        buf.as_deref()
+            .and_then(sys::from_bytes)
+            .ok_or(CtrlError::ShortReply {
+                command: "ADD_DEV",
+                got: 0,
+                want: size_of::<sys::ublksrv_ctrl_dev_info>(),
+            })
+    }
+
+    /// `GET_DEV_INFO`: the kernel's view of device `dev_id`.
+    pub fn dev_info(&mut self, dev_id: u32) -> Result<sys::ublksrv_ctrl_dev_info, CtrlError> {
+        let buf = sys::to_bytes(&sys::ublksrv_ctrl_dev_info::default());
+        let (_, buf) = self.exec(
+            "GET_DEV_INFO",
+            sys::UBLK_U_CMD_GET_DEV_INFO,
+            dev_id,
+            0,
+            Some(buf),
+        )?;
+        buf.as_deref()
+            .and_then(sys::from_bytes)
+            .ok_or(CtrlError::ShortReply {
+                command: "GET_DEV_INFO",
+                got: 0,
+                want: size_of::<sys::ublksrv_ctrl_dev_info>(),
+            })
+    }
+
+    /// `SET_PARAMS`.
+    pub fn set_params(&mut self, dev_id: u32, params: &sys::ublk_params) -> Result<(), CtrlError> {
+        self.exec(
+            "SET_PARAMS",
+            sys::UBLK_U_CMD_SET_PARAMS,
+            dev_id,
+            0,
+            Some(sys::to_bytes(params)),
+        )
+        .map(drop)
+    }
+
+    /// `START_DEV` with the server's pid; the kernel then adds `/dev/ublkbN`.
+    pub fn start_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        let pid = u64::from(std::process::id());
+        self.exec("START_DEV", sys::UBLK_U_CMD_START_DEV, dev_id, pid, None)
+            .map(drop)
+    }
+
+    /// `STOP_DEV`: removes `/dev/ublkbN`; outstanding fetches complete with ABORT.
+    pub fn stop_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        self.exec("STOP_DEV", sys::UBLK_U_CMD_STOP_DEV, dev_id, 0, None)
+            .map(drop)
+    }
+
+    /// `DEL_DEV`: forgets the device; needs every fd and mapping of `/dev/ublkcN` closed.
+    pub fn del_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        self.exec("DEL_DEV", sys::UBLK_U_CMD_DEL_DEV, dev_id, 0, None)
+            .map(drop)
+    }
+
+    /// `UPDATE_SIZE`: new capacity in 512-byte sectors (UBLK_F_UPDATE_SIZE).
+    pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), CtrlError> {
+        self.exec(
+            "UPDATE_SIZE",
+            sys::UBLK_U_CMD_UPDATE_SIZE,
+            dev_id,
+            sectors,
+            None,
+        )
+        .map(drop)
     }
 
     /// `UBLK_U_CMD_GET_FEATURES`: the feature flags this kernel's driver supports.

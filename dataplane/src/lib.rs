@@ -10,10 +10,21 @@
 //! `unsafe` lives only in [`sys`] (kernel UAPI layouts and thin syscall wrappers) and the ring
 //! module; every other module is safe code.
 
+pub mod backend;
 pub mod ctrl;
+pub mod device;
 pub mod features;
+pub mod handle;
 pub mod ring;
+pub mod stats;
 pub mod sys;
+mod worker;
 
+pub use backend::BackendSpec;
 pub use ctrl::{ControlDevice, CtrlError};
+pub use device::{DeviceSpec, IoPath, SpecError};
 pub use features::Features;
+pub use handle::{
+    Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle, WorkerSnapshot,
+};
+pub use stats::{OpKind, StatsSnapshot};

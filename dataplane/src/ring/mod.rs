@@ -2,6 +2,10 @@
 //! points at until the matching completion is reaped, so every buffer handed over here is owned by
 //! the ring's in-flight table until then, even when the caller has stopped waiting.
 
+mod worker;
+
+pub use worker::{BufRing, Completion, Op, Region, WorkerRing};
+
 use crate::sys::ublksrv_ctrl_cmd;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::HashMap;
@@ -20,6 +24,12 @@ pub enum RingError {
     QueueFull,
     #[error("no completion within {0:?}")]
     Timeout(Duration),
+    #[error("buffer registration failed")]
+    Register(#[source] io::Error),
+    #[error("no free fixed-buffer slot")]
+    NoFixedSlot,
+    #[error("buffer region outside its mapping or not registered")]
+    BadRegion,
 }
 
 /// A heap buffer lent to the kernel for one command; its address is stable while the Box moves.

@@ -6,6 +6,8 @@
 
 #![allow(non_camel_case_types)]
 
+pub mod os;
+
 /// `_IOC` direction bits.
 const IOC_WRITE: u32 = 1;
 const IOC_READ: u32 = 2;
@@ -277,8 +279,41 @@ pub struct ublk_params {
     pub devt: ublk_param_devt,
     pub zoned: ublk_param_zoned,
     pub dma: ublk_param_dma_align,
+    /// Explicit form of the C compiler's padding before `seg` (8-byte aligned), so the struct
+    /// has no implicit padding and can be copied as bytes.
+    pub _pad0: u32,
     pub seg: ublk_param_segment,
     pub integrity: ublk_param_integrity,
+}
+
+/// Structures made only of integers and explicit padding: any bit pattern is valid and they
+/// have no implicit padding, so they can be copied to and from kernel byte buffers.
+///
+/// # Safety
+/// Implement only for `#[repr(C)]` structs of integer fields without implicit padding.
+pub unsafe trait Pod: Copy + Default {}
+// SAFETY: integer-only repr(C) structs; sizes pinned by the layout tests below.
+unsafe impl Pod for ublksrv_ctrl_dev_info {}
+// SAFETY: as above (the padding before `seg` is the explicit `_pad0`).
+unsafe impl Pod for ublk_params {}
+// SAFETY: as above.
+unsafe impl Pod for ublksrv_io_desc {}
+
+/// `v` as a heap byte buffer for the kernel.
+pub fn to_bytes<T: Pod>(v: &T) -> Box<[u8]> {
+    let mut b = vec![0u8; size_of::<T>()].into_boxed_slice();
+    // SAFETY: `b` holds exactly size_of::<T>() bytes; T is Pod (no padding, any bytes valid).
+    unsafe { std::ptr::write_unaligned(b.as_mut_ptr().cast::<T>(), *v) };
+    b
+}
+
+/// A `T` read from the start of `b`, or None when `b` is too short.
+pub fn from_bytes<T: Pod>(b: &[u8]) -> Option<T> {
+    if b.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked; T is Pod, so any bytes form a valid value.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
 }
 
 impl ublksrv_ctrl_cmd {
@@ -336,6 +371,25 @@ mod tests {
         assert_eq!(&b[8..16], &0x1122_3344_5566_7788u64.to_ne_bytes());
         assert_eq!(&b[16..24], &42u64.to_ne_bytes());
         assert!(b[32..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn pod_round_trips_through_bytes() {
+        let p = ublk_params {
+            len: size_of::<ublk_params>() as u32,
+            types: UBLK_PARAM_TYPE_BASIC,
+            basic: ublk_param_basic {
+                dev_sectors: 12345,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let b = to_bytes(&p);
+        assert_eq!(b.len(), 152);
+        assert_eq!(&b[0..4], &152u32.to_ne_bytes());
+        let back: ublk_params = from_bytes(&b).unwrap();
+        assert_eq!(back.basic.dev_sectors, 12345);
+        assert!(from_bytes::<ublk_params>(&b[..10]).is_none());
     }
 
     #[test]

@@ -37,6 +37,12 @@ pub fn ensure_host_tools() -> Result<()> {
         missing.push("busybox-static");
     }
     missing.dedup();
+    install_packages(&missing)
+}
+
+/// Installs Debian packages on the host with apt-get, refreshing the package lists once when the
+/// first attempt fails; does nothing for an empty list.
+pub fn install_packages(missing: &[&str]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -47,7 +53,7 @@ pub fn ensure_host_tools() -> Result<()> {
         }
         let status = Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
+            .args(missing)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .context("running apt-get (is this a Debian machine, and are we root?)")?;
@@ -220,6 +226,20 @@ impl PrivateApt {
             .lines()
             .filter_map(|l| l.split(" - ").next())
             .map(str::to_owned)
+            .collect())
+    }
+
+    /// Every version of `name` the suites offer, in apt's order (newest first).
+    pub fn versions(&self, name: &str) -> Result<Vec<String>> {
+        let out = output_ok(
+            Command::new("apt-cache")
+                .args(self.options())
+                .args(["madison", name]),
+        )?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split('|').nth(1))
+            .map(|v| v.trim().to_owned())
             .collect())
     }
 

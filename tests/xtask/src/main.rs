@@ -6,6 +6,7 @@
 //! What it is not: shipped code. Nothing here is linked into ublkd.
 
 mod apt;
+mod bench;
 mod cpio;
 mod image;
 mod suite;
@@ -25,6 +26,9 @@ commands:
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
   demo               boot the VM and show what the kernel offers and what ublkd sees
   prepare            fetch the kernel and build the initramfs (what the others do first)
+  bench              ublkd vs kublk, loop and null_blk under fio, in one boot; writes
+                     target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
+                     UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a release build)
 
 environment:
   UBLKD_VM_CACHE     cache directory (default ~/.cache/ublkd-vm)
@@ -60,6 +64,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         }
         Some("vm-run") => vm_run(&ws, &args[1..]),
         Some("demo") => demo(&ws),
+        Some("bench") => bench::run(&ws),
         Some("prepare") => {
             let kernel = image::prepare(&ws)?;
             println!("kernel {} ready: {}", kernel.kver, kernel.vmlinuz.display());

@@ -1,0 +1,191 @@
+//! Storage backends: where a volume's blocks live. One trait, one file per backend.
+//!
+//! A backend never blocks its worker: it either finishes a request at once (`Started::Done`) or
+//! pushes exactly one operation on the worker's ring (`Started::Submitted`), whose completion the
+//! worker hands back to `finish`.
+
+mod file;
+mod null;
+mod ram;
+
+pub use file::FileBackend;
+pub use null::NullBackend;
+pub use ram::RamBackend;
+
+use crate::ring::{Region, WorkerRing};
+use crate::stats::OpKind;
+use crate::sys::{self, os::Mapping, ublksrv_io_desc};
+use std::fmt::Debug;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What a volume is backed by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// Completes at once; reads return zeros, writes are dropped.
+    Null,
+    /// Sparse memory, allocated on first write.
+    Ram,
+    /// A regular file or a block device.
+    File { path: PathBuf },
+}
+
+impl BackendSpec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendSpec::Null => "null",
+            BackendSpec::Ram => "ram",
+            BackendSpec::File { .. } => "file",
+        }
+    }
+}
+
+/// Errors opening a backend, named for the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("cannot open backing file {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("backing path {0} is neither a regular file nor a block device")]
+    NotFileOrBlock(PathBuf),
+    #[error("backing file {path} holds {have} bytes, the volume needs {need}")]
+    TooSmall { path: PathBuf, have: u64, need: u64 },
+    #[error("cannot reserve {size} bytes of memory")]
+    Memory {
+        size: u64,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One block request as the kernel described it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub op: OpKind,
+    pub raw_op: u8,
+    pub fua: bool,
+    pub nounmap: bool,
+    /// Byte offset on the volume.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+impl Request {
+    pub fn from_desc(d: &ublksrv_io_desc) -> Self {
+        let raw_op = (d.op_flags & 0xff) as u8;
+        let op = match raw_op {
+            sys::UBLK_IO_OP_READ => OpKind::Read,
+            sys::UBLK_IO_OP_WRITE => OpKind::Write,
+            sys::UBLK_IO_OP_FLUSH => OpKind::Flush,
+            sys::UBLK_IO_OP_DISCARD => OpKind::Discard,
+            sys::UBLK_IO_OP_WRITE_ZEROES => OpKind::WriteZeroes,
+            _ => OpKind::Other,
+        };
+        Self {
+            op,
+            raw_op,
+            fua: d.op_flags & sys::UBLK_IO_F_FUA != 0,
+            nounmap: d.op_flags & sys::UBLK_IO_F_NOUNMAP != 0,
+            offset: d.start_sector.saturating_mul(512),
+            len: d.nr_sectors.saturating_mul(512),
+        }
+    }
+
+    /// Whether the request moves data through the tag buffer.
+    pub fn has_data(&self) -> bool {
+        matches!(self.op, OpKind::Read | OpKind::Write)
+    }
+}
+
+/// What a backend needs to serve one request.
+#[derive(Debug)]
+pub struct IoCtx<'a> {
+    pub ring: &'a mut WorkerRing,
+    /// Completion tag for an operation the backend pushes.
+    pub user_data: u64,
+    /// The queue's tag buffers, and this tag's part of them (`len` = the request's length).
+    pub buf: &'a Arc<Mapping>,
+    pub region: Region,
+    /// Fixed-buffer index of `buf` in `ring`.
+    pub buf_index: u16,
+}
+
+/// How `Backend::start` left a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// Finished: bytes for data requests, 0 for others, or a negative errno.
+    Done(i32),
+    /// One operation was pushed with `IoCtx::user_data`; `finish` gets its result.
+    Submitted,
+}
+
+pub trait Backend: Send + Sync + Debug {
+    fn kind(&self) -> &'static str;
+
+    /// Serves `req`, at once or by pushing one ring operation.
+    fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started;
+
+    /// Turns the pushed operation's result into the request's result.
+    fn finish(&self, req: &Request, res: i32) -> i32 {
+        if res < 0 || req.has_data() {
+            res
+        } else {
+            0
+        }
+    }
+
+    /// Memory the backend holds (RAM volumes).
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// Opens the backend `spec` for a volume of `size` bytes.
+pub fn open(
+    spec: &BackendSpec,
+    size: u64,
+    block_size: u32,
+) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(match spec {
+        BackendSpec::Null => Arc::new(NullBackend),
+        BackendSpec::Ram => Arc::new(RamBackend::new(size)?),
+        BackendSpec::File { path } => Arc::new(FileBackend::open(path, size, block_size)?),
+    })
+}
+
+/// The result of a data request that moved all its bytes.
+fn full(req: &Request) -> i32 {
+    i32::try_from(req.len).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_decodes_op_flags_and_sectors() {
+        let d = ublksrv_io_desc {
+            op_flags: u32::from(sys::UBLK_IO_OP_WRITE) | sys::UBLK_IO_F_FUA,
+            nr_sectors: 8,
+            start_sector: 16,
+            addr: 0,
+        };
+        let r = Request::from_desc(&d);
+        assert_eq!(r.op, OpKind::Write);
+        assert!(r.fua && !r.nounmap);
+        assert_eq!((r.offset, r.len), (8192, 4096));
+        let z = Request::from_desc(&ublksrv_io_desc {
+            op_flags: u32::from(sys::UBLK_IO_OP_WRITE_ZEROES) | sys::UBLK_IO_F_NOUNMAP,
+            ..d
+        });
+        assert_eq!(z.op, OpKind::WriteZeroes);
+        assert!(z.nounmap && !z.has_data());
+        let odd = Request::from_desc(&ublksrv_io_desc { op_flags: 99, ..d });
+        assert_eq!(odd.op, OpKind::Other);
+    }
+}

@@ -1,0 +1,250 @@
+//! What a device (volume) is: its spec, the checks on it, and the kernel structures built from it.
+
+use crate::backend::BackendSpec;
+use crate::features::Features;
+use crate::sys;
+
+/// Largest single request, and so each tag's buffer size.
+pub const DEFAULT_MAX_IO_BYTES: u32 = 512 * 1024;
+
+/// Which ublk I/O protocol serves the device's queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoPath {
+    /// BATCH_IO when the kernel offers it, else per-IO.
+    #[default]
+    Auto,
+    /// PREP / multishot FETCH / COMMIT of many tags per command (UBLK_F_BATCH_IO).
+    Batch,
+    /// FETCH_REQ / COMMIT_AND_FETCH_REQ per tag (every ublk kernel).
+    PerIo,
+}
+
+impl IoPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoPath::Auto => "auto",
+            IoPath::Batch => "batch",
+            IoPath::PerIo => "per_io",
+        }
+    }
+
+    /// The path actually used on a kernel offering `features`.
+    pub fn resolve(self, features: Features) -> Result<IoPath, SpecError> {
+        match self {
+            IoPath::Auto if features.contains(Features::BATCH_IO) => Ok(IoPath::Batch),
+            IoPath::Auto => Ok(IoPath::PerIo),
+            IoPath::Batch if !features.contains(Features::BATCH_IO) => {
+                Err(SpecError::Unsupported("BATCH_IO"))
+            }
+            p => Ok(p),
+        }
+    }
+}
+
+/// A device to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub queues: u16,
+    pub queue_depth: u16,
+    pub io_path: IoPath,
+    pub backend: BackendSpec,
+    pub max_io_bytes: u32,
+}
+
+impl Default for DeviceSpec {
+    fn default() -> Self {
+        Self {
+            size_bytes: 0,
+            block_size: 4096,
+            queues: 1,
+            queue_depth: 128,
+            io_path: IoPath::Auto,
+            backend: BackendSpec::Null,
+            max_io_bytes: DEFAULT_MAX_IO_BYTES,
+        }
+    }
+}
+
+/// A spec the dataplane refuses, named for the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("size must be greater than 0")]
+    SizeZero,
+    #[error("size {size} is not a multiple of the block size {block_size}")]
+    SizeUnaligned { size: u64, block_size: u32 },
+    #[error("block size {0} must be a power of two from 512 to 4096")]
+    BlockSize(u32),
+    #[error("queue depth {0} must be from 1 to 4096")]
+    QueueDepth(u16),
+    #[error("queue count {requested} must be from 1 to {max}")]
+    Queues { requested: u16, max: u16 },
+    #[error("max I/O size {0} must be a multiple of 4096 from 4096 to 32 MiB")]
+    MaxIo(u32),
+    #[error("the kernel does not offer {0}")]
+    Unsupported(&'static str),
+}
+
+impl DeviceSpec {
+    /// Checks the spec; `max_queues` is the kernel's limit (one per possible CPU).
+    pub fn validate(&self, max_queues: u16) -> Result<(), SpecError> {
+        if !self.block_size.is_power_of_two() || !(512..=4096).contains(&self.block_size) {
+            return Err(SpecError::BlockSize(self.block_size));
+        }
+        if self.size_bytes == 0 {
+            return Err(SpecError::SizeZero);
+        }
+        if self.size_bytes % u64::from(self.block_size) != 0 {
+            return Err(SpecError::SizeUnaligned {
+                size: self.size_bytes,
+                block_size: self.block_size,
+            });
+        }
+        if self.queue_depth == 0 || self.queue_depth > sys::UBLK_MAX_QUEUE_DEPTH {
+            return Err(SpecError::QueueDepth(self.queue_depth));
+        }
+        let max = max_queues.min(sys::UBLK_MAX_NR_QUEUES);
+        if self.queues == 0 || self.queues > max {
+            return Err(SpecError::Queues {
+                requested: self.queues,
+                max,
+            });
+        }
+        if self.max_io_bytes < 4096 || self.max_io_bytes % 4096 != 0 || self.max_io_bytes > 1 << 25
+        {
+            return Err(SpecError::MaxIo(self.max_io_bytes));
+        }
+        Ok(())
+    }
+
+    /// Flags to ask ADD_DEV for, given the kernel's features and the resolved path.
+    pub fn wanted_flags(&self, features: Features, path: IoPath) -> u64 {
+        let mut flags = sys::UBLK_F_CMD_IOCTL_ENCODE;
+        for optional in [
+            sys::UBLK_F_USER_RECOVERY,
+            sys::UBLK_F_USER_RECOVERY_REISSUE,
+            sys::UBLK_F_UPDATE_SIZE,
+        ] {
+            if features.0 & optional != 0 {
+                flags |= optional;
+            }
+        }
+        if path == IoPath::Batch {
+            flags |= sys::UBLK_F_BATCH_IO;
+        }
+        flags
+    }
+
+    pub fn dev_info(&self, flags: u64) -> sys::ublksrv_ctrl_dev_info {
+        sys::ublksrv_ctrl_dev_info {
+            nr_hw_queues: self.queues,
+            queue_depth: self.queue_depth,
+            max_io_buf_bytes: self.max_io_bytes,
+            dev_id: u32::MAX,
+            ublksrv_pid: i32::try_from(std::process::id()).unwrap_or(0),
+            flags,
+            ..Default::default()
+        }
+    }
+
+    /// SET_PARAMS for this device: capacity, block sizes, limits, cache and FUA, discard.
+    pub fn params(&self) -> sys::ublk_params {
+        let shift = self.block_size.trailing_zeros() as u8;
+        let max_sectors = self.max_io_bytes / 512;
+        let mut p = sys::ublk_params {
+            len: size_of::<sys::ublk_params>() as u32,
+            types: sys::UBLK_PARAM_TYPE_BASIC,
+            basic: sys::ublk_param_basic {
+                attrs: sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA,
+                logical_bs_shift: shift,
+                physical_bs_shift: shift.max(12),
+                io_opt_shift: 12u8.max(shift),
+                io_min_shift: shift,
+                max_sectors,
+                dev_sectors: self.size_bytes / 512,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        p.types |= sys::UBLK_PARAM_TYPE_DISCARD;
+        p.discard = sys::ublk_param_discard {
+            discard_alignment: 0,
+            discard_granularity: 4096.max(self.block_size),
+            max_discard_sectors: u32::MAX >> 9,
+            max_write_zeroes_sectors: u32::MAX >> 9,
+            max_discard_segments: 1,
+            reserved0: 0,
+        };
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> DeviceSpec {
+        DeviceSpec {
+            size_bytes: 1 << 30,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rejects_each_bad_field_with_its_own_error() {
+        assert_eq!(spec().validate(4), Ok(()));
+        let bad = |f: fn(&mut DeviceSpec)| {
+            let mut s = spec();
+            f(&mut s);
+            s.validate(4).unwrap_err()
+        };
+        assert_eq!(bad(|s| s.size_bytes = 0), SpecError::SizeZero);
+        assert!(matches!(
+            bad(|s| s.size_bytes = 4097),
+            SpecError::SizeUnaligned { .. }
+        ));
+        assert_eq!(bad(|s| s.block_size = 1000), SpecError::BlockSize(1000));
+        assert_eq!(bad(|s| s.block_size = 8192), SpecError::BlockSize(8192));
+        assert_eq!(bad(|s| s.queue_depth = 0), SpecError::QueueDepth(0));
+        assert_eq!(bad(|s| s.queue_depth = 4097), SpecError::QueueDepth(4097));
+        assert!(matches!(bad(|s| s.queues = 0), SpecError::Queues { .. }));
+        assert_eq!(
+            bad(|s| s.queues = 5),
+            SpecError::Queues {
+                requested: 5,
+                max: 4
+            }
+        );
+        assert_eq!(bad(|s| s.max_io_bytes = 1000), SpecError::MaxIo(1000));
+    }
+
+    #[test]
+    fn auto_path_follows_the_kernel() {
+        let batch = Features(sys::UBLK_F_BATCH_IO);
+        assert_eq!(IoPath::Auto.resolve(batch), Ok(IoPath::Batch));
+        assert_eq!(IoPath::Auto.resolve(Features(0)), Ok(IoPath::PerIo));
+        assert_eq!(
+            IoPath::Batch.resolve(Features(0)),
+            Err(SpecError::Unsupported("BATCH_IO"))
+        );
+        assert_eq!(IoPath::PerIo.resolve(batch), Ok(IoPath::PerIo));
+    }
+
+    #[test]
+    fn params_carry_capacity_and_limits() {
+        let p = spec().params();
+        assert_eq!(p.basic.dev_sectors, (1 << 30) / 512);
+        assert_eq!(p.basic.logical_bs_shift, 12);
+        assert_eq!(p.basic.max_sectors, DEFAULT_MAX_IO_BYTES / 512);
+        assert_ne!(p.basic.attrs & sys::UBLK_ATTR_FUA, 0);
+        assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
+        let f = spec().wanted_flags(Features(u64::MAX), IoPath::Batch);
+        assert_ne!(f & sys::UBLK_F_BATCH_IO, 0);
+        assert_ne!(f & sys::UBLK_F_USER_RECOVERY_REISSUE, 0);
+        assert_eq!(
+            spec().wanted_flags(Features(0), IoPath::PerIo) & sys::UBLK_F_BATCH_IO,
+            0
+        );
+    }
+}

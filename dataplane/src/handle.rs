@@ -1,0 +1,569 @@
+//! The dataplane's only public control surface: [`Handle`].
+//!
+//! `Handle::start` spawns one pinned worker per CPU and a control thread. Commands travel to the
+//! control thread over a channel, each with its own reply channel; the control thread runs the
+//! `/dev/ublk-control` commands (bounded by timeouts, never on a worker) and hands queues to the
+//! workers over their own channels, waking each through an eventfd its ring is reading.
+
+use crate::backend::{self, BackendError, BackendSpec};
+use crate::ctrl::{ControlDevice, CtrlError};
+use crate::device::{DeviceSpec, IoPath, SpecError};
+use crate::features::Features;
+use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
+use crate::sys::{self, os};
+use crate::worker::{QueueSetup, Worker, WorkerCmd, WorkerError};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How the dataplane runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// CPUs to run one pinned worker on each; empty means every CPU this process may use.
+    pub cpus: Vec<usize>,
+    /// Bound on each control command and on waiting for a device's queues to stop.
+    pub timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            cpus: Vec::new(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The error classes callers act on; the server maps them to gRPC codes in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidArgument,
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unavailable,
+    Internal,
+}
+
+/// Errors of the dataplane's control surface, named for the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("invalid device spec")]
+    Spec(#[from] SpecError),
+    #[error("opening the backend failed")]
+    Backend(#[from] BackendError),
+    #[error("ublk control command failed")]
+    Ctrl(#[from] CtrlError),
+    #[error("the kernel granted flags {granted:#x}, missing {missing:#x}")]
+    FlagsRefused { granted: u64, missing: u64 },
+    #[error("cannot open {path}")]
+    OpenCharDevice {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("worker could not attach queue {q_id}")]
+    Attach {
+        q_id: u16,
+        #[source]
+        source: WorkerError,
+    },
+    #[error("no device {0}")]
+    NoSuchDevice(u32),
+    #[error("queues of device {0} did not stop within the timeout")]
+    StopTimeout(u32),
+    #[error("cannot start worker threads")]
+    Spawn(#[source] std::io::Error),
+    #[error("the dataplane has shut down")]
+    Gone,
+}
+
+impl DataplaneError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DataplaneError::Spec(SpecError::Unsupported(_)) => ErrorKind::FailedPrecondition,
+            DataplaneError::Spec(_) => ErrorKind::InvalidArgument,
+            DataplaneError::Backend(BackendError::Memory { .. }) => ErrorKind::ResourceExhausted,
+            DataplaneError::Backend(BackendError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                ErrorKind::NotFound
+            }
+            DataplaneError::Backend(_) => ErrorKind::InvalidArgument,
+            DataplaneError::Ctrl(CtrlError::Open { .. }) => ErrorKind::FailedPrecondition,
+            DataplaneError::Ctrl(CtrlError::Timeout { .. }) => ErrorKind::Unavailable,
+            DataplaneError::NoSuchDevice(_) => ErrorKind::NotFound,
+            DataplaneError::Attach {
+                source: WorkerError::Full,
+                ..
+            } => ErrorKind::ResourceExhausted,
+            DataplaneError::Gone => ErrorKind::Unavailable,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+/// A device as the dataplane serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub dev_id: u32,
+    pub spec: DeviceSpec,
+    /// The path actually used (Auto resolved).
+    pub io_path: IoPath,
+    /// Flags the kernel granted.
+    pub flags: u64,
+    pub block_device: PathBuf,
+    pub char_device: PathBuf,
+}
+
+/// Statistics of one device: its queues merged, plus backend memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceStats {
+    pub dev_id: u32,
+    pub total: StatsSnapshot,
+    pub memory_bytes: u64,
+}
+
+/// Statistics of one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSnapshot {
+    pub cpu: usize,
+    pub busy_seconds: f64,
+    pub idle_seconds: f64,
+}
+
+type Reply<T> = SyncSender<Result<T, DataplaneError>>;
+
+/// Requests the control thread serves.
+#[derive(Debug)]
+pub enum Command {
+    /// ADD_DEV, SET_PARAMS, attach every queue to a worker, START_DEV.
+    Add(DeviceSpec, Reply<DeviceInfo>),
+    /// STOP_DEV, wait for the workers to let go, DEL_DEV.
+    Delete(u32, Reply<()>),
+    /// UPDATE_SIZE to a new size in bytes.
+    Resize(u32, u64, Reply<DeviceInfo>),
+    Stats(u32, Reply<DeviceStats>),
+    List(Reply<Vec<DeviceInfo>>),
+    Workers(Reply<Vec<WorkerSnapshot>>),
+    /// Delete every device and stop all threads.
+    Shutdown(Reply<()>),
+}
+
+/// The dataplane's control surface. Cheap to clone; every clone talks to the same threads.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    tx: Sender<Command>,
+    features: Features,
+    workers: usize,
+}
+
+struct WorkerThread {
+    cpu: usize,
+    tx: Sender<WorkerCmd>,
+    event: Arc<os::EventFd>,
+    stats: Arc<WorkerStats>,
+    join: Option<JoinHandle<()>>,
+}
+
+struct Device {
+    info: DeviceInfo,
+    backend: Arc<dyn backend::Backend>,
+    queues: Vec<Arc<QueueStats>>,
+    cdev: Option<Arc<File>>,
+}
+
+struct Control {
+    ctrl: ControlDevice,
+    features: Features,
+    workers: Vec<WorkerThread>,
+    devices: BTreeMap<u32, Device>,
+    gone_tx: Sender<(u32, u16)>,
+    gone_rx: Receiver<(u32, u16)>,
+    timeout: Duration,
+}
+
+impl Handle {
+    /// Probes the kernel, starts the workers and the control thread.
+    pub fn start(config: Config) -> Result<Handle, DataplaneError> {
+        let mut ctrl = ControlDevice::open()?;
+        ctrl.set_timeout(config.timeout);
+        let features = ctrl.features()?;
+        let cpus = if config.cpus.is_empty() {
+            os::allowed_cpus()
+        } else {
+            config.cpus.clone()
+        };
+        let mut workers = Vec::new();
+        for cpu in cpus {
+            workers.push(spawn_worker(cpu)?);
+        }
+        let n = workers.len();
+        let (gone_tx, gone_rx) = mpsc::channel();
+        let control = Control {
+            ctrl,
+            features,
+            workers,
+            devices: BTreeMap::new(),
+            gone_tx,
+            gone_rx,
+            timeout: config.timeout,
+        };
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("ublkd-ctrl".into())
+            .spawn(move || control.run(rx))
+            .map_err(DataplaneError::Spawn)?;
+        Ok(Handle {
+            tx,
+            features,
+            workers: n,
+        })
+    }
+
+    /// The kernel's ublk features, probed once at start.
+    pub fn features(&self) -> Features {
+        self.features
+    }
+
+    pub fn worker_count(&self) -> usize {
+        self.workers
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataplaneError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(make(reply))
+            .map_err(|_| DataplaneError::Gone)?;
+        rx.recv().map_err(|_| DataplaneError::Gone)?
+    }
+
+    /// Creates and starts a device; `/dev/ublkbN` serves I/O when this returns.
+    pub fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|r| Command::Add(spec, r))
+    }
+
+    /// Stops and deletes a device; its device nodes are gone when this returns.
+    pub fn delete_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
+        self.call(|r| Command::Delete(dev_id, r))
+    }
+
+    /// Changes a device's capacity (UBLK_F_UPDATE_SIZE).
+    pub fn resize_device(
+        &self,
+        dev_id: u32,
+        size_bytes: u64,
+    ) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|r| Command::Resize(dev_id, size_bytes, r))
+    }
+
+    pub fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
+        self.call(|r| Command::Stats(dev_id, r))
+    }
+
+    pub fn list(&self) -> Result<Vec<DeviceInfo>, DataplaneError> {
+        self.call(Command::List)
+    }
+
+    pub fn worker_stats(&self) -> Result<Vec<WorkerSnapshot>, DataplaneError> {
+        self.call(Command::Workers)
+    }
+
+    /// Deletes every device and stops all dataplane threads.
+    pub fn shutdown(&self) -> Result<(), DataplaneError> {
+        self.call(Command::Shutdown)
+    }
+}
+
+fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
+    let (tx, rx) = mpsc::channel();
+    let event = Arc::new(os::EventFd::new().map_err(DataplaneError::Spawn)?);
+    let stats = Arc::new(WorkerStats::default());
+    let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+    let ev = Arc::clone(&event);
+    let st = Arc::clone(&stats);
+    let join = std::thread::Builder::new()
+        .name(format!("ublkd-w{cpu}"))
+        .spawn(move || {
+            // Pinning is best effort: a CPU outside our cgroup's set still gets a worker.
+            let _ = os::pin_current_thread(cpu);
+            match Worker::new(rx, ev, st) {
+                Ok(w) => {
+                    let _ = ready_tx.send(Ok(()));
+                    let _ = w.run();
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(DataplaneError::Spawn)?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(source)) => return Err(DataplaneError::Attach { q_id: 0, source }),
+        Err(_) => return Err(DataplaneError::Gone),
+    }
+    Ok(WorkerThread {
+        cpu,
+        tx,
+        event,
+        stats,
+        join: Some(join),
+    })
+}
+
+/// Kernel limit on queues per device: one per possible CPU.
+fn max_queues() -> u16 {
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let n = possible
+        .trim()
+        .split(',')
+        .filter_map(|r| {
+            let mut it = r.split('-');
+            let a: u32 = it.next()?.parse().ok()?;
+            let b: u32 = it.next().map_or(Some(a), |b| b.parse().ok())?;
+            Some(b - a + 1)
+        })
+        .sum::<u32>();
+    u16::try_from(n.max(1)).unwrap_or(sys::UBLK_MAX_NR_QUEUES)
+}
+
+impl Control {
+    fn run(mut self, rx: Receiver<Command>) {
+        while let Ok(cmd) = rx.recv() {
+            match cmd {
+                Command::Add(spec, reply) => {
+                    let _ = reply.send(self.add(spec));
+                }
+                Command::Delete(id, reply) => {
+                    let _ = reply.send(self.delete(id));
+                }
+                Command::Resize(id, size, reply) => {
+                    let _ = reply.send(self.resize(id, size));
+                }
+                Command::Stats(id, reply) => {
+                    let _ = reply.send(self.stats(id));
+                }
+                Command::List(reply) => {
+                    let _ = reply.send(Ok(self.devices.values().map(|d| d.info.clone()).collect()));
+                }
+                Command::Workers(reply) => {
+                    let _ = reply.send(Ok(self
+                        .workers
+                        .iter()
+                        .map(|w| {
+                            let (busy, idle) = w.stats.seconds();
+                            WorkerSnapshot {
+                                cpu: w.cpu,
+                                busy_seconds: busy,
+                                idle_seconds: idle,
+                            }
+                        })
+                        .collect()));
+                }
+                Command::Shutdown(reply) => {
+                    let _ = reply.send(self.shutdown());
+                    return;
+                }
+            }
+        }
+        // Every Handle is gone: clean up as on shutdown.
+        let _ = self.shutdown();
+    }
+
+    fn shutdown(&mut self) -> Result<(), DataplaneError> {
+        let ids: Vec<u32> = self.devices.keys().copied().collect();
+        let mut first_err = None;
+        for id in ids {
+            if let Err(e) = self.delete(id) {
+                first_err.get_or_insert(e);
+            }
+        }
+        for w in &mut self.workers {
+            let _ = w.tx.send(WorkerCmd::Shutdown);
+            let _ = w.event.notify();
+            if let Some(j) = w.join.take() {
+                let _ = j.join();
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn add(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        spec.validate(max_queues())?;
+        let path = spec.io_path.resolve(self.features)?;
+        let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
+        let wanted = spec.wanted_flags(self.features, path);
+        let granted = self.ctrl.add_dev(&spec.dev_info(wanted))?;
+        let dev_id = granted.dev_id;
+        let info = DeviceInfo {
+            dev_id,
+            spec: spec.clone(),
+            io_path: path,
+            flags: granted.flags,
+            block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
+            char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
+        };
+        let mut device = Device {
+            info: info.clone(),
+            backend,
+            queues: Vec::new(),
+            cdev: None,
+        };
+        match self.bring_up(&mut device, &granted, wanted) {
+            Ok(()) => {
+                self.devices.insert(dev_id, device);
+                Ok(info)
+            }
+            Err(e) => {
+                // Undo: whatever exists of the device goes; the original error is what counts.
+                let _ = self.tear_down(&mut device);
+                Err(e)
+            }
+        }
+    }
+
+    fn bring_up(
+        &mut self,
+        device: &mut Device,
+        granted: &sys::ublksrv_ctrl_dev_info,
+        wanted: u64,
+    ) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        let essential = wanted & (sys::UBLK_F_BATCH_IO | sys::UBLK_F_USER_RECOVERY);
+        if granted.flags & essential != essential
+            || granted.nr_hw_queues != device.info.spec.queues
+            || granted.queue_depth != device.info.spec.queue_depth
+        {
+            return Err(DataplaneError::FlagsRefused {
+                granted: granted.flags,
+                missing: essential & !granted.flags,
+            });
+        }
+        self.ctrl.set_params(dev_id, &device.info.spec.params())?;
+        let cdev = Arc::new(open_char_device(&device.info.char_device, self.timeout)?);
+        device.cdev = Some(Arc::clone(&cdev));
+        let spec = &device.info.spec;
+        for q in 0..spec.queues {
+            let stats = Arc::new(QueueStats::default());
+            let setup = Box::new(QueueSetup {
+                dev_id,
+                q_id: q,
+                depth: spec.queue_depth,
+                max_io: spec.max_io_bytes,
+                path: device.info.io_path,
+                cdev: Arc::clone(&cdev),
+                backend: Arc::clone(&device.backend),
+                stats: Arc::clone(&stats),
+                gone: self.gone_tx.clone(),
+            });
+            let w = &self.workers[(dev_id as usize + usize::from(q)) % self.workers.len()];
+            let (reply, rx) = mpsc::sync_channel(1);
+            w.tx.send(WorkerCmd::Attach(setup, reply))
+                .map_err(|_| DataplaneError::Gone)?;
+            let _ = w.event.notify();
+            // A queue whose attach failed still counts: the worker tears it down when the
+            // kernel lets go of its commands, and tells us as for any other queue.
+            device.queues.push(stats);
+            match rx.recv_timeout(self.timeout) {
+                Ok(Ok(())) => {}
+                Ok(Err(source)) => return Err(DataplaneError::Attach { q_id: q, source }),
+                Err(_) => return Err(DataplaneError::Gone),
+            }
+        }
+        self.ctrl.start_dev(dev_id)?;
+        Ok(())
+    }
+
+    fn delete(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+        let mut device = self
+            .devices
+            .remove(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        self.tear_down(&mut device)
+    }
+
+    /// STOP_DEV, wait until every attached queue is gone, close our fd, DEL_DEV.
+    fn tear_down(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        let stop = self.ctrl.stop_dev(dev_id);
+        let mut left = device.queues.len();
+        let deadline = Instant::now() + self.timeout;
+        while left > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DataplaneError::StopTimeout(dev_id));
+            }
+            match self.gone_rx.recv_timeout(deadline - now) {
+                Ok((d, _)) if d == dev_id => left -= 1,
+                // A queue of a device torn down earlier after its own timeout: nothing to do.
+                Ok(_) => {}
+                Err(_) => return Err(DataplaneError::StopTimeout(dev_id)),
+            }
+        }
+        device.cdev = None;
+        stop?;
+        self.ctrl.del_dev(dev_id)?;
+        Ok(())
+    }
+
+    fn resize(&mut self, dev_id: u32, size: u64) -> Result<DeviceInfo, DataplaneError> {
+        let device = self
+            .devices
+            .get_mut(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        let mut spec = device.info.spec.clone();
+        spec.size_bytes = size;
+        spec.validate(max_queues())?;
+        if !self.features.contains(Features::UPDATE_SIZE) {
+            return Err(SpecError::Unsupported("UPDATE_SIZE").into());
+        }
+        if let BackendSpec::File { path } = &spec.backend {
+            // The backing file must hold the new size; open-and-check without keeping it.
+            backend::FileBackend::open(path, size, spec.block_size)?;
+        }
+        self.ctrl.update_size(dev_id, size / 512)?;
+        device.info.spec = spec;
+        Ok(device.info.clone())
+    }
+
+    fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
+        let device = self
+            .devices
+            .get(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        let mut total = StatsSnapshot::default();
+        for q in &device.queues {
+            total.merge(&q.snapshot());
+        }
+        Ok(DeviceStats {
+            dev_id,
+            total,
+            memory_bytes: device.backend.memory_bytes(),
+        })
+    }
+}
+
+/// Opens `/dev/ublkcN`, waiting up to `timeout` for the node to appear (udev may create it late).
+fn open_char_device(path: &PathBuf, timeout: Duration) -> Result<File, DataplaneError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(f) => return Ok(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(source) => {
+                return Err(DataplaneError::OpenCharDevice {
+                    path: path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+}

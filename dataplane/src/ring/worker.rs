@@ -1,0 +1,615 @@
+//! A worker's io_uring (SQE128/CQE32, single issuer) with an in-flight table.
+//!
+//! Every operation that points the kernel at memory takes an `Arc<Mapping>` for it; the ring keeps
+//! that `Arc` in its in-flight table until the operation's last completion is reaped (for
+//! multishot commands, the one without `IORING_CQE_F_MORE`). Buffers therefore outlive the
+//! kernel's use however the caller's state changes. Offsets and lengths are checked against the
+//! mapping, so every push is safe to call.
+
+use super::RingError;
+use crate::sys::os::Mapping;
+use crate::sys::{ublk_batch_io, ublksrv_io_cmd};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+const IORING_URING_CMD_MULTISHOT: u32 = 1 << 1;
+/// Byte offsets inside an SQE that the io-uring crate cannot set for uring_cmd.
+const SQE_LEN: usize = 24;
+const SQE_OP_FLAGS: usize = 28;
+const SQE_BUF_GROUP: usize = 40;
+
+/// One reaped completion.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion {
+    pub user_data: u64,
+    pub result: i32,
+    pub flags: u32,
+}
+
+impl Completion {
+    pub fn more(&self) -> bool {
+        cqueue::more(self.flags)
+    }
+
+    pub fn buffer_id(&self) -> Option<u16> {
+        cqueue::buffer_select(self.flags)
+    }
+}
+
+/// A region of a mapping: `len` bytes at `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct Region {
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// Operations a worker submits.
+#[derive(Debug)]
+pub enum Op<'a> {
+    /// A per-IO ublk command (FETCH_REQ, COMMIT_AND_FETCH_REQ). `buf` is the tag's data buffer
+    /// in copy mode.
+    UblkIo {
+        fd: RawFd,
+        cmd_op: u32,
+        cmd: ublksrv_io_cmd,
+        buf: Option<(&'a Arc<Mapping>, Region)>,
+    },
+    /// A batch ublk command (PREP_IO_CMDS, COMMIT_IO_CMDS) whose elements are in `elems`.
+    UblkBatch {
+        fd: RawFd,
+        cmd_op: u32,
+        cmd: ublk_batch_io,
+        elems: (&'a Arc<Mapping>, Region),
+        /// Tag buffers the elements point at (copy mode), kept alive with the command.
+        bufs: Option<&'a Arc<Mapping>>,
+    },
+    /// A multishot FETCH_IO_CMDS taking tag buffers from provided-buffer group `group`.
+    UblkFetchMultishot {
+        fd: RawFd,
+        cmd_op: u32,
+        cmd: ublk_batch_io,
+        group: &'a BufRing,
+    },
+    /// Read into (or write from) registered buffer `index` = `buf`.
+    ReadFixed {
+        fd: RawFd,
+        buf: &'a Arc<Mapping>,
+        index: u16,
+        region: Region,
+        file_offset: u64,
+    },
+    WriteFixed {
+        fd: RawFd,
+        buf: &'a Arc<Mapping>,
+        index: u16,
+        region: Region,
+        file_offset: u64,
+        rw_flags: i32,
+    },
+    Fsync {
+        fd: RawFd,
+        datasync: bool,
+    },
+    Fallocate {
+        fd: RawFd,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    },
+    /// Read 8 bytes (an eventfd counter) into `buf`.
+    Read8 {
+        fd: RawFd,
+        buf: &'a Arc<Mapping>,
+        offset: usize,
+    },
+}
+
+struct Slot {
+    user_data: u64,
+    /// Held, never read: keeps the memory the kernel uses alive until the last completion.
+    _pins: [Option<Arc<Mapping>>; 2],
+}
+
+/// The worker's ring.
+pub struct WorkerRing {
+    ring: IoUring<squeue::Entry128, cqueue::Entry32>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    fixed: Vec<Option<Arc<Mapping>>>,
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for WorkerRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerRing")
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+fn check(map: &Mapping, r: Region) -> Result<(), RingError> {
+    match r.offset.checked_add(r.len) {
+        Some(end) if end <= map.len() => Ok(()),
+        _ => Err(RingError::BadRegion),
+    }
+}
+
+impl WorkerRing {
+    /// Creates the ring on the calling thread, which becomes its only submitter.
+    pub fn new(entries: u32, fixed_buffers: u32) -> Result<Self, RingError> {
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder()
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_defer_taskrun()
+            .setup_taskrun_flag()
+            .setup_cqsize(entries * 4)
+            .build(entries)
+            .map_err(RingError::Setup)?;
+        ring.submitter()
+            .register_buffers_sparse(fixed_buffers)
+            .map_err(RingError::Setup)?;
+        Ok(Self {
+            ring,
+            slots: Vec::new(),
+            free: Vec::new(),
+            fixed: vec![None; fixed_buffers as usize],
+            in_flight: 0,
+        })
+    }
+
+    /// Operations pushed whose last completion has not been reaped yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Registers `map` as a fixed buffer; returns its index.
+    pub fn register_fixed(&mut self, map: &Arc<Mapping>) -> Result<u16, RingError> {
+        let index = self
+            .fixed
+            .iter()
+            .position(Option::is_none)
+            .ok_or(RingError::NoFixedSlot)?;
+        let iov = libc::iovec {
+            iov_base: map.addr(0) as *mut libc::c_void,
+            iov_len: map.len(),
+        };
+        // SAFETY: the iovec covers exactly `map`, which `self.fixed` keeps alive until the slot
+        // is unregistered (the kernel pins the pages while registered).
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(index as u32, &[iov], None)
+        }
+        .map_err(RingError::Register)?;
+        self.fixed[index] = Some(Arc::clone(map));
+        u16::try_from(index).map_err(|_| RingError::NoFixedSlot)
+    }
+
+    /// Clears fixed buffer `index`. In-flight operations keep their own pins.
+    pub fn unregister_fixed(&mut self, index: u16) -> Result<(), RingError> {
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        // SAFETY: an empty iovec clears the slot; no memory is handed over.
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(u32::from(index), &[iov], None)
+        }
+        .map_err(RingError::Register)?;
+        if let Some(slot) = self.fixed.get_mut(usize::from(index)) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// Registers a provided-buffer ring for group `group`, filled with all its buffers.
+    pub fn register_buf_ring(&mut self, group: &BufRing) -> Result<(), RingError> {
+        // SAFETY: the ring memory is page-aligned, sized for `entries` entries and kept alive by
+        // the BufRing's Arc, which the caller keeps until `unregister_buf_ring`; the kernel
+        // additionally only reads buffers we publish through the tail.
+        unsafe {
+            self.ring.submitter().register_buf_ring_with_flags(
+                group.ring.addr(0),
+                group.entries,
+                group.group,
+                0,
+            )
+        }
+        .map_err(RingError::Register)?;
+        for bid in 0..group.entries {
+            group.recycle(bid);
+        }
+        Ok(())
+    }
+
+    pub fn unregister_buf_ring(&mut self, group: u16) -> Result<(), RingError> {
+        self.ring
+            .submitter()
+            .unregister_buf_ring(group)
+            .map_err(RingError::Register)
+    }
+
+    /// Pushes `op`; its completion(s) will carry `user_data`.
+    pub fn push(&mut self, op: Op<'_>, user_data: u64) -> Result<(), RingError> {
+        let mut pins: [Option<Arc<Mapping>>; 2] = [None, None];
+        let entry: squeue::Entry128 = match op {
+            Op::UblkIo {
+                fd,
+                cmd_op,
+                mut cmd,
+                buf,
+            } => {
+                if let Some((map, r)) = buf {
+                    check(map, r)?;
+                    cmd.addr = map.addr(r.offset);
+                    pins[0] = Some(Arc::clone(map));
+                }
+                opcode::UringCmd80::new(types::Fd(fd), cmd_op)
+                    .cmd(io_cmd_bytes(&cmd))
+                    .build()
+            }
+            Op::UblkBatch {
+                fd,
+                cmd_op,
+                cmd,
+                elems: (map, r),
+                bufs,
+            } => {
+                check(map, r)?;
+                if usize::from(cmd.nr_elem) * usize::from(cmd.elem_bytes) > r.len {
+                    return Err(RingError::BadRegion);
+                }
+                pins[0] = Some(Arc::clone(map));
+                pins[1] = bufs.map(Arc::clone);
+                let e = opcode::UringCmd80::new(types::Fd(fd), cmd_op)
+                    .cmd(batch_cmd_bytes(&cmd))
+                    .addr(Some(map.addr(r.offset)))
+                    .build();
+                let len = u32::from(cmd.nr_elem) * u32::from(cmd.elem_bytes);
+                patch_sqe(e, 0, None, Some(len))
+            }
+            Op::UblkFetchMultishot {
+                fd,
+                cmd_op,
+                cmd,
+                group,
+            } => {
+                pins[0] = Some(Arc::clone(&group.ring));
+                pins[1] = Some(Arc::clone(&group.bufs));
+                let e = opcode::UringCmd80::new(types::Fd(fd), cmd_op)
+                    .cmd(batch_cmd_bytes(&cmd))
+                    .addr(Some(0))
+                    .build()
+                    .flags(squeue::Flags::BUFFER_SELECT);
+                patch_sqe(e, IORING_URING_CMD_MULTISHOT, Some(group.group), None)
+            }
+            Op::ReadFixed {
+                fd,
+                buf,
+                index,
+                region,
+                file_offset,
+            } => {
+                check(buf, region)?;
+                self.check_fixed(buf, index)?;
+                pins[0] = Some(Arc::clone(buf));
+                squeue::Entry128::from(
+                    opcode::ReadFixed::new(
+                        types::Fd(fd),
+                        buf.addr(region.offset) as *mut u8,
+                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
+                        index,
+                    )
+                    .offset(file_offset)
+                    .build(),
+                )
+            }
+            Op::WriteFixed {
+                fd,
+                buf,
+                index,
+                region,
+                file_offset,
+                rw_flags,
+            } => {
+                check(buf, region)?;
+                self.check_fixed(buf, index)?;
+                pins[0] = Some(Arc::clone(buf));
+                squeue::Entry128::from(
+                    opcode::WriteFixed::new(
+                        types::Fd(fd),
+                        buf.addr(region.offset) as *const u8,
+                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
+                        index,
+                    )
+                    .offset(file_offset)
+                    .rw_flags(rw_flags)
+                    .build(),
+                )
+            }
+            Op::Fsync { fd, datasync } => {
+                let mut o = opcode::Fsync::new(types::Fd(fd));
+                if datasync {
+                    o = o.flags(types::FsyncFlags::DATASYNC);
+                }
+                squeue::Entry128::from(o.build())
+            }
+            Op::Fallocate {
+                fd,
+                mode,
+                offset,
+                len,
+            } => squeue::Entry128::from(
+                opcode::Fallocate::new(types::Fd(fd), len)
+                    .offset(offset)
+                    .mode(mode)
+                    .build(),
+            ),
+            Op::Read8 { fd, buf, offset } => {
+                check(buf, Region { offset, len: 8 })?;
+                pins[0] = Some(Arc::clone(buf));
+                squeue::Entry128::from(
+                    opcode::Read::new(types::Fd(fd), buf.addr(offset) as *mut u8, 8).build(),
+                )
+            }
+        };
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                u32::try_from(self.slots.len() - 1).map_err(|_| RingError::QueueFull)?
+            }
+        };
+        let entry = entry.user_data(u64::from(slot));
+        if self.ring.submission().is_full() {
+            self.submit()?;
+        }
+        // SAFETY: every address in `entry` lies inside a mapping checked above whose Arc is
+        // stored in `self.slots[slot]` until the final completion for `slot` is reaped; fds are
+        // the kernel's business (a closed fd fails the op, it does not touch memory).
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        if pushed.is_err() {
+            self.free.push(slot);
+            return Err(RingError::QueueFull);
+        }
+        self.slots[slot as usize] = Some(Slot {
+            user_data,
+            _pins: pins,
+        });
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn check_fixed(&self, buf: &Arc<Mapping>, index: u16) -> Result<(), RingError> {
+        match self.fixed.get(usize::from(index)) {
+            Some(Some(m)) if Arc::ptr_eq(m, buf) => Ok(()),
+            _ => Err(RingError::BadRegion),
+        }
+    }
+
+    /// Submits pending SQEs without waiting.
+    pub fn submit(&mut self) -> Result<(), RingError> {
+        loop {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
+                Err(e) => return Err(RingError::Submit(e)),
+            }
+        }
+    }
+
+    /// Submits pending SQEs and sleeps in the kernel until at least `want` completions arrive.
+    pub fn submit_and_wait(&mut self, want: usize) -> Result<(), RingError> {
+        match self.ring.submit_and_wait(want) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::ETIME)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(RingError::Submit(e)),
+        }
+    }
+
+    /// Moves available completions into `out` (cleared first), releasing finished slots.
+    pub fn reap(&mut self, out: &mut Vec<Completion>) {
+        out.clear();
+        for cqe in self.ring.completion() {
+            let slot = cqe.user_data() as usize;
+            let flags = cqe.flags();
+            let Some(Some(entry)) = self.slots.get(slot) else {
+                continue;
+            };
+            out.push(Completion {
+                user_data: entry.user_data,
+                result: cqe.result(),
+                flags,
+            });
+            if !cqueue::more(flags) {
+                self.slots[slot] = None;
+                self.free.push(slot as u32);
+                self.in_flight -= 1;
+            }
+        }
+    }
+}
+
+fn io_cmd_bytes(c: &ublksrv_io_cmd) -> [u8; 80] {
+    let mut b = [0u8; 80];
+    b[0..2].copy_from_slice(&c.q_id.to_ne_bytes());
+    b[2..4].copy_from_slice(&c.tag.to_ne_bytes());
+    b[4..8].copy_from_slice(&c.result.to_ne_bytes());
+    b[8..16].copy_from_slice(&c.addr.to_ne_bytes());
+    b
+}
+
+fn batch_cmd_bytes(c: &ublk_batch_io) -> [u8; 80] {
+    let mut b = [0u8; 80];
+    b[0..2].copy_from_slice(&c.q_id.to_ne_bytes());
+    b[2..4].copy_from_slice(&c.flags.to_ne_bytes());
+    b[4..6].copy_from_slice(&c.nr_elem.to_ne_bytes());
+    b[6] = c.elem_bytes;
+    b
+}
+
+/// Sets the uring_cmd fields the io-uring crate cannot: `uring_cmd_flags` bits (multishot), the
+/// buffer group, and the SQE `len` (batch element buffer size).
+fn patch_sqe(
+    e: squeue::Entry128,
+    cmd_flags: u32,
+    group: Option<u16>,
+    len: Option<u32>,
+) -> squeue::Entry128 {
+    const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+    // SAFETY: Entry128 is a repr(C) wrapper of the kernel's 64-byte io_uring_sqe plus the 64-byte
+    // command tail; every bit pattern is a valid byte array and back.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(e) };
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&raw[SQE_OP_FLAGS..SQE_OP_FLAGS + 4]);
+    let flags = u32::from_ne_bytes(word) | cmd_flags;
+    raw[SQE_OP_FLAGS..SQE_OP_FLAGS + 4].copy_from_slice(&flags.to_ne_bytes());
+    if let Some(g) = group {
+        raw[SQE_BUF_GROUP..SQE_BUF_GROUP + 2].copy_from_slice(&g.to_ne_bytes());
+    }
+    if let Some(l) = len {
+        raw[SQE_LEN..SQE_LEN + 4].copy_from_slice(&l.to_ne_bytes());
+    }
+    // SAFETY: as above; the patched fields are plain integers in the kernel's SQE layout.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+/// A provided-buffer ring: `entries` buffers of `buf_len` bytes in `bufs`, published to the
+/// kernel through the ring in `ring`.
+#[derive(Debug)]
+pub struct BufRing {
+    ring: Arc<Mapping>,
+    bufs: Arc<Mapping>,
+    entries: u16,
+    buf_len: u32,
+    group: u16,
+    tail: std::cell::Cell<u16>,
+}
+
+impl BufRing {
+    /// `entries` must be a power of two.
+    pub fn new(group: u16, entries: u16, buf_len: u32) -> io::Result<Self> {
+        if !entries.is_power_of_two() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(Self {
+            ring: Arc::new(Mapping::anonymous(usize::from(entries) * 16)?),
+            bufs: Arc::new(Mapping::anonymous(usize::from(entries) * buf_len as usize)?),
+            entries,
+            buf_len,
+            group,
+            tail: std::cell::Cell::new(0),
+        })
+    }
+
+    pub fn group(&self) -> u16 {
+        self.group
+    }
+
+    /// Copies the u16 values the kernel wrote into buffer `bid` (`bytes` long) into `out`.
+    pub fn read_u16s(&self, bid: u16, bytes: usize, out: &mut Vec<u16>) {
+        out.clear();
+        if bid >= self.entries || bytes > self.buf_len as usize {
+            return;
+        }
+        let base = usize::from(bid) * self.buf_len as usize;
+        let mut pair = [0u8; 2];
+        for i in 0..bytes / 2 {
+            if self.bufs.read_at(base + 2 * i, &mut pair) {
+                out.push(u16::from_ne_bytes(pair));
+            }
+        }
+    }
+
+    /// Gives buffer `bid` back to the kernel.
+    pub fn recycle(&self, bid: u16) {
+        if bid >= self.entries {
+            return;
+        }
+        let tail = self.tail.get();
+        let idx = usize::from(tail & (self.entries - 1));
+        let mut entry = [0u8; 16];
+        entry[0..8].copy_from_slice(
+            &self
+                .bufs
+                .addr(usize::from(bid) * self.buf_len as usize)
+                .to_ne_bytes(),
+        );
+        entry[8..12].copy_from_slice(&self.buf_len.to_ne_bytes());
+        entry[12..14].copy_from_slice(&bid.to_ne_bytes());
+        // Bytes 14..16 of entry 0 are the shared tail: never overwrite them with an entry.
+        let len = if idx == 0 { 14 } else { 16 };
+        self.ring.write_at(idx * 16, &entry[..len]);
+        let new_tail = tail.wrapping_add(1);
+        self.tail.set(new_tail);
+        // SAFETY: offset 14 of the (page-aligned) ring mapping is the kernel's u16 tail, aligned
+        // to 2; the release store publishes the entry written above.
+        let tail_ref = unsafe { &*(self.ring.addr(14) as *const AtomicU16) };
+        tail_ref.store(new_tail, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_sets_flags_group_and_len_only() {
+        let e = opcode::UringCmd80::new(types::Fd(3), 0xc010_7527)
+            .addr(Some(0))
+            .build()
+            .user_data(7);
+        // SAFETY: test-only view of the bytes, see `multishot`.
+        let before: [u8; 128] = unsafe { std::mem::transmute(e.clone()) };
+        // SAFETY: as above.
+        let after: [u8; 128] = unsafe {
+            std::mem::transmute(patch_sqe(
+                e,
+                IORING_URING_CMD_MULTISHOT,
+                Some(9),
+                Some(0x40),
+            ))
+        };
+        assert_eq!(after[SQE_OP_FLAGS] & 2, 2);
+        assert_eq!(
+            &after[SQE_BUF_GROUP..SQE_BUF_GROUP + 2],
+            &9u16.to_ne_bytes()
+        );
+        assert_eq!(&after[SQE_LEN..SQE_LEN + 4], &0x40u32.to_ne_bytes());
+        let changed: Vec<usize> = (0..128).filter(|&i| before[i] != after[i]).collect();
+        assert!(changed
+            .iter()
+            .all(|&i| i == SQE_OP_FLAGS || i == SQE_BUF_GROUP || i == SQE_LEN));
+    }
+
+    #[test]
+    fn buf_ring_publishes_entries_and_tail() {
+        let r = BufRing::new(1, 4, 64).unwrap();
+        for bid in 0..4 {
+            r.recycle(bid);
+        }
+        let mut tail = [0u8; 2];
+        assert!(r.ring.read_at(14, &mut tail));
+        assert_eq!(u16::from_ne_bytes(tail), 4);
+        let mut e = [0u8; 12];
+        assert!(r.ring.read_at(16 * 2, &mut e));
+        assert_eq!(
+            u64::from_ne_bytes(e[0..8].try_into().unwrap()),
+            r.bufs.addr(128)
+        );
+        assert_eq!(u32::from_ne_bytes(e[8..12].try_into().unwrap()), 64);
+    }
+}

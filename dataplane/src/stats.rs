@@ -1,0 +1,238 @@
+//! Per-queue I/O statistics.
+//!
+//! Each queue's counters are written by the one worker that serves it (plain relaxed load+store,
+//! no read-modify-write) and read by anyone holding the `Arc` (the server's collector at scrape
+//! time). Nothing here locks or allocates on the I/O path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Request kinds counted separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    Read = 0,
+    Write = 1,
+    Flush = 2,
+    Discard = 3,
+    WriteZeroes = 4,
+    Other = 5,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 6] = [
+        OpKind::Read,
+        OpKind::Write,
+        OpKind::Flush,
+        OpKind::Discard,
+        OpKind::WriteZeroes,
+        OpKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Read => "read",
+            OpKind::Write => "write",
+            OpKind::Flush => "flush",
+            OpKind::Discard => "discard",
+            OpKind::WriteZeroes => "write_zeroes",
+            OpKind::Other => "other",
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the latency histogram's buckets; a last bucket counts the rest.
+pub const LATENCY_BOUNDS: [f64; 16] = [
+    10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+    250e-3, 500e-3, 1.0,
+];
+const LATENCY_BOUNDS_NS: [u64; 16] = [
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+];
+/// Upper bounds of the batch-size histogram (requests handled per loop iteration).
+pub const BATCH_BOUNDS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    ops: [AtomicU64; 6],
+    bytes: [AtomicU64; 6],
+    errors: AtomicU64,
+    inflight: AtomicU64,
+    latency: [AtomicU64; 17],
+    latency_sum_ns: AtomicU64,
+    batch: [AtomicU64; 10],
+    batch_sum: AtomicU64,
+}
+
+/// Adds `n` to a counter that only the calling (owning) thread writes.
+fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+impl QueueStats {
+    /// A request was handed to the backend.
+    pub fn started(&self) {
+        bump(&self.inflight, 1);
+    }
+
+    /// A request finished with `result` (bytes or negative errno) after `latency_ns`.
+    pub fn finished(&self, op: OpKind, bytes: u64, result: i32, latency_ns: u64) {
+        let i = op as usize;
+        bump(&self.ops[i], 1);
+        if result < 0 {
+            bump(&self.errors, 1);
+        } else {
+            bump(&self.bytes[i], bytes);
+        }
+        let left = self.inflight.load(Ordering::Relaxed);
+        self.inflight
+            .store(left.saturating_sub(1), Ordering::Relaxed);
+        let b = LATENCY_BOUNDS_NS
+            .iter()
+            .position(|&ub| latency_ns <= ub)
+            .unwrap_or(LATENCY_BOUNDS_NS.len());
+        bump(&self.latency[b], 1);
+        bump(&self.latency_sum_ns, latency_ns);
+    }
+
+    /// One loop iteration handled `n` requests of this queue.
+    pub fn batch(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let b = BATCH_BOUNDS
+            .iter()
+            .position(|&ub| n <= ub)
+            .unwrap_or(BATCH_BOUNDS.len());
+        bump(&self.batch[b], 1);
+        bump(&self.batch_sum, n);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        StatsSnapshot {
+            ops: load(&self.ops),
+            bytes: load(&self.bytes),
+            errors: self.errors.load(Ordering::Relaxed),
+            inflight: self.inflight.load(Ordering::Relaxed),
+            latency_buckets: load(&self.latency),
+            latency_sum_ns: self.latency_sum_ns.load(Ordering::Relaxed),
+            batch_buckets: load(&self.batch),
+            batch_sum: self.batch_sum.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A point-in-time copy of one queue's (or, merged, one device's) counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatsSnapshot {
+    /// Indexed by `OpKind as usize`.
+    pub ops: Vec<u64>,
+    pub bytes: Vec<u64>,
+    pub errors: u64,
+    pub inflight: u64,
+    /// Non-cumulative counts per `LATENCY_BOUNDS` bucket, then one for larger values.
+    pub latency_buckets: Vec<u64>,
+    pub latency_sum_ns: u64,
+    /// Non-cumulative counts per `BATCH_BOUNDS` bucket, then one for larger values.
+    pub batch_buckets: Vec<u64>,
+    pub batch_sum: u64,
+}
+
+impl StatsSnapshot {
+    /// Adds `other` into `self` (queues of one device).
+    pub fn merge(&mut self, other: &StatsSnapshot) {
+        fn add(a: &mut Vec<u64>, b: &[u64]) {
+            if a.len() < b.len() {
+                a.resize(b.len(), 0);
+            }
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        }
+        add(&mut self.ops, &other.ops);
+        add(&mut self.bytes, &other.bytes);
+        add(&mut self.latency_buckets, &other.latency_buckets);
+        add(&mut self.batch_buckets, &other.batch_buckets);
+        self.errors += other.errors;
+        self.inflight += other.inflight;
+        self.latency_sum_ns += other.latency_sum_ns;
+        self.batch_sum += other.batch_sum;
+    }
+
+    pub fn ops_of(&self, op: OpKind) -> u64 {
+        self.ops.get(op as usize).copied().unwrap_or(0)
+    }
+
+    pub fn bytes_of(&self, op: OpKind) -> u64 {
+        self.bytes.get(op as usize).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_bytes_errors_latency_and_batches() {
+        let s = QueueStats::default();
+        s.started();
+        s.started();
+        s.finished(OpKind::Read, 4096, 4096, 7_000);
+        s.finished(OpKind::Write, 8192, -5, 2_000_000_000);
+        s.batch(3);
+        let snap = s.snapshot();
+        assert_eq!(snap.ops_of(OpKind::Read), 1);
+        assert_eq!(snap.bytes_of(OpKind::Read), 4096);
+        assert_eq!(snap.bytes_of(OpKind::Write), 0, "failed I/O moves no bytes");
+        assert_eq!(snap.errors, 1);
+        assert_eq!(snap.inflight, 0);
+        assert_eq!(snap.latency_buckets[0], 1);
+        assert_eq!(
+            snap.latency_buckets[16], 1,
+            "over 1 s lands in the last bucket"
+        );
+        assert_eq!(snap.batch_buckets[2], 1, "3 falls in the <=4 bucket");
+        let mut total = snap.clone();
+        total.merge(&snap);
+        assert_eq!(total.ops_of(OpKind::Read), 2);
+    }
+}
+
+/// Per-worker counters: time spent handling completions vs. sleeping in the kernel.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    busy_ns: AtomicU64,
+    idle_ns: AtomicU64,
+}
+
+impl WorkerStats {
+    pub fn busy(&self, d: std::time::Duration) {
+        bump(&self.busy_ns, d.as_nanos() as u64);
+    }
+
+    pub fn idle(&self, d: std::time::Duration) {
+        bump(&self.idle_ns, d.as_nanos() as u64);
+    }
+
+    /// (busy, idle) seconds so far.
+    pub fn seconds(&self) -> (f64, f64) {
+        (
+            self.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            self.idle_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        )
+    }
+}

@@ -1,0 +1,684 @@
+//! The pinned worker thread: one io_uring, the queues of every device mapped to it, and the
+//! backends' I/O for them.
+//!
+//! A worker sleeps in `io_uring_enter` until something completes: a ublk fetch (a new request),
+//! a backend operation, a commit, or a read of its eventfd (a command from the control thread).
+//! Per loop iteration it handles every completion, then sends each batch queue's finished tags in
+//! one COMMIT_IO_CMDS.
+
+use crate::backend::{Backend, IoCtx, Request, Started};
+use crate::device::IoPath;
+use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
+use crate::stats::{QueueStats, WorkerStats};
+use crate::sys::os::{DescMap, EventFd, Mapping};
+use crate::sys::{self, ublk_batch_io, ublksrv_io_cmd};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::time::Instant;
+
+const K_EVENT: u64 = 1;
+const K_IO: u64 = 2;
+const K_BACKEND: u64 = 3;
+const K_PREP: u64 = 4;
+const K_FETCH: u64 = 5;
+const K_COMMIT: u64 = 6;
+
+fn ud(kind: u64, slot: u16, low: u16) -> u64 {
+    (kind << 56) | (u64::from(slot) << 32) | u64::from(low)
+}
+
+fn ud_parts(ud: u64) -> (u64, u16, u16) {
+    (ud >> 56, (ud >> 32) as u16, ud as u16)
+}
+
+/// Fixed-buffer slots per worker ring (the kernel's maximum is 16384).
+const FIXED_BUFFERS: u32 = 4096;
+/// Commit buffers per batch queue, so a new commit can go out while one is in flight.
+const COMMIT_BUFS: usize = 2;
+/// Fetch buffers per provided-buffer group.
+const FETCH_BUFS: u16 = 4;
+/// Batch element sizes: with a buffer address (copy mode), and a fetch element (a u16 tag).
+const ELEM_BYTES: u8 = 16;
+
+/// Everything a worker needs to serve one queue of a device.
+#[derive(Debug)]
+pub struct QueueSetup {
+    pub dev_id: u32,
+    pub q_id: u16,
+    pub depth: u16,
+    pub max_io: u32,
+    pub path: IoPath,
+    pub cdev: Arc<File>,
+    pub backend: Arc<dyn Backend>,
+    pub stats: Arc<QueueStats>,
+    /// Told when the queue has been torn down (after the kernel aborted its commands).
+    pub gone: Sender<(u32, u16)>,
+}
+
+/// Errors of a worker, named for the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("worker ring")]
+    Ring(#[from] RingError),
+    #[error("cannot map the queue's descriptors")]
+    MapDescriptors(#[source] std::io::Error),
+    #[error("cannot allocate buffers")]
+    Buffers(#[source] std::io::Error),
+    #[error("worker has no free queue slot")]
+    Full,
+}
+
+/// Commands a worker takes from the control thread.
+#[derive(Debug)]
+pub enum WorkerCmd {
+    /// Start serving a queue: map it, arm its fetches; reply once they are submitted.
+    Attach(Box<QueueSetup>, SyncSender<Result<(), WorkerError>>),
+    /// Exit once no queue is left.
+    Shutdown,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tag {
+    req: Request,
+    started: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Batch {
+    groups: [BufRing; 2],
+    commit: [Arc<Mapping>; COMMIT_BUFS],
+    /// Elements (tag, result) of the commit in flight in each commit buffer.
+    committing: [Vec<(u16, i32)>; COMMIT_BUFS],
+    busy: [bool; COMMIT_BUFS],
+    pending: Vec<(u16, i32)>,
+    scratch: Vec<u16>,
+}
+
+#[derive(Debug)]
+struct Queue {
+    setup: Box<QueueSetup>,
+    desc: DescMap,
+    bufs: Arc<Mapping>,
+    buf_index: u16,
+    tags: Vec<Tag>,
+    batch: Option<Batch>,
+    /// Operations of this queue the kernel still holds.
+    outstanding: usize,
+    /// The kernel aborted a fetch: the device is going away.
+    stopping: bool,
+}
+
+impl Queue {
+    fn fd(&self) -> i32 {
+        self.setup.cdev.as_raw_fd()
+    }
+
+    fn tag_region(&self, tag: u16) -> Region {
+        Region {
+            offset: usize::from(tag) * self.setup.max_io as usize,
+            len: self.setup.max_io as usize,
+        }
+    }
+}
+
+/// One worker thread's state.
+#[derive(Debug)]
+pub struct Worker {
+    ring: WorkerRing,
+    queues: Vec<Option<Queue>>,
+    rx: Receiver<WorkerCmd>,
+    event: Arc<EventFd>,
+    event_buf: Arc<Mapping>,
+    stats: Arc<WorkerStats>,
+    cqes: Vec<Completion>,
+    dirty: Vec<u16>,
+    shutdown: bool,
+}
+
+impl Worker {
+    pub fn new(
+        rx: Receiver<WorkerCmd>,
+        event: Arc<EventFd>,
+        stats: Arc<WorkerStats>,
+    ) -> Result<Self, WorkerError> {
+        Ok(Self {
+            ring: WorkerRing::new(1024, FIXED_BUFFERS)?,
+            queues: Vec::new(),
+            rx,
+            event,
+            event_buf: Arc::new(Mapping::anonymous(8).map_err(WorkerError::Buffers)?),
+            stats,
+            cqes: Vec::with_capacity(1024),
+            dirty: Vec::new(),
+            shutdown: false,
+        })
+    }
+
+    /// Serves until shut down with no queue left.
+    pub fn run(mut self) -> Result<(), WorkerError> {
+        self.arm_event()?;
+        loop {
+            let idle_from = Instant::now();
+            self.ring.submit_and_wait(1)?;
+            let busy_from = Instant::now();
+            self.stats.idle(busy_from - idle_from);
+            let mut cqes = std::mem::take(&mut self.cqes);
+            self.ring.reap(&mut cqes);
+            for c in &cqes {
+                self.dispatch(*c)?;
+            }
+            self.cqes = cqes;
+            self.flush_commits();
+            self.reap_dead_queues();
+            self.stats.busy(busy_from.elapsed());
+            if self.shutdown && self.queues.iter().all(Option::is_none) {
+                return Ok(());
+            }
+        }
+    }
+
+    fn arm_event(&mut self) -> Result<(), WorkerError> {
+        self.ring.push(
+            Op::Read8 {
+                fd: self.event.raw(),
+                buf: &self.event_buf,
+                offset: 0,
+            },
+            ud(K_EVENT, 0, 0),
+        )?;
+        Ok(())
+    }
+
+    fn dispatch(&mut self, c: Completion) -> Result<(), WorkerError> {
+        let (kind, slot, low) = ud_parts(c.user_data);
+        match kind {
+            K_EVENT => {
+                self.commands();
+                self.arm_event()?;
+            }
+            K_IO => self.on_io_cmd(slot, low, c.result),
+            K_BACKEND => self.on_backend(slot, low, c.result),
+            K_PREP => self.on_prep(slot, c.result),
+            K_FETCH => self.on_fetch(slot, low, c),
+            K_COMMIT => self.on_commit(slot, low, c.result),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn commands(&mut self) {
+        while let Ok(cmd) = self.rx.try_recv() {
+            match cmd {
+                WorkerCmd::Attach(setup, reply) => {
+                    let _ = reply.send(self.attach(setup));
+                }
+                WorkerCmd::Shutdown => self.shutdown = true,
+            }
+        }
+    }
+
+    fn attach(&mut self, setup: Box<QueueSetup>) -> Result<(), WorkerError> {
+        let slot = match self.queues.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.queues.push(None);
+                self.queues.len() - 1
+            }
+        };
+        let slot16 = u16::try_from(slot).map_err(|_| WorkerError::Full)?;
+        let desc = DescMap::map(&setup.cdev, setup.q_id, setup.depth)
+            .map_err(WorkerError::MapDescriptors)?;
+        let bufs = Arc::new(
+            Mapping::anonymous(usize::from(setup.depth) * setup.max_io as usize)
+                .map_err(WorkerError::Buffers)?,
+        );
+        let buf_index = self.ring.register_fixed(&bufs)?;
+        let idle = Tag {
+            req: Request::from_desc(&sys::ublksrv_io_desc::default()),
+            started: None,
+        };
+        let mut q = Queue {
+            tags: vec![idle; usize::from(setup.depth)],
+            setup,
+            desc,
+            bufs,
+            buf_index,
+            batch: None,
+            outstanding: 0,
+            stopping: false,
+        };
+        let armed = match q.setup.path {
+            IoPath::Batch => self.arm_batch(&mut q, slot16),
+            _ => self.arm_per_io(&mut q, slot16),
+        };
+        if let Err(e) = armed {
+            // Commands already pushed keep their buffers pinned in the ring; the queue stays
+            // in place until the kernel has answered them all.
+            q.stopping = true;
+            self.queues[slot] = Some(q);
+            return Err(e);
+        }
+        self.ring.submit()?;
+        self.queues[slot] = Some(q);
+        Ok(())
+    }
+
+    fn arm_per_io(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {
+        for tag in 0..q.setup.depth {
+            let cmd = ublksrv_io_cmd {
+                q_id: q.setup.q_id,
+                tag,
+                result: 0,
+                addr: 0,
+            };
+            self.ring.push(
+                Op::UblkIo {
+                    fd: q.fd(),
+                    cmd_op: sys::UBLK_U_IO_FETCH_REQ,
+                    cmd,
+                    buf: Some((&q.bufs, q.tag_region(tag))),
+                },
+                ud(K_IO, slot, tag),
+            )?;
+            q.outstanding += 1;
+        }
+        Ok(())
+    }
+
+    fn arm_batch(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {
+        let depth = usize::from(q.setup.depth);
+        let elems = depth * usize::from(ELEM_BYTES);
+        let alloc = |len| Mapping::anonymous(len).map(Arc::new);
+        let prep = alloc(elems).map_err(WorkerError::Buffers)?;
+        for tag in 0..q.setup.depth {
+            let e = elem(tag, 0, q.bufs.addr(q.tag_region(tag).offset));
+            prep.write_at(usize::from(tag) * usize::from(ELEM_BYTES), &e);
+        }
+        let fetch_len = u32::try_from((depth * 2).next_multiple_of(64)).unwrap_or(u32::MAX);
+        let group =
+            |k: u16| BufRing::new(slot.wrapping_mul(2).wrapping_add(k), FETCH_BUFS, fetch_len);
+        let groups = [
+            group(0).map_err(WorkerError::Buffers)?,
+            group(1).map_err(WorkerError::Buffers)?,
+        ];
+        let commit = [
+            alloc(elems).map_err(WorkerError::Buffers)?,
+            alloc(elems).map_err(WorkerError::Buffers)?,
+        ];
+        self.ring.push(
+            Op::UblkBatch {
+                fd: q.fd(),
+                cmd_op: sys::UBLK_U_IO_PREP_IO_CMDS,
+                cmd: ublk_batch_io {
+                    q_id: q.setup.q_id,
+                    flags: sys::UBLK_BATCH_F_HAS_BUF_ADDR,
+                    nr_elem: q.setup.depth,
+                    elem_bytes: ELEM_BYTES,
+                    ..Default::default()
+                },
+                elems: (
+                    &prep,
+                    Region {
+                        offset: 0,
+                        len: elems,
+                    },
+                ),
+                bufs: Some(&q.bufs),
+            },
+            ud(K_PREP, slot, 0),
+        )?;
+        q.outstanding += 1;
+        for g in &groups {
+            self.ring.register_buf_ring(g)?;
+        }
+        q.batch = Some(Batch {
+            groups,
+            commit,
+            committing: [Vec::with_capacity(depth), Vec::with_capacity(depth)],
+            busy: [false; COMMIT_BUFS],
+            pending: Vec::with_capacity(depth),
+            scratch: Vec::with_capacity(depth),
+        });
+        for k in 0..2 {
+            self.arm_fetch(q, slot, k)?;
+        }
+        Ok(())
+    }
+
+    fn arm_fetch(&mut self, q: &mut Queue, slot: u16, k: u16) -> Result<(), WorkerError> {
+        let Some(b) = q.batch.as_ref() else {
+            return Ok(());
+        };
+        let group = &b.groups[usize::from(k)];
+        self.ring.push(
+            Op::UblkFetchMultishot {
+                fd: q.setup.cdev.as_raw_fd(),
+                cmd_op: sys::UBLK_U_IO_FETCH_IO_CMDS,
+                cmd: ublk_batch_io {
+                    q_id: q.setup.q_id,
+                    flags: 0,
+                    nr_elem: q.setup.depth,
+                    elem_bytes: 2,
+                    ..Default::default()
+                },
+                group,
+            },
+            ud(K_FETCH, slot, k),
+        )?;
+        q.outstanding += 1;
+        Ok(())
+    }
+
+    /// Starts request `tag` on the backend; returns its result if it finished at once.
+    fn start_request(ring: &mut WorkerRing, q: &mut Queue, slot: u16, tag: u16) -> Option<i32> {
+        let Some(desc) = q.desc.get(tag) else {
+            return Some(-libc::EINVAL);
+        };
+        let req = Request::from_desc(&desc);
+        q.tags[usize::from(tag)] = Tag {
+            req,
+            started: Some(Instant::now()),
+        };
+        q.setup.stats.started();
+        if req.has_data() && req.len > q.setup.max_io {
+            return Some(-libc::EIO);
+        }
+        let region = Region {
+            offset: q.tag_region(tag).offset,
+            len: if req.has_data() { req.len as usize } else { 0 },
+        };
+        let ctx = IoCtx {
+            ring,
+            user_data: ud(K_BACKEND, slot, tag),
+            buf: &q.bufs,
+            region,
+            buf_index: q.buf_index,
+        };
+        match q.setup.backend.start(&req, ctx) {
+            Started::Done(res) => Some(res),
+            Started::Submitted => {
+                q.outstanding += 1;
+                None
+            }
+        }
+    }
+
+    fn record(q: &Queue, tag: u16, res: i32) {
+        let t = q.tags[usize::from(tag)];
+        let lat = t.started.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        q.setup
+            .stats
+            .finished(t.req.op, u64::from(t.req.len), res, lat);
+    }
+
+    /// Per-IO: a FETCH or COMMIT_AND_FETCH completed for `tag`.
+    fn on_io_cmd(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        if res != sys::UBLK_IO_RES_OK {
+            // ABORT (-ENODEV) or an error: this tag gets no more requests.
+            q.stopping = true;
+            return;
+        }
+        q.setup.stats.batch(1);
+        if let Some(r) = Self::start_request(&mut self.ring, q, slot, tag) {
+            Self::commit_one(&mut self.ring, q, slot, tag, r);
+        }
+    }
+
+    fn commit_one(ring: &mut WorkerRing, q: &mut Queue, slot: u16, tag: u16, res: i32) {
+        Self::record(q, tag, res);
+        let cmd = ublksrv_io_cmd {
+            q_id: q.setup.q_id,
+            tag,
+            result: res,
+            addr: 0,
+        };
+        let pushed = ring.push(
+            Op::UblkIo {
+                fd: q.setup.cdev.as_raw_fd(),
+                cmd_op: sys::UBLK_U_IO_COMMIT_AND_FETCH_REQ,
+                cmd,
+                buf: Some((&q.bufs, q.tag_region(tag))),
+            },
+            ud(K_IO, slot, tag),
+        );
+        match pushed {
+            Ok(()) => q.outstanding += 1,
+            Err(_) => q.stopping = true,
+        }
+    }
+
+    fn on_backend(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let req = q.tags[usize::from(tag)].req;
+        let res = q.setup.backend.finish(&req, res);
+        if q.batch.is_some() {
+            Self::record(q, tag, res);
+            if let Some(b) = q.batch.as_mut() {
+                b.pending.push((tag, res));
+            }
+            self.dirty.push(slot);
+        } else {
+            Self::commit_one(&mut self.ring, q, slot, tag, res);
+        }
+    }
+
+    fn on_prep(&mut self, slot: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        if res < 0 {
+            q.stopping = true;
+        }
+    }
+
+    /// Batch: a multishot fetch delivered tags (or ended).
+    fn on_fetch(&mut self, slot: u16, k: u16, c: Completion) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        let mut rearm = false;
+        if !c.more() {
+            q.outstanding = q.outstanding.saturating_sub(1);
+            rearm = c.result >= 0 || c.result == -libc::ENOBUFS;
+        }
+        if c.result < 0 && c.result != -libc::ENOBUFS {
+            q.stopping = true;
+        }
+        if c.result > 0 {
+            let Some(b) = q.batch.as_mut() else { return };
+            let group = &b.groups[usize::from(k & 1)];
+            let mut tags = std::mem::take(&mut b.scratch);
+            if let Some(bid) = c.buffer_id() {
+                group.read_u16s(bid, c.result as usize, &mut tags);
+                group.recycle(bid);
+            }
+            q.setup.stats.batch(tags.len() as u64);
+            for &tag in &tags {
+                if tag >= q.setup.depth {
+                    continue;
+                }
+                if let Some(r) = Self::start_request(&mut self.ring, q, slot, tag) {
+                    Self::record(q, tag, r);
+                    if let Some(b) = q.batch.as_mut() {
+                        b.pending.push((tag, r));
+                    }
+                }
+            }
+            if let Some(b) = q.batch.as_mut() {
+                b.scratch = tags;
+            }
+            self.dirty.push(slot);
+        }
+        if rearm && !q.stopping {
+            let _ = self.arm_fetch_slot(slot, k);
+        }
+    }
+
+    fn arm_fetch_slot(&mut self, slot: u16, k: u16) -> Result<(), WorkerError> {
+        let Some(mut q) = self
+            .queues
+            .get_mut(usize::from(slot))
+            .and_then(Option::take)
+        else {
+            return Ok(());
+        };
+        let r = self.arm_fetch(&mut q, slot, k);
+        if r.is_err() {
+            q.stopping = true;
+        }
+        self.queues[usize::from(slot)] = Some(q);
+        r
+    }
+
+    fn on_commit(&mut self, slot: u16, idx: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let Some(b) = q.batch.as_mut() else { return };
+        let i = usize::from(idx) % COMMIT_BUFS;
+        b.busy[i] = false;
+        let sent = std::mem::take(&mut b.committing[i]);
+        if res >= 0 {
+            // A partial commit handled only the first res/ELEM_BYTES elements: send the rest again.
+            let done = (res as usize) / usize::from(ELEM_BYTES);
+            if done < sent.len() {
+                b.pending.extend_from_slice(&sent[done..]);
+                self.dirty.push(slot);
+            }
+        } else if res != -libc::ENODEV {
+            q.stopping = true;
+        }
+        let mut sent = sent;
+        sent.clear();
+        b.committing[i] = sent;
+    }
+
+    /// Sends each touched batch queue's finished tags in one COMMIT_IO_CMDS.
+    fn flush_commits(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &slot in &dirty {
+            let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+                continue;
+            };
+            let fd = q.setup.cdev.as_raw_fd();
+            let q_id = q.setup.q_id;
+            let max_io = q.setup.max_io as usize;
+            let bufs_addr = q.bufs.addr(0);
+            let Some(b) = q.batch.as_mut() else { continue };
+            if b.pending.is_empty() {
+                continue;
+            }
+            let Some(i) = b.busy.iter().position(|busy| !busy) else {
+                // Both commit buffers are in flight; their completions will flush again.
+                self.dirty.push(slot);
+                continue;
+            };
+            let n = b.pending.len().min(usize::from(q.setup.depth));
+            let mut sent = std::mem::take(&mut b.committing[i]);
+            sent.clear();
+            sent.extend(b.pending.drain(..n));
+            for (j, &(tag, res)) in sent.iter().enumerate() {
+                let addr = bufs_addr + (usize::from(tag) * max_io) as u64;
+                b.commit[i].write_at(j * usize::from(ELEM_BYTES), &elem(tag, res, addr));
+            }
+            let pushed = self.ring.push(
+                Op::UblkBatch {
+                    fd,
+                    cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
+                    cmd: ublk_batch_io {
+                        q_id,
+                        flags: sys::UBLK_BATCH_F_HAS_BUF_ADDR,
+                        nr_elem: n as u16,
+                        elem_bytes: ELEM_BYTES,
+                        ..Default::default()
+                    },
+                    elems: (
+                        &b.commit[i],
+                        Region {
+                            offset: 0,
+                            len: n * usize::from(ELEM_BYTES),
+                        },
+                    ),
+                    bufs: Some(&q.bufs),
+                },
+                ud(K_COMMIT, slot, i as u16),
+            );
+            b.committing[i] = sent;
+            match pushed {
+                Ok(()) => {
+                    b.busy[i] = true;
+                    q.outstanding += 1;
+                }
+                Err(_) => q.stopping = true,
+            }
+            if !b.pending.is_empty() {
+                self.dirty.push(slot);
+            }
+        }
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    /// Tears down queues the kernel has let go of (stopping, nothing outstanding).
+    fn reap_dead_queues(&mut self) {
+        for slot in 0..self.queues.len() {
+            let dead = matches!(&self.queues[slot], Some(q) if q.stopping && q.outstanding == 0);
+            if !dead {
+                continue;
+            }
+            if let Some(q) = self.queues[slot].take() {
+                let _ = self.ring.unregister_fixed(q.buf_index);
+                if let Some(b) = &q.batch {
+                    for g in &b.groups {
+                        let _ = self.ring.unregister_buf_ring(g.group());
+                    }
+                }
+                let _ = q.setup.gone.send((q.setup.dev_id, q.setup.q_id));
+            }
+        }
+    }
+}
+
+/// One batch element: header (tag, buf_index, result) plus the tag's buffer address.
+fn elem(tag: u16, result: i32, addr: u64) -> [u8; 16] {
+    let mut e = [0u8; 16];
+    e[0..2].copy_from_slice(&tag.to_ne_bytes());
+    e[4..8].copy_from_slice(&result.to_ne_bytes());
+    e[8..16].copy_from_slice(&addr.to_ne_bytes());
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_round_trips() {
+        let u = ud(K_COMMIT, 0xbeef, 0x1234);
+        assert_eq!(ud_parts(u), (K_COMMIT, 0xbeef, 0x1234));
+    }
+
+    #[test]
+    fn batch_element_layout_matches_the_uapi() {
+        let e = elem(7, -5, 0x1000);
+        assert_eq!(&e[0..2], &7u16.to_ne_bytes());
+        assert_eq!(&e[2..4], &[0, 0], "buf_index unused in copy mode");
+        assert_eq!(&e[4..8], &(-5i32).to_ne_bytes());
+        assert_eq!(&e[8..16], &0x1000u64.to_ne_bytes());
+    }
+}

@@ -1,0 +1,1341 @@
+//! `cargo xtask bench`: ublkd against its peers, all in one VM boot.
+//!
+//! Peers: the kernel's selftest server `kublk` (built here from Debian's `linux-source-<x.y>` of
+//! the guest kernel, cached per kernel version), the loop driver with direct I/O on the same
+//! backing file as ublkd's file backend, and `null_blk` as the ceiling for the null cases. Every
+//! case runs the same fio jobs (io_uring, direct, 4 KiB, randread/randwrite at QD32, randread at
+//! QD1); server CPU time is sampled from `/proc/PID/stat` around each job and divided by the I/Os
+//! the block device completed in the same window (`/sys/block/*/stat`).
+//!
+//! The guest writes raw results into the run directory; the host turns them into a table and
+//! `target/bench/results.json`: a list of `{case, ours, peer, peer_value, ratio, unit}` objects,
+//! with `ours: null` and an `error` field for cases that failed. Numbers are never made up: a
+//! case that did not run says why, and the command then exits non-zero.
+//!
+//! `UBLKD_BENCH_RUNTIME` sets the seconds each fio job measures (default 5);
+//! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's.
+//! The binary must live outside `/tmp` (the guest mounts a tmpfs there).
+
+use crate::apt::{self, PrivateApt};
+use crate::image::{self, Kernel};
+use crate::vm::{self, Exit, Vm};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// Default seconds each fio job measures (after one second of ramp).
+const DEFAULT_RUNTIME: u64 = 5;
+/// Size of ublkd's null device.
+const NULL_BYTES: u64 = 1 << 30;
+/// Size of the backing file shared by ublkd's file backend and the loop device. It lives on an
+/// ext4 file system on the guest's NVMe namespace (1 GiB), so it must leave room for metadata.
+const BACKING_BYTES: u64 = 512 << 20;
+/// Queues and depth of every ublk device, ours and kublk's.
+const QUEUES: u32 = 2;
+const DEPTH: u32 = 128;
+
+/// What serves the block device in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// `ublkd run` with a null or file backend and an I/O path (`per-io` or `batch`).
+    Ublkd { file: bool, io_path: &'static str },
+    /// `kublk add -t null`, with `-b` (BATCH_IO) when `batch`.
+    Kublk { batch: bool },
+    /// The loop driver with direct I/O on the backing file.
+    Loop,
+    /// The kernel's null_blk (`/dev/nullb0`, loaded at boot).
+    NullBlk,
+}
+
+/// One server setup, measured with every workload.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    id: &'static str,
+    server: Server,
+}
+
+/// In the order they run; each of ours next to its peer so that drift affects both alike.
+const RUNS: &[Run] = &[
+    Run {
+        id: "null_blk",
+        server: Server::NullBlk,
+    },
+    Run {
+        id: "ublkd-null-per-io",
+        server: Server::Ublkd {
+            file: false,
+            io_path: "per-io",
+        },
+    },
+    Run {
+        id: "kublk-null",
+        server: Server::Kublk { batch: false },
+    },
+    Run {
+        id: "ublkd-null-batch",
+        server: Server::Ublkd {
+            file: false,
+            io_path: "batch",
+        },
+    },
+    Run {
+        id: "kublk-null-batch",
+        server: Server::Kublk { batch: true },
+    },
+    Run {
+        id: "ublkd-file",
+        server: Server::Ublkd {
+            file: true,
+            io_path: "per-io",
+        },
+    },
+    Run {
+        id: "loop-dio",
+        server: Server::Loop,
+    },
+];
+
+/// What a workload reports as its headline number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    Iops,
+    LatencyUs,
+}
+
+/// One fio job, run against every device.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    id: &'static str,
+    label: &'static str,
+    rw: &'static str,
+    qd: u32,
+    metric: Metric,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        id: "randread-qd32",
+        label: "randread qd32",
+        rw: "randread",
+        qd: 32,
+        metric: Metric::Iops,
+    },
+    Workload {
+        id: "randwrite-qd32",
+        label: "randwrite qd32",
+        rw: "randwrite",
+        qd: 32,
+        metric: Metric::Iops,
+    },
+    Workload {
+        id: "randread-qd1",
+        label: "randread qd1",
+        rw: "randread",
+        qd: 1,
+        metric: Metric::LatencyUs,
+    },
+];
+
+/// One comparison: our run against a peer's, optionally with server CPU and the null_blk ceiling.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    case: &'static str,
+    ours: &'static str,
+    peer: &'static str,
+    peer_name: &'static str,
+    /// The peer is a userspace process whose CPU time can be compared with ours.
+    cpu: bool,
+    /// Report both as fractions of null_blk's IOPS.
+    ceiling: bool,
+}
+
+const PAIRS: &[Pair] = &[
+    Pair {
+        case: "null per-io",
+        ours: "ublkd-null-per-io",
+        peer: "kublk-null",
+        peer_name: "kublk",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "null batch",
+        ours: "ublkd-null-batch",
+        peer: "kublk-null-batch",
+        peer_name: "kublk",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "file",
+        ours: "ublkd-file",
+        peer: "loop-dio",
+        peer_name: "loop",
+        cpu: false,
+        ceiling: false,
+    },
+];
+const CEILING_RUN: &str = "null_blk";
+const OURS_NAME: &str = "ublkd";
+
+/// The unit of a results entry; it also fixes which way the ratio points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Iops,
+    Us,
+    CpuPerMio,
+    FractionOfNullBlk,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Iops => "IOPS",
+            Unit::Us => "us",
+            Unit::CpuPerMio => "cpu_s_per_mio",
+            Unit::FractionOfNullBlk => "fraction_of_null_blk",
+        }
+    }
+
+    /// `ours / peer`, except latency, where `peer / ours` so that above 1 is better for us.
+    /// CPU per I/O keeps `ours / peer` (below 1 is better for us).
+    fn ratio(self, ours: f64, peer: f64) -> Option<f64> {
+        let (num, den) = match self {
+            Unit::Us => (peer, ours),
+            Unit::Iops | Unit::CpuPerMio | Unit::FractionOfNullBlk => (ours, peer),
+        };
+        let r = num / den;
+        (den > 0.0 && r.is_finite()).then_some(r)
+    }
+
+    fn decimals(self) -> usize {
+        match self {
+            Unit::Iops => 0,
+            Unit::Us => 1,
+            Unit::CpuPerMio | Unit::FractionOfNullBlk => 3,
+        }
+    }
+}
+
+impl From<Metric> for Unit {
+    fn from(m: Metric) -> Self {
+        match m {
+            Metric::Iops => Unit::Iops,
+            Metric::LatencyUs => Unit::Us,
+        }
+    }
+}
+
+/// What one fio job against one device measured.
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    iops: f64,
+    lat_us: f64,
+    /// Server CPU seconds per million I/Os, or why there is none.
+    cpu_s_per_mio: Result<f64, String>,
+}
+
+impl Sample {
+    fn metric(&self, m: Metric) -> f64 {
+        match m {
+            Metric::Iops => self.iops,
+            Metric::LatencyUs => self.lat_us,
+        }
+    }
+}
+
+/// Everything the guest left behind, by run and workload.
+#[derive(Debug, Default)]
+struct Results {
+    samples: BTreeMap<(String, String), Result<Sample, String>>,
+    /// Runs whose measurements stand but whose teardown went wrong.
+    teardown: BTreeMap<String, String>,
+}
+
+impl Results {
+    fn get(&self, run: &str, workload: &str) -> Result<Sample, String> {
+        self.samples
+            .get(&(run.to_owned(), workload.to_owned()))
+            .cloned()
+            .unwrap_or_else(|| Err("no result".into()))
+    }
+}
+
+/// One side of a comparison.
+#[derive(Debug)]
+struct Side<'a> {
+    name: &'a str,
+    value: Result<f64, String>,
+    teardown: Option<&'a str>,
+}
+
+/// One line of `results.json`.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    case: String,
+    ours: Option<f64>,
+    peer: String,
+    peer_value: Option<f64>,
+    ratio: Option<f64>,
+    unit: Unit,
+    error: Option<String>,
+}
+
+impl Entry {
+    fn compare(case: String, ours: Side<'_>, peer: Side<'_>, unit: Unit) -> Self {
+        let mut errors = Vec::new();
+        for side in [&ours, &peer] {
+            if let Err(e) = &side.value {
+                errors.push(format!("{}: {e}", side.name));
+            }
+            if let Some(t) = side.teardown {
+                errors.push(format!("{} teardown: {t}", side.name));
+            }
+        }
+        let ours_v = ours.value.ok();
+        let peer_v = peer.value.ok();
+        let ratio = match (ours_v, peer_v) {
+            (Some(o), Some(p)) => unit.ratio(o, p),
+            _ => None,
+        };
+        Entry {
+            case,
+            ours: ours_v,
+            peer: peer.name.to_owned(),
+            peer_value: peer_v,
+            ratio,
+            unit,
+            error: (!errors.is_empty()).then(|| errors.join("; ")),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let d = self.unit.decimals() + 1;
+        let mut v = json!({
+            "case": self.case,
+            "ours": self.ours.map(|x| round(x, d)),
+            "peer": self.peer,
+            "peer_value": self.peer_value.map(|x| round(x, d)),
+            "ratio": self.ratio.map(|x| round(x, 4)),
+            "unit": self.unit.name(),
+        });
+        if let Some(e) = &self.error {
+            v["error"] = Value::from(e.as_str());
+        }
+        v
+    }
+}
+
+fn round(x: f64, decimals: usize) -> f64 {
+    let f = 10f64.powi(i32::try_from(decimals).unwrap_or(6));
+    (x * f).round() / f
+}
+
+/// Every comparison the bench reports, in table order.
+fn entries(results: &Results) -> Vec<Entry> {
+    let side = |name: &'static str, run: &'static str, value: Result<f64, String>| Side {
+        name,
+        value,
+        teardown: results.teardown.get(run).map(String::as_str),
+    };
+    let mut out = Vec::new();
+    for pair in PAIRS {
+        for wl in WORKLOADS {
+            let value = |run| results.get(run, wl.id).map(|s| s.metric(wl.metric));
+            out.push(Entry::compare(
+                format!("{} {}", pair.case, wl.label),
+                side(OURS_NAME, pair.ours, value(pair.ours)),
+                side(pair.peer_name, pair.peer, value(pair.peer)),
+                wl.metric.into(),
+            ));
+        }
+        if pair.cpu {
+            for wl in WORKLOADS {
+                let cpu = |run| results.get(run, wl.id).and_then(|s| s.cpu_s_per_mio);
+                out.push(Entry::compare(
+                    format!("{} {} cpu", pair.case, wl.label),
+                    side(OURS_NAME, pair.ours, cpu(pair.ours)),
+                    side(pair.peer_name, pair.peer, cpu(pair.peer)),
+                    Unit::CpuPerMio,
+                ));
+            }
+        }
+        if pair.ceiling {
+            for wl in WORKLOADS.iter().filter(|w| w.metric == Metric::Iops) {
+                let ceiling = results
+                    .get(CEILING_RUN, wl.id)
+                    .map(|s| s.iops)
+                    .map_err(|e| format!("{CEILING_RUN}: {e}"));
+                let fraction = |run| {
+                    let iops = results.get(run, wl.id)?.iops;
+                    let c = ceiling.clone()?;
+                    if c > 0.0 {
+                        Ok(iops / c)
+                    } else {
+                        Err(format!("{CEILING_RUN} did no I/O"))
+                    }
+                };
+                out.push(Entry::compare(
+                    format!("{} {} vs null_blk", pair.case, wl.label),
+                    side(OURS_NAME, pair.ours, fraction(pair.ours)),
+                    side(pair.peer_name, pair.peer, fraction(pair.peer)),
+                    Unit::FractionOfNullBlk,
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// `cargo xtask bench`.
+pub fn run(ws: &Path) -> Result<ExitCode> {
+    let runtime = match std::env::var("UBLKD_BENCH_RUNTIME") {
+        Ok(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|&s| s > 0)
+            .with_context(|| format!("UBLKD_BENCH_RUNTIME={v:?} is not a number of seconds"))?,
+        Err(_) => DEFAULT_RUNTIME,
+    };
+    let kernel = image::prepare(ws)?;
+    if apt::which("losetup").is_none() {
+        apt::install_packages(&["mount"])?;
+    }
+    let kublk = ensure_kublk(&kernel).map_err(|e| format!("building kublk failed: {e:#}"));
+    if let Err(e) = &kublk {
+        eprintln!("xtask: {e}");
+    }
+    let ublkd = match std::env::var_os("UBLKD_BENCH_UBLKD") {
+        Some(bin) => absolute_file(Path::new(&bin)),
+        None => build_ublkd(ws),
+    }
+    .map_err(|e| format!("{e:#}"));
+    if let Err(e) = &ublkd {
+        eprintln!("xtask: {e}");
+    }
+
+    let script = guest_script(
+        runtime,
+        kublk.as_deref().map_err(String::as_str),
+        ublkd.as_deref().map_err(String::as_str),
+    );
+    let jobs = (RUNS.len() * WORKLOADS.len()) as u64;
+    let timeout = std::env::var("UBLKD_VM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300 + jobs * (runtime + 45));
+    eprintln!(
+        "xtask: bench: {} runs x {} fio jobs of {runtime} s in one boot of {}",
+        RUNS.len(),
+        WORKLOADS.len(),
+        kernel.kver
+    );
+    let run = Vm::new(ws, &kernel)?
+        .timeout_secs(timeout)
+        .echo(true)
+        .run(&script)?;
+
+    let results = collect(&run.run_dir);
+    let entries = entries(&results);
+    println!();
+    println!(
+        "bench ({}, fio {runtime} s per job, {:.0} s in the guest):",
+        kernel.kver,
+        run.wall.as_secs_f64()
+    );
+    print!("{}", raw_table(&results));
+    println!();
+    print!("{}", entries_table(&entries));
+
+    let out_dir = ws.join("target/bench");
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let json = Value::Array(entries.iter().map(Entry::to_json).collect());
+    let path = out_dir.join("results.json");
+    fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    let raw_path = out_dir.join("raw.json");
+    fs::write(
+        &raw_path,
+        serde_json::to_string_pretty(&raw_json(&results))? + "\n",
+    )
+    .with_context(|| format!("writing {}", raw_path.display()))?;
+    println!();
+    println!("wrote {} and {}", path.display(), raw_path.display());
+
+    let mut failed = entries.iter().filter(|e| e.error.is_some()).count();
+    failed += results.samples.values().filter(|s| s.is_err()).count();
+    if run.exit != Exit::Code(0) {
+        failed += 1;
+        println!(
+            "guest {}; console tail:\n{}",
+            run.exit,
+            run.console_tail(40)
+        );
+    }
+    if failed == 0 {
+        let _ = fs::remove_dir_all(&run.run_dir);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "bench: some cases failed; guest logs kept in {}",
+            run.run_dir.display()
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `path` made absolute (the guest runs the script elsewhere), if it is a file.
+fn absolute_file(path: &Path) -> Result<PathBuf> {
+    let abs = path
+        .canonicalize()
+        .with_context(|| format!("UBLKD_BENCH_UBLKD={}", path.display()))?;
+    if !abs.is_file() {
+        bail!("UBLKD_BENCH_UBLKD={} is not a file", path.display());
+    }
+    Ok(abs)
+}
+
+/// Builds ublkd in release mode and returns the binary.
+fn build_ublkd(ws: &Path) -> Result<PathBuf> {
+    eprintln!("xtask: building ublkd (release)");
+    let status = crate::cargo()
+        .current_dir(ws)
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "ublkd-server",
+            "--bin",
+            "ublkd",
+        ])
+        .status()
+        .context("running cargo build --release")?;
+    if !status.success() {
+        bail!("building ublkd in release mode failed ({status})");
+    }
+    let bin = ws.join("target/release/ublkd");
+    if !bin.is_file() {
+        bail!("{} is missing after the build", bin.display());
+    }
+    Ok(bin)
+}
+
+/// The kublk binary for the guest kernel, built once per kernel version from Debian's sources.
+fn ensure_kublk(kernel: &Kernel) -> Result<PathBuf> {
+    let dir = image::cache_dir().join("kublk").join(&kernel.kver);
+    let bin = dir.join("kublk");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let (series, upstream) = kernel_series(&kernel.kver)?;
+    let mut build_tools = Vec::new();
+    if apt::which("gcc").is_none() {
+        build_tools.push("gcc");
+    }
+    if !Path::new("/usr/lib/x86_64-linux-gnu/libc.a").exists() {
+        build_tools.push("libc6-dev");
+    }
+    apt::install_packages(&build_tools)?;
+
+    let apt = PrivateApt::new(&image::cache_dir().join("apt"))?;
+    let source = format!("linux-source-{series}");
+    let mut versions = find_versions(&apt, &source, &upstream)?;
+    if versions.0.is_none() || versions.1.is_none() {
+        apt.update()?;
+        versions = find_versions(&apt, &source, &upstream)?;
+    }
+    let source_version = versions
+        .0
+        .with_context(|| format!("no {source} of version {upstream} in the suites"))?;
+    let headers_version = versions
+        .1
+        .with_context(|| format!("no linux-libc-dev of version {upstream} in the suites"))?;
+    eprintln!("xtask: building kublk from {source} {source_version}");
+
+    let work = dir.join("build.tmp");
+    let _ = fs::remove_dir_all(&work);
+    let debs = work.join("debs");
+    let root = work.join("root");
+    let src = work.join("src");
+    fs::create_dir_all(&root)?;
+    fs::create_dir_all(&src)?;
+    apt.download(
+        &[
+            format!("{source}={source_version}"),
+            format!("linux-libc-dev={headers_version}"),
+            "liburing-dev".to_owned(),
+        ],
+        &debs,
+    )?;
+    for entry in fs::read_dir(&debs).with_context(|| format!("reading {}", debs.display()))? {
+        let deb = entry?.path();
+        apt::run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+    }
+    fs::remove_dir_all(&debs)?;
+
+    // Only the selftest and the shared selftest headers out of the 170 MB tarball.
+    let usr_src = root.join("usr/src");
+    let tarball = fs::read_dir(&usr_src)
+        .with_context(|| format!("reading {}", usr_src.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".tar.xz"))
+        .with_context(|| format!("no source tarball in {}", usr_src.display()))?;
+    let top = tarball
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".tar.xz"))
+        .context("odd source tarball name")?
+        .to_owned();
+    let selftests = format!("{top}/tools/testing/selftests");
+    apt::run_ok(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&src)
+            .args(["--wildcards", "--no-wildcards-match-slash"])
+            .arg(format!("{selftests}/ublk"))
+            .arg(format!("{selftests}/*.h")),
+    )?;
+    fs::remove_file(&tarball)?;
+
+    let ublk_dir = src.join(&selftests).join("ublk");
+    let mut sources = Vec::new();
+    for entry in
+        fs::read_dir(&ublk_dir).with_context(|| format!("reading {}", ublk_dir.display()))?
+    {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "c") {
+            let text = fs::read_to_string(&path)?;
+            // Standalone helpers (metadata_size.c) have their own main; kublk.c is the server.
+            if path.file_name().is_some_and(|n| n == "kublk.c") || !text.contains("int main(") {
+                sources.push(path);
+            }
+        }
+    }
+    sources.sort();
+    if !sources.iter().any(|p| p.ends_with("kublk.c")) {
+        bail!("no kublk.c in {}", ublk_dir.display());
+    }
+    let out = work.join("kublk");
+    let usr = root.join("usr");
+    apt::run_ok(
+        Command::new("gcc")
+            .args(["-static", "-O3", "-D_GNU_SOURCE", "-Wall"])
+            .arg("-isystem")
+            .arg(usr.join("include"))
+            .arg("-isystem")
+            .arg(usr.join("include/x86_64-linux-gnu"))
+            .arg("-I")
+            .arg(src.join(&selftests))
+            .args(&sources)
+            .arg("-L")
+            .arg(usr.join("lib/x86_64-linux-gnu"))
+            .args(["-l:liburing.a", "-lpthread", "-lm", "-o"])
+            .arg(&out),
+    )?;
+    fs::rename(&out, &bin).with_context(|| format!("installing {}", bin.display()))?;
+    fs::write(
+        dir.join("versions"),
+        format!("{source} {source_version}\nlinux-libc-dev {headers_version}\n"),
+    )?;
+    fs::remove_dir_all(&work)?;
+    Ok(bin)
+}
+
+/// The versions of the kernel source and uapi headers packages matching `upstream`: the
+/// headers of the very same version as the source when offered, else the newest of that release.
+fn find_versions(
+    apt: &PrivateApt,
+    source: &str,
+    upstream: &str,
+) -> Result<(Option<String>, Option<String>)> {
+    let source_version = pick_version(&apt.versions(source)?, upstream);
+    let headers = apt.versions("linux-libc-dev")?;
+    let headers_version = source_version
+        .as_ref()
+        .filter(|v| headers.contains(v))
+        .cloned()
+        .or_else(|| pick_version(&headers, upstream));
+    Ok((source_version, headers_version))
+}
+
+/// The first (newest) version in `versions` of upstream release `upstream` (`7.3.4-1~bpo13+1`
+/// for `7.3.4`).
+fn pick_version(versions: &[String], upstream: &str) -> Option<String> {
+    versions
+        .iter()
+        .find(|v| {
+            v.strip_prefix(upstream)
+                .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('+'))
+        })
+        .cloned()
+}
+
+/// `7.3.4+deb13-amd64` → (`7.3`, `7.3.4`).
+fn kernel_series(kver: &str) -> Result<(String, String)> {
+    let upstream = kver
+        .split(['+', '-'])
+        .next()
+        .filter(|v| !v.is_empty())
+        .with_context(|| format!("odd kernel version {kver:?}"))?;
+    let parts: Vec<&str> = upstream.split('.').collect();
+    if parts.len() < 2 || parts.iter().any(|p| p.parse::<u64>().is_err()) {
+        bail!("odd kernel version {kver:?}");
+    }
+    Ok((format!("{}.{}", parts[0], parts[1]), upstream.to_owned()))
+}
+
+/// Shell functions the generated script uses. Each run writes into `$OUT/<run>/`:
+/// `error` (setup failed; no numbers), `teardown_error`, and per workload `<wl>.json` (fio),
+/// `<wl>.rc` and `<wl>.counters` (`cpu_ticks_before cpu_ticks_after hz ios_before ios_after`,
+/// where a tick count is `none` without a server process and `-` when it could not be read).
+const SCRIPT_LIB: &str = r#"
+OUT="$UBLKD_VM_RUN"
+HZ=$(getconf CLK_TCK)
+note() { echo "bench: $*"; }
+tail_of() { tail -n 5 "$1" 2>/dev/null | tr '\n' ' '; }
+
+# Reads and writes completed by block device $1 (a name under /sys/block).
+dev_ios() {
+    awk '{ print $1 + $5 }' "/sys/block/$1/stat" 2>/dev/null || echo -
+}
+
+# utime + stime, in clock ticks, summed over the processes $1 (space-separated pids).
+cpu_ticks() {
+    [ -n "$1" ] || { echo none; return; }
+    total=0
+    for p in $1; do
+        v=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+        [ -n "$v" ] || { echo -; return; }
+        total=$((total + v))
+    done
+    echo "$total"
+}
+
+# run_fio RUN DEVICE WORKLOAD RW QD PIDS
+run_fio() {
+    d="$OUT/$1"
+    blk=$(basename "$(readlink -f "$2")")
+    ios0=$(dev_ios "$blk"); t0=$(cpu_ticks "$6")
+    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" --ioengine=io_uring \
+        --direct=1 --bs=4k --rw="$4" --iodepth="$5" --numjobs=1 --norandommap --time_based \
+        --runtime="$RUNTIME" --ramp_time=1 --output-format=json --output="$d/$3.json" \
+        > "$d/$3.log" 2>&1
+    rc=$?
+    t1=$(cpu_ticks "$6"); ios1=$(dev_ios "$blk")
+    echo "$rc" > "$d/$3.rc"
+    echo "$t0 $t1 $HZ $ios0 $ios1" > "$d/$3.counters"
+    note "$1 $3: fio exit $rc, $(awk -v a="$ios0" -v b="$ios1" 'BEGIN { print b - a }') I/Os"
+}
+
+# Waits up to 10 s for block device $1 to appear.
+wait_blk() {
+    i=0
+    while [ ! -b "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    [ -b "$1" ]
+}
+
+# Waits up to $2 tenths of a second for file $1 to exist.
+wait_file() {
+    i=0
+    while [ ! -e "$1" ] && [ $i -lt "$2" ]; do sleep 0.1; i=$((i + 1)); done
+    [ -e "$1" ]
+}
+
+fail_case() {
+    mkdir -p "$OUT/$1"
+    echo "$2" > "$OUT/$1/error"
+    note "$1: $2"
+}
+
+# stop_ublkd DIR PID [DEVICE]: SIGTERM, then wait for the exit and the device's removal.
+stop_ublkd() {
+    kill -TERM "$2" 2>/dev/null
+    if ! wait_file "$1/exit" 300; then
+        echo "did not exit within 30 s of SIGTERM (killed)" >> "$1/teardown_error"
+        kill -KILL "$2" 2>/dev/null
+        wait_file "$1/exit" 50
+    elif [ "$(cat "$1/exit")" != 0 ]; then
+        echo "exited with status $(cat "$1/exit") after SIGTERM: $(tail_of "$1/server.err")" \
+            >> "$1/teardown_error"
+    fi
+    if [ -n "${3-}" ]; then
+        i=0
+        while [ -e "$3" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+        [ -e "$3" ] && echo "$3 still exists after ublkd exited" >> "$1/teardown_error"
+    fi
+    return 0
+}
+
+# ublkd_case RUN ARGS...: start `ublkd run ARGS`, wait for READY, measure, stop.
+ublkd_case() {
+    run=$1; shift
+    d="$OUT/$run"; mkdir -p "$d"
+    note "$run: ublkd run $*"
+    ( sh -c 'echo $$ > "$0/pid"; exec "$@"' "$d" "$UBLKD" run "$@" \
+        > "$d/server.out" 2> "$d/server.err"
+      rc=$?; echo "$rc" > "$d/exit.tmp"; mv "$d/exit.tmp" "$d/exit" ) &
+    dev=""; i=0
+    while [ $i -lt 600 ]; do
+        dev=$(sed -n 's|^READY \(/dev/[^ ]*\).*|\1|p' "$d/server.out" 2>/dev/null | head -n 1)
+        if [ -n "$dev" ] || [ -e "$d/exit" ]; then break; fi
+        sleep 0.1; i=$((i + 1))
+    done
+    wait_file "$d/pid" 50
+    pid=$(cat "$d/pid" 2>/dev/null)
+    if [ -z "$dev" ]; then
+        if [ -e "$d/exit" ]; then
+            fail_case "$run" "ublkd exited with status $(cat "$d/exit") before READY: $(tail_of "$d/server.err")"
+        else
+            fail_case "$run" "ublkd printed no READY line within 60 s: $(tail_of "$d/server.err")"
+            stop_ublkd "$d" "$pid"
+        fi
+        return
+    fi
+    if ! wait_blk "$dev"; then
+        fail_case "$run" "ublkd said READY $dev, but that is no block device"
+        stop_ublkd "$d" "$pid"
+        return
+    fi
+    run_workloads "$run" "$dev" "$pid"
+    stop_ublkd "$d" "$pid" "$dev"
+}
+
+# kublk_case RUN ARGS...: `kublk add ARGS`, measure its daemon, `kublk del`.
+kublk_case() {
+    run=$1; shift
+    d="$OUT/$run"; mkdir -p "$d"
+    note "$run: kublk add $*"
+    if ! timeout 60 "$KUBLK" add "$@" > "$d/server.out" 2> "$d/server.err"; then
+        fail_case "$run" "kublk add $* failed: $(tail_of "$d/server.err")"
+        return
+    fi
+    id=$(sed -n 's/^dev id \([0-9][0-9]*\):.*/\1/p' "$d/server.out" | head -n 1)
+    pid=$(sed -n 's/.*daemon pid \([0-9][0-9]*\).*/\1/p' "$d/server.out" | head -n 1)
+    if [ -z "$id" ] || [ -z "$pid" ]; then
+        fail_case "$run" "no dev id or daemon pid in the output of kublk add: $(tail_of "$d/server.out")"
+        [ -n "$id" ] && "$KUBLK" del -n "$id" >/dev/null 2>&1
+        return
+    fi
+    if ! wait_blk "/dev/ublkb$id"; then
+        fail_case "$run" "kublk added device $id, but /dev/ublkb$id did not appear"
+    else
+        run_workloads "$run" "/dev/ublkb$id" "$pid"
+    fi
+    if ! timeout 60 "$KUBLK" del -n "$id" > "$d/del.log" 2>&1; then
+        echo "kublk del -n $id failed: $(tail_of "$d/del.log")" >> "$d/teardown_error"
+    fi
+}
+
+# loop_case RUN FILE: a loop device with direct I/O on FILE.
+loop_case() {
+    d="$OUT/$1"; mkdir -p "$d"
+    note "$1: losetup --direct-io=on $2"
+    if ! dev=$(losetup --direct-io=on --find --show "$2" 2> "$d/server.err"); then
+        fail_case "$1" "losetup failed: $(tail_of "$d/server.err")"
+        return
+    fi
+    if [ "$(cat "/sys/block/$(basename "$dev")/loop/dio" 2>/dev/null)" != 1 ]; then
+        fail_case "$1" "$dev did not switch to direct I/O"
+    else
+        run_workloads "$1" "$dev" ""
+    fi
+    losetup -d "$dev" 2>> "$d/teardown_error" || echo "losetup -d $dev failed" >> "$d/teardown_error"
+    [ -s "$d/teardown_error" ] || rm -f "$d/teardown_error"
+}
+
+nullblk_case() {
+    d="$OUT/$1"; mkdir -p "$d"
+    note "$1: /dev/nullb0"
+    if [ -b /dev/nullb0 ]; then
+        run_workloads "$1" /dev/nullb0 ""
+    else
+        fail_case "$1" "/dev/nullb0 is missing (null_blk not loaded?)"
+    fi
+}
+
+# The backing file for the file cases: ext4 on the NVMe namespace, written out in full so that
+# reads reach the device.
+prepare_backing() {
+    mnt="$TMPDIR/ublkd-bench"
+    mkdir -p "$mnt" &&
+        mkfs.ext4 -q -F /dev/nvme0n1 &&
+        mount /dev/nvme0n1 "$mnt" &&
+        dd if=/dev/zero of="$mnt/backing" bs=1M count=$((BACKING_BYTES >> 20)) oflag=direct \
+            status=none &&
+        BACKING="$mnt/backing"
+}
+"#;
+
+/// The script the guest runs: every run of `RUNS`, each writing its results into the run
+/// directory. `kublk`/`ublkd` are the binaries, or why they are missing.
+fn guest_script(runtime: u64, kublk: Result<&Path, &str>, ublkd: Result<&Path, &str>) -> String {
+    let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
+    let mut s = String::from("set -u\n");
+    let _ = writeln!(s, "RUNTIME={runtime}");
+    let _ = writeln!(s, "BACKING_BYTES={BACKING_BYTES}");
+    let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
+    let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
+    s.push_str(SCRIPT_LIB);
+    s.push_str("\n# run_workloads RUN DEVICE PIDS\nrun_workloads() {\n");
+    for wl in WORKLOADS {
+        let _ = writeln!(
+            s,
+            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\"",
+            wl.id, wl.rw, wl.qd
+        );
+    }
+    s.push_str("}\n\n");
+    s.push_str("echo \"bench: guest kernel $(uname -r), $(nproc) CPUs\"\n");
+    s.push_str(
+        "BACKING=\"\"\nif prepare_backing > \"$OUT/backing.log\" 2>&1; then\n    \
+         note \"backing file $BACKING ready\"\nelse\n    \
+         note \"backing file failed: $(tail_of \"$OUT/backing.log\")\"\nfi\n",
+    );
+    for run in RUNS {
+        let id = run.id;
+        let line = match run.server {
+            Server::NullBlk => format!("nullblk_case {id}"),
+            Server::Loop => format!(
+                "if [ -n \"$BACKING\" ]; then loop_case {id} \"$BACKING\"; \
+                 else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
+            ),
+            Server::Kublk { batch } => match kublk {
+                Ok(_) => format!(
+                    "kublk_case {id} -t null -q {QUEUES} -d {DEPTH}{}",
+                    if batch { " -b" } else { "" }
+                ),
+                Err(e) => format!("fail_case {id} {}", vm::shell_quote(e)),
+            },
+            Server::Ublkd { file, io_path } => {
+                let common = format!("--queues {QUEUES} --depth {DEPTH} --io-path {io_path}");
+                match (ublkd, file) {
+                    (Err(e), _) => format!("fail_case {id} {}", vm::shell_quote(e)),
+                    (Ok(_), false) => format!(
+                        "ublkd_case {id} --backend null --size {NULL_BYTES} {common}"
+                    ),
+                    (Ok(_), true) => format!(
+                        "if [ -n \"$BACKING\" ]; then \
+                         ublkd_case {id} --backend \"file:$BACKING\" --size {BACKING_BYTES} {common}; \
+                         else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
+                    ),
+                }
+            }
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s.push_str(
+        "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; fi\nnote done\nexit 0\n",
+    );
+    s
+}
+
+/// Reads what the guest wrote into `dir`.
+fn collect(dir: &Path) -> Results {
+    let mut results = Results::default();
+    for run in RUNS {
+        let rdir = dir.join(run.id);
+        if let Ok(t) = fs::read_to_string(rdir.join("teardown_error")) {
+            if !t.trim().is_empty() {
+                results
+                    .teardown
+                    .insert(run.id.to_owned(), t.trim().replace('\n', "; "));
+            }
+        }
+        let run_error = if !rdir.is_dir() {
+            Some("did not run (the guest ended early)".to_owned())
+        } else {
+            fs::read_to_string(rdir.join("error"))
+                .ok()
+                .map(|e| e.trim().to_owned())
+        };
+        for wl in WORKLOADS {
+            let sample = match &run_error {
+                Some(e) => Err(e.clone()),
+                None => load_sample(&rdir, wl),
+            };
+            results
+                .samples
+                .insert((run.id.to_owned(), wl.id.to_owned()), sample);
+        }
+    }
+    results
+}
+
+fn load_sample(rdir: &Path, wl: &Workload) -> Result<Sample, String> {
+    let read = |ext: &str| fs::read_to_string(rdir.join(format!("{}.{ext}", wl.id)));
+    let rc = read("rc").map_err(|_| "fio did not run".to_owned())?;
+    if rc.trim() != "0" {
+        let log = read("log").unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        return Err(format!(
+            "fio exited with status {}: {}",
+            rc.trim(),
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    let json = read("json").map_err(|e| format!("no fio output: {e}"))?;
+    let (iops, lat_us) = parse_fio(&json, wl.rw)?;
+    let counters = read("counters").unwrap_or_default();
+    Ok(Sample {
+        iops,
+        lat_us,
+        cpu_s_per_mio: cpu_per_mio(&counters),
+    })
+}
+
+/// IOPS and mean latency (µs) of the single job in fio's JSON output.
+fn parse_fio(text: &str, rw: &str) -> Result<(f64, f64), String> {
+    // fio may print notes before the JSON document.
+    let start = text.find('{').ok_or("no JSON in fio output")?;
+    let v: Value =
+        serde_json::from_str(&text[start..]).map_err(|e| format!("bad fio JSON: {e}"))?;
+    let job = &v["jobs"][0];
+    if job.is_null() {
+        return Err("no job in fio output".into());
+    }
+    if let Some(err) = job["error"].as_i64().filter(|&e| e != 0) {
+        return Err(format!("fio reported error {err}"));
+    }
+    let dir = if rw.contains("write") {
+        &job["write"]
+    } else {
+        &job["read"]
+    };
+    let ios = dir["total_ios"].as_f64().unwrap_or(0.0);
+    if ios <= 0.0 {
+        return Err("fio completed no I/O".into());
+    }
+    let iops = dir["iops"].as_f64().ok_or("no iops in fio output")?;
+    let lat_ns = dir["lat_ns"]["mean"]
+        .as_f64()
+        .ok_or("no mean latency in fio output")?;
+    Ok((iops, lat_ns / 1000.0))
+}
+
+/// Server CPU seconds per million I/Os from a counters line
+/// (`ticks_before ticks_after hz ios_before ios_after`).
+fn cpu_per_mio(line: &str) -> Result<f64, String> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let [t0, t1, hz, ios0, ios1] = f.as_slice() else {
+        return Err(format!("bad counters line {line:?}"));
+    };
+    if *t0 == "none" || *t1 == "none" {
+        return Err("no server process".into());
+    }
+    let num = |s: &str, what: &str| {
+        s.parse::<f64>()
+            .map_err(|_| format!("{what} unreadable ({s:?})"))
+    };
+    let ticks = num(t1, "server CPU time after the job (process gone?)")?
+        - num(t0, "server CPU time before the job")?;
+    let hz = num(hz, "clock tick rate")?;
+    let ios = num(ios1, "device I/O count")? - num(ios0, "device I/O count")?;
+    if ios <= 0.0 || hz <= 0.0 {
+        return Err("the device completed no I/O".into());
+    }
+    Ok(ticks / hz / (ios / 1e6))
+}
+
+fn fmt_value(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.decimals$}"))
+}
+
+fn entries_table(entries: &[Entry]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<38} {:>12} {:>7} {:>12} {:>7}  unit",
+        "case", "ours", "peer", "peer value", "ratio"
+    );
+    for e in entries {
+        let d = e.unit.decimals();
+        let ours = match (e.ours, &e.error) {
+            (None, Some(_)) => "FAILED".to_owned(),
+            (v, _) => fmt_value(v, d),
+        };
+        let _ = writeln!(
+            s,
+            "{:<38} {:>12} {:>7} {:>12} {:>7}  {}",
+            e.case,
+            ours,
+            e.peer,
+            fmt_value(e.peer_value, d),
+            fmt_value(e.ratio, 3),
+            e.unit.name()
+        );
+        if let Some(err) = &e.error {
+            let _ = writeln!(s, "    ! {err}");
+        }
+    }
+    s
+}
+
+fn raw_table(results: &Results) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<20} {:<16} {:>10} {:>12} {:>14}",
+        "run", "workload", "IOPS", "mean lat us", "cpu s/M I/O"
+    );
+    for run in RUNS {
+        for wl in WORKLOADS {
+            match results.get(run.id, wl.id) {
+                Ok(sample) => {
+                    let _ = writeln!(
+                        s,
+                        "{:<20} {:<16} {:>10.0} {:>12.1} {:>14}",
+                        run.id,
+                        wl.id,
+                        sample.iops,
+                        sample.lat_us,
+                        fmt_value(sample.cpu_s_per_mio.ok(), 3)
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(s, "{:<20} {:<16} FAILED: {e}", run.id, wl.id);
+                }
+            }
+        }
+        if let Some(t) = results.teardown.get(run.id) {
+            let _ = writeln!(s, "{:<20} teardown: {t}", run.id);
+        }
+    }
+    s
+}
+
+fn raw_json(results: &Results) -> Value {
+    let mut list = Vec::new();
+    for run in RUNS {
+        for wl in WORKLOADS {
+            let mut v = json!({ "run": run.id, "workload": wl.id });
+            match results.get(run.id, wl.id) {
+                Ok(sample) => {
+                    v["iops"] = json!(round(sample.iops, 1));
+                    v["lat_us"] = json!(round(sample.lat_us, 2));
+                    v["cpu_s_per_mio"] = json!(sample.cpu_s_per_mio.ok().map(|x| round(x, 4)));
+                }
+                Err(e) => v["error"] = Value::from(e),
+            }
+            if let Some(t) = results.teardown.get(run.id) {
+                v["teardown_error"] = Value::from(t.as_str());
+            }
+            list.push(v);
+        }
+    }
+    Value::Array(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(iops: f64, lat_us: f64, cpu: f64) -> Result<Sample, String> {
+        Ok(Sample {
+            iops,
+            lat_us,
+            cpu_s_per_mio: Ok(cpu),
+        })
+    }
+
+    fn results_with(f: impl Fn(&str, &str) -> Result<Sample, String>) -> Results {
+        let mut r = Results::default();
+        for run in RUNS {
+            for wl in WORKLOADS {
+                r.samples
+                    .insert((run.id.into(), wl.id.into()), f(run.id, wl.id));
+            }
+        }
+        r
+    }
+
+    fn find<'a>(entries: &'a [Entry], case: &str) -> &'a Entry {
+        entries
+            .iter()
+            .find(|e| e.case == case)
+            .unwrap_or_else(|| panic!("no entry {case:?}"))
+    }
+
+    #[test]
+    fn ratios_point_the_way_the_unit_says() {
+        assert_eq!(Unit::Iops.ratio(8000.0, 4000.0), Some(2.0));
+        // Latency: lower is better, so peer/ours.
+        assert_eq!(Unit::Us.ratio(50.0, 100.0), Some(2.0));
+        assert_eq!(Unit::CpuPerMio.ratio(1.0, 4.0), Some(0.25));
+        assert_eq!(Unit::Iops.ratio(1.0, 0.0), None);
+        assert_eq!(Unit::Us.ratio(0.0, 1.0), None);
+    }
+
+    #[test]
+    fn entries_compare_ours_with_peers_and_the_ceiling() {
+        let results = results_with(|run, _| match run {
+            "null_blk" => sample(20000.0, 20.0, 0.0),
+            r if r.starts_with("ublkd") => sample(10000.0, 100.0, 2.0),
+            _ => sample(8000.0, 125.0, 4.0),
+        });
+        let entries = entries(&results);
+        // 3 pairs x 3 workloads, CPU for the 2 kublk pairs, 2 IOPS workloads x 2 ceilings.
+        assert_eq!(entries.len(), 9 + 6 + 4);
+        assert!(entries.iter().all(|e| e.error.is_none()));
+
+        let e = find(&entries, "null per-io randread qd32");
+        assert_eq!((e.ours, e.peer_value), (Some(10000.0), Some(8000.0)));
+        assert_eq!((e.peer.as_str(), e.unit), ("kublk", Unit::Iops));
+        assert_eq!(e.ratio, Some(1.25));
+
+        let e = find(&entries, "file randread qd1");
+        assert_eq!((e.peer.as_str(), e.unit), ("loop", Unit::Us));
+        assert_eq!(e.ratio, Some(1.25));
+
+        let e = find(&entries, "null batch randwrite qd32 cpu");
+        assert_eq!(
+            (e.ours, e.peer_value, e.ratio),
+            (Some(2.0), Some(4.0), Some(0.5))
+        );
+
+        let e = find(&entries, "null batch randread qd32 vs null_blk");
+        assert_eq!((e.ours, e.peer_value), (Some(0.5), Some(0.4)));
+        assert_eq!(e.unit, Unit::FractionOfNullBlk);
+    }
+
+    #[test]
+    fn failed_runs_give_null_values_and_an_error() {
+        let mut results = results_with(|run, _| {
+            if run.starts_with("ublkd") {
+                Err("ublkd exited with status 2 before READY".into())
+            } else {
+                sample(8000.0, 125.0, 4.0)
+            }
+        });
+        results
+            .teardown
+            .insert("kublk-null".into(), "kublk del failed".into());
+        let entries = entries(&results);
+        let e = find(&entries, "null per-io randread qd32");
+        assert_eq!((e.ours, e.peer_value, e.ratio), (None, Some(8000.0), None));
+        let err = e.error.as_deref().unwrap_or_default();
+        assert!(err.contains("ublkd: ublkd exited with status 2"), "{err}");
+        assert!(err.contains("kublk teardown: kublk del failed"), "{err}");
+
+        let v = e.to_json();
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let mut keys = keys;
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "case",
+                "error",
+                "ours",
+                "peer",
+                "peer_value",
+                "ratio",
+                "unit"
+            ]
+        );
+        assert!(v["ours"].is_null() && v["ratio"].is_null());
+        assert_eq!(v["peer_value"], 8000.0);
+        assert_eq!(v["unit"], "IOPS");
+    }
+
+    #[test]
+    fn json_entry_has_the_documented_shape() {
+        let e = Entry::compare(
+            "null per-io randread qd32".into(),
+            Side {
+                name: "ublkd",
+                value: Ok(8123.0),
+                teardown: None,
+            },
+            Side {
+                name: "kublk",
+                value: Ok(8000.0),
+                teardown: None,
+            },
+            Unit::Iops,
+        );
+        assert_eq!(
+            e.to_json(),
+            json!({"case": "null per-io randread qd32", "ours": 8123.0, "peer": "kublk",
+                   "peer_value": 8000.0, "ratio": 1.0154, "unit": "IOPS"})
+        );
+    }
+
+    #[test]
+    fn fio_json_and_counters_parse() {
+        let text = r#"note: both iodepth >= 1 and synchronous I/O engine
+{"jobs":[{"error":0,"read":{"iops":8123.5,"total_ios":40000,"lat_ns":{"mean":3900000.0}},
+          "write":{"iops":0.0,"total_ios":0,"lat_ns":{"mean":0.0}}}]}"#;
+        assert_eq!(parse_fio(text, "randread"), Ok((8123.5, 3900.0)));
+        assert!(parse_fio(text, "randwrite").is_err());
+        assert!(parse_fio("garbage", "randread").is_err());
+
+        // 150 ticks at 100 Hz = 1.5 s over 3 million I/Os.
+        assert_eq!(cpu_per_mio("100 250 100 1000 3001000"), Ok(0.5));
+        assert!(cpu_per_mio("none none 100 0 5").is_err_and(|e| e.contains("no server process")));
+        assert!(cpu_per_mio("100 - 100 0 5").is_err());
+        assert!(cpu_per_mio("1 2 100 5 5").is_err());
+    }
+
+    #[test]
+    fn kernel_release_maps_to_its_source_package() {
+        assert_eq!(
+            kernel_series("7.3.4+deb13-amd64").ok(),
+            Some(("7.3".to_owned(), "7.3.4".to_owned()))
+        );
+        assert!(kernel_series("amd64").is_err());
+        let versions: Vec<String> = ["7.3.40-1", "7.3.4-2~bpo13+1", "7.3.4-1~bpo13+1"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            pick_version(&versions, "7.3.4").as_deref(),
+            Some("7.3.4-2~bpo13+1")
+        );
+        assert_eq!(pick_version(&versions, "7.3.5"), None);
+    }
+
+    #[test]
+    fn script_runs_every_case_and_reports_missing_binaries() {
+        let s = guest_script(
+            5,
+            Ok(Path::new("/cache/kublk")),
+            Err("building ublkd failed"),
+        );
+        assert!(s.contains("RUNTIME=5\n"));
+        assert!(s.contains("kublk_case kublk-null -t null -q 2 -d 128\n"));
+        assert!(s.contains("kublk_case kublk-null-batch -t null -q 2 -d 128 -b\n"));
+        assert!(s.contains("fail_case ublkd-null-per-io 'building ublkd failed'\n"));
+        assert!(s.contains("nullblk_case null_blk\n"));
+        assert!(s.contains("loop_case loop-dio"));
+        let s = guest_script(5, Err("no kublk"), Ok(Path::new("/t/ublkd")));
+        assert!(s.contains(
+            "ublkd_case ublkd-null-batch --backend null --size 1073741824 \
+             --queues 2 --depth 128 --io-path batch\n"
+        ));
+        assert!(s.contains("fail_case kublk-null 'no kublk'\n"));
+    }
+
+    #[test]
+    fn script_parses_as_posix_sh() {
+        let s = guest_script(5, Ok(Path::new("/k/kublk")), Ok(Path::new("/t/ublkd")));
+        let path = std::env::temp_dir().join(format!("ublkd-bench-{}.sh", std::process::id()));
+        fs::write(&path, &s).expect("writing the script");
+        let out = Command::new("sh").arg("-n").arg(&path).output();
+        let _ = fs::remove_file(&path);
+        let out = out.expect("running sh -n");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
