@@ -4,7 +4,9 @@
 
 mod worker;
 
-pub use worker::{BufRing, Completion, Op, Region, WorkerRing};
+pub use worker::{
+    BufRing, Completion, Op, Region, WorkerRing, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED,
+};
 
 use crate::sys::ublksrv_ctrl_cmd;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};

@@ -17,6 +17,9 @@ use std::sync::Arc;
 
 const IORING_URING_CMD_MULTISHOT: u32 = 1 << 1;
 /// Byte offsets inside an SQE that the io-uring crate cannot set for uring_cmd.
+/// io-wq helper threads a worker's ring may start, for bounded and unbounded work.
+pub const IOWQ_MAX_BOUNDED: u32 = 2;
+pub const IOWQ_MAX_UNBOUNDED: u32 = 2;
 const SQE_LEN: usize = 24;
 const SQE_OP_FLAGS: usize = 28;
 const SQE_BUF_GROUP: usize = 40;
@@ -150,6 +153,12 @@ impl WorkerRing {
             .map_err(RingError::Setup)?;
         ring.submitter()
             .register_buffers_sparse(fixed_buffers)
+            .map_err(RingError::Setup)?;
+        // Operations that block (fsync, fallocate, buffered I/O) run on io_uring's io-wq
+        // threads; cap them so the thread count never grows with the number of volumes.
+        let mut max = [IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED];
+        ring.submitter()
+            .register_iowq_max_workers(&mut max)
             .map_err(RingError::Setup)?;
         Ok(Self {
             ring,

@@ -146,7 +146,11 @@ impl Mapping {
         // SAFETY: the range is inside the mapping (checked above); `src` is a distinct Rust
         // buffer, so the regions do not overlap.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().wrapping_add(offset), src.len())
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.ptr.as_ptr().wrapping_add(offset),
+                src.len(),
+            )
         };
         true
     }
@@ -169,8 +173,13 @@ impl Mapping {
         };
         // SAFETY: whole pages inside our own mapping; afterwards they read as zeros, which no
         // Rust invariant depends on.
-        let rc =
-            unsafe { libc::madvise(self.ptr.as_ptr().wrapping_add(first).cast(), last - first, advice) };
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().wrapping_add(first).cast(),
+                last - first,
+                advice,
+            )
+        };
         let middle = rc == 0 || self.zero(first, last - first);
         middle && self.zero(offset, first - offset) && self.zero(last, end - last)
     }
