@@ -7,8 +7,6 @@
 //! Today it answers `ublkd probe` (what the kernel offers) and `ublkd run` (serve one volume in
 //! the foreground until SIGINT/SIGTERM). The gRPC service arrives with the control-plane work.
 
-mod size;
-
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,7 +89,9 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         match flag.as_str() {
             "--size" => {
                 let v = value()?;
-                size = Some(size::parse_size(v).with_context(|| format!("bad size {v:?}"))?);
+                size = Some(
+                    ublkd_proto::units::parse_size(v).with_context(|| format!("bad size {v:?}"))?,
+                );
             }
             "--backend" => spec.backend = parse_backend(value()?)?,
             "--queues" => spec.queues = value()?.parse().context("bad --queues")?,

@@ -1,4 +1,6 @@
-//! Human-readable sizes: `4096`, `512K`, `10GiB`, `1.5T`. Binary units (K = KiB = 1024).
+//! Human-readable sizes for the API's users: `4096`, `512K`, `10GiB`, `1.5T` in, `10 GiB` out.
+//! Binary units (K = KiB = 1024). Shared by `ublkctl` and the daemon's command line so both read
+//! sizes the same way.
 
 /// Parses a size; `None` for anything that is not a non-negative size that fits in a u64.
 pub fn parse_size(s: &str) -> Option<u64> {
@@ -26,6 +28,27 @@ pub fn parse_size(s: &str) -> Option<u64> {
     }
 }
 
+/// Formats `bytes` with the largest binary unit that divides it exactly, else one decimal.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    let mut exact = bytes;
+    while unit + 1 < UNITS.len() && exact >= 1024 && exact % 1024 == 0 {
+        exact /= 1024;
+        unit += 1;
+    }
+    if exact < 1024 || unit + 1 == UNITS.len() {
+        return format!("{exact} {}", UNITS[unit]);
+    }
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,6 +60,18 @@ mod tests {
         assert_eq!(parse_size("10GiB"), Some(10 << 30));
         assert_eq!(parse_size("1.5g"), Some(3 << 29));
         assert_eq!(parse_size(" 2 MiB "), Some(2 << 20));
+    }
+
+    #[test]
+    fn formats_exact_and_fractional_sizes() {
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(10 << 30), "10 GiB");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(4096 + 1), "4.0 KiB");
+        assert_eq!(
+            parse_size(&format_size(3 << 40).replace(' ', "")),
+            Some(3 << 40)
+        );
     }
 
     #[test]
