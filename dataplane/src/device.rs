@@ -51,6 +51,8 @@ pub struct DeviceSpec {
     pub io_path: IoPath,
     pub backend: BackendSpec,
     pub max_io_bytes: u32,
+    /// Kernel device id to ask for (`/dev/ublkbN`); None lets the kernel choose.
+    pub dev_id: Option<u32>,
 }
 
 impl Default for DeviceSpec {
@@ -63,6 +65,7 @@ impl Default for DeviceSpec {
             io_path: IoPath::Auto,
             backend: BackendSpec::Null,
             max_io_bytes: DEFAULT_MAX_IO_BYTES,
+            dev_id: None,
         }
     }
 }
@@ -141,7 +144,7 @@ impl DeviceSpec {
             nr_hw_queues: self.queues,
             queue_depth: self.queue_depth,
             max_io_buf_bytes: self.max_io_bytes,
-            dev_id: u32::MAX,
+            dev_id: self.dev_id.unwrap_or(u32::MAX),
             ublksrv_pid: i32::try_from(std::process::id()).unwrap_or(0),
             flags,
             ..Default::default()

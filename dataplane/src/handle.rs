@@ -135,6 +135,10 @@ pub struct WorkerSnapshot {
     pub cpu: usize,
     pub busy_seconds: f64,
     pub idle_seconds: f64,
+    /// Requests started per loop iteration: non-cumulative counts per
+    /// `stats::BATCH_BOUNDS` bucket, then one for larger values.
+    pub batch_buckets: Vec<u64>,
+    pub batch_sum: u64,
 }
 
 type Reply<T> = SyncSender<Result<T, DataplaneError>>;
@@ -358,10 +362,13 @@ impl Control {
                         .iter()
                         .map(|w| {
                             let (busy, idle) = w.stats.seconds();
+                            let (batch_buckets, batch_sum) = w.stats.batches();
                             WorkerSnapshot {
                                 cpu: w.cpu,
                                 busy_seconds: busy,
                                 idle_seconds: idle,
+                                batch_buckets,
+                                batch_sum,
                             }
                         })
                         .collect()));

@@ -217,6 +217,8 @@ mod tests {
 pub struct WorkerStats {
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
+    batch: [AtomicU64; 10],
+    batch_sum: AtomicU64,
 }
 
 impl WorkerStats {
@@ -226,6 +228,30 @@ impl WorkerStats {
 
     pub fn idle(&self, d: std::time::Duration) {
         bump(&self.idle_ns, d.as_nanos() as u64);
+    }
+
+    /// One loop iteration started `n` requests (over all its queues).
+    pub fn batch(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let b = BATCH_BOUNDS
+            .iter()
+            .position(|&ub| n <= ub)
+            .unwrap_or(BATCH_BOUNDS.len());
+        bump(&self.batch[b], 1);
+        bump(&self.batch_sum, n);
+    }
+
+    /// Non-cumulative batch-size buckets (per `BATCH_BOUNDS`, then larger) and their sum.
+    pub fn batches(&self) -> (Vec<u64>, u64) {
+        (
+            self.batch
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            self.batch_sum.load(Ordering::Relaxed),
+        )
     }
 
     /// (busy, idle) seconds so far.

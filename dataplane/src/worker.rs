@@ -134,6 +134,8 @@ pub struct Worker {
     stats: Arc<WorkerStats>,
     cqes: Vec<Completion>,
     dirty: Vec<u16>,
+    /// Requests started in this loop iteration.
+    handled: u64,
     shutdown: bool,
 }
 
@@ -152,6 +154,7 @@ impl Worker {
             stats,
             cqes: Vec::with_capacity(1024),
             dirty: Vec::new(),
+            handled: 0,
             shutdown: false,
         })
     }
@@ -171,6 +174,7 @@ impl Worker {
             }
             self.cqes = cqes;
             self.flush_commits();
+            self.stats.batch(std::mem::take(&mut self.handled));
             self.reap_dead_queues();
             self.stats.busy(busy_from.elapsed());
             if self.shutdown && self.queues.iter().all(Option::is_none) {
@@ -425,6 +429,7 @@ impl Worker {
             return;
         }
         q.setup.stats.batch(1);
+        self.handled += 1;
         if let Some(r) = Self::start_request(&mut self.ring, q, slot, tag) {
             Self::commit_one(&mut self.ring, q, slot, tag, r);
         }
@@ -503,6 +508,7 @@ impl Worker {
                 group.recycle(bid);
             }
             q.setup.stats.batch(tags.len() as u64);
+            self.handled += tags.len() as u64;
             for &tag in &tags {
                 if tag >= q.setup.depth {
                     continue;

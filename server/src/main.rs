@@ -1,44 +1,104 @@
 //! `ublkd`, the storage-node daemon.
 //!
 //! What it is: the process that owns the dataplane's workers and exposes volume lifecycle over
-//! gRPC, metrics over HTTP and configuration from file and environment.
-//! What it is not: it never touches an io_uring or calls libc for I/O; that is the dataplane's job.
-//!
-//! Today it answers `ublkd probe` (what the kernel offers) and `ublkd run` (serve one volume in
-//! the foreground until SIGINT/SIGTERM). The gRPC service arrives with the control-plane work.
+//! gRPC (`ublkd.v1`), metrics over HTTP (`/metrics`), configured from file, environment and
+//! flags. It keeps a crash-safe registry of volumes and brings them back on start.
+//! What it is not: it never touches an io_uring or calls libc for I/O; that is the dataplane's
+//! job, reached only through `ublkd_dataplane::Handle`.
+
+mod config;
+mod metrics;
+mod registry;
+mod service;
+mod status;
+mod validate;
+mod volumes;
 
 use anyhow::{bail, Context};
-use std::path::PathBuf;
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use ublkd_dataplane::{BackendSpec, Config, DeviceSpec, Handle, IoPath};
+use std::sync::Arc;
+use tokio::sync::watch;
+use ublkd_dataplane::{BackendSpec, DeviceSpec, Handle, IoPath};
+use ublkd_proto::v1::{
+    node_service_server::NodeServiceServer, volume_service_server::VolumeServiceServer,
+};
 
-const USAGE: &str = "\
-usage:
-  ublkd probe
-      print the ublk features of this kernel
-  ublkd run --size SIZE [--backend null|ram|file:PATH] [--queues N] [--depth N]
-            [--io-path auto|batch|per-io] [--block-size 512|4096] [--cpus 0,1,...]
-      serve one volume in the foreground; prints `READY /dev/ublkbN` once it serves I/O,
-      deletes it on SIGINT/SIGTERM
-  ublkd --version";
+/// Largest request ublkd decodes: volume specs are tiny, anything bigger is refused.
+const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+#[derive(Debug, Parser)]
+#[command(name = "ublkd", version, about = "ublk storage-node daemon")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Config file (TOML); default /etc/ublkd/ublkd.toml when it exists.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// gRPC listen address, repeatable: unix:///run/ublkd/ublkd.sock or HOST:PORT.
+    #[arg(long = "listen")]
+    listen: Vec<String>,
+    /// Directory of the volume registry.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Directory backing files must resolve under, repeatable.
+    #[arg(long = "allowed-root")]
+    allowed_roots: Vec<PathBuf>,
+    /// Metrics address (HOST:PORT); empty disables.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Worker CPUs, e.g. 0,1.
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<i64>,
+    /// text or json.
+    #[arg(long)]
+    log_format: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the daemon (the default).
+    Serve,
+    /// Print the ublk features of this kernel.
+    Probe,
+    /// Serve one volume in the foreground, without gRPC, until SIGINT/SIGTERM.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[arg(long)]
+    size: String,
+    /// null, ram or file:PATH.
+    #[arg(long, default_value = "null")]
+    backend: String,
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    #[arg(long, default_value_t = 128)]
+    depth: u16,
+    #[arg(long, default_value_t = 4096)]
+    block_size: u32,
+    /// auto, batch or per-io.
+    #[arg(long, default_value = "auto")]
+    io_path: String,
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("probe") => probe(),
-        Some("run") => run(&args[1..]),
-        Some("--version") | Some("-V") => {
-            println!("ublkd {}", env!("CARGO_PKG_VERSION"));
-            Ok(())
-        }
-        Some("--help") | Some("-h") => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        _ => {
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None | Some(Cmd::Serve) => serve(cli.serve),
+        Some(Cmd::Probe) => probe(),
+        Some(Cmd::Run(args)) => run_one(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -62,74 +122,60 @@ fn probe() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_backend(s: &str) -> anyhow::Result<BackendSpec> {
-    Ok(match s {
-        "null" => BackendSpec::Null,
-        "ram" => BackendSpec::Ram,
-        other => match other.strip_prefix("file:") {
-            Some(p) if !p.is_empty() => BackendSpec::File {
-                path: PathBuf::from(p),
-            },
-            _ => bail!("unknown backend {other:?}: expected null, ram or file:PATH"),
-        },
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ublkd-rt")
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// Resolves on the first SIGINT or SIGTERM (registered before it is first polled).
+fn termination() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     })
 }
 
-fn run(args: &[String]) -> anyhow::Result<()> {
-    let mut spec = DeviceSpec::default();
-    let mut size = None;
-    let mut cpus = Vec::new();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .with_context(|| format!("{flag} needs a value"))
-                .map(String::as_str)
-        };
-        match flag.as_str() {
-            "--size" => {
-                let v = value()?;
-                size = Some(
-                    ublkd_proto::units::parse_size(v).with_context(|| format!("bad size {v:?}"))?,
-                );
-            }
-            "--backend" => spec.backend = parse_backend(value()?)?,
-            "--queues" => spec.queues = value()?.parse().context("bad --queues")?,
-            "--depth" => spec.queue_depth = value()?.parse().context("bad --depth")?,
-            "--block-size" => spec.block_size = value()?.parse().context("bad --block-size")?,
-            "--io-path" => {
-                spec.io_path = match value()? {
-                    "auto" => IoPath::Auto,
-                    "batch" => IoPath::Batch,
-                    "per-io" | "per_io" => IoPath::PerIo,
-                    other => bail!("unknown --io-path {other:?}: expected auto, batch or per-io"),
-                }
-            }
-            "--cpus" => {
-                cpus = value()?
-                    .split(',')
-                    .map(|c| c.trim().parse().context("bad --cpus"))
-                    .collect::<anyhow::Result<_>>()?
-            }
-            other => bail!("unknown option {other:?}\n{USAGE}"),
-        }
-    }
-    spec.size_bytes = size.context("--size is required")?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+fn run_one(args: RunArgs) -> anyhow::Result<()> {
+    let size = ublkd_proto::units::parse_size(&args.size)
+        .with_context(|| format!("bad --size {:?}", args.size))?;
+    let backend = match args.backend.as_str() {
+        "null" => BackendSpec::Null,
+        "ram" => BackendSpec::Ram,
+        other => match other.strip_prefix("file:") {
+            Some(p) if !p.is_empty() => BackendSpec::File { path: p.into() },
+            _ => bail!("unknown backend {other:?}: expected null, ram or file:PATH"),
+        },
+    };
+    let io_path = match args.io_path.as_str() {
+        "auto" => IoPath::Auto,
+        "batch" => IoPath::Batch,
+        "per-io" | "per_io" => IoPath::PerIo,
+        other => bail!("unknown --io-path {other:?}: expected auto, batch or per-io"),
+    };
+    let spec = DeviceSpec {
+        size_bytes: size,
+        backend,
+        queues: args.queues,
+        queue_depth: args.depth,
+        block_size: args.block_size,
+        io_path,
+        ..DeviceSpec::default()
+    };
+    let rt = runtime()?;
     // Listen before announcing READY, so a signal right after it is never lost.
-    let (mut term, mut int) = rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        anyhow::Ok((
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::interrupt())?,
-        ))
-    })?;
-    let handle = Handle::start(Config {
-        cpus,
-        ..Config::default()
+    let stop = rt.block_on(async { termination() })?;
+    let handle = Handle::start(ublkd_dataplane::Config {
+        cpus: args.cpus,
+        ..Default::default()
     })
     .context("starting the dataplane")?;
     let info = handle.add_device(spec).context("creating the volume")?;
@@ -141,15 +187,249 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         info.spec.queues,
         handle.worker_count()
     );
-    rt.block_on(async {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    });
+    rt.block_on(stop);
     handle
         .delete_device(info.dev_id)
         .context("deleting the volume")?;
     handle.shutdown().context("stopping the dataplane")?;
     Ok(())
+}
+
+fn init_logging(s: &config::Settings) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&s.log.level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match s.log.format {
+        config::LogFormat::Json => b.json().init(),
+        config::LogFormat::Text => b.init(),
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut overrides: Vec<(&str, ::config::Value)> = Vec::new();
+    if !args.listen.is_empty() {
+        overrides.push(("grpc.listen", args.listen.clone().into()));
+    }
+    if let Some(d) = &args.state_dir {
+        overrides.push(("state_dir", d.display().to_string().into()));
+    }
+    if !args.allowed_roots.is_empty() {
+        let roots: Vec<String> = args
+            .allowed_roots
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        overrides.push(("allowed_roots", roots.into()));
+    }
+    if let Some(m) = &args.metrics_listen {
+        overrides.push(("metrics.listen", m.clone().into()));
+    }
+    if !args.cpus.is_empty() {
+        overrides.push(("dataplane.cpus", args.cpus.clone().into()));
+    }
+    if let Some(f) = &args.log_format {
+        overrides.push(("log.format", f.clone().into()));
+    }
+    let settings = config::load(args.config.as_deref(), std::env::vars(), &overrides)
+        .context("loading the configuration")?;
+    init_logging(&settings);
+    if settings.on_exit == config::OnExit::Keep {
+        bail!("on_exit = \"keep\" needs crash recovery, which this version lacks; use \"delete\"");
+    }
+    let rt = runtime()?;
+    rt.block_on(daemon(Arc::new(settings)))
+}
+
+enum Listen {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+fn parse_listen(s: &str) -> anyhow::Result<Listen> {
+    if let Some(p) = s.strip_prefix("unix://") {
+        if !p.starts_with('/') {
+            bail!("unix listen address {s:?} must be an absolute path (unix:///path)");
+        }
+        return Ok(Listen::Unix(PathBuf::from(p)));
+    }
+    let addr = s.strip_prefix("tcp://").unwrap_or(s);
+    Ok(Listen::Tcp(addr.parse().with_context(|| {
+        format!("listen address {s:?} is neither unix:///path nor HOST:PORT")
+    })?))
+}
+
+async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
+    let stop = termination()?;
+    let registry = registry::Registry::open(&settings.state_dir)?;
+    let handle = Handle::start(ublkd_dataplane::Config {
+        cpus: settings.dataplane.cpus.clone(),
+        timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
+    });
+    if let Err(e) = &handle {
+        tracing::error!(error = %status::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");
+    }
+    let volumes = Arc::new(volumes::Volumes::new(
+        handle,
+        registry,
+        Arc::clone(&settings),
+    ));
+    volumes.reconcile().await?;
+    let metrics = metrics::Metrics::new()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if !settings.metrics.listen.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&settings.metrics.listen)
+            .await
+            .with_context(|| format!("binding metrics on {}", settings.metrics.listen))?;
+        tracing::info!(address = %settings.metrics.listen, "metrics on /metrics");
+        let (m, v) = (metrics.clone(), Arc::clone(&volumes));
+        let s = stopped(stop_rx.clone());
+        tasks.spawn(async move {
+            metrics::serve(listener, m, v, s)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<VolumeServiceServer<service::Api>>()
+        .await;
+    health
+        .set_serving::<NodeServiceServer<service::Api>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ublkd_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let api = service::Api {
+        volumes: Arc::clone(&volumes),
+        settings: Arc::clone(&settings),
+        metrics: metrics.clone(),
+    };
+    let tls = match &settings.grpc.tls {
+        Some(t) => {
+            let cert =
+                std::fs::read(&t.cert).with_context(|| format!("reading {}", t.cert.display()))?;
+            let key =
+                std::fs::read(&t.key).with_context(|| format!("reading {}", t.key.display()))?;
+            let mut c = tonic::transport::ServerTlsConfig::new()
+                .identity(tonic::transport::Identity::from_pem(cert, key));
+            if let Some(ca) = &t.client_ca {
+                let ca = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+                c = c.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    let mut sockets = Vec::new();
+    for addr in &settings.grpc.listen {
+        let mut builder = tonic::transport::Server::builder();
+        let router = |b: &mut tonic::transport::Server| {
+            b.add_service(health_service.clone())
+                .add_service(reflection.clone())
+                .add_service(
+                    VolumeServiceServer::new(api.clone())
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES),
+                )
+                .add_service(
+                    NodeServiceServer::new(api.clone())
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES),
+                )
+        };
+        match parse_listen(addr)? {
+            Listen::Unix(path) => {
+                let listener = bind_unix(&path)?;
+                tracing::info!(socket = %path.display(), "gRPC on unix socket");
+                sockets.push(path);
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let r = router(&mut builder);
+                let s = stopped(stop_rx.clone());
+                tasks.spawn(async move {
+                    r.serve_with_incoming_shutdown(incoming, s)
+                        .await
+                        .map_err(anyhow::Error::from)
+                });
+            }
+            Listen::Tcp(sa) => {
+                if tls.is_none() && !sa.ip().is_loopback() && !settings.grpc.allow_insecure_tcp {
+                    bail!(
+                        "refusing to serve gRPC on {sa} without TLS: configure grpc.tls or set \
+                         grpc.allow_insecure_tcp = true"
+                    );
+                }
+                if let Some(t) = &tls {
+                    builder = builder.tls_config(t.clone()).context("configuring TLS")?;
+                }
+                let listener = tokio::net::TcpListener::bind(sa)
+                    .await
+                    .with_context(|| format!("binding gRPC on {sa}"))?;
+                tracing::info!(address = %sa, tls = tls.is_some(), "gRPC on TCP");
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let r = router(&mut builder);
+                let s = stopped(stop_rx.clone());
+                tasks.spawn(async move {
+                    r.serve_with_incoming_shutdown(incoming, s)
+                        .await
+                        .map_err(anyhow::Error::from)
+                });
+            }
+        }
+    }
+    tracing::info!(volumes = volumes.list().await.len(), "ublkd ready");
+
+    tokio::select! {
+        _ = stop => tracing::info!("stopping: finishing in-flight requests"),
+        Some(r) = tasks.join_next() => {
+            let _ = stop_tx.send(true);
+            r.context("server task")??;
+            bail!("a listener stopped unexpectedly");
+        }
+    }
+    health
+        .set_not_serving::<VolumeServiceServer<service::Api>>()
+        .await;
+    let _ = stop_tx.send(true);
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(Err(e)) = r {
+            tracing::warn!(error = %e, "listener ended with an error");
+        }
+    }
+    for path in sockets {
+        let _ = std::fs::remove_file(path);
+    }
+    volumes.shutdown().await?;
+    tracing::info!("devices removed; volumes stay registered for the next start");
+    Ok(())
+}
+
+fn bind_unix(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("{} exists and is not a socket", path.display());
+        }
+        // A socket left by a previous ublkd: refuse if something still answers on it.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("another ublkd is listening on {}", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
 }

@@ -1,0 +1,318 @@
+//! Daemon configuration: defaults < TOML file < `UBLKD_…` environment (`__` nests) < flags.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where the config file is read from when `--config` is not given (optional there).
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/ublkd/ublkd.toml";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub grpc: GrpcSettings,
+    pub metrics: MetricsSettings,
+    /// Registry of volume specs lives under here.
+    pub state_dir: PathBuf,
+    /// Backing files must resolve (after symlinks) under one of these.
+    pub allowed_roots: Vec<PathBuf>,
+    pub dataplane: DataplaneSettings,
+    pub defaults: VolumeDefaults,
+    pub limits: Limits,
+    pub log: LogSettings,
+    /// What a clean exit does with the kernel devices: `delete` them (a restart creates them
+    /// again from the registry) or `keep` them for the next ublkd to take over.
+    pub on_exit: OnExit,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcSettings {
+    /// `unix:///path.sock` or `host:port` (TCP).
+    pub listen: Vec<String>,
+    /// Serve TCP on a non-loopback address without TLS (refused unless set).
+    pub allow_insecure_tcp: bool,
+    pub tls: Option<TlsSettings>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates signed by this CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    /// `host:port` for `/metrics`; empty disables it.
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataplaneSettings {
+    /// CPUs to run workers on; empty means all CPUs the daemon may use.
+    pub cpus: Vec<usize>,
+    /// Bound on each ublk control command, in seconds.
+    pub control_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VolumeDefaults {
+    pub queues: u16,
+    pub queue_depth: u16,
+    pub block_size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_volumes: usize,
+    pub max_volume_size_bytes: u64,
+    pub max_queue_depth: u16,
+    /// 0: as many as the kernel allows (one per CPU).
+    pub max_queues: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A tracing filter, e.g. `info` or `ublkd=debug`.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnExit {
+    Delete,
+    Keep,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            grpc: GrpcSettings::default(),
+            metrics: MetricsSettings::default(),
+            state_dir: PathBuf::from("/var/lib/ublkd"),
+            allowed_roots: vec![PathBuf::from("/var/lib/ublkd/volumes")],
+            dataplane: DataplaneSettings::default(),
+            defaults: VolumeDefaults::default(),
+            limits: Limits::default(),
+            log: LogSettings::default(),
+            on_exit: OnExit::Delete,
+        }
+    }
+}
+
+impl Default for GrpcSettings {
+    fn default() -> Self {
+        Self {
+            listen: vec!["unix:///run/ublkd/ublkd.sock".into()],
+            allow_insecure_tcp: false,
+            tls: None,
+        }
+    }
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9580".into(),
+        }
+    }
+}
+
+impl Default for DataplaneSettings {
+    fn default() -> Self {
+        Self {
+            cpus: Vec::new(),
+            control_timeout_secs: 10,
+        }
+    }
+}
+
+impl Default for VolumeDefaults {
+    fn default() -> Self {
+        Self {
+            queues: 1,
+            queue_depth: 128,
+            block_size: 4096,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_volumes: 1024,
+            max_volume_size_bytes: 64 << 40,
+            max_queue_depth: 4096,
+            max_queues: 0,
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Errors loading the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration")]
+    Load(#[from] config::ConfigError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Builds the settings: defaults, then `file` (required when given explicitly, else the default
+/// path if it exists), then the environment (`UBLKD_STATE_DIR`, `UBLKD_GRPC__LISTEN=a,b`, ...),
+/// then `overrides` (from flags, as dotted keys).
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &[(&str, config::Value)],
+) -> Result<Settings, ConfigError> {
+    let defaults = config::Config::try_from(&Settings::default())?;
+    let mut b = config::Config::builder().add_source(defaults);
+    match file {
+        Some(path) => b = b.add_source(config::File::from(path).required(true)),
+        None => {
+            b = b.add_source(config::File::from(Path::new(DEFAULT_CONFIG_PATH)).required(false))
+        }
+    }
+    let env: std::collections::HashMap<String, String> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("UBLKD_") && k != "UBLKD_VM" && k != "UBLKD_VM_RUN")
+        .filter(|(k, _)| !k.starts_with("UBLKD_BIN") && !k.starts_with("UBLKD_VM_"))
+        .collect();
+    b = b.add_source(
+        config::Environment::with_prefix("UBLKD")
+            .prefix_separator("_")
+            .separator("__")
+            .list_separator(",")
+            .with_list_parse_key("grpc.listen")
+            .with_list_parse_key("allowed_roots")
+            .with_list_parse_key("dataplane.cpus")
+            .try_parsing(true)
+            .source(Some(env)),
+    );
+    for (key, value) in overrides {
+        b = b.set_override(*key, value.clone())?;
+    }
+    let settings: Settings = b.build()?.try_deserialize()?;
+    settings.check()?;
+    Ok(settings)
+}
+
+impl Settings {
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.grpc.listen.is_empty() {
+            return bad("grpc.listen is empty: ublkd would be unreachable".into());
+        }
+        if self.allowed_roots.iter().any(|r| !r.is_absolute()) {
+            return bad("allowed_roots must be absolute paths".into());
+        }
+        if !self.state_dir.is_absolute() {
+            return bad(format!(
+                "state_dir {} is not absolute",
+                self.state_dir.display()
+            ));
+        }
+        if ![512, 4096].contains(&self.defaults.block_size) {
+            return bad("defaults.block_size must be 512 or 4096".into());
+        }
+        if self.defaults.queues == 0 || self.defaults.queue_depth == 0 {
+            return bad("defaults.queues and defaults.queue_depth must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_apply_without_file_env_or_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("empty.toml");
+        std::fs::write(&f, "").unwrap();
+        let s = load(Some(&f), env(&[]), &[]).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn file_then_env_then_flags_each_override_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ublkd.toml");
+        std::fs::write(
+            &f,
+            r#"
+state_dir = "/srv/ublkd"
+allowed_roots = ["/srv/a", "/srv/b"]
+[grpc]
+listen = ["unix:///tmp/x.sock"]
+[defaults]
+queue_depth = 64
+queues = 2
+[limits]
+max_volumes = 7
+"#,
+        )
+        .unwrap();
+        let s = load(
+            Some(&f),
+            env(&[
+                ("UBLKD_DEFAULTS__QUEUE_DEPTH", "32"),
+                ("UBLKD_GRPC__LISTEN", "unix:///a.sock,127.0.0.1:7000"),
+                ("UBLKD_LOG__FORMAT", "json"),
+                ("HOME", "/root"),
+            ]),
+            &[("limits.max_volumes", 9.into())],
+        )
+        .unwrap();
+        assert_eq!(s.state_dir, PathBuf::from("/srv/ublkd"), "from the file");
+        assert_eq!(s.allowed_roots.len(), 2);
+        assert_eq!(s.defaults.queues, 2, "file value kept");
+        assert_eq!(s.defaults.queue_depth, 32, "env beats file");
+        assert_eq!(s.grpc.listen, vec!["unix:///a.sock", "127.0.0.1:7000"]);
+        assert_eq!(s.log.format, LogFormat::Json);
+        assert_eq!(s.limits.max_volumes, 9, "flag beats file");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("bad.toml");
+        std::fs::write(&f, "no_such_key = 1\n").unwrap();
+        assert!(load(Some(&f), env(&[]), &[]).is_err());
+        std::fs::write(&f, "state_dir = \"relative\"\n").unwrap();
+        assert!(load(Some(&f), env(&[]), &[]).is_err());
+        assert!(load(Some(&dir.path().join("missing.toml")), env(&[]), &[]).is_err());
+    }
+}

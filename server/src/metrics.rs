@@ -1,0 +1,305 @@
+//! Prometheus metrics. gRPC and build metrics are ordinary registered collectors; volume and
+//! worker metrics are built at scrape time from the dataplane's statistics, so the I/O path
+//! never touches Prometheus. Labels come from bounded sets only (volume id, op, state, worker).
+
+use crate::volumes::{State, Volumes};
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use ublkd_dataplane::stats::{BATCH_BOUNDS, LATENCY_BOUNDS};
+use ublkd_dataplane::OpKind;
+
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    grpc_requests: IntCounterVec,
+    grpc_duration: HistogramVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let grpc_requests = IntCounterVec::new(
+            Opts::new(
+                "ublkd_grpc_requests_total",
+                "gRPC requests by method and status code",
+            ),
+            &["method", "code"],
+        )?;
+        let grpc_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "ublkd_grpc_request_duration_seconds",
+                "gRPC request handling time by method",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0,
+            ]),
+            &["method"],
+        )?;
+        let build = prometheus::IntGaugeVec::new(
+            Opts::new("ublkd_build_info", "ublkd build; the value is always 1"),
+            &["version"],
+        )?;
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        registry.register(Box::new(grpc_requests.clone()))?;
+        registry.register(Box::new(grpc_duration.clone()))?;
+        registry.register(Box::new(build))?;
+        Ok(Self {
+            registry,
+            grpc_requests,
+            grpc_duration,
+        })
+    }
+
+    /// Records one finished RPC.
+    pub fn rpc(&self, method: &str, code: tonic::Code, took: Duration) {
+        self.grpc_requests
+            .with_label_values(&[method, code_name(code)])
+            .inc();
+        self.grpc_duration
+            .with_label_values(&[method])
+            .observe(took.as_secs_f64());
+    }
+
+    /// The text exposition of every metric, volume stats read now.
+    pub async fn render(&self, volumes: &Volumes) -> String {
+        let mut families = self.registry.gather();
+        families.extend(volume_families(volumes).await);
+        let mut out = Vec::new();
+        if TextEncoder::new().encode(&families, &mut out).is_err() {
+            return String::new();
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+struct Family(MetricFamily);
+
+impl Family {
+    fn new(name: &str, help: &str, kind: MetricType) -> Self {
+        let mut f = MetricFamily::default();
+        f.set_name(name.into());
+        f.set_help(help.into());
+        f.set_field_type(kind);
+        Self(f)
+    }
+
+    fn metric(labels: &[(&str, &str)]) -> Metric {
+        let mut m = Metric::default();
+        m.set_label(
+            labels
+                .iter()
+                .map(|(k, v)| {
+                    let mut l = LabelPair::default();
+                    l.set_name((*k).into());
+                    l.set_value((*v).into());
+                    l
+                })
+                .collect(),
+        );
+        m
+    }
+
+    fn counter(&mut self, labels: &[(&str, &str)], v: f64) {
+        let mut m = Self::metric(labels);
+        let mut c = Counter::default();
+        c.set_value(v);
+        m.set_counter(c);
+        self.0.mut_metric().push(m);
+    }
+
+    fn gauge(&mut self, labels: &[(&str, &str)], v: f64) {
+        let mut m = Self::metric(labels);
+        let mut g = Gauge::default();
+        g.set_value(v);
+        m.set_gauge(g);
+        self.0.mut_metric().push(m);
+    }
+
+    /// A histogram from non-cumulative `counts` (one per bound, then +Inf).
+    fn histogram(&mut self, labels: &[(&str, &str)], bounds: &[f64], counts: &[u64], sum: f64) {
+        let mut m = Self::metric(labels);
+        let mut h = Histogram::default();
+        let mut acc = 0;
+        let mut buckets = Vec::new();
+        for (i, ub) in bounds.iter().enumerate() {
+            acc += counts.get(i).copied().unwrap_or(0);
+            let mut b = Bucket::default();
+            b.set_upper_bound(*ub);
+            b.set_cumulative_count(acc);
+            buckets.push(b);
+        }
+        let total = acc + counts.iter().skip(bounds.len()).sum::<u64>();
+        h.set_bucket(buckets);
+        h.set_sample_count(total);
+        h.set_sample_sum(sum);
+        m.set_histogram(h);
+        self.0.mut_metric().push(m);
+    }
+}
+
+async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
+    use MetricType::{COUNTER, GAUGE, HISTOGRAM};
+    let mut ops = Family::new(
+        "ublkd_volume_io_ops_total",
+        "I/O requests completed",
+        COUNTER,
+    );
+    let mut bytes = Family::new(
+        "ublkd_volume_io_bytes_total",
+        "Bytes moved by completed I/O",
+        COUNTER,
+    );
+    let mut errors = Family::new(
+        "ublkd_volume_io_errors_total",
+        "I/O requests failed",
+        COUNTER,
+    );
+    let mut duration = Family::new(
+        "ublkd_volume_io_duration_seconds",
+        "Time from the request reaching ublkd to its completion",
+        HISTOGRAM,
+    );
+    let mut inflight = Family::new("ublkd_volume_inflight_ios", "I/O requests in flight", GAUGE);
+    let mut size = Family::new("ublkd_volume_size_bytes", "Volume capacity", GAUGE);
+    let mut memory = Family::new(
+        "ublkd_volume_memory_bytes",
+        "Memory held by the backend",
+        GAUGE,
+    );
+    let mut state = Family::new(
+        "ublkd_volume_state",
+        "1 for the volume's current state",
+        GAUGE,
+    );
+    let mut info = Family::new("ublkd_volume_info", "Volume attributes; always 1", GAUGE);
+    let mut batch = Family::new(
+        "ublkd_worker_batch_size",
+        "Requests started per worker loop iteration",
+        HISTOGRAM,
+    );
+    let mut busy = Family::new(
+        "ublkd_worker_busy_seconds_total",
+        "Time workers spent handling completions",
+        COUNTER,
+    );
+    let mut count = Family::new("ublkd_volumes", "Volumes known to this node", GAUGE);
+    let all = volumes.all_stats().await;
+    count.gauge(&[], all.len() as f64);
+    for (vol, stats) in &all {
+        let id = vol.record.id.as_str();
+        let l = [("volume", id)];
+        size.gauge(&l, vol.record.size_bytes as f64);
+        for s in State::ALL {
+            state.gauge(
+                &[("volume", id), ("state", s.name())],
+                f64::from(u8::from(s == vol.state)),
+            );
+        }
+        let backend = match &vol.record.backend {
+            crate::registry::BackendRecord::Null => "null",
+            crate::registry::BackendRecord::Ram => "ram",
+            crate::registry::BackendRecord::File { .. } => "file",
+        };
+        let device = vol
+            .device
+            .as_ref()
+            .map(|d| d.block_device.display().to_string())
+            .unwrap_or_default();
+        let io_path = vol.device.as_ref().map_or("", |d| d.io_path.name());
+        info.gauge(
+            &[
+                ("volume", id),
+                ("backend", backend),
+                ("device", device.as_str()),
+                ("io_path", io_path),
+            ],
+            1.0,
+        );
+        let Some(st) = stats else { continue };
+        for op in OpKind::ALL {
+            let l = [("volume", id), ("op", op.name())];
+            ops.counter(&l, st.total.ops_of(op) as f64);
+            bytes.counter(&l, st.total.bytes_of(op) as f64);
+        }
+        errors.counter(&l, st.total.errors as f64);
+        inflight.gauge(&l, st.total.inflight as f64);
+        memory.gauge(&l, st.memory_bytes as f64);
+        duration.histogram(
+            &l,
+            &LATENCY_BOUNDS,
+            &st.total.latency_buckets,
+            st.total.latency_sum_ns as f64 / 1e9,
+        );
+    }
+    let bounds: Vec<f64> = BATCH_BOUNDS.iter().map(|&b| b as f64).collect();
+    for w in volumes.workers().await {
+        let cpu = w.cpu.to_string();
+        let l = [("worker", cpu.as_str())];
+        busy.counter(&l, w.busy_seconds);
+        batch.histogram(&l, &bounds, &w.batch_buckets, w.batch_sum as f64);
+    }
+    [
+        ops, bytes, errors, duration, inflight, size, memory, state, info, batch, busy, count,
+    ]
+    .into_iter()
+    .map(|f| f.0)
+    .filter(|f| !f.get_metric().is_empty())
+    .collect()
+}
+
+/// Serves `/metrics` (and `/healthz`) on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    volumes: Arc<Volumes>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                let volumes = Arc::clone(&volumes);
+                async move {
+                    (
+                        [("content-type", "text/plain; version=0.0.4")],
+                        metrics.render(&volumes).await,
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,236 @@
+//! The volume registry: one JSON file per volume under `<state_dir>/volumes/`, written crash-safe
+//! (temporary file, fsync, rename, fsync of the directory), so after any crash each volume's
+//! record is either the old one or the new one, never a torn mix.
+
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// A volume's backend as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum BackendRecord {
+    Null,
+    Ram,
+    File { path: PathBuf, create: bool },
+}
+
+/// Everything needed to bring a volume back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub backend: BackendRecord,
+    pub queues: u16,
+    pub queue_depth: u16,
+    /// `auto`, `batch` or `per_io`.
+    pub io_path: String,
+    pub created_unix_ms: i64,
+    /// The kernel device id it last had, asked for again on re-creation.
+    pub dev_id: Option<u32>,
+}
+
+/// Errors of the registry, named for the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("cannot create the registry directory {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write the record of volume {id}")]
+    Write {
+        id: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot remove the record of volume {id}")]
+    Remove {
+        id: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read the registry directory {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+#[derive(Debug)]
+pub struct Registry {
+    dir: PathBuf,
+}
+
+/// What loading found besides good records.
+#[derive(Debug, Default)]
+pub struct LoadReport {
+    /// Files that did not parse, moved aside as `<name>.corrupt`.
+    pub corrupt: Vec<PathBuf>,
+    /// Leftover temporary files of interrupted writes, removed.
+    pub stale_temp: usize,
+}
+
+impl Registry {
+    pub fn open(state_dir: &Path) -> Result<Self, RegistryError> {
+        let dir = state_dir.join("volumes");
+        fs::create_dir_all(&dir).map_err(|source| RegistryError::CreateDir {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Writes (or replaces) `rec` atomically and durably.
+    pub fn put(&self, rec: &VolumeRecord) -> Result<(), RegistryError> {
+        let err = |source| RegistryError::Write {
+            id: rec.id.clone(),
+            source,
+        };
+        let tmp = self.dir.join(format!(".{}.json.tmp", rec.id));
+        let body = serde_json::to_vec_pretty(rec).map_err(|e| err(io::Error::other(e)))?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(err)?;
+        f.write_all(&body).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        drop(f);
+        fs::rename(&tmp, self.path(&rec.id)).map_err(err)?;
+        self.sync_dir().map_err(err)
+    }
+
+    /// Removes the record of `id` durably; a missing record is not an error.
+    pub fn remove(&self, id: &str) -> Result<(), RegistryError> {
+        let err = |source| RegistryError::Remove {
+            id: id.to_owned(),
+            source,
+        };
+        match fs::remove_file(self.path(id)) {
+            Ok(()) => self.sync_dir().map_err(err),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// All records, sorted by id. Unparseable files are moved aside, temp files removed.
+    pub fn load(&self) -> Result<(Vec<VolumeRecord>, LoadReport), RegistryError> {
+        let read_err = |source| RegistryError::Read {
+            path: self.dir.clone(),
+            source,
+        };
+        let mut records = Vec::new();
+        let mut report = LoadReport::default();
+        for entry in fs::read_dir(&self.dir).map_err(read_err)? {
+            let path = entry.map_err(read_err)?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let _ = fs::remove_file(&path);
+                report.stale_temp += 1;
+                continue;
+            }
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            let parsed = fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<VolumeRecord>(&b).ok())
+                .filter(|r| r.id == id);
+            match parsed {
+                Some(r) => records.push(r),
+                None => {
+                    let aside = path.with_extension("json.corrupt");
+                    let _ = fs::rename(&path, &aside);
+                    report.corrupt.push(aside);
+                }
+            }
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok((records, report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str) -> VolumeRecord {
+        VolumeRecord {
+            id: id.into(),
+            size_bytes: 1 << 30,
+            block_size: 4096,
+            backend: BackendRecord::File {
+                path: "/srv/v.img".into(),
+                create: true,
+            },
+            queues: 1,
+            queue_depth: 128,
+            io_path: "auto".into(),
+            created_unix_ms: 1,
+            dev_id: Some(3),
+        }
+    }
+
+    #[test]
+    fn put_load_replace_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        reg.put(&rec("b")).unwrap();
+        reg.put(&rec("a")).unwrap();
+        let mut a2 = rec("a");
+        a2.size_bytes = 2 << 30;
+        reg.put(&a2).unwrap();
+        let (all, report) = reg.load().unwrap();
+        assert_eq!(
+            all.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(all[0].size_bytes, 2 << 30);
+        assert!(report.corrupt.is_empty());
+        reg.remove("a").unwrap();
+        reg.remove("a").unwrap();
+        assert_eq!(reg.load().unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn torn_and_interrupted_writes_never_load_as_volumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        reg.put(&rec("good")).unwrap();
+        let vols = dir.path().join("volumes");
+        // A crash mid-write leaves a temp file: the old record (none here) stands.
+        fs::write(vols.join(".half.json.tmp"), b"{\"id\": \"ha").unwrap();
+        // A torn record (e.g. written by something that did not rename) is moved aside.
+        let full = serde_json::to_vec(&rec("torn")).unwrap();
+        fs::write(vols.join("torn.json"), &full[..full.len() / 2]).unwrap();
+        // A record whose id does not match its file name is not trusted either.
+        fs::write(
+            vols.join("other.json"),
+            serde_json::to_vec(&rec("x")).unwrap(),
+        )
+        .unwrap();
+        let (all, report) = reg.load().unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].id, "good");
+        assert_eq!(report.stale_temp, 1);
+        assert_eq!(report.corrupt.len(), 2);
+        assert!(vols.join("torn.json.corrupt").exists());
+        assert!(!vols.join(".half.json.tmp").exists());
+    }
+}

@@ -1,0 +1,243 @@
+//! The gRPC services: thin handlers that check and convert a request, hand it to the volume
+//! manager, and turn the result (or error, via `status.rs`) into a response.
+
+use crate::config::Settings;
+use crate::metrics::Metrics;
+use crate::registry::BackendRecord;
+use crate::validate;
+use crate::volumes::{State, Volume, Volumes};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+use tonic::{Request, Response, Status};
+use ublkd_dataplane::{IoPath, OpKind};
+use ublkd_proto::v1::{
+    self, node_service_server::NodeService, volume_service_server::VolumeService,
+};
+
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub volumes: Arc<Volumes>,
+    pub settings: Arc<Settings>,
+    pub metrics: Metrics,
+}
+
+impl Api {
+    /// Runs one RPC, recording its outcome in the gRPC metrics.
+    async fn metered<T>(
+        &self,
+        method: &'static str,
+        f: impl Future<Output = Result<T, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let start = Instant::now();
+        let result = f.await;
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.metrics.rpc(method, code, start.elapsed());
+        if let Err(s) = &result {
+            tracing::info!(method, code = ?s.code(), message = s.message(), "request refused");
+        }
+        result.map(Response::new)
+    }
+}
+
+fn io_path_proto(p: &str) -> v1::IoPath {
+    match p {
+        "batch" => v1::IoPath::Batch,
+        "per_io" => v1::IoPath::PerIo,
+        _ => v1::IoPath::Auto,
+    }
+}
+
+fn state_proto(s: State) -> v1::VolumeState {
+    match s {
+        State::Creating => v1::VolumeState::Creating,
+        State::Ready => v1::VolumeState::Ready,
+        State::Recovering => v1::VolumeState::Recovering,
+        State::Failed => v1::VolumeState::Failed,
+        State::Deleting => v1::VolumeState::Deleting,
+    }
+}
+
+/// The API form of a volume.
+pub fn volume_proto(v: &Volume) -> v1::Volume {
+    let r = &v.record;
+    let backend = match &r.backend {
+        BackendRecord::Null => v1::volume_spec::Backend::Null(v1::NullBackend {}),
+        BackendRecord::Ram => v1::volume_spec::Backend::Ram(v1::RamBackend {}),
+        BackendRecord::File { path, create } => v1::volume_spec::Backend::File(v1::FileBackend {
+            path: path.display().to_string(),
+            create: *create,
+        }),
+    };
+    v1::Volume {
+        id: r.id.clone(),
+        spec: Some(v1::VolumeSpec {
+            size_bytes: r.size_bytes,
+            block_size: Some(r.block_size),
+            backend: Some(backend),
+            queues: Some(u32::from(r.queues)),
+            queue_depth: Some(u32::from(r.queue_depth)),
+            io_path: io_path_proto(&r.io_path) as i32,
+        }),
+        state: state_proto(v.state) as i32,
+        device_path: v
+            .device
+            .as_ref()
+            .map(|d| d.block_device.display().to_string())
+            .unwrap_or_default(),
+        dev_id: v.device.as_ref().map_or(0, |d| d.dev_id),
+        created: Some(prost_types::Timestamp {
+            seconds: r.created_unix_ms.div_euclid(1000),
+            nanos: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as i32,
+        }),
+        io_path_in_use: v
+            .device
+            .as_ref()
+            .map_or(v1::IoPath::Auto, |d| match d.io_path {
+                IoPath::Batch => v1::IoPath::Batch,
+                IoPath::PerIo => v1::IoPath::PerIo,
+                IoPath::Auto => v1::IoPath::Auto,
+            }) as i32,
+        message: v.message.clone(),
+    }
+}
+
+#[tonic::async_trait]
+impl VolumeService for Api {
+    async fn create_volume(
+        &self,
+        req: Request<v1::CreateVolumeRequest>,
+    ) -> Result<Response<v1::Volume>, Status> {
+        self.metered("CreateVolume", async {
+            let req = req.into_inner();
+            validate::volume_id(&req.id)?;
+            let record = validate::spec(&req.id, req.spec.as_ref(), &self.settings)?;
+            let vol = self.volumes.create(record).await?;
+            tracing::info!(volume = %vol.record.id, device = ?vol.device.as_ref().map(|d| &d.block_device), "volume created");
+            Ok(volume_proto(&vol))
+        })
+        .await
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<v1::DeleteVolumeRequest>,
+    ) -> Result<Response<v1::DeleteVolumeResponse>, Status> {
+        self.metered("DeleteVolume", async {
+            let req = req.into_inner();
+            validate::volume_id(&req.id)?;
+            self.volumes.delete(&req.id, req.allow_missing).await?;
+            tracing::info!(volume = %req.id, "volume deleted");
+            Ok(v1::DeleteVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn get_volume(
+        &self,
+        req: Request<v1::GetVolumeRequest>,
+    ) -> Result<Response<v1::Volume>, Status> {
+        self.metered("GetVolume", async {
+            let req = req.into_inner();
+            validate::volume_id(&req.id)?;
+            Ok(volume_proto(&self.volumes.get(&req.id).await?))
+        })
+        .await
+    }
+
+    async fn list_volumes(
+        &self,
+        _req: Request<v1::ListVolumesRequest>,
+    ) -> Result<Response<v1::ListVolumesResponse>, Status> {
+        self.metered("ListVolumes", async {
+            let volumes = self.volumes.list().await.iter().map(volume_proto).collect();
+            Ok(v1::ListVolumesResponse { volumes })
+        })
+        .await
+    }
+
+    async fn resize_volume(
+        &self,
+        req: Request<v1::ResizeVolumeRequest>,
+    ) -> Result<Response<v1::Volume>, Status> {
+        self.metered("ResizeVolume", async {
+            let req = req.into_inner();
+            validate::volume_id(&req.id)?;
+            let vol = self.volumes.resize(&req.id, req.size_bytes).await?;
+            tracing::info!(volume = %req.id, size = req.size_bytes, "volume resized");
+            Ok(volume_proto(&vol))
+        })
+        .await
+    }
+
+    async fn get_volume_stats(
+        &self,
+        req: Request<v1::GetVolumeStatsRequest>,
+    ) -> Result<Response<v1::VolumeStats>, Status> {
+        self.metered("GetVolumeStats", async {
+            let req = req.into_inner();
+            validate::volume_id(&req.id)?;
+            let s = self.volumes.stats(&req.id).await?;
+            let completed: u64 = s.total.latency_buckets.iter().sum();
+            Ok(v1::VolumeStats {
+                id: req.id,
+                ops: OpKind::ALL
+                    .iter()
+                    .map(|&op| v1::OpStats {
+                        op: op.name().into(),
+                        count: s.total.ops_of(op),
+                        bytes: s.total.bytes_of(op),
+                    })
+                    .collect(),
+                errors: s.total.errors,
+                inflight: s.total.inflight,
+                memory_bytes: s.memory_bytes,
+                latency_mean_seconds: if completed == 0 {
+                    0.0
+                } else {
+                    s.total.latency_sum_ns as f64 / 1e9 / completed as f64
+                },
+            })
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl NodeService for Api {
+    async fn get_node_info(
+        &self,
+        _req: Request<v1::GetNodeInfoRequest>,
+    ) -> Result<Response<v1::NodeInfo>, Status> {
+        self.metered("GetNodeInfo", async {
+            let features = self.volumes.features();
+            Ok(v1::NodeInfo {
+                version: env!("CARGO_PKG_VERSION").into(),
+                kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .unwrap_or_default()
+                    .trim()
+                    .into(),
+                ublk_features: features.map_or(0, |f| f.0),
+                ublk_feature_names: features
+                    .map(|f| f.names().into_iter().map(str::to_owned).collect())
+                    .unwrap_or_default(),
+                worker_cpus: self
+                    .volumes
+                    .workers()
+                    .await
+                    .iter()
+                    .map(|w| w.cpu as u32)
+                    .collect(),
+                backends: if features.is_some() {
+                    vec!["null".into(), "ram".into(), "file".into()]
+                } else {
+                    Vec::new()
+                },
+                volumes: self.volumes.list().await.len() as u32,
+            })
+        })
+        .await
+    }
+}

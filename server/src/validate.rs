@@ -1,0 +1,276 @@
+//! Checks on what clients send: volume ids, specs, and backing-file paths.
+
+use crate::config::Settings;
+use crate::registry::{BackendRecord, VolumeRecord};
+use crate::volumes::VolumeError;
+use std::path::{Component, Path, PathBuf};
+use ublkd_proto::v1;
+
+/// A volume id is a DNS label: 1-63 of `[a-z0-9-]`, starting and ending with a letter or digit.
+pub fn volume_id(id: &str) -> Result<(), VolumeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(VolumeError::Invalid(format!(
+            "volume id {:?} must be 1-63 characters of a-z, 0-9 and '-', starting and ending \
+             with a letter or digit",
+            truncate(id)
+        )))
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+/// Turns a CreateVolume spec into the record to store, applying defaults and limits.
+pub fn spec(
+    id: &str,
+    spec: Option<&v1::VolumeSpec>,
+    s: &Settings,
+) -> Result<VolumeRecord, VolumeError> {
+    let invalid = |m: String| Err(VolumeError::Invalid(m));
+    let Some(spec) = spec else {
+        return invalid("spec is required".into());
+    };
+    let block_size = spec.block_size.unwrap_or(s.defaults.block_size);
+    if block_size != 512 && block_size != 4096 {
+        return invalid(format!("block_size {block_size} must be 512 or 4096"));
+    }
+    size(spec.size_bytes, block_size, s)?;
+    let queues = spec.queues.unwrap_or(u32::from(s.defaults.queues));
+    let max_queues = if s.limits.max_queues == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get()) as u32
+    } else {
+        u32::from(s.limits.max_queues)
+    };
+    if queues == 0 || queues > max_queues {
+        return invalid(format!("queues {queues} must be from 1 to {max_queues}"));
+    }
+    let depth = spec
+        .queue_depth
+        .unwrap_or(u32::from(s.defaults.queue_depth));
+    let max_depth = u32::from(s.limits.max_queue_depth.min(4096));
+    if depth == 0 || depth > max_depth {
+        return invalid(format!("queue_depth {depth} must be from 1 to {max_depth}"));
+    }
+    let io_path = match v1::IoPath::try_from(spec.io_path) {
+        Ok(v1::IoPath::Auto) => "auto",
+        Ok(v1::IoPath::Batch) => "batch",
+        Ok(v1::IoPath::PerIo) => "per_io",
+        Err(_) => return invalid(format!("unknown io_path {}", spec.io_path)),
+    };
+    let backend = match &spec.backend {
+        None => return invalid("backend is required: null, ram, file or nvme".into()),
+        Some(v1::volume_spec::Backend::Null(_)) => BackendRecord::Null,
+        Some(v1::volume_spec::Backend::Ram(_)) => BackendRecord::Ram,
+        Some(v1::volume_spec::Backend::File(f)) => BackendRecord::File {
+            path: backing_path(&f.path, f.create, &s.allowed_roots)?,
+            create: f.create,
+        },
+        Some(v1::volume_spec::Backend::Nvme(_)) => {
+            return Err(VolumeError::Unimplemented(
+                "the nvme backend is not available in this version".into(),
+            ))
+        }
+    };
+    Ok(VolumeRecord {
+        id: id.to_owned(),
+        size_bytes: spec.size_bytes,
+        block_size,
+        backend,
+        queues: queues as u16,
+        queue_depth: depth as u16,
+        io_path: io_path.into(),
+        created_unix_ms: 0,
+        dev_id: None,
+    })
+}
+
+/// A volume size: positive, a multiple of the block size, within the configured maximum.
+pub fn size(bytes: u64, block_size: u32, s: &Settings) -> Result<(), VolumeError> {
+    if bytes == 0 {
+        return Err(VolumeError::Invalid(
+            "size_bytes must be greater than 0".into(),
+        ));
+    }
+    if bytes % u64::from(block_size) != 0 {
+        return Err(VolumeError::Invalid(format!(
+            "size_bytes {bytes} is not a multiple of the block size {block_size}"
+        )));
+    }
+    if bytes > s.limits.max_volume_size_bytes {
+        return Err(VolumeError::Invalid(format!(
+            "size_bytes {bytes} exceeds the limit of {} bytes",
+            s.limits.max_volume_size_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Resolves a backing-file path: absolute, no `..`, and after following symlinks inside one of
+/// `roots`. A missing file is accepted only with `create`, and then its directory must resolve
+/// inside a root. Returns the resolved path.
+pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBuf, VolumeError> {
+    let invalid = |m: String| Err(VolumeError::Invalid(m));
+    let path = Path::new(raw);
+    if raw.is_empty() || !path.is_absolute() {
+        return invalid(format!("backing path {raw:?} must be absolute"));
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return invalid(format!("backing path {raw:?} must not contain '..'"));
+    }
+    let roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
+    let inside = |p: &Path| roots.iter().any(|r| p.starts_with(r));
+    let outside = || {
+        Err(VolumeError::PermissionDenied(format!(
+            "backing path {raw:?} is outside the allowed roots"
+        )))
+    };
+    match path.canonicalize() {
+        Ok(real) => {
+            if inside(&real) {
+                Ok(real)
+            } else {
+                outside()
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return invalid(format!("backing path {raw:?} has no file name"));
+            };
+            let Ok(parent) = parent.canonicalize() else {
+                return Err(VolumeError::NotFound(format!(
+                    "directory of backing path {raw:?} does not exist"
+                )));
+            };
+            if !inside(&parent) {
+                return outside();
+            }
+            if path.symlink_metadata().is_ok() {
+                // A dangling symlink: where it would point is unknown territory.
+                return outside();
+            }
+            if !create {
+                return Err(VolumeError::NotFound(format!(
+                    "backing file {raw:?} does not exist (set create to make it)"
+                )));
+            }
+            Ok(parent.join(name))
+        }
+        Err(e) => invalid(format!("backing path {raw:?}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_dns_label_rules() {
+        for ok in ["a", "vol-1", "0abc", &"x".repeat(63)] {
+            assert!(volume_id(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a.b",
+            "é",
+            &"x".repeat(64),
+            "a b",
+        ] {
+            assert!(volume_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn settings(root: &Path) -> Settings {
+        Settings {
+            allowed_roots: vec![root.to_path_buf()],
+            ..Settings::default()
+        }
+    }
+
+    fn file_spec(path: &str, create: bool) -> v1::VolumeSpec {
+        v1::VolumeSpec {
+            size_bytes: 1 << 20,
+            backend: Some(v1::volume_spec::Backend::File(v1::FileBackend {
+                path: path.into(),
+                create,
+            })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn spec_defaults_and_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = settings(dir.path());
+        let mut spec = v1::VolumeSpec {
+            size_bytes: 1 << 30,
+            backend: Some(v1::volume_spec::Backend::Ram(v1::RamBackend {})),
+            ..Default::default()
+        };
+        let r = super::spec("v", Some(&spec), &s).unwrap();
+        assert_eq!((r.block_size, r.queues, r.queue_depth), (4096, 1, 128));
+        assert_eq!(r.io_path, "auto");
+        spec.queues = Some(0);
+        assert!(super::spec("v", Some(&spec), &s).is_err());
+        spec.queues = Some(1);
+        spec.queue_depth = Some(5000);
+        assert!(super::spec("v", Some(&spec), &s).is_err());
+        spec.queue_depth = None;
+        spec.size_bytes = 4097;
+        assert!(super::spec("v", Some(&spec), &s).is_err());
+        spec.size_bytes = 128 << 40;
+        assert!(super::spec("v", Some(&spec), &s).is_err());
+        spec.size_bytes = 4096;
+        spec.backend = None;
+        assert!(super::spec("v", Some(&spec), &s).is_err());
+        assert!(super::spec("v", None, &s).is_err());
+    }
+
+    #[test]
+    fn backing_paths_stay_inside_the_roots() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let s = settings(&root);
+        std::fs::write(root.join("ok.img"), b"").unwrap();
+        std::fs::write(dir.path().join("secret"), b"").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), root.join("escape")).unwrap();
+        let p = |path: &Path, create| file_spec(path.to_str().unwrap(), create);
+        let check = |spec: v1::VolumeSpec| super::spec("v", Some(&spec), &s);
+        assert!(check(p(&root.join("ok.img"), false)).is_ok());
+        assert!(check(p(&root.join("new.img"), true)).is_ok());
+        assert!(matches!(
+            check(p(&root.join("new.img"), false)),
+            Err(VolumeError::NotFound(_))
+        ));
+        assert!(matches!(
+            check(p(&dir.path().join("secret"), false)),
+            Err(VolumeError::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            check(p(&root.join("escape"), false)),
+            Err(VolumeError::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            check(p(&root.join("../secret"), false)),
+            Err(VolumeError::Invalid(_))
+        ));
+        assert!(matches!(
+            check(file_spec("relative.img", true)),
+            Err(VolumeError::Invalid(_))
+        ));
+    }
+}

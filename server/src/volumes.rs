@@ -1,0 +1,541 @@
+//! The volume manager: the registry of desired volumes and the dataplane devices serving them.
+//!
+//! One lock orders every change; dataplane calls (which block on the control thread) run on
+//! tokio's blocking pool so the RPC threads never stall.
+
+use crate::config::Settings;
+use crate::registry::{BackendRecord, Registry, RegistryError, VolumeRecord};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::Mutex;
+use ublkd_dataplane::{
+    BackendSpec, DataplaneError, DeviceInfo, DeviceSpec, DeviceStats, ErrorKind, Features, Handle,
+    IoPath, WorkerSnapshot,
+};
+
+/// Errors of volume operations; `kind()` decides the gRPC code (see `status.rs`).
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Precondition(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    Exhausted(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error("the kernel has no ublk driver (modprobe ublk_drv): {0}")]
+    NoUblk(String),
+    #[error("dataplane")]
+    Dataplane(#[from] DataplaneError),
+    #[error("registry")]
+    Registry(#[from] RegistryError),
+    #[error("backing file {path}")]
+    BackingFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// What a volume error means to a caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    InvalidArgument,
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    PermissionDenied,
+    ResourceExhausted,
+    Unimplemented,
+    Unavailable,
+    Internal,
+}
+
+impl VolumeError {
+    pub fn kind(&self) -> Kind {
+        match self {
+            VolumeError::Invalid(_) => Kind::InvalidArgument,
+            VolumeError::NotFound(_) => Kind::NotFound,
+            VolumeError::AlreadyExists(_) => Kind::AlreadyExists,
+            VolumeError::Precondition(_) | VolumeError::NoUblk(_) => Kind::FailedPrecondition,
+            VolumeError::PermissionDenied(_) => Kind::PermissionDenied,
+            VolumeError::Exhausted(_) => Kind::ResourceExhausted,
+            VolumeError::Unimplemented(_) => Kind::Unimplemented,
+            VolumeError::Dataplane(e) => match e.kind() {
+                ErrorKind::InvalidArgument => Kind::InvalidArgument,
+                ErrorKind::NotFound => Kind::NotFound,
+                ErrorKind::AlreadyExists => Kind::AlreadyExists,
+                ErrorKind::FailedPrecondition => Kind::FailedPrecondition,
+                ErrorKind::ResourceExhausted => Kind::ResourceExhausted,
+                ErrorKind::Unavailable => Kind::Unavailable,
+                ErrorKind::Internal => Kind::Internal,
+            },
+            VolumeError::BackingFile { .. } => Kind::FailedPrecondition,
+            VolumeError::Registry(_) | VolumeError::Internal(_) => Kind::Internal,
+        }
+    }
+}
+
+/// The lifecycle state of a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Creating,
+    Ready,
+    Recovering,
+    Failed,
+    Deleting,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [
+        State::Creating,
+        State::Ready,
+        State::Recovering,
+        State::Failed,
+        State::Deleting,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Creating => "creating",
+            State::Ready => "ready",
+            State::Recovering => "recovering",
+            State::Failed => "failed",
+            State::Deleting => "deleting",
+        }
+    }
+}
+
+/// A volume as the manager knows it.
+#[derive(Debug, Clone)]
+pub struct Volume {
+    pub record: VolumeRecord,
+    pub state: State,
+    pub device: Option<DeviceInfo>,
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub struct Volumes {
+    handle: Option<Handle>,
+    no_ublk: String,
+    registry: Registry,
+    settings: Arc<Settings>,
+    inner: Mutex<BTreeMap<String, Volume>>,
+}
+
+fn to_device_spec(r: &VolumeRecord) -> DeviceSpec {
+    DeviceSpec {
+        size_bytes: r.size_bytes,
+        block_size: r.block_size,
+        queues: r.queues,
+        queue_depth: r.queue_depth,
+        io_path: match r.io_path.as_str() {
+            "batch" => IoPath::Batch,
+            "per_io" => IoPath::PerIo,
+            _ => IoPath::Auto,
+        },
+        backend: match &r.backend {
+            BackendRecord::Null => BackendSpec::Null,
+            BackendRecord::Ram => BackendSpec::Ram,
+            BackendRecord::File { path, .. } => BackendSpec::File { path: path.clone() },
+        },
+        dev_id: r.dev_id,
+        ..DeviceSpec::default()
+    }
+}
+
+/// Two records describe the same volume if everything but bookkeeping matches.
+fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
+    VolumeRecord {
+        created_unix_ms: 0,
+        dev_id: None,
+        ..a.clone()
+    } == VolumeRecord {
+        created_unix_ms: 0,
+        dev_id: None,
+        ..b.clone()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DataplaneError> + Send + 'static,
+) -> Result<T, VolumeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| VolumeError::Internal(format!("dataplane task failed: {e}")))?
+        .map_err(VolumeError::from)
+}
+
+impl Volumes {
+    /// Starts over the given dataplane (None when the kernel has no ublk: every volume call then
+    /// fails with FAILED_PRECONDITION, but the daemon still answers).
+    pub fn new(
+        handle: Result<Handle, DataplaneError>,
+        registry: Registry,
+        settings: Arc<Settings>,
+    ) -> Self {
+        let (handle, no_ublk) = match handle {
+            Ok(h) => (Some(h), String::new()),
+            Err(e) => (None, crate::status::chain(&e)),
+        };
+        Self {
+            handle,
+            no_ublk,
+            registry,
+            settings,
+            inner: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn handle(&self) -> Result<Handle, VolumeError> {
+        self.handle
+            .clone()
+            .ok_or_else(|| VolumeError::NoUblk(self.no_ublk.clone()))
+    }
+
+    pub fn features(&self) -> Option<Features> {
+        self.handle.as_ref().map(Handle::features)
+    }
+
+    /// Brings every registered volume up again (after a restart or reboot). Volumes that cannot
+    /// be created are kept as FAILED with the reason.
+    pub async fn reconcile(&self) -> Result<(), VolumeError> {
+        let (records, report) = self.registry.load()?;
+        for path in &report.corrupt {
+            tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
+        }
+        let mut map = self.inner.lock().await;
+        for record in records {
+            let id = record.id.clone();
+            let vol = match self.bring_up(&record).await {
+                Ok(info) => {
+                    let mut record = record;
+                    record.dev_id = Some(info.dev_id);
+                    if let Err(e) = self.registry.put(&record) {
+                        tracing::warn!(volume = %id, error = %crate::status::chain(&e), "cannot update record");
+                    }
+                    tracing::info!(volume = %id, device = %info.block_device.display(), "volume restored");
+                    Volume {
+                        record,
+                        state: State::Ready,
+                        device: Some(info),
+                        message: String::new(),
+                    }
+                }
+                Err(e) => {
+                    let message = crate::status::chain(&e);
+                    tracing::error!(volume = %id, error = %message, "volume could not be restored");
+                    Volume {
+                        record,
+                        state: State::Failed,
+                        device: None,
+                        message,
+                    }
+                }
+            };
+            map.insert(id, vol);
+        }
+        Ok(())
+    }
+
+    /// Creates the device for `record`, asking for its previous kernel id first.
+    async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+        let handle = self.handle()?;
+        let spec = to_device_spec(record);
+        let h = handle.clone();
+        let s = spec.clone();
+        match blocking(move || h.add_device(s)).await {
+            Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
+                let spec = DeviceSpec {
+                    dev_id: None,
+                    ..spec
+                };
+                blocking(move || handle.add_device(spec)).await
+            }
+            other => other,
+        }
+    }
+
+    pub async fn create(&self, mut record: VolumeRecord) -> Result<Volume, VolumeError> {
+        let mut map = self.inner.lock().await;
+        if let Some(existing) = map.get(&record.id) {
+            if same_spec(&existing.record, &record) {
+                return Ok(existing.clone());
+            }
+            return Err(VolumeError::AlreadyExists(format!(
+                "volume {:?} already exists with a different spec",
+                record.id
+            )));
+        }
+        if map.len() >= self.settings.limits.max_volumes {
+            return Err(VolumeError::Exhausted(format!(
+                "the node already has {} volumes, the configured maximum",
+                map.len()
+            )));
+        }
+        if let BackendRecord::File { path, .. } = &record.backend {
+            if let Some(other) = map.values().find(
+                |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if p == path),
+            ) {
+                return Err(VolumeError::Precondition(format!(
+                    "backing file {} is in use by volume {:?}",
+                    path.display(),
+                    other.record.id
+                )));
+            }
+        }
+        self.handle()?;
+        let created_file = self.prepare_backing_file(&record)?;
+        record.created_unix_ms = now_ms();
+        // The record goes first: a crash from here on leaves a registered volume that the next
+        // start creates, never a device nobody owns.
+        self.registry.put(&record)?;
+        match self.bring_up(&record).await {
+            Ok(info) => {
+                record.dev_id = Some(info.dev_id);
+                self.registry.put(&record)?;
+                let vol = Volume {
+                    record,
+                    state: State::Ready,
+                    device: Some(info),
+                    message: String::new(),
+                };
+                map.insert(vol.record.id.clone(), vol.clone());
+                Ok(vol)
+            }
+            Err(e) => {
+                let _ = self.registry.remove(&record.id);
+                if let (Some(path), BackendRecord::File { .. }) = (created_file, &record.backend) {
+                    let _ = std::fs::remove_file(path);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a missing backing file when asked to; returns its path if this call created it.
+    fn prepare_backing_file(&self, record: &VolumeRecord) -> Result<Option<PathBuf>, VolumeError> {
+        let BackendRecord::File { path, create } = &record.backend else {
+            return Ok(None);
+        };
+        if !*create || path.exists() {
+            return Ok(None);
+        }
+        let err = |source| VolumeError::BackingFile {
+            path: path.clone(),
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(err)?;
+        f.set_len(record.size_bytes).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        Ok(Some(path.clone()))
+    }
+
+    pub async fn delete(&self, id: &str, allow_missing: bool) -> Result<(), VolumeError> {
+        let mut map = self.inner.lock().await;
+        let Some(vol) = map.get_mut(id) else {
+            return if allow_missing {
+                Ok(())
+            } else {
+                Err(VolumeError::NotFound(format!(
+                    "volume {id:?} does not exist"
+                )))
+            };
+        };
+        if let Some(info) = &vol.device {
+            if let Some(at) = mounted_at(&info.block_device) {
+                return Err(VolumeError::Precondition(format!(
+                    "volume {id:?} is busy: {} is mounted at {at}",
+                    info.block_device.display()
+                )));
+            }
+            let handle = self.handle()?;
+            let dev_id = info.dev_id;
+            vol.state = State::Deleting;
+            if let Err(e) = blocking(move || handle.delete_device(dev_id)).await {
+                vol.state = State::Failed;
+                vol.message = crate::status::chain(&e);
+                return Err(e);
+            }
+        }
+        self.registry.remove(id)?;
+        map.remove(id);
+        Ok(())
+    }
+
+    pub async fn resize(&self, id: &str, size: u64) -> Result<Volume, VolumeError> {
+        let mut map = self.inner.lock().await;
+        let vol = map
+            .get_mut(id)
+            .ok_or_else(|| VolumeError::NotFound(format!("volume {id:?} does not exist")))?;
+        crate::validate::size(size, vol.record.block_size, &self.settings)?;
+        if size < vol.record.size_bytes {
+            return Err(VolumeError::Precondition(format!(
+                "volume {id:?} is {} bytes: shrinking to {size} is refused (it would cut off data)",
+                vol.record.size_bytes
+            )));
+        }
+        if size == vol.record.size_bytes {
+            return Ok(vol.clone());
+        }
+        let Some(info) = vol.device.clone() else {
+            return Err(VolumeError::Precondition(format!(
+                "volume {id:?} is {} and cannot be resized",
+                vol.state.name()
+            )));
+        };
+        if let BackendRecord::File { path, create } = &vol.record.backend {
+            let len = std::fs::metadata(path)
+                .map_err(|source| VolumeError::BackingFile {
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            if len < size {
+                if !create || !path.is_file() {
+                    return Err(VolumeError::Precondition(format!(
+                        "backing file {} holds {len} bytes, fewer than {size}",
+                        path.display()
+                    )));
+                }
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .and_then(|f| f.set_len(size).and_then(|()| f.sync_all()));
+                f.map_err(|source| VolumeError::BackingFile {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        let handle = self.handle()?;
+        let updated = blocking(move || handle.resize_device(info.dev_id, size)).await?;
+        let mut record = vol.record.clone();
+        record.size_bytes = size;
+        self.registry.put(&record)?;
+        vol.record = record;
+        vol.device = Some(updated);
+        Ok(vol.clone())
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Volume, VolumeError> {
+        self.inner
+            .lock()
+            .await
+            .get(id)
+            .cloned()
+            .ok_or_else(|| VolumeError::NotFound(format!("volume {id:?} does not exist")))
+    }
+
+    pub async fn list(&self) -> Vec<Volume> {
+        self.inner.lock().await.values().cloned().collect()
+    }
+
+    pub async fn stats(&self, id: &str) -> Result<DeviceStats, VolumeError> {
+        let vol = self.get(id).await?;
+        let info = vol.device.ok_or_else(|| {
+            VolumeError::Precondition(format!(
+                "volume {id:?} has no device ({})",
+                vol.state.name()
+            ))
+        })?;
+        let handle = self.handle()?;
+        blocking(move || handle.stats(info.dev_id)).await
+    }
+
+    /// Stats of every volume with a device, for the metrics collector (never blocks on the lock
+    /// for long: it copies the list first).
+    pub async fn all_stats(&self) -> Vec<(Volume, Option<DeviceStats>)> {
+        let vols = self.list().await;
+        let Some(handle) = self.handle.clone() else {
+            return vols.into_iter().map(|v| (v, None)).collect();
+        };
+        let ids: Vec<Option<u32>> = vols
+            .iter()
+            .map(|v| v.device.as_ref().map(|d| d.dev_id))
+            .collect();
+        let stats = tokio::task::spawn_blocking(move || {
+            ids.into_iter()
+                .map(|id| id.and_then(|id| handle.stats(id).ok()))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        vols.into_iter()
+            .zip(stats.into_iter().chain(std::iter::repeat(None)))
+            .collect()
+    }
+
+    pub async fn workers(&self) -> Vec<WorkerSnapshot> {
+        let Some(handle) = self.handle.clone() else {
+            return Vec::new();
+        };
+        tokio::task::spawn_blocking(move || handle.worker_stats().unwrap_or_default())
+            .await
+            .unwrap_or_default()
+    }
+
+    /// On a clean exit: delete every device (the registry keeps the volumes for the next start).
+    pub async fn shutdown(&self) -> Result<(), VolumeError> {
+        let mut map = self.inner.lock().await;
+        if let Some(handle) = self.handle.clone() {
+            for vol in map.values_mut() {
+                vol.device = None;
+            }
+            blocking(move || handle.shutdown()).await?;
+        }
+        Ok(())
+    }
+}
+
+fn is_id_taken(e: &DataplaneError) -> bool {
+    use std::error::Error;
+    let mut cur: Option<&dyn Error> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error() == Some(17); // EEXIST
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Where `dev` is mounted, if it is (read from /proc/self/mountinfo by device number).
+fn mounted_at(dev: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(dev).ok()?.rdev();
+    let (major, minor) = (
+        (rdev >> 8) & 0xfff,
+        (rdev & 0xff) | ((rdev >> 12) & 0xfff00),
+    );
+    let want = format!("{major}:{minor}");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        let _root = f.next()?;
+        let at = f.next()?;
+        (dev == want).then(|| at.to_owned())
+    })
+}
