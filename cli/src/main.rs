@@ -1,26 +1,204 @@
 //! `ublkctl`, the command-line client of ublkd.
 //!
-//! What it is: subcommands (`create-volume`, `list-volumes`, ...) that speak the `ublkd.v1` gRPC
-//! API to a running daemon. What it is not: it depends on the proto crate only, never on the
-//! dataplane, and never touches a device itself.
+//! What it is: subcommands (`create-volume`, `list-volumes`, `stats`, ...) that each make one
+//! call of the `ublkd.v1` gRPC API to a running daemon, over its unix socket or over TCP with
+//! optional (mutual) TLS, and print the reply as text or JSON.
+//! What it is not: it depends on the proto crate only, never on the dataplane or the server; it
+//! never touches a device itself and keeps no state between runs. It validates only what the
+//! command line can check (sizes, backend syntax, option combinations); the daemon decides the
+//! rest.
 //!
-//! The subcommands arrive with the control-plane work; today it knows its version.
+//! Exit codes: 0 success, 1 the daemon answered with an error, 2 a usage error, 3 the daemon
+//! cannot be reached.
+//!
+//! Modules: `args` (clap definitions and request building), `connect` (the channel),
+//! `output` (text and JSON rendering), `error` (messages and exit codes); `fake_daemon` holds
+//! the tests that run whole commands against an in-process fake ublkd.
 
+mod args;
+mod connect;
+mod error;
+#[cfg(test)]
+mod fake_daemon;
+mod output;
+
+use std::future::Future;
+use std::io::{self, Write};
 use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use ublkd_proto::v1::{
+    node_service_client::NodeServiceClient, volume_service_client::VolumeServiceClient,
+    DeleteVolumeRequest, GetNodeInfoRequest, GetVolumeRequest, GetVolumeStatsRequest,
+    ListVolumesRequest,
+};
+
+use crate::args::{resize_request, Call, Cli, Command, Format};
+use crate::error::Error;
 
 fn main() -> ExitCode {
-    match std::env::args().nth(1).as_deref() {
-        Some("--version") | Some("-V") => {
-            println!(
-                "ublkctl {} (API {})",
-                env!("CARGO_PKG_VERSION"),
-                ublkd_proto::API_PACKAGE
-            );
-            ExitCode::SUCCESS
+    let cli = Cli::parse();
+    let call = match &cli.command {
+        Command::Call(call) => call,
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "ublkctl", &mut script);
+            return emit(&script);
         }
-        _ => {
-            eprintln!("usage: ublkctl --version (volume commands arrive with the gRPC service)");
-            ExitCode::from(2)
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(&cli, call)) {
+        Ok(mut text) => {
+            text.push('\n');
+            emit(text.as_bytes())
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// Writes to stdout; a reader that went away (`ublkctl ... | head`) is not an error.
+fn emit(bytes: &[u8]) -> ExitCode {
+    let mut stdout = io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One connected daemon and the deadline every call gets.
+#[derive(Debug)]
+struct Client {
+    channel: Channel,
+    endpoint: String,
+    timeout: Duration,
+}
+
+impl Client {
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    /// Awaits one call. The deadline travels to the server as `grpc-timeout`, and tonic's
+    /// channel enforces it locally too; the outer timer is a backstop should either not fire.
+    async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<Response<T>, Status>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(Error::from_status(status, &self.endpoint, self.timeout)),
+            Err(_) => Err(Error::no_reply(&self.endpoint, self.timeout)),
+        }
+    }
+
+    fn volumes(&self) -> VolumeServiceClient<Channel> {
+        VolumeServiceClient::new(self.channel.clone())
+    }
+}
+
+/// Makes the call and returns what to print.
+async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
+    let conn = cli.connection()?;
+    let client = Client {
+        channel: connect::connect(&conn).await?,
+        endpoint: conn.target.to_string(),
+        timeout: conn.timeout,
+    };
+    let json = cli.output == Format::Json;
+    let text = match call {
+        Call::CreateVolume(create) => {
+            let request = client.request(create.to_request());
+            let volume = client.call(client.volumes().create_volume(request)).await?;
+            if json {
+                output::volume_json(&volume)
+            } else {
+                output::device_line(&volume)
+            }
+        }
+        Call::DeleteVolume {
+            name,
+            allow_missing,
+        } => {
+            let request = client.request(DeleteVolumeRequest {
+                id: name.clone(),
+                allow_missing: *allow_missing,
+            });
+            client.call(client.volumes().delete_volume(request)).await?;
+            if json {
+                "{}".into()
+            } else {
+                format!("deleted volume {name:?}")
+            }
+        }
+        Call::GetVolume { name } => {
+            let request = client.request(GetVolumeRequest { id: name.clone() });
+            let volume = client.call(client.volumes().get_volume(request)).await?;
+            if json {
+                output::volume_json(&volume)
+            } else {
+                output::volume_text(&volume)
+            }
+        }
+        Call::ListVolumes => {
+            let request = client.request(ListVolumesRequest {});
+            let list = client.call(client.volumes().list_volumes(request)).await?;
+            if json {
+                output::volumes_json(&list.volumes)
+            } else {
+                output::volumes_table(&list.volumes)
+            }
+        }
+        Call::ResizeVolume { name, size } => {
+            let request = client.request(resize_request(name, *size));
+            let volume = client.call(client.volumes().resize_volume(request)).await?;
+            if json {
+                output::volume_json(&volume)
+            } else {
+                output::volume_text(&volume)
+            }
+        }
+        Call::NodeInfo => {
+            let request = client.request(GetNodeInfoRequest {});
+            let mut node = NodeServiceClient::new(client.channel.clone());
+            let info = client.call(node.get_node_info(request)).await?;
+            if json {
+                output::node_json(&info)
+            } else {
+                output::node_text(&info)
+            }
+        }
+        Call::Stats { name } => {
+            let request = client.request(GetVolumeStatsRequest { id: name.clone() });
+            let stats = client
+                .call(client.volumes().get_volume_stats(request))
+                .await?;
+            if json {
+                output::stats_json(&stats)
+            } else {
+                output::stats_text(&stats)
+            }
+        }
+    };
+    Ok(text)
 }

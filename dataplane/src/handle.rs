@@ -5,7 +5,7 @@
 //! `/dev/ublk-control` commands (bounded by timeouts, never on a worker) and hands queues to the
 //! workers over their own channels, waking each through an eventfd its ring is reading.
 
-use crate::backend::{self, BackendError, BackendSpec};
+use crate::backend::{self, BackendError};
 use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::{DeviceSpec, IoPath, SpecError};
 use crate::features::Features;
@@ -89,6 +89,9 @@ impl DataplaneError {
             DataplaneError::Spec(SpecError::Unsupported(_)) => ErrorKind::FailedPrecondition,
             DataplaneError::Spec(_) => ErrorKind::InvalidArgument,
             DataplaneError::Backend(BackendError::Memory { .. }) => ErrorKind::ResourceExhausted,
+            DataplaneError::Backend(BackendError::CannotGrow { .. }) => {
+                ErrorKind::FailedPrecondition
+            }
             DataplaneError::Backend(BackendError::Open { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
@@ -530,10 +533,7 @@ impl Control {
         if !self.features.contains(Features::UPDATE_SIZE) {
             return Err(SpecError::Unsupported("UPDATE_SIZE").into());
         }
-        if let BackendSpec::File { path } = &spec.backend {
-            // The backing file must hold the new size; open-and-check without keeping it.
-            backend::FileBackend::open(path, size, spec.block_size)?;
-        }
+        device.backend.resize(size)?;
         self.ctrl.update_size(dev_id, size / 512)?;
         device.info.spec = spec;
         Ok(device.info.clone())

@@ -8,7 +8,7 @@ use crate::validate;
 use crate::volumes::{State, Volume, Volumes};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 use ublkd_dataplane::{IoPath, OpKind};
 use ublkd_proto::v1::{
@@ -20,6 +20,46 @@ pub struct Api {
     pub volumes: Arc<Volumes>,
     pub settings: Arc<Settings>,
     pub metrics: Metrics,
+}
+
+/// Requests the client gives less time than this are refused before any work starts: a change
+/// that cannot finish within its deadline would otherwise complete unseen.
+const MIN_DEADLINE: Duration = Duration::from_millis(5);
+
+/// The time the client allows, from the `grpc-timeout` header (`<digits><H|M|S|m|u|n>`).
+fn client_timeout<T>(req: &Request<T>) -> Option<Duration> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn check_deadline<T>(req: &Request<T>) -> Result<(), Status> {
+    match client_timeout(req) {
+        Some(t) if t < MIN_DEADLINE => Err(Status::deadline_exceeded(format!(
+            "a deadline of {t:?} leaves no time to do the work; nothing was changed"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Runs a state change to completion on its own task, so a client that gives up midway (or a
+/// deadline that expires) never leaves a half-made change behind.
+async fn to_completion<T: Send + 'static>(
+    f: impl Future<Output = Result<T, crate::volumes::VolumeError>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(f)
+        .await
+        .map_err(|e| Status::internal(format!("volume task failed: {e}")))?
+        .map_err(Status::from)
 }
 
 impl Api {
@@ -111,10 +151,12 @@ impl VolumeService for Api {
         req: Request<v1::CreateVolumeRequest>,
     ) -> Result<Response<v1::Volume>, Status> {
         self.metered("CreateVolume", async {
+            check_deadline(&req)?;
             let req = req.into_inner();
             validate::volume_id(&req.id)?;
             let record = validate::spec(&req.id, req.spec.as_ref(), &self.settings)?;
-            let vol = self.volumes.create(record).await?;
+            let volumes = Arc::clone(&self.volumes);
+            let vol = to_completion(async move { volumes.create(record).await }).await?;
             tracing::info!(volume = %vol.record.id, device = ?vol.device.as_ref().map(|d| &d.block_device), "volume created");
             Ok(volume_proto(&vol))
         })
@@ -126,9 +168,12 @@ impl VolumeService for Api {
         req: Request<v1::DeleteVolumeRequest>,
     ) -> Result<Response<v1::DeleteVolumeResponse>, Status> {
         self.metered("DeleteVolume", async {
+            check_deadline(&req)?;
             let req = req.into_inner();
             validate::volume_id(&req.id)?;
-            self.volumes.delete(&req.id, req.allow_missing).await?;
+            let volumes = Arc::clone(&self.volumes);
+            let (id, allow_missing) = (req.id.clone(), req.allow_missing);
+            to_completion(async move { volumes.delete(&id, allow_missing).await }).await?;
             tracing::info!(volume = %req.id, "volume deleted");
             Ok(v1::DeleteVolumeResponse {})
         })
@@ -163,9 +208,12 @@ impl VolumeService for Api {
         req: Request<v1::ResizeVolumeRequest>,
     ) -> Result<Response<v1::Volume>, Status> {
         self.metered("ResizeVolume", async {
+            check_deadline(&req)?;
             let req = req.into_inner();
             validate::volume_id(&req.id)?;
-            let vol = self.volumes.resize(&req.id, req.size_bytes).await?;
+            let volumes = Arc::clone(&self.volumes);
+            let (id, size) = (req.id.clone(), req.size_bytes);
+            let vol = to_completion(async move { volumes.resize(&id, size).await }).await?;
             tracing::info!(volume = %req.id, size = req.size_bytes, "volume resized");
             Ok(volume_proto(&vol))
         })
@@ -239,5 +287,32 @@ impl NodeService for Api {
             })
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_grpc_timeouts_and_refuses_tiny_ones() {
+        let mut r = Request::new(());
+        assert_eq!(client_timeout(&r), None);
+        assert!(check_deadline(&r).is_ok());
+        for (v, d) in [
+            ("1n", Duration::from_nanos(1)),
+            ("250m", Duration::from_millis(250)),
+            ("3S", Duration::from_secs(3)),
+            ("2M", Duration::from_secs(120)),
+        ] {
+            r.metadata_mut().insert("grpc-timeout", v.parse().unwrap());
+            assert_eq!(client_timeout(&r), Some(d), "{v}");
+        }
+        r.metadata_mut()
+            .insert("grpc-timeout", "1n".parse().unwrap());
+        assert_eq!(
+            check_deadline(&r).unwrap_err().code(),
+            tonic::Code::DeadlineExceeded
+        );
     }
 }

@@ -224,3 +224,245 @@ pub mod guest {
         crate::run(Command::new("sh").arg("-c").arg(cmd)).with_context(|| cmd.to_owned())
     }
 }
+
+/// A real `ublkd` process in the guest, and gRPC clients for it.
+pub mod daemon {
+    use anyhow::{bail, Context, Result};
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::time::{Duration, Instant};
+    use tonic::transport::{Channel, Endpoint};
+    use ublkd_proto::v1::{
+        node_service_client::NodeServiceClient, volume_service_client::VolumeServiceClient,
+    };
+
+    /// Path of a workspace binary (set by the VM harness, else next to the test binary).
+    pub fn bin(name: &str) -> PathBuf {
+        let var = format!("{}_BIN", name.to_ascii_uppercase());
+        if let Some(p) = std::env::var_os(var) {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().unwrap_or_default();
+        exe.parent()
+            .and_then(Path::parent)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|| PathBuf::from(name))
+    }
+
+    /// A running ublkd with its own socket, state directory and allowed root.
+    #[derive(Debug)]
+    pub struct Daemon {
+        pub dir: PathBuf,
+        pub socket: PathBuf,
+        pub state: PathBuf,
+        pub root: PathBuf,
+        pub metrics: String,
+        pub config: PathBuf,
+        child: Option<Child>,
+    }
+
+    impl Daemon {
+        /// Prepares directories and a config file (`extra` is appended to it) under `dir`.
+        pub fn new(dir: &Path, metrics_port: u16, extra: &str) -> Result<Self> {
+            let root = dir.join("roots");
+            std::fs::create_dir_all(&root)?;
+            let socket = dir.join("ublkd.sock");
+            let state = dir.join("state");
+            let metrics = format!("127.0.0.1:{metrics_port}");
+            let config = dir.join("ublkd.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "state_dir = {state:?}\nallowed_roots = [{root:?}]\n\n[grpc]\nlisten = [\"unix://{sock}\"]\n\n\
+                     [metrics]\nlisten = {metrics:?}\n\n[dataplane]\ncpus = [0, 1]\n\n{extra}\n",
+                    sock = socket.display(),
+                ),
+            )?;
+            Ok(Self {
+                dir: dir.to_owned(),
+                socket,
+                state,
+                root,
+                metrics,
+                config,
+                child: None,
+            })
+        }
+
+        /// Starts ublkd and waits until it answers health checks.
+        pub async fn start(&mut self) -> Result<()> {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join("ublkd.log"))?;
+            let child = Command::new(bin("ublkd"))
+                .arg("--config")
+                .arg(&self.config)
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("starting ublkd")?;
+            self.child = Some(child);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Ok(ch) = self.channel().await {
+                    let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+                    let req = tonic_health::pb::HealthCheckRequest {
+                        service: String::new(),
+                    };
+                    if let Ok(r) = h.check(req).await {
+                        if r.into_inner().status == 1 {
+                            return Ok(());
+                        }
+                    }
+                }
+                if let Some(c) = self.child.as_mut() {
+                    if let Some(st) = c.try_wait()? {
+                        bail!("ublkd exited at start ({st}):\n{}", self.log());
+                    }
+                }
+                if Instant::now() > deadline {
+                    bail!("ublkd did not become ready:\n{}", self.log());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+
+        pub fn log(&self) -> String {
+            std::fs::read_to_string(self.dir.join("ublkd.log")).unwrap_or_default()
+        }
+
+        pub fn pid(&self) -> Option<u32> {
+            self.child.as_ref().map(Child::id)
+        }
+
+        /// Sends `signal` and waits for the process to exit.
+        pub fn stop_with(&mut self, signal: i32) -> Result<ExitStatus> {
+            let mut child = self.child.take().context("ublkd not running")?;
+            Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status()
+                .context("running kill")?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Some(st) = child.try_wait()? {
+                    return Ok(st);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    bail!("ublkd did not exit after signal {signal}:\n{}", self.log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// A gRPC channel over the unix socket.
+        pub async fn channel(&self) -> Result<Channel> {
+            let path = self.socket.clone();
+            let ch = Endpoint::try_from("http://[::]:50051")?
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await?;
+            Ok(ch)
+        }
+
+        pub async fn volumes(&self) -> Result<VolumeServiceClient<Channel>> {
+            Ok(VolumeServiceClient::new(self.channel().await?))
+        }
+
+        pub async fn node(&self) -> Result<NodeServiceClient<Channel>> {
+            Ok(NodeServiceClient::new(self.channel().await?))
+        }
+
+        /// Runs ublkctl against this daemon; returns (exit code, stdout, stderr).
+        pub fn ublkctl(&self, args: &[&str]) -> Result<(i32, String, String)> {
+            let out = Command::new(bin("ublkctl"))
+                .arg("--endpoint")
+                .arg(format!("unix://{}", self.socket.display()))
+                .args(args)
+                .output()
+                .context("running ublkctl")?;
+            Ok((
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ))
+        }
+
+        /// Like `ublkctl`, failing unless it exits 0; returns stdout.
+        pub fn ublkctl_ok(&self, args: &[&str]) -> Result<String> {
+            let (code, out, err) = self.ublkctl(args)?;
+            if code != 0 {
+                bail!("ublkctl {args:?} exited {code}: {err}{out}");
+            }
+            Ok(out)
+        }
+
+        /// Fetches /metrics.
+        pub fn scrape(&self) -> Result<String> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&self.metrics)?;
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut body = String::new();
+            s.read_to_string(&mut body)?;
+            Ok(body)
+        }
+    }
+
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if self.child.is_some() {
+                let _ = self.stop_with(libc::SIGTERM);
+            }
+        }
+    }
+
+    /// The value of the sample `name{labels}` in a Prometheus text exposition.
+    pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        text.lines().find_map(|l| {
+            if l.starts_with('#') {
+                return None;
+            }
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+            if n != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            all.then(|| value.parse().ok())?
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn finds_samples_by_name_and_labels() {
+            let text = "# HELP x y\nublkd_volume_io_ops_total{volume=\"a\",op=\"read\"} 12\n\
+                        ublkd_volume_io_ops_total{volume=\"b\",op=\"read\"} 3\nublkd_volumes 2\n";
+            assert_eq!(
+                sample(
+                    text,
+                    "ublkd_volume_io_ops_total",
+                    &[("volume", "b"), ("op", "read")]
+                ),
+                Some(3.0)
+            );
+            assert_eq!(sample(text, "ublkd_volumes", &[]), Some(2.0));
+            assert_eq!(
+                sample(text, "ublkd_volume_io_ops_total", &[("volume", "c")]),
+                None
+            );
+        }
+    }
+}

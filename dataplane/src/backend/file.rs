@@ -68,11 +68,34 @@ impl FileBackend {
     pub fn is_direct(&self) -> bool {
         self.direct
     }
+
+    fn len(&self) -> std::io::Result<u64> {
+        if self.block_device {
+            block_device_size(&self.file)
+        } else {
+            Ok(self.file.metadata()?.len())
+        }
+    }
 }
 
 impl Backend for FileBackend {
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    fn resize(&self, size: u64) -> Result<(), BackendError> {
+        let have = self.len().map_err(|source| BackendError::Open {
+            path: "(backing file)".into(),
+            source,
+        })?;
+        if have < size {
+            return Err(BackendError::TooSmall {
+                path: "(backing file)".into(),
+                have,
+                need: size,
+            });
+        }
+        Ok(())
     }
 
     fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started {

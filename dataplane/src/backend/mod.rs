@@ -54,6 +54,8 @@ pub enum BackendError {
     NotFileOrBlock(PathBuf),
     #[error("backing file {path} holds {have} bytes, the volume needs {need}")]
     TooSmall { path: PathBuf, have: u64, need: u64 },
+    #[error("a RAM volume created at this size can grow to {max} bytes, not {size}")]
+    CannotGrow { size: u64, max: u64 },
     #[error("cannot reserve {size} bytes of memory")]
     Memory {
         size: u64,
@@ -142,6 +144,12 @@ pub trait Backend: Send + Sync + Debug {
     /// Memory the backend holds (RAM volumes).
     fn memory_bytes(&self) -> u64 {
         0
+    }
+
+    /// Prepares for the volume to become `size` bytes (before the kernel is told).
+    fn resize(&self, size: u64) -> Result<(), BackendError> {
+        let _ = size;
+        Ok(())
     }
 }
 

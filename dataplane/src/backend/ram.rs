@@ -1,30 +1,41 @@
 //! The RAM backend: a lazily backed anonymous mapping. Untouched blocks read as zeros without
 //! taking memory; pages are allocated on first write and given back on discard.
+//!
+//! The mapping reserves address space (not memory) beyond the volume's size so the volume can
+//! grow in place: at least [`GROWTH_RESERVE`] bytes, or 4x the size.
 
 use super::{full, Backend, BackendError, IoCtx, Request, Started};
 use crate::stats::OpKind;
 use crate::sys::os::Mapping;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Address space reserved for growth of small RAM volumes.
+pub const GROWTH_RESERVE: u64 = 64 << 30;
 
 #[derive(Debug)]
 pub struct RamBackend {
     mem: Mapping,
-    size: u64,
+    size: AtomicU64,
 }
 
 impl RamBackend {
     pub fn new(size: u64) -> Result<Self, BackendError> {
-        let len = usize::try_from(size).map_err(|_| BackendError::Memory {
+        let reserve = size.saturating_mul(4).max(GROWTH_RESERVE);
+        let len = usize::try_from(reserve).map_err(|_| BackendError::Memory {
             size,
             source: std::io::Error::from_raw_os_error(libc::EFBIG),
         })?;
         let mem =
             Mapping::anonymous(len).map_err(|source| BackendError::Memory { size, source })?;
-        Ok(Self { mem, size })
+        Ok(Self {
+            mem,
+            size: AtomicU64::new(size),
+        })
     }
 
     fn range(&self, req: &Request) -> Option<usize> {
         let end = req.offset.checked_add(u64::from(req.len))?;
-        (end <= self.size).then(|| usize::try_from(req.offset).ok())?
+        (end <= self.size.load(Ordering::Relaxed)).then(|| usize::try_from(req.offset).ok())?
     }
 }
 
@@ -58,5 +69,14 @@ impl Backend for RamBackend {
 
     fn memory_bytes(&self) -> u64 {
         self.mem.resident_bytes()
+    }
+
+    fn resize(&self, size: u64) -> Result<(), BackendError> {
+        let max = self.mem.len() as u64;
+        if size > max {
+            return Err(BackendError::CannotGrow { size, max });
+        }
+        self.size.store(size, Ordering::Relaxed);
+        Ok(())
     }
 }

@@ -33,6 +33,9 @@ fail() {
     poweroff -f
 }
 
+# Loopback, for daemons the tests talk to over 127.0.0.1 (metrics, TCP gRPC).
+ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
+
 mkdir -p /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot || fail "cannot mount host root"
 mount -t proc proc /newroot/proc

@@ -21,7 +21,8 @@ usage: cargo xtask <command>
 
 commands:
   test               host tests (cargo test --workspace), then the whole VM suite
-  vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it
+  vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it,
+                     or a whole test file (e.g. daemon, dataplane, kernel)
   vm-run [--timeout SECS] -- CMD...
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
   demo               boot the VM and show what the kernel offers and what ublkd sees

@@ -103,8 +103,15 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
     build_daemon_binaries(ws)?;
     let mut cases = Vec::new();
     for binary in build_test_binaries(ws)? {
+        // A filter matches a test's name, or the whole test file (binary `daemon-<hash>`).
+        let file = binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.rsplit_once('-'))
+            .map_or("", |(stem, _)| stem)
+            .to_owned();
         for name in list_tests(&binary)? {
-            if filter.is_none_or(|f| name.contains(f)) {
+            if filter.is_none_or(|f| name.contains(f) || file == f) {
                 cases.push(TestCase {
                     binary: binary.clone(),
                     name,

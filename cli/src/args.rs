@@ -1,0 +1,600 @@
+//! The command line: clap definitions, the value parsers behind them, and the conversion of a
+//! parsed command into its `ublkd.v1` request. No I/O happens here, so all of it is unit-tested.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap_complete::Shell;
+use ublkd_proto::units::parse_size;
+use ublkd_proto::v1::{
+    volume_spec::Backend, CreateVolumeRequest, FileBackend, IoPath, NullBackend, NvmeBackend,
+    RamBackend, ResizeVolumeRequest, VolumeSpec,
+};
+
+use crate::connect::{Connection, Target, TlsFiles};
+use crate::error::Error;
+
+/// Where ublkd listens unless `--endpoint` or `UBLKCTL_ENDPOINT` says otherwise.
+pub const DEFAULT_ENDPOINT: &str = "unix:///run/ublkd/ublkd.sock";
+
+/// Where `--help` lists the options every command takes.
+const GLOBAL: &str = "Global options";
+
+const SIZE_HINT: &str = "expected a size such as 4096, 512K, 10GiB or 1.5T";
+const BACKEND_HINT: &str =
+    "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET+LEN]";
+
+/// `--version`: the crate's version and the API it speaks.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (API ublkd.v1)");
+
+/// Exit codes, shown under `--help`.
+const AFTER_HELP: &str = "Exit status: 0 success, 1 ublkd answered with an error, 2 usage error, \
+                          3 ublkd cannot be reached.";
+
+/// Manage the volumes of one ublkd node over its gRPC API.
+#[derive(Debug, Parser)]
+#[command(name = "ublkctl", version = VERSION, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Where ublkd listens: unix:///PATH, http://HOST:PORT or https://HOST:PORT
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        env = "UBLKCTL_ENDPOINT",
+        default_value = DEFAULT_ENDPOINT,
+        value_parser = parse_target,
+    )]
+    pub endpoint: Target,
+
+    /// CA certificate (PEM) that signed ublkd's certificate; https:// only
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for mutual TLS; needs --key
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+
+    /// Client private key (PEM) for mutual TLS; needs --cert
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+
+    /// Name to verify ublkd's certificate against, when it differs from the endpoint's host
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME")]
+    pub tls_domain: Option<String>,
+
+    /// Seconds to wait for the connection and for each reply (the gRPC deadline)
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_name = "SECS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
+    pub timeout: u64,
+
+    /// Output format of get-volume, list-volumes, create-volume, resize-volume, node-info, stats
+    #[arg(short, long, global = true, help_heading = GLOBAL, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Tables and aligned fields, sizes in binary units
+    Text,
+    /// JSON with the API's field names; sizes in bytes
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    #[command(flatten)]
+    Call(Call),
+    /// Print a shell completion script to stdout
+    Completions {
+        /// The shell to complete for
+        shell: Shell,
+    },
+}
+
+/// The commands that make one call to the daemon.
+#[derive(Debug, Subcommand)]
+pub enum Call {
+    /// Create a volume and print its block device path (-o json: the whole volume)
+    CreateVolume(CreateVolume),
+    /// Delete a volume; its block device goes away, backing files stay
+    DeleteVolume {
+        /// Volume id
+        name: String,
+        /// Succeed when no such volume exists
+        #[arg(long)]
+        allow_missing: bool,
+    },
+    /// Show one volume
+    GetVolume {
+        /// Volume id
+        name: String,
+    },
+    /// List the node's volumes
+    ListVolumes,
+    /// Grow a volume (shrinking is refused) and show it
+    ResizeVolume {
+        /// Volume id
+        name: String,
+        /// New size, e.g. 20GiB
+        #[arg(long, value_parser = parse_volume_size)]
+        size: u64,
+    },
+    /// Show what the node offers: kernel, ublk features, workers, backends
+    NodeInfo,
+    /// Show the I/O counters of one volume
+    Stats {
+        /// Volume id
+        name: String,
+    },
+}
+
+/// Arguments of `create-volume`.
+#[derive(Debug, Args)]
+pub struct CreateVolume {
+    /// Volume id: 1-63 of [a-z0-9-], starting and ending with a letter or digit
+    pub name: String,
+
+    /// Size, e.g. 10GiB
+    #[arg(long, value_parser = parse_volume_size)]
+    pub size: u64,
+
+    /// file:/PATH, file+create:/PATH (create or extend the file), ram, null,
+    /// or nvme:/dev/ngXnY[@OFFSET+LEN] (a window of an NVMe namespace)
+    #[arg(long, value_parser = parse_backend)]
+    pub backend: Backend,
+
+    /// Hardware queues [default: the server's]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub queues: Option<u32>,
+
+    /// Depth of each queue [default: the server's]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub depth: Option<u32>,
+
+    /// Logical block size, 512 or 4096 [default: the server's, 4096]
+    #[arg(long, value_name = "BYTES", value_parser = parse_block_size)]
+    pub block_size: Option<u32>,
+
+    /// I/O path: auto takes BATCH_IO when the kernel offers it
+    #[arg(long, value_enum, default_value_t = IoPathArg::Auto)]
+    pub io_path: IoPathArg,
+}
+
+/// `--io-path`, the command-line spelling of [`IoPath`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoPathArg {
+    Auto,
+    Batch,
+    PerIo,
+}
+
+impl From<IoPathArg> for IoPath {
+    fn from(arg: IoPathArg) -> Self {
+        match arg {
+            IoPathArg::Auto => IoPath::Auto,
+            IoPathArg::Batch => IoPath::Batch,
+            IoPathArg::PerIo => IoPath::PerIo,
+        }
+    }
+}
+
+impl CreateVolume {
+    /// The request this command sends; absent options stay unset, the API's "server default".
+    pub fn to_request(&self) -> CreateVolumeRequest {
+        CreateVolumeRequest {
+            id: self.name.clone(),
+            spec: Some(VolumeSpec {
+                size_bytes: self.size,
+                block_size: self.block_size,
+                backend: Some(self.backend.clone()),
+                queues: self.queues,
+                queue_depth: self.depth,
+                io_path: IoPath::from(self.io_path).into(),
+            }),
+        }
+    }
+}
+
+/// The request of `resize-volume NAME --size SIZE`.
+pub fn resize_request(name: &str, size: u64) -> ResizeVolumeRequest {
+    ResizeVolumeRequest {
+        id: name.to_owned(),
+        size_bytes: size,
+    }
+}
+
+impl Cli {
+    /// The connection settings, checked for combinations clap cannot see.
+    pub fn connection(&self) -> Result<Connection, Error> {
+        let tls = TlsFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            domain: self.tls_domain.clone(),
+        };
+        let is_https = matches!(self.endpoint, Target::Tcp { tls: true, .. });
+        if !is_https && !tls.is_empty() {
+            return Err(Error::Usage(format!(
+                "--ca, --cert, --key and --tls-domain apply to https:// endpoints, not {}",
+                self.endpoint
+            )));
+        }
+        if is_https && tls.ca.is_none() {
+            return Err(Error::Usage(
+                "an https:// endpoint needs --ca FILE, the CA that signed ublkd's certificate"
+                    .into(),
+            ));
+        }
+        Ok(Connection {
+            target: self.endpoint.clone(),
+            tls,
+            timeout: Duration::from_secs(self.timeout),
+        })
+    }
+}
+
+/// Reads `unix:///PATH` (or a bare absolute path), `http://HOST:PORT` or `https://HOST:PORT`.
+pub fn parse_target(s: &str) -> Result<Target, String> {
+    let s = s.trim();
+    if let Some(rest) = s.strip_prefix("unix:") {
+        let path = rest.strip_prefix("//").unwrap_or(rest);
+        if !path.starts_with('/') {
+            return Err("expected unix:///ABSOLUTE/PATH".into());
+        }
+        return Ok(Target::Unix(PathBuf::from(path)));
+    }
+    if s.starts_with('/') {
+        return Ok(Target::Unix(PathBuf::from(s)));
+    }
+    let tls = if s.starts_with("https://") {
+        true
+    } else if s.starts_with("http://") {
+        false
+    } else {
+        return Err("expected unix:///PATH, http://HOST:PORT or https://HOST:PORT".into());
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(s.to_owned())
+        .map_err(|_| "not a valid URI".to_owned())?;
+    if endpoint.uri().host().is_none_or(str::is_empty) {
+        return Err("the URI has no host".into());
+    }
+    Ok(Target::Tcp {
+        uri: s.to_owned(),
+        tls,
+    })
+}
+
+/// Reads a human size (`10GiB`, `512K`, `4096`).
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| SIZE_HINT.to_owned())
+}
+
+/// A volume size: a human size above zero.
+pub fn parse_volume_size(s: &str) -> Result<u64, String> {
+    match parse_size_arg(s)? {
+        0 => Err("a volume needs a size above zero".into()),
+        n => Ok(n),
+    }
+}
+
+/// `--block-size`: 512 or 4096, in any spelling `parse_size` reads (`4K` too).
+pub fn parse_block_size(s: &str) -> Result<u32, String> {
+    match parse_size(s) {
+        Some(512) => Ok(512),
+        Some(4096) => Ok(4096),
+        _ => Err("the block size is 512 or 4096".into()),
+    }
+}
+
+/// Reads `--backend`: `null`, `ram`, `file:/PATH`, `file+create:/PATH`,
+/// `nvme:/dev/ngXnY`, `nvme:/dev/ngXnY@OFFSET` (to the end) or `nvme:/dev/ngXnY@OFFSET+LEN`.
+pub fn parse_backend(s: &str) -> Result<Backend, String> {
+    let s = s.trim();
+    match s {
+        "null" => return Ok(Backend::Null(NullBackend {})),
+        "ram" => return Ok(Backend::Ram(RamBackend {})),
+        _ => {}
+    }
+    if let Some(path) = s.strip_prefix("file+create:") {
+        return Ok(Backend::File(FileBackend {
+            path: absolute("file", path)?,
+            create: true,
+        }));
+    }
+    if let Some(path) = s.strip_prefix("file:") {
+        return Ok(Backend::File(FileBackend {
+            path: absolute("file", path)?,
+            create: false,
+        }));
+    }
+    if let Some(rest) = s.strip_prefix("nvme:") {
+        let (device, window) = match rest.rsplit_once('@') {
+            Some((device, window)) => (device, Some(window)),
+            None => (rest, None),
+        };
+        let device = absolute("nvme", device)?;
+        let (offset_bytes, length_bytes) = match window {
+            None => (0, 0),
+            Some(window) => {
+                let (offset, length) = window.split_once('+').unwrap_or((window, "0"));
+                let offset = parse_size(offset)
+                    .ok_or_else(|| format!("nvme window offset {offset:?}: {SIZE_HINT}"))?;
+                let length = parse_size(length)
+                    .ok_or_else(|| format!("nvme window length {length:?}: {SIZE_HINT}"))?;
+                (offset, length)
+            }
+        };
+        return Ok(Backend::Nvme(NvmeBackend {
+            device,
+            offset_bytes,
+            length_bytes,
+        }));
+    }
+    Err(BACKEND_HINT.to_owned())
+}
+
+/// The daemon may run on another host, so a relative path has nothing to be relative to.
+fn absolute(kind: &str, path: &str) -> Result<String, String> {
+    if path.starts_with('/') {
+        Ok(path.to_owned())
+    } else if path.is_empty() {
+        Err(format!(
+            "the {kind} backend needs a path, e.g. {kind}:/ABSOLUTE/PATH"
+        ))
+    } else {
+        Err(format!("the {kind} backend path {path:?} is not absolute"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("ublkctl").chain(args.iter().copied()))
+    }
+
+    fn create_request(args: &[&str]) -> CreateVolumeRequest {
+        let mut all = vec!["create-volume"];
+        all.extend_from_slice(args);
+        match parse(&all).unwrap().command {
+            Command::Call(Call::CreateVolume(c)) => c.to_request(),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Cli::command().debug_assert();
+        assert!(VERSION.ends_with(&format!("(API {})", ublkd_proto::API_PACKAGE)));
+    }
+
+    #[test]
+    fn create_volume_fills_the_spec() {
+        let req = create_request(&[
+            "vol-1",
+            "--size",
+            "10GiB",
+            "--backend",
+            "file+create:/var/lib/ublkd/vol-1.img",
+            "--queues",
+            "4",
+            "--depth",
+            "128",
+            "--block-size",
+            "512",
+            "--io-path",
+            "per-io",
+        ]);
+        assert_eq!(req.id, "vol-1");
+        let spec = req.spec.unwrap();
+        assert_eq!(spec.size_bytes, 10 << 30);
+        assert_eq!(spec.block_size, Some(512));
+        assert_eq!(spec.queues, Some(4));
+        assert_eq!(spec.queue_depth, Some(128));
+        assert_eq!(spec.io_path(), IoPath::PerIo);
+        assert_eq!(
+            spec.backend,
+            Some(Backend::File(FileBackend {
+                path: "/var/lib/ublkd/vol-1.img".into(),
+                create: true,
+            }))
+        );
+    }
+
+    #[test]
+    fn create_volume_leaves_defaults_to_the_server() {
+        let spec = create_request(&["v", "--size", "1G", "--backend", "ram"])
+            .spec
+            .unwrap();
+        assert_eq!(
+            (spec.block_size, spec.queues, spec.queue_depth),
+            (None, None, None)
+        );
+        assert_eq!(spec.io_path(), IoPath::Auto);
+        assert_eq!(spec.backend, Some(Backend::Ram(RamBackend {})));
+    }
+
+    #[test]
+    fn backends_parse() {
+        assert_eq!(parse_backend("null"), Ok(Backend::Null(NullBackend {})));
+        assert_eq!(parse_backend("ram"), Ok(Backend::Ram(RamBackend {})));
+        assert_eq!(
+            parse_backend("file:/srv/a.img"),
+            Ok(Backend::File(FileBackend {
+                path: "/srv/a.img".into(),
+                create: false
+            }))
+        );
+        assert_eq!(
+            parse_backend("file+create:/srv/a.img"),
+            Ok(Backend::File(FileBackend {
+                path: "/srv/a.img".into(),
+                create: true
+            }))
+        );
+    }
+
+    #[test]
+    fn nvme_backend_takes_an_optional_window() {
+        let nvme = |device: &str, offset_bytes, length_bytes| {
+            Ok(Backend::Nvme(NvmeBackend {
+                device: device.into(),
+                offset_bytes,
+                length_bytes,
+            }))
+        };
+        assert_eq!(parse_backend("nvme:/dev/ng0n1"), nvme("/dev/ng0n1", 0, 0));
+        assert_eq!(
+            parse_backend("nvme:/dev/ng0n1@1GiB+10GiB"),
+            nvme("/dev/ng0n1", 1 << 30, 10 << 30)
+        );
+        assert_eq!(
+            parse_backend("nvme:/dev/ng1n2@4096"),
+            nvme("/dev/ng1n2", 4096, 0)
+        );
+    }
+
+    #[test]
+    fn bad_backends_say_what_is_expected() {
+        assert_eq!(parse_backend("disk:/x"), Err(BACKEND_HINT.to_owned()));
+        assert!(parse_backend("file:relative.img")
+            .unwrap_err()
+            .contains("not absolute"));
+        assert!(parse_backend("file+create:")
+            .unwrap_err()
+            .contains("needs a path"));
+        assert!(parse_backend("nvme:/dev/ng0n1@1GiB+lots")
+            .unwrap_err()
+            .contains("nvme window length \"lots\""));
+        assert!(parse_backend("nvme:/dev/ng0n1@x+1G")
+            .unwrap_err()
+            .contains("nvme window offset \"x\""));
+    }
+
+    #[test]
+    fn bad_sizes_are_usage_errors_that_say_why() {
+        let err = parse(&["create-volume", "v", "--size", "10XB", "--backend", "ram"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(err.exit_code(), 2);
+        let text = err.to_string();
+        assert!(text.contains("10XB") && text.contains(SIZE_HINT), "{text}");
+
+        let err = parse(&["resize-volume", "v", "--size", "0"]).unwrap_err();
+        assert!(err.to_string().contains("above zero"), "{err}");
+
+        let err = parse(&[
+            "create-volume",
+            "v",
+            "--size",
+            "1G",
+            "--backend",
+            "ram",
+            "--block-size",
+            "1024",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("512 or 4096"), "{err}");
+    }
+
+    #[test]
+    fn block_size_accepts_binary_units() {
+        assert_eq!(parse_block_size("4K"), Ok(4096));
+        assert_eq!(parse_block_size("512"), Ok(512));
+    }
+
+    #[test]
+    fn resize_carries_the_new_size() {
+        let cli = parse(&["resize-volume", "v", "--size", "20GiB"]).unwrap();
+        let Command::Call(Call::ResizeVolume { name, size }) = cli.command else {
+            panic!("parsed as {:?}", cli.command)
+        };
+        assert_eq!(resize_request(&name, size).size_bytes, 20 << 30);
+    }
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(
+            parse_target(DEFAULT_ENDPOINT),
+            Ok(Target::Unix("/run/ublkd/ublkd.sock".into()))
+        );
+        assert_eq!(
+            parse_target("/tmp/u.sock"),
+            Ok(Target::Unix("/tmp/u.sock".into()))
+        );
+        assert_eq!(
+            parse_target("https://node-1:7443"),
+            Ok(Target::Tcp {
+                uri: "https://node-1:7443".into(),
+                tls: true
+            })
+        );
+        assert_eq!(
+            parse_target("http://[::1]:50051"),
+            Ok(Target::Tcp {
+                uri: "http://[::1]:50051".into(),
+                tls: false
+            })
+        );
+        assert!(parse_target("unix://relative.sock").is_err());
+        assert!(parse_target("ftp://x").is_err());
+        assert!(parse_target("http://").is_err());
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_command() {
+        let cli = parse(&["list-volumes", "-o", "json", "--timeout", "5"]).unwrap();
+        assert_eq!((cli.output, cli.timeout), (Format::Json, 5));
+        let cli = parse(&["--endpoint", "http://h:1", "node-info"]).unwrap();
+        assert_eq!(cli.endpoint.to_string(), "http://h:1");
+    }
+
+    #[test]
+    fn tls_options_need_https_and_https_needs_a_ca() {
+        let err = parse(&["--ca", "/ca.pem", "list-volumes"])
+            .unwrap()
+            .connection()
+            .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("https://"), "{err}");
+
+        let err = parse(&["--endpoint", "https://h:1", "list-volumes"])
+            .unwrap()
+            .connection()
+            .unwrap_err();
+        assert!(err.to_string().contains("--ca"), "{err}");
+
+        let conn = parse(&[
+            "--endpoint",
+            "https://h:1",
+            "--ca",
+            "/ca.pem",
+            "--timeout",
+            "3",
+            "node-info",
+        ])
+        .unwrap()
+        .connection()
+        .unwrap();
+        assert_eq!(conn.timeout, Duration::from_secs(3));
+
+        assert!(
+            parse(&["--cert", "/c.pem", "node-info"]).is_err(),
+            "--cert needs --key"
+        );
+    }
+}

@@ -1,0 +1,585 @@
+//! Rendering replies: aligned text for people, JSON for programs.
+//!
+//! Text shows sizes with `format_size` and enums in lower case (`ready`, `per-io`). JSON follows
+//! the proto3 JSON mapping with the proto's own (snake_case) field names and enum value names
+//! (`VOLUME_STATE_READY`), unset optional fields left out, except that 64-bit integers are
+//! numbers, not strings, so `jq` can do arithmetic on them. Every function returns the text
+//! without a final newline.
+
+use serde_json::{json, Map, Value};
+use ublkd_proto::units::format_size;
+use ublkd_proto::v1::{
+    volume_spec::Backend, IoPath, NodeInfo, Volume, VolumeSpec, VolumeState, VolumeStats,
+};
+
+/// Column alignment in [`table`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// Columns separated by two spaces, each as wide as its widest cell; no trailing blanks.
+fn table(headers: &[(&str, Align)], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|(h, _)| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = headers.iter().map(|(h, _)| (*h).to_owned()).collect();
+    std::iter::once(&header)
+        .chain(rows)
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .zip(headers)
+                .map(|((cell, &w), &(_, align))| match align {
+                    Align::Left => format!("{cell:<w$}"),
+                    Align::Right => format!("{cell:>w$}"),
+                })
+                .collect();
+            cells.join("  ").trim_end().to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `label: value` lines with the values aligned.
+fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            format!("{:<width$} {v}", format!("{k}:"))
+                .trim_end()
+                .to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn pretty(value: &Value) -> String {
+    // Serialising a `Value` cannot fail: its map keys are strings.
+    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+}
+
+/// `VOLUME_STATE_READY` -> `ready`; unknown values as their number.
+fn state_word(state: i32) -> String {
+    VolumeState::try_from(state).map_or_else(
+        |_| state.to_string(),
+        |s| {
+            s.as_str_name()
+                .trim_start_matches("VOLUME_STATE_")
+                .to_ascii_lowercase()
+        },
+    )
+}
+
+/// `IO_PATH_PER_IO` -> `per-io`, the `--io-path` spelling.
+fn io_path_word(path: i32) -> String {
+    IoPath::try_from(path).map_or_else(
+        |_| path.to_string(),
+        |p| {
+            p.as_str_name()
+                .trim_start_matches("IO_PATH_")
+                .to_ascii_lowercase()
+                .replace('_', "-")
+        },
+    )
+}
+
+/// A proto enum as JSON: its value name, or its number when this client does not know it.
+fn enum_json(name: Option<&str>, value: i32) -> Value {
+    name.map_or_else(|| json!(value), |n| json!(n))
+}
+
+/// A size as `--backend` windows take it: `1GiB` when exact, else bytes.
+fn compact_size(bytes: u64) -> String {
+    let text = format_size(bytes);
+    if text.contains('.') {
+        bytes.to_string()
+    } else {
+        text.replace(' ', "")
+    }
+}
+
+/// A backend in the `--backend` syntax, so what `list-volumes` shows can be pasted back.
+pub fn backend_text(backend: Option<&Backend>) -> String {
+    match backend {
+        None => "-".into(),
+        Some(Backend::Null(_)) => "null".into(),
+        Some(Backend::Ram(_)) => "ram".into(),
+        Some(Backend::File(f)) if f.create => format!("file+create:{}", f.path),
+        Some(Backend::File(f)) => format!("file:{}", f.path),
+        Some(Backend::Nvme(n)) => match (n.offset_bytes, n.length_bytes) {
+            (0, 0) => format!("nvme:{}", n.device),
+            (offset, 0) => format!("nvme:{}@{}", n.device, compact_size(offset)),
+            (offset, len) => format!(
+                "nvme:{}@{}+{}",
+                n.device,
+                compact_size(offset),
+                compact_size(len)
+            ),
+        },
+    }
+}
+
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_owned()
+    }
+}
+
+fn or_default(n: Option<u32>) -> String {
+    n.map_or_else(|| "server default".into(), |n| n.to_string())
+}
+
+/// The `list-volumes` table.
+pub fn volumes_table(volumes: &[Volume]) -> String {
+    use Align::Left;
+    let rows: Vec<Vec<String>> = volumes
+        .iter()
+        .map(|v| {
+            let spec = v.spec.as_ref();
+            vec![
+                v.id.clone(),
+                state_word(v.state),
+                spec.map_or_else(|| "-".into(), |s| format_size(s.size_bytes)),
+                backend_text(spec.and_then(|s| s.backend.as_ref())),
+                or_dash(&v.device_path),
+                io_path_word(v.io_path_in_use),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("ID", Left),
+            ("STATE", Left),
+            ("SIZE", Left),
+            ("BACKEND", Left),
+            ("DEVICE", Left),
+            ("IO PATH", Left),
+        ],
+        &rows,
+    )
+}
+
+/// One volume, field by field (`get-volume`, `resize-volume`).
+pub fn volume_text(v: &Volume) -> String {
+    let spec = v.spec.clone().unwrap_or_default();
+    let mut pairs = vec![
+        ("id", v.id.clone()),
+        ("state", state_word(v.state)),
+        (
+            "size",
+            format!(
+                "{} ({} bytes)",
+                format_size(spec.size_bytes),
+                spec.size_bytes
+            ),
+        ),
+        ("backend", backend_text(spec.backend.as_ref())),
+        ("block size", or_default(spec.block_size)),
+        ("queues", or_default(spec.queues)),
+        ("queue depth", or_default(spec.queue_depth)),
+        (
+            "io path",
+            format!(
+                "{} (in use: {})",
+                io_path_word(spec.io_path),
+                io_path_word(v.io_path_in_use)
+            ),
+        ),
+        (
+            "device",
+            if v.device_path.is_empty() {
+                "-".into()
+            } else {
+                format!("{} (ublk id {})", v.device_path, v.dev_id)
+            },
+        ),
+        (
+            "created",
+            v.created.map_or_else(|| "-".into(), |t| t.to_string()),
+        ),
+    ];
+    if !v.message.is_empty() {
+        pairs.push(("message", v.message.clone()));
+    }
+    fields(&pairs)
+}
+
+/// What `create-volume` prints: the block device, for `dev=$(ublkctl create-volume ...)`.
+pub fn device_line(v: &Volume) -> String {
+    or_dash(&v.device_path)
+}
+
+fn spec_json(spec: &VolumeSpec) -> Value {
+    let mut map = Map::new();
+    map.insert("size_bytes".into(), json!(spec.size_bytes));
+    // Unset optional fields are left out, as proto3 JSON does.
+    if let Some(block_size) = spec.block_size {
+        map.insert("block_size".into(), json!(block_size));
+    }
+    // A oneof appears as the one field that is set.
+    match &spec.backend {
+        None => {}
+        Some(Backend::Null(_)) => {
+            map.insert("null".into(), json!({}));
+        }
+        Some(Backend::Ram(_)) => {
+            map.insert("ram".into(), json!({}));
+        }
+        Some(Backend::File(f)) => {
+            map.insert("file".into(), json!({ "path": f.path, "create": f.create }));
+        }
+        Some(Backend::Nvme(n)) => {
+            map.insert(
+                "nvme".into(),
+                json!({
+                    "device": n.device,
+                    "offset_bytes": n.offset_bytes,
+                    "length_bytes": n.length_bytes,
+                }),
+            );
+        }
+    }
+    if let Some(queues) = spec.queues {
+        map.insert("queues".into(), json!(queues));
+    }
+    if let Some(depth) = spec.queue_depth {
+        map.insert("queue_depth".into(), json!(depth));
+    }
+    map.insert("io_path".into(), io_path_json(spec.io_path));
+    Value::Object(map)
+}
+
+fn io_path_json(path: i32) -> Value {
+    enum_json(IoPath::try_from(path).ok().map(|p| p.as_str_name()), path)
+}
+
+fn volume_value(v: &Volume) -> Value {
+    json!({
+        "id": v.id,
+        "spec": v.spec.as_ref().map(spec_json),
+        "state": enum_json(VolumeState::try_from(v.state).ok().map(|s| s.as_str_name()), v.state),
+        "device_path": v.device_path,
+        "dev_id": v.dev_id,
+        "created": v.created.map(|t| t.to_string()),
+        "io_path_in_use": io_path_json(v.io_path_in_use),
+        "message": v.message,
+    })
+}
+
+/// One volume as JSON (`Volume`).
+pub fn volume_json(v: &Volume) -> String {
+    pretty(&volume_value(v))
+}
+
+/// The volume list as JSON (`ListVolumesResponse`).
+pub fn volumes_json(volumes: &[Volume]) -> String {
+    pretty(&json!({ "volumes": volumes.iter().map(volume_value).collect::<Vec<_>>() }))
+}
+
+/// A mean latency in the unit that keeps it readable.
+fn latency_text(seconds: f64) -> String {
+    if seconds <= 0.0 || !seconds.is_finite() {
+        "-".into()
+    } else if seconds < 1e-6 {
+        format!("{:.0} ns", seconds * 1e9)
+    } else if seconds < 1e-3 {
+        format!("{:.1} µs", seconds * 1e6)
+    } else if seconds < 1.0 {
+        format!("{:.1} ms", seconds * 1e3)
+    } else {
+        format!("{seconds:.2} s")
+    }
+}
+
+/// `stats` as text: a table of operations, then the volume-wide counters.
+pub fn stats_text(s: &VolumeStats) -> String {
+    use Align::{Left, Right};
+    let rows: Vec<Vec<String>> = s
+        .ops
+        .iter()
+        .map(|op| vec![op.op.clone(), op.count.to_string(), format_size(op.bytes)])
+        .collect();
+    let ops = table(&[("OP", Left), ("COUNT", Right), ("BYTES", Right)], &rows);
+    let totals = fields(&[
+        ("errors", s.errors.to_string()),
+        ("inflight", s.inflight.to_string()),
+        ("memory", format_size(s.memory_bytes)),
+        ("mean latency", latency_text(s.latency_mean_seconds)),
+    ]);
+    format!("volume {}\n\n{ops}\n\n{totals}", s.id)
+}
+
+/// `stats` as JSON (`VolumeStats`).
+pub fn stats_json(s: &VolumeStats) -> String {
+    pretty(&json!({
+        "id": s.id,
+        "ops": s.ops.iter().map(|op| json!({
+            "op": op.op,
+            "count": op.count,
+            "bytes": op.bytes,
+        })).collect::<Vec<_>>(),
+        "errors": s.errors,
+        "inflight": s.inflight,
+        "memory_bytes": s.memory_bytes,
+        "latency_mean_seconds": s.latency_mean_seconds,
+    }))
+}
+
+/// CPU ids as ranges: `[0, 1, 2, 3, 8]` -> `0-3,8`.
+fn cpu_list(cpus: &[u32]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for cpu in sorted {
+        match ranges.last_mut() {
+            Some((_, end)) if end.checked_add(1) == Some(cpu) => *end = cpu,
+            _ => ranges.push((cpu, cpu)),
+        }
+    }
+    ranges
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `node-info` as text.
+pub fn node_text(n: &NodeInfo) -> String {
+    let mut features = format!("{:#x}", n.ublk_features);
+    if !n.ublk_feature_names.is_empty() {
+        features.push_str(&format!(" ({})", n.ublk_feature_names.join(", ")));
+    }
+    fields(&[
+        ("version", or_dash(&n.version)),
+        ("kernel", or_dash(&n.kernel_release)),
+        ("ublk features", features),
+        ("worker cpus", or_dash(&cpu_list(&n.worker_cpus))),
+        ("backends", or_dash(&n.backends.join(", "))),
+        ("volumes", n.volumes.to_string()),
+    ])
+}
+
+/// `node-info` as JSON (`NodeInfo`).
+pub fn node_json(n: &NodeInfo) -> String {
+    pretty(&json!({
+        "version": n.version,
+        "kernel_release": n.kernel_release,
+        "ublk_features": n.ublk_features,
+        "ublk_feature_names": n.ublk_feature_names,
+        "worker_cpus": n.worker_cpus,
+        "backends": n.backends,
+        "volumes": n.volumes,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::args::parse_backend;
+    use ublkd_proto::v1::{FileBackend, OpStats, RamBackend};
+
+    fn sample() -> Volume {
+        let mut v = Volume {
+            id: "vol-1".into(),
+            spec: Some(VolumeSpec {
+                size_bytes: 10 << 30,
+                block_size: Some(4096),
+                backend: Some(Backend::File(FileBackend {
+                    path: "/srv/vol-1.img".into(),
+                    create: true,
+                })),
+                queues: Some(4),
+                queue_depth: None,
+                io_path: IoPath::Auto.into(),
+            }),
+            state: VolumeState::Ready.into(),
+            device_path: "/dev/ublkb0".into(),
+            dev_id: 0,
+            created: None,
+            io_path_in_use: IoPath::PerIo.into(),
+            message: String::new(),
+        };
+        // The cli does not depend on prost-types; reach the Timestamp through the field.
+        v.created.get_or_insert_with(Default::default).seconds = 1_700_000_000;
+        v
+    }
+
+    #[test]
+    fn volume_table_lines_up() {
+        let mut ram = sample();
+        ram.id = "scratch".into();
+        ram.spec.as_mut().unwrap().size_bytes = 1536 << 20;
+        ram.spec.as_mut().unwrap().backend = Some(Backend::Ram(RamBackend {}));
+        ram.state = VolumeState::Creating.into();
+        ram.device_path.clear();
+        ram.io_path_in_use = IoPath::Auto.into();
+        let expected = "\
+ID       STATE     SIZE     BACKEND                     DEVICE       IO PATH
+vol-1    ready     10 GiB   file+create:/srv/vol-1.img  /dev/ublkb0  per-io
+scratch  creating  1.5 GiB  ram                         -            auto";
+        assert_eq!(volumes_table(&[sample(), ram]), expected);
+    }
+
+    #[test]
+    fn an_empty_list_is_just_the_header() {
+        assert_eq!(
+            volumes_table(&[]),
+            "ID  STATE  SIZE  BACKEND  DEVICE  IO PATH"
+        );
+    }
+
+    #[test]
+    fn volume_text_shows_every_field() {
+        let expected = "\
+id:          vol-1
+state:       ready
+size:        10 GiB (10737418240 bytes)
+backend:     file+create:/srv/vol-1.img
+block size:  4096
+queues:      4
+queue depth: server default
+io path:     auto (in use: per-io)
+device:      /dev/ublkb0 (ublk id 0)
+created:     2023-11-14T22:13:20Z";
+        assert_eq!(volume_text(&sample()), expected);
+    }
+
+    #[test]
+    fn volume_json_uses_proto_field_names() {
+        let v: Value = serde_json::from_str(&volume_json(&sample())).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "id": "vol-1",
+                "spec": {
+                    "size_bytes": 10u64 << 30,
+                    "block_size": 4096,
+                    "file": { "path": "/srv/vol-1.img", "create": true },
+                    "queues": 4,
+                    "io_path": "IO_PATH_AUTO",
+                },
+                "state": "VOLUME_STATE_READY",
+                "device_path": "/dev/ublkb0",
+                "dev_id": 0,
+                "created": "2023-11-14T22:13:20Z",
+                "io_path_in_use": "IO_PATH_PER_IO",
+                "message": "",
+            })
+        );
+        let list: Value = serde_json::from_str(&volumes_json(&[sample()])).unwrap();
+        assert_eq!(list["volumes"][0]["id"], "vol-1");
+    }
+
+    #[test]
+    fn unknown_enum_values_stay_visible() {
+        let mut v = sample();
+        v.state = 42;
+        assert!(volumes_table(&[v.clone()]).contains(" 42 "));
+        let j: Value = serde_json::from_str(&volume_json(&v)).unwrap();
+        assert_eq!(j["state"], 42);
+    }
+
+    #[test]
+    fn backend_text_round_trips_through_the_parser() {
+        for s in [
+            "null",
+            "ram",
+            "file:/a",
+            "file+create:/b c",
+            "nvme:/dev/ng0n1",
+            "nvme:/dev/ng0n1@1GiB",
+            "nvme:/dev/ng0n1@0B+10GiB",
+            "nvme:/dev/ng0n1@4097+1536",
+        ] {
+            let backend = parse_backend(s).unwrap();
+            assert_eq!(backend_text(Some(&backend)), s);
+        }
+    }
+
+    #[test]
+    fn stats_render() {
+        let stats = VolumeStats {
+            id: "vol-1".into(),
+            ops: vec![
+                OpStats {
+                    op: "read".into(),
+                    count: 1200,
+                    bytes: 4800 << 10,
+                },
+                OpStats {
+                    op: "flush".into(),
+                    count: 3,
+                    bytes: 0,
+                },
+            ],
+            errors: 1,
+            inflight: 2,
+            memory_bytes: 0,
+            latency_mean_seconds: 0.000_042_5,
+        };
+        let expected = "\
+volume vol-1
+
+OP     COUNT    BYTES
+read    1200  4.7 MiB
+flush      3      0 B
+
+errors:       1
+inflight:     2
+memory:       0 B
+mean latency: 42.5 µs";
+        assert_eq!(stats_text(&stats), expected);
+        let j: Value = serde_json::from_str(&stats_json(&stats)).unwrap();
+        assert_eq!(j["ops"][0]["bytes"], 4800 << 10);
+        assert_eq!(j["latency_mean_seconds"], 0.000_042_5);
+    }
+
+    #[test]
+    fn node_info_renders() {
+        let node = NodeInfo {
+            version: "0.1.0".into(),
+            kernel_release: "7.1.0-1-amd64".into(),
+            ublk_features: 0x42,
+            ublk_feature_names: vec!["ZERO_COPY".into(), "BATCH_IO".into()],
+            worker_cpus: vec![3, 0, 1, 2, 8],
+            backends: vec!["null".into(), "ram".into(), "file".into()],
+            volumes: 2,
+        };
+        let expected = "\
+version:       0.1.0
+kernel:        7.1.0-1-amd64
+ublk features: 0x42 (ZERO_COPY, BATCH_IO)
+worker cpus:   0-3,8
+backends:      null, ram, file
+volumes:       2";
+        assert_eq!(node_text(&node), expected);
+        let j: Value = serde_json::from_str(&node_json(&node)).unwrap();
+        assert_eq!(j["worker_cpus"], json!([3, 0, 1, 2, 8]));
+    }
+
+    #[test]
+    fn latencies_pick_a_readable_unit() {
+        assert_eq!(latency_text(0.0), "-");
+        assert_eq!(latency_text(2.5e-7), "250 ns");
+        assert_eq!(latency_text(0.0123), "12.3 ms");
+        assert_eq!(latency_text(3.0), "3.00 s");
+    }
+}

@@ -1,0 +1,706 @@
+//! ublkd end to end in the guest: a real daemon process, real gRPC (and ublkctl), real devices.
+#![cfg(feature = "vm")]
+
+use anyhow::{ensure, Result};
+use std::time::Duration;
+use tonic::Code;
+use ublkd_proto::v1::{self, volume_spec::Backend};
+use ublkd_tests::daemon::{sample, Daemon};
+use ublkd_tests::guest;
+
+const MIB: u64 = 1 << 20;
+
+fn spec(size: u64, backend: Backend) -> v1::VolumeSpec {
+    v1::VolumeSpec {
+        size_bytes: size,
+        backend: Some(backend),
+        queue_depth: Some(32),
+        ..Default::default()
+    }
+}
+
+fn file(path: &std::path::Path, create: bool) -> Backend {
+    Backend::File(v1::FileBackend {
+        path: path.display().to_string(),
+        create,
+    })
+}
+
+fn create(id: &str, spec: v1::VolumeSpec) -> v1::CreateVolumeRequest {
+    v1::CreateVolumeRequest {
+        id: id.into(),
+        spec: Some(spec),
+    }
+}
+
+fn sectors(dev: &str) -> Result<u64> {
+    let name = dev.trim_start_matches("/dev/");
+    Ok(ublkd_tests::read_trimmed(format!("/sys/block/{name}/size"))?.parse()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
+    let dir = guest::scratch("life")?;
+    let mut d = Daemon::new(&dir, 19581, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let img = d.root.join("f.img");
+    let backends = [
+        ("v-null", Backend::Null(v1::NullBackend {})),
+        ("v-ram", Backend::Ram(v1::RamBackend {})),
+        ("v-file", file(&img, true)),
+    ];
+    for (id, b) in backends.clone() {
+        let v = c
+            .create_volume(create(id, spec(64 * MIB, b.clone())))
+            .await?
+            .into_inner();
+        assert_eq!(v.state, v1::VolumeState::Ready as i32);
+        assert!(
+            std::path::Path::new(&v.device_path).exists(),
+            "{}",
+            v.device_path
+        );
+        assert_eq!(sectors(&v.device_path)?, 64 * MIB / 512);
+        // Idempotent: the same request again returns the same volume.
+        let again = c
+            .create_volume(create(id, spec(64 * MIB, b)))
+            .await?
+            .into_inner();
+        assert_eq!(again.dev_id, v.dev_id);
+    }
+    assert_eq!(
+        std::fs::metadata(&img)?.len(),
+        64 * MIB,
+        "create made the backing file"
+    );
+    let list = c
+        .list_volumes(v1::ListVolumesRequest {})
+        .await?
+        .into_inner();
+    assert_eq!(list.volumes.len(), 3);
+    for (id, _) in &backends {
+        let v = c
+            .get_volume(v1::GetVolumeRequest { id: (*id).into() })
+            .await?
+            .into_inner();
+        // Grow each by 32 MiB: the kernel's block device sees it at once.
+        let r = c
+            .resize_volume(v1::ResizeVolumeRequest {
+                id: (*id).into(),
+                size_bytes: 96 * MIB,
+            })
+            .await?
+            .into_inner();
+        assert_eq!(r.spec.map(|s| s.size_bytes), Some(96 * MIB));
+        assert_eq!(sectors(&v.device_path)?, 96 * MIB / 512, "{id} resized");
+    }
+    assert_eq!(
+        std::fs::metadata(&img)?.len(),
+        96 * MIB,
+        "file grew with the volume"
+    );
+    // A file system on the file volume.
+    let v = c
+        .get_volume(v1::GetVolumeRequest {
+            id: "v-file".into(),
+        })
+        .await?
+        .into_inner();
+    let mnt = guest::scratch("life-mnt")?;
+    guest::sh(&format!(
+        "mkfs.ext4 -q -F {0} && mount {0} {1}",
+        v.device_path,
+        mnt.display()
+    ))?;
+    guest::sh(&format!("echo hello > {}/x && sync", mnt.display()))?;
+    let busy = c
+        .delete_volume(v1::DeleteVolumeRequest {
+            id: "v-file".into(),
+            allow_missing: false,
+        })
+        .await
+        .expect_err("deleting a mounted volume");
+    assert_eq!(busy.code(), Code::FailedPrecondition, "{busy:?}");
+    guest::sh(&format!("umount {}", mnt.display()))?;
+    for (id, _) in &backends {
+        let v = c
+            .get_volume(v1::GetVolumeRequest { id: (*id).into() })
+            .await?
+            .into_inner();
+        c.delete_volume(v1::DeleteVolumeRequest {
+            id: (*id).into(),
+            allow_missing: false,
+        })
+        .await?;
+        guest::wait_gone(std::path::Path::new(&v.device_path), Duration::from_secs(5))?;
+    }
+    assert!(img.exists(), "deleting a volume keeps its backing file");
+    assert!(c
+        .list_volumes(v1::ListVolumesRequest {})
+        .await?
+        .into_inner()
+        .volumes
+        .is_empty());
+    let st = d.stop_with(libc::SIGTERM)?;
+    assert!(st.success(), "clean exit: {st}\n{}", d.log());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_health_and_reflection() -> Result<()> {
+    let dir = guest::scratch("metrics")?;
+    let mut d = Daemon::new(&dir, 19582, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let v = c
+        .create_volume(create(
+            "m1",
+            spec(64 * MIB, Backend::Ram(v1::RamBackend {})),
+        ))
+        .await?
+        .into_inner();
+    let before = d.scrape()?;
+    let ops = |t: &str, op| {
+        sample(
+            t,
+            "ublkd_volume_io_ops_total",
+            &[("volume", "m1"), ("op", op)],
+        )
+    };
+    assert_eq!(ops(&before, "write"), Some(0.0), "{before}");
+    guest::fio(
+        std::path::Path::new(&v.device_path),
+        &["--rw=randrw", "--bs=4k", "--size=16m", "--iodepth=8"],
+    )?;
+    let after = d.scrape()?;
+    for op in ["read", "write"] {
+        let n = ops(&after, op).unwrap_or(0.0);
+        assert!(n > 0.0, "{op} ops moved: {after}");
+    }
+    let bytes = sample(
+        &after,
+        "ublkd_volume_io_bytes_total",
+        &[("volume", "m1"), ("op", "write")],
+    );
+    assert!(bytes.unwrap_or(0.0) > 0.0);
+    assert!(
+        sample(
+            &after,
+            "ublkd_volume_io_duration_seconds_count",
+            &[("volume", "m1")]
+        )
+        .unwrap_or(0.0)
+            > 0.0
+    );
+    assert_eq!(
+        sample(&after, "ublkd_volume_size_bytes", &[("volume", "m1")]),
+        Some((64 * MIB) as f64)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "ublkd_volume_state",
+            &[("volume", "m1"), ("state", "ready")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "ublkd_volume_info",
+            &[("volume", "m1"), ("backend", "ram")]
+        ),
+        Some(1.0)
+    );
+    assert!(sample(&after, "ublkd_worker_batch_size_count", &[]).unwrap_or(0.0) > 0.0);
+    assert!(sample(&after, "ublkd_worker_busy_seconds_total", &[]).is_some());
+    assert!(
+        sample(
+            &after,
+            "ublkd_grpc_requests_total",
+            &[("method", "CreateVolume"), ("code", "OK")]
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(sample(&after, "ublkd_build_info", &[]), Some(1.0));
+
+    // Health: the server and each service report SERVING.
+    let mut h = tonic_health::pb::health_client::HealthClient::new(d.channel().await?);
+    for service in ["", "ublkd.v1.VolumeService", "ublkd.v1.NodeService"] {
+        let r = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await?
+            .into_inner();
+        assert_eq!(r.status, 1, "{service:?} serving");
+    }
+    // Reflection lists the services.
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
+    let mut r = ServerReflectionClient::new(d.channel().await?);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = r
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await?
+        .into_inner();
+    let resp = stream.message().await?.expect("a reflection response");
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        anyhow::bail!("unexpected reflection response {resp:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in [
+        "ublkd.v1.VolumeService",
+        "ublkd.v1.NodeService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    let node = d
+        .node()
+        .await?
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    assert!(node.ublk_feature_names.iter().any(|f| f == "BATCH_IO"));
+    assert_eq!(node.worker_cpus, vec![0, 1]);
+    assert_eq!(node.volumes, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_restart_brings_every_volume_back() -> Result<()> {
+    let dir = guest::scratch("restart")?;
+    let mut d = Daemon::new(&dir, 19583, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let img = d.root.join("r.img");
+    let mut before = Vec::new();
+    for (id, b) in [
+        ("r-null", Backend::Null(v1::NullBackend {})),
+        ("r-ram", Backend::Ram(v1::RamBackend {})),
+        ("r-file", file(&img, true)),
+    ] {
+        before.push(
+            c.create_volume(create(id, spec(64 * MIB, b)))
+                .await?
+                .into_inner(),
+        );
+    }
+    let file_dev = before[2].device_path.clone();
+    before.sort_by(|a, b| a.id.cmp(&b.id));
+    guest::sh(&format!(
+        "head -c 8388608 /dev/urandom > {0}/data && dd if={0}/data of={file_dev} bs=1M oflag=direct status=none",
+        dir.display()
+    ))?;
+    let sum = |dev: &str| guest::sh(&format!("head -c 8388608 {dev} | md5sum"));
+    let want = guest::sh(&format!("md5sum < {}/data", dir.display()))?;
+    assert_eq!(sum(&file_dev)?.split(' ').next(), want.split(' ').next());
+    drop(c);
+    let st = d.stop_with(libc::SIGTERM)?;
+    assert!(st.success(), "{st}\n{}", d.log());
+    for v in &before {
+        guest::wait_gone(std::path::Path::new(&v.device_path), Duration::from_secs(5))?;
+    }
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let after = c
+        .list_volumes(v1::ListVolumesRequest {})
+        .await?
+        .into_inner()
+        .volumes;
+    assert_eq!(after.len(), 3);
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(a.id, b.id);
+        assert_eq!(
+            a.state,
+            v1::VolumeState::Ready as i32,
+            "{} ready again",
+            a.id
+        );
+        assert_eq!(a.dev_id, b.dev_id, "{} keeps its device number", a.id);
+        assert_eq!(a.spec, b.spec);
+    }
+    assert_eq!(
+        sum(&file_dev)?.split(' ').next(),
+        want.split(' ').next(),
+        "file data intact"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
+    let dir = guest::scratch("bad")?;
+    let mut d = Daemon::new(
+        &dir,
+        19584,
+        "[limits]\nmax_volume_size_bytes = 1073741824\nmax_volumes = 3\nmax_queue_depth = 1024\n",
+    )?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let root = d.root.clone();
+    std::fs::write(root.join("used.img"), vec![0u8; (64 * MIB) as usize])?;
+    std::fs::write(dir.join("outside.img"), vec![0u8; (64 * MIB) as usize])?;
+    std::os::unix::fs::symlink(dir.join("outside.img"), root.join("escape.img"))?;
+    // Two good volumes to collide with.
+    c.create_volume(create(
+        "good",
+        spec(64 * MIB, Backend::Ram(v1::RamBackend {})),
+    ))
+    .await?;
+    c.create_volume(create(
+        "held",
+        spec(64 * MIB, file(&root.join("used.img"), false)),
+    ))
+    .await?;
+    let files_before = guest::sh(&format!("ls -lR {} {}", root.display(), d.state.display()))?;
+
+    let ram = || Backend::Ram(v1::RamBackend {});
+    let ok = || spec(64 * MIB, ram());
+    let with = |f: &dyn Fn(&mut v1::VolumeSpec)| {
+        let mut s = ok();
+        f(&mut s);
+        s
+    };
+    let p = |s: &str| {
+        Backend::File(v1::FileBackend {
+            path: s.into(),
+            create: true,
+        })
+    };
+    let r = root.display().to_string();
+    let creates: Vec<(&str, v1::CreateVolumeRequest, Code)> = vec![
+        ("empty id", create("", ok()), Code::InvalidArgument),
+        ("upper-case id", create("Vol", ok()), Code::InvalidArgument),
+        (
+            "id too long",
+            create(&"a".repeat(64), ok()),
+            Code::InvalidArgument,
+        ),
+        (
+            "id with underscore",
+            create("a_b", ok()),
+            Code::InvalidArgument,
+        ),
+        (
+            "id starting with dash",
+            create("-a", ok()),
+            Code::InvalidArgument,
+        ),
+        (
+            "no spec",
+            v1::CreateVolumeRequest {
+                id: "x".into(),
+                spec: None,
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "size 0",
+            create("x", with(&|s| s.size_bytes = 0)),
+            Code::InvalidArgument,
+        ),
+        (
+            "size unaligned",
+            create("x", with(&|s| s.size_bytes = 4097)),
+            Code::InvalidArgument,
+        ),
+        (
+            "size over the limit",
+            create("x", with(&|s| s.size_bytes = 2 << 30)),
+            Code::InvalidArgument,
+        ),
+        (
+            "block size 1024",
+            create("x", with(&|s| s.block_size = Some(1024))),
+            Code::InvalidArgument,
+        ),
+        (
+            "no backend",
+            create("x", with(&|s| s.backend = None)),
+            Code::InvalidArgument,
+        ),
+        (
+            "nvme backend",
+            create(
+                "x",
+                spec(
+                    64 * MIB,
+                    Backend::Nvme(v1::NvmeBackend {
+                        device: "/dev/ng0n1".into(),
+                        ..Default::default()
+                    }),
+                ),
+            ),
+            Code::Unimplemented,
+        ),
+        (
+            "relative path",
+            create("x", spec(64 * MIB, p("rel.img"))),
+            Code::InvalidArgument,
+        ),
+        (
+            "path outside the roots",
+            create("x", spec(64 * MIB, p("/etc/passwd"))),
+            Code::PermissionDenied,
+        ),
+        (
+            "path with ..",
+            create("x", spec(64 * MIB, p(&format!("{r}/../outside.img")))),
+            Code::InvalidArgument,
+        ),
+        (
+            "symlink escaping the roots",
+            create("x", spec(64 * MIB, p(&format!("{r}/escape.img")))),
+            Code::PermissionDenied,
+        ),
+        (
+            "missing file without create",
+            create("x", spec(64 * MIB, file(&root.join("nope.img"), false))),
+            Code::NotFound,
+        ),
+        (
+            "missing directory",
+            create("x", spec(64 * MIB, p(&format!("{r}/no/dir.img")))),
+            Code::NotFound,
+        ),
+        (
+            "queues 0",
+            create("x", with(&|s| s.queues = Some(0))),
+            Code::InvalidArgument,
+        ),
+        (
+            "queues 1000",
+            create("x", with(&|s| s.queues = Some(1000))),
+            Code::InvalidArgument,
+        ),
+        (
+            "depth 0",
+            create("x", with(&|s| s.queue_depth = Some(0))),
+            Code::InvalidArgument,
+        ),
+        (
+            "depth over the limit",
+            create("x", with(&|s| s.queue_depth = Some(2048))),
+            Code::InvalidArgument,
+        ),
+        (
+            "unknown io path",
+            create("x", with(&|s| s.io_path = 7)),
+            Code::InvalidArgument,
+        ),
+        (
+            "duplicate id, other spec",
+            create("good", with(&|s| s.size_bytes = 128 * MIB)),
+            Code::AlreadyExists,
+        ),
+        (
+            "backing file in use",
+            create("x", spec(64 * MIB, file(&root.join("used.img"), false))),
+            Code::FailedPrecondition,
+        ),
+    ];
+    let mut n = 0;
+    for (what, req, want) in creates {
+        let err = c.create_volume(req).await.expect_err(what);
+        assert_eq!(err.code(), want, "{what}: {err:?}");
+        n += 1;
+    }
+    let del = |id: &str, allow_missing| v1::DeleteVolumeRequest {
+        id: id.into(),
+        allow_missing,
+    };
+    let e = c
+        .delete_volume(del("unknown", false))
+        .await
+        .expect_err("delete unknown");
+    assert_eq!(e.code(), Code::NotFound);
+    c.delete_volume(del("unknown", true)).await?;
+    let e = c
+        .get_volume(v1::GetVolumeRequest {
+            id: "unknown".into(),
+        })
+        .await
+        .expect_err("get");
+    assert_eq!(e.code(), Code::NotFound);
+    let e = c
+        .get_volume_stats(v1::GetVolumeStatsRequest {
+            id: "unknown".into(),
+        })
+        .await
+        .expect_err("stats");
+    assert_eq!(e.code(), Code::NotFound);
+    let resize = |id: &str, size| v1::ResizeVolumeRequest {
+        id: id.into(),
+        size_bytes: size,
+    };
+    let e = c
+        .resize_volume(resize("unknown", 128 * MIB))
+        .await
+        .expect_err("resize unknown");
+    assert_eq!(e.code(), Code::NotFound);
+    let e = c
+        .resize_volume(resize("good", 32 * MIB))
+        .await
+        .expect_err("shrink");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let e = c
+        .resize_volume(resize("good", 64 * MIB + 1))
+        .await
+        .expect_err("unaligned resize");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = c
+        .resize_volume(resize("held", 128 * MIB))
+        .await
+        .expect_err("grow past the file");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    n += 7;
+    // A third volume fits, a fourth is over max_volumes.
+    c.create_volume(create("third", ok())).await?;
+    let e = c
+        .create_volume(create("fourth", ok()))
+        .await
+        .expect_err("max volumes");
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    c.delete_volume(del("third", false)).await?;
+    // An oversized message and an expired deadline.
+    let e = c
+        .create_volume(create(&"a".repeat(2 << 20), ok()))
+        .await
+        .expect_err("oversized");
+    assert!(
+        matches!(
+            e.code(),
+            Code::OutOfRange | Code::ResourceExhausted | Code::InvalidArgument
+        ),
+        "oversized: {e:?}"
+    );
+    let mut req = tonic::Request::new(create("late", ok()));
+    req.set_timeout(Duration::from_nanos(1));
+    let e = c.create_volume(req).await.expect_err("expired deadline");
+    assert!(
+        matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "deadline: {e:?}"
+    );
+    n += 3;
+    ensure!(n >= 25, "at least 25 bad-input cases ({n})");
+
+    // Still serving, nothing changed.
+    let mut h = tonic_health::pb::health_client::HealthClient::new(d.channel().await?);
+    let s = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await?;
+    assert_eq!(s.into_inner().status, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids: Vec<String> = c
+        .list_volumes(v1::ListVolumesRequest {})
+        .await?
+        .into_inner()
+        .volumes
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
+    assert_eq!(ids, ["good", "held"], "only the good volumes exist");
+    let files_after = guest::sh(&format!("ls -lR {} {}", root.display(), d.state.display()))?;
+    assert_eq!(files_before, files_after, "no file changed");
+    assert_eq!(std::fs::metadata(dir.join("outside.img"))?.len(), 64 * MIB);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ublkctl_drives_the_whole_lifecycle() -> Result<()> {
+    let dir = guest::scratch("ctl")?;
+    let mut d = Daemon::new(&dir, 19585, "")?;
+    d.start().await?;
+    let img = d.root.join("c.img");
+    let file_backend = format!("file+create:{}", img.display());
+    for (id, backend) in [
+        ("c-null", "null"),
+        ("c-ram", "ram"),
+        ("c-file", file_backend.as_str()),
+    ] {
+        let dev = d.ublkctl_ok(&[
+            "create-volume",
+            id,
+            "--size",
+            "64MiB",
+            "--backend",
+            backend,
+            "--depth",
+            "32",
+        ])?;
+        let dev = dev.trim();
+        assert!(
+            dev.starts_with("/dev/ublkb"),
+            "create prints the device: {dev:?}"
+        );
+        assert_eq!(sectors(dev)?, 64 * MIB / 512);
+        let got = d.ublkctl_ok(&["get-volume", id])?;
+        assert!(got.contains(dev), "get-volume shows the device:\n{got}");
+        d.ublkctl_ok(&["resize-volume", id, "--size", "128MiB"])?;
+        assert_eq!(
+            sectors(dev)?,
+            128 * MIB / 512,
+            "{id}: the block device sees the new size"
+        );
+    }
+    let table = d.ublkctl_ok(&["list-volumes"])?;
+    for id in ["c-null", "c-ram", "c-file"] {
+        assert!(table.contains(id), "{id} listed:\n{table}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&d.ublkctl_ok(&["list-volumes", "-o", "json"])?)?;
+    let n = json["volumes"]
+        .as_array()
+        .map(Vec::len)
+        .or_else(|| json.as_array().map(Vec::len));
+    assert_eq!(n, Some(3), "{json}");
+    // mkfs + mount on the ram volume, then stats show the writes.
+    let dev = d.ublkctl_ok(&["get-volume", "c-ram", "-o", "json"])?;
+    let dev: serde_json::Value = serde_json::from_str(&dev)?;
+    let dev = dev["device_path"].as_str().unwrap_or_default().to_owned();
+    let mnt = guest::scratch("ctl-mnt")?;
+    guest::sh(&format!(
+        "mkfs.ext4 -q -F {dev} && mount {dev} {0} && echo hi > {0}/f && umount {0}",
+        mnt.display()
+    ))?;
+    let stats = d.ublkctl_ok(&["stats", "c-ram", "-o", "json"])?;
+    assert!(stats.contains("write"), "{stats}");
+    let node = d.ublkctl_ok(&["node-info"])?;
+    assert!(node.contains("BATCH_IO"), "{node}");
+    // Errors: exit 1 with the server's reason; unreachable daemon: exit 3.
+    let (code, _, err) = d.ublkctl(&["get-volume", "nope"])?;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not found"), "{err}");
+    let (code, _, err) = d.ublkctl(&[
+        "create-volume",
+        "c-ram",
+        "--size",
+        "1GiB",
+        "--backend",
+        "ram",
+    ])?;
+    assert_eq!(code, 1);
+    assert!(err.contains("already exists"), "{err}");
+    for id in ["c-null", "c-ram", "c-file"] {
+        d.ublkctl_ok(&["delete-volume", id])?;
+    }
+    d.ublkctl_ok(&["delete-volume", "c-ram", "--allow-missing"])?;
+    assert!(!d.ublkctl_ok(&["list-volumes"])?.contains("c-ram"));
+    d.stop_with(libc::SIGTERM)?;
+    let (code, _, err) = d.ublkctl(&["list-volumes"])?;
+    assert_eq!(code, 3, "unreachable daemon: {err}");
+    assert!(err.contains("is it running?"), "{err}");
+    Ok(())
+}
