@@ -11,12 +11,16 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Debug)]
 pub struct FileBackend {
     file: File,
     direct: bool,
     block_device: bool,
+    /// FALLOC_FL_ZERO_RANGE failed with EOPNOTSUPP (tmpfs, some network file systems): write
+    /// zeroes by punching holes instead, which read back as zeros too.
+    no_zero_range: AtomicBool,
 }
 
 impl FileBackend {
@@ -58,10 +62,12 @@ impl FileBackend {
                 need: size,
             });
         }
+        let no_zero_range = !block_device && crate::sys::os::is_tmpfs(&file);
         Ok(Self {
             file,
             direct,
             block_device,
+            no_zero_range: AtomicBool::new(no_zero_range),
         })
     }
 
@@ -81,6 +87,18 @@ impl FileBackend {
 impl Backend for FileBackend {
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    fn finish(&self, req: &Request, res: i32) -> i32 {
+        if req.op == OpKind::WriteZeroes && res == -libc::EOPNOTSUPP && !self.block_device {
+            // This request fails (the kernel then writes zeroes itself); later ones punch holes.
+            self.no_zero_range.store(true, Ordering::Relaxed);
+        }
+        if res < 0 || req.has_data() {
+            res
+        } else {
+            0
+        }
     }
 
     fn resize(&self, size: u64) -> Result<(), BackendError> {
@@ -126,7 +144,9 @@ impl Backend for FileBackend {
             OpKind::WriteZeroes => Op::Fallocate {
                 fd,
                 // NOUNMAP asks for the blocks to stay allocated; otherwise a hole reads as zeros.
-                mode: if req.nounmap || self.block_device {
+                mode: if (req.nounmap && !self.no_zero_range.load(Ordering::Relaxed))
+                    || self.block_device
+                {
                     libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
                 } else {
                     libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE

@@ -330,6 +330,16 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Whether `file` lives on tmpfs (which cannot FALLOC_FL_ZERO_RANGE).
+pub fn is_tmpfs(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: statfs is plain data the kernel fills in.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs into `st`.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    rc == 0 && st.f_type as i64 == TMPFS_MAGIC
+}
+
 /// Size in bytes of a block device (BLKGETSIZE64).
 pub fn block_device_size(file: &File) -> io::Result<u64> {
     let mut size: u64 = 0;

@@ -155,31 +155,26 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
 }
 
 fn demo(ws: &Path) -> Result<ExitCode> {
-    eprintln!("xtask: building ublkd");
+    eprintln!("xtask: building ublkd and ublkctl");
     let status = cargo()
         .current_dir(ws)
-        .args(["build", "--package", "ublkd-server", "--bin", "ublkd"])
+        .args(["build", "--package", "ublkd-server", "--package", "ublkctl"])
         .status()
         .context("building ublkd")?;
     if !status.success() {
-        bail!("building ublkd failed ({status})");
+        bail!("building ublkd and ublkctl failed ({status})");
     }
-    let ublkd = ws.join("target/debug/ublkd");
+    let bin = |name: &str| vm::shell_quote(&ws.join("target/debug").join(name).to_string_lossy());
     let kernel = image::prepare(ws)?;
+    // /dev/tcp in the script needs bash; the guest runs the host's shells.
     let script = format!(
-        r#"set -e
-echo "== guest kernel: $(uname -r)"
-echo "== /dev/ublk-control:"; ls -l /dev/ublk-control
-echo "== ublkd probe (features reported by the kernel's ublk driver):"
-{ublkd} probe
-echo "== NVMe controller:"; ls -l /dev/nvme0n1 /dev/ng0n1
-echo "   poll queues: $(cat /sys/module/nvme/parameters/poll_queues), io_poll: $(cat /sys/block/nvme0n1/queue/io_poll)"
-echo "== demo done"
-"#,
-        ublkd = vm::shell_quote(&ublkd.to_string_lossy())
+        "export UBLKD={} UBLKCTL={}\nexec bash -s <<'DEMO'\n{}DEMO\n",
+        bin("ublkd"),
+        bin("ublkctl"),
+        include_str!("demo.sh")
     );
     let run = vm::Vm::new(ws, &kernel)?
-        .timeout_secs(300)
+        .timeout_secs(600)
         .echo(true)
         .run(&script)?;
     match run.exit {

@@ -1,0 +1,63 @@
+# The guest side of `cargo xtask demo`: ublkd as a node service, driven by ublkctl.
+# UBLKD and UBLKCTL are set by the harness to the workspace's binaries.
+set -e
+D=$TMPDIR/ublkd-demo
+mkdir -p "$D/volumes" "$D/mnt"
+ctl() { echo "\$ ublkctl $*"; "$UBLKCTL" --endpoint "unix://$D/ublkd.sock" "$@"; }
+device_of() {
+    "$UBLKCTL" --endpoint "unix://$D/ublkd.sock" get-volume "$1" -o json |
+        sed -n 's/.*"device_path": *"\([^"]*\)".*/\1/p'
+}
+
+echo "== guest kernel $(uname -r); what its ublk driver offers:"
+"$UBLKD" probe
+
+cat > "$D/ublkd.toml" <<CONFIG
+state_dir = "$D/state"
+allowed_roots = ["$D/volumes"]
+[grpc]
+listen = ["unix://$D/ublkd.sock"]
+[metrics]
+listen = "127.0.0.1:9580"
+CONFIG
+echo "== starting ublkd (config $D/ublkd.toml)"
+"$UBLKD" --config "$D/ublkd.toml" 2> "$D/ublkd.log" &
+pid=$!
+for i in $(seq 100); do [ -S "$D/ublkd.sock" ] && break; sleep 0.1; done
+sleep 0.5
+ctl node-info
+ctl create-volume scratch --size 256MiB --backend null
+ctl create-volume cache --size 512MiB --backend ram --queues 2
+ctl create-volume data --size 256MiB --backend "file+create:$D/volumes/data.img"
+
+DEV=$(device_of data)
+echo "== ext4 on the file volume $DEV"
+mkfs.ext4 -q -F "$DEV"
+mount "$DEV" "$D/mnt"
+echo "hello from ublkd" > "$D/mnt/hello.txt"
+sync
+cat "$D/mnt/hello.txt"
+df -h "$D/mnt" | tail -1
+umount "$D/mnt"
+
+CDEV=$(device_of cache)
+echo "== fio: 3 s of 4k random reads at QD32 on the RAM volume $CDEV"
+fio --name=demo --filename="$CDEV" --ioengine=io_uring --direct=1 --rw=randread --bs=4k \
+    --iodepth=32 --runtime=3 --time_based 2>&1 | grep -E "IOPS=|clat \(usec\): min" | head -2
+ctl resize-volume cache --size 1GiB
+ctl list-volumes
+ctl stats cache
+
+echo "== metrics excerpt (http://127.0.0.1:9580/metrics)"
+exec 3<>/dev/tcp/127.0.0.1/9580
+printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+grep -E '^ublkd_(volume_io_ops_total|volume_info|volume_size_bytes|worker_busy)' <&3 |
+    grep -v ' 0$' | head -14 || true
+exec 3>&-
+
+echo "== stopping ublkd (SIGTERM): the devices go, the volumes stay registered"
+kill -TERM "$pid"
+wait "$pid"
+ls /dev/ublkb* 2>/dev/null || echo "(no ublk block devices left)"
+ls "$D/state/volumes"
+echo "== demo done"
