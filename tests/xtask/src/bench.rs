@@ -12,9 +12,17 @@
 //! with `ours: null` and an `error` field for cases that failed. Numbers are never made up: a
 //! case that did not run says why, and the command then exits non-zero.
 //!
+//! After the fio cases, the same boot measures the control plane: `ublkd --config` as a node
+//! service, driven by `ublkctl` (both release builds). It records the daemon's RSS with no
+//! volumes, times 100 `create-volume` calls of null volumes (the call returns once `/dev/ublkbN`
+//! serves I/O, so this is CreateVolume to device ready), records the RSS with those 100 idle
+//! volumes, times 100 `delete-volume` calls, and stops the daemon with SIGTERM. Latencies are
+//! end to end as seen by `ublkctl`, including its process start-up; they are reported as p50
+//! and p99 (nearest rank) in `results.json` with peer `none`.
+//!
 //! `UBLKD_BENCH_RUNTIME` sets the seconds each fio job measures (default 5);
-//! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's.
-//! The binary must live outside `/tmp` (the guest mounts a tmpfs there).
+//! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's
+//! (ublkctl is still built). The binary must live outside `/tmp` (the guest mounts a tmpfs there).
 
 use crate::apt::{self, PrivateApt};
 use crate::image::{self, Kernel};
@@ -37,6 +45,18 @@ const BACKING_BYTES: u64 = 512 << 20;
 /// Queues and depth of every ublk device, ours and kublk's.
 const QUEUES: u32 = 2;
 const DEPTH: u32 = 128;
+
+/// The control-plane run: its directory under the run directory and its name in `raw.json`.
+const CONTROL_RUN: &str = "ublkd-control";
+/// Volumes the control-plane run creates and deletes.
+const CONTROL_VOLUMES: usize = 100;
+/// Each of them: a null volume of this size, one queue (the server's default) of this depth.
+const CONTROL_SIZE: &str = "64MiB";
+const CONTROL_DEPTH: u32 = 32;
+/// Where the control-plane daemon serves metrics (the bench never scrapes them).
+const CONTROL_METRICS: &str = "127.0.0.1:9581";
+/// Guest seconds budgeted for the control-plane run (200 ublkctl calls under TCG, with margin).
+const CONTROL_BUDGET_SECS: u64 = 300;
 
 /// What serves the block device in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +201,8 @@ const PAIRS: &[Pair] = &[
 ];
 const CEILING_RUN: &str = "null_blk";
 const OURS_NAME: &str = "ublkd";
+/// The peer of a measurement that has none (the control-plane entries).
+const NO_PEER: &str = "none";
 
 /// The unit of a results entry; it also fixes which way the ratio points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,6 +211,9 @@ enum Unit {
     Us,
     CpuPerMio,
     FractionOfNullBlk,
+    Ms,
+    MiB,
+    KiB,
 }
 
 impl Unit {
@@ -198,15 +223,24 @@ impl Unit {
             Unit::Us => "us",
             Unit::CpuPerMio => "cpu_s_per_mio",
             Unit::FractionOfNullBlk => "fraction_of_null_blk",
+            Unit::Ms => "ms",
+            Unit::MiB => "MiB",
+            Unit::KiB => "KiB",
         }
     }
 
     /// `ours / peer`, except latency, where `peer / ours` so that above 1 is better for us.
-    /// CPU per I/O keeps `ours / peer` (below 1 is better for us).
+    /// CPU per I/O keeps `ours / peer` (below 1 is better for us), and so do the control-plane
+    /// units, whose entries have no peer today.
     fn ratio(self, ours: f64, peer: f64) -> Option<f64> {
         let (num, den) = match self {
             Unit::Us => (peer, ours),
-            Unit::Iops | Unit::CpuPerMio | Unit::FractionOfNullBlk => (ours, peer),
+            Unit::Iops
+            | Unit::CpuPerMio
+            | Unit::FractionOfNullBlk
+            | Unit::Ms
+            | Unit::MiB
+            | Unit::KiB => (ours, peer),
         };
         let r = num / den;
         (den > 0.0 && r.is_finite()).then_some(r)
@@ -214,8 +248,9 @@ impl Unit {
 
     fn decimals(self) -> usize {
         match self {
-            Unit::Iops => 0,
-            Unit::Us => 1,
+            Unit::Iops | Unit::KiB => 0,
+            Unit::Us | Unit::MiB => 1,
+            Unit::Ms => 2,
             Unit::CpuPerMio | Unit::FractionOfNullBlk => 3,
         }
     }
@@ -313,6 +348,26 @@ impl Entry {
         }
     }
 
+    /// A measurement of ours alone: peer `none`, no peer value, no ratio.
+    fn alone(case: String, ours: Side<'_>, unit: Unit) -> Self {
+        let mut errors = Vec::new();
+        if let Err(e) = &ours.value {
+            errors.push(format!("{}: {e}", ours.name));
+        }
+        if let Some(t) = ours.teardown {
+            errors.push(format!("{} teardown: {t}", ours.name));
+        }
+        Entry {
+            case,
+            ours: ours.value.ok(),
+            peer: NO_PEER.to_owned(),
+            peer_value: None,
+            ratio: None,
+            unit,
+            error: (!errors.is_empty()).then(|| errors.join("; ")),
+        }
+    }
+
     fn to_json(&self) -> Value {
         let d = self.unit.decimals() + 1;
         let mut v = json!({
@@ -391,6 +446,242 @@ fn entries(results: &Results) -> Vec<Entry> {
     out
 }
 
+/// What the control-plane run measured; each part a value or why there is none.
+#[derive(Debug, Clone, PartialEq)]
+struct Control {
+    /// Daemon RSS (KiB) with no volumes.
+    rss_empty_kib: Result<f64, String>,
+    /// Daemon RSS (KiB) with all `CONTROL_VOLUMES` volumes idle.
+    rss_full_kib: Result<f64, String>,
+    /// Each `ublkctl create-volume`, end to end, in ms; all of them or an error.
+    create_ms: Result<Vec<f64>, String>,
+    /// Each `ublkctl delete-volume`, end to end, in ms; all of them or an error.
+    delete_ms: Result<Vec<f64>, String>,
+    /// The daemon did not exit 0 within 30 s of SIGTERM.
+    teardown: Option<String>,
+}
+
+impl Control {
+    /// A run that produced no numbers at all.
+    fn failed(why: &str, teardown: Option<String>) -> Self {
+        Control {
+            rss_empty_kib: Err(why.to_owned()),
+            rss_full_kib: Err(why.to_owned()),
+            create_ms: Err(why.to_owned()),
+            delete_ms: Err(why.to_owned()),
+            teardown,
+        }
+    }
+}
+
+/// The `p`th percentile of `values` by nearest rank: the smallest value that at least `p`
+/// percent of them do not exceed (`p` in 1..=100). `None` when `values` is empty.
+fn percentile(values: &[f64], p: u32) -> Option<f64> {
+    if values.is_empty() || p == 0 || p > 100 {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p as usize * sorted.len()).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// `VmRSS` in KiB from the text of `/proc/PID/status` (`VmRSS:\t   12345 kB`).
+fn parse_vmrss(status: &str) -> Result<f64, String> {
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .ok_or("no VmRSS line in /proc/PID/status (process gone?)")?;
+    let mut fields = line["VmRSS:".len()..].split_whitespace();
+    let (Some(n), Some("kB"), None) = (fields.next(), fields.next(), fields.next()) else {
+        return Err(format!("odd VmRSS line {line:?}"));
+    };
+    n.parse::<u64>()
+        .map(|kib| kib as f64)
+        .map_err(|_| format!("odd VmRSS line {line:?}"))
+}
+
+/// Latencies in ms from lines whose last field is nanoseconds (`NAME [DEVICE] NS`), checking
+/// that there are `expected` of them.
+fn parse_latencies(text: &str, expected: usize) -> Result<Vec<f64>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let ns = line
+            .split_whitespace()
+            .last()
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| format!("odd timing line {line:?}"))?;
+        out.push(ns as f64 / 1e6);
+    }
+    if out.len() != expected {
+        return Err(format!(
+            "{} of {expected} calls timed (the guest ended early?)",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Reads what the control-plane run left in `dir/CONTROL_RUN`: `error` (no daemon), `status.0`
+/// and `status.full` (copies of `/proc/PID/status`), `create.ns` (`NAME DEVICE NS` per created
+/// volume), `create_error`, `delete.ns` (`NAME NS`), `delete_error`, `teardown_error`.
+fn collect_control(dir: &Path) -> Control {
+    let d = dir.join(CONTROL_RUN);
+    let read = |name: &str| {
+        fs::read_to_string(d.join(name))
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    // Several failures (one per volume) read as the first one and a count.
+    let first_of = |text: String| {
+        let lines: Vec<&str> = text.lines().collect();
+        match lines.len() {
+            0 | 1 => text.clone(),
+            n => format!("{} (and {} more)", lines[0], n - 1),
+        }
+    };
+    let teardown = read("teardown_error").map(|t| t.replace('\n', "; "));
+    if !d.is_dir() {
+        return Control::failed("did not run (the guest ended early)", teardown);
+    }
+    if let Some(e) = read("error") {
+        return Control::failed(&e, teardown);
+    }
+    let rss = |name: &str, what: &str| {
+        read(name)
+            .ok_or_else(|| format!("no /proc status with {what} (the guest ended early?)"))
+            .and_then(|s| parse_vmrss(&s))
+    };
+    let create_ms = match read("create_error") {
+        Some(e) => Err(first_of(e)),
+        None => parse_latencies(&read("create.ns").unwrap_or_default(), CONTROL_VOLUMES),
+    };
+    let (rss_full_kib, delete_ms) = match &create_ms {
+        Err(e) => {
+            let why = format!("not all {CONTROL_VOLUMES} volumes were created: {e}");
+            (Err(why.clone()), Err(why))
+        }
+        Ok(_) => (
+            rss("status.full", &format!("{CONTROL_VOLUMES} volumes")),
+            match read("delete_error") {
+                Some(e) => Err(first_of(e)),
+                None => parse_latencies(&read("delete.ns").unwrap_or_default(), CONTROL_VOLUMES),
+            },
+        ),
+    };
+    Control {
+        rss_empty_kib: rss("status.0", "0 volumes"),
+        rss_full_kib,
+        create_ms,
+        delete_ms,
+        teardown,
+    }
+}
+
+/// The control-plane entries of `results.json`, in table order; every one with peer `none`.
+fn control_entries(c: &Control) -> Vec<Entry> {
+    let entry = |case: String, value: Result<f64, String>, unit| {
+        Entry::alone(
+            case,
+            Side {
+                name: OURS_NAME,
+                value,
+                teardown: c.teardown.as_deref(),
+            },
+            unit,
+        )
+    };
+    let pct = |ms: &Result<Vec<f64>, String>, p| {
+        ms.clone()
+            .and_then(|v| percentile(&v, p).ok_or_else(|| "no calls timed".to_owned()))
+    };
+    let mut out = Vec::new();
+    for (call, ms) in [
+        ("create-volume", &c.create_ms),
+        ("delete-volume", &c.delete_ms),
+    ] {
+        for p in [50, 99] {
+            out.push(entry(format!("ublkctl {call} p{p}"), pct(ms, p), Unit::Ms));
+        }
+    }
+    let mib = |kib: &Result<f64, String>| kib.clone().map(|k| k / 1024.0);
+    out.push(entry(
+        "ublkd RSS, 0 volumes".into(),
+        mib(&c.rss_empty_kib),
+        Unit::MiB,
+    ));
+    out.push(entry(
+        format!("ublkd RSS, {CONTROL_VOLUMES} idle volumes"),
+        mib(&c.rss_full_kib),
+        Unit::MiB,
+    ));
+    let per_volume = match (&c.rss_empty_kib, &c.rss_full_kib) {
+        (Ok(empty), Ok(full)) => Ok((full - empty) / CONTROL_VOLUMES as f64),
+        (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+    };
+    out.push(entry(
+        "ublkd RSS per idle volume".into(),
+        per_volume,
+        Unit::KiB,
+    ));
+    out
+}
+
+/// What `results.json` says of the control plane, as a table, with what the numbers include.
+fn control_table(entries: &[Entry]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<34} {:>10}  unit", "case", "ublkd");
+    for e in entries {
+        let value = match (e.ours, &e.error) {
+            (None, Some(_)) => "FAILED".to_owned(),
+            (v, _) => fmt_value(v, e.unit.decimals()),
+        };
+        let _ = writeln!(s, "{:<34} {:>10}  {}", e.case, value, e.unit.name());
+        if let Some(err) = &e.error {
+            let _ = writeln!(s, "    ! {err}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "note: create/delete latencies are as seen by ublkctl, including its start-up (one \
+         process per call); create-volume returns when /dev/ublkbN serves I/O. {CONTROL_VOLUMES} \
+         null volumes of {CONTROL_SIZE}, 1 queue of depth {CONTROL_DEPTH}; p50/p99 by nearest rank."
+    );
+    s
+}
+
+/// The control-plane run's raw numbers for `raw.json`.
+fn control_raw_json(c: &Control) -> Value {
+    let mut v = json!({ "run": CONTROL_RUN, "volumes": CONTROL_VOLUMES });
+    let mut errors = serde_json::Map::new();
+    let mut put = |key: &str, value: Result<Value, &String>| match value {
+        Ok(x) => v[key] = x,
+        Err(e) => {
+            v[key] = Value::Null;
+            errors.insert(key.to_owned(), Value::from(e.as_str()));
+        }
+    };
+    let ms_list = |ms: &Vec<f64>| json!(ms.iter().map(|x| round(*x, 3)).collect::<Vec<_>>());
+    put("create_ms", c.create_ms.as_ref().map(ms_list));
+    put("delete_ms", c.delete_ms.as_ref().map(ms_list));
+    put(
+        "rss_kib_no_volumes",
+        c.rss_empty_kib.as_ref().map(|k| json!(k)),
+    );
+    put(
+        "rss_kib_all_volumes",
+        c.rss_full_kib.as_ref().map(|k| json!(k)),
+    );
+    if !errors.is_empty() {
+        v["errors"] = Value::Object(errors);
+    }
+    if let Some(t) = &c.teardown {
+        v["teardown_error"] = Value::from(t.as_str());
+    }
+    v
+}
+
 /// `cargo xtask bench`.
 pub fn run(ws: &Path) -> Result<ExitCode> {
     let runtime = match std::env::var("UBLKD_BENCH_RUNTIME") {
@@ -409,12 +700,26 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     if let Err(e) = &kublk {
         eprintln!("xtask: {e}");
     }
-    let ublkd = match std::env::var_os("UBLKD_BENCH_UBLKD") {
-        Some(bin) => absolute_file(Path::new(&bin)),
-        None => build_ublkd(ws),
-    }
-    .map_err(|e| format!("{e:#}"));
-    if let Err(e) = &ublkd {
+    let built = |packages: &[&str]| build_release(ws, packages).map_err(|e| format!("{e:#}"));
+    let (ublkd, ublkctl) = match std::env::var_os("UBLKD_BENCH_UBLKD") {
+        Some(bin) => (
+            absolute_file(Path::new(&bin)).map_err(|e| format!("{e:#}")),
+            built(&["ublkctl"]).and_then(|dir| release_bin(&dir, "ublkctl")),
+        ),
+        None => {
+            let dir = built(&["ublkd-server", "ublkctl"]);
+            (
+                dir.clone().and_then(|d| release_bin(&d, "ublkd")),
+                dir.and_then(|d| release_bin(&d, "ublkctl")),
+            )
+        }
+    };
+    let mut errors: Vec<&String> = [&ublkd, &ublkctl]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    errors.dedup();
+    for e in errors {
         eprintln!("xtask: {e}");
     }
 
@@ -422,14 +727,16 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
         runtime,
         kublk.as_deref().map_err(String::as_str),
         ublkd.as_deref().map_err(String::as_str),
+        ublkctl.as_deref().map_err(String::as_str),
     );
     let jobs = (RUNS.len() * WORKLOADS.len()) as u64;
     let timeout = std::env::var("UBLKD_VM_TIMEOUT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300 + jobs * (runtime + 45));
+        .unwrap_or(300 + jobs * (runtime + 45) + CONTROL_BUDGET_SECS);
     eprintln!(
-        "xtask: bench: {} runs x {} fio jobs of {runtime} s in one boot of {}",
+        "xtask: bench: {} runs x {} fio jobs of {runtime} s, then {CONTROL_VOLUMES} volumes \
+         through ublkctl, in one boot of {}",
         RUNS.len(),
         WORKLOADS.len(),
         kernel.kver
@@ -440,7 +747,9 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
         .run(&script)?;
 
     let results = collect(&run.run_dir);
-    let entries = entries(&results);
+    let control = collect_control(&run.run_dir);
+    let mut entries = entries(&results);
+    let control_entries = control_entries(&control);
     println!();
     println!(
         "bench ({}, fio {runtime} s per job, {:.0} s in the guest):",
@@ -450,6 +759,10 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     print!("{}", raw_table(&results));
     println!();
     print!("{}", entries_table(&entries));
+    println!();
+    println!("control plane (ublkd --config, driven by ublkctl):");
+    print!("{}", control_table(&control_entries));
+    entries.extend(control_entries);
 
     let out_dir = ws.join("target/bench");
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -458,11 +771,12 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
     let raw_path = out_dir.join("raw.json");
-    fs::write(
-        &raw_path,
-        serde_json::to_string_pretty(&raw_json(&results))? + "\n",
-    )
-    .with_context(|| format!("writing {}", raw_path.display()))?;
+    let mut raw = raw_json(&results);
+    if let Value::Array(list) = &mut raw {
+        list.push(control_raw_json(&control));
+    }
+    fs::write(&raw_path, serde_json::to_string_pretty(&raw)? + "\n")
+        .with_context(|| format!("writing {}", raw_path.display()))?;
     println!();
     println!("wrote {} and {}", path.display(), raw_path.display());
 
@@ -499,29 +813,32 @@ fn absolute_file(path: &Path) -> Result<PathBuf> {
     Ok(abs)
 }
 
-/// Builds ublkd in release mode and returns the binary.
-fn build_ublkd(ws: &Path) -> Result<PathBuf> {
-    eprintln!("xtask: building ublkd (release)");
-    let status = crate::cargo()
-        .current_dir(ws)
-        .args([
-            "build",
-            "--release",
-            "--package",
-            "ublkd-server",
-            "--bin",
-            "ublkd",
-        ])
-        .status()
-        .context("running cargo build --release")?;
+/// Builds `packages` in release mode and returns the directory their binaries land in.
+fn build_release(ws: &Path, packages: &[&str]) -> Result<PathBuf> {
+    eprintln!("xtask: building {} (release)", packages.join(" and "));
+    let mut cmd = crate::cargo();
+    cmd.current_dir(ws).args(["build", "--release"]);
+    for p in packages {
+        cmd.args(["--package", p]);
+    }
+    let status = cmd.status().context("running cargo build --release")?;
     if !status.success() {
-        bail!("building ublkd in release mode failed ({status})");
+        bail!(
+            "building {} in release mode failed ({status})",
+            packages.join(" and ")
+        );
     }
-    let bin = ws.join("target/release/ublkd");
-    if !bin.is_file() {
-        bail!("{} is missing after the build", bin.display());
+    Ok(ws.join("target/release"))
+}
+
+/// `dir/name`, if the build left it there.
+fn release_bin(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    let bin = dir.join(name);
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("{} is missing after the build", bin.display()))
     }
-    Ok(bin)
 }
 
 /// The kublk binary for the guest kernel, built once per kernel version from Debian's sources.
@@ -859,6 +1176,98 @@ nullblk_case() {
     fi
 }
 
+# ctl_case RUN VOLUMES SIZE DEPTH METRICS: ublkd as a node service (`ublkd --config`), driven
+# by ublkctl. Records the daemon's /proc status with no volumes (status.0) and with VOLUMES idle
+# null volumes (status.full), and times each create-volume (create.ns: NAME DEVICE NS) and
+# delete-volume (delete.ns: NAME NS) end to end, ublkctl's start-up included.
+ctl_case() {
+    run=$1; n=$2; d="$OUT/$run"; mkdir -p "$d"
+    C="$TMPDIR/ublkd-bench-ctl"; SOCK="$C/ublkd.sock"
+    mkdir -p "$C/roots"
+    cat > "$C/ublkd.toml" <<CONFIG
+state_dir = "$C/state"
+allowed_roots = ["$C/roots"]
+
+[grpc]
+listen = ["unix://$SOCK"]
+
+[metrics]
+listen = "$5"
+
+[dataplane]
+cpus = [0, 1]
+CONFIG
+    note "$run: ublkd --config $C/ublkd.toml, then $n volumes through ublkctl"
+    ( sh -c 'echo $$ > "$0/pid"; exec "$@"' "$d" "$UBLKD" --config "$C/ublkd.toml" \
+        > "$d/server.out" 2> "$d/server.err"
+      rc=$?; echo "$rc" > "$d/exit.tmp"; mv "$d/exit.tmp" "$d/exit" ) &
+    wait_file "$d/pid" 50
+    pid=$(cat "$d/pid" 2>/dev/null)
+    up=""; i=0
+    while [ $i -lt 600 ] && [ ! -e "$d/exit" ]; do
+        if ctl node-info > "$d/node-info.out" 2> "$d/node-info.err"; then up=1; break; fi
+        sleep 0.1; i=$((i + 1))
+    done
+    if [ -z "$up" ]; then
+        if [ -e "$d/exit" ]; then
+            fail_case "$run" "ublkd exited with status $(cat "$d/exit") before its socket answered: $(tail_of "$d/server.err")"
+        else
+            fail_case "$run" "ublkd's socket did not answer node-info within 60 s: $(tail_of "$d/node-info.err") $(tail_of "$d/server.err")"
+            stop_ublkd "$d" "$pid"
+        fi
+        return
+    fi
+    sleep 1
+    cat "/proc/$pid/status" > "$d/status.0" 2>/dev/null
+
+    : > "$d/create.ns"
+    k=1
+    while [ $k -le "$n" ]; do
+        name=$(printf 'v%03d' "$k")
+        t0=$(date +%s%N)
+        dev=$(ctl create-volume "$name" --size "$3" --backend null --depth "$4" 2>> "$d/create.err")
+        rc=$?
+        t1=$(date +%s%N)
+        if [ $rc -ne 0 ]; then
+            echo "create-volume $name failed (exit $rc): $(tail_of "$d/create.err")" > "$d/create_error"
+            break
+        fi
+        # Created: deleted below, whatever else goes wrong.
+        echo "$name ${dev:--} $((t1 - t0))" >> "$d/create.ns"
+        if [ ! -b "$dev" ]; then
+            echo "create-volume $name returned ${dev:-nothing}, which is no block device" > "$d/create_error"
+            break
+        fi
+        k=$((k + 1))
+    done
+    note "$run: $(wc -l < "$d/create.ns") volumes created"
+    sleep 1
+    cat "/proc/$pid/status" > "$d/status.full" 2>/dev/null
+
+    : > "$d/delete.ns"
+    while read -r name dev ns; do
+        t0=$(date +%s%N)
+        ctl delete-volume "$name" > /dev/null 2>> "$d/delete.err"
+        rc=$?
+        t1=$(date +%s%N)
+        if [ $rc -ne 0 ]; then
+            echo "delete-volume $name failed (exit $rc): $(tail_of "$d/delete.err")" >> "$d/delete_error"
+            continue
+        fi
+        echo "$name $((t1 - t0))" >> "$d/delete.ns"
+        if [ -e "$dev" ]; then
+            echo "$dev still exists after delete-volume $name returned" >> "$d/delete_error"
+        fi
+    done < "$d/create.ns"
+    note "$run: $(wc -l < "$d/delete.ns") volumes deleted"
+    stop_ublkd "$d" "$pid"
+}
+
+# ublkctl against the control-plane run's daemon; never reads the caller's stdin.
+ctl() {
+    "$UBLKCTL" --endpoint "unix://$SOCK" "$@" < /dev/null
+}
+
 # The backing file for the file cases: ext4 on the NVMe namespace, written out in full so that
 # reads reach the device.
 prepare_backing() {
@@ -872,15 +1281,23 @@ prepare_backing() {
 }
 "#;
 
-/// The script the guest runs: every run of `RUNS`, each writing its results into the run
-/// directory. `kublk`/`ublkd` are the binaries, or why they are missing.
-fn guest_script(runtime: u64, kublk: Result<&Path, &str>, ublkd: Result<&Path, &str>) -> String {
+/// The script the guest runs: every run of `RUNS`, then the control-plane run, each writing its
+/// results into the run directory. `kublk`/`ublkd`/`ublkctl` are the binaries, or why they are
+/// missing.
+fn guest_script(
+    runtime: u64,
+    kublk: Result<&Path, &str>,
+    ublkd: Result<&Path, &str>,
+    ublkctl: Result<&Path, &str>,
+) -> String {
     let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
     let mut s = String::from("set -u\n");
     let _ = writeln!(s, "RUNTIME={runtime}");
     let _ = writeln!(s, "BACKING_BYTES={BACKING_BYTES}");
     let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
     let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
+    let _ = writeln!(s, "UBLKCTL={}", ublkctl.map(q).unwrap_or_default());
+    s.push_str("SOCK=\"\"\n");
     s.push_str(SCRIPT_LIB);
     s.push_str("\n# run_workloads RUN DEVICE PIDS\nrun_workloads() {\n");
     for wl in WORKLOADS {
@@ -930,9 +1347,16 @@ fn guest_script(runtime: u64, kublk: Result<&Path, &str>, ublkd: Result<&Path, &
         s.push_str(&line);
         s.push('\n');
     }
-    s.push_str(
-        "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; fi\nnote done\nexit 0\n",
-    );
+    s.push_str("if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; fi\n");
+    let line = match (ublkd, ublkctl) {
+        (Err(e), _) | (_, Err(e)) => format!("fail_case {CONTROL_RUN} {}", vm::shell_quote(e)),
+        (Ok(_), Ok(_)) => format!(
+            "ctl_case {CONTROL_RUN} {CONTROL_VOLUMES} {CONTROL_SIZE} {CONTROL_DEPTH} \
+             {CONTROL_METRICS}"
+        ),
+    };
+    s.push_str(&line);
+    s.push_str("\nnote done\nexit 0\n");
     s
 }
 
@@ -1309,6 +1733,7 @@ mod tests {
             5,
             Ok(Path::new("/cache/kublk")),
             Err("building ublkd failed"),
+            Ok(Path::new("/t/ublkctl")),
         );
         assert!(s.contains("RUNTIME=5\n"));
         assert!(s.contains("kublk_case kublk-null -t null -q 2 -d 128\n"));
@@ -1316,17 +1741,43 @@ mod tests {
         assert!(s.contains("fail_case ublkd-null-per-io 'building ublkd failed'\n"));
         assert!(s.contains("nullblk_case null_blk\n"));
         assert!(s.contains("loop_case loop-dio"));
-        let s = guest_script(5, Err("no kublk"), Ok(Path::new("/t/ublkd")));
+        assert!(s.contains("UBLKCTL=/t/ublkctl\n"));
+        assert!(s.contains("fail_case ublkd-control 'building ublkd failed'\n"));
+        let s = guest_script(
+            5,
+            Err("no kublk"),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+        );
         assert!(s.contains(
             "ublkd_case ublkd-null-batch --backend null --size 1073741824 \
              --queues 2 --depth 128 --io-path batch\n"
         ));
         assert!(s.contains("fail_case kublk-null 'no kublk'\n"));
+        // The control plane runs last, after the fio cases and the backing file's unmount.
+        let ctl = s
+            .find("ctl_case ublkd-control 100 64MiB 32 127.0.0.1:9581\n")
+            .expect("no ctl_case line");
+        assert!(s.rfind("loop_case loop-dio").is_some_and(|i| i < ctl));
+        assert!(s.rfind("umount").is_some_and(|i| i < ctl));
+        let s = guest_script(
+            5,
+            Err("no kublk"),
+            Ok(Path::new("/t/ublkd")),
+            Err("building ublkctl failed"),
+        );
+        assert!(s.contains("fail_case ublkd-control 'building ublkctl failed'\n"));
+        assert!(!s.contains("ctl_case ublkd-control"));
     }
 
     #[test]
     fn script_parses_as_posix_sh() {
-        let s = guest_script(5, Ok(Path::new("/k/kublk")), Ok(Path::new("/t/ublkd")));
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+        );
         let path = std::env::temp_dir().join(format!("ublkd-bench-{}.sh", std::process::id()));
         fs::write(&path, &s).expect("writing the script");
         let out = Command::new("sh").arg("-n").arg(&path).output();
@@ -1337,5 +1788,190 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let hundred: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(percentile(&hundred, 50), Some(50.0));
+        assert_eq!(percentile(&hundred, 99), Some(99.0));
+        assert_eq!(percentile(&hundred, 100), Some(100.0));
+        assert_eq!(percentile(&hundred, 1), Some(1.0));
+        // Rank ceil(p/100 * n): 2 of 3 for p50, 3 of 3 for p99.
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 50), Some(2.0));
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 99), Some(3.0));
+        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50), Some(2.0));
+        assert_eq!(percentile(&[7.5], 99), Some(7.5));
+        assert_eq!(percentile(&[], 50), None);
+        assert_eq!(percentile(&[1.0], 0), None);
+        assert_eq!(percentile(&[1.0], 101), None);
+    }
+
+    #[test]
+    fn rss_and_timings_parse() {
+        let status = "Name:\tublkd\nVmPeak:\t  123456 kB\nVmHWM:\t   9000 kB\n\
+                      VmRSS:\t    8520 kB\nRssAnon:\t    4000 kB\nThreads:\t5\n";
+        assert_eq!(parse_vmrss(status), Ok(8520.0));
+        assert!(parse_vmrss("Name:\tublkd\n").is_err_and(|e| e.contains("no VmRSS")));
+        assert!(parse_vmrss("VmRSS:\t12 MB\n").is_err());
+        assert!(parse_vmrss("VmRSS:\tlots kB\n").is_err());
+        assert!(parse_vmrss("VmRSS:\t12 kB extra\n").is_err());
+
+        let creates = "v001 /dev/ublkb0 12500000\nv002 /dev/ublkb1 7000000\n";
+        assert_eq!(parse_latencies(creates, 2), Ok(vec![12.5, 7.0]));
+        assert_eq!(parse_latencies("v001 1500000\n\n", 1), Ok(vec![1.5]));
+        assert!(parse_latencies(creates, 3).is_err_and(|e| e.contains("2 of 3 calls")));
+        assert!(parse_latencies("v001 /dev/ublkb0 -\n", 1).is_err());
+    }
+
+    fn control_ok() -> Control {
+        Control {
+            rss_empty_kib: Ok(10240.0),
+            rss_full_kib: Ok(10240.0 + 100.0 * 48.0),
+            create_ms: Ok((1..=100).map(f64::from).collect()),
+            delete_ms: Ok((1..=100).map(|x| f64::from(x) / 2.0).collect()),
+            teardown: None,
+        }
+    }
+
+    #[test]
+    fn control_entries_have_no_peer_and_their_own_units() {
+        let entries = control_entries(&control_ok());
+        let got: Vec<(&str, Option<f64>, &str)> = entries
+            .iter()
+            .map(|e| (e.case.as_str(), e.ours, e.unit.name()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("ublkctl create-volume p50", Some(50.0), "ms"),
+                ("ublkctl create-volume p99", Some(99.0), "ms"),
+                ("ublkctl delete-volume p50", Some(25.0), "ms"),
+                ("ublkctl delete-volume p99", Some(49.5), "ms"),
+                ("ublkd RSS, 0 volumes", Some(10.0), "MiB"),
+                ("ublkd RSS, 100 idle volumes", Some(14.6875), "MiB"),
+                ("ublkd RSS per idle volume", Some(48.0), "KiB"),
+            ]
+        );
+        for e in &entries {
+            assert_eq!(
+                (e.peer.as_str(), e.peer_value, e.ratio, &e.error),
+                ("none", None, None, &None)
+            );
+        }
+        assert_eq!(
+            entries[1].to_json(),
+            json!({"case": "ublkctl create-volume p99", "ours": 99.0, "peer": "none",
+                   "peer_value": null, "ratio": null, "unit": "ms"})
+        );
+        assert_eq!(
+            entries[5].to_json(),
+            json!({"case": "ublkd RSS, 100 idle volumes", "ours": 14.69, "peer": "none",
+                   "peer_value": null, "ratio": null, "unit": "MiB"})
+        );
+        assert_eq!(entries[6].to_json()["unit"], "KiB");
+
+        let raw = control_raw_json(&control_ok());
+        assert_eq!(raw["run"], "ublkd-control");
+        assert_eq!(raw["volumes"], 100);
+        assert_eq!(raw["create_ms"].as_array().map(Vec::len), Some(100));
+        assert_eq!(raw["rss_kib_all_volumes"], 15040.0);
+        assert!(raw.get("errors").is_none() && raw.get("teardown_error").is_none());
+    }
+
+    #[test]
+    fn control_failures_give_null_values_and_an_error() {
+        let mut c = control_ok();
+        c.create_ms = Err("create-volume v007 failed (exit 1): no space".into());
+        c.rss_full_kib = Err("not all 100 volumes were created".into());
+        c.teardown = Some("exited with status 1 after SIGTERM".into());
+        let entries = control_entries(&c);
+        assert!(entries.iter().all(|e| e.error.is_some()));
+        let create = &entries[0];
+        assert_eq!(create.ours, None);
+        let err = create.error.as_deref().unwrap_or_default();
+        assert!(err.contains("ublkd: create-volume v007 failed"), "{err}");
+        assert!(
+            err.contains("ublkd teardown: exited with status 1"),
+            "{err}"
+        );
+        let v = create.to_json();
+        assert!(v["ours"].is_null() && v["peer_value"].is_null() && v["ratio"].is_null());
+        assert_eq!((&v["peer"], &v["unit"]), (&json!("none"), &json!("ms")));
+        assert!(v["error"].is_string());
+        // RSS with no volumes stands (only the teardown marks it); per volume needs both.
+        assert_eq!(entries[4].ours, Some(10.0));
+        assert_eq!(entries[6].ours, None);
+
+        let raw = control_raw_json(&c);
+        assert!(raw["create_ms"].is_null());
+        assert!(raw["errors"]["create_ms"].is_string());
+        assert!(raw["teardown_error"].is_string());
+
+        let table = control_table(&entries);
+        assert!(table.contains("FAILED"), "{table}");
+        assert!(table.contains("including its start-up"), "{table}");
+    }
+
+    #[test]
+    fn control_results_are_read_from_the_run_directory() {
+        let dir = std::env::temp_dir().join(format!("ublkd-bench-ctl-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        assert!(collect_control(&dir)
+            .create_ms
+            .is_err_and(|e| e.contains("did not run")));
+
+        let d = dir.join(CONTROL_RUN);
+        fs::create_dir_all(&d).expect("mkdir");
+        let write = |name: &str, text: &str| fs::write(d.join(name), text).expect("write");
+        let mut creates = String::new();
+        let mut deletes = String::new();
+        for k in 1..=CONTROL_VOLUMES {
+            creates += &format!("v{k:03} /dev/ublkb{} {}\n", k - 1, k * 1_000_000);
+            deletes += &format!("v{k:03} {}\n", k * 500_000);
+        }
+        write("status.0", "VmRSS:\t  8192 kB\n");
+        write("status.full", "VmRSS:\t 13192 kB\n");
+        write("create.ns", &creates);
+        write("delete.ns", &deletes);
+        let c = collect_control(&dir);
+        assert_eq!(c.rss_empty_kib, Ok(8192.0));
+        assert_eq!(c.rss_full_kib, Ok(13192.0));
+        assert_eq!(c.create_ms.as_ref().map(Vec::len), Ok(CONTROL_VOLUMES));
+        assert_eq!(c.delete_ms.as_ref().map(|v| v[1]), Ok(1.0));
+        assert_eq!(c.teardown, None);
+        assert_eq!(control_entries(&c)[6].ours, Some(50.0));
+
+        write(
+            "delete_error",
+            "/dev/ublkb3 still exists after delete-volume v004 returned\n\
+             /dev/ublkb4 still exists after delete-volume v005 returned\n",
+        );
+        write(
+            "teardown_error",
+            "did not exit within 30 s of SIGTERM (killed)\n",
+        );
+        let c = collect_control(&dir);
+        assert!(c
+            .delete_ms
+            .is_err_and(|e| e.contains("v004 returned (and 1 more)")));
+        assert!(c.teardown.is_some_and(|t| t.contains("SIGTERM")));
+
+        write(
+            "create_error",
+            "create-volume v100 failed (exit 3): unreachable\n",
+        );
+        let c = collect_control(&dir);
+        assert!(c.create_ms.is_err_and(|e| e.contains("v100 failed")));
+        assert!(c.rss_full_kib.is_err_and(|e| e.contains("not all 100")));
+        assert_eq!(c.rss_empty_kib, Ok(8192.0));
+
+        write(
+            "error",
+            "ublkd exited with status 1 before its socket answered: bad config\n",
+        );
+        let c = collect_control(&dir);
+        assert!(c.rss_empty_kib.is_err_and(|e| e.contains("bad config")));
+        let _ = fs::remove_dir_all(&dir);
     }
 }
