@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 use ublkd_proto::units::parse_size;
 use ublkd_proto::v1::{
-    volume_spec::Backend, CreateVolumeRequest, FileBackend, IoPath, NullBackend, NvmeBackend,
-    RamBackend, ResizeVolumeRequest, VolumeSpec,
+    volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest,
+    FileBackend, IoPath, NullBackend, NvmeBackend, RamBackend, ResizeVolumeRequest, VolumeSpec,
 };
 
 use crate::connect::{Connection, Target, TlsFiles};
@@ -24,6 +24,7 @@ const GLOBAL: &str = "Global options";
 const SIZE_HINT: &str = "expected a size such as 4096, 512K, 10GiB or 1.5T";
 const BACKEND_HINT: &str =
     "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET+LEN]";
+const DEV_ID_HINT: &str = "expected a ublk device id, the N of /dev/ublkbN";
 
 /// `--version`: the crate's version and the API it speaks.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (API ublkd.v1)");
@@ -74,7 +75,8 @@ pub struct Cli {
     )]
     pub timeout: u64,
 
-    /// Output format of get-volume, list-volumes, create-volume, resize-volume, node-info, stats
+    /// Output format of get-volume, list-volumes, create-volume, resize-volume, node-info,
+    /// orphans, adopt-device, stats
     #[arg(short, long, global = true, help_heading = GLOBAL, value_enum, default_value_t = Format::Text)]
     pub output: Format,
 
@@ -130,12 +132,25 @@ pub enum Call {
         #[arg(long, value_parser = parse_volume_size)]
         size: u64,
     },
-    /// Show what the node offers: kernel, ublk features, workers, backends
+    /// Show what the node offers: kernel, ublk features, workers, backends, orphan devices
     NodeInfo,
     /// Show the I/O counters of one volume
     Stats {
         /// Volume id
         name: String,
+    },
+    /// List orphan ublk devices: in the kernel, but owned by no volume of this node
+    Orphans,
+    /// Take over an orphan ublk device as a volume; print its block device path (-o json: the volume)
+    ///
+    /// The device stays, with its mounts and open files; the new volume serves its I/O from
+    /// BACKEND. What is left out (size, queues, depth) is the device's.
+    AdoptDevice(AdoptDevice),
+    /// Delete an orphan ublk device; refused for devices of volumes
+    DeleteOrphan {
+        /// The orphan's ublk device id N (/dev/ublkbN)
+        #[arg(value_name = "DEV_ID", value_parser = parse_dev_id)]
+        dev_id: u32,
     },
 }
 
@@ -149,6 +164,37 @@ pub struct CreateVolume {
     #[arg(long, value_parser = parse_volume_size)]
     pub size: u64,
 
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Arguments of `adopt-device`. The server takes unset queues and depth from the device, not from
+/// its defaults.
+#[derive(Debug, Args)]
+#[command(
+    mut_arg("queues", |a| a.help("Hardware queues; must match the device's [default: the device's]")),
+    mut_arg("depth", |a| a.help("Depth of each queue; must match the device's [default: the device's]")),
+)]
+pub struct AdoptDevice {
+    /// The orphan's ublk device id N (/dev/ublkbN)
+    #[arg(value_name = "DEV_ID", value_parser = parse_dev_id)]
+    pub dev_id: u32,
+
+    /// The new volume's id: 1-63 of [a-z0-9-], starting and ending with a letter or digit
+    pub name: String,
+
+    /// Size, e.g. 10GiB [default: the device's]
+    #[arg(long, value_parser = parse_volume_size)]
+    pub size: Option<u64>,
+
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// The volume spec options `create-volume` and `adopt-device` share: all but the size, whose
+/// rules differ (required, or optional with the device's as default).
+#[derive(Debug, Args)]
+pub struct SpecArgs {
     /// file:/PATH, file+create:/PATH (create or extend the file), ram, null,
     /// or nvme:/dev/ngXnY[@OFFSET+LEN] (a window of an NVMe namespace)
     #[arg(long, value_parser = parse_backend)]
@@ -189,21 +235,46 @@ impl From<IoPathArg> for IoPath {
     }
 }
 
+impl SpecArgs {
+    /// The spec of `size_bytes` with these options; absent options stay unset, the API's
+    /// "server default".
+    pub fn to_spec(&self, size_bytes: u64) -> VolumeSpec {
+        VolumeSpec {
+            size_bytes,
+            block_size: self.block_size,
+            backend: Some(self.backend.clone()),
+            queues: self.queues,
+            queue_depth: self.depth,
+            io_path: IoPath::from(self.io_path).into(),
+        }
+    }
+}
+
 impl CreateVolume {
-    /// The request this command sends; absent options stay unset, the API's "server default".
+    /// The request this command sends.
     pub fn to_request(&self) -> CreateVolumeRequest {
         CreateVolumeRequest {
             id: self.name.clone(),
-            spec: Some(VolumeSpec {
-                size_bytes: self.size,
-                block_size: self.block_size,
-                backend: Some(self.backend.clone()),
-                queues: self.queues,
-                queue_depth: self.depth,
-                io_path: IoPath::from(self.io_path).into(),
-            }),
+            spec: Some(self.spec.to_spec(self.size)),
         }
     }
+}
+
+impl AdoptDevice {
+    /// The request this command sends; without `--size` the size is 0, which the server reads
+    /// as "the device's".
+    pub fn to_request(&self) -> AdoptDeviceRequest {
+        AdoptDeviceRequest {
+            dev_id: self.dev_id,
+            id: self.name.clone(),
+            spec: Some(self.spec.to_spec(self.size.unwrap_or(0))),
+        }
+    }
+}
+
+/// The request of `delete-orphan DEV_ID`.
+pub fn delete_orphan_request(dev_id: u32) -> DeleteOrphanRequest {
+    DeleteOrphanRequest { dev_id }
 }
 
 /// The request of `resize-volume NAME --size SIZE`.
@@ -286,6 +357,16 @@ pub fn parse_volume_size(s: &str) -> Result<u64, String> {
         0 => Err("a volume needs a size above zero".into()),
         n => Ok(n),
     }
+}
+
+/// A ublk device id: the N of `/dev/ublkbN`, a plain decimal number.
+pub fn parse_dev_id(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(DEV_ID_HINT.to_owned());
+    }
+    s.parse()
+        .map_err(|_| format!("{DEV_ID_HINT}; {s} is too large"))
 }
 
 /// `--block-size`: 512 or 4096, in any spelling `parse_size` reads (`4K` too).
@@ -427,6 +508,122 @@ mod tests {
         );
         assert_eq!(spec.io_path(), IoPath::Auto);
         assert_eq!(spec.backend, Some(Backend::Ram(RamBackend {})));
+    }
+
+    fn adopt_request(args: &[&str]) -> Result<AdoptDeviceRequest, clap::Error> {
+        let mut all = vec!["adopt-device"];
+        all.extend_from_slice(args);
+        match parse(&all)?.command {
+            Command::Call(Call::AdoptDevice(a)) => Ok(a.to_request()),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_volume_needs_a_size_and_a_backend() {
+        let err = parse(&["create-volume", "v", "--backend", "ram"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--size"), "{err}");
+        let err = parse(&["create-volume", "v", "--size", "1G"]).unwrap_err();
+        assert!(err.to_string().contains("--backend"), "{err}");
+    }
+
+    #[test]
+    fn adopt_device_fills_the_spec_like_create_volume() {
+        let req = adopt_request(&[
+            "3",
+            "vol-1",
+            "--backend",
+            "nvme:/dev/ng0n1@1GiB+10GiB",
+            "--size",
+            "10GiB",
+            "--queues",
+            "4",
+            "--depth",
+            "128",
+            "--block-size",
+            "512",
+            "--io-path",
+            "batch",
+        ])
+        .unwrap();
+        assert_eq!((req.dev_id, req.id.as_str()), (3, "vol-1"));
+        let spec = req.spec.unwrap();
+        assert_eq!(spec.size_bytes, 10 << 30);
+        assert_eq!(spec.block_size, Some(512));
+        assert_eq!((spec.queues, spec.queue_depth), (Some(4), Some(128)));
+        assert_eq!(spec.io_path(), IoPath::Batch);
+        assert_eq!(
+            spec.backend,
+            Some(Backend::Nvme(NvmeBackend {
+                device: "/dev/ng0n1".into(),
+                offset_bytes: 1 << 30,
+                length_bytes: 10 << 30,
+            }))
+        );
+    }
+
+    #[test]
+    fn adopt_device_leaves_the_size_to_the_device() {
+        let spec = adopt_request(&["12", "v", "--backend", "file:/srv/v.img"])
+            .unwrap()
+            .spec
+            .unwrap();
+        assert_eq!(spec.size_bytes, 0, "0: the device's size");
+        assert_eq!(
+            (spec.block_size, spec.queues, spec.queue_depth),
+            (None, None, None)
+        );
+        assert_eq!(spec.io_path(), IoPath::Auto);
+    }
+
+    #[test]
+    fn adopt_device_checks_its_arguments() {
+        let err = adopt_request(&["3", "v"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--backend"), "{err}");
+
+        let err = adopt_request(&["3", "v", "--backend", "disk"]).unwrap_err();
+        assert!(err.to_string().contains(BACKEND_HINT), "{err}");
+
+        let err = adopt_request(&["3", "v", "--backend", "ram", "--size", "0"]).unwrap_err();
+        assert!(err.to_string().contains("above zero"), "{err}");
+
+        let err = adopt_request(&["ublkb3", "v", "--backend", "ram"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains(DEV_ID_HINT), "{err}");
+    }
+
+    #[test]
+    fn delete_orphan_takes_a_dev_id() {
+        let cli = parse(&["delete-orphan", "7"]).unwrap();
+        let Command::Call(Call::DeleteOrphan { dev_id }) = cli.command else {
+            panic!("parsed as {:?}", cli.command)
+        };
+        assert_eq!(delete_orphan_request(dev_id).dev_id, 7);
+        assert!(parse(&["delete-orphan"]).is_err());
+        assert!(parse(&["delete-orphan", "-1"]).is_err());
+    }
+
+    #[test]
+    fn dev_ids_parse() {
+        assert_eq!(parse_dev_id("0"), Ok(0));
+        assert_eq!(parse_dev_id(" 42 "), Ok(42));
+        assert_eq!(parse_dev_id(""), Err(DEV_ID_HINT.to_owned()));
+        assert_eq!(parse_dev_id("+1"), Err(DEV_ID_HINT.to_owned()));
+        assert_eq!(parse_dev_id("/dev/ublkb1"), Err(DEV_ID_HINT.to_owned()));
+        assert!(parse_dev_id("4294967296")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn orphans_takes_no_arguments() {
+        let cli = parse(&["orphans", "-o", "json"]).unwrap();
+        assert!(matches!(cli.command, Command::Call(Call::Orphans)));
+        assert_eq!(cli.output, Format::Json);
+        assert!(parse(&["orphans", "3"]).is_err());
     }
 
     #[test]

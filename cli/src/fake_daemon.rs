@@ -13,20 +13,26 @@ use tonic::{Request, Response, Status};
 use ublkd_proto::v1::node_service_server::{NodeService, NodeServiceServer};
 use ublkd_proto::v1::volume_service_server::{VolumeService, VolumeServiceServer};
 use ublkd_proto::v1::{
-    CreateVolumeRequest, DeleteVolumeRequest, DeleteVolumeResponse, GetNodeInfoRequest,
+    volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest,
+    DeleteOrphanResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetNodeInfoRequest,
     GetVolumeRequest, GetVolumeStatsRequest, IoPath, ListVolumesRequest, ListVolumesResponse,
-    NodeInfo, OpStats, ResizeVolumeRequest, Volume, VolumeState, VolumeStats,
+    NodeInfo, OpStats, OrphanDevice, RamBackend, ResizeVolumeRequest, Volume, VolumeState,
+    VolumeStats,
 };
 
 use crate::args::{Cli, Command};
 use crate::execute;
 
-/// Holds one volume, `vol-1`, once created; remembers what the client sent.
+/// Holds at most one volume (the last created or adopted) and the orphan ublk devices it was
+/// given; remembers what the client sent.
 #[derive(Debug, Default)]
 struct Fake {
     volume: Mutex<Option<Volume>>,
+    orphans: Mutex<Vec<OrphanDevice>>,
     /// The `grpc-timeout` header of the last request.
     deadline_header: Mutex<Option<String>>,
+    /// The last `AdoptDevice` request.
+    adopted: Mutex<Option<AdoptDeviceRequest>>,
 }
 
 impl Fake {
@@ -144,13 +150,80 @@ impl NodeService for Fake {
             version: "0.1.0".into(),
             worker_cpus: vec![0, 1],
             volumes: u32::from(self.volume.lock().unwrap().is_some()),
+            orphans: self.orphans.lock().unwrap().clone(),
             ..NodeInfo::default()
         }))
     }
+
+    /// Like the real daemon: a backend is required, and what the spec leaves out (size 0,
+    /// queues, depth) is the device's; unlike it, only the queues are checked against the device.
+    async fn adopt_device(
+        &self,
+        request: Request<AdoptDeviceRequest>,
+    ) -> Result<Response<Volume>, Status> {
+        self.saw(&request);
+        let request = request.into_inner();
+        *self.adopted.lock().unwrap() = Some(request.clone());
+        let mut orphans = self.orphans.lock().unwrap();
+        let at = orphans
+            .iter()
+            .position(|o| o.dev_id == request.dev_id)
+            .ok_or_else(|| {
+                Status::not_found(format!("no orphan ublk device {}", request.dev_id))
+            })?;
+        let orphan = &orphans[at];
+        let mut spec = request
+            .spec
+            .filter(|s| s.backend.is_some())
+            .ok_or_else(|| Status::invalid_argument("a backend is required"))?;
+        if spec.queues.is_some_and(|q| q != orphan.queues) {
+            return Err(Status::invalid_argument(format!(
+                "ublk device {} has {} queues",
+                orphan.dev_id, orphan.queues
+            )));
+        }
+        if spec.size_bytes == 0 {
+            spec.size_bytes = orphan.size_bytes;
+        }
+        spec.queues = spec.queues.or(Some(orphan.queues));
+        spec.queue_depth = spec.queue_depth.or(Some(orphan.queue_depth));
+        let volume = Volume {
+            id: request.id,
+            spec: Some(spec),
+            state: VolumeState::Ready.into(),
+            device_path: format!("/dev/ublkb{}", orphan.dev_id),
+            dev_id: orphan.dev_id,
+            io_path_in_use: IoPath::PerIo.into(),
+            ..Volume::default()
+        };
+        orphans.remove(at);
+        *self.volume.lock().unwrap() = Some(volume.clone());
+        Ok(Response::new(volume))
+    }
+
+    async fn delete_orphan(
+        &self,
+        request: Request<DeleteOrphanRequest>,
+    ) -> Result<Response<DeleteOrphanResponse>, Status> {
+        self.saw(&request);
+        let dev_id = request.into_inner().dev_id;
+        // A volume's device is no orphan, so this refuses it too.
+        let mut orphans = self.orphans.lock().unwrap();
+        let before = orphans.len();
+        orphans.retain(|o| o.dev_id != dev_id);
+        if orphans.len() == before {
+            return Err(Status::not_found(format!(
+                "no orphan ublk device {dev_id} (devices of registered volumes are deleted \
+                 with DeleteVolume)"
+            )));
+        }
+        Ok(Response::new(DeleteOrphanResponse {}))
+    }
 }
 
-/// A fake daemon serving on a fresh socket until the test's runtime ends.
-fn serve() -> (Arc<Fake>, PathBuf) {
+/// A fake daemon with these orphan devices, serving on a fresh socket until the test's runtime
+/// ends.
+fn serve(orphans: Vec<OrphanDevice>) -> (Arc<Fake>, PathBuf) {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let path = std::env::temp_dir().join(format!(
         "ublkctl-test-{}-{}.sock",
@@ -159,7 +232,10 @@ fn serve() -> (Arc<Fake>, PathBuf) {
     ));
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
-    let fake = Arc::new(Fake::default());
+    let fake = Arc::new(Fake {
+        orphans: Mutex::new(orphans),
+        ..Fake::default()
+    });
     let server = tonic::transport::Server::builder()
         .add_service(VolumeServiceServer::from_arc(fake.clone()))
         .add_service(NodeServiceServer::from_arc(fake.clone()))
@@ -184,7 +260,7 @@ async fn run(socket: &std::path::Path, args: &[&str]) -> Result<String, crate::e
 
 #[tokio::test]
 async fn volume_lifecycle_against_a_fake_daemon() {
-    let (fake, sock) = serve();
+    let (fake, sock) = serve(Vec::new());
 
     let out = run(
         &sock,
@@ -249,5 +325,140 @@ async fn volume_lifecycle_against_a_fake_daemon() {
     run(&sock, &["delete-volume", "vol-1", "--allow-missing"])
         .await
         .unwrap();
+    let _ = std::fs::remove_file(&sock);
+}
+
+fn orphan(dev_id: u32, state: &str, size_bytes: u64) -> OrphanDevice {
+    OrphanDevice {
+        dev_id,
+        state: state.into(),
+        server_pid: 4000 + i32::try_from(dev_id).unwrap(),
+        size_bytes,
+        queues: 2,
+        queue_depth: 64,
+    }
+}
+
+#[tokio::test]
+async fn orphans_against_a_fake_daemon() {
+    let (fake, sock) = serve(vec![
+        orphan(3, "quiesced", 1 << 30),
+        orphan(5, "dead", 2 << 30),
+        orphan(7, "live", 512 << 20),
+        orphan(9, "fail_io", 4096),
+    ]);
+
+    let out = run(&sock, &["orphans"]).await.unwrap();
+    let expected = "\
+DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
+     3  quiesced    1 GiB       2     64        4003
+     5  dead        2 GiB       2     64        4005
+     7  live      512 MiB       2     64        4007
+     9  fail_io     4 KiB       2     64        4009";
+    assert_eq!(out, expected);
+
+    let out = run(&sock, &["node-info"]).await.unwrap();
+    assert!(
+        out.contains("\norphan 5:      dead, 2 GiB, 2 queues x 64, server pid 4005\n"),
+        "{out}"
+    );
+    let out = run(&sock, &["node-info", "-o", "json"]).await.unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["orphans"].as_array().unwrap().len(), 4);
+    assert_eq!(json["orphans"][2]["state"], "live");
+
+    // Without --size the request says 0 and the daemon takes the device's.
+    let out = run(&sock, &["adopt-device", "3", "vol-a", "--backend", "ram"])
+        .await
+        .unwrap();
+    assert_eq!(out, "/dev/ublkb3");
+    let sent = fake.adopted.lock().unwrap().clone().unwrap();
+    assert_eq!((sent.dev_id, sent.id.as_str()), (3, "vol-a"));
+    let spec = sent.spec.unwrap();
+    assert_eq!(spec.size_bytes, 0);
+    assert_eq!(spec.backend, Some(Backend::Ram(RamBackend {})));
+    assert_eq!(
+        fake.deadline_header.lock().unwrap().as_deref(),
+        Some("7000000u")
+    );
+
+    let err = run(&sock, &["adopt-device", "3", "vol-a", "--backend", "ram"])
+        .await
+        .unwrap_err();
+    assert_eq!(err.exit_code(), 1);
+    assert_eq!(err.to_string(), "not found: no orphan ublk device 3");
+
+    let err = run(
+        &sock,
+        &[
+            "adopt-device",
+            "5",
+            "vol-b",
+            "--backend",
+            "ram",
+            "--queues",
+            "4",
+        ],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid argument: ublk device 5 has 2 queues"
+    );
+
+    let out = run(
+        &sock,
+        &[
+            "adopt-device",
+            "5",
+            "vol-b",
+            "--backend",
+            "file:/srv/vol-b.img",
+            "--size",
+            "2GiB",
+            "--queues",
+            "2",
+            "-o",
+            "json",
+        ],
+    )
+    .await
+    .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["id"], "vol-b");
+    assert_eq!(json["dev_id"], 5);
+    assert_eq!(json["device_path"], "/dev/ublkb5");
+    assert_eq!(json["spec"]["size_bytes"], 2u64 << 30);
+    assert_eq!(json["spec"]["queue_depth"], 64, "the device's");
+    assert_eq!(json["spec"]["file"]["path"], "/srv/vol-b.img");
+
+    let err = run(&sock, &["delete-orphan", "5"]).await.unwrap_err();
+    assert_eq!(err.exit_code(), 1);
+    assert!(
+        err.to_string()
+            .starts_with("not found: no orphan ublk device 5 (devices of registered volumes"),
+        "{err}"
+    );
+
+    let out = run(&sock, &["delete-orphan", "7"]).await.unwrap();
+    assert_eq!(out, "deleted orphan ublk device 7");
+    let err = run(&sock, &["delete-orphan", "7"]).await.unwrap_err();
+    assert_eq!(err.exit_code(), 1);
+    let out = run(&sock, &["delete-orphan", "9", "-o", "json"])
+        .await
+        .unwrap();
+    assert_eq!(out, "{}");
+
+    let out = run(&sock, &["orphans"]).await.unwrap();
+    assert_eq!(out, "no orphan ublk devices");
+    let out = run(&sock, &["orphans", "-o", "json"]).await.unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json, serde_json::json!({ "orphans": [] }));
+    let out = run(&sock, &["node-info"]).await.unwrap();
+    assert!(
+        out.ends_with("\nvolumes:       1\norphans:       none"),
+        "{out}"
+    );
     let _ = std::fs::remove_file(&sock);
 }

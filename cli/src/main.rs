@@ -1,8 +1,8 @@
 //! `ublkctl`, the command-line client of ublkd.
 //!
-//! What it is: subcommands (`create-volume`, `list-volumes`, `stats`, ...) that each make one
-//! call of the `ublkd.v1` gRPC API to a running daemon, over its unix socket or over TCP with
-//! optional (mutual) TLS, and print the reply as text or JSON.
+//! What it is: subcommands (`create-volume`, `list-volumes`, `stats`, `adopt-device`, ...) that
+//! each make one call of the `ublkd.v1` gRPC API to a running daemon, over its unix socket or
+//! over TCP with optional (mutual) TLS, and print the reply as text or JSON.
 //! What it is not: it depends on the proto crate only, never on the dataplane or the server; it
 //! never touches a device itself and keeps no state between runs. It validates only what the
 //! command line can check (sizes, backend syntax, option combinations); the daemon decides the
@@ -36,7 +36,7 @@ use ublkd_proto::v1::{
     ListVolumesRequest,
 };
 
-use crate::args::{resize_request, Call, Cli, Command, Format};
+use crate::args::{delete_orphan_request, resize_request, Call, Cli, Command, Format};
 use crate::error::Error;
 
 fn main() -> ExitCode {
@@ -115,6 +115,10 @@ impl Client {
     fn volumes(&self) -> VolumeServiceClient<Channel> {
         VolumeServiceClient::new(self.channel.clone())
     }
+
+    fn node(&self) -> NodeServiceClient<Channel> {
+        NodeServiceClient::new(self.channel.clone())
+    }
 }
 
 /// Makes the call and returns what to print.
@@ -180,12 +184,38 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
         }
         Call::NodeInfo => {
             let request = client.request(GetNodeInfoRequest {});
-            let mut node = NodeServiceClient::new(client.channel.clone());
-            let info = client.call(node.get_node_info(request)).await?;
+            let info = client.call(client.node().get_node_info(request)).await?;
             if json {
                 output::node_json(&info)
             } else {
                 output::node_text(&info)
+            }
+        }
+        Call::Orphans => {
+            let request = client.request(GetNodeInfoRequest {});
+            let info = client.call(client.node().get_node_info(request)).await?;
+            if json {
+                output::orphans_json(&info.orphans)
+            } else {
+                output::orphans_table(&info.orphans)
+            }
+        }
+        Call::AdoptDevice(adopt) => {
+            let request = client.request(adopt.to_request());
+            let volume = client.call(client.node().adopt_device(request)).await?;
+            if json {
+                output::volume_json(&volume)
+            } else {
+                output::device_line(&volume)
+            }
+        }
+        Call::DeleteOrphan { dev_id } => {
+            let request = client.request(delete_orphan_request(*dev_id));
+            client.call(client.node().delete_orphan(request)).await?;
+            if json {
+                "{}".into()
+            } else {
+                format!("deleted orphan ublk device {dev_id}")
             }
         }
         Call::Stats { name } => {

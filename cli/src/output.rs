@@ -9,7 +9,8 @@
 use serde_json::{json, Map, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
-    volume_spec::Backend, IoPath, NodeInfo, Volume, VolumeSpec, VolumeState, VolumeStats,
+    volume_spec::Backend, IoPath, NodeInfo, OrphanDevice, Volume, VolumeSpec, VolumeState,
+    VolumeStats,
 };
 
 /// Column alignment in [`table`].
@@ -47,12 +48,16 @@ fn table(headers: &[(&str, Align)], rows: &[Vec<String>]) -> String {
 }
 
 /// `label: value` lines with the values aligned.
-fn fields(pairs: &[(&str, String)]) -> String {
-    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+fn fields<K: AsRef<str>>(pairs: &[(K, String)]) -> String {
+    let width = pairs
+        .iter()
+        .map(|(k, _)| k.as_ref().chars().count() + 1)
+        .max()
+        .unwrap_or(0);
     pairs
         .iter()
         .map(|(k, v)| {
-            format!("{:<width$} {v}", format!("{k}:"))
+            format!("{:<width$} {v}", format!("{}:", k.as_ref()))
                 .trim_end()
                 .to_owned()
         })
@@ -359,20 +364,70 @@ fn cpu_list(cpus: &[u32]) -> String {
         .join(",")
 }
 
-/// `node-info` as text.
+/// The kernel's last known server of an orphan; 0 (or less) when it knows none.
+fn pid_text(pid: i32) -> String {
+    if pid > 0 {
+        pid.to_string()
+    } else {
+        "-".into()
+    }
+}
+
+/// `4 queues`, `1 queue`.
+fn queues_text(queues: u32) -> String {
+    if queues == 1 {
+        "1 queue".into()
+    } else {
+        format!("{queues} queues")
+    }
+}
+
+/// `node-info` as text: one `orphan N:` line per orphan device, or `orphans: none`.
 pub fn node_text(n: &NodeInfo) -> String {
     let mut features = format!("{:#x}", n.ublk_features);
     if !n.ublk_feature_names.is_empty() {
         features.push_str(&format!(" ({})", n.ublk_feature_names.join(", ")));
     }
-    fields(&[
-        ("version", or_dash(&n.version)),
-        ("kernel", or_dash(&n.kernel_release)),
-        ("ublk features", features),
-        ("worker cpus", or_dash(&cpu_list(&n.worker_cpus))),
-        ("backends", or_dash(&n.backends.join(", "))),
-        ("volumes", n.volumes.to_string()),
-    ])
+    let mut pairs: Vec<(String, String)> = vec![
+        ("version".into(), or_dash(&n.version)),
+        ("kernel".into(), or_dash(&n.kernel_release)),
+        ("ublk features".into(), features),
+        ("worker cpus".into(), or_dash(&cpu_list(&n.worker_cpus))),
+        ("backends".into(), or_dash(&n.backends.join(", "))),
+        ("volumes".into(), n.volumes.to_string()),
+    ];
+    if n.orphans.is_empty() {
+        pairs.push(("orphans".into(), "none".into()));
+    }
+    for o in &n.orphans {
+        pairs.push((
+            format!("orphan {}", o.dev_id),
+            format!(
+                "{}, {}, {} x {}, server pid {}",
+                or_dash(&o.state),
+                format_size(o.size_bytes),
+                queues_text(o.queues),
+                o.queue_depth,
+                pid_text(o.server_pid)
+            ),
+        ));
+    }
+    fields(&pairs)
+}
+
+fn orphan_value(o: &OrphanDevice) -> Value {
+    json!({
+        "dev_id": o.dev_id,
+        "state": o.state,
+        "server_pid": o.server_pid,
+        "size_bytes": o.size_bytes,
+        "queues": o.queues,
+        "queue_depth": o.queue_depth,
+    })
+}
+
+fn orphans_value(orphans: &[OrphanDevice]) -> Value {
+    Value::Array(orphans.iter().map(orphan_value).collect())
 }
 
 /// `node-info` as JSON (`NodeInfo`).
@@ -385,7 +440,45 @@ pub fn node_json(n: &NodeInfo) -> String {
         "worker_cpus": n.worker_cpus,
         "backends": n.backends,
         "volumes": n.volumes,
+        "orphans": orphans_value(&n.orphans),
     }))
+}
+
+/// The `orphans` table, or a sentence when there are none.
+pub fn orphans_table(orphans: &[OrphanDevice]) -> String {
+    use Align::{Left, Right};
+    if orphans.is_empty() {
+        return "no orphan ublk devices".into();
+    }
+    let rows: Vec<Vec<String>> = orphans
+        .iter()
+        .map(|o| {
+            vec![
+                o.dev_id.to_string(),
+                or_dash(&o.state),
+                format_size(o.size_bytes),
+                o.queues.to_string(),
+                o.queue_depth.to_string(),
+                pid_text(o.server_pid),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("DEV ID", Right),
+            ("STATE", Left),
+            ("SIZE", Right),
+            ("QUEUES", Right),
+            ("DEPTH", Right),
+            ("SERVER PID", Right),
+        ],
+        &rows,
+    )
+}
+
+/// `orphans` as JSON: `{"orphans": [...]}`, the field of `NodeInfo` it comes from.
+pub fn orphans_json(orphans: &[OrphanDevice]) -> String {
+    pretty(&json!({ "orphans": orphans_value(orphans) }))
 }
 
 #[cfg(test)]
@@ -562,6 +655,7 @@ mean latency: 42.5 µs";
             worker_cpus: vec![3, 0, 1, 2, 8],
             backends: vec!["null".into(), "ram".into(), "file".into()],
             volumes: 2,
+            orphans: Vec::new(),
         };
         let expected = "\
 version:       0.1.0
@@ -569,10 +663,85 @@ kernel:        7.1.0-1-amd64
 ublk features: 0x42 (ZERO_COPY, BATCH_IO)
 worker cpus:   0-3,8
 backends:      null, ram, file
-volumes:       2";
+volumes:       2
+orphans:       none";
         assert_eq!(node_text(&node), expected);
         let j: Value = serde_json::from_str(&node_json(&node)).unwrap();
         assert_eq!(j["worker_cpus"], json!([3, 0, 1, 2, 8]));
+        assert_eq!(j["orphans"], json!([]));
+    }
+
+    fn orphans() -> Vec<OrphanDevice> {
+        vec![
+            OrphanDevice {
+                dev_id: 3,
+                state: "quiesced".into(),
+                server_pid: 4242,
+                size_bytes: 10 << 30,
+                queues: 4,
+                queue_depth: 128,
+            },
+            OrphanDevice {
+                dev_id: 12,
+                state: "dead".into(),
+                server_pid: 0,
+                size_bytes: 1536 << 20,
+                queues: 1,
+                queue_depth: 64,
+            },
+        ]
+    }
+
+    #[test]
+    fn node_info_lists_orphans_a_line_each() {
+        let node = NodeInfo {
+            version: "0.1.0".into(),
+            volumes: 1,
+            orphans: orphans(),
+            ..NodeInfo::default()
+        };
+        let expected = "\
+version:       0.1.0
+kernel:        -
+ublk features: 0x0
+worker cpus:   -
+backends:      -
+volumes:       1
+orphan 3:      quiesced, 10 GiB, 4 queues x 128, server pid 4242
+orphan 12:     dead, 1.5 GiB, 1 queue x 64, server pid -";
+        assert_eq!(node_text(&node), expected);
+        let j: Value = serde_json::from_str(&node_json(&node)).unwrap();
+        assert_eq!(j["orphans"][1]["dev_id"], 12);
+        assert_eq!(j["orphans"][0]["size_bytes"], 10u64 << 30);
+    }
+
+    #[test]
+    fn orphans_table_lines_up() {
+        let expected = "\
+DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
+     3  quiesced   10 GiB       4    128        4242
+    12  dead      1.5 GiB       1     64           -";
+        assert_eq!(orphans_table(&orphans()), expected);
+        assert_eq!(orphans_table(&[]), "no orphan ublk devices");
+    }
+
+    #[test]
+    fn orphans_json_uses_proto_field_names() {
+        let j: Value = serde_json::from_str(&orphans_json(&orphans())).unwrap();
+        assert_eq!(
+            j["orphans"][0],
+            json!({
+                "dev_id": 3,
+                "state": "quiesced",
+                "server_pid": 4242,
+                "size_bytes": 10u64 << 30,
+                "queues": 4,
+                "queue_depth": 128,
+            })
+        );
+        assert_eq!(j["orphans"][1]["server_pid"], 0);
+        let empty: Value = serde_json::from_str(&orphans_json(&[])).unwrap();
+        assert_eq!(empty, json!({ "orphans": [] }));
     }
 
     #[test]

@@ -186,6 +186,66 @@ impl ControlDevice {
             .map(drop)
     }
 
+    /// `GET_PARAMS`: the device's parameters as the kernel holds them.
+    pub fn params(&mut self, dev_id: u32) -> Result<sys::ublk_params, CtrlError> {
+        let p = sys::ublk_params {
+            len: size_of::<sys::ublk_params>() as u32,
+            ..Default::default()
+        };
+        let (_, buf) = self.exec(
+            "GET_PARAMS",
+            sys::UBLK_U_CMD_GET_PARAMS,
+            dev_id,
+            0,
+            Some(sys::to_bytes(&p)),
+        )?;
+        buf.as_deref()
+            .and_then(sys::from_bytes)
+            .ok_or(CtrlError::ShortReply {
+                command: "GET_PARAMS",
+                got: 0,
+                want: size_of::<sys::ublk_params>(),
+            })
+    }
+
+    /// `START_USER_RECOVERY`: a new server is about to take over a device whose server is gone.
+    pub fn start_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        self.exec(
+            "START_USER_RECOVERY",
+            sys::UBLK_U_CMD_START_USER_RECOVERY,
+            dev_id,
+            0,
+            None,
+        )
+        .map(drop)
+    }
+
+    /// `END_USER_RECOVERY` with this process's pid: every queue is fetched again; I/O resumes.
+    pub fn end_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        let pid = u64::from(std::process::id());
+        self.exec(
+            "END_USER_RECOVERY",
+            sys::UBLK_U_CMD_END_USER_RECOVERY,
+            dev_id,
+            pid,
+            None,
+        )
+        .map(drop)
+    }
+
+    /// `QUIESCE_DEV`: stop taking new requests, wait (up to `timeout_ms`) for those in flight,
+    /// then abort this server's fetches. The device stays for the next server (UBLK_F_QUIESCE).
+    pub fn quiesce(&mut self, dev_id: u32, timeout_ms: u64) -> Result<(), CtrlError> {
+        self.exec(
+            "QUIESCE_DEV",
+            sys::UBLK_U_CMD_QUIESCE_DEV,
+            dev_id,
+            timeout_ms,
+            None,
+        )
+        .map(drop)
+    }
+
     /// `UPDATE_SIZE`: new capacity in 512-byte sectors (UBLK_F_UPDATE_SIZE).
     pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), CtrlError> {
         self.exec(

@@ -128,6 +128,7 @@ impl DeviceSpec {
             sys::UBLK_F_USER_RECOVERY,
             sys::UBLK_F_USER_RECOVERY_REISSUE,
             sys::UBLK_F_UPDATE_SIZE,
+            sys::UBLK_F_QUIESCE,
         ] {
             if features.0 & optional != 0 {
                 flags |= optional;

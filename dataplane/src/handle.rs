@@ -81,6 +81,12 @@ pub enum DataplaneError {
     Spawn(#[source] std::io::Error),
     #[error("the dataplane has shut down")]
     Gone,
+    #[error("device {dev_id} is still served by process {pid}")]
+    Busy { dev_id: u32, pid: i32 },
+    #[error("device {0} is already served by this process")]
+    AlreadyOwned(u32),
+    #[error("device {dev_id} cannot be recovered: {why}")]
+    NotRecoverable { dev_id: u32, why: String },
 }
 
 impl DataplaneError {
@@ -101,6 +107,10 @@ impl DataplaneError {
             DataplaneError::Ctrl(CtrlError::Open { .. }) => ErrorKind::FailedPrecondition,
             DataplaneError::Ctrl(CtrlError::Timeout { .. }) => ErrorKind::Unavailable,
             DataplaneError::NoSuchDevice(_) => ErrorKind::NotFound,
+            DataplaneError::Busy { .. } | DataplaneError::NotRecoverable { .. } => {
+                ErrorKind::FailedPrecondition
+            }
+            DataplaneError::AlreadyOwned(_) => ErrorKind::AlreadyExists,
             DataplaneError::Attach {
                 source: WorkerError::Full,
                 ..
@@ -144,6 +154,55 @@ pub struct WorkerSnapshot {
     pub batch_sum: u64,
 }
 
+/// The state of a ublk device as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelState {
+    Dead,
+    Live,
+    /// No server: requests wait for the next one (USER_RECOVERY).
+    Quiesced,
+    /// No server: requests fail (USER_RECOVERY_FAIL_IO).
+    FailIo,
+    Unknown(u16),
+}
+
+impl KernelState {
+    fn from_raw(v: u16) -> Self {
+        match v {
+            sys::UBLK_S_DEV_DEAD => KernelState::Dead,
+            sys::UBLK_S_DEV_LIVE => KernelState::Live,
+            sys::UBLK_S_DEV_QUIESCED => KernelState::Quiesced,
+            sys::UBLK_S_DEV_FAIL_IO => KernelState::FailIo,
+            other => KernelState::Unknown(other),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelState::Dead => "dead",
+            KernelState::Live => "live",
+            KernelState::Quiesced => "quiesced",
+            KernelState::FailIo => "fail_io",
+            KernelState::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// A ublk device that exists in the kernel, whoever serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelDevice {
+    pub dev_id: u32,
+    pub state: KernelState,
+    pub flags: u64,
+    pub queues: u16,
+    pub queue_depth: u16,
+    /// The server process the kernel last knew (may be gone).
+    pub pid: i32,
+    pub size_bytes: u64,
+    /// Served by this dataplane.
+    pub owned: bool,
+}
+
 type Reply<T> = SyncSender<Result<T, DataplaneError>>;
 
 /// Requests the control thread serves.
@@ -158,8 +217,18 @@ pub enum Command {
     Stats(u32, Reply<DeviceStats>),
     List(Reply<Vec<DeviceInfo>>),
     Workers(Reply<Vec<WorkerSnapshot>>),
+    /// Take over a device whose server is gone (START/END_USER_RECOVERY); the spec's `dev_id`
+    /// names it.
+    Recover(DeviceSpec, Reply<DeviceInfo>),
+    /// Every ublk device in the kernel.
+    KernelDevices(Reply<Vec<KernelDevice>>),
+    /// STOP_DEV + DEL_DEV of a device this dataplane does not serve (an orphan).
+    DeleteForeign(u32, Reply<()>),
     /// Delete every device and stop all threads.
     Shutdown(Reply<()>),
+    /// Leave every device to the next server: quiesce it (QUIESCE_DEV where offered), stop
+    /// serving, keep it in the kernel.
+    ShutdownKeep(Reply<()>),
 }
 
 /// The dataplane's control surface. Cheap to clone; every clone talks to the same threads.
@@ -285,6 +354,27 @@ impl Handle {
     pub fn shutdown(&self) -> Result<(), DataplaneError> {
         self.call(Command::Shutdown)
     }
+
+    /// Takes over device `spec.dev_id`, left by a server that exited or crashed: the block device,
+    /// its mounts and open files stay; requests queued meanwhile are served.
+    pub fn recover_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|r| Command::Recover(spec, r))
+    }
+
+    /// Every ublk device the kernel has, whoever serves it.
+    pub fn kernel_devices(&self) -> Result<Vec<KernelDevice>, DataplaneError> {
+        self.call(Command::KernelDevices)
+    }
+
+    /// Stops and deletes a device this dataplane does not serve.
+    pub fn delete_foreign_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
+        self.call(|r| Command::DeleteForeign(dev_id, r))
+    }
+
+    /// Stops serving but leaves every device in the kernel for the next server.
+    pub fn shutdown_keep(&self) -> Result<(), DataplaneError> {
+        self.call(Command::ShutdownKeep)
+    }
 }
 
 fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
@@ -380,6 +470,19 @@ impl Control {
                     let _ = reply.send(self.shutdown());
                     return;
                 }
+                Command::Recover(spec, reply) => {
+                    let _ = reply.send(self.recover(spec));
+                }
+                Command::KernelDevices(reply) => {
+                    let _ = reply.send(self.kernel_devices());
+                }
+                Command::DeleteForeign(id, reply) => {
+                    let _ = reply.send(self.delete_foreign(id));
+                }
+                Command::ShutdownKeep(reply) => {
+                    let _ = reply.send(self.shutdown_keep());
+                    return;
+                }
             }
         }
         // Every Handle is gone: clean up as on shutdown.
@@ -402,6 +505,248 @@ impl Control {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Waits until the device's previous server has let go (the kernel releases its queues
+    /// asynchronously after the process dies); returns the device's info.
+    fn wait_released(&mut self, dev_id: u32) -> Result<sys::ublksrv_ctrl_dev_info, DataplaneError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let info = match self.ctrl.dev_info(dev_id) {
+                Ok(i) => i,
+                Err(CtrlError::Command { source, .. })
+                    if source.raw_os_error() == Some(libc::ENODEV) =>
+                {
+                    return Err(DataplaneError::NoSuchDevice(dev_id))
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match KernelState::from_raw(info.state) {
+                KernelState::Quiesced | KernelState::FailIo => return Ok(info),
+                KernelState::Dead => {
+                    return Err(DataplaneError::NotRecoverable {
+                        dev_id,
+                        why: "it was stopped".into(),
+                    })
+                }
+                KernelState::Live | KernelState::Unknown(_) => {
+                    let pid = info.ublksrv_pid;
+                    if pid > 0 && pid as u32 != std::process::id() && os::pid_alive(pid) {
+                        return Err(DataplaneError::Busy { dev_id, pid });
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(DataplaneError::NotRecoverable {
+                            dev_id,
+                            why: "the previous server did not let go in time".into(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    fn recover(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        let dev_id = spec.dev_id.ok_or(DataplaneError::NotRecoverable {
+            dev_id: u32::MAX,
+            why: "no device id given".into(),
+        })?;
+        if self.devices.contains_key(&dev_id) {
+            return Err(DataplaneError::AlreadyOwned(dev_id));
+        }
+        spec.validate(max_queues())?;
+        let info = self.wait_released(dev_id)?;
+        if info.nr_hw_queues != spec.queues || info.queue_depth != spec.queue_depth {
+            return Err(DataplaneError::NotRecoverable {
+                dev_id,
+                why: format!(
+                    "the kernel device has {} queue(s) of depth {}, the volume {} of depth {}",
+                    info.nr_hw_queues, info.queue_depth, spec.queues, spec.queue_depth
+                ),
+            });
+        }
+        let path = if info.flags & sys::UBLK_F_BATCH_IO != 0 {
+            IoPath::Batch
+        } else {
+            IoPath::PerIo
+        };
+        let kernel_size = self.ctrl.params(dev_id)?.basic.dev_sectors * 512;
+        let backend = backend::open(
+            &spec.backend,
+            spec.size_bytes.max(kernel_size),
+            spec.block_size,
+        )?;
+        let mut device = Device {
+            info: DeviceInfo {
+                dev_id,
+                spec: DeviceSpec {
+                    max_io_bytes: info.max_io_buf_bytes,
+                    ..spec.clone()
+                },
+                io_path: path,
+                flags: info.flags,
+                block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
+                char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
+            },
+            backend,
+            queues: Vec::new(),
+            cdev: None,
+        };
+        let result = self
+            .ctrl
+            .start_recovery(dev_id)
+            .map_err(DataplaneError::from)
+            .and_then(|()| {
+                self.attach_queues(&mut device)?;
+                self.ctrl.end_recovery(dev_id)?;
+                if kernel_size != spec.size_bytes {
+                    // A resize recorded but not (or not wholly) applied before a crash: the spec wins.
+                    device.backend.resize(spec.size_bytes)?;
+                    self.ctrl.update_size(dev_id, spec.size_bytes / 512)?;
+                }
+                Ok(())
+            });
+        match result {
+            Ok(()) => {
+                let out = device.info.clone();
+                self.devices.insert(dev_id, device);
+                Ok(out)
+            }
+            Err(e) => {
+                let _ = self.tear_down(&mut device);
+                Err(e)
+            }
+        }
+    }
+
+    fn kernel_devices(&mut self) -> Result<Vec<KernelDevice>, DataplaneError> {
+        let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char")
+            .or_else(|_| std::fs::read_dir("/dev"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_prefix("ublkc"))
+                            .and_then(|n| n.parse().ok())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out = Vec::new();
+        for dev_id in ids {
+            let Ok(info) = self.ctrl.dev_info(dev_id) else {
+                continue;
+            };
+            let size_bytes = self
+                .ctrl
+                .params(dev_id)
+                .map_or(0, |p| p.basic.dev_sectors * 512);
+            out.push(KernelDevice {
+                dev_id,
+                state: KernelState::from_raw(info.state),
+                flags: info.flags,
+                queues: info.nr_hw_queues,
+                queue_depth: info.queue_depth,
+                pid: info.ublksrv_pid,
+                size_bytes,
+                owned: self.devices.contains_key(&dev_id),
+            });
+        }
+        Ok(out)
+    }
+
+    fn delete_foreign(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+        if self.devices.contains_key(&dev_id) {
+            return Err(DataplaneError::AlreadyOwned(dev_id));
+        }
+        let info = self.ctrl.dev_info(dev_id).map_err(|e| match e {
+            CtrlError::Command { ref source, .. }
+                if source.raw_os_error() == Some(libc::ENODEV) =>
+            {
+                DataplaneError::NoSuchDevice(dev_id)
+            }
+            other => other.into(),
+        })?;
+        if KernelState::from_raw(info.state) == KernelState::Live
+            && info.ublksrv_pid > 0
+            && os::pid_alive(info.ublksrv_pid)
+        {
+            return Err(DataplaneError::Busy {
+                dev_id,
+                pid: info.ublksrv_pid,
+            });
+        }
+        // A device without a server may refuse STOP_DEV (already stopped); DEL_DEV decides.
+        let _ = self.ctrl.stop_dev(dev_id);
+        self.ctrl.del_dev(dev_id)?;
+        Ok(())
+    }
+
+    fn shutdown_keep(&mut self) -> Result<(), DataplaneError> {
+        let mut first_err = None;
+        let ids: Vec<u32> = self.devices.keys().copied().collect();
+        let mut quiesced = true;
+        for id in ids {
+            let Some(mut device) = self.devices.remove(&id) else {
+                continue;
+            };
+            // QUIESCE_DEV drains per-IO queues cleanly. On BATCH_IO queues the 7.3 driver fails
+            // the requests it aborts instead of requeueing them, so those are left the way a
+            // crash leaves them: the kernel reissues what was in flight to the next server.
+            if device.info.flags & sys::UBLK_F_QUIESCE == 0 || device.info.io_path == IoPath::Batch
+            {
+                quiesced = false;
+                continue;
+            }
+            // The kernel lets requests in flight finish, then aborts our fetches; the workers
+            // tear the queues down and report them gone.
+            let r = self
+                .ctrl
+                .quiesce(id, self.timeout.as_millis() as u64)
+                .map_err(DataplaneError::from)
+                .and_then(|()| self.wait_queues_gone(&device));
+            if let Err(e) = r {
+                quiesced = false;
+                first_err.get_or_insert(e);
+            }
+            device.cdev = None;
+        }
+        for w in &mut self.workers {
+            let cmd = if quiesced {
+                WorkerCmd::Shutdown
+            } else {
+                WorkerCmd::Abandon
+            };
+            let _ = w.tx.send(cmd);
+            let _ = w.event.notify();
+            if quiesced {
+                if let Some(j) = w.join.take() {
+                    let _ = j.join();
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn wait_queues_gone(&self, device: &Device) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        let mut left = device.queues.len();
+        let deadline = Instant::now() + self.timeout;
+        while left > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DataplaneError::StopTimeout(dev_id));
+            }
+            match self.gone_rx.recv_timeout(deadline - now) {
+                Ok((d, _)) if d == dev_id => left -= 1,
+                Ok(_) => {}
+                Err(_) => return Err(DataplaneError::StopTimeout(dev_id)),
+            }
+        }
+        Ok(())
     }
 
     fn add(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
@@ -456,6 +801,15 @@ impl Control {
             });
         }
         self.ctrl.set_params(dev_id, &device.info.spec.params())?;
+        self.attach_queues(device)?;
+        self.ctrl.start_dev(dev_id)?;
+        Ok(())
+    }
+
+    /// Opens `/dev/ublkcN` and hands every queue to its worker, which maps it and arms its
+    /// fetches before replying.
+    fn attach_queues(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
         let cdev = Arc::new(open_char_device(&device.info.char_device, self.timeout)?);
         device.cdev = Some(Arc::clone(&cdev));
         let spec = &device.info.spec;
@@ -486,7 +840,6 @@ impl Control {
                 Err(_) => return Err(DataplaneError::Gone),
             }
         }
-        self.ctrl.start_dev(dev_id)?;
         Ok(())
     }
 
@@ -502,20 +855,7 @@ impl Control {
     fn tear_down(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
         let stop = self.ctrl.stop_dev(dev_id);
-        let mut left = device.queues.len();
-        let deadline = Instant::now() + self.timeout;
-        while left > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(DataplaneError::StopTimeout(dev_id));
-            }
-            match self.gone_rx.recv_timeout(deadline - now) {
-                Ok((d, _)) if d == dev_id => left -= 1,
-                // A queue of a device torn down earlier after its own timeout: nothing to do.
-                Ok(_) => {}
-                Err(_) => return Err(DataplaneError::StopTimeout(dev_id)),
-            }
-        }
+        self.wait_queues_gone(device)?;
         device.cdev = None;
         stop?;
         self.ctrl.del_dev(dev_id)?;

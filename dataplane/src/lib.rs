@@ -25,6 +25,7 @@ pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError};
 pub use features::Features;
 pub use handle::{
-    Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle, WorkerSnapshot,
+    Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle, KernelDevice, KernelState,
+    WorkerSnapshot,
 };
 pub use stats::{OpKind, StatsSnapshot};

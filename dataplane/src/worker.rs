@@ -77,6 +77,9 @@ pub enum WorkerCmd {
     Attach(Box<QueueSetup>, SyncSender<Result<(), WorkerError>>),
     /// Exit once no queue is left.
     Shutdown,
+    /// Stop serving at once and never release the ring: the process is about to exit and the
+    /// kernel's own cleanup (as after a crash) hands the devices to the next server.
+    Abandon,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +140,7 @@ pub struct Worker {
     /// Requests started in this loop iteration.
     handled: u64,
     shutdown: bool,
+    abandon: bool,
 }
 
 impl Worker {
@@ -156,6 +160,7 @@ impl Worker {
             dirty: Vec::new(),
             handled: 0,
             shutdown: false,
+            abandon: false,
         })
     }
 
@@ -179,6 +184,12 @@ impl Worker {
             self.stats.busy(busy_from.elapsed());
             if self.shutdown && self.queues.iter().all(Option::is_none) {
                 return Ok(());
+            }
+            if self.abandon {
+                // Keep the ring and every buffer it points at alive until the process exits.
+                loop {
+                    std::thread::park();
+                }
             }
         }
     }
@@ -219,6 +230,7 @@ impl Worker {
                     let _ = reply.send(self.attach(setup));
                 }
                 WorkerCmd::Shutdown => self.shutdown = true,
+                WorkerCmd::Abandon => self.abandon = true,
             }
         }
     }

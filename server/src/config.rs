@@ -19,9 +19,13 @@ pub struct Settings {
     pub defaults: VolumeDefaults,
     pub limits: Limits,
     pub log: LogSettings,
-    /// What a clean exit does with the kernel devices: `delete` them (a restart creates them
-    /// again from the registry) or `keep` them for the next ublkd to take over.
+    /// What a clean exit does with the kernel devices: `keep` them (quiesced) for the next
+    /// ublkd to take over without the applications noticing, or `delete` them (a restart creates
+    /// them again from the registry).
     pub on_exit: OnExit,
+    /// Where RAM volumes keep their memory: files on tmpfs survive a daemon crash or upgrade
+    /// (not a reboot).
+    pub ram_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,7 +114,8 @@ impl Default for Settings {
             defaults: VolumeDefaults::default(),
             limits: Limits::default(),
             log: LogSettings::default(),
-            on_exit: OnExit::Delete,
+            on_exit: OnExit::Keep,
+            ram_dir: PathBuf::from("/dev/shm/ublkd"),
         }
     }
 }
@@ -197,10 +202,28 @@ pub fn load(
             b = b.add_source(config::File::from(Path::new(DEFAULT_CONFIG_PATH)).required(false))
         }
     }
+    // Only variables naming a configuration key: others that share the prefix (test hooks,
+    // tooling) are not configuration.
+    const TOP_KEYS: [&str; 10] = [
+        "grpc",
+        "metrics",
+        "state_dir",
+        "allowed_roots",
+        "dataplane",
+        "defaults",
+        "limits",
+        "log",
+        "on_exit",
+        "ram_dir",
+    ];
     let env: std::collections::HashMap<String, String> = env
         .into_iter()
-        .filter(|(k, _)| k.starts_with("UBLKD_") && k != "UBLKD_VM" && k != "UBLKD_VM_RUN")
-        .filter(|(k, _)| !k.starts_with("UBLKD_BIN") && !k.starts_with("UBLKD_VM_"))
+        .filter(|(k, _)| {
+            k.strip_prefix("UBLKD_").is_some_and(|rest| {
+                let first = rest.split("__").next().unwrap_or("").to_ascii_lowercase();
+                TOP_KEYS.contains(&first.as_str())
+            })
+        })
         .collect();
     b = b.add_source(
         config::Environment::with_prefix("UBLKD")
@@ -229,6 +252,12 @@ impl Settings {
         }
         if self.allowed_roots.iter().any(|r| !r.is_absolute()) {
             return bad("allowed_roots must be absolute paths".into());
+        }
+        if !self.ram_dir.is_absolute() {
+            return bad(format!(
+                "ram_dir {} is not absolute",
+                self.ram_dir.display()
+            ));
         }
         if !self.state_dir.is_absolute() {
             return bad(format!(
@@ -291,6 +320,8 @@ max_volumes = 7
                 ("UBLKD_DEFAULTS__QUEUE_DEPTH", "32"),
                 ("UBLKD_GRPC__LISTEN", "unix:///a.sock,127.0.0.1:7000"),
                 ("UBLKD_LOG__FORMAT", "json"),
+                ("UBLKD_FAULT_POINT", "create:after_record"),
+                ("UBLKD_VM_RUN", "/x"),
                 ("HOME", "/root"),
             ]),
             &[("limits.max_volumes", 9.into())],

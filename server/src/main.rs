@@ -149,7 +149,7 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("bad --size {:?}", args.size))?;
     let backend = match args.backend.as_str() {
         "null" => BackendSpec::Null,
-        "ram" => BackendSpec::Ram,
+        "ram" => BackendSpec::Ram { path: None },
         other => match other.strip_prefix("file:") {
             Some(p) if !p.is_empty() => BackendSpec::File { path: p.into() },
             _ => bail!("unknown backend {other:?}: expected null, ram or file:PATH"),
@@ -237,9 +237,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let settings = config::load(args.config.as_deref(), std::env::vars(), &overrides)
         .context("loading the configuration")?;
     init_logging(&settings);
-    if settings.on_exit == config::OnExit::Keep {
-        bail!("on_exit = \"keep\" needs crash recovery, which this version lacks; use \"delete\"");
-    }
     let rt = runtime()?;
     rt.block_on(daemon(Arc::new(settings)))
 }
@@ -277,7 +274,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         registry,
         Arc::clone(&settings),
     ));
-    volumes.reconcile().await?;
+    volumes.load().await?;
     let metrics = metrics::Metrics::new()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -386,7 +383,20 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
             }
         }
     }
-    tracing::info!(volumes = volumes.list().await.len(), "ublkd ready");
+    tracing::info!(
+        volumes = volumes.list().await.len(),
+        "ublkd listening; restoring volumes"
+    );
+    // Volumes come back while the API already answers (they show as RECOVERING meanwhile).
+    let v = Arc::clone(&volumes);
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        v.restore().await;
+        tracing::info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            "ublkd ready: every volume restored"
+        );
+    });
 
     tokio::select! {
         _ = stop => tracing::info!("stopping: finishing in-flight requests"),
@@ -409,7 +419,14 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     volumes.shutdown().await?;
-    tracing::info!("devices removed; volumes stay registered for the next start");
+    match settings.on_exit {
+        config::OnExit::Keep => {
+            tracing::info!("devices kept for the next ublkd; volumes stay registered")
+        }
+        config::OnExit::Delete => {
+            tracing::info!("devices removed; volumes stay registered for the next start")
+        }
+    }
     Ok(())
 }
 

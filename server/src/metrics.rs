@@ -212,6 +212,38 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         COUNTER,
     );
     let mut count = Family::new("ublkd_volumes", "Volumes known to this node", GAUGE);
+    let mut recoveries = Family::new(
+        "ublkd_volume_recoveries_total",
+        "Kernel devices taken over from a previous ublkd (after a crash or an upgrade)",
+        COUNTER,
+    );
+    let mut recovery_duration = Family::new(
+        "ublkd_volume_recovery_duration_seconds",
+        "Time to take over one device: start of recovery to I/O flowing",
+        HISTOGRAM,
+    );
+    let mut orphans = Family::new(
+        "ublkd_orphan_devices",
+        "ublk devices in the kernel that no registered volume owns",
+        GAUGE,
+    );
+    let r = &volumes.recoveries;
+    recoveries.counter(
+        &[],
+        r.total.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    let counts: Vec<u64> = r
+        .buckets
+        .iter()
+        .map(|b| b.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    recovery_duration.histogram(
+        &[],
+        &crate::volumes::RECOVERY_BOUNDS,
+        &counts,
+        r.sum_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9,
+    );
+    orphans.gauge(&[], volumes.orphans().await.len() as f64);
     let all = volumes.all_stats().await;
     count.gauge(&[], all.len() as f64);
     for (vol, stats) in &all {
@@ -268,7 +300,21 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         batch.histogram(&l, &bounds, &w.batch_buckets, w.batch_sum as f64);
     }
     [
-        ops, bytes, errors, duration, inflight, size, memory, state, info, batch, busy, count,
+        ops,
+        bytes,
+        errors,
+        duration,
+        inflight,
+        size,
+        memory,
+        state,
+        info,
+        batch,
+        busy,
+        count,
+        recoveries,
+        recovery_duration,
+        orphans,
     ]
     .into_iter()
     .map(|f| f.0)

@@ -28,8 +28,12 @@ pub struct VolumeRecord {
     /// `auto`, `batch` or `per_io`.
     pub io_path: String,
     pub created_unix_ms: i64,
-    /// The kernel device id it last had, asked for again on re-creation.
+    /// The kernel device id: chosen before the device is created, so after a crash at any
+    /// point the next start finds (and takes over) the device this record made.
     pub dev_id: Option<u32>,
+    /// A delete was started: the next start finishes it.
+    #[serde(default)]
+    pub deleting: bool,
 }
 
 /// Errors of the registry, named for the step that failed.
@@ -184,6 +188,7 @@ mod tests {
             io_path: "auto".into(),
             created_unix_ms: 1,
             dev_id: Some(3),
+            deleting: false,
         }
     }
 

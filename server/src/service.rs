@@ -284,7 +284,72 @@ impl NodeService for Api {
                     Vec::new()
                 },
                 volumes: self.volumes.list().await.len() as u32,
+                orphans: self
+                    .volumes
+                    .orphans()
+                    .await
+                    .into_iter()
+                    .map(|d| v1::OrphanDevice {
+                        dev_id: d.dev_id,
+                        state: d.state.name().into(),
+                        server_pid: d.pid,
+                        size_bytes: d.size_bytes,
+                        queues: u32::from(d.queues),
+                        queue_depth: u32::from(d.queue_depth),
+                    })
+                    .collect(),
             })
+        })
+        .await
+    }
+
+    async fn adopt_device(
+        &self,
+        req: Request<v1::AdoptDeviceRequest>,
+    ) -> Result<Response<v1::Volume>, Status> {
+        self.metered("AdoptDevice", async {
+            check_deadline(&req)?;
+            let req = req.into_inner();
+            validate::volume_id(&req.id)?;
+            let Some(mut spec) = req.spec else {
+                return Err(Status::invalid_argument("spec with a backend is required"));
+            };
+            let orphan = self
+                .volumes
+                .orphans()
+                .await
+                .into_iter()
+                .find(|d| d.dev_id == req.dev_id)
+                .ok_or_else(|| {
+                    Status::not_found(format!("no orphan ublk device {}", req.dev_id))
+                })?;
+            // What the caller leaves out is the device's own.
+            if spec.size_bytes == 0 {
+                spec.size_bytes = orphan.size_bytes;
+            }
+            spec.queues = spec.queues.or(Some(u32::from(orphan.queues)));
+            spec.queue_depth = spec.queue_depth.or(Some(u32::from(orphan.queue_depth)));
+            let record = validate::spec(&req.id, Some(&spec), &self.settings)?;
+            let volumes = Arc::clone(&self.volumes);
+            let dev_id = req.dev_id;
+            let vol = to_completion(async move { volumes.adopt(dev_id, record).await }).await?;
+            tracing::info!(volume = %vol.record.id, dev_id, "orphan device adopted");
+            Ok(volume_proto(&vol))
+        })
+        .await
+    }
+
+    async fn delete_orphan(
+        &self,
+        req: Request<v1::DeleteOrphanRequest>,
+    ) -> Result<Response<v1::DeleteOrphanResponse>, Status> {
+        self.metered("DeleteOrphan", async {
+            check_deadline(&req)?;
+            let dev_id = req.into_inner().dev_id;
+            let volumes = Arc::clone(&self.volumes);
+            to_completion(async move { volumes.delete_orphan(dev_id).await }).await?;
+            tracing::info!(dev_id, "orphan device deleted");
+            Ok(v1::DeleteOrphanResponse {})
         })
         .await
     }

@@ -91,6 +91,7 @@ pub fn spec(
         io_path: io_path.into(),
         created_unix_ms: 0,
         dev_id: None,
+        deleting: false,
     })
 }
 

@@ -7,11 +7,13 @@ use crate::config::Settings;
 use crate::registry::{BackendRecord, Registry, RegistryError, VolumeRecord};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use ublkd_dataplane::{
     BackendSpec, DataplaneError, DeviceInfo, DeviceSpec, DeviceStats, ErrorKind, Features, Handle,
-    IoPath, WorkerSnapshot,
+    IoPath, KernelDevice, WorkerSnapshot,
 };
 
 /// Errors of volume operations; `kind()` decides the gRPC code (see `status.rs`).
@@ -125,6 +127,31 @@ pub struct Volume {
     pub message: String,
 }
 
+/// Upper bounds (seconds) of the recovery-duration histogram.
+pub const RECOVERY_BOUNDS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Counters of device take-overs after a restart or crash.
+#[derive(Debug, Default)]
+pub struct RecoveryStats {
+    pub total: AtomicU64,
+    pub buckets: [AtomicU64; 11],
+    pub sum_ns: AtomicU64,
+}
+
+impl RecoveryStats {
+    fn record(&self, took: Duration) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let secs = took.as_secs_f64();
+        let b = RECOVERY_BOUNDS
+            .iter()
+            .position(|&ub| secs <= ub)
+            .unwrap_or(RECOVERY_BOUNDS.len());
+        self.buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug)]
 pub struct Volumes {
     handle: Option<Handle>,
@@ -132,9 +159,19 @@ pub struct Volumes {
     registry: Registry,
     settings: Arc<Settings>,
     inner: Mutex<BTreeMap<String, Volume>>,
+    pub recoveries: RecoveryStats,
 }
 
-fn to_device_spec(r: &VolumeRecord) -> DeviceSpec {
+/// Test hook: `UBLKD_FAULT_POINT=<point>` makes ublkd die (abort, no cleanup, as kill -9) when it
+/// reaches `<point>`, e.g. `create:after_device`. Used by the crash-consistency tests.
+fn fault_point(point: &str) {
+    if std::env::var("UBLKD_FAULT_POINT").is_ok_and(|p| p == point) {
+        eprintln!("ublkd: fault point {point} reached: aborting");
+        std::process::abort();
+    }
+}
+
+fn to_device_spec(r: &VolumeRecord, ram_dir: &std::path::Path) -> DeviceSpec {
     DeviceSpec {
         size_bytes: r.size_bytes,
         block_size: r.block_size,
@@ -147,7 +184,9 @@ fn to_device_spec(r: &VolumeRecord) -> DeviceSpec {
         },
         backend: match &r.backend {
             BackendRecord::Null => BackendSpec::Null,
-            BackendRecord::Ram => BackendSpec::Ram,
+            BackendRecord::Ram => BackendSpec::Ram {
+                path: Some(ram_file(ram_dir, &r.id)),
+            },
             BackendRecord::File { path, .. } => BackendSpec::File { path: path.clone() },
         },
         dev_id: r.dev_id,
@@ -155,15 +194,22 @@ fn to_device_spec(r: &VolumeRecord) -> DeviceSpec {
     }
 }
 
+/// The tmpfs file holding RAM volume `id`.
+pub fn ram_file(ram_dir: &std::path::Path, id: &str) -> PathBuf {
+    ram_dir.join(format!("{id}.ram"))
+}
+
 /// Two records describe the same volume if everything but bookkeeping matches.
 fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
     VolumeRecord {
         created_unix_ms: 0,
         dev_id: None,
+        deleting: false,
         ..a.clone()
     } == VolumeRecord {
         created_unix_ms: 0,
         dev_id: None,
+        deleting: false,
         ..b.clone()
     }
 }
@@ -201,6 +247,7 @@ impl Volumes {
             registry,
             settings,
             inner: Mutex::new(BTreeMap::new()),
+            recoveries: RecoveryStats::default(),
         }
     }
 
@@ -214,51 +261,129 @@ impl Volumes {
         self.handle.as_ref().map(Handle::features)
     }
 
-    /// Brings every registered volume up again (after a restart or reboot). Volumes that cannot
-    /// be created are kept as FAILED with the reason.
-    pub async fn reconcile(&self) -> Result<(), VolumeError> {
+    /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
+    /// clients see the whole node at once. `restore` then brings them up.
+    pub async fn load(&self) -> Result<(), VolumeError> {
         let (records, report) = self.registry.load()?;
         for path in &report.corrupt {
             tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
         }
         let mut map = self.inner.lock().await;
         for record in records {
-            let id = record.id.clone();
-            let vol = match self.bring_up(&record).await {
-                Ok(info) => {
-                    let mut record = record;
-                    record.dev_id = Some(info.dev_id);
-                    if let Err(e) = self.registry.put(&record) {
-                        tracing::warn!(volume = %id, error = %crate::status::chain(&e), "cannot update record");
+            map.insert(
+                record.id.clone(),
+                Volume {
+                    record,
+                    state: State::Recovering,
+                    device: None,
+                    message: String::new(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Brings every loaded volume up: takes over its kernel device when one survived (a crash
+    /// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
+    /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
+    /// reason.
+    pub async fn restore(&self) {
+        let ids: Vec<String> = self.inner.lock().await.keys().cloned().collect();
+        let kernel: BTreeMap<u32, KernelDevice> = match self.handle() {
+            Ok(h) => blocking(move || h.kernel_devices())
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.dev_id, d))
+                .collect(),
+            Err(_) => BTreeMap::new(),
+        };
+        for id in ids {
+            let mut map = self.inner.lock().await;
+            let Some(vol) = map.get(&id).cloned() else {
+                continue;
+            };
+            let started = Instant::now();
+            let outcome = self.restore_one(&vol.record, &kernel).await;
+            match outcome {
+                Ok(None) => {
+                    map.remove(&id);
+                    tracing::info!(volume = %id, "interrupted delete finished");
+                }
+                Ok(Some((info, recovered))) => {
+                    if recovered {
+                        self.recoveries.record(started.elapsed());
                     }
-                    tracing::info!(volume = %id, device = %info.block_device.display(), "volume restored");
-                    Volume {
-                        record,
-                        state: State::Ready,
-                        device: Some(info),
-                        message: String::new(),
+                    tracing::info!(
+                        volume = %id,
+                        device = %info.block_device.display(),
+                        recovered,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "volume serving again"
+                    );
+                    if let Some(v) = map.get_mut(&id) {
+                        v.record.dev_id = Some(info.dev_id);
+                        v.state = State::Ready;
+                        v.device = Some(info);
+                        v.message.clear();
+                        if let Err(e) = self.registry.put(&v.record) {
+                            tracing::warn!(volume = %id, error = %crate::status::chain(&e), "cannot update record");
+                        }
                     }
                 }
                 Err(e) => {
                     let message = crate::status::chain(&e);
                     tracing::error!(volume = %id, error = %message, "volume could not be restored");
-                    Volume {
-                        record,
-                        state: State::Failed,
-                        device: None,
-                        message,
+                    if let Some(v) = map.get_mut(&id) {
+                        v.state = State::Failed;
+                        v.message = message;
                     }
                 }
-            };
-            map.insert(id, vol);
+            }
         }
-        Ok(())
     }
 
-    /// Creates the device for `record`, asking for its previous kernel id first.
+    /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).
+    async fn restore_one(
+        &self,
+        record: &VolumeRecord,
+        kernel: &BTreeMap<u32, KernelDevice>,
+    ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
+        let handle = self.handle()?;
+        let existing = record
+            .dev_id
+            .and_then(|id| kernel.get(&id))
+            .filter(|d| !d.owned);
+        if record.deleting {
+            if let Some(dev) = existing {
+                let (h, id) = (handle.clone(), dev.dev_id);
+                blocking(move || h.delete_foreign_device(id)).await?;
+            }
+            self.registry.remove(&record.id)?;
+            self.remove_ram_file(record);
+            return Ok(None);
+        }
+        if existing.is_some() {
+            let spec = to_device_spec(record, &self.settings.ram_dir);
+            let h = handle.clone();
+            match blocking(move || h.recover_device(spec)).await {
+                Ok(info) => return Ok(Some((info, true))),
+                Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
+                    tracing::warn!(volume = %record.id, dev_id, why, "device cannot be taken over: creating it again");
+                    let h = handle.clone();
+                    let _ = blocking(move || h.delete_foreign_device(dev_id)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.bring_up(record).await.map(|i| Some((i, false)))
+    }
+
+    /// Creates the device for `record`, with its recorded kernel id when it has one (and any
+    /// free id if something else took that one meanwhile; the caller records the id it got).
     async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
         let handle = self.handle()?;
-        let spec = to_device_spec(record);
+        let spec = to_device_spec(record, &self.settings.ram_dir);
         let h = handle.clone();
         let s = spec.clone();
         match blocking(move || h.add_device(s)).await {
@@ -270,6 +395,26 @@ impl Volumes {
                 blocking(move || handle.add_device(spec)).await
             }
             other => other,
+        }
+    }
+
+    /// The lowest ublk device id that neither the kernel nor any record uses.
+    async fn free_dev_id(&self, map: &BTreeMap<String, Volume>) -> Result<u32, VolumeError> {
+        let handle = self.handle()?;
+        let kernel = blocking(move || handle.kernel_devices()).await?;
+        let used: std::collections::BTreeSet<u32> = kernel
+            .iter()
+            .map(|d| d.dev_id)
+            .chain(map.values().filter_map(|v| v.record.dev_id))
+            .collect();
+        (0..u32::from(u16::MAX))
+            .find(|id| !used.contains(id))
+            .ok_or_else(|| VolumeError::Exhausted("no free ublk device id".into()))
+    }
+
+    fn remove_ram_file(&self, record: &VolumeRecord) {
+        if record.backend == BackendRecord::Ram {
+            let _ = std::fs::remove_file(ram_file(&self.settings.ram_dir, &record.id));
         }
     }
 
@@ -304,11 +449,16 @@ impl Volumes {
         self.handle()?;
         let created_file = self.prepare_backing_file(&record)?;
         record.created_unix_ms = now_ms();
-        // The record goes first: a crash from here on leaves a registered volume that the next
-        // start creates, never a device nobody owns.
+        record.dev_id = Some(self.free_dev_id(&map).await?);
+        fault_point("create:before_record");
+        // The record (with the device id it will get) goes first: a crash from here on leaves a
+        // registered volume whose device the next start takes over or creates, never a device
+        // nobody owns.
         self.registry.put(&record)?;
+        fault_point("create:after_record");
         match self.bring_up(&record).await {
             Ok(info) => {
+                fault_point("create:after_device");
                 record.dev_id = Some(info.dev_id);
                 self.registry.put(&record)?;
                 let vol = Volume {
@@ -325,6 +475,7 @@ impl Volumes {
                 if let (Some(path), BackendRecord::File { .. }) = (created_file, &record.backend) {
                     let _ = std::fs::remove_file(path);
                 }
+                self.remove_ram_file(&record);
                 Err(e)
             }
         }
@@ -373,14 +524,22 @@ impl Volumes {
             let handle = self.handle()?;
             let dev_id = info.dev_id;
             vol.state = State::Deleting;
+            // Persist the intent: a crash during the delete is finished by the next start.
+            let mut record = vol.record.clone();
+            record.deleting = true;
+            self.registry.put(&record)?;
+            fault_point("delete:after_mark");
             if let Err(e) = blocking(move || handle.delete_device(dev_id)).await {
                 vol.state = State::Failed;
                 vol.message = crate::status::chain(&e);
                 return Err(e);
             }
+            fault_point("delete:after_device");
         }
         self.registry.remove(id)?;
-        map.remove(id);
+        if let Some(vol) = map.remove(id) {
+            self.remove_ram_file(&vol.record);
+        }
         Ok(())
     }
 
@@ -430,13 +589,23 @@ impl Volumes {
             }
         }
         let handle = self.handle()?;
-        let updated = blocking(move || handle.resize_device(info.dev_id, size)).await?;
+        // The new size is recorded first: after a crash the next start applies it.
         let mut record = vol.record.clone();
         record.size_bytes = size;
         self.registry.put(&record)?;
-        vol.record = record;
-        vol.device = Some(updated);
-        Ok(vol.clone())
+        fault_point("resize:after_record");
+        match blocking(move || handle.resize_device(info.dev_id, size)).await {
+            Ok(updated) => {
+                fault_point("resize:after_device");
+                vol.record = record;
+                vol.device = Some(updated);
+                Ok(vol.clone())
+            }
+            Err(e) => {
+                let _ = self.registry.put(&vol.record);
+                Err(e)
+            }
+        }
     }
 
     pub async fn get(&self, id: &str) -> Result<Volume, VolumeError> {
@@ -496,16 +665,90 @@ impl Volumes {
             .unwrap_or_default()
     }
 
-    /// On a clean exit: delete every device (the registry keeps the volumes for the next start).
+    /// On a clean exit: keep every device (quiesced) for the next ublkd, or delete them; the
+    /// registry keeps the volumes either way.
     pub async fn shutdown(&self) -> Result<(), VolumeError> {
         let mut map = self.inner.lock().await;
         if let Some(handle) = self.handle.clone() {
             for vol in map.values_mut() {
                 vol.device = None;
             }
-            blocking(move || handle.shutdown()).await?;
+            match self.settings.on_exit {
+                crate::config::OnExit::Keep => blocking(move || handle.shutdown_keep()).await?,
+                crate::config::OnExit::Delete => blocking(move || handle.shutdown()).await?,
+            }
         }
         Ok(())
+    }
+
+    /// ublk devices in the kernel that no registered volume owns.
+    pub async fn orphans(&self) -> Vec<KernelDevice> {
+        let Some(handle) = self.handle.clone() else {
+            return Vec::new();
+        };
+        let map = self.inner.lock().await;
+        let known: std::collections::BTreeSet<u32> =
+            map.values().filter_map(|v| v.record.dev_id).collect();
+        drop(map);
+        blocking(move || handle.kernel_devices())
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| !d.owned && !known.contains(&d.dev_id))
+            .collect()
+    }
+
+    /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
+    pub async fn adopt(
+        &self,
+        dev_id: u32,
+        mut record: VolumeRecord,
+    ) -> Result<Volume, VolumeError> {
+        let orphan = self
+            .orphans()
+            .await
+            .into_iter()
+            .find(|d| d.dev_id == dev_id)
+            .ok_or_else(|| VolumeError::NotFound(format!("no orphan ublk device {dev_id}")))?;
+        let mut map = self.inner.lock().await;
+        if map.contains_key(&record.id) {
+            return Err(VolumeError::AlreadyExists(format!(
+                "volume {:?} already exists",
+                record.id
+            )));
+        }
+        if record.size_bytes == 0 {
+            record.size_bytes = orphan.size_bytes;
+        }
+        record.dev_id = Some(dev_id);
+        record.created_unix_ms = now_ms();
+        self.prepare_backing_file(&record)?;
+        let handle = self.handle()?;
+        let spec = to_device_spec(&record, &self.settings.ram_dir);
+        let started = Instant::now();
+        let info = blocking(move || handle.recover_device(spec)).await?;
+        self.recoveries.record(started.elapsed());
+        self.registry.put(&record)?;
+        let vol = Volume {
+            record,
+            state: State::Ready,
+            device: Some(info),
+            message: String::new(),
+        };
+        map.insert(vol.record.id.clone(), vol.clone());
+        Ok(vol)
+    }
+
+    /// Deletes orphan device `dev_id`.
+    pub async fn delete_orphan(&self, dev_id: u32) -> Result<(), VolumeError> {
+        if !self.orphans().await.iter().any(|d| d.dev_id == dev_id) {
+            return Err(VolumeError::NotFound(format!(
+                "no orphan ublk device {dev_id} (devices of registered volumes are deleted with \
+                 DeleteVolume)"
+            )));
+        }
+        let handle = self.handle()?;
+        blocking(move || handle.delete_foreign_device(dev_id)).await
     }
 }
 

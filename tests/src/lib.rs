@@ -258,6 +258,8 @@ pub mod daemon {
         pub root: PathBuf,
         pub metrics: String,
         pub config: PathBuf,
+        /// Extra environment for the next start (e.g. a fault point).
+        pub env: Vec<(String, String)>,
         child: Option<Child>,
     }
 
@@ -273,9 +275,12 @@ pub mod daemon {
             std::fs::write(
                 &config,
                 format!(
-                    "state_dir = {state:?}\nallowed_roots = [{root:?}]\n\n[grpc]\nlisten = [\"unix://{sock}\"]\n\n\
+                    "state_dir = {state:?}\nallowed_roots = [{root:?}]\nram_dir = {ram:?}\n\
+                     # Tests clean up after themselves; those about keeping devices set\n\
+                     # UBLKD_ON_EXIT=keep.\non_exit = \"delete\"\n\n[grpc]\nlisten = [\"unix://{sock}\"]\n\n\
                      [metrics]\nlisten = {metrics:?}\n\n[dataplane]\ncpus = [0, 1]\n\n{extra}\n",
                     sock = socket.display(),
+                    ram = dir.join("ram"),
                 ),
             )?;
             Ok(Self {
@@ -285,6 +290,7 @@ pub mod daemon {
                 root,
                 metrics,
                 config,
+                env: Vec::new(),
                 child: None,
             })
         }
@@ -298,6 +304,7 @@ pub mod daemon {
             let child = Command::new(bin("ublkd"))
                 .arg("--config")
                 .arg(&self.config)
+                .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -325,6 +332,45 @@ pub mod daemon {
                     bail!("ublkd did not become ready:\n{}", self.log());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+
+        /// Waits until every volume is READY (after a start, volumes come back in the
+        /// background); fails if one is FAILED.
+        pub async fn wait_all_ready(&self) -> Result<Vec<ublkd_proto::v1::Volume>> {
+            use ublkd_proto::v1::{ListVolumesRequest, VolumeState};
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut c = self.volumes().await?;
+            loop {
+                let vols = c
+                    .list_volumes(ListVolumesRequest {})
+                    .await?
+                    .into_inner()
+                    .volumes;
+                if let Some(f) = vols.iter().find(|v| v.state == VolumeState::Failed as i32) {
+                    bail!("volume {} failed: {}\n{}", f.id, f.message, self.log());
+                }
+                if vols.iter().all(|v| v.state == VolumeState::Ready as i32) {
+                    return Ok(vols);
+                }
+                if Instant::now() > deadline {
+                    bail!("volumes not ready: {vols:?}\n{}", self.log());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+
+        /// Whether the daemon process has exited (e.g. at a fault point).
+        pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
+            match self.child.as_mut() {
+                Some(c) => {
+                    let st = c.try_wait()?;
+                    if st.is_some() {
+                        self.child = None;
+                    }
+                    Ok(st)
+                }
+                None => Ok(None),
             }
         }
 

@@ -277,9 +277,11 @@ async fn metrics_health_and_reflection() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clean_restart_brings_every_volume_back() -> Result<()> {
+async fn clean_restart_in_delete_mode_brings_every_volume_back() -> Result<()> {
     let dir = guest::scratch("restart")?;
+    // This test is about the delete-on-exit mode: devices go, volumes come back from the registry.
     let mut d = Daemon::new(&dir, 19583, "")?;
+    d.env.push(("UBLKD_ON_EXIT".into(), "delete".into()));
     d.start().await?;
     let mut c = d.volumes().await?;
     let img = d.root.join("r.img");

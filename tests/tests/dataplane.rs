@@ -99,7 +99,7 @@ fn null_backend_serves_both_paths() -> Result<()> {
 
 #[test]
 fn ram_backend_verifies_on_both_paths() -> Result<()> {
-    verify_backend(|_| Ok(BackendSpec::Ram), true)
+    verify_backend(|_| Ok(BackendSpec::Ram { path: None }), true)
 }
 
 #[test]
@@ -143,7 +143,7 @@ fn ext4_round_trip(backend: BackendSpec, path: IoPath) -> Result<()> {
 #[test]
 fn ext4_on_ram_volume_is_clean_on_both_paths() -> Result<()> {
     for path in PATHS {
-        ext4_round_trip(BackendSpec::Ram, path)?;
+        ext4_round_trip(BackendSpec::Ram { path: None }, path)?;
     }
     Ok(())
 }
@@ -243,7 +243,7 @@ fn thirty_two_devices_on_two_workers_with_fio_on_all() -> Result<()> {
     for i in 0..32u32 {
         let backend = match i % 3 {
             0 => BackendSpec::Null,
-            1 => BackendSpec::Ram,
+            1 => BackendSpec::Ram { path: None },
             _ => BackendSpec::File {
                 path: guest::backing_file(&dir, &format!("s{i}.img"), 32 * MIB)?,
             },
@@ -337,7 +337,7 @@ fn one_hundred_twenty_eight_volumes_on_two_workers() -> Result<()> {
 fn delete_while_fio_runs_ends_cleanly() -> Result<()> {
     for path in PATHS {
         let dp = guest::dataplane()?;
-        let info = dp.add_device(guest::spec(BackendSpec::Ram, 64 * MIB, path))?;
+        let info = dp.add_device(guest::spec(BackendSpec::Ram { path: None }, 64 * MIB, path))?;
         let mut fio = std::process::Command::new("fio")
             .args([
                 "--name=bg",

@@ -25,8 +25,9 @@ use std::sync::Arc;
 pub enum BackendSpec {
     /// Completes at once; reads return zeros, writes are dropped.
     Null,
-    /// Sparse memory, allocated on first write.
-    Ram,
+    /// Sparse memory, allocated on first write: anonymous (lost when the process ends), or a
+    /// file on tmpfs (`path`, e.g. under /dev/shm) that outlives the process until a reboot.
+    Ram { path: Option<PathBuf> },
     /// A regular file or a block device.
     File { path: PathBuf },
 }
@@ -35,7 +36,7 @@ impl BackendSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             BackendSpec::Null => "null",
-            BackendSpec::Ram => "ram",
+            BackendSpec::Ram { .. } => "ram",
             BackendSpec::File { .. } => "file",
         }
     }
@@ -161,7 +162,8 @@ pub fn open(
 ) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match spec {
         BackendSpec::Null => Arc::new(NullBackend),
-        BackendSpec::Ram => Arc::new(RamBackend::new(size)?),
+        BackendSpec::Ram { path: None } => Arc::new(RamBackend::new(size)?),
+        BackendSpec::Ram { path: Some(p) } => Arc::new(RamBackend::with_file(p, size)?),
         BackendSpec::File { path } => Arc::new(FileBackend::open(path, size, block_size)?),
     })
 }

@@ -16,6 +16,8 @@ pub const GROWTH_RESERVE: u64 = 64 << 30;
 pub struct RamBackend {
     mem: Mapping,
     size: AtomicU64,
+    /// The tmpfs file behind a persistent RAM volume; resized with the volume.
+    file: Option<std::fs::File>,
 }
 
 impl RamBackend {
@@ -30,6 +32,42 @@ impl RamBackend {
         Ok(Self {
             mem,
             size: AtomicU64::new(size),
+            file: None,
+        })
+    }
+
+    /// A RAM volume kept in the file `path` (created if missing, e.g. on tmpfs): its data
+    /// survives the process, so a restarted ublkd serves it again.
+    pub fn with_file(path: &std::path::Path, size: u64) -> Result<Self, BackendError> {
+        let open_err = |source| BackendError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(open_err)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(open_err)?;
+        if file.metadata().map_err(open_err)?.len() < size {
+            file.set_len(size).map_err(open_err)?;
+        }
+        let reserve = size.saturating_mul(4).max(GROWTH_RESERVE);
+        let len = usize::try_from(reserve).map_err(|_| BackendError::Memory {
+            size,
+            source: std::io::Error::from_raw_os_error(libc::EFBIG),
+        })?;
+        // Pages past the file's end are never touched: every access is checked against `size`.
+        let mem = Mapping::shared_file(&file, len)
+            .map_err(|source| BackendError::Memory { size, source })?;
+        Ok(Self {
+            mem,
+            size: AtomicU64::new(size),
+            file: Some(file),
         })
     }
 
@@ -75,6 +113,12 @@ impl Backend for RamBackend {
         let max = self.mem.len() as u64;
         if size > max {
             return Err(BackendError::CannotGrow { size, max });
+        }
+        if let Some(f) = &self.file {
+            if f.metadata().map(|m| m.len()).unwrap_or(0) < size {
+                f.set_len(size)
+                    .map_err(|source| BackendError::Memory { size, source })?;
+            }
         }
         self.size.store(size, Ordering::Relaxed);
         Ok(())

@@ -330,6 +330,11 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Whether process `pid` exists.
+pub fn pid_alive(pid: i32) -> bool {
+    pid > 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Whether `file` lives on tmpfs (which cannot FALLOC_FL_ZERO_RANGE).
 pub fn is_tmpfs(file: &File) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;

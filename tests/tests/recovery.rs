@@ -1,0 +1,452 @@
+//! Volumes survive daemon crashes and restarts: ublkd takes the kernel devices over (user
+//! recovery) with no I/O error and no data loss, finishes or undoes what a crash interrupted, and
+//! reports ublk devices nobody owns.
+#![cfg(feature = "vm")]
+
+use anyhow::{bail, ensure, Context, Result};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use ublkd_proto::v1::{self, volume_spec::Backend};
+use ublkd_tests::daemon::{bin, sample, Daemon};
+use ublkd_tests::guest;
+
+const MIB: u64 = 1 << 20;
+
+fn spec(size: u64, backend: Backend) -> v1::VolumeSpec {
+    v1::VolumeSpec {
+        size_bytes: size,
+        backend: Some(backend),
+        queue_depth: Some(32),
+        queues: Some(2),
+        ..Default::default()
+    }
+}
+
+fn create(id: &str, spec: v1::VolumeSpec) -> v1::CreateVolumeRequest {
+    v1::CreateVolumeRequest {
+        id: id.into(),
+        spec: Some(spec),
+    }
+}
+
+fn file_backend(path: &Path) -> Backend {
+    Backend::File(v1::FileBackend {
+        path: path.display().to_string(),
+        create: true,
+    })
+}
+
+/// fio writing with verification on a file system, in the background.
+fn start_fio(dir: &Path, runtime: u32) -> Result<Child> {
+    Ok(Command::new("fio")
+        .args([
+            "--name=torture",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=48m",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--verify_backlog=64",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            "--time_based",
+            "--verify_state_save=0",
+            "--output-format=json",
+        ])
+        .current_dir(dir)
+        .arg(format!("--runtime={runtime}"))
+        .arg(format!("--directory={}", dir.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+/// Stops the time-based fio with SIGINT and returns its report. fio exits 128 when it ends on
+/// that signal; anything else but 0 (an I/O error, a verify failure) fails.
+fn finish_fio(fio: Child) -> Result<serde_json::Value> {
+    Command::new("kill")
+        .arg("-INT")
+        .arg(fio.id().to_string())
+        .status()?;
+    let out = fio.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let interrupted = out.status.code() == Some(128)
+        && (text.contains("terminating on signal 2") || stderr.contains("terminating on signal 2"));
+    ensure!(
+        out.status.success() || interrupted,
+        "fio failed ({}): {}\n{}",
+        out.status,
+        stderr,
+        text
+    );
+    ensure!(
+        !stderr.contains("verify"),
+        "fio reported a verify problem: {stderr}"
+    );
+    let start = text.find('{').context("fio printed no JSON")?;
+    Ok(serde_json::from_str(&text[start..])?)
+}
+
+/// Restarts ublkd `CYCLES` times under fio (by kill -9, or SIGTERM with devices kept), then
+/// checks fio saw no error and no verify failure, and the file system is clean.
+async fn torture(name: &str, port: u16, file: bool, graceful: bool) -> Result<()> {
+    let dir = guest::scratch(name)?;
+    let mut d = Daemon::new(&dir, port, "")?;
+    if graceful {
+        d.env.push(("UBLKD_ON_EXIT".into(), "keep".into()));
+    }
+    d.start().await?;
+    let backend = if file {
+        file_backend(&d.root.join("t.img"))
+    } else {
+        Backend::Ram(v1::RamBackend {})
+    };
+    let vol = d
+        .volumes()
+        .await?
+        .create_volume(create("t", spec(128 * MIB, backend)))
+        .await?
+        .into_inner();
+    let mnt = guest::scratch(&format!("{name}-mnt"))?;
+    let mut fio = None;
+    let result = torture_cycles(&mut d, &vol.device_path, &mnt, graceful, &mut fio).await;
+    // Whatever happened, leave nothing behind for the next test: no fio, no mount, no device.
+    if let Some(mut f) = fio {
+        let _ = f.kill();
+        let _ = f.wait();
+    }
+    let _ = guest::sh(&format!(
+        "umount {0} 2>/dev/null || umount -l {0}",
+        mnt.display()
+    ));
+    if d.pid().is_none() {
+        let _ = d.start().await;
+    }
+    if result.is_err() {
+        eprintln!("ublkd log:\n{}", d.log());
+    }
+    let fsck = match &result {
+        Ok(()) => guest::sh(&format!("fsck.ext4 -fn {}", vol.device_path)).map(drop),
+        Err(_) => Ok(()),
+    };
+    let metrics = d.scrape().unwrap_or_default();
+    d.volumes()
+        .await?
+        .delete_volume(v1::DeleteVolumeRequest {
+            id: "t".into(),
+            allow_missing: true,
+        })
+        .await?;
+    result?;
+    fsck?;
+    let recoveries = sample(&metrics, "ublkd_volume_recoveries_total", &[]).unwrap_or(0.0);
+    ensure!(
+        recoveries >= 1.0,
+        "the last start took the device over: {recoveries}"
+    );
+    Ok(())
+}
+
+async fn torture_cycles(
+    d: &mut Daemon,
+    dev: &str,
+    mnt: &Path,
+    graceful: bool,
+    fio: &mut Option<Child>,
+) -> Result<()> {
+    const CYCLES: usize = 20;
+    guest::sh(&format!(
+        "mkfs.ext4 -q -F {dev} && mount {dev} {}",
+        mnt.display()
+    ))?;
+    *fio = Some(start_fio(mnt, 600)?);
+    let mut longest = Duration::ZERO;
+    for cycle in 0..CYCLES {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let started = Instant::now();
+        if graceful {
+            let st = d.stop_with(libc::SIGTERM)?;
+            ensure!(
+                st.success(),
+                "cycle {cycle}: graceful exit failed: {st}\n{}",
+                d.log()
+            );
+        } else {
+            d.stop_with(libc::SIGKILL)?;
+        }
+        ensure!(
+            Path::new(dev).exists(),
+            "cycle {cycle}: {dev} must survive the daemon"
+        );
+        d.start().await?;
+        let vols = d.wait_all_ready().await?;
+        longest = longest.max(started.elapsed());
+        ensure!(
+            vols.len() == 1 && vols[0].device_path == dev,
+            "cycle {cycle}: the volume keeps its device: {vols:?}"
+        );
+        if let Some(f) = fio.as_mut() {
+            if let Some(st) = f.try_wait()? {
+                bail!("cycle {cycle}: fio ended early ({st})");
+            }
+        }
+    }
+    let how = if graceful { "SIGTERM" } else { "kill -9" };
+    println!("{CYCLES} restarts ({how}), longest until serving again: {longest:?}");
+    // Let fio run on the final daemon, then stop it and check its verdict.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let f = fio.take().context("fio")?;
+    Command::new("kill")
+        .arg("-INT")
+        .arg(f.id().to_string())
+        .status()?;
+    let report = finish_fio(f)?;
+    let errors = ublkd_tests::fio_errors(&report);
+    ensure!(errors == 0, "fio saw {errors} errors");
+    let written = report["jobs"][0]["write"]["io_bytes"].as_u64().unwrap_or(0);
+    ensure!(
+        written > 8 * MIB,
+        "fio made progress across the restarts: {written} bytes"
+    );
+    guest::sh(&format!("umount {}", mnt.display()))?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_fio_on_ext4_on_a_file_volume_loses_nothing() -> Result<()> {
+    torture("tfile", 19591, true, false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_fio_on_ext4_on_a_ram_volume_loses_nothing() -> Result<()> {
+    torture("tram", 19592, false, false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_restarts_keep_devices_and_lose_nothing() -> Result<()> {
+    torture("tgrace", 19593, false, true).await
+}
+
+/// Registry and kernel agree: every registered volume is READY on a device this daemon serves
+/// with its recorded id, and no ublk device is left without an owner.
+async fn assert_agreement(d: &Daemon) -> Result<Vec<v1::Volume>> {
+    let vols = d.wait_all_ready().await?;
+    let node = d
+        .node()
+        .await?
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(
+        node.orphans.is_empty(),
+        "orphans after restart: {:?}",
+        node.orphans
+    );
+    let mut kernel: Vec<String> = guest::ublk_char_devices()?;
+    kernel.sort();
+    let mut registered: Vec<String> = vols.iter().map(|v| format!("ublkc{}", v.dev_id)).collect();
+    registered.sort();
+    ensure!(
+        kernel == registered,
+        "kernel {kernel:?} vs registry {registered:?}"
+    );
+    for v in &vols {
+        let size: u64 =
+            ublkd_tests::read_trimmed(format!("/sys/block/ublkb{}/size", v.dev_id))?.parse()?;
+        let want = v.spec.as_ref().map_or(0, |s| s.size_bytes);
+        ensure!(
+            size * 512 == want,
+            "{}: kernel size {} vs registry {want}",
+            v.id,
+            size * 512
+        );
+    }
+    Ok(vols)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agreeing() -> Result<()>
+{
+    let dir = guest::scratch("faults")?;
+    let mut d = Daemon::new(&dir, 19594, "")?;
+    let points = [
+        ("create:before_record", "create"),
+        ("create:after_record", "create"),
+        ("create:after_device", "create"),
+        ("resize:after_record", "resize"),
+        ("resize:after_device", "resize"),
+        ("delete:after_mark", "delete"),
+        ("delete:after_device", "delete"),
+    ];
+    for (i, (point, op)) in points.iter().enumerate() {
+        // A volume to resize or delete, made without a fault.
+        d.env.clear();
+        d.start().await?;
+        let mut c = d.volumes().await?;
+        let id = format!("f{i}");
+        if *op != "create" {
+            c.create_volume(create(&id, spec(64 * MIB, Backend::Ram(v1::RamBackend {}))))
+                .await?;
+        }
+        d.stop_with(libc::SIGTERM)?;
+        d.env = vec![("UBLKD_FAULT_POINT".into(), (*point).into())];
+        d.start().await?;
+        d.wait_all_ready().await?;
+        let mut c = d.volumes().await?;
+        let result = match *op {
+            "create" => c
+                .create_volume(create(&id, spec(64 * MIB, Backend::Ram(v1::RamBackend {}))))
+                .await
+                .map(drop),
+            "resize" => c
+                .resize_volume(v1::ResizeVolumeRequest {
+                    id: id.clone(),
+                    size_bytes: 96 * MIB,
+                })
+                .await
+                .map(drop),
+            _ => c
+                .delete_volume(v1::DeleteVolumeRequest {
+                    id: id.clone(),
+                    allow_missing: false,
+                })
+                .await
+                .map(drop),
+        };
+        ensure!(result.is_err(), "{point}: the daemon died mid-call");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while d.exited()?.is_none() {
+            ensure!(Instant::now() < deadline, "{point}: the daemon did not die");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        d.env.clear();
+        d.start().await?;
+        let vols = assert_agreement(&d)
+            .await
+            .with_context(|| format!("after {point}"))?;
+        let has = vols.iter().any(|v| v.id == id);
+        match *point {
+            "create:before_record" => {
+                ensure!(!has, "{point}: nothing was recorded, nothing exists")
+            }
+            "create:after_record" | "create:after_device" => {
+                ensure!(has, "{point}: the recorded volume exists")
+            }
+            "resize:after_record" | "resize:after_device" => {
+                let v = vols.iter().find(|v| v.id == id).context("resized volume")?;
+                ensure!(
+                    v.spec.as_ref().map(|s| s.size_bytes) == Some(96 * MIB),
+                    "{point}: the recorded resize is applied"
+                );
+            }
+            _ => ensure!(!has, "{point}: the started delete is finished"),
+        }
+        println!(
+            "{point}: registry and kernel agree ({} volumes)",
+            vols.len()
+        );
+        d.stop_with(libc::SIGTERM)?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_devices_are_reported_then_adopted_or_deleted() -> Result<()> {
+    let dir = guest::scratch("orphan")?;
+    // Two devices made outside the daemon, whose server then dies.
+    let mut orphans = Vec::new();
+    for _ in 0..2 {
+        let mut run = Command::new(bin("ublkd"))
+            .args([
+                "run",
+                "--size",
+                "64MiB",
+                "--backend",
+                "null",
+                "--queues",
+                "1",
+                "--depth",
+                "32",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        let out = run.stdout.take().context("stdout")?;
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)?;
+        let dev = line
+            .trim()
+            .strip_prefix("READY ")
+            .context("READY line")?
+            .to_owned();
+        run.kill()?;
+        run.wait()?;
+        let id: u32 = dev.trim_start_matches("/dev/ublkb").parse()?;
+        orphans.push((id, dev));
+    }
+    let mut d = Daemon::new(&dir, 19595, "")?;
+    d.start().await?;
+    let mut node = d.node().await?;
+    let info = node
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    let seen: Vec<u32> = info.orphans.iter().map(|o| o.dev_id).collect();
+    for (id, _) in &orphans {
+        ensure!(
+            seen.contains(id),
+            "orphan {id} reported: {:?}",
+            info.orphans
+        );
+    }
+    ensure!(
+        Path::new(&orphans[0].1).exists(),
+        "never silently destroyed"
+    );
+    let metrics = d.scrape()?;
+    ensure!(
+        sample(&metrics, "ublkd_orphan_devices", &[]) == Some(2.0),
+        "orphan metric"
+    );
+    // Adopt the first: same device node, now a volume that serves I/O.
+    let (id0, dev0) = &orphans[0];
+    let v = node
+        .adopt_device(v1::AdoptDeviceRequest {
+            dev_id: *id0,
+            id: "adopted".into(),
+            spec: Some(v1::VolumeSpec {
+                backend: Some(Backend::Ram(v1::RamBackend {})),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        &v.device_path == dev0 && v.state == v1::VolumeState::Ready as i32,
+        "{v:?}"
+    );
+    guest::sh(&format!(
+        "dd if=/dev/zero of={dev0} bs=4k count=64 oflag=direct status=none"
+    ))?;
+    // Delete the second.
+    let (id1, dev1) = &orphans[1];
+    node.delete_orphan(v1::DeleteOrphanRequest { dev_id: *id1 })
+        .await?;
+    guest::wait_gone(Path::new(dev1), Duration::from_secs(5))?;
+    // A registered volume's device is not an orphan and cannot be deleted as one.
+    let e = node
+        .delete_orphan(v1::DeleteOrphanRequest { dev_id: *id0 })
+        .await
+        .expect_err("not an orphan");
+    ensure!(e.code() == tonic::Code::NotFound, "{e:?}");
+    let info = node
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(info.orphans.is_empty(), "{:?}", info.orphans);
+    Ok(())
+}
