@@ -104,7 +104,8 @@ struct Queue {
     setup: Box<QueueSetup>,
     desc: DescMap,
     bufs: Arc<Mapping>,
-    buf_index: u16,
+    /// Fixed-buffer slot of `bufs`, when the backend reads and writes through the ring.
+    buf_index: Option<u16>,
     tags: Vec<Tag>,
     batch: Option<Batch>,
     /// Operations of this queue the kernel still holds.
@@ -250,7 +251,11 @@ impl Worker {
             Mapping::anonymous(usize::from(setup.depth) * setup.max_io as usize)
                 .map_err(WorkerError::Buffers)?,
         );
-        let buf_index = self.ring.register_fixed(&bufs)?;
+        let buf_index = if setup.backend.uses_fixed_buffers() {
+            Some(self.ring.register_fixed(&bufs)?)
+        } else {
+            None
+        };
         let idle = Tag {
             req: Request::from_desc(&sys::ublksrv_io_desc::default()),
             started: None,
@@ -410,7 +415,7 @@ impl Worker {
             user_data: ud(K_BACKEND, slot, tag),
             buf: &q.bufs,
             region,
-            buf_index: q.buf_index,
+            buf_index: q.buf_index.unwrap_or(u16::MAX),
         };
         match q.setup.backend.start(&req, ctx) {
             Started::Done(res) => Some(res),
@@ -660,7 +665,9 @@ impl Worker {
                 continue;
             }
             if let Some(q) = self.queues[slot].take() {
-                let _ = self.ring.unregister_fixed(q.buf_index);
+                if let Some(index) = q.buf_index {
+                    let _ = self.ring.unregister_fixed(index);
+                }
                 if let Some(b) = &q.batch {
                     for g in &b.groups {
                         let _ = self.ring.unregister_buf_ring(g.group());

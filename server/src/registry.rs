@@ -1,4 +1,4 @@
-//! The volume registry: one JSON file per volume under `<state_dir>/volumes/`, written crash-safe
+//! The volume registry: one JSON file per volume under `<state_dir>/registry/`, written crash-safe
 //! (temporary file, fsync, rename, fsync of the directory), so after any crash each volume's
 //! record is either the old one or the new one, never a torn mix.
 
@@ -81,7 +81,7 @@ pub struct LoadReport {
 
 impl Registry {
     pub fn open(state_dir: &Path) -> Result<Self, RegistryError> {
-        let dir = state_dir.join("volumes");
+        let dir = state_dir.join("registry");
         fs::create_dir_all(&dir).map_err(|source| RegistryError::CreateDir {
             path: dir.clone(),
             source,
@@ -218,7 +218,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let reg = Registry::open(dir.path()).unwrap();
         reg.put(&rec("good")).unwrap();
-        let vols = dir.path().join("volumes");
+        let vols = dir.path().join("registry");
         // A crash mid-write leaves a temp file: the old record (none here) stands.
         fs::write(vols.join(".half.json.tmp"), b"{\"id\": \"ha").unwrap();
         // A torn record (e.g. written by something that did not rename) is moved aside.

@@ -71,6 +71,19 @@ fn finish_fio(fio: Child) -> Result<serde_json::Value> {
         .arg("-INT")
         .arg(fio.id().to_string())
         .status()?;
+    // fio ends within seconds of SIGINT unless an I/O never completes: say which, don't hang.
+    let pid = fio.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+        if Instant::now() > deadline {
+            let diag = guest::sh(
+                "cat /sys/block/ublkb*/inflight; ps -eo pid,stat,wchan:32,comm | grep -E ' D|fio'",
+            )
+            .unwrap_or_default();
+            bail!("fio did not end within 60 s of SIGINT (an I/O never completed?):\n{diag}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let out = fio.wait_with_output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -101,6 +101,10 @@ impl Backend for FileBackend {
         }
     }
 
+    fn uses_fixed_buffers(&self) -> bool {
+        true
+    }
+
     fn resize(&self, size: u64) -> Result<(), BackendError> {
         let have = self.len().map_err(|source| BackendError::Open {
             path: "(backing file)".into(),

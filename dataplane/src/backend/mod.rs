@@ -114,7 +114,7 @@ pub struct IoCtx<'a> {
     /// The queue's tag buffers, and this tag's part of them (`len` = the request's length).
     pub buf: &'a Arc<Mapping>,
     pub region: Region,
-    /// Fixed-buffer index of `buf` in `ring`.
+    /// Fixed-buffer index of `buf` in `ring` (only for backends that use fixed buffers).
     pub buf_index: u16,
 }
 
@@ -145,6 +145,13 @@ pub trait Backend: Send + Sync + Debug {
     /// Memory the backend holds (RAM volumes).
     fn memory_bytes(&self) -> u64 {
         0
+    }
+
+    /// Whether the backend reads and writes tag buffers through the ring (registered as fixed
+    /// buffers, which pins their memory). Backends that copy in userspace leave them unpinned,
+    /// so an idle volume holds no buffer memory.
+    fn uses_fixed_buffers(&self) -> bool {
+        false
     }
 
     /// Prepares for the volume to become `size` bytes (before the kernel is told).
