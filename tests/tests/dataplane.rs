@@ -488,3 +488,49 @@ fn bad_specs_get_typed_errors_and_leak_nothing() -> Result<()> {
     dp.shutdown()?;
     Ok(())
 }
+
+#[test]
+fn backend_errors_reach_the_client_and_the_queue_keeps_serving() -> Result<()> {
+    // A backing file on a 2 MiB tmpfs: writes past what fits fail in the backend with ENOSPC.
+    let dir = guest::scratch("enospc")?;
+    guest::sh(&format!("mount -t tmpfs -o size=2m tiny {}", dir.display()))?;
+    let result = (|| -> Result<()> {
+        let file = guest::backing_file(&dir, "full.img", 64 * MIB)?;
+        let dp = guest::dataplane()?;
+        for path in PATHS {
+            let info = dp.add_device(guest::spec(
+                BackendSpec::File { path: file.clone() },
+                64 * MIB,
+                path,
+            ))?;
+            let dev = info.block_device.display().to_string();
+            let write = guest::sh(&format!(
+                "dd if=/dev/urandom of={dev} bs=1M count=8 oflag=direct status=none"
+            ));
+            assert!(
+                write.is_err(),
+                "writes beyond the backing store must fail ({path:?})"
+            );
+            let stats = dp.stats(info.dev_id)?;
+            assert!(
+                stats.total.errors > 0,
+                "the backend error was counted: {stats:?}"
+            );
+            // The queue still serves: reads work, and a small write that fits succeeds.
+            guest::sh(&format!(
+                "dd if={dev} of=/dev/null bs=1M count=4 iflag=direct status=none"
+            ))?;
+            guest::sh(&format!(
+                "rm -f {0}/full.img; truncate -s 64M {0}/full.img",
+                dir.display()
+            ))
+            .ok();
+            dp.delete_device(info.dev_id)?;
+            assert!(guest::d_state_tasks().is_empty());
+        }
+        dp.shutdown()?;
+        Ok(())
+    })();
+    guest::sh(&format!("umount {}", dir.display()))?;
+    result
+}
