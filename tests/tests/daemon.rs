@@ -706,3 +706,82 @@ async fn ublkctl_drives_the_whole_lifecycle() -> Result<()> {
     assert!(err.contains("is it running?"), "{err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> {
+    let dir = guest::scratch("tls")?;
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki)?;
+    guest::sh(&format!(
+        "cd {} && \
+         openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null && \
+         openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null && \
+         printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' > server.ext && \
+         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile server.ext 2>/dev/null && \
+         openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=ublkctl 2>/dev/null && \
+         printf 'extendedKeyUsage=clientAuth\\n' > client.ext && \
+         openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 1 -extfile client.ext 2>/dev/null",
+        pki.display()
+    ))?;
+    let p = |f: &str| pki.join(f).display().to_string();
+
+    // A non-loopback TCP address without TLS is refused at start.
+    let mut open = Daemon::new(&dir.join("open"), 19586, "")?;
+    open.env
+        .push(("UBLKD_GRPC__LISTEN".into(), "0.0.0.0:19700".into()));
+    let err = open
+        .start()
+        .await
+        .expect_err("plain TCP on 0.0.0.0 must be refused");
+    assert!(
+        format!("{err:#}").contains("without TLS"),
+        "the refusal says why: {err:#}"
+    );
+
+    // TCP with mutual TLS, next to the unix socket.
+    let mut d = Daemon::new(&dir.join("tls"), 19587, "")?;
+    let sock = format!("unix://{}", d.socket.display());
+    d.env.extend([
+        ("UBLKD_GRPC__LISTEN".into(), format!("{sock},0.0.0.0:19701")),
+        ("UBLKD_GRPC__TLS__CERT".into(), p("server.pem")),
+        ("UBLKD_GRPC__TLS__KEY".into(), p("server.key")),
+        ("UBLKD_GRPC__TLS__CLIENT_CA".into(), p("ca.pem")),
+    ]);
+    d.start().await?;
+    let ctl = |extra: &[&str]| -> Result<(i32, String)> {
+        let out = std::process::Command::new(ublkd_tests::daemon::bin("ublkctl"))
+            .args(["--endpoint", "https://127.0.0.1:19701", "--timeout", "10"])
+            .args(extra)
+            .arg("node-info")
+            .output()?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        ))
+    };
+    let (code, out) = ctl(&[
+        "--ca",
+        &p("ca.pem"),
+        "--cert",
+        &p("client.pem"),
+        "--key",
+        &p("client.key"),
+    ])?;
+    assert_eq!(
+        code, 0,
+        "a client with a certificate from the CA gets in: {out}"
+    );
+    assert!(out.contains("BATCH_IO"), "{out}");
+    let (code, out) = ctl(&["--ca", &p("ca.pem")])?;
+    assert_ne!(
+        code, 0,
+        "a client without a certificate is turned away: {out}"
+    );
+    let (code, out) = ctl(&[])?;
+    assert_ne!(
+        code, 0,
+        "a client that does not trust the server's CA fails: {out}"
+    );
+    Ok(())
+}
