@@ -20,6 +20,15 @@
 //! end to end as seen by `ublkctl`, including its process start-up; they are reported as p50
 //! and p99 (nearest rank) in `results.json` with peer `none`.
 //!
+//! Last comes crash recovery, each run with a fresh daemon (own state directory and socket) that
+//! it tears down (volumes deleted, SIGTERM) before the next: for 1, 16 and 64 null volumes, ublkd
+//! is killed with SIGKILL (the devices stay, quiesced) and started again, and the time from the
+//! new process's exec until `ublkctl list-volumes` shows every volume READY is recorded (polled
+//! every 20 ms). Then fio writes to a RAM volume (randwrite 4 KiB, QD16, per-I/O completion
+//! latency log) while ublkd is killed and started again; the host takes the longest completion
+//! latency from the log as the I/O stall, and fails the case if fio saw an error. Both are `ms`
+//! entries with peer `none`.
+//!
 //! `UBLKD_BENCH_RUNTIME` sets the seconds each fio job measures (default 5);
 //! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's
 //! (ublkctl is still built). The binary must live outside `/tmp` (the guest mounts a tmpfs there).
@@ -57,6 +66,24 @@ const CONTROL_DEPTH: u32 = 32;
 const CONTROL_METRICS: &str = "127.0.0.1:9581";
 /// Guest seconds budgeted for the control-plane run (200 ublkctl calls under TCG, with margin).
 const CONTROL_BUDGET_SECS: u64 = 300;
+
+/// The recovery runs: `ublkd-recovery-N` for each number of volumes N, restarted by kill -9.
+const RECOVERY_RUN: &str = "ublkd-recovery";
+const RECOVERY_VOLUMES: [usize; 3] = [1, 16, 64];
+/// Each of them a null volume like the control-plane run's: this size, 1 queue of this depth.
+const RECOVERY_SIZE: &str = CONTROL_SIZE;
+const RECOVERY_DEPTH: u32 = CONTROL_DEPTH;
+/// The I/O stall run: fio on one RAM volume of this size while ublkd is killed and restarted.
+const STALL_RUN: &str = "ublkd-stall";
+const STALL_SIZE: &str = "128MiB";
+/// Seconds fio runs, and seconds after the device's first write that ublkd is killed.
+const STALL_RUNTIME_SECS: u64 = 8;
+const STALL_KILL_AT_SECS: u64 = 3;
+/// Where the recovery and stall daemons serve metrics (never scraped).
+const RECOVERY_METRICS: &str = "127.0.0.1:9582";
+/// Guest seconds budgeted for the recovery and stall runs (162 ublkctl calls, 4 daemons, 2
+/// restarts each, fio), with margin for TCG.
+const RECOVERY_BUDGET_SECS: u64 = 400;
 
 /// What serves the block device in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -628,8 +655,8 @@ fn control_entries(c: &Control) -> Vec<Entry> {
     out
 }
 
-/// What `results.json` says of the control plane, as a table, with what the numbers include.
-fn control_table(entries: &[Entry]) -> String {
+/// Entries without a peer as a table: case, our value, unit, and each error below its line.
+fn alone_table(entries: &[Entry]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{:<34} {:>10}  unit", "case", "ublkd");
     for e in entries {
@@ -642,6 +669,12 @@ fn control_table(entries: &[Entry]) -> String {
             let _ = writeln!(s, "    ! {err}");
         }
     }
+    s
+}
+
+/// What `results.json` says of the control plane, as a table, with what the numbers include.
+fn control_table(entries: &[Entry]) -> String {
+    let mut s = alone_table(entries);
     let _ = writeln!(
         s,
         "note: create/delete latencies are as seen by ublkctl, including its start-up (one \
@@ -680,6 +713,402 @@ fn control_raw_json(c: &Control) -> Value {
         v["teardown_error"] = Value::from(t.as_str());
     }
     v
+}
+
+/// One recovery run: N null volumes, kill -9, ublkd started again.
+#[derive(Debug, Clone, PartialEq)]
+struct Recovery {
+    volumes: usize,
+    /// From the new ublkd's exec until `list-volumes` showed all volumes READY, in ms.
+    ready_ms: Result<f64, String>,
+    /// From the kill -9 until the new ublkd's exec (the old one's exit included), ms.
+    kill_to_exec_ms: Option<f64>,
+    /// One more `list-volumes` call afterwards, ms: what one poll costs.
+    list_call_ms: Option<f64>,
+    /// The I/O path the volumes came back on (`IO_PATH_BATCH`, ...), when known.
+    io_path: Option<String>,
+    /// Deleting the volumes or stopping the daemon went wrong.
+    teardown: Option<String>,
+}
+
+/// The I/O stall run: fio on a RAM volume across a kill -9 and restart.
+#[derive(Debug, Clone, PartialEq)]
+struct Stall {
+    /// The longest completion latency in fio's per-I/O log (ms), or why there is none.
+    max_ms: Result<f64, String>,
+    /// When (ms into the fio job, by its log) the slowest I/O completed.
+    max_at_ms: Option<f64>,
+    /// Completions in the log.
+    ios: Option<usize>,
+    /// fio's own maximum completion latency (ms), from its JSON report.
+    fio_max_ms: Option<f64>,
+    /// From fio's launch until the device completed its first write, ms.
+    first_write_ms: Option<f64>,
+    /// From that first write to the kill -9, ms.
+    kill_after_ms: Option<f64>,
+    /// From the kill -9 until the new ublkd's exec, ms.
+    kill_to_exec_ms: Option<f64>,
+    /// From the new ublkd's exec until the volume was READY, ms.
+    restart_to_ready_ms: Option<f64>,
+    /// From the kill -9 until the volume was READY, ms.
+    kill_to_ready_ms: Option<f64>,
+    /// One more `list-volumes` call afterwards, ms.
+    list_call_ms: Option<f64>,
+    io_path: Option<String>,
+    teardown: Option<String>,
+}
+
+/// The run directory name of the recovery run with `n` volumes.
+fn recovery_run(n: usize) -> String {
+    format!("{RECOVERY_RUN}-{n}")
+}
+
+/// Two `date +%s%N` stamps on one line (`START END`), as ms from the first to the second.
+fn parse_span_ms(text: &str) -> Result<f64, String> {
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let [a, b] = f.as_slice() else {
+        return Err(format!("odd timestamps {:?}", text.trim()));
+    };
+    let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else {
+        return Err(format!("odd timestamps {:?}", text.trim()));
+    };
+    if b < a {
+        return Err(format!("timestamps run backwards: {a} then {b}"));
+    }
+    Ok((b - a) as f64 / 1e6)
+}
+
+/// The longest completion latency in a fio latency log with one line per I/O
+/// (`TIME_MS, LATENCY_NS, DIR, BS, OFFSET[, PRIO]`): (latency ms, completion time ms, I/Os).
+fn parse_clat_log(text: &str) -> Result<(f64, f64, usize), String> {
+    let mut best: Option<(u64, u64)> = None;
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut f = line.split(',').map(str::trim);
+        let (Some(Ok(t)), Some(Ok(ns))) = (
+            f.next().map(str::parse::<u64>),
+            f.next().map(str::parse::<u64>),
+        ) else {
+            return Err(format!("odd fio latency log line {line:?}"));
+        };
+        n += 1;
+        if best.is_none_or(|(_, b)| ns > b) {
+            best = Some((t, ns));
+        }
+    }
+    let (t, ns) = best.ok_or("fio's latency log is empty (no I/O completed?)")?;
+    Ok((ns as f64 / 1e6, t as f64, n))
+}
+
+/// Errors summed over the jobs of fio's JSON report, and the longest write completion
+/// latency it reports (ms).
+fn parse_fio_stall(text: &str) -> Result<(u64, f64), String> {
+    let start = text.find('{').ok_or("no JSON in fio output")?;
+    let v: Value =
+        serde_json::from_str(&text[start..]).map_err(|e| format!("bad fio JSON: {e}"))?;
+    let jobs = v["jobs"].as_array().filter(|j| !j.is_empty());
+    let jobs = jobs.ok_or("no job in fio output")?;
+    let errors = jobs.iter().map(|j| j["error"].as_u64().unwrap_or(0)).sum();
+    let max_ns = jobs
+        .iter()
+        .filter_map(|j| j["write"]["clat_ns"]["max"].as_f64())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        .ok_or("no write completion latency in fio output")?;
+    Ok((errors, max_ns / 1e6))
+}
+
+/// The I/O path the first volume of a `list-volumes -o json` answer is served on.
+fn io_path_in_use(list: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(list).ok()?;
+    v["volumes"][0]["io_path_in_use"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The nanosecond stamps in `dir/name` (up to the first that is not one); empty without any.
+fn read_stamps(dir: &Path, name: &str) -> Vec<u64> {
+    read_trimmed(dir, name)
+        .map(|t| {
+            t.split_whitespace()
+                .map_while(|x| x.parse::<u64>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// ms from stamp `a` to stamp `b`, when both are there and in order.
+fn span_ms(a: Option<&u64>, b: Option<&u64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1e6),
+        _ => None,
+    }
+}
+
+/// Reads `dir/name` trimmed, if it has anything in it.
+fn read_trimmed(dir: &Path, name: &str) -> Option<String> {
+    fs::read_to_string(dir.join(name))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// The teardown problems of a run directory, first one and a count.
+fn teardown_of(d: &Path) -> Option<String> {
+    read_trimmed(d, "teardown_error").map(|t| {
+        let lines: Vec<&str> = t.lines().collect();
+        match lines.len() {
+            0 | 1 => t.clone(),
+            n => format!("{} (and {} more)", lines[0], n - 1),
+        }
+    })
+}
+
+/// Reads what each recovery run left: `error`, `kill.ns`, `ready.ns` (`START_NS READY_NS`),
+/// `poll.ns` (`BEFORE_NS AFTER_NS`), `list.json`, `teardown_error`.
+fn collect_recovery(dir: &Path) -> Vec<Recovery> {
+    RECOVERY_VOLUMES
+        .iter()
+        .map(|&n| {
+            let d = dir.join(recovery_run(n));
+            let ready_ms = if !d.is_dir() {
+                Err("did not run (the guest ended early)".to_owned())
+            } else if let Some(e) = read_trimmed(&d, "error") {
+                Err(e)
+            } else {
+                read_trimmed(&d, "ready.ns")
+                    .ok_or_else(|| "no READY time recorded (the guest ended early?)".to_owned())
+                    .and_then(|t| parse_span_ms(&t))
+            };
+            let kill = read_stamps(&d, "kill.ns");
+            let ready = read_stamps(&d, "ready.ns");
+            let poll = read_stamps(&d, "poll.ns");
+            Recovery {
+                volumes: n,
+                ready_ms,
+                kill_to_exec_ms: span_ms(kill.first(), ready.first()),
+                list_call_ms: span_ms(poll.first(), poll.get(1)),
+                io_path: read_trimmed(&d, "list.json").and_then(|l| io_path_in_use(&l)),
+                teardown: teardown_of(&d),
+            }
+        })
+        .collect()
+}
+
+/// Reads what the stall run left: `error`, `fio.rc`, `fio.json`, `fio.log`, `clat.log`,
+/// `times.ns` (`FIO_LAUNCH_NS FIRST_WRITE_NS`), `kill.ns`, `ready.ns`, `poll.ns`, `list.json`,
+/// `teardown_error`.
+fn collect_stall(dir: &Path) -> Stall {
+    let d = dir.join(STALL_RUN);
+    let read = |name: &str| read_trimmed(&d, name);
+    let times = read_stamps(&d, "times.ns");
+    let kill = read_stamps(&d, "kill.ns");
+    let ready = read_stamps(&d, "ready.ns");
+    let poll = read_stamps(&d, "poll.ns");
+    let kill_after_ms = span_ms(times.get(1), kill.first());
+    let kill_to_exec_ms = span_ms(kill.first(), ready.first());
+    let log = read("clat.log").map(|t| parse_clat_log(&t));
+    let fio = read("fio.json").map(|t| parse_fio_stall(&t));
+    let max_ms = if !d.is_dir() {
+        Err("did not run (the guest ended early)".to_owned())
+    } else if let Some(e) = read("error") {
+        Err(e)
+    } else {
+        match read("fio.rc").as_deref() {
+            None => Err("fio did not run or did not end".to_owned()),
+            Some("0") => match (&fio, &log) {
+                (None, _) => Err("no fio report".to_owned()),
+                (Some(Err(e)), _) => Err(e.clone()),
+                (Some(Ok((errors, _))), _) if *errors > 0 => {
+                    Err(format!("fio saw {errors} errors across the restart"))
+                }
+                (_, None) => Err(format!(
+                    "no completion latency log from fio: {}",
+                    read("fio.log").unwrap_or_default()
+                )),
+                (_, Some(Err(e))) => Err(e.clone()),
+                (_, Some(Ok((ms, at, _)))) => {
+                    check_stall(*ms, *at, kill_after_ms, kill_to_exec_ms).map(|()| *ms)
+                }
+            },
+            Some(rc) => {
+                let log = read("fio.log").unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                Err(format!(
+                    "fio exited with status {rc}: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                ))
+            }
+        }
+    };
+    let log = log.and_then(Result::ok);
+    Stall {
+        max_ms,
+        max_at_ms: log.map(|(_, at, _)| at),
+        ios: log.map(|(_, _, n)| n),
+        fio_max_ms: fio.and_then(Result::ok).map(|(_, ms)| ms),
+        first_write_ms: span_ms(times.first(), times.get(1)),
+        kill_after_ms,
+        kill_to_exec_ms,
+        restart_to_ready_ms: span_ms(ready.first(), ready.get(1)),
+        kill_to_ready_ms: span_ms(kill.first(), ready.get(1)),
+        list_call_ms: span_ms(poll.first(), poll.get(1)),
+        io_path: read("list.json").and_then(|l| io_path_in_use(&l)),
+        teardown: teardown_of(&d),
+    }
+}
+
+/// Whether the longest completion latency in fio's log (`max_ms`, completed `at_ms` into the
+/// job) can be the stall across the restart: fio's I/O was in flight when ublkd was killed and
+/// could not complete before the new one ran, so that I/O lasted at least from the kill to the
+/// new exec (`kill_to_exec_ms`), and it completed after the kill, which came `kill_after_ms`
+/// after the device's first write (itself after the job's start, fio's time zero).
+fn check_stall(
+    max_ms: f64,
+    at_ms: f64,
+    kill_after_ms: Option<f64>,
+    kill_to_exec_ms: Option<f64>,
+) -> Result<(), String> {
+    let (Some(after), Some(gap)) = (kill_after_ms, kill_to_exec_ms) else {
+        return Err("no kill or restart time recorded (the guest ended early?)".to_owned());
+    };
+    if max_ms < gap {
+        return Err(format!(
+            "fio's longest I/O ({max_ms:.1} ms) is shorter than the time from the kill to the \
+             new ublkd ({gap:.1} ms): the log missed the stall"
+        ));
+    }
+    if at_ms < after {
+        return Err(format!(
+            "fio's longest I/O completed {at_ms:.0} ms into the job, before the kill (at least \
+             {after:.0} ms in): the log missed the stall"
+        ));
+    }
+    Ok(())
+}
+
+/// The recovery entries of `results.json`, in table order; every one with peer `none`, in ms.
+fn recovery_entries(recoveries: &[Recovery], stall: &Stall) -> Vec<Entry> {
+    let mut out: Vec<Entry> = recoveries
+        .iter()
+        .map(|r| {
+            Entry::alone(
+                format!(
+                    "ublkd restart to READY, {} volume{}",
+                    r.volumes,
+                    if r.volumes == 1 { "" } else { "s" }
+                ),
+                Side {
+                    name: OURS_NAME,
+                    value: r.ready_ms.clone(),
+                    teardown: r.teardown.as_deref(),
+                },
+                Unit::Ms,
+            )
+        })
+        .collect();
+    out.push(Entry::alone(
+        "fio max I/O stall across kill -9".into(),
+        Side {
+            name: OURS_NAME,
+            value: stall.max_ms.clone(),
+            teardown: stall.teardown.as_deref(),
+        },
+        Unit::Ms,
+    ));
+    out
+}
+
+/// The recovery and stall runs' raw numbers for `raw.json`.
+fn recovery_raw_json(recoveries: &[Recovery], stall: &Stall) -> Vec<Value> {
+    let ms = |x: Option<f64>| x.map(|v| round(v, 3));
+    let mut out = Vec::new();
+    for r in recoveries {
+        let mut v = json!({
+            "run": recovery_run(r.volumes),
+            "volumes": r.volumes,
+            "volume_size": RECOVERY_SIZE,
+            "queue_depth": RECOVERY_DEPTH,
+            "restart_to_ready_ms": ms(r.ready_ms.as_ref().ok().copied()),
+            "kill_to_exec_ms": ms(r.kill_to_exec_ms),
+            "list_volumes_call_ms": ms(r.list_call_ms),
+            "io_path_in_use": r.io_path,
+        });
+        if let Err(e) = &r.ready_ms {
+            v["error"] = Value::from(e.as_str());
+        }
+        if let Some(t) = &r.teardown {
+            v["teardown_error"] = Value::from(t.as_str());
+        }
+        out.push(v);
+    }
+    let mut v = json!({
+        "run": STALL_RUN,
+        "volume_size": STALL_SIZE,
+        "fio": "randwrite 4k qd16 io_uring direct",
+        "runtime_s": STALL_RUNTIME_SECS,
+        "kill_after_first_write_s": STALL_KILL_AT_SECS,
+        "max_clat_ms": ms(stall.max_ms.as_ref().ok().copied()),
+        "max_clat_completed_at_ms": stall.max_at_ms,
+        "ios_logged": stall.ios,
+        "fio_report_max_clat_ms": ms(stall.fio_max_ms),
+        "first_write_after_fio_launch_ms": ms(stall.first_write_ms),
+        "kill_after_first_write_ms": ms(stall.kill_after_ms),
+        "kill_to_exec_ms": ms(stall.kill_to_exec_ms),
+        "restart_to_ready_ms": ms(stall.restart_to_ready_ms),
+        "kill_to_ready_ms": ms(stall.kill_to_ready_ms),
+        "list_volumes_call_ms": ms(stall.list_call_ms),
+        "io_path_in_use": stall.io_path,
+    });
+    if let Err(e) = &stall.max_ms {
+        v["error"] = Value::from(e.as_str());
+    }
+    if let Some(t) = &stall.teardown {
+        v["teardown_error"] = Value::from(t.as_str());
+    }
+    out.push(v);
+    out
+}
+
+/// What `results.json` says of the recovery runs, as a table, with what the numbers include.
+fn recovery_table(entries: &[Entry], recoveries: &[Recovery], stall: &Stall) -> String {
+    let mut s = alone_table(entries);
+    let mut distinct: Vec<&str> = recoveries
+        .iter()
+        .filter_map(|r| r.io_path.as_deref())
+        .chain(stall.io_path.as_deref())
+        .collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let calls: Vec<f64> = recoveries
+        .iter()
+        .filter_map(|r| r.list_call_ms)
+        .chain(stall.list_call_ms)
+        .collect();
+    let call = percentile(&calls, 50).map_or_else(String::new, |c| {
+        format!("; one call took {c:.0} ms here, so READY is seen up to that much late")
+    });
+    let _ = writeln!(
+        s,
+        "note: restart to READY runs from the exec of the new ublkd (after kill -9 of the old \
+         one) until `ublkctl list-volumes` shows every volume READY, polled every 20 ms \
+         (ublkctl's start-up included{call}); null volumes of {RECOVERY_SIZE}, 1 queue of depth \
+         {RECOVERY_DEPTH}. The stall is the longest completion latency in fio's per-I/O log \
+         (randwrite 4k QD16, {STALL_RUNTIME_SECS} s, on a {STALL_SIZE} RAM volume; ublkd \
+         killed {STALL_KILL_AT_SECS} s after the first write and started again as soon as it \
+         was gone){}. I/O path: {}.",
+        match (stall.kill_to_ready_ms, stall.restart_to_ready_ms) {
+            (Some(k), Some(r)) => format!(
+                "; there the volume was READY {k:.1} ms after the kill, {r:.1} ms after the exec"
+            ),
+            _ => String::new(),
+        },
+        if distinct.is_empty() {
+            "unknown".to_owned()
+        } else {
+            distinct.join(", ")
+        }
+    );
+    s
 }
 
 /// `cargo xtask bench`.
@@ -733,10 +1162,10 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     let timeout = std::env::var("UBLKD_VM_TIMEOUT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300 + jobs * (runtime + 45) + CONTROL_BUDGET_SECS);
+        .unwrap_or(300 + jobs * (runtime + 45) + CONTROL_BUDGET_SECS + RECOVERY_BUDGET_SECS);
     eprintln!(
         "xtask: bench: {} runs x {} fio jobs of {runtime} s, then {CONTROL_VOLUMES} volumes \
-         through ublkctl, in one boot of {}",
+         through ublkctl, then kill -9 recovery, in one boot of {}",
         RUNS.len(),
         WORKLOADS.len(),
         kernel.kver
@@ -748,8 +1177,11 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
 
     let results = collect(&run.run_dir);
     let control = collect_control(&run.run_dir);
+    let recoveries = collect_recovery(&run.run_dir);
+    let stall = collect_stall(&run.run_dir);
     let mut entries = entries(&results);
     let control_entries = control_entries(&control);
+    let recovery_entries = recovery_entries(&recoveries, &stall);
     println!();
     println!(
         "bench ({}, fio {runtime} s per job, {:.0} s in the guest):",
@@ -762,7 +1194,11 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     println!();
     println!("control plane (ublkd --config, driven by ublkctl):");
     print!("{}", control_table(&control_entries));
+    println!();
+    println!("recovery (ublkd --config killed with -9 and started again):");
+    print!("{}", recovery_table(&recovery_entries, &recoveries, &stall));
     entries.extend(control_entries);
+    entries.extend(recovery_entries);
 
     let out_dir = ws.join("target/bench");
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -774,6 +1210,7 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     let mut raw = raw_json(&results);
     if let Value::Array(list) = &mut raw {
         list.push(control_raw_json(&control));
+        list.extend(recovery_raw_json(&recoveries, &stall));
     }
     fs::write(&raw_path, serde_json::to_string_pretty(&raw)? + "\n")
         .with_context(|| format!("writing {}", raw_path.display()))?;
@@ -1183,40 +1620,10 @@ nullblk_case() {
 ctl_case() {
     run=$1; n=$2; d="$OUT/$run"; mkdir -p "$d"
     C="$TMPDIR/ublkd-bench-ctl"; SOCK="$C/ublkd.sock"
-    mkdir -p "$C/roots"
-    cat > "$C/ublkd.toml" <<CONFIG
-state_dir = "$C/state"
-allowed_roots = ["$C/roots"]
-
-[grpc]
-listen = ["unix://$SOCK"]
-
-[metrics]
-listen = "$5"
-
-[dataplane]
-cpus = [0, 1]
-CONFIG
+    node_config "$C" "$5"
     note "$run: ublkd --config $C/ublkd.toml, then $n volumes through ublkctl"
-    ( sh -c 'echo $$ > "$0/pid"; exec "$@"' "$d" "$UBLKD" --config "$C/ublkd.toml" \
-        > "$d/server.out" 2> "$d/server.err"
-      rc=$?; echo "$rc" > "$d/exit.tmp"; mv "$d/exit.tmp" "$d/exit" ) &
-    wait_file "$d/pid" 50
-    pid=$(cat "$d/pid" 2>/dev/null)
-    up=""; i=0
-    while [ $i -lt 600 ] && [ ! -e "$d/exit" ]; do
-        if ctl node-info > "$d/node-info.out" 2> "$d/node-info.err"; then up=1; break; fi
-        sleep 0.1; i=$((i + 1))
-    done
-    if [ -z "$up" ]; then
-        if [ -e "$d/exit" ]; then
-            fail_case "$run" "ublkd exited with status $(cat "$d/exit") before its socket answered: $(tail_of "$d/server.err")"
-        else
-            fail_case "$run" "ublkd's socket did not answer node-info within 60 s: $(tail_of "$d/node-info.err") $(tail_of "$d/server.err")"
-            stop_ublkd "$d" "$pid"
-        fi
-        return
-    fi
+    spawn_ublkd "$d" "$C/ublkd.toml"
+    wait_up "$run" "$d" || return
     sleep 1
     cat "/proc/$pid/status" > "$d/status.0" 2>/dev/null
 
@@ -1261,6 +1668,232 @@ CONFIG
     done < "$d/create.ns"
     note "$run: $(wc -l < "$d/delete.ns") volumes deleted"
     stop_ublkd "$d" "$pid"
+}
+
+# node_config DIR METRICS: DIR/ublkd.toml, a node-service configuration keeping everything
+# (state, roots, RAM files, socket) under DIR; devices are kept on exit (the default).
+node_config() {
+    mkdir -p "$1/roots"
+    cat > "$1/ublkd.toml" <<CONFIG
+state_dir = "$1/state"
+allowed_roots = ["$1/roots"]
+ram_dir = "$1/ram"
+on_exit = "keep"
+
+[grpc]
+listen = ["unix://$1/ublkd.sock"]
+
+[metrics]
+listen = "$2"
+
+[dataplane]
+cpus = [0, 1]
+CONFIG
+}
+
+# spawn_ublkd DIR CONFIG: `ublkd --config CONFIG` in the background, logging to DIR/server.*.
+# It writes DIR/pid, then DIR/start.ns (date +%s%N right before the exec), and DIR/exit once the
+# process is gone; sets $pid.
+spawn_ublkd() {
+    rm -f "$1/pid" "$1/start.ns" "$1/exit"
+    ( sh -c 'echo $$ > "$0/pid.tmp"; mv "$0/pid.tmp" "$0/pid"; date +%s%N > "$0/start.ns"
+             exec "$@"' "$1" "$UBLKD" --config "$2" >> "$1/server.out" 2>> "$1/server.err"
+      rc=$?; echo "$rc" > "$1/exit.tmp"; mv "$1/exit.tmp" "$1/exit" ) &
+    wait_file "$1/pid" 50
+    pid=$(cat "$1/pid" 2>/dev/null)
+}
+
+# wait_up RUN DIR: waits up to 60 s for the daemon's socket ($SOCK) to answer node-info; if it
+# does not, records why (fail_case), stops the daemon and returns 1.
+wait_up() {
+    i=0
+    while [ $i -lt 600 ] && [ ! -e "$2/exit" ]; do
+        if ctl node-info > "$2/node-info.out" 2> "$2/node-info.err"; then return 0; fi
+        sleep 0.1; i=$((i + 1))
+    done
+    if [ -e "$2/exit" ]; then
+        fail_case "$1" "ublkd exited with status $(cat "$2/exit") before its socket answered: $(tail_of "$2/server.err")"
+    else
+        fail_case "$1" "ublkd's socket did not answer node-info within 60 s: $(tail_of "$2/node-info.err") $(tail_of "$2/server.err")"
+        stop_ublkd "$2" "$pid"
+    fi
+    return 1
+}
+
+# wait_ready DIR N: polls `list-volumes -o json` every 20 ms until it shows N volumes READY, then
+# writes DIR/list.json (that answer), DIR/ready.ns (`START_NS READY_NS`: the daemon's exec and
+# the moment that answer arrived) and DIR/poll.ns (`BEFORE_NS AFTER_NS` one more call). Gives up (returns 1, reason in $why) when a volume FAILED,
+# the daemon exited, or 60 s passed.
+wait_ready() {
+    deadline=$(( $(date +%s) + 60 ))
+    while :; do
+        if ctl list-volumes -o json > "$1/list.tmp" 2>> "$1/list.err"; then
+            t1=$(date +%s%N)
+            if [ "$(grep -c '"VOLUME_STATE_READY"' "$1/list.tmp")" -eq "$2" ]; then
+                mv "$1/list.tmp" "$1/list.json"
+                echo "$(cat "$1/start.ns") $t1" > "$1/ready.ns"
+                # What one poll costs (ublkctl's start-up included), for reading the above.
+                p0=$(date +%s%N)
+                ctl list-volumes -o json > /dev/null 2>&1
+                echo "$p0 $(date +%s%N)" > "$1/poll.ns"
+                return 0
+            fi
+            if grep -q '"VOLUME_STATE_FAILED"' "$1/list.tmp"; then
+                why="a volume FAILED to come back: $(grep '"message"' "$1/list.tmp" | grep -v '""' | head -n 1)"
+                return 1
+            fi
+        fi
+        if [ -e "$1/exit" ]; then
+            why="the new ublkd exited with status $(cat "$1/exit"): $(tail_of "$1/server.err")"
+            return 1
+        fi
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            why="not all $2 volumes READY within 60 s of the restart: $(grep -c '"VOLUME_STATE_READY"' "$1/list.tmp" 2>/dev/null) READY; $(tail_of "$1/list.err")"
+            return 1
+        fi
+        sleep 0.02
+    done
+}
+
+# crash_restart DIR CONFIG: kill -9 the daemon ($pid; DIR/kill.ns the moment), wait (polling every
+# 10 ms) until it is gone, and start it again at once. Returns 1 (reason in $why) if it does not
+# die within 10 s.
+crash_restart() {
+    date +%s%N > "$1/kill.ns"
+    kill -KILL "$pid" 2>/dev/null
+    i=0
+    while [ ! -e "$1/exit" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
+    if [ ! -e "$1/exit" ]; then
+        why="ublkd did not exit within 10 s of kill -9"
+        return 1
+    fi
+    spawn_ublkd "$1" "$2"
+}
+
+# rec_teardown DIR CONFIG: deletes every volume the daemon lists (starting it again first if it
+# is gone), checks the devices in DIR/volumes (`NAME DEVICE` lines) are gone, stops the daemon
+# with SIGTERM. Problems go to DIR/teardown_error.
+rec_teardown() {
+    if [ -e "$1/exit" ]; then
+        spawn_ublkd "$1" "$2"
+        i=0
+        while [ $i -lt 100 ] && [ ! -e "$1/exit" ] && ! ctl node-info > /dev/null 2>&1; do
+            sleep 0.1; i=$((i + 1))
+        done
+    fi
+    if ! ctl list-volumes -o json > "$1/final.json" 2>> "$1/delete.err"; then
+        echo "list-volumes failed before the deletes: $(tail_of "$1/delete.err")" >> "$1/teardown_error"
+    fi
+    for name in $(sed -n 's/.*"id": "\([^"]*\)".*/\1/p' "$1/final.json" 2>/dev/null); do
+        if ! ctl delete-volume "$name" > /dev/null 2>> "$1/delete.err"; then
+            echo "delete-volume $name failed: $(tail_of "$1/delete.err")" >> "$1/teardown_error"
+        fi
+    done
+    while read -r name dev; do
+        [ -e "$dev" ] && echo "$dev ($name) still exists after the deletes" >> "$1/teardown_error"
+    done < "$1/volumes"
+    if [ -e "$1/exit" ]; then
+        echo "ublkd was not running for the deletes: $(tail_of "$1/server.err")" >> "$1/teardown_error"
+    else
+        stop_ublkd "$1" "$pid"
+    fi
+    return 0
+}
+
+# rec_case RUN N SIZE DEPTH METRICS: a fresh daemon, N null volumes (1 queue of DEPTH), kill -9,
+# start it again; ready.ns times the new process from its exec until list-volumes shows all N
+# READY. Then every volume is deleted and the daemon stopped.
+rec_case() {
+    run=$1; n=$2; d="$OUT/$run"; mkdir -p "$d"
+    C="$TMPDIR/$run"; SOCK="$C/ublkd.sock"
+    rm -rf "$C"; node_config "$C" "$5"
+    note "$run: $n null volumes, kill -9 ublkd, start it again"
+    : > "$d/volumes"
+    spawn_ublkd "$d" "$C/ublkd.toml"
+    wait_up "$run" "$d" || return
+    k=1
+    while [ $k -le "$n" ]; do
+        name=$(printf 'r%03d' "$k")
+        if ! dev=$(ctl create-volume "$name" --size "$3" --backend null --queues 1 --depth "$4" \
+                2>> "$d/create.err"); then
+            fail_case "$run" "create-volume $name failed: $(tail_of "$d/create.err")"
+            rec_teardown "$d" "$C/ublkd.toml"
+            return
+        fi
+        echo "$name $dev" >> "$d/volumes"
+        k=$((k + 1))
+    done
+    if ! crash_restart "$d" "$C/ublkd.toml"; then
+        fail_case "$run" "$why"
+    else
+        gone=""
+        while read -r name dev; do [ -b "$dev" ] || gone="$gone $dev"; done < "$d/volumes"
+        if ! wait_ready "$d" "$n"; then
+            fail_case "$run" "$why"
+        elif [ -n "$gone" ]; then
+            fail_case "$run" "devices gone after kill -9 (they must survive the daemon):$gone"
+        fi
+    fi
+    note "$run: $(cat "$d/ready.ns" 2>/dev/null || echo 'not READY')"
+    rec_teardown "$d" "$C/ublkd.toml"
+}
+
+# stall_case RUN SIZE RUNTIME KILL_AT METRICS: fio randwrite 4k QD16 on a RAM volume for RUNTIME
+# s with a per-I/O completion latency log (clat.log: `MS, NS, DIR, BS, OFFSET` lines); KILL_AT s
+# after the device completed its first write, kill -9 ublkd and start it again at once.
+# times.ns: `FIO_LAUNCH_NS FIRST_WRITE_NS`; kill.ns, ready.ns, poll.ns as above; fio.json, fio.rc.
+stall_case() {
+    run=$1; d="$OUT/$run"; mkdir -p "$d"
+    C="$TMPDIR/$run"; SOCK="$C/ublkd.sock"
+    rm -rf "$C"; node_config "$C" "$5"
+    note "$run: fio on a RAM volume for $3 s, kill -9 ublkd $4 s in"
+    : > "$d/volumes"
+    spawn_ublkd "$d" "$C/ublkd.toml"
+    wait_up "$run" "$d" || return
+    if ! dev=$(ctl create-volume s1 --size "$2" --backend ram 2>> "$d/create.err"); then
+        fail_case "$run" "create-volume s1 failed: $(tail_of "$d/create.err")"
+        rec_teardown "$d" "$C/ublkd.toml"
+        return
+    fi
+    echo "s1 $dev" > "$d/volumes"
+    if ! wait_blk "$dev"; then
+        fail_case "$run" "create-volume returned ${dev:-nothing}, which is no block device"
+        rec_teardown "$d" "$C/ublkd.toml"
+        return
+    fi
+    mkdir -p "$C/fio"
+    ( timeout -k 5 $(($3 + 60)) fio --name=stall --filename="$dev" --ioengine=io_uring \
+        --direct=1 --bs=4k --rw=randwrite --iodepth=16 --numjobs=1 --norandommap --time_based \
+        --runtime="$3" --disable_slat=1 --disable_lat=1 --write_lat_log="$C/fio/stall" \
+        --log_avg_msec=0 --output-format=json --output="$d/fio.json" > "$d/fio.log" 2>&1
+      echo $? > "$d/fio.rc.tmp"; mv "$d/fio.rc.tmp" "$d/fio.rc" ) &
+    t0=$(date +%s%N)
+    # fio can take seconds to start its job (TCG): count from the device's first write.
+    blk=$(basename "$dev"); i=0
+    while [ "$(awk '{ print $5 }' "/sys/block/$blk/stat" 2>/dev/null || echo 0)" = 0 ] &&
+        [ $i -lt 6000 ] && [ ! -e "$d/fio.rc" ]; do
+        sleep 0.01; i=$((i + 1))
+    done
+    t1=$(date +%s%N)
+    echo "$t0 $t1" > "$d/times.ns"
+    if [ "$(awk '{ print $5 }' "/sys/block/$blk/stat" 2>/dev/null || echo 0)" = 0 ]; then
+        fail_case "$run" "fio wrote nothing to $dev within 60 s: $(tail_of "$d/fio.log")"
+    else
+        sleep "$4"
+        if ! crash_restart "$d" "$C/ublkd.toml"; then
+            fail_case "$run" "$why"
+        elif ! wait_ready "$d" 1; then
+            fail_case "$run" "$why"
+        fi
+    fi
+    if ! wait_file "$d/fio.rc" $((($3 + 70) * 10)); then
+        fail_case "$run" "fio did not end within $(($3 + 70)) s"
+    fi
+    if ! cp "$C/fio/stall_clat.1.log" "$d/clat.log" 2>> "$d/fio.log"; then
+        echo "fio wrote no completion latency log" >> "$d/fio.log"
+    fi
+    note "$run: fio exit $(cat "$d/fio.rc" 2>/dev/null), $(wc -l < "$d/clat.log" 2>/dev/null) I/Os logged"
+    rec_teardown "$d" "$C/ublkd.toml"
 }
 
 # ublkctl against the control-plane run's daemon; never reads the caller's stdin.
@@ -1356,7 +1989,27 @@ fn guest_script(
         ),
     };
     s.push_str(&line);
-    s.push_str("\nnote done\nexit 0\n");
+    s.push('\n');
+    // Crash recovery last: each run its own daemon, state and socket, torn down before the next.
+    let mut runs: Vec<String> = RECOVERY_VOLUMES.iter().map(|&n| recovery_run(n)).collect();
+    runs.push(STALL_RUN.to_owned());
+    for (i, id) in runs.iter().enumerate() {
+        let line = match (ublkd, ublkctl) {
+            (Err(e), _) | (_, Err(e)) => format!("fail_case {id} {}", vm::shell_quote(e)),
+            (Ok(_), Ok(_)) => match RECOVERY_VOLUMES.get(i) {
+                Some(n) => {
+                    format!("rec_case {id} {n} {RECOVERY_SIZE} {RECOVERY_DEPTH} {RECOVERY_METRICS}")
+                }
+                None => format!(
+                    "stall_case {id} {STALL_SIZE} {STALL_RUNTIME_SECS} {STALL_KILL_AT_SECS} \
+                     {RECOVERY_METRICS}"
+                ),
+            },
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s.push_str("note done\nexit 0\n");
     s
 }
 
@@ -1768,6 +2421,337 @@ mod tests {
         );
         assert!(s.contains("fail_case ublkd-control 'building ublkctl failed'\n"));
         assert!(!s.contains("ctl_case ublkd-control"));
+    }
+
+    #[test]
+    fn script_runs_the_recovery_cases_last() {
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+        );
+        let at = |line: &str| {
+            s.find(line)
+                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
+        };
+        let ctl = at("ctl_case ublkd-control 100");
+        let r1 = at("rec_case ublkd-recovery-1 1 64MiB 32 127.0.0.1:9582\n");
+        let r16 = at("rec_case ublkd-recovery-16 16 64MiB 32 127.0.0.1:9582\n");
+        let r64 = at("rec_case ublkd-recovery-64 64 64MiB 32 127.0.0.1:9582\n");
+        let stall = at("stall_case ublkd-stall 128MiB 8 3 127.0.0.1:9582\n");
+        assert!(ctl < r1 && r1 < r16 && r16 < r64 && r64 < stall);
+        assert!(at("note done") > stall);
+
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Err("building ublkctl failed"),
+        );
+        for run in [
+            "ublkd-recovery-1",
+            "ublkd-recovery-16",
+            "ublkd-recovery-64",
+            "ublkd-stall",
+        ] {
+            assert!(
+                s.contains(&format!("fail_case {run} 'building ublkctl failed'\n")),
+                "{run}"
+            );
+        }
+        assert!(!s.contains("rec_case ublkd-recovery") && !s.contains("stall_case ublkd-stall"));
+    }
+
+    #[test]
+    fn recovery_timings_and_fio_results_parse() {
+        assert_eq!(parse_span_ms("1000000000 1012500000\n"), Ok(12.5));
+        assert_eq!(parse_span_ms("5 5"), Ok(0.0));
+        assert!(parse_span_ms("1012500000 1000000000").is_err_and(|e| e.contains("backwards")));
+        assert!(parse_span_ms("1000000000").is_err());
+        assert!(parse_span_ms("1000000000 x").is_err());
+        assert!(parse_span_ms("1 2 3").is_err());
+
+        // fio 3.33 per-I/O log: time ms, latency ns, direction, block size, offset (and prio).
+        let log = "0, 92132, 1, 4096, 0\n3001, 45123456, 1, 4096, 8192\n\
+                   3002, 45000000, 1, 4096, 0, 0\n7999, 80000, 1, 4096, 4096\n";
+        assert_eq!(parse_clat_log(log), Ok((45.123456, 3001.0, 4)));
+        assert!(parse_clat_log("").is_err_and(|e| e.contains("empty")));
+        assert!(parse_clat_log("0, lots, 1, 4096, 0\n").is_err());
+        assert!(parse_clat_log("garbage\n").is_err());
+
+        let fio = r#"fio: note
+{"jobs":[{"error":0,"write":{"total_ios":80000,"clat_ns":{"max":45123456.0}}}]}"#;
+        assert_eq!(parse_fio_stall(fio), Ok((0, 45.123456)));
+        let bad = r#"{"jobs":[{"error":5,"write":{"clat_ns":{"max":1000000.0}}}]}"#;
+        assert_eq!(parse_fio_stall(bad), Ok((5, 1.0)));
+        assert!(parse_fio_stall(r#"{"jobs":[]}"#).is_err());
+        assert!(parse_fio_stall(r#"{"jobs":[{"error":0,"write":{}}]}"#).is_err());
+        assert!(parse_fio_stall("nothing").is_err());
+
+        let list = r#"{
+  "volumes": [
+    {
+      "id": "r001",
+      "state": "VOLUME_STATE_READY",
+      "io_path_in_use": "IO_PATH_BATCH"
+    }
+  ]
+}"#;
+        assert_eq!(io_path_in_use(list).as_deref(), Some("IO_PATH_BATCH"));
+        assert_eq!(io_path_in_use(r#"{"volumes": []}"#), None);
+        assert_eq!(io_path_in_use("not json"), None);
+    }
+
+    fn stall_ok() -> Stall {
+        Stall {
+            max_ms: Ok(45.5),
+            max_at_ms: Some(3010.0),
+            ios: Some(80000),
+            fio_max_ms: Some(45.5),
+            first_write_ms: Some(80.0),
+            kill_after_ms: Some(3000.0),
+            kill_to_exec_ms: Some(2.0),
+            restart_to_ready_ms: Some(30.0),
+            kill_to_ready_ms: Some(33.0),
+            list_call_ms: Some(9.0),
+            io_path: Some("IO_PATH_BATCH".into()),
+            teardown: None,
+        }
+    }
+
+    fn recoveries_ok() -> Vec<Recovery> {
+        RECOVERY_VOLUMES
+            .iter()
+            .map(|&n| Recovery {
+                volumes: n,
+                ready_ms: Ok(10.0 + n as f64),
+                kill_to_exec_ms: Some(3.0),
+                list_call_ms: Some(8.0),
+                io_path: Some("IO_PATH_BATCH".into()),
+                teardown: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stall_must_span_the_restart() {
+        // Killed 3000 ms after the first write; 10 ms from the kill to the new exec.
+        assert_eq!(check_stall(35.0, 3030.0, Some(3000.0), Some(10.0)), Ok(()));
+        assert_eq!(check_stall(10.0, 3001.0, Some(3000.0), Some(10.0)), Ok(()));
+        assert!(check_stall(9.0, 3030.0, Some(3000.0), Some(10.0))
+            .is_err_and(|e| e.contains("shorter than the time from the kill")));
+        assert!(check_stall(1500.0, 1528.0, Some(3000.0), Some(1000.0))
+            .is_err_and(|e| e.contains("before the kill")));
+        assert!(check_stall(35.0, 3030.0, None, Some(10.0)).is_err());
+        assert!(check_stall(35.0, 3030.0, Some(3000.0), None).is_err());
+    }
+
+    #[test]
+    fn recovery_entries_are_ms_without_a_peer() {
+        let entries = recovery_entries(&recoveries_ok(), &stall_ok());
+        let got: Vec<(&str, Option<f64>)> =
+            entries.iter().map(|e| (e.case.as_str(), e.ours)).collect();
+        assert_eq!(
+            got,
+            [
+                ("ublkd restart to READY, 1 volume", Some(11.0)),
+                ("ublkd restart to READY, 16 volumes", Some(26.0)),
+                ("ublkd restart to READY, 64 volumes", Some(74.0)),
+                ("fio max I/O stall across kill -9", Some(45.5)),
+            ]
+        );
+        assert_eq!(
+            entries[3].to_json(),
+            json!({"case": "fio max I/O stall across kill -9", "ours": 45.5, "peer": "none",
+                   "peer_value": null, "ratio": null, "unit": "ms"})
+        );
+        assert!(entries
+            .iter()
+            .all(|e| e.error.is_none() && e.unit == Unit::Ms));
+
+        let raw = recovery_raw_json(&recoveries_ok(), &stall_ok());
+        assert_eq!(raw.len(), 4);
+        assert_eq!(raw[2]["run"], "ublkd-recovery-64");
+        assert_eq!(raw[2]["restart_to_ready_ms"], 74.0);
+        assert_eq!(raw[3]["run"], "ublkd-stall");
+        assert_eq!(raw[3]["max_clat_ms"], 45.5);
+        assert_eq!(raw[3]["kill_to_ready_ms"], 33.0);
+        assert!(raw.iter().all(|v| v.get("error").is_none()));
+
+        let table = recovery_table(&entries, &recoveries_ok(), &stall_ok());
+        assert!(
+            table.contains("ublkd restart to READY, 64 volumes"),
+            "{table}"
+        );
+        assert!(table.contains("I/O path: IO_PATH_BATCH."), "{table}");
+        assert!(table.contains("33.0 ms after the kill"), "{table}");
+        // The median of the four list-volumes calls (8, 8, 8, 9 ms).
+        assert!(table.contains("one call took 8 ms here"), "{table}");
+        assert_eq!(raw[0]["list_volumes_call_ms"], 8.0);
+        assert_eq!(raw[3]["kill_after_first_write_ms"], 3000.0);
+    }
+
+    #[test]
+    fn recovery_failures_give_null_values_and_an_error() {
+        let mut recoveries = recoveries_ok();
+        recoveries[1].ready_ms = Err("not all 16 volumes READY within 60 s".into());
+        recoveries[2].teardown = Some("delete-volume r007 failed".into());
+        let mut stall = stall_ok();
+        stall.max_ms = Err("fio saw 3 errors across the restart".into());
+        let entries = recovery_entries(&recoveries, &stall);
+        assert_eq!(entries[0].error, None);
+        assert_eq!(entries[1].ours, None);
+        assert!(entries[1]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("ublkd: not all 16")));
+        // The time stands; the failed teardown marks it.
+        assert_eq!(entries[2].ours, Some(74.0));
+        assert!(entries[2]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("ublkd teardown: delete-volume r007")));
+        assert!(entries[3].to_json()["ours"].is_null());
+        assert!(entries[3].to_json()["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("3 errors")));
+        let raw = recovery_raw_json(&recoveries, &stall);
+        assert!(raw[1]["restart_to_ready_ms"].is_null() && raw[1]["error"].is_string());
+        assert!(raw[2]["teardown_error"].is_string());
+        assert!(raw[3]["max_clat_ms"].is_null() && raw[3]["error"].is_string());
+        let table = recovery_table(&entries, &recoveries, &stall);
+        assert!(table.contains("FAILED"), "{table}");
+    }
+
+    #[test]
+    fn recovery_results_are_read_from_the_run_directory() {
+        let dir = std::env::temp_dir().join(format!("ublkd-bench-rec-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let r = collect_recovery(&dir);
+        assert_eq!(r.len(), 3);
+        assert!(r.iter().all(|x| x
+            .ready_ms
+            .as_ref()
+            .is_err_and(|e| e.contains("did not run"))));
+        assert!(collect_stall(&dir)
+            .max_ms
+            .is_err_and(|e| e.contains("did not run")));
+
+        let write = |run: &str, name: &str, text: &str| {
+            let d = dir.join(run);
+            fs::create_dir_all(&d).expect("mkdir");
+            fs::write(d.join(name), text).expect("write");
+        };
+        let list = r#"{"volumes": [{"id": "r001", "io_path_in_use": "IO_PATH_PER_IO"}]}"#;
+        write("ublkd-recovery-1", "kill.ns", "990000000\n");
+        write("ublkd-recovery-1", "ready.ns", "1000000000 1020000000\n");
+        write("ublkd-recovery-1", "poll.ns", "1030000000 1037500000\n");
+        write("ublkd-recovery-1", "list.json", list);
+        write("ublkd-recovery-16", "ready.ns", "1000000000 1080000000\n");
+        write(
+            "ublkd-recovery-16",
+            "teardown_error",
+            "delete-volume r003 failed: x\n/dev/ublkb3 (r003) still exists after the deletes\n",
+        );
+        write(
+            "ublkd-recovery-64",
+            "error",
+            "a volume FAILED to come back\n",
+        );
+        write("ublkd-recovery-64", "ready.ns", "1 2\n");
+        let r = collect_recovery(&dir);
+        assert_eq!(r[0].ready_ms, Ok(20.0));
+        assert_eq!(r[0].io_path.as_deref(), Some("IO_PATH_PER_IO"));
+        assert_eq!(r[0].teardown, None);
+        assert_eq!(
+            (r[0].kill_to_exec_ms, r[0].list_call_ms),
+            (Some(10.0), Some(7.5))
+        );
+        assert_eq!((r[1].kill_to_exec_ms, r[1].list_call_ms), (None, None));
+        assert_eq!(r[1].ready_ms, Ok(80.0));
+        assert!(r[1]
+            .teardown
+            .as_deref()
+            .is_some_and(|t| t.contains("r003 failed: x (and 1 more)")));
+        assert!(r[2].ready_ms.as_ref().is_err_and(|e| e.contains("FAILED")));
+
+        let st = "ublkd-stall";
+        // fio launched at 1 s, first write at 1.1 s, kill at 4.1 s, exec at 4.11 s, READY at 4.14 s.
+        write(st, "times.ns", "1000000000 1100000000\n");
+        write(st, "kill.ns", "4100000000\n");
+        write(st, "ready.ns", "4110000000 4140000000\n");
+        write(st, "list.json", list);
+        write(st, "fio.rc", "0\n");
+        write(
+            st,
+            "fio.json",
+            r#"{"jobs":[{"error":0,"write":{"clat_ns":{"max":35000000.0}}}]}"#,
+        );
+        write(
+            st,
+            "clat.log",
+            "10, 50000, 1, 4096, 0\n3030, 35000000, 1, 4096, 0\n",
+        );
+        let s = collect_stall(&dir);
+        assert_eq!(s.max_ms, Ok(35.0));
+        assert_eq!((s.max_at_ms, s.ios), (Some(3030.0), Some(2)));
+        assert_eq!(s.fio_max_ms, Some(35.0));
+        assert_eq!(s.first_write_ms, Some(100.0));
+        assert_eq!(s.kill_after_ms, Some(3000.0));
+        assert_eq!(s.kill_to_exec_ms, Some(10.0));
+        assert_eq!(s.restart_to_ready_ms, Some(30.0));
+        assert_eq!(s.kill_to_ready_ms, Some(40.0));
+        assert_eq!(s.list_call_ms, None);
+
+        // A log whose longest I/O ended before the kill did not see the stall.
+        write(
+            st,
+            "clat.log",
+            "10, 50000, 1, 4096, 0\n1500, 35000000, 1, 4096, 0\n",
+        );
+        assert!(collect_stall(&dir)
+            .max_ms
+            .is_err_and(|e| e.contains("before the kill")));
+        write(
+            st,
+            "clat.log",
+            "10, 50000, 1, 4096, 0\n3030, 35000000, 1, 4096, 0\n",
+        );
+        assert_eq!(s.io_path.as_deref(), Some("IO_PATH_PER_IO"));
+
+        write(
+            st,
+            "fio.json",
+            r#"{"jobs":[{"error":5,"write":{"clat_ns":{"max":35000000.0}}}]}"#,
+        );
+        assert!(collect_stall(&dir)
+            .max_ms
+            .is_err_and(|e| e.contains("fio saw 5 errors")));
+        write(st, "fio.rc", "1\n");
+        write(
+            st,
+            "fio.log",
+            "fio: io_u error on file /dev/ublkb0: Input/output error\n",
+        );
+        assert!(collect_stall(&dir)
+            .max_ms
+            .is_err_and(|e| e.contains("status 1: fio: io_u error")));
+        write(st, "fio.rc", "0\n");
+        write(
+            st,
+            "fio.json",
+            r#"{"jobs":[{"error":0,"write":{"clat_ns":{"max":35000000.0}}}]}"#,
+        );
+        fs::remove_file(dir.join(st).join("clat.log")).expect("rm");
+        assert!(collect_stall(&dir)
+            .max_ms
+            .is_err_and(|e| e.contains("no completion latency log")));
+        write(st, "error", "ublkd did not exit within 10 s of kill -9\n");
+        assert!(collect_stall(&dir)
+            .max_ms
+            .is_err_and(|e| e.contains("kill -9")));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
