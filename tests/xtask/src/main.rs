@@ -25,10 +25,11 @@ commands:
                      or a whole test file (e.g. daemon, dataplane, kernel)
   vm-run [--timeout SECS] -- CMD...
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
-  demo               boot the VM and show what the kernel offers and what ublkd sees
+  demo               boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio,
+                     resize, stats, metrics
   prepare            fetch the kernel and build the initramfs (what the others do first)
-  bench              ublkd vs kublk, loop and null_blk under fio, in one boot; writes
-                     target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
+  bench              in one boot: ublkd vs kublk, loop and null_blk under fio; control-plane
+                     latency and RSS; recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
                      UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a release build)
 
 environment:
