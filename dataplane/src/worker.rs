@@ -37,8 +37,12 @@ fn ud_parts(ud: u64) -> (u64, u16, u16) {
 const FIXED_BUFFERS: u32 = 4096;
 /// Commit buffers per batch queue, so a new commit can go out while one is in flight.
 const COMMIT_BUFS: usize = 2;
-/// Fetch buffers per provided-buffer group.
-const FETCH_BUFS: u16 = 4;
+/// Most fetch buffers per provided-buffer group. Each multishot completion takes a whole buffer
+/// and carries at least one tag, and a tag is not delivered again before we commit it, so
+/// `depth` buffers per group mean the kernel never runs out (-ENOBUFS). Running out would end
+/// the fetch with tags still queued in the kernel, and with both fetches ended those tags wait
+/// for the next request to arrive: a stall if none comes.
+const MAX_FETCH_BUFS: u16 = 256;
 /// Batch element sizes: with a buffer address (copy mode), and a fetch element (a u16 tag).
 const ELEM_BYTES: u8 = 16;
 
@@ -318,8 +322,9 @@ impl Worker {
             prep.write_at(usize::from(tag) * usize::from(ELEM_BYTES), &e);
         }
         let fetch_len = u32::try_from((depth * 2).next_multiple_of(64)).unwrap_or(u32::MAX);
+        let fetch_bufs = q.setup.depth.next_power_of_two().clamp(4, MAX_FETCH_BUFS);
         let group =
-            |k: u16| BufRing::new(slot.wrapping_mul(2).wrapping_add(k), FETCH_BUFS, fetch_len);
+            |k: u16| BufRing::new(slot.wrapping_mul(2).wrapping_add(k), fetch_bufs, fetch_len);
         let groups = [
             group(0).map_err(WorkerError::Buffers)?,
             group(1).map_err(WorkerError::Buffers)?,

@@ -364,7 +364,11 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
         spec(64 * MIB, file(&root.join("used.img"), false)),
     ))
     .await?;
-    let files_before = guest::sh(&format!("ls -lR {} {}", root.display(), d.state.display()))?;
+    let files_before = guest::sh(&format!(
+        "find {} {} \\( -type f -o -type l \\) -printf '%p %s %T@ %l\\n' | sort",
+        root.display(),
+        d.state.display()
+    ))?;
 
     let ram = || Backend::Ram(v1::RamBackend {});
     let ok = || spec(64 * MIB, ram());
@@ -614,7 +618,11 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
         .map(|v| v.id)
         .collect();
     assert_eq!(ids, ["good", "held"], "only the good volumes exist");
-    let files_after = guest::sh(&format!("ls -lR {} {}", root.display(), d.state.display()))?;
+    let files_after = guest::sh(&format!(
+        "find {} {} \\( -type f -o -type l \\) -printf '%p %s %T@ %l\\n' | sort",
+        root.display(),
+        d.state.display()
+    ))?;
     assert_eq!(files_before, files_after, "no file changed");
     assert_eq!(std::fs::metadata(dir.join("outside.img"))?.len(), 64 * MIB);
     Ok(())
