@@ -75,6 +75,8 @@ pub struct QueueStats {
     latency_sum_ns: AtomicU64,
     batch: [AtomicU64; 10],
     batch_sum: AtomicU64,
+    protocol_errors: AtomicU64,
+    last_protocol_errno: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling (owning) thread writes.
@@ -121,6 +123,14 @@ impl QueueStats {
         bump(&self.batch_sum, n);
     }
 
+    /// A ublk command (FETCH, COMMIT, PREP) failed with `errno` other than the kernel's normal
+    /// "device going away": the queue stops serving. Counted so it never goes unnoticed.
+    pub fn protocol_error(&self, errno: i32) {
+        bump(&self.protocol_errors, 1);
+        self.last_protocol_errno
+            .store(u64::from(errno.unsigned_abs()), Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Ordering::Relaxed)).collect();
         StatsSnapshot {
@@ -132,6 +142,8 @@ impl QueueStats {
             latency_sum_ns: self.latency_sum_ns.load(Ordering::Relaxed),
             batch_buckets: load(&self.batch),
             batch_sum: self.batch_sum.load(Ordering::Relaxed),
+            protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
+            last_protocol_errno: self.last_protocol_errno.load(Ordering::Relaxed),
         }
     }
 }
@@ -150,6 +162,9 @@ pub struct StatsSnapshot {
     /// Non-cumulative counts per `BATCH_BOUNDS` bucket, then one for larger values.
     pub batch_buckets: Vec<u64>,
     pub batch_sum: u64,
+    /// ublk commands that failed unexpectedly (each stops its queue), and the last errno.
+    pub protocol_errors: u64,
+    pub last_protocol_errno: u64,
 }
 
 impl StatsSnapshot {
@@ -171,6 +186,8 @@ impl StatsSnapshot {
         self.inflight += other.inflight;
         self.latency_sum_ns += other.latency_sum_ns;
         self.batch_sum += other.batch_sum;
+        self.protocol_errors += other.protocol_errors;
+        self.last_protocol_errno = self.last_protocol_errno.max(other.last_protocol_errno);
     }
 
     pub fn ops_of(&self, op: OpKind) -> u64 {

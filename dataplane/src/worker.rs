@@ -447,6 +447,9 @@ impl Worker {
         q.outstanding = q.outstanding.saturating_sub(1);
         if res != sys::UBLK_IO_RES_OK {
             // ABORT (-ENODEV) or an error: this tag gets no more requests.
+            if res != sys::UBLK_IO_RES_ABORT {
+                q.setup.stats.protocol_error(res);
+            }
             q.stopping = true;
             return;
         }
@@ -504,6 +507,7 @@ impl Worker {
         };
         q.outstanding = q.outstanding.saturating_sub(1);
         if res < 0 {
+            q.setup.stats.protocol_error(res);
             q.stopping = true;
         }
     }
@@ -519,6 +523,9 @@ impl Worker {
             rearm = c.result >= 0 || c.result == -libc::ENOBUFS;
         }
         if c.result < 0 && c.result != -libc::ENOBUFS {
+            if c.result != -libc::ENODEV {
+                q.setup.stats.protocol_error(c.result);
+            }
             q.stopping = true;
         }
         if c.result > 0 {
@@ -585,6 +592,7 @@ impl Worker {
                 self.dirty.push(slot);
             }
         } else if res != -libc::ENODEV {
+            q.setup.stats.protocol_error(res);
             q.stopping = true;
         }
         let mut sent = sent;

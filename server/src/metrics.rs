@@ -183,6 +183,11 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         "I/O requests failed",
         COUNTER,
     );
+    let mut protocol = Family::new(
+        "ublkd_volume_protocol_errors_total",
+        "ublk commands that failed unexpectedly; each stops a queue",
+        COUNTER,
+    );
     let mut duration = Family::new(
         "ublkd_volume_io_duration_seconds",
         "Time from the request reaching ublkd to its completion",
@@ -283,6 +288,7 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
             bytes.counter(&l, st.total.bytes_of(op) as f64);
         }
         errors.counter(&l, st.total.errors as f64);
+        protocol.counter(&l, st.total.protocol_errors as f64);
         inflight.gauge(&l, st.total.inflight as f64);
         memory.gauge(&l, st.memory_bytes as f64);
         duration.histogram(
@@ -303,6 +309,7 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         ops,
         bytes,
         errors,
+        protocol,
         duration,
         inflight,
         size,

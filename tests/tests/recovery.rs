@@ -64,6 +64,15 @@ fn start_fio(dir: &Path, runtime: u32) -> Result<Child> {
         .spawn()?)
 }
 
+/// The daemon's per-volume metrics for volume "t" (for diagnosing a stall), via any socket.
+fn metrics_of_volume_t() -> String {
+    guest::sh(
+        "for p in 19591 19592 19593; do exec 3<>/dev/tcp/127.0.0.1/$p 2>/dev/null || continue; \
+         printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; grep 'volume=\"t\"' <&3; done",
+    )
+    .unwrap_or_default()
+}
+
 /// Stops the time-based fio with SIGINT and returns its report. fio exits 128 when it ends on
 /// that signal; anything else but 0 (an I/O error, a verify failure) fails.
 fn finish_fio(fio: Child) -> Result<serde_json::Value> {
@@ -80,6 +89,7 @@ fn finish_fio(fio: Child) -> Result<serde_json::Value> {
                 "cat /sys/block/ublkb*/inflight; ps -eo pid,stat,wchan:32,comm | grep -E ' D|fio'",
             )
             .unwrap_or_default();
+            let diag = format!("{diag}\nublkd metrics:\n{}", metrics_of_volume_t());
             bail!("fio did not end within 60 s of SIGINT (an I/O never completed?):\n{diag}");
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -160,6 +170,15 @@ async fn torture(name: &str, port: u16, file: bool, graceful: bool) -> Result<()
     ensure!(
         recoveries >= 1.0,
         "the last start took the device over: {recoveries}"
+    );
+    let protocol = sample(
+        &metrics,
+        "ublkd_volume_protocol_errors_total",
+        &[("volume", "t")],
+    );
+    ensure!(
+        protocol == Some(0.0),
+        "no ublk command failed unexpectedly: {protocol:?}"
     );
     Ok(())
 }
