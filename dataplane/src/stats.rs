@@ -71,10 +71,8 @@ pub struct QueueStats {
     bytes: [AtomicU64; 6],
     errors: AtomicU64,
     inflight: AtomicU64,
-    latency: [AtomicU64; 17],
-    latency_sum_ns: AtomicU64,
-    batch: [AtomicU64; 10],
-    batch_sum: AtomicU64,
+    latency: Histogram<17>,
+    batch: Histogram<10>,
     protocol_errors: AtomicU64,
     last_protocol_errno: AtomicU64,
 }
@@ -82,6 +80,46 @@ pub struct QueueStats {
 /// Adds `n` to a counter that only the calling (owning) thread writes.
 fn bump(c: &AtomicU64, n: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+/// A single-writer histogram: a count per upper bound, one for larger values (`N` = bounds + 1),
+/// and the sum of the observed values.
+#[derive(Debug)]
+struct Histogram<const N: usize> {
+    counts: [AtomicU64; N],
+    sum: AtomicU64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Self {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    fn observe(&self, bounds: &[u64], v: u64) {
+        let b = bounds
+            .iter()
+            .position(|&ub| v <= ub)
+            .unwrap_or(bounds.len())
+            .min(N - 1);
+        bump(&self.counts[b], 1);
+        bump(&self.sum, v);
+    }
+
+    /// Non-cumulative counts and the sum.
+    fn load(&self) -> (Vec<u64>, u64) {
+        (
+            self.counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            self.sum.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl QueueStats {
@@ -102,25 +140,14 @@ impl QueueStats {
         let left = self.inflight.load(Ordering::Relaxed);
         self.inflight
             .store(left.saturating_sub(1), Ordering::Relaxed);
-        let b = LATENCY_BOUNDS_NS
-            .iter()
-            .position(|&ub| latency_ns <= ub)
-            .unwrap_or(LATENCY_BOUNDS_NS.len());
-        bump(&self.latency[b], 1);
-        bump(&self.latency_sum_ns, latency_ns);
+        self.latency.observe(&LATENCY_BOUNDS_NS, latency_ns);
     }
 
     /// One loop iteration handled `n` requests of this queue.
     pub fn batch(&self, n: u64) {
-        if n == 0 {
-            return;
+        if n > 0 {
+            self.batch.observe(&BATCH_BOUNDS, n);
         }
-        let b = BATCH_BOUNDS
-            .iter()
-            .position(|&ub| n <= ub)
-            .unwrap_or(BATCH_BOUNDS.len());
-        bump(&self.batch[b], 1);
-        bump(&self.batch_sum, n);
     }
 
     /// A ublk command (FETCH, COMMIT, PREP) failed with `errno` other than the kernel's normal
@@ -133,15 +160,17 @@ impl QueueStats {
 
     pub fn snapshot(&self) -> StatsSnapshot {
         let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let (latency_buckets, latency_sum_ns) = self.latency.load();
+        let (batch_buckets, batch_sum) = self.batch.load();
         StatsSnapshot {
             ops: load(&self.ops),
             bytes: load(&self.bytes),
             errors: self.errors.load(Ordering::Relaxed),
             inflight: self.inflight.load(Ordering::Relaxed),
-            latency_buckets: load(&self.latency),
-            latency_sum_ns: self.latency_sum_ns.load(Ordering::Relaxed),
-            batch_buckets: load(&self.batch),
-            batch_sum: self.batch_sum.load(Ordering::Relaxed),
+            latency_buckets,
+            latency_sum_ns,
+            batch_buckets,
+            batch_sum,
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             last_protocol_errno: self.last_protocol_errno.load(Ordering::Relaxed),
         }
@@ -234,8 +263,7 @@ mod tests {
 pub struct WorkerStats {
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
-    batch: [AtomicU64; 10],
-    batch_sum: AtomicU64,
+    batch: Histogram<10>,
 }
 
 impl WorkerStats {
@@ -249,26 +277,14 @@ impl WorkerStats {
 
     /// One loop iteration started `n` requests (over all its queues).
     pub fn batch(&self, n: u64) {
-        if n == 0 {
-            return;
+        if n > 0 {
+            self.batch.observe(&BATCH_BOUNDS, n);
         }
-        let b = BATCH_BOUNDS
-            .iter()
-            .position(|&ub| n <= ub)
-            .unwrap_or(BATCH_BOUNDS.len());
-        bump(&self.batch[b], 1);
-        bump(&self.batch_sum, n);
     }
 
     /// Non-cumulative batch-size buckets (per `BATCH_BOUNDS`, then larger) and their sum.
     pub fn batches(&self) -> (Vec<u64>, u64) {
-        (
-            self.batch
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .collect(),
-            self.batch_sum.load(Ordering::Relaxed),
-        )
+        self.batch.load()
     }
 
     /// (busy, idle) seconds so far.
