@@ -620,21 +620,7 @@ impl Control {
     }
 
     fn kernel_devices(&mut self) -> Result<Vec<KernelDevice>, DataplaneError> {
-        let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char")
-            .or_else(|_| std::fs::read_dir("/dev"))
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| {
-                        e.file_name()
-                            .to_str()
-                            .and_then(|n| n.strip_prefix("ublkc"))
-                            .and_then(|n| n.parse().ok())
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        ids.sort_unstable();
-        ids.dedup();
+        let ids = kernel_device_ids();
         let mut out = Vec::new();
         for dev_id in ids {
             let Ok(info) = self.ctrl.dev_info(dev_id) else {
@@ -894,6 +880,27 @@ impl Control {
             memory_bytes: device.backend.memory_bytes(),
         })
     }
+}
+
+/// Ids of every ublk device the kernel has (from sysfs, or /dev), sorted. Issues no control
+/// command: cheap enough to call before each create.
+pub fn kernel_device_ids() -> Vec<u32> {
+    let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char")
+        .or_else(|_| std::fs::read_dir("/dev"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("ublkc"))
+                        .and_then(|n| n.parse().ok())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Opens `/dev/ublkcN`, waiting up to `timeout` for the node to appear (udev may create it late).

@@ -25,7 +25,7 @@ pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError};
 pub use features::Features;
 pub use handle::{
-    Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle, KernelDevice, KernelState,
-    WorkerSnapshot,
+    kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle,
+    KernelDevice, KernelState, WorkerSnapshot,
 };
 pub use stats::{OpKind, StatsSnapshot};

@@ -152,6 +152,18 @@ impl RecoveryStats {
     }
 }
 
+impl Volume {
+    /// A volume whose device serves I/O.
+    fn ready(record: VolumeRecord, device: DeviceInfo) -> Self {
+        Self {
+            record,
+            state: State::Ready,
+            device: Some(device),
+            message: String::new(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Volumes {
     handle: Option<Handle>,
@@ -399,12 +411,10 @@ impl Volumes {
     }
 
     /// The lowest ublk device id that neither the kernel nor any record uses.
-    async fn free_dev_id(&self, map: &BTreeMap<String, Volume>) -> Result<u32, VolumeError> {
-        let handle = self.handle()?;
-        let kernel = blocking(move || handle.kernel_devices()).await?;
-        let used: std::collections::BTreeSet<u32> = kernel
-            .iter()
-            .map(|d| d.dev_id)
+    fn free_dev_id(&self, map: &BTreeMap<String, Volume>) -> Result<u32, VolumeError> {
+        self.handle()?;
+        let used: std::collections::BTreeSet<u32> = ublkd_dataplane::kernel_device_ids()
+            .into_iter()
             .chain(map.values().filter_map(|v| v.record.dev_id))
             .collect();
         (0..u32::from(u16::MAX))
@@ -449,7 +459,7 @@ impl Volumes {
         self.handle()?;
         let created_file = self.prepare_backing_file(&record)?;
         record.created_unix_ms = now_ms();
-        record.dev_id = Some(self.free_dev_id(&map).await?);
+        record.dev_id = Some(self.free_dev_id(&map)?);
         fault_point("create:before_record");
         // The record (with the device id it will get) goes first: a crash from here on leaves a
         // registered volume whose device the next start takes over or creates, never a device
@@ -461,12 +471,7 @@ impl Volumes {
                 fault_point("create:after_device");
                 record.dev_id = Some(info.dev_id);
                 self.registry.put(&record)?;
-                let vol = Volume {
-                    record,
-                    state: State::Ready,
-                    device: Some(info),
-                    message: String::new(),
-                };
+                let vol = Volume::ready(record, info);
                 map.insert(vol.record.id.clone(), vol.clone());
                 Ok(vol)
             }
@@ -729,12 +734,7 @@ impl Volumes {
         let info = blocking(move || handle.recover_device(spec)).await?;
         self.recoveries.record(started.elapsed());
         self.registry.put(&record)?;
-        let vol = Volume {
-            record,
-            state: State::Ready,
-            device: Some(info),
-            message: String::new(),
-        };
+        let vol = Volume::ready(record, info);
         map.insert(vol.record.id.clone(), vol.clone());
         Ok(vol)
     }
