@@ -9,7 +9,8 @@ use clap_complete::Shell;
 use ublkd_proto::units::parse_size;
 use ublkd_proto::v1::{
     volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest,
-    FileBackend, IoPath, NullBackend, NvmeBackend, RamBackend, ResizeVolumeRequest, VolumeSpec,
+    FileBackend, IoPath, NullBackend, NvmeBackend, RamBackend, ResizeVolumeRequest, Toggle,
+    VolumeSpec,
 };
 
 use crate::connect::{Connection, Target, TlsFiles};
@@ -215,6 +216,32 @@ pub struct SpecArgs {
     /// I/O path: auto takes BATCH_IO when the kernel offers it
     #[arg(long, value_enum, default_value_t = IoPathArg::Auto)]
     pub io_path: IoPathArg,
+
+    /// Zero copy (UBLK_F_AUTO_BUF_REG): auto turns it on when the kernel and backend allow
+    #[arg(long, value_enum, default_value_t = ToggleArg::Auto)]
+    pub zero_copy: ToggleArg,
+
+    /// Poll for NVMe completions: auto turns it on when the controller has poll queues
+    #[arg(long, value_enum, default_value_t = ToggleArg::Auto)]
+    pub poll: ToggleArg,
+}
+
+/// `--zero-copy` and `--poll`, the command-line spelling of [`Toggle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ToggleArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl From<ToggleArg> for Toggle {
+    fn from(arg: ToggleArg) -> Self {
+        match arg {
+            ToggleArg::Auto => Toggle::Auto,
+            ToggleArg::On => Toggle::On,
+            ToggleArg::Off => Toggle::Off,
+        }
+    }
 }
 
 /// `--io-path`, the command-line spelling of [`IoPath`].
@@ -246,6 +273,8 @@ impl SpecArgs {
             queues: self.queues,
             queue_depth: self.depth,
             io_path: IoPath::from(self.io_path).into(),
+            zero_copy: Toggle::from(self.zero_copy).into(),
+            poll: Toggle::from(self.poll).into(),
         }
     }
 }

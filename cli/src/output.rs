@@ -9,7 +9,7 @@
 use serde_json::{json, Map, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
-    volume_spec::Backend, IoPath, NodeInfo, OrphanDevice, Volume, VolumeSpec, VolumeState,
+    volume_spec::Backend, IoPath, NodeInfo, OrphanDevice, Toggle, Volume, VolumeSpec, VolumeState,
     VolumeStats,
 };
 
@@ -200,6 +200,22 @@ pub fn volume_text(v: &Volume) -> String {
             ),
         ),
         (
+            "zero copy",
+            format!(
+                "{} (in use: {})",
+                toggle_word(spec.zero_copy),
+                in_use(v, v.zero_copy_in_use)
+            ),
+        ),
+        (
+            "poll",
+            format!(
+                "{} (in use: {})",
+                toggle_word(spec.poll),
+                in_use(v, v.polled)
+            ),
+        ),
+        (
             "device",
             if v.device_path.is_empty() {
                 "-".into()
@@ -260,7 +276,29 @@ fn spec_json(spec: &VolumeSpec) -> Value {
         map.insert("queue_depth".into(), json!(depth));
     }
     map.insert("io_path".into(), io_path_json(spec.io_path));
+    map.insert("zero_copy".into(), toggle_json(spec.zero_copy));
+    map.insert("poll".into(), toggle_json(spec.poll));
     Value::Object(map)
+}
+
+fn toggle_word(t: i32) -> String {
+    Toggle::try_from(t).map_or_else(
+        |_| format!("unknown ({t})"),
+        |t| t.as_str_name().trim_start_matches("TOGGLE_").to_lowercase(),
+    )
+}
+
+/// "on"/"off" while the volume has a device, else "-".
+fn in_use(v: &Volume, on: bool) -> &'static str {
+    match (v.device_path.is_empty(), on) {
+        (true, _) => "-",
+        (false, true) => "on",
+        (false, false) => "off",
+    }
+}
+
+fn toggle_json(t: i32) -> Value {
+    enum_json(Toggle::try_from(t).ok().map(|t| t.as_str_name()), t)
 }
 
 fn io_path_json(path: i32) -> Value {
@@ -276,6 +314,8 @@ fn volume_value(v: &Volume) -> Value {
         "dev_id": v.dev_id,
         "created": v.created.map(|t| t.to_string()),
         "io_path_in_use": io_path_json(v.io_path_in_use),
+        "zero_copy_in_use": v.zero_copy_in_use,
+        "polled": v.polled,
         "message": v.message,
     })
 }
@@ -502,6 +542,8 @@ mod tests {
                 queues: Some(4),
                 queue_depth: None,
                 io_path: IoPath::Auto.into(),
+                zero_copy: Toggle::Auto.into(),
+                poll: Toggle::Off.into(),
             }),
             state: VolumeState::Ready.into(),
             device_path: "/dev/ublkb0".into(),
@@ -509,6 +551,8 @@ mod tests {
             created: None,
             io_path_in_use: IoPath::PerIo.into(),
             message: String::new(),
+            zero_copy_in_use: true,
+            polled: false,
         };
         // The cli does not depend on prost-types; reach the Timestamp through the field.
         v.created.get_or_insert_with(Default::default).seconds = 1_700_000_000;
@@ -550,6 +594,8 @@ block size:  4096
 queues:      4
 queue depth: server default
 io path:     auto (in use: per-io)
+zero copy:   auto (in use: on)
+poll:        off (in use: off)
 device:      /dev/ublkb0 (ublk id 0)
 created:     2023-11-14T22:13:20Z";
         assert_eq!(volume_text(&sample()), expected);
@@ -568,12 +614,16 @@ created:     2023-11-14T22:13:20Z";
                     "file": { "path": "/srv/vol-1.img", "create": true },
                     "queues": 4,
                     "io_path": "IO_PATH_AUTO",
+                    "zero_copy": "TOGGLE_AUTO",
+                    "poll": "TOGGLE_OFF",
                 },
                 "state": "VOLUME_STATE_READY",
                 "device_path": "/dev/ublkb0",
                 "dev_id": 0,
                 "created": "2023-11-14T22:13:20Z",
                 "io_path_in_use": "IO_PATH_PER_IO",
+                "zero_copy_in_use": true,
+                "polled": false,
                 "message": "",
             })
         );

@@ -290,4 +290,29 @@ impl ControlDevice {
                 })?;
         Ok(Features(u64::from_ne_bytes(bytes)))
     }
+
+    /// Whether ublk commands may share an IOPOLL ring with polled NVMe passthrough (Linux 7.1:
+    /// "io_uring/uring_cmd: allow non-iopoll cmds with IORING_SETUP_IOPOLL"). Probed by sending
+    /// GET_FEATURES on such a ring: older kernels refuse it with EOPNOTSUPP.
+    pub fn iopoll_takes_ublk_cmds(&self) -> bool {
+        let Ok(mut ring) = ControlRing::with_iopoll(2) else {
+            return false;
+        };
+        let cmd = sys::ublksrv_ctrl_cmd {
+            dev_id: u32::MAX,
+            queue_id: u16::MAX,
+            ..Default::default()
+        };
+        let buf = vec![0u8; usize::from(sys::UBLK_FEATURES_LEN)].into_boxed_slice();
+        matches!(
+            ring.uring_cmd(
+                self.file.as_raw_fd(),
+                sys::UBLK_U_CMD_GET_FEATURES,
+                cmd,
+                Some(buf),
+                self.timeout,
+            ),
+            Ok((res, _)) if res >= 0
+        )
+    }
 }

@@ -1,6 +1,6 @@
 //! What a device (volume) is: its spec, the checks on it, and the kernel structures built from it.
 
-use crate::backend::BackendSpec;
+use crate::backend::{BackendSpec, Limits};
 use crate::features::Features;
 use crate::sys;
 
@@ -41,6 +41,35 @@ impl IoPath {
     }
 }
 
+/// A per-device choice the kernel or backend may not offer: `Auto` takes it when offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Toggle {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Toggle {
+    pub fn name(self) -> &'static str {
+        match self {
+            Toggle::Auto => "auto",
+            Toggle::On => "on",
+            Toggle::Off => "off",
+        }
+    }
+
+    /// Resolves against whether the choice is `offered`; `what` names it in the error.
+    pub fn resolve(self, offered: Result<(), &'static str>) -> Result<bool, SpecError> {
+        match (self, offered) {
+            (Toggle::Off, _) => Ok(false),
+            (Toggle::Auto, r) => Ok(r.is_ok()),
+            (Toggle::On, Ok(())) => Ok(true),
+            (Toggle::On, Err(why)) => Err(SpecError::Unsupported(why)),
+        }
+    }
+}
+
 /// A device to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
@@ -53,6 +82,14 @@ pub struct DeviceSpec {
     pub max_io_bytes: u32,
     /// Kernel device id to ask for (`/dev/ublkbN`); None lets the kernel choose.
     pub dev_id: Option<u32>,
+    /// Zero copy (UBLK_F_AUTO_BUF_REG): backends read and write the request's own pages.
+    pub zero_copy: Toggle,
+    /// Poll for NVMe completions (IORING_SETUP_IOPOLL on the controller's poll queues).
+    pub poll: Toggle,
+    /// Test hook: hand the kernel a buffer slot it cannot use, so that every request takes the
+    /// zero-copy fallback (UBLK_IO_F_NEED_REG_BUF, served by copy).
+    #[doc(hidden)]
+    pub force_copy_fallback: bool,
 }
 
 impl Default for DeviceSpec {
@@ -66,6 +103,9 @@ impl Default for DeviceSpec {
             backend: BackendSpec::Null,
             max_io_bytes: DEFAULT_MAX_IO_BYTES,
             dev_id: None,
+            zero_copy: Toggle::Auto,
+            poll: Toggle::Auto,
+            force_copy_fallback: false,
         }
     }
 }
@@ -121,8 +161,10 @@ impl DeviceSpec {
         Ok(())
     }
 
-    /// Flags to ask ADD_DEV for, given the kernel's features and the resolved path.
-    pub fn wanted_flags(&self, features: Features, path: IoPath) -> u64 {
+    /// Flags to ask ADD_DEV for, given the kernel's features, the resolved path and whether
+    /// zero copy is on. Zero copy adds USER_COPY where offered: it is how a request whose
+    /// buffer the kernel could not register is still served (by copy).
+    pub fn wanted_flags(&self, features: Features, path: IoPath, zero_copy: bool) -> u64 {
         let mut flags = sys::UBLK_F_CMD_IOCTL_ENCODE;
         for optional in [
             sys::UBLK_F_USER_RECOVERY,
@@ -136,6 +178,9 @@ impl DeviceSpec {
         }
         if path == IoPath::Batch {
             flags |= sys::UBLK_F_BATCH_IO;
+        }
+        if zero_copy {
+            flags |= sys::UBLK_F_AUTO_BUF_REG | (features.0 & sys::UBLK_F_USER_COPY);
         }
         flags
     }
@@ -152,34 +197,50 @@ impl DeviceSpec {
         }
     }
 
-    /// SET_PARAMS for this device: capacity, block sizes, limits, cache and FUA, discard.
-    pub fn params(&self) -> sys::ublk_params {
+    /// SET_PARAMS for this device: capacity, block sizes, limits, cache and FUA, discard,
+    /// narrowed by the backend's own `limits` when it has them.
+    pub fn params(&self, limits: Option<&Limits>) -> sys::ublk_params {
         let shift = self.block_size.trailing_zeros() as u8;
-        let max_sectors = self.max_io_bytes / 512;
+        let max_io = limits.map_or(self.max_io_bytes, |l| l.max_io_bytes.min(self.max_io_bytes));
+        let cache = limits.is_none_or(|l| l.volatile_cache);
+        let sectors = |bytes: u64| u32::try_from(bytes / 512).unwrap_or(u32::MAX >> 9);
         let mut p = sys::ublk_params {
             len: size_of::<sys::ublk_params>() as u32,
             types: sys::UBLK_PARAM_TYPE_BASIC,
             basic: sys::ublk_param_basic {
-                attrs: sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA,
+                attrs: if cache {
+                    sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA
+                } else {
+                    0
+                },
                 logical_bs_shift: shift,
                 physical_bs_shift: shift.max(12),
                 io_opt_shift: 12u8.max(shift),
                 io_min_shift: shift,
-                max_sectors,
+                max_sectors: max_io / 512,
                 dev_sectors: self.size_bytes / 512,
+                virt_boundary_mask: limits.map_or(0, |l| l.virt_boundary_mask),
                 ..Default::default()
             },
             ..Default::default()
         };
-        p.types |= sys::UBLK_PARAM_TYPE_DISCARD;
-        p.discard = sys::ublk_param_discard {
-            discard_alignment: 0,
-            discard_granularity: 4096.max(self.block_size),
-            max_discard_sectors: u32::MAX >> 9,
-            max_write_zeroes_sectors: u32::MAX >> 9,
-            max_discard_segments: 1,
-            reserved0: 0,
-        };
+        let (discard, zeroes) = limits.map_or((u32::MAX >> 9, u32::MAX >> 9), |l| {
+            (
+                sectors(l.max_discard_bytes).min(u32::MAX >> 9),
+                sectors(l.max_write_zeroes_bytes).min(u32::MAX >> 9),
+            )
+        });
+        if discard > 0 || zeroes > 0 {
+            p.types |= sys::UBLK_PARAM_TYPE_DISCARD;
+            p.discard = sys::ublk_param_discard {
+                discard_alignment: 0,
+                discard_granularity: 4096.max(self.block_size),
+                max_discard_sectors: discard,
+                max_write_zeroes_sectors: zeroes,
+                max_discard_segments: 1,
+                reserved0: 0,
+            };
+        }
         p
     }
 }
@@ -237,18 +298,42 @@ mod tests {
 
     #[test]
     fn params_carry_capacity_and_limits() {
-        let p = spec().params();
+        let p = spec().params(None);
         assert_eq!(p.basic.dev_sectors, (1 << 30) / 512);
         assert_eq!(p.basic.logical_bs_shift, 12);
         assert_eq!(p.basic.max_sectors, DEFAULT_MAX_IO_BYTES / 512);
         assert_ne!(p.basic.attrs & sys::UBLK_ATTR_FUA, 0);
         assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
-        let f = spec().wanted_flags(Features(u64::MAX), IoPath::Batch);
+        let f = spec().wanted_flags(Features(u64::MAX), IoPath::Batch, false);
         assert_ne!(f & sys::UBLK_F_BATCH_IO, 0);
         assert_ne!(f & sys::UBLK_F_USER_RECOVERY_REISSUE, 0);
+        assert_eq!(f & sys::UBLK_F_AUTO_BUF_REG, 0);
         assert_eq!(
-            spec().wanted_flags(Features(0), IoPath::PerIo) & sys::UBLK_F_BATCH_IO,
+            spec().wanted_flags(Features(0), IoPath::PerIo, false) & sys::UBLK_F_BATCH_IO,
             0
         );
+        let zc = spec().wanted_flags(Features(u64::MAX), IoPath::Batch, true);
+        assert_ne!(zc & sys::UBLK_F_AUTO_BUF_REG, 0);
+        assert_ne!(zc & sys::UBLK_F_USER_COPY, 0, "fallback served by user copy");
+    }
+
+    #[test]
+    fn backend_limits_narrow_the_params() {
+        let l = Limits {
+            block_size: 512,
+            max_io_bytes: 128 * 1024,
+            max_discard_bytes: 0,
+            max_write_zeroes_bytes: 0,
+            volatile_cache: false,
+            virt_boundary_mask: 4095,
+        };
+        let p = spec().params(Some(&l));
+        assert_eq!(p.basic.max_sectors, 256);
+        assert_eq!(p.basic.attrs & sys::UBLK_ATTR_VOLATILE_CACHE, 0);
+        assert_eq!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
+        assert_eq!(p.basic.virt_boundary_mask, 4095);
+        assert_eq!(Toggle::Auto.resolve(Err("x")), Ok(false));
+        assert_eq!(Toggle::On.resolve(Err("x")), Err(SpecError::Unsupported("x")));
+        assert_eq!(Toggle::Off.resolve(Ok(())), Ok(false));
     }
 }

@@ -7,11 +7,11 @@
 
 use crate::backend::{self, BackendError};
 use crate::ctrl::{ControlDevice, CtrlError};
-use crate::device::{DeviceSpec, IoPath, SpecError};
+use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
 use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
-use crate::worker::{QueueSetup, Worker, WorkerCmd, WorkerError};
+use crate::worker::{Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
@@ -27,6 +27,9 @@ pub struct Config {
     pub cpus: Vec<usize>,
     /// Bound on each control command and on waiting for a device's queues to stop.
     pub timeout: Duration,
+    /// Whether ublk commands may share an IOPOLL ring (Linux >= 7.1); None probes the kernel.
+    /// Tests set Some(false) to exercise the older kernels' split-ring polling.
+    pub iopoll_shared: Option<bool>,
 }
 
 impl Default for Config {
@@ -34,6 +37,7 @@ impl Default for Config {
         Self {
             cpus: Vec::new(),
             timeout: Duration::from_secs(10),
+            iopoll_shared: None,
         }
     }
 }
@@ -87,6 +91,13 @@ pub enum DataplaneError {
     AlreadyOwned(u32),
     #[error("device {dev_id} cannot be recovered: {why}")]
     NotRecoverable { dev_id: u32, why: String },
+    #[error("bytes {start}..{end} of {path} are already used by device {dev_id}")]
+    Overlap {
+        path: PathBuf,
+        start: u64,
+        end: u64,
+        dev_id: u32,
+    },
 }
 
 impl DataplaneError {
@@ -111,6 +122,7 @@ impl DataplaneError {
                 ErrorKind::FailedPrecondition
             }
             DataplaneError::AlreadyOwned(_) => ErrorKind::AlreadyExists,
+            DataplaneError::Overlap { .. } => ErrorKind::FailedPrecondition,
             DataplaneError::Attach {
                 source: WorkerError::Full,
                 ..
@@ -130,6 +142,10 @@ pub struct DeviceInfo {
     pub io_path: IoPath,
     /// Flags the kernel granted.
     pub flags: u64,
+    /// Zero copy is on (UBLK_F_AUTO_BUF_REG).
+    pub zero_copy: bool,
+    /// Backend I/O is polled (IOPOLL ring).
+    pub polled: bool,
     pub block_device: PathBuf,
     pub char_device: PathBuf,
 }
@@ -236,6 +252,7 @@ pub enum Command {
 pub struct Handle {
     tx: Sender<Command>,
     features: Features,
+    iopoll_shared: bool,
     workers: usize,
 }
 
@@ -257,6 +274,7 @@ struct Device {
 struct Control {
     ctrl: ControlDevice,
     features: Features,
+    iopoll_shared: bool,
     workers: Vec<WorkerThread>,
     devices: BTreeMap<u32, Device>,
     gone_tx: Sender<(u32, u16)>,
@@ -270,6 +288,9 @@ impl Handle {
         let mut ctrl = ControlDevice::open()?;
         ctrl.set_timeout(config.timeout);
         let features = ctrl.features()?;
+        let iopoll_shared = config
+            .iopoll_shared
+            .unwrap_or_else(|| ctrl.iopoll_takes_ublk_cmds());
         let cpus = if config.cpus.is_empty() {
             os::allowed_cpus()
         } else {
@@ -284,6 +305,7 @@ impl Handle {
         let control = Control {
             ctrl,
             features,
+            iopoll_shared,
             workers,
             devices: BTreeMap::new(),
             gone_tx,
@@ -298,8 +320,15 @@ impl Handle {
         Ok(Handle {
             tx,
             features,
+            iopoll_shared,
             workers: n,
         })
+    }
+
+    /// Whether ublk commands and polled NVMe I/O share one IOPOLL ring (Linux >= 7.1), so that
+    /// zero copy and polling work together.
+    pub fn iopoll_shared(&self) -> bool {
+        self.iopoll_shared
     }
 
     /// The kernel's ublk features, probed once at start.
@@ -576,6 +605,9 @@ impl Control {
             spec.size_bytes.max(kernel_size),
             spec.block_size,
         )?;
+        self.check_claim(backend.as_ref(), dev_id)?;
+        let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
+        let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
         let mut device = Device {
             info: DeviceInfo {
                 dev_id,
@@ -585,6 +617,8 @@ impl Control {
                 },
                 io_path: path,
                 flags: info.flags,
+                zero_copy,
+                polled,
                 block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
                 char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
             },
@@ -735,11 +769,93 @@ impl Control {
         Ok(())
     }
 
+    /// Resolves zero copy and polling for `spec` on `backend`. `kernel_zc` is the kernel
+    /// device's own setting when taking one over (it cannot change).
+    fn modes(
+        &self,
+        spec: &DeviceSpec,
+        backend: &dyn backend::Backend,
+        kernel_zc: Option<bool>,
+    ) -> Result<(bool, bool), DataplaneError> {
+        let offer_zc = if !self.features.contains(Features::AUTO_BUF_REG) {
+            Err("zero copy (UBLK_F_AUTO_BUF_REG)")
+        } else if !backend.zero_copy() {
+            Err("zero copy with this backend, which copies by design")
+        } else {
+            Ok(())
+        };
+        let offer_poll = if backend.pollable() {
+            Ok(())
+        } else {
+            Err("polling: it needs an NVMe namespace whose controller has poll queues")
+        };
+        let mut polled = spec.poll.resolve(offer_poll)?;
+        let mut zero_copy = match kernel_zc {
+            Some(z) => z,
+            None => spec.zero_copy.resolve(offer_zc)?,
+        };
+        if polled && zero_copy && !self.iopoll_shared {
+            // Before Linux 7.1 a kernel buffer and a polled command cannot share a ring: keep
+            // what was asked for explicitly, prefer zero copy otherwise.
+            match (spec.zero_copy, spec.poll) {
+                (Toggle::On, Toggle::On) => {
+                    return Err(SpecError::Unsupported(
+                        "zero copy together with polling (Linux 7.1 or later)",
+                    )
+                    .into())
+                }
+                (_, Toggle::On) if kernel_zc.is_none() => zero_copy = false,
+                _ => polled = false,
+            }
+        }
+        Ok((zero_copy, polled))
+    }
+
+    /// Refuses a backend whose part of a shared device overlaps another device's.
+    fn check_claim(
+        &self,
+        backend: &dyn backend::Backend,
+        except: u32,
+    ) -> Result<(), DataplaneError> {
+        let Some(mine) = backend.claim() else {
+            return Ok(());
+        };
+        for (&id, d) in &self.devices {
+            if id == except {
+                continue;
+            }
+            if let Some(theirs) = d.backend.claim().filter(|c| c.overlaps(&mine)) {
+                return Err(DataplaneError::Overlap {
+                    path: mine.path,
+                    start: theirs.start.max(mine.start),
+                    end: theirs.end.min(mine.end),
+                    dev_id: id,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn placement(&self, polled: bool) -> Placement {
+        match (polled, self.iopoll_shared) {
+            (false, _) => Placement::Main,
+            (true, true) => Placement::Poll,
+            (true, false) => Placement::Split,
+        }
+    }
+
     fn add(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
         spec.validate(max_queues())?;
         let path = spec.io_path.resolve(self.features)?;
         let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
-        let wanted = spec.wanted_flags(self.features, path);
+        self.check_claim(backend.as_ref(), u32::MAX)?;
+        let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), None)?;
+        let mut spec = spec;
+        if let Some(l) = backend.limits() {
+            // Passthrough is never split: requests must fit the device's transfer limit.
+            spec.max_io_bytes = spec.max_io_bytes.min(l.max_io_bytes);
+        }
+        let wanted = spec.wanted_flags(self.features, path, zero_copy);
         let granted = self.ctrl.add_dev(&spec.dev_info(wanted))?;
         let dev_id = granted.dev_id;
         let info = DeviceInfo {
@@ -747,6 +863,8 @@ impl Control {
             spec: spec.clone(),
             io_path: path,
             flags: granted.flags,
+            zero_copy,
+            polled,
             block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
             char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
         };
@@ -776,7 +894,8 @@ impl Control {
         wanted: u64,
     ) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
-        let essential = wanted & (sys::UBLK_F_BATCH_IO | sys::UBLK_F_USER_RECOVERY);
+        let essential = wanted
+            & (sys::UBLK_F_BATCH_IO | sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_AUTO_BUF_REG);
         if granted.flags & essential != essential
             || granted.nr_hw_queues != device.info.spec.queues
             || granted.queue_depth != device.info.spec.queue_depth
@@ -786,7 +905,9 @@ impl Control {
                 missing: essential & !granted.flags,
             });
         }
-        self.ctrl.set_params(dev_id, &device.info.spec.params())?;
+        let limits = device.backend.limits();
+        self.ctrl
+            .set_params(dev_id, &device.info.spec.params(limits.as_ref()))?;
         self.attach_queues(device)?;
         self.ctrl.start_dev(dev_id)?;
         Ok(())
@@ -799,6 +920,7 @@ impl Control {
         let cdev = Arc::new(open_char_device(&device.info.char_device, self.timeout)?);
         device.cdev = Some(Arc::clone(&cdev));
         let spec = &device.info.spec;
+        let placement = self.placement(device.info.polled);
         for q in 0..spec.queues {
             let stats = Arc::new(QueueStats::default());
             let setup = Box::new(QueueSetup {
@@ -807,6 +929,10 @@ impl Control {
                 depth: spec.queue_depth,
                 max_io: spec.max_io_bytes,
                 path: device.info.io_path,
+                zero_copy: device.info.zero_copy,
+                user_copy: device.info.flags & sys::UBLK_F_USER_COPY != 0,
+                force_fallback: spec.force_copy_fallback,
+                placement,
                 cdev: Arc::clone(&cdev),
                 backend: Arc::clone(&device.backend),
                 stats: Arc::clone(&stats),

@@ -20,9 +20,9 @@ pub mod stats;
 pub mod sys;
 mod worker;
 
-pub use backend::BackendSpec;
+pub use backend::{BackendSpec, Window};
 pub use ctrl::{ControlDevice, CtrlError};
-pub use device::{DeviceSpec, IoPath, SpecError};
+pub use device::{DeviceSpec, IoPath, SpecError, Toggle};
 pub use features::Features;
 pub use handle::{
     kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle,

@@ -75,6 +75,7 @@ pub struct QueueStats {
     batch: Histogram<10>,
     protocol_errors: AtomicU64,
     last_protocol_errno: AtomicU64,
+    zero_copy_fallbacks: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling (owning) thread writes.
@@ -158,6 +159,11 @@ impl QueueStats {
             .store(u64::from(errno.unsigned_abs()), Ordering::Relaxed);
     }
 
+    /// A request whose pages the kernel could not register was served by copy.
+    pub fn zero_copy_fallback(&self) {
+        bump(&self.zero_copy_fallbacks, 1);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Ordering::Relaxed)).collect();
         let (latency_buckets, latency_sum_ns) = self.latency.load();
@@ -173,6 +179,7 @@ impl QueueStats {
             batch_sum,
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             last_protocol_errno: self.last_protocol_errno.load(Ordering::Relaxed),
+            zero_copy_fallbacks: self.zero_copy_fallbacks.load(Ordering::Relaxed),
         }
     }
 }
@@ -194,6 +201,8 @@ pub struct StatsSnapshot {
     /// ublk commands that failed unexpectedly (each stops its queue), and the last errno.
     pub protocol_errors: u64,
     pub last_protocol_errno: u64,
+    /// Zero-copy requests served by copy because the kernel could not register their pages.
+    pub zero_copy_fallbacks: u64,
 }
 
 impl StatsSnapshot {
@@ -217,6 +226,7 @@ impl StatsSnapshot {
         self.batch_sum += other.batch_sum;
         self.protocol_errors += other.protocol_errors;
         self.last_protocol_errno = self.last_protocol_errno.max(other.last_protocol_errno);
+        self.zero_copy_fallbacks += other.zero_copy_fallbacks;
     }
 
     pub fn ops_of(&self, op: OpKind) -> u64 {

@@ -5,11 +5,15 @@
 //! a backend operation, a commit, or a read of its eventfd (a command from the control thread).
 //! Per loop iteration it handles every completion, then sends each batch queue's finished tags in
 //! one COMMIT_IO_CMDS.
+//!
+//! Queues of polled NVMe volumes live on a second ring with IORING_SETUP_IOPOLL (created on first
+//! use). While passthrough I/O is in flight there, the worker spins on it; when none is, it
+//! sleeps on the main ring, which the poll ring wakes through the same eventfd.
 
-use crate::backend::{Backend, IoCtx, Request, Started};
+use crate::backend::{Backend, Data, IoCtx, Request, Started};
 use crate::device::IoPath;
 use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
-use crate::stats::{QueueStats, WorkerStats};
+use crate::stats::{OpKind, QueueStats, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
 use crate::sys::{self, ublk_batch_io, ublksrv_io_cmd};
 use std::fs::File;
@@ -33,8 +37,12 @@ fn ud_parts(ud: u64) -> (u64, u16, u16) {
     (ud >> 56, (ud >> 32) as u16, ud as u16)
 }
 
-/// Fixed-buffer slots per worker ring (the kernel's maximum is 16384).
-const FIXED_BUFFERS: u32 = 4096;
+/// Fixed-buffer slots per worker ring: the kernel's maximum, since zero copy takes one per tag.
+const FIXED_BUFFERS: u32 = 16384;
+/// Fixed-buffer slots of a worker's poll ring.
+const POLL_FIXED_BUFFERS: u32 = 8192;
+/// The buffer slot handed to the kernel when every registration must fail (test hook).
+const NO_SLOT: u16 = u16::MAX;
 /// Commit buffers per batch queue, so a new commit can go out while one is in flight.
 const COMMIT_BUFS: usize = 2;
 /// Most fetch buffers per provided-buffer group. Each multishot completion takes a whole buffer
@@ -43,8 +51,32 @@ const COMMIT_BUFS: usize = 2;
 /// the fetch with tags still queued in the kernel, and with both fetches ended those tags wait
 /// for the next request to arrive: a stall if none comes.
 const MAX_FETCH_BUFS: u16 = 256;
-/// Batch element sizes: with a buffer address (copy mode), and a fetch element (a u16 tag).
-const ELEM_BYTES: u8 = 16;
+/// Batch element sizes: with a buffer address (copy mode), and the bare header (zero copy).
+const ELEM_BYTES_COPY: u8 = 16;
+const ELEM_BYTES_ZC: u8 = 8;
+
+/// Which of the worker's rings a queue's commands go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// ublk and backend commands on the main (interrupt-driven) ring.
+    Main,
+    /// ublk and backend commands on the poll ring (Linux >= 7.1 lets ublk commands share an
+    /// IOPOLL ring), so zero copy and polling work together.
+    Poll,
+    /// ublk commands on the main ring, backend commands on the poll ring (older kernels; the
+    /// data is copied, since a kernel buffer lives in one ring's table only).
+    Split,
+}
+
+impl Placement {
+    fn ublk_on_poll(self) -> bool {
+        self == Placement::Poll
+    }
+
+    fn backend_on_poll(self) -> bool {
+        self != Placement::Main
+    }
+}
 
 /// Everything a worker needs to serve one queue of a device.
 #[derive(Debug)]
@@ -54,6 +86,13 @@ pub struct QueueSetup {
     pub depth: u16,
     pub max_io: u32,
     pub path: IoPath,
+    /// The kernel registers each request's pages in a slot of the ublk ring (AUTO_BUF_REG).
+    pub zero_copy: bool,
+    /// The device has UBLK_F_USER_COPY: requests whose registration failed are copied through
+    /// `/dev/ublkcN` (the AUTO_BUF_REG fallback).
+    pub user_copy: bool,
+    pub force_fallback: bool,
+    pub placement: Placement,
     pub cdev: Arc<File>,
     pub backend: Arc<dyn Backend>,
     pub stats: Arc<QueueStats>,
@@ -90,6 +129,8 @@ pub enum WorkerCmd {
 struct Tag {
     req: Request,
     started: Option<Instant>,
+    /// Zero copy failed to register this request's buffer: it is served by copy.
+    fallback: bool,
 }
 
 #[derive(Debug)]
@@ -107,9 +148,16 @@ struct Batch {
 struct Queue {
     setup: Box<QueueSetup>,
     desc: DescMap,
-    bufs: Arc<Mapping>,
-    /// Fixed-buffer slot of `bufs`, when the backend reads and writes through the ring.
+    /// Copy buffers, one `max_io` region per tag. With zero copy they exist only once a request
+    /// needs the fallback.
+    bufs: Option<Arc<Mapping>>,
+    /// Fixed-buffer slot of `bufs` on the backend's ring, when the backend reads and writes
+    /// through the ring.
     buf_index: Option<u16>,
+    /// Zero copy: each tag's slot in the ublk ring's buffer table (reserved for the kernel).
+    zc_slots: Vec<u16>,
+    /// Per-tag command payload memory (16 bytes per tag).
+    scratch: Arc<Mapping>,
     tags: Vec<Tag>,
     batch: Option<Batch>,
     /// Operations of this queue the kernel still holds.
@@ -129,12 +177,76 @@ impl Queue {
             len: self.setup.max_io as usize,
         }
     }
+
+    fn elem_bytes(&self) -> u8 {
+        if self.setup.zero_copy {
+            ELEM_BYTES_ZC
+        } else {
+            ELEM_BYTES_COPY
+        }
+    }
+
+    /// The kernel buffer slot of `tag` (zero copy).
+    fn zc_slot(&self, tag: u16) -> u16 {
+        self.zc_slots.get(usize::from(tag)).copied().unwrap_or(NO_SLOT)
+    }
+
+    /// The AUTO_BUF_REG word for `tag`'s next request (zero copy), else None.
+    fn auto_buf(&self, tag: u16) -> Option<u64> {
+        self.setup
+            .zero_copy
+            .then(|| sys::auto_buf_reg(self.zc_slot(tag), self.fallback_flag()))
+    }
+
+    fn fallback_flag(&self) -> u8 {
+        if self.setup.user_copy {
+            sys::UBLK_AUTO_BUF_REG_FALLBACK
+        } else {
+            0
+        }
+    }
+
+    /// Copy mode's per-tag buffer for a ublk command (None with zero copy).
+    fn cmd_buf(&self, tag: u16) -> Option<(&Arc<Mapping>, Region)> {
+        if self.setup.zero_copy {
+            return None;
+        }
+        self.bufs.as_ref().map(|b| (b, self.tag_region(tag)))
+    }
+
+    fn scratch_region(&self, tag: u16) -> Region {
+        Region {
+            offset: usize::from(tag) * SCRATCH_BYTES,
+            len: SCRATCH_BYTES,
+        }
+    }
+}
+
+/// Command payload bytes per tag (one NVMe DSM range).
+const SCRATCH_BYTES: usize = 16;
+
+/// A worker's rings: the main one, and the IOPOLL one once a polled queue needs it.
+#[derive(Debug)]
+struct Rings {
+    main: WorkerRing,
+    poll: Option<WorkerRing>,
+    /// Backend operations in flight on the poll ring: while any are, the worker spins.
+    polled: usize,
+}
+
+impl Rings {
+    fn get(&mut self, on_poll: bool) -> &mut WorkerRing {
+        match (on_poll, self.poll.as_mut()) {
+            (true, Some(p)) => p,
+            _ => &mut self.main,
+        }
+    }
 }
 
 /// One worker thread's state.
 #[derive(Debug)]
 pub struct Worker {
-    ring: WorkerRing,
+    rings: Rings,
     queues: Vec<Option<Queue>>,
     rx: Receiver<WorkerCmd>,
     event: Arc<EventFd>,
@@ -155,7 +267,11 @@ impl Worker {
         stats: Arc<WorkerStats>,
     ) -> Result<Self, WorkerError> {
         Ok(Self {
-            ring: WorkerRing::new(1024, FIXED_BUFFERS)?,
+            rings: Rings {
+                main: WorkerRing::new(1024, FIXED_BUFFERS, false)?,
+                poll: None,
+                polled: 0,
+            },
             queues: Vec::new(),
             rx,
             event,
@@ -174,13 +290,18 @@ impl Worker {
         self.arm_event()?;
         loop {
             let idle_from = Instant::now();
-            self.ring.submit_and_wait(1)?;
+            self.wait()?;
             let busy_from = Instant::now();
             self.stats.idle(busy_from - idle_from);
             let mut cqes = std::mem::take(&mut self.cqes);
-            self.ring.reap(&mut cqes);
-            for c in &cqes {
-                self.dispatch(*c)?;
+            for on_poll in [false, true] {
+                if on_poll && self.rings.poll.is_none() {
+                    continue;
+                }
+                self.rings.get(on_poll).reap(&mut cqes);
+                for c in &cqes {
+                    self.dispatch(*c, on_poll)?;
+                }
             }
             self.cqes = cqes;
             self.flush_commits();
@@ -199,8 +320,33 @@ impl Worker {
         }
     }
 
+    /// Submits what is queued and waits for work: spins on the poll ring while polled I/O is in
+    /// flight, else sleeps on the main ring (the poll ring's completions signal its eventfd).
+    fn wait(&mut self) -> Result<(), WorkerError> {
+        let Some(poll) = self.rings.poll.as_mut() else {
+            self.rings.main.submit_and_wait(1)?;
+            return Ok(());
+        };
+        if self.rings.polled > 0 {
+            // Each enter on an IOPOLL ring polls the device once.
+            poll.set_eventfd(false);
+            poll.submit()?;
+            self.rings.main.submit()?;
+            return Ok(());
+        }
+        // Completions posted before the eventfd came back on did not signal it: look first.
+        poll.set_eventfd(true);
+        poll.submit()?;
+        if poll.has_completions() {
+            self.rings.main.submit()?;
+        } else {
+            self.rings.main.submit_and_wait(1)?;
+        }
+        Ok(())
+    }
+
     fn arm_event(&mut self) -> Result<(), WorkerError> {
-        self.ring.push(
+        self.rings.main.push(
             Op::Read8 {
                 fd: self.event.raw(),
                 buf: &self.event_buf,
@@ -211,7 +357,7 @@ impl Worker {
         Ok(())
     }
 
-    fn dispatch(&mut self, c: Completion) -> Result<(), WorkerError> {
+    fn dispatch(&mut self, c: Completion, on_poll: bool) -> Result<(), WorkerError> {
         let (kind, slot, low) = ud_parts(c.user_data);
         match kind {
             K_EVENT => {
@@ -219,7 +365,12 @@ impl Worker {
                 self.arm_event()?;
             }
             K_IO => self.on_io_cmd(slot, low, c.result),
-            K_BACKEND => self.on_backend(slot, low, c.result),
+            K_BACKEND => {
+                if on_poll {
+                    self.rings.polled = self.rings.polled.saturating_sub(1);
+                }
+                self.on_backend(slot, low, c.result)
+            }
             K_PREP => self.on_prep(slot, c.result),
             K_FETCH => self.on_fetch(slot, low, c),
             K_COMMIT => self.on_commit(slot, low, c.result),
@@ -249,31 +400,55 @@ impl Worker {
             }
         };
         let slot16 = u16::try_from(slot).map_err(|_| WorkerError::Full)?;
+        if setup.placement != Placement::Main && self.rings.poll.is_none() {
+            let mut poll = WorkerRing::new(1024, POLL_FIXED_BUFFERS, true)?;
+            poll.register_eventfd(self.event.raw())?;
+            self.rings.poll = Some(poll);
+        }
         let desc = DescMap::map(&setup.cdev, setup.q_id, setup.depth)
             .map_err(WorkerError::MapDescriptors)?;
-        let bufs = Arc::new(
-            Mapping::anonymous(usize::from(setup.depth) * setup.max_io as usize)
-                .map_err(WorkerError::Buffers)?,
-        );
-        let buf_index = if setup.backend.uses_fixed_buffers() {
-            Some(self.ring.register_fixed(&bufs)?)
+        let depth = usize::from(setup.depth);
+        let zc_slots = if !setup.zero_copy {
+            Vec::new()
+        } else if setup.force_fallback {
+            vec![NO_SLOT; depth]
         } else {
-            None
+            match self
+                .rings
+                .get(setup.placement.ublk_on_poll())
+                .reserve_kernel_slots(depth)
+            {
+                Some(slots) => slots,
+                // Out of slots: every request takes the fallback, served by copy.
+                None if setup.user_copy => vec![NO_SLOT; depth],
+                None => return Err(WorkerError::Ring(RingError::NoFixedSlot)),
+            }
         };
+        let scratch =
+            Arc::new(Mapping::anonymous(depth * SCRATCH_BYTES).map_err(WorkerError::Buffers)?);
         let idle = Tag {
             req: Request::from_desc(&sys::ublksrv_io_desc::default()),
             started: None,
+            fallback: false,
         };
         let mut q = Queue {
-            tags: vec![idle; usize::from(setup.depth)],
+            tags: vec![idle; depth],
             setup,
             desc,
-            bufs,
-            buf_index,
+            bufs: None,
+            buf_index: None,
+            zc_slots,
+            scratch,
             batch: None,
             outstanding: 0,
             stopping: false,
         };
+        if !q.setup.zero_copy {
+            if let Err(e) = Self::ensure_bufs(&mut self.rings, &mut q) {
+                self.release_slots(&q);
+                return Err(e);
+            }
+        }
         let armed = match q.setup.path {
             IoPath::Batch => self.arm_batch(&mut q, slot16),
             _ => self.arm_per_io(&mut q, slot16),
@@ -285,9 +460,34 @@ impl Worker {
             self.queues[slot] = Some(q);
             return Err(e);
         }
-        self.ring.submit()?;
+        self.rings.get(q.setup.placement.ublk_on_poll()).submit()?;
         self.queues[slot] = Some(q);
         Ok(())
+    }
+
+    /// Allocates the queue's copy buffers (and registers them with the backend's ring) unless
+    /// they exist.
+    fn ensure_bufs(rings: &mut Rings, q: &mut Queue) -> Result<(), WorkerError> {
+        if q.bufs.is_some() {
+            return Ok(());
+        }
+        let bufs = Arc::new(
+            Mapping::anonymous(usize::from(q.setup.depth) * q.setup.max_io as usize)
+                .map_err(WorkerError::Buffers)?,
+        );
+        if q.setup.backend.uses_fixed_buffers() {
+            let ring = rings.get(q.setup.placement.backend_on_poll());
+            q.buf_index = Some(ring.register_fixed(&bufs)?);
+        }
+        q.bufs = Some(bufs);
+        Ok(())
+    }
+
+    fn release_slots(&mut self, q: &Queue) {
+        let slots: Vec<u16> = q.zc_slots.iter().copied().filter(|&s| s != NO_SLOT).collect();
+        self.rings
+            .get(q.setup.placement.ublk_on_poll())
+            .release_kernel_slots(&slots);
     }
 
     fn arm_per_io(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {
@@ -298,12 +498,13 @@ impl Worker {
                 result: 0,
                 addr: 0,
             };
-            self.ring.push(
+            self.rings.get(q.setup.placement.ublk_on_poll()).push(
                 Op::UblkIo {
                     fd: q.fd(),
                     cmd_op: sys::UBLK_U_IO_FETCH_REQ,
                     cmd,
-                    buf: Some((&q.bufs, q.tag_region(tag))),
+                    buf: q.cmd_buf(tag),
+                    auto_buf: q.auto_buf(tag),
                 },
                 ud(K_IO, slot, tag),
             )?;
@@ -314,12 +515,13 @@ impl Worker {
 
     fn arm_batch(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {
         let depth = usize::from(q.setup.depth);
-        let elems = depth * usize::from(ELEM_BYTES);
+        let eb = q.elem_bytes();
+        let elems = depth * usize::from(eb);
         let alloc = |len| Mapping::anonymous(len).map(Arc::new);
         let prep = alloc(elems).map_err(WorkerError::Buffers)?;
         for tag in 0..q.setup.depth {
-            let e = elem(tag, 0, q.bufs.addr(q.tag_region(tag).offset));
-            prep.write_at(usize::from(tag) * usize::from(ELEM_BYTES), &e);
+            let e = Self::elem_for(q, tag, 0);
+            prep.write_at(usize::from(tag) * usize::from(eb), &e[..usize::from(eb)]);
         }
         let fetch_len = u32::try_from((depth * 2).next_multiple_of(64)).unwrap_or(u32::MAX);
         let fetch_bufs = q.setup.depth.next_power_of_two().clamp(4, MAX_FETCH_BUFS);
@@ -333,15 +535,16 @@ impl Worker {
             alloc(elems).map_err(WorkerError::Buffers)?,
             alloc(elems).map_err(WorkerError::Buffers)?,
         ];
-        self.ring.push(
+        let ring = self.rings.get(q.setup.placement.ublk_on_poll());
+        ring.push(
             Op::UblkBatch {
                 fd: q.fd(),
                 cmd_op: sys::UBLK_U_IO_PREP_IO_CMDS,
                 cmd: ublk_batch_io {
                     q_id: q.setup.q_id,
-                    flags: sys::UBLK_BATCH_F_HAS_BUF_ADDR,
+                    flags: Self::batch_flags(q),
                     nr_elem: q.setup.depth,
-                    elem_bytes: ELEM_BYTES,
+                    elem_bytes: eb,
                     ..Default::default()
                 },
                 elems: (
@@ -351,13 +554,13 @@ impl Worker {
                         len: elems,
                     },
                 ),
-                bufs: Some(&q.bufs),
+                bufs: q.cmd_buf(0).map(|(b, _)| b),
             },
             ud(K_PREP, slot, 0),
         )?;
         q.outstanding += 1;
         for g in &groups {
-            self.ring.register_buf_ring(g)?;
+            ring.register_buf_ring(g)?;
         }
         q.batch = Some(Batch {
             groups,
@@ -373,12 +576,34 @@ impl Worker {
         Ok(())
     }
 
+    /// Batch flags for PREP and COMMIT: buffer addresses in copy mode; with zero copy, the
+    /// fallback when the device can copy.
+    fn batch_flags(q: &Queue) -> u16 {
+        if !q.setup.zero_copy {
+            sys::UBLK_BATCH_F_HAS_BUF_ADDR
+        } else if q.setup.user_copy {
+            sys::UBLK_BATCH_F_AUTO_BUF_REG_FALLBACK
+        } else {
+            0
+        }
+    }
+
+    /// The batch element for `tag`: header (tag, buffer slot, result), plus the tag's buffer
+    /// address in copy mode. Only the first `elem_bytes()` bytes are sent.
+    fn elem_for(q: &Queue, tag: u16, result: i32) -> [u8; 16] {
+        let addr = match q.cmd_buf(tag) {
+            Some((b, r)) => b.addr(r.offset),
+            None => 0,
+        };
+        elem(tag, q.zc_slot(tag), result, addr)
+    }
+
     fn arm_fetch(&mut self, q: &mut Queue, slot: u16, k: u16) -> Result<(), WorkerError> {
         let Some(b) = q.batch.as_ref() else {
             return Ok(());
         };
         let group = &b.groups[usize::from(k)];
-        self.ring.push(
+        self.rings.get(q.setup.placement.ublk_on_poll()).push(
             Op::UblkFetchMultishot {
                 fd: q.setup.cdev.as_raw_fd(),
                 cmd_op: sys::UBLK_U_IO_FETCH_IO_CMDS,
@@ -398,45 +623,92 @@ impl Worker {
     }
 
     /// Starts request `tag` on the backend; returns its result if it finished at once.
-    fn start_request(ring: &mut WorkerRing, q: &mut Queue, slot: u16, tag: u16) -> Option<i32> {
+    fn start_request(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16) -> Option<i32> {
         let Some(desc) = q.desc.get(tag) else {
             return Some(-libc::EINVAL);
         };
         let req = Request::from_desc(&desc);
+        let fallback = q.setup.zero_copy && desc.op_flags & sys::UBLK_IO_F_NEED_REG_BUF != 0;
         q.tags[usize::from(tag)] = Tag {
             req,
             started: Some(Instant::now()),
+            fallback,
         };
         q.setup.stats.started();
         if req.has_data() && req.len > q.setup.max_io {
             return Some(-libc::EIO);
         }
+        if fallback {
+            q.setup.stats.zero_copy_fallback();
+            if Self::ensure_bufs(rings, q).is_err() {
+                return Some(-libc::ENOMEM);
+            }
+        }
         let region = Region {
             offset: q.tag_region(tag).offset,
             len: if req.has_data() { req.len as usize } else { 0 },
         };
+        let data = match &q.bufs {
+            Some(buf) if !q.setup.zero_copy || fallback => {
+                if fallback && req.op == OpKind::Write {
+                    // The kernel could not lend us the pages: copy the data in (user copy).
+                    let at = sys::user_copy_offset(q.setup.q_id, tag);
+                    if buf
+                        .pread_from(&q.setup.cdev, at, region.offset, region.len)
+                        .is_err()
+                    {
+                        return Some(-libc::EIO);
+                    }
+                }
+                Data::Copy {
+                    buf,
+                    region,
+                    index: q.buf_index,
+                }
+            }
+            _ => Data::ZeroCopy {
+                index: q.zc_slot(tag),
+            },
+        };
+        let on_poll = q.setup.placement.backend_on_poll();
         let ctx = IoCtx {
-            ring,
+            ring: rings.get(on_poll),
             user_data: ud(K_BACKEND, slot, tag),
-            buf: &q.bufs,
-            region,
-            buf_index: q.buf_index.unwrap_or(u16::MAX),
+            data,
+            scratch: (&q.scratch, q.scratch_region(tag)),
         };
         match q.setup.backend.start(&req, ctx) {
             Started::Done(res) => Some(res),
             Started::Submitted => {
                 q.outstanding += 1;
+                if on_poll {
+                    rings.polled += 1;
+                }
                 None
             }
         }
     }
 
-    fn record(q: &Queue, tag: u16, res: i32) {
+    /// Finishes request `tag` with `res`: a fallback read copies its data out to the kernel
+    /// first. Records the stats; returns the result to commit.
+    fn complete(q: &Queue, tag: u16, res: i32) -> i32 {
         let t = q.tags[usize::from(tag)];
+        let mut res = res;
+        if t.fallback && t.req.op == OpKind::Read && res > 0 {
+            let at = sys::user_copy_offset(q.setup.q_id, tag);
+            let copied = q.bufs.as_ref().is_some_and(|b| {
+                b.pwrite_to(&q.setup.cdev, at, q.tag_region(tag).offset, res as usize)
+                    .is_ok()
+            });
+            if !copied {
+                res = -libc::EIO;
+            }
+        }
         let lat = t.started.map_or(0, |s| s.elapsed().as_nanos() as u64);
         q.setup
             .stats
             .finished(t.req.op, u64::from(t.req.len), res, lat);
+        res
     }
 
     /// Per-IO: a FETCH or COMMIT_AND_FETCH completed for `tag`.
@@ -455,25 +727,26 @@ impl Worker {
         }
         q.setup.stats.batch(1);
         self.handled += 1;
-        if let Some(r) = Self::start_request(&mut self.ring, q, slot, tag) {
-            Self::commit_one(&mut self.ring, q, slot, tag, r);
+        if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
+            Self::commit_one(&mut self.rings, q, slot, tag, r);
         }
     }
 
-    fn commit_one(ring: &mut WorkerRing, q: &mut Queue, slot: u16, tag: u16, res: i32) {
-        Self::record(q, tag, res);
+    fn commit_one(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16, res: i32) {
+        let res = Self::complete(q, tag, res);
         let cmd = ublksrv_io_cmd {
             q_id: q.setup.q_id,
             tag,
             result: res,
             addr: 0,
         };
-        let pushed = ring.push(
+        let pushed = rings.get(q.setup.placement.ublk_on_poll()).push(
             Op::UblkIo {
                 fd: q.setup.cdev.as_raw_fd(),
                 cmd_op: sys::UBLK_U_IO_COMMIT_AND_FETCH_REQ,
                 cmd,
-                buf: Some((&q.bufs, q.tag_region(tag))),
+                buf: q.cmd_buf(tag),
+                auto_buf: q.auto_buf(tag),
             },
             ud(K_IO, slot, tag),
         );
@@ -491,13 +764,13 @@ impl Worker {
         let req = q.tags[usize::from(tag)].req;
         let res = q.setup.backend.finish(&req, res);
         if q.batch.is_some() {
-            Self::record(q, tag, res);
+            let res = Self::complete(q, tag, res);
             if let Some(b) = q.batch.as_mut() {
                 b.pending.push((tag, res));
             }
             self.dirty.push(slot);
         } else {
-            Self::commit_one(&mut self.ring, q, slot, tag, res);
+            Self::commit_one(&mut self.rings, q, slot, tag, res);
         }
     }
 
@@ -542,8 +815,8 @@ impl Worker {
                 if tag >= q.setup.depth {
                     continue;
                 }
-                if let Some(r) = Self::start_request(&mut self.ring, q, slot, tag) {
-                    Self::record(q, tag, r);
+                if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
+                    let r = Self::complete(q, tag, r);
                     if let Some(b) = q.batch.as_mut() {
                         b.pending.push((tag, r));
                     }
@@ -580,13 +853,14 @@ impl Worker {
             return;
         };
         q.outstanding = q.outstanding.saturating_sub(1);
+        let eb = usize::from(q.elem_bytes());
         let Some(b) = q.batch.as_mut() else { return };
         let i = usize::from(idx) % COMMIT_BUFS;
         b.busy[i] = false;
         let sent = std::mem::take(&mut b.committing[i]);
         if res >= 0 {
             // A partial commit handled only the first res/ELEM_BYTES elements: send the rest again.
-            let done = (res as usize) / usize::from(ELEM_BYTES);
+            let done = (res as usize) / eb;
             if done < sent.len() {
                 b.pending.extend_from_slice(&sent[done..]);
                 self.dirty.push(slot);
@@ -611,8 +885,19 @@ impl Worker {
             };
             let fd = q.setup.cdev.as_raw_fd();
             let q_id = q.setup.q_id;
-            let max_io = q.setup.max_io as usize;
-            let bufs_addr = q.bufs.addr(0);
+            let eb = q.elem_bytes();
+            let flags = Self::batch_flags(q);
+            let elems: Vec<[u8; 16]> = match q.batch.as_ref() {
+                Some(b) => b
+                    .pending
+                    .iter()
+                    .take(usize::from(q.setup.depth))
+                    .map(|&(tag, res)| Self::elem_for(q, tag, res))
+                    .collect(),
+                None => continue,
+            };
+            let pin = q.cmd_buf(0).map(|(m, _)| Arc::clone(m));
+            let ring = self.rings.get(q.setup.placement.ublk_on_poll());
             let Some(b) = q.batch.as_mut() else { continue };
             if b.pending.is_empty() {
                 continue;
@@ -622,33 +907,32 @@ impl Worker {
                 self.dirty.push(slot);
                 continue;
             };
-            let n = b.pending.len().min(usize::from(q.setup.depth));
+            let n = elems.len();
             let mut sent = std::mem::take(&mut b.committing[i]);
             sent.clear();
             sent.extend(b.pending.drain(..n));
-            for (j, &(tag, res)) in sent.iter().enumerate() {
-                let addr = bufs_addr + (usize::from(tag) * max_io) as u64;
-                b.commit[i].write_at(j * usize::from(ELEM_BYTES), &elem(tag, res, addr));
+            for (j, e) in elems.iter().enumerate() {
+                b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);
             }
-            let pushed = self.ring.push(
+            let pushed = ring.push(
                 Op::UblkBatch {
                     fd,
                     cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
                     cmd: ublk_batch_io {
                         q_id,
-                        flags: sys::UBLK_BATCH_F_HAS_BUF_ADDR,
+                        flags,
                         nr_elem: n as u16,
-                        elem_bytes: ELEM_BYTES,
+                        elem_bytes: eb,
                         ..Default::default()
                     },
                     elems: (
                         &b.commit[i],
                         Region {
                             offset: 0,
-                            len: n * usize::from(ELEM_BYTES),
+                            len: n * usize::from(eb),
                         },
                     ),
-                    bufs: Some(&q.bufs),
+                    bufs: pin.as_ref(),
                 },
                 ud(K_COMMIT, slot, i as u16),
             );
@@ -679,11 +963,16 @@ impl Worker {
             }
             if let Some(q) = self.queues[slot].take() {
                 if let Some(index) = q.buf_index {
-                    let _ = self.ring.unregister_fixed(index);
+                    let _ = self
+                        .rings
+                        .get(q.setup.placement.backend_on_poll())
+                        .unregister_fixed(index);
                 }
+                self.release_slots(&q);
                 if let Some(b) = &q.batch {
+                    let ring = self.rings.get(q.setup.placement.ublk_on_poll());
                     for g in &b.groups {
-                        let _ = self.ring.unregister_buf_ring(g.group());
+                        let _ = ring.unregister_buf_ring(g.group());
                     }
                 }
                 let _ = q.setup.gone.send((q.setup.dev_id, q.setup.q_id));
@@ -693,9 +982,10 @@ impl Worker {
 }
 
 /// One batch element: header (tag, buf_index, result) plus the tag's buffer address.
-fn elem(tag: u16, result: i32, addr: u64) -> [u8; 16] {
+fn elem(tag: u16, buf_index: u16, result: i32, addr: u64) -> [u8; 16] {
     let mut e = [0u8; 16];
     e[0..2].copy_from_slice(&tag.to_ne_bytes());
+    e[2..4].copy_from_slice(&buf_index.to_ne_bytes());
     e[4..8].copy_from_slice(&result.to_ne_bytes());
     e[8..16].copy_from_slice(&addr.to_ne_bytes());
     e
@@ -713,9 +1003,9 @@ mod tests {
 
     #[test]
     fn batch_element_layout_matches_the_uapi() {
-        let e = elem(7, -5, 0x1000);
+        let e = elem(7, 3, -5, 0x1000);
         assert_eq!(&e[0..2], &7u16.to_ne_bytes());
-        assert_eq!(&e[2..4], &[0, 0], "buf_index unused in copy mode");
+        assert_eq!(&e[2..4], &3u16.to_ne_bytes(), "buf_index");
         assert_eq!(&e[4..8], &(-5i32).to_ne_bytes());
         assert_eq!(&e[8..16], &0x1000u64.to_ne_bytes());
     }

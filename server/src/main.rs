@@ -265,6 +265,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let handle = Handle::start(ublkd_dataplane::Config {
         cpus: settings.dataplane.cpus.clone(),
         timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
+        iopoll_shared: None,
     });
     if let Err(e) = &handle {
         tracing::error!(error = %status::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");

@@ -265,6 +265,7 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
             crate::registry::BackendRecord::Null => "null",
             crate::registry::BackendRecord::Ram => "ram",
             crate::registry::BackendRecord::File { .. } => "file",
+            crate::registry::BackendRecord::Nvme { .. } => "nvme",
         };
         let device = vol
             .device
@@ -272,12 +273,17 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
             .map(|d| d.block_device.display().to_string())
             .unwrap_or_default();
         let io_path = vol.device.as_ref().map_or("", |d| d.io_path.name());
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        let zero_copy = vol.device.as_ref().map_or("", |d| on_off(d.zero_copy));
+        let polled = vol.device.as_ref().map_or("", |d| on_off(d.polled));
         info.gauge(
             &[
                 ("volume", id),
                 ("backend", backend),
                 ("device", device.as_str()),
                 ("io_path", io_path),
+                ("zero_copy", zero_copy),
+                ("poll", polled),
             ],
             1.0,
         );

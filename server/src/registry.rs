@@ -14,6 +14,12 @@ pub enum BackendRecord {
     Null,
     Ram,
     File { path: PathBuf, create: bool },
+    /// An NVMe namespace char device; `length` 0 means to the end of the namespace.
+    Nvme {
+        device: PathBuf,
+        offset: u64,
+        length: u64,
+    },
 }
 
 /// Everything needed to bring a volume back.
@@ -34,6 +40,15 @@ pub struct VolumeRecord {
     /// A delete was started: the next start finishes it.
     #[serde(default)]
     pub deleting: bool,
+    /// `auto`, `on` or `off`.
+    #[serde(default = "auto")]
+    pub zero_copy: String,
+    #[serde(default = "auto")]
+    pub poll: String,
+}
+
+fn auto() -> String {
+    "auto".into()
 }
 
 /// Errors of the registry, named for the step that failed.
@@ -186,6 +201,8 @@ mod tests {
             queues: 1,
             queue_depth: 128,
             io_path: "auto".into(),
+            zero_copy: "auto".into(),
+            poll: "auto".into(),
             created_unix_ms: 1,
             dev_id: Some(3),
             deleting: false,

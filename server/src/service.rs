@@ -110,6 +110,15 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             path: path.display().to_string(),
             create: *create,
         }),
+        BackendRecord::Nvme {
+            device,
+            offset,
+            length,
+        } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
+            device: device.display().to_string(),
+            offset_bytes: *offset,
+            length_bytes: *length,
+        }),
     };
     v1::Volume {
         id: r.id.clone(),
@@ -120,6 +129,8 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             queues: Some(u32::from(r.queues)),
             queue_depth: Some(u32::from(r.queue_depth)),
             io_path: io_path_proto(&r.io_path) as i32,
+            zero_copy: toggle_proto(&r.zero_copy) as i32,
+            poll: toggle_proto(&r.poll) as i32,
         }),
         state: state_proto(v.state) as i32,
         device_path: v
@@ -141,6 +152,16 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
                 IoPath::Auto => v1::IoPath::Auto,
             }) as i32,
         message: v.message.clone(),
+        zero_copy_in_use: v.device.as_ref().is_some_and(|d| d.zero_copy),
+        polled: v.device.as_ref().is_some_and(|d| d.polled),
+    }
+}
+
+fn toggle_proto(t: &str) -> v1::Toggle {
+    match t {
+        "on" => v1::Toggle::On,
+        "off" => v1::Toggle::Off,
+        _ => v1::Toggle::Auto,
     }
 }
 

@@ -75,12 +75,32 @@ pub fn spec(
             path: backing_path(&f.path, f.create, &s.allowed_roots)?,
             create: f.create,
         },
-        Some(v1::volume_spec::Backend::Nvme(_)) => {
-            return Err(VolumeError::Unimplemented(
-                "the nvme backend is not available in this version".into(),
-            ))
+        Some(v1::volume_spec::Backend::Nvme(n)) => {
+            let device = PathBuf::from(&n.device);
+            if !device.is_absolute() || !device.starts_with("/dev") {
+                return invalid(format!(
+                    "nvme device {:?} must be a path under /dev, e.g. /dev/ng0n1",
+                    truncate(&n.device)
+                ));
+            }
+            if n.offset_bytes.checked_add(n.length_bytes).is_none() {
+                return invalid("nvme window offset + length overflows".into());
+            }
+            BackendRecord::Nvme {
+                device,
+                offset: n.offset_bytes,
+                length: n.length_bytes,
+            }
         }
     };
+    let toggle = |v: i32, what: &str| match v1::Toggle::try_from(v) {
+        Ok(v1::Toggle::Auto) => Ok("auto"),
+        Ok(v1::Toggle::On) => Ok("on"),
+        Ok(v1::Toggle::Off) => Ok("off"),
+        Err(_) => Err(VolumeError::Invalid(format!("unknown {what} setting {v}"))),
+    };
+    let zero_copy = toggle(spec.zero_copy, "zero_copy")?;
+    let poll = toggle(spec.poll, "poll")?;
     Ok(VolumeRecord {
         id: id.to_owned(),
         size_bytes: spec.size_bytes,
@@ -92,6 +112,8 @@ pub fn spec(
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        zero_copy: zero_copy.into(),
+        poll: poll.into(),
     })
 }
 

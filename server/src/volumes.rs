@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use ublkd_dataplane::{
     BackendSpec, DataplaneError, DeviceInfo, DeviceSpec, DeviceStats, ErrorKind, Features, Handle,
-    IoPath, KernelDevice, WorkerSnapshot,
+    IoPath, KernelDevice, Toggle, Window, WorkerSnapshot,
 };
 
 /// Errors of volume operations; `kind()` decides the gRPC code (see `status.rs`).
@@ -200,9 +200,31 @@ fn to_device_spec(r: &VolumeRecord, ram_dir: &std::path::Path) -> DeviceSpec {
                 path: Some(ram_file(ram_dir, &r.id)),
             },
             BackendRecord::File { path, .. } => BackendSpec::File { path: path.clone() },
+            BackendRecord::Nvme {
+                device,
+                offset,
+                length,
+            } => BackendSpec::Nvme {
+                path: device.clone(),
+                window: (*offset != 0 || *length != 0).then_some(Window {
+                    offset: *offset,
+                    len: *length,
+                }),
+                unchecked: false,
+            },
         },
         dev_id: r.dev_id,
+        zero_copy: toggle(&r.zero_copy),
+        poll: toggle(&r.poll),
         ..DeviceSpec::default()
+    }
+}
+
+fn toggle(s: &str) -> Toggle {
+    match s {
+        "on" => Toggle::On,
+        "off" => Toggle::Off,
+        _ => Toggle::Auto,
     }
 }
 

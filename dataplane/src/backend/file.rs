@@ -3,7 +3,7 @@
 //! buffers; FLUSH is fdatasync, FUA a RWF_DSYNC write, DISCARD punches a hole (keeping the size),
 //! WRITE_ZEROES zeroes the range.
 
-use super::{Backend, BackendError, IoCtx, Request, Started};
+use super::{Backend, BackendError, Data, IoCtx, Request, Started};
 use crate::ring::Op;
 use crate::stats::OpKind;
 use crate::sys::os::block_device_size;
@@ -105,6 +105,10 @@ impl Backend for FileBackend {
         true
     }
 
+    fn zero_copy(&self) -> bool {
+        true
+    }
+
     fn resize(&self, size: u64) -> Result<(), BackendError> {
         let have = self.len().map_err(|source| BackendError::Open {
             path: "(backing file)".into(),
@@ -122,30 +126,44 @@ impl Backend for FileBackend {
 
     fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started {
         let fd = self.file.as_raw_fd();
-        let op = match req.op {
-            OpKind::Read => Op::ReadFixed {
+        let rw_flags = if req.fua { libc::RWF_DSYNC } else { 0 };
+        let op = match (req.op, ctx.data) {
+            (OpKind::Read, Data::Copy { buf, region, index }) => Op::ReadFixed {
                 fd,
-                buf: ctx.buf,
-                index: ctx.buf_index,
-                region: ctx.region,
+                buf,
+                index: index.unwrap_or(u16::MAX),
+                region,
                 file_offset: req.offset,
             },
-            OpKind::Write => Op::WriteFixed {
+            (OpKind::Write, Data::Copy { buf, region, index }) => Op::WriteFixed {
                 fd,
-                buf: ctx.buf,
-                index: ctx.buf_index,
-                region: ctx.region,
+                buf,
+                index: index.unwrap_or(u16::MAX),
+                region,
                 file_offset: req.offset,
-                rw_flags: if req.fua { libc::RWF_DSYNC } else { 0 },
+                rw_flags,
             },
-            OpKind::Flush => Op::Fsync { fd, datasync: true },
-            OpKind::Discard => Op::Fallocate {
+            (OpKind::Read, Data::ZeroCopy { index }) => Op::ReadKernelBuf {
+                fd,
+                index,
+                len: req.len,
+                file_offset: req.offset,
+            },
+            (OpKind::Write, Data::ZeroCopy { index }) => Op::WriteKernelBuf {
+                fd,
+                index,
+                len: req.len,
+                file_offset: req.offset,
+                rw_flags,
+            },
+            (OpKind::Flush, _) => Op::Fsync { fd, datasync: true },
+            (OpKind::Discard, _) => Op::Fallocate {
                 fd,
                 mode: libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 offset: req.offset,
                 len: u64::from(req.len),
             },
-            OpKind::WriteZeroes => Op::Fallocate {
+            (OpKind::WriteZeroes, _) => Op::Fallocate {
                 fd,
                 // NOUNMAP asks for the blocks to stay allocated; otherwise a hole reads as zeros.
                 mode: if (req.nounmap && !self.no_zero_range.load(Ordering::Relaxed))
@@ -158,7 +176,7 @@ impl Backend for FileBackend {
                 offset: req.offset,
                 len: u64::from(req.len),
             },
-            OpKind::Other => return Started::Done(-libc::EOPNOTSUPP),
+            (OpKind::Other, _) => return Started::Done(-libc::EOPNOTSUPP),
         };
         match ctx.ring.push(op, ctx.user_data) {
             Ok(()) => Started::Submitted,

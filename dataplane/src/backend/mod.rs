@@ -6,10 +6,12 @@
 
 mod file;
 mod null;
+mod nvme;
 mod ram;
 
 pub use file::FileBackend;
 pub use null::NullBackend;
+pub use nvme::{NvmeBackend, Window};
 pub use ram::RamBackend;
 
 use crate::ring::{Region, WorkerRing};
@@ -30,6 +32,16 @@ pub enum BackendSpec {
     Ram { path: Option<PathBuf> },
     /// A regular file or a block device.
     File { path: PathBuf },
+    /// An NVMe namespace through its generic char device (`/dev/ngXnY`), whole or a window of
+    /// it, driven with passthrough commands.
+    Nvme {
+        path: PathBuf,
+        window: Option<Window>,
+        /// Test hook: skip the check that the window lies inside the namespace, so that a test
+        /// can make the device itself fail an I/O (LBA out of range).
+        #[doc(hidden)]
+        unchecked: bool,
+    },
 }
 
 impl BackendSpec {
@@ -38,6 +50,7 @@ impl BackendSpec {
             BackendSpec::Null => "null",
             BackendSpec::Ram { .. } => "ram",
             BackendSpec::File { .. } => "file",
+            BackendSpec::Nvme { .. } => "nvme",
         }
     }
 }
@@ -62,6 +75,36 @@ pub enum BackendError {
         size: u64,
         #[source]
         source: io::Error,
+    },
+    #[error("{0} is not an NVMe namespace char device (use /dev/ngXnY)")]
+    NotNvme(PathBuf),
+    #[error("cannot identify NVMe namespace {path}")]
+    Identify {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("NVMe namespace {path} uses {metadata} bytes of metadata per block, which ublk volumes cannot carry")]
+    NvmeMetadata { path: PathBuf, metadata: u16 },
+    #[error("window {offset}+{len} of {path} is not aligned to its {lba} byte blocks")]
+    WindowUnaligned {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        lba: u32,
+    },
+    #[error("window {offset}+{len} ends past the end of {path} ({size} bytes)")]
+    WindowPastEnd {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    #[error("volume block size {block_size} is smaller than the {lba} byte blocks of {path}")]
+    BlockSmallerThanLba {
+        path: PathBuf,
+        block_size: u32,
+        lba: u32,
     },
 }
 
@@ -105,17 +148,63 @@ impl Request {
     }
 }
 
+/// Where a request's data is.
+#[derive(Debug, Clone, Copy)]
+pub enum Data<'a> {
+    /// Copied: this tag's part of the queue's buffers (`region.len` = the request's length),
+    /// and the buffers' fixed-buffer slot on the ring when registered.
+    Copy {
+        buf: &'a Arc<Mapping>,
+        region: Region,
+        index: Option<u16>,
+    },
+    /// Zero copy: the request's own pages, which the kernel registered at fixed-buffer slot
+    /// `index` of the ring (UBLK_F_AUTO_BUF_REG). Only ring operations can reach them.
+    ZeroCopy { index: u16 },
+}
+
 /// What a backend needs to serve one request.
 #[derive(Debug)]
 pub struct IoCtx<'a> {
     pub ring: &'a mut WorkerRing,
     /// Completion tag for an operation the backend pushes.
     pub user_data: u64,
-    /// The queue's tag buffers, and this tag's part of them (`len` = the request's length).
-    pub buf: &'a Arc<Mapping>,
-    pub region: Region,
-    /// Fixed-buffer index of `buf` in `ring` (only for backends that use fixed buffers).
-    pub buf_index: u16,
+    pub data: Data<'a>,
+    /// A few bytes (`region.len`, at least 16) of this tag's own memory that stay put until the
+    /// pushed operation completes: command payloads such as a DSM range.
+    pub scratch: (&'a Arc<Mapping>, Region),
+}
+
+/// Limits a backend puts on the volume's block device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Smallest block the backend can address.
+    pub block_size: u32,
+    /// Largest single read or write, in bytes.
+    pub max_io_bytes: u32,
+    /// Largest discard and write-zeroes, in bytes; 0 when unsupported.
+    pub max_discard_bytes: u64,
+    pub max_write_zeroes_bytes: u64,
+    /// The backend has a volatile write cache (flush and FUA matter).
+    pub volatile_cache: bool,
+    /// Segments of one request must not cross this boundary mask (NVMe PRP pages).
+    pub virt_boundary_mask: u64,
+}
+
+/// The part of a shared device a backend uses, so that two volumes never overlap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub path: PathBuf,
+    /// `st_rdev` of the device.
+    pub rdev: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Claim {
+    pub fn overlaps(&self, other: &Claim) -> bool {
+        self.rdev == other.rdev && self.start < other.end && other.start < self.end
+    }
 }
 
 /// How `Backend::start` left a request.
@@ -154,6 +243,26 @@ pub trait Backend: Send + Sync + Debug {
         false
     }
 
+    /// Whether the backend can serve requests from kernel-registered pages (`Data::ZeroCopy`).
+    fn zero_copy(&self) -> bool {
+        false
+    }
+
+    /// Whether the backend's operations can be polled (NVMe poll queues).
+    fn pollable(&self) -> bool {
+        false
+    }
+
+    /// Device limits the volume must respect; None when the backend has none of its own.
+    fn limits(&self) -> Option<Limits> {
+        None
+    }
+
+    /// The range of a shared device the backend owns.
+    fn claim(&self) -> Option<Claim> {
+        None
+    }
+
     /// Prepares for the volume to become `size` bytes (before the kernel is told).
     fn resize(&self, size: u64) -> Result<(), BackendError> {
         let _ = size;
@@ -172,6 +281,13 @@ pub fn open(
         BackendSpec::Ram { path: None } => Arc::new(RamBackend::new(size)?),
         BackendSpec::Ram { path: Some(p) } => Arc::new(RamBackend::with_file(p, size)?),
         BackendSpec::File { path } => Arc::new(FileBackend::open(path, size, block_size)?),
+        BackendSpec::Nvme {
+            path,
+            window,
+            unchecked,
+        } => Arc::new(NvmeBackend::open(
+            path, *window, size, block_size, *unchecked,
+        )?),
     })
 }
 

@@ -1,6 +1,8 @@
-//! The null backend: every request succeeds at once; reads return zeros.
+//! The null backend: every request succeeds at once. Reads return zeros in copy mode; with zero
+//! copy the backend touches no data at all, so reads leave the reader's buffer as it was (as
+//! null_blk does without memory backing).
 
-use super::{full, Backend, IoCtx, Request, Started};
+use super::{full, Backend, Data, IoCtx, Request, Started};
 use crate::stats::OpKind;
 
 #[derive(Debug)]
@@ -11,15 +13,18 @@ impl Backend for NullBackend {
         "null"
     }
 
+    fn zero_copy(&self) -> bool {
+        true
+    }
+
     fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started {
         match req.op {
-            OpKind::Read => {
-                if ctx.buf.zero(ctx.region.offset, ctx.region.len) {
-                    Started::Done(full(req))
-                } else {
+            OpKind::Read => match ctx.data {
+                Data::Copy { buf, region, .. } if !buf.zero(region.offset, region.len) => {
                     Started::Done(-libc::EIO)
                 }
-            }
+                _ => Started::Done(full(req)),
+            },
             OpKind::Write => Started::Done(full(req)),
             OpKind::Flush | OpKind::Discard | OpKind::WriteZeroes => Started::Done(0),
             OpKind::Other => Started::Done(-libc::EOPNOTSUPP),

@@ -4,7 +4,7 @@
 //! The mapping reserves address space (not memory) beyond the volume's size so the volume can
 //! grow in place: at least [`GROWTH_RESERVE`] bytes, or 4x the size.
 
-use super::{full, Backend, BackendError, IoCtx, Request, Started};
+use super::{full, Backend, BackendError, Data, IoCtx, Request, Started};
 use crate::stats::OpKind;
 use crate::sys::os::Mapping;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,9 +93,15 @@ impl Backend for RamBackend {
             return Started::Done(-libc::EIO);
         };
         let len = req.len as usize;
-        let ok = match req.op {
-            OpKind::Read => ctx.buf.copy_from(ctx.region.offset, &self.mem, off, len),
-            OpKind::Write => self.mem.copy_from(off, ctx.buf, ctx.region.offset, len),
+        let ok = match (req.op, ctx.data) {
+            (OpKind::Read, Data::Copy { buf, region, .. }) => {
+                buf.copy_from(region.offset, &self.mem, off, len)
+            }
+            (OpKind::Write, Data::Copy { buf, region, .. }) => {
+                self.mem.copy_from(off, buf, region.offset, len)
+            }
+            // Memory is copied by the CPU: the kernel's pages are out of reach.
+            (OpKind::Read | OpKind::Write, Data::ZeroCopy { .. }) => false,
             _ => self.mem.discard(off, len),
         };
         match (ok, req.has_data()) {

@@ -5,7 +5,7 @@
 mod worker;
 
 pub use worker::{
-    BufRing, Completion, Op, Region, WorkerRing, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED,
+    BufRing, Completion, NvmeData, Op, Region, WorkerRing, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED,
 };
 
 use crate::sys::ublksrv_ctrl_cmd;
@@ -59,9 +59,21 @@ impl std::fmt::Debug for ControlRing {
 
 impl ControlRing {
     pub fn new(entries: u32) -> Result<Self, RingError> {
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build(entries)
-            .map_err(RingError::Setup)?;
+        Self::build(entries, false)
+    }
+
+    /// A control ring with IORING_SETUP_IOPOLL, only to probe whether such rings take ublk
+    /// commands (Linux 7.1 lets uring_cmds on files that cannot be polled share them).
+    pub fn with_iopoll(entries: u32) -> Result<Self, RingError> {
+        Self::build(entries, true)
+    }
+
+    fn build(entries: u32, iopoll: bool) -> Result<Self, RingError> {
+        let mut b = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
+        if iopoll {
+            b.setup_iopoll();
+        }
+        let ring = b.build(entries).map_err(RingError::Setup)?;
         Ok(Self {
             ring,
             next_id: 1,

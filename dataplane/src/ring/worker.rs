@@ -7,6 +7,7 @@
 //! mapping, so every push is safe to call.
 
 use super::RingError;
+use crate::sys::nvme::NvmeCmd;
 use crate::sys::os::Mapping;
 use crate::sys::{ublk_batch_io, ublksrv_io_cmd};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -53,12 +54,14 @@ pub struct Region {
 #[derive(Debug)]
 pub enum Op<'a> {
     /// A per-IO ublk command (FETCH_REQ, COMMIT_AND_FETCH_REQ). `buf` is the tag's data buffer
-    /// in copy mode.
+    /// in copy mode; `auto_buf` the AUTO_BUF_REG word (buffer slot and flags) in zero-copy mode,
+    /// which the kernel reads from the SQE's `addr`.
     UblkIo {
         fd: RawFd,
         cmd_op: u32,
         cmd: ublksrv_io_cmd,
         buf: Option<(&'a Arc<Mapping>, Region)>,
+        auto_buf: Option<u64>,
     },
     /// A batch ublk command (PREP_IO_CMDS, COMMIT_IO_CMDS) whose elements are in `elems`.
     UblkBatch {
@@ -92,6 +95,27 @@ pub enum Op<'a> {
         file_offset: u64,
         rw_flags: i32,
     },
+    /// Read into (or write from) the request pages the kernel registered at fixed-buffer slot
+    /// `index` (AUTO_BUF_REG zero copy); the kernel owns those pages until the ublk commit.
+    ReadKernelBuf {
+        fd: RawFd,
+        index: u16,
+        len: u32,
+        file_offset: u64,
+    },
+    WriteKernelBuf {
+        fd: RawFd,
+        index: u16,
+        len: u32,
+        file_offset: u64,
+        rw_flags: i32,
+    },
+    /// An NVMe I/O command (`NVME_URING_CMD_IO`) on an ng char device.
+    Nvme {
+        fd: RawFd,
+        cmd: NvmeCmd,
+        data: NvmeData<'a>,
+    },
     Fsync {
         fd: RawFd,
         datasync: bool,
@@ -110,6 +134,28 @@ pub enum Op<'a> {
     },
 }
 
+/// Where an NVMe command's data lives.
+#[derive(Debug)]
+pub enum NvmeData<'a> {
+    None,
+    /// Plain memory the kernel maps per command (a DSM range list).
+    User(&'a Arc<Mapping>, Region),
+    /// Part of registered user buffer `index` (copy mode).
+    Fixed(&'a Arc<Mapping>, Region, u16),
+    /// Request pages registered by the kernel at slot `index` (zero copy), from offset 0.
+    Kernel { index: u16, len: u32 },
+}
+
+/// What a fixed-buffer slot of the ring holds.
+#[derive(Debug, Clone)]
+enum Fixed {
+    Free,
+    /// Our memory, registered and pinned until unregistered.
+    User(Arc<Mapping>),
+    /// Reserved for request pages the kernel registers and unregisters itself (AUTO_BUF_REG).
+    Kernel,
+}
+
 struct Slot {
     user_data: u64,
     /// Held, never read: keeps the memory the kernel uses alive until the last completion.
@@ -121,8 +167,9 @@ pub struct WorkerRing {
     ring: IoUring<squeue::Entry128, cqueue::Entry32>,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
-    fixed: Vec<Option<Arc<Mapping>>>,
+    fixed: Vec<Fixed>,
     in_flight: usize,
+    iopoll: bool,
 }
 
 impl std::fmt::Debug for WorkerRing {
@@ -142,15 +189,22 @@ fn check(map: &Mapping, r: Region) -> Result<(), RingError> {
 
 impl WorkerRing {
     /// Creates the ring on the calling thread, which becomes its only submitter.
-    pub fn new(entries: u32, fixed_buffers: u32) -> Result<Self, RingError> {
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder()
-            .setup_single_issuer()
-            .setup_coop_taskrun()
-            .setup_defer_taskrun()
-            .setup_taskrun_flag()
-            .setup_cqsize(entries * 4)
-            .build(entries)
-            .map_err(RingError::Setup)?;
+    ///
+    /// An `iopoll` ring polls for completions of polled I/O (NVMe passthrough on poll queues)
+    /// instead of waiting for interrupts. It never sleeps in the kernel, so a worker sleeps on
+    /// its other ring, which this one wakes through a registered eventfd; task work for it must
+    /// therefore run on wakeup (no DEFER_TASKRUN) and interrupt that sleep (no COOP_TASKRUN).
+    pub fn new(entries: u32, fixed_buffers: u32, iopoll: bool) -> Result<Self, RingError> {
+        let mut b = IoUring::<squeue::Entry128, cqueue::Entry32>::builder();
+        b.setup_single_issuer().setup_cqsize(entries * 4);
+        if iopoll {
+            b.setup_iopoll();
+        } else {
+            b.setup_coop_taskrun()
+                .setup_defer_taskrun()
+                .setup_taskrun_flag();
+        }
+        let ring = b.build(entries).map_err(RingError::Setup)?;
         ring.submitter()
             .register_buffers_sparse(fixed_buffers)
             .map_err(RingError::Setup)?;
@@ -164,9 +218,63 @@ impl WorkerRing {
             ring,
             slots: Vec::new(),
             free: Vec::new(),
-            fixed: vec![None; fixed_buffers as usize],
+            fixed: vec![Fixed::Free; fixed_buffers as usize],
             in_flight: 0,
+            iopoll,
         })
+    }
+
+    pub fn is_iopoll(&self) -> bool {
+        self.iopoll
+    }
+
+    /// Has every completion posted on this ring signal `fd` (an eventfd another ring reads).
+    pub fn register_eventfd(&mut self, fd: RawFd) -> Result<(), RingError> {
+        self.ring
+            .submitter()
+            .register_eventfd(fd)
+            .map_err(RingError::Register)
+    }
+
+    /// Turns the registered eventfd's signals off (while the worker spins on this ring anyway)
+    /// or back on (before it sleeps elsewhere).
+    pub fn set_eventfd(&mut self, enabled: bool) {
+        let cq = self.ring.completion();
+        if enabled {
+            cq.enable_eventfd();
+        } else {
+            cq.disable_eventfd();
+        }
+    }
+
+    /// Reserves `n` fixed-buffer slots for the kernel to register request pages into
+    /// (AUTO_BUF_REG); None when the table has fewer free slots.
+    pub fn reserve_kernel_slots(&mut self, n: usize) -> Option<Vec<u16>> {
+        let free: Vec<u16> = self
+            .fixed
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| matches!(f, Fixed::Free))
+            .filter_map(|(i, _)| u16::try_from(i).ok())
+            .take(n)
+            .collect();
+        if free.len() < n {
+            return None;
+        }
+        for &i in &free {
+            self.fixed[usize::from(i)] = Fixed::Kernel;
+        }
+        Some(free)
+    }
+
+    /// Gives reserved slots back. The kernel unregisters request pages at each commit, and a
+    /// queue releases its slots only once the kernel has answered all its commands.
+    pub fn release_kernel_slots(&mut self, slots: &[u16]) {
+        for &i in slots {
+            if let Some(f @ Fixed::Kernel) = self.fixed.get_mut(usize::from(i)) {
+                *f = Fixed::Free;
+            }
+        }
     }
 
     /// Operations pushed whose last completion has not been reaped yet.
@@ -179,7 +287,7 @@ impl WorkerRing {
         let index = self
             .fixed
             .iter()
-            .position(Option::is_none)
+            .position(|f| matches!(f, Fixed::Free))
             .ok_or(RingError::NoFixedSlot)?;
         let iov = libc::iovec {
             iov_base: map.addr(0) as *mut libc::c_void,
@@ -193,7 +301,7 @@ impl WorkerRing {
                 .register_buffers_update(index as u32, &[iov], None)
         }
         .map_err(RingError::Register)?;
-        self.fixed[index] = Some(Arc::clone(map));
+        self.fixed[index] = Fixed::User(Arc::clone(map));
         u16::try_from(index).map_err(|_| RingError::NoFixedSlot)
     }
 
@@ -211,7 +319,7 @@ impl WorkerRing {
         }
         .map_err(RingError::Register)?;
         if let Some(slot) = self.fixed.get_mut(usize::from(index)) {
-            *slot = None;
+            *slot = Fixed::Free;
         }
         Ok(())
     }
@@ -252,6 +360,7 @@ impl WorkerRing {
                 cmd_op,
                 mut cmd,
                 buf,
+                auto_buf,
             } => {
                 if let Some((map, r)) = buf {
                     check(map, r)?;
@@ -260,6 +369,7 @@ impl WorkerRing {
                 }
                 opcode::UringCmd80::new(types::Fd(fd), cmd_op)
                     .cmd(io_cmd_bytes(&cmd))
+                    .addr(auto_buf)
                     .build()
             }
             Op::UblkBatch {
@@ -341,6 +451,68 @@ impl WorkerRing {
                     .build(),
                 )
             }
+            Op::ReadKernelBuf {
+                fd,
+                index,
+                len,
+                file_offset,
+            } => {
+                self.check_kernel_slot(index)?;
+                // Address 0 is offset 0 of the kernel's buffer, not a pointer into our memory.
+                squeue::Entry128::from(
+                    opcode::ReadFixed::new(types::Fd(fd), std::ptr::null_mut(), len, index)
+                        .offset(file_offset)
+                        .build(),
+                )
+            }
+            Op::WriteKernelBuf {
+                fd,
+                index,
+                len,
+                file_offset,
+                rw_flags,
+            } => {
+                self.check_kernel_slot(index)?;
+                squeue::Entry128::from(
+                    opcode::WriteFixed::new(types::Fd(fd), std::ptr::null(), len, index)
+                        .offset(file_offset)
+                        .rw_flags(rw_flags)
+                        .build(),
+                )
+            }
+            Op::Nvme { fd, mut cmd, data } => {
+                let mut index = None;
+                match data {
+                    NvmeData::None => {
+                        cmd.addr = 0;
+                        cmd.data_len = 0;
+                    }
+                    NvmeData::User(map, r) => {
+                        check(map, r)?;
+                        cmd.addr = map.addr(r.offset);
+                        cmd.data_len = u32::try_from(r.len).map_err(|_| RingError::BadRegion)?;
+                        pins[0] = Some(Arc::clone(map));
+                    }
+                    NvmeData::Fixed(map, r, i) => {
+                        check(map, r)?;
+                        self.check_fixed(map, i)?;
+                        cmd.addr = map.addr(r.offset);
+                        cmd.data_len = u32::try_from(r.len).map_err(|_| RingError::BadRegion)?;
+                        pins[0] = Some(Arc::clone(map));
+                        index = Some(i);
+                    }
+                    NvmeData::Kernel { index: i, len } => {
+                        self.check_kernel_slot(i)?;
+                        cmd.addr = 0;
+                        cmd.data_len = len;
+                        index = Some(i);
+                    }
+                }
+                opcode::UringCmd80::new(types::Fd(fd), crate::sys::nvme::NVME_URING_CMD_IO)
+                    .cmd(cmd.to_sqe_cmd())
+                    .buf_index(index)
+                    .build()
+            }
             Op::Fsync { fd, datasync } => {
                 let mut o = opcode::Fsync::new(types::Fd(fd));
                 if datasync {
@@ -379,8 +551,10 @@ impl WorkerRing {
             self.submit()?;
         }
         // SAFETY: every address in `entry` lies inside a mapping checked above whose Arc is
-        // stored in `self.slots[slot]` until the final completion for `slot` is reaped; fds are
-        // the kernel's business (a closed fd fails the op, it does not touch memory).
+        // stored in `self.slots[slot]` until the final completion for `slot` is reaped, or is an
+        // offset into a kernel-owned buffer in a slot reserved for the kernel (the kernel checks
+        // it against that buffer's length); fds are the kernel's business (a closed fd fails the
+        // op, it does not touch memory).
         let pushed = unsafe { self.ring.submission().push(&entry) };
         if pushed.is_err() {
             self.free.push(slot);
@@ -396,7 +570,14 @@ impl WorkerRing {
 
     fn check_fixed(&self, buf: &Arc<Mapping>, index: u16) -> Result<(), RingError> {
         match self.fixed.get(usize::from(index)) {
-            Some(Some(m)) if Arc::ptr_eq(m, buf) => Ok(()),
+            Some(Fixed::User(m)) if Arc::ptr_eq(m, buf) => Ok(()),
+            _ => Err(RingError::BadRegion),
+        }
+    }
+
+    fn check_kernel_slot(&self, index: u16) -> Result<(), RingError> {
+        match self.fixed.get(usize::from(index)) {
+            Some(Fixed::Kernel) => Ok(()),
             _ => Err(RingError::BadRegion),
         }
     }
@@ -427,6 +608,11 @@ impl WorkerRing {
             }
             Err(e) => Err(RingError::Submit(e)),
         }
+    }
+
+    /// Whether completions wait to be reaped.
+    pub fn has_completions(&mut self) -> bool {
+        !self.ring.completion().is_empty()
     }
 
     /// Moves available completions into `out` (cleared first), releasing finished slots.

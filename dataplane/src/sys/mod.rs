@@ -6,6 +6,7 @@
 
 #![allow(non_camel_case_types)]
 
+pub mod nvme;
 pub mod os;
 
 /// `_IOC` direction bits.
@@ -60,6 +61,19 @@ pub const UBLK_IO_RES_NEED_GET_DATA: i32 = 1;
 pub const UBLK_IO_RES_ABORT: i32 = -libc::ENODEV;
 pub const UBLKSRV_CMD_BUF_OFFSET: i64 = 0;
 pub const UBLKSRV_IO_BUF_OFFSET: i64 = 0x8000_0000;
+/// User-copy offsets: `UBLKSRV_IO_BUF_OFFSET + (q_id << UBLK_QID_OFF) + (tag << UBLK_TAG_OFF)`.
+pub const UBLK_TAG_OFF: u32 = 25;
+pub const UBLK_QID_OFF: u32 = 41;
+
+/// The `sqe->addr` word of `struct ublk_auto_buf_reg { index, flags, reserved }`.
+pub const fn auto_buf_reg(index: u16, flags: u8) -> u64 {
+    index as u64 | (flags as u64) << 16
+}
+
+/// Offset on `/dev/ublkcN` of tag `tag`'s request data in queue `q_id` (UBLK_F_USER_COPY).
+pub const fn user_copy_offset(q_id: u16, tag: u16) -> u64 {
+    UBLKSRV_IO_BUF_OFFSET as u64 + ((q_id as u64) << UBLK_QID_OFF) + ((tag as u64) << UBLK_TAG_OFF)
+}
 pub const UBLK_MAX_QUEUE_DEPTH: u16 = 4096;
 pub const UBLK_MAX_NR_QUEUES: u16 = 1 << 12;
 
