@@ -76,6 +76,7 @@ pub struct QueueStats {
     protocol_errors: AtomicU64,
     last_protocol_errno: AtomicU64,
     zero_copy_fallbacks: AtomicU64,
+    copy_buffer_bytes: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling (owning) thread writes.
@@ -164,6 +165,11 @@ impl QueueStats {
         bump(&self.zero_copy_fallbacks, 1);
     }
 
+    /// The queue allocated `bytes` of per-tag copy buffers.
+    pub fn copy_buffers(&self, bytes: u64) {
+        self.copy_buffer_bytes.store(bytes, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Ordering::Relaxed)).collect();
         let (latency_buckets, latency_sum_ns) = self.latency.load();
@@ -180,6 +186,7 @@ impl QueueStats {
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             last_protocol_errno: self.last_protocol_errno.load(Ordering::Relaxed),
             zero_copy_fallbacks: self.zero_copy_fallbacks.load(Ordering::Relaxed),
+            copy_buffer_bytes: self.copy_buffer_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -203,6 +210,8 @@ pub struct StatsSnapshot {
     pub last_protocol_errno: u64,
     /// Zero-copy requests served by copy because the kernel could not register their pages.
     pub zero_copy_fallbacks: u64,
+    /// Memory held in per-tag copy buffers (none with zero copy, until a fallback needs them).
+    pub copy_buffer_bytes: u64,
 }
 
 impl StatsSnapshot {
@@ -227,6 +236,7 @@ impl StatsSnapshot {
         self.protocol_errors += other.protocol_errors;
         self.last_protocol_errno = self.last_protocol_errno.max(other.last_protocol_errno);
         self.zero_copy_fallbacks += other.zero_copy_fallbacks;
+        self.copy_buffer_bytes += other.copy_buffer_bytes;
     }
 
     pub fn ops_of(&self, op: OpKind) -> u64 {

@@ -479,6 +479,7 @@ impl Worker {
             let ring = rings.get(q.setup.placement.backend_on_poll());
             q.buf_index = Some(ring.register_fixed(&bufs)?);
         }
+        q.setup.stats.copy_buffers(bufs.len() as u64);
         q.bufs = Some(bufs);
         Ok(())
     }

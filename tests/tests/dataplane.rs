@@ -9,26 +9,38 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
 use ublkd_dataplane::{
-    BackendSpec, DataplaneError, DeviceSpec, ErrorKind, IoPath, OpKind, SpecError,
+    BackendSpec, DataplaneError, DeviceSpec, ErrorKind, IoPath, OpKind, SpecError, Toggle,
 };
 use ublkd_tests::guest::{self, PATHS};
 
 const MIB: u64 = 1 << 20;
 
 /// fio write+verify with random 4k-128k I/O over the whole device, then the last sector by hand,
-/// then I/O past the end.
-fn verify_backend(backend: impl Fn(&Path) -> Result<BackendSpec>, verifies: bool) -> Result<()> {
+/// then I/O past the end; on each path, in each zero-copy mode of `zero_copy`.
+fn verify_backend(
+    backend: impl Fn(&Path) -> Result<BackendSpec>,
+    verifies: bool,
+    zero_copy: &[Toggle],
+) -> Result<()> {
     let dir = guest::scratch("verify")?;
     let dp = guest::dataplane()?;
-    for path in PATHS {
+    let modes = PATHS
+        .into_iter()
+        .flat_map(|p| zero_copy.iter().map(move |&z| (p, z)));
+    for (path, zc) in modes {
         let size = 64 * MIB;
-        let info = dp.add_device(guest::spec(backend(&dir)?, size, path))?;
+        let info = dp.add_device(DeviceSpec {
+            zero_copy: zc,
+            ..guest::spec(backend(&dir)?, size, path)
+        })?;
         assert_eq!(info.io_path, path);
+        assert_eq!(info.zero_copy, zc == Toggle::On, "zero copy as asked");
         let dev = &info.block_device;
         println!(
-            "{} on {:?}: {}",
+            "{} on {:?}, zero copy {}: {}",
             info.spec.backend.kind(),
             path,
+            info.zero_copy,
             dev.display()
         );
         let mut args = vec![
@@ -55,9 +67,16 @@ fn verify_backend(backend: impl Fn(&Path) -> Result<BackendSpec>, verifies: bool
             .custom_flags(libc::O_DIRECT)
             .open(dev)?;
         let mut back = AlignedBlock::new();
+        back.as_mut().fill(0xa5);
         direct.read_exact_at(back.as_mut(), last)?;
         if verifies {
             assert_eq!(back.as_mut(), &pattern[..], "last block reads back");
+        } else if info.zero_copy {
+            // The request's pages are the reader's own buffer, which null never touches.
+            assert!(
+                back.as_mut().iter().all(|&b| b == 0xa5),
+                "null with zero copy touches no data"
+            );
         } else {
             assert!(back.as_mut().iter().all(|&b| b == 0), "null reads zeros");
         }
@@ -73,8 +92,59 @@ fn verify_backend(backend: impl Fn(&Path) -> Result<BackendSpec>, verifies: bool
         assert!(stats.total.bytes_of(OpKind::Write) >= 48 * MIB);
         assert_eq!(stats.total.errors, 0, "no backend errors: {stats:?}");
         assert!(stats.total.batch_sum > 0);
+        assert_eq!(stats.total.zero_copy_fallbacks, 0);
+        if info.zero_copy {
+            assert_eq!(
+                stats.total.copy_buffer_bytes, 0,
+                "zero copy allocates no copy buffers"
+            );
+        } else {
+            assert!(stats.total.copy_buffer_bytes > 0);
+        }
         dp.delete_device(info.dev_id)?;
         guest::wait_gone(dev, Duration::from_secs(5))?;
+    }
+    dp.shutdown()?;
+    Ok(())
+}
+
+/// Every registration fails (the kernel gets a buffer slot it cannot use): each request is
+/// delivered with UBLK_IO_F_NEED_REG_BUF and must still be served, by copy.
+#[test]
+fn zero_copy_fallback_serves_requests_by_copy() -> Result<()> {
+    let dir = guest::scratch("fallback")?;
+    let dp = guest::dataplane()?;
+    for (i, path) in PATHS.into_iter().enumerate() {
+        let size = 32 * MIB;
+        let backing = guest::backing_file(&dir, &format!("fb{i}.img"), size)?;
+        let info = dp.add_device(DeviceSpec {
+            zero_copy: Toggle::On,
+            force_copy_fallback: true,
+            ..guest::spec(BackendSpec::File { path: backing }, size, path)
+        })?;
+        assert!(info.zero_copy);
+        guest::fio(
+            &info.block_device,
+            &[
+                "--rw=randwrite",
+                "--bsrange=4k-128k",
+                "--iodepth=16",
+                "--size=100%",
+                "--io_size=24m",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+            ],
+        )?;
+        let stats = dp.stats(info.dev_id)?;
+        println!("fallback on {path:?}: {} requests", stats.total.zero_copy_fallbacks);
+        assert_eq!(stats.total.errors, 0, "{stats:?}");
+        assert!(
+            stats.total.zero_copy_fallbacks >= stats.total.ops_of(OpKind::Write),
+            "every data request took the fallback: {stats:?}"
+        );
+        assert!(stats.total.copy_buffer_bytes > 0, "copy buffers made on demand");
+        dp.delete_device(info.dev_id)?;
     }
     dp.shutdown()?;
     Ok(())
@@ -94,12 +164,12 @@ impl AlignedBlock {
 
 #[test]
 fn null_backend_serves_both_paths() -> Result<()> {
-    verify_backend(|_| Ok(BackendSpec::Null), false)
+    verify_backend(|_| Ok(BackendSpec::Null), false, &[Toggle::On, Toggle::Off])
 }
 
 #[test]
 fn ram_backend_verifies_on_both_paths() -> Result<()> {
-    verify_backend(|_| Ok(BackendSpec::Ram { path: None }), true)
+    verify_backend(|_| Ok(BackendSpec::Ram { path: None }), true, &[Toggle::Off])
 }
 
 #[test]
@@ -111,6 +181,7 @@ fn file_backend_verifies_on_both_paths() -> Result<()> {
             })
         },
         true,
+        &[Toggle::On, Toggle::Off],
     )
 }
 

@@ -140,7 +140,7 @@ impl Vm {
             ))
             .arg("-drive")
             .arg(format!(
-                "file={},if=none,id=nvm,format=raw,cache=none,aio=io_uring",
+                "file={},if=none,id=nvm,format=raw,cache=none,aio=io_uring,discard=unmap",
                 image.display()
             ))
             .args([

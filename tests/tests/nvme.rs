@@ -1,0 +1,363 @@
+//! The NVMe backend against the guest's emulated NVMe controller (`/dev/ng0n1`, with poll
+//! queues): a whole namespace and windows of it on every I/O path, with and without zero copy,
+//! polled and interrupt-driven, on one shared IOPOLL ring (Linux >= 7.1) and on the older
+//! kernels' split rings; commands reaching the namespace, checked by reading it directly;
+//! device errors reaching the client.
+#![cfg(feature = "vm")]
+
+use anyhow::{ensure, Context, Result};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use ublkd_dataplane::{
+    BackendSpec, Config, DataplaneError, DeviceSpec, ErrorKind, Handle, IoPath, OpKind, Toggle,
+    Window,
+};
+use ublkd_tests::guest::{self, PATHS};
+
+const NG: &str = "/dev/ng0n1";
+const BLK: &str = "/dev/nvme0n1";
+const MIB: u64 = 1 << 20;
+
+fn dataplane(iopoll_shared: Option<bool>) -> Result<Handle> {
+    Ok(Handle::start(Config {
+        cpus: vec![0, 1],
+        iopoll_shared,
+        ..Config::default()
+    })?)
+}
+
+fn window(offset: u64, len: u64) -> BackendSpec {
+    BackendSpec::Nvme {
+        path: PathBuf::from(NG),
+        window: Some(Window { offset, len }),
+        unchecked: false,
+    }
+}
+
+fn namespace_bytes() -> Result<u64> {
+    Ok(ublkd_tests::read_trimmed("/sys/block/nvme0n1/size")?.parse::<u64>()? * 512)
+}
+
+/// `len` bytes of `path` at `offset`, read with O_DIRECT (past any page cache).
+fn read_direct(path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let out = guest::scratch("direct")?.join("read");
+    guest::sh(&format!(
+        "dd if={path} of={o} bs=1M skip={s} count={c} iflag=direct,skip_bytes,count_bytes status=none",
+        o = out.display(),
+        s = offset,
+        c = len
+    ))?;
+    Ok(std::fs::read(out)?)
+}
+
+/// Writes `byte` over `len` bytes of `path` at `offset` with O_DIRECT.
+fn fill_direct(path: &str, offset: u64, len: u64, byte: u8) -> Result<()> {
+    guest::sh(&format!(
+        "head -c {len} /dev/zero | tr '\\000' '\\{byte:03o}' | \
+         dd of={path} bs=1M seek={offset} oflag=direct,seek_bytes iflag=fullblock status=none"
+    ))?;
+    Ok(())
+}
+
+fn all(buf: &[u8], byte: u8) -> bool {
+    buf.iter().all(|&b| b == byte)
+}
+
+fn fio_verify(dev: &Path, io_size: &str) -> Result<()> {
+    let io = format!("--io_size={io_size}");
+    guest::fio(
+        dev,
+        &[
+            "--rw=randwrite",
+            "--bsrange=4k-128k",
+            "--iodepth=16",
+            "--size=100%",
+            io.as_str(),
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ],
+    )?;
+    Ok(())
+}
+
+/// fio write+verify on a whole-namespace volume in every mode: both I/O paths, zero copy on and
+/// off, polled and interrupt-driven; then polled on the split rings of older kernels.
+#[test]
+fn whole_namespace_verifies_in_every_mode() -> Result<()> {
+    let ns = namespace_bytes()?;
+    let whole = BackendSpec::Nvme {
+        path: PathBuf::from(NG),
+        window: None,
+        unchecked: false,
+    };
+    let run = |dp: &Handle, path: IoPath, zc: Toggle, poll: Toggle| -> Result<(bool, bool)> {
+        let info = dp.add_device(DeviceSpec {
+            zero_copy: zc,
+            poll,
+            ..guest::spec(whole.clone(), ns, path)
+        })?;
+        println!(
+            "nvme {path:?} zero_copy={} polled={}: {}",
+            info.zero_copy,
+            info.polled,
+            info.block_device.display()
+        );
+        fio_verify(&info.block_device, "16m")?;
+        let stats = dp.stats(info.dev_id)?;
+        ensure!(stats.total.errors == 0, "no errors: {stats:?}");
+        ensure!(stats.total.ops_of(OpKind::Write) > 0);
+        ensure!(stats.total.zero_copy_fallbacks == 0);
+        if info.zero_copy {
+            ensure!(stats.total.copy_buffer_bytes == 0, "zero copy copies nothing");
+        }
+        dp.delete_device(info.dev_id)?;
+        Ok((info.zero_copy, info.polled))
+    };
+    let dp = dataplane(None)?;
+    ensure!(dp.iopoll_shared(), "Linux 7.3 lets ublk commands share an IOPOLL ring");
+    for path in PATHS {
+        for (zc, poll) in [
+            (Toggle::On, Toggle::On),
+            (Toggle::Off, Toggle::On),
+            (Toggle::On, Toggle::Off),
+            (Toggle::Off, Toggle::Off),
+        ] {
+            let got = run(&dp, path, zc, poll)?;
+            assert_eq!(got, (zc == Toggle::On, poll == Toggle::On));
+        }
+    }
+    // Defaults on this kernel: both on.
+    assert_eq!(run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?, (true, true));
+    dp.shutdown()?;
+
+    // Older kernels: polling needs a second ring and copies; asking for both fails.
+    let dp = dataplane(Some(false))?;
+    for path in PATHS {
+        assert_eq!(run(&dp, path, Toggle::Auto, Toggle::On)?, (false, true));
+    }
+    assert_eq!(run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?, (true, false));
+    let both = dp.add_device(DeviceSpec {
+        zero_copy: Toggle::On,
+        poll: Toggle::On,
+        ..guest::spec(whole.clone(), ns, IoPath::Auto)
+    });
+    assert!(
+        matches!(&both, Err(e) if e.kind() == ErrorKind::FailedPrecondition),
+        "{both:?}"
+    );
+    dp.shutdown()?;
+    Ok(())
+}
+
+/// Two adjacent windows of one namespace: each volume's data lands inside its window and
+/// nowhere else (read back from the namespace itself); overlapping and bad windows are refused.
+#[test]
+fn windows_keep_their_data_apart() -> Result<()> {
+    let ns = namespace_bytes()?;
+    let (a, b, len) = (16 * MIB, 48 * MIB, 32 * MIB);
+    // Guards just outside both windows.
+    fill_direct(BLK, a - 4 * MIB, 4 * MIB, 0xcc)?;
+    fill_direct(BLK, b + len, 4 * MIB, 0xcc)?;
+    let dp = dataplane(None)?;
+    let va = dp.add_device(guest::spec(window(a, len), len, IoPath::Batch))?;
+    let vb = dp.add_device(guest::spec(window(b, len), len, IoPath::PerIo))?;
+    for v in [&va, &vb] {
+        fio_verify(&v.block_device, "16m")?;
+    }
+    let dev = |v: &ublkd_dataplane::DeviceInfo| v.block_device.display().to_string();
+    fill_direct(&dev(&va), 0, len, 0xa1)?;
+    fill_direct(&dev(&vb), 0, len, 0xb2)?;
+    ensure!(all(&read_direct(BLK, a - 4 * MIB, 4 * MIB)?, 0xcc), "guard before A intact");
+    ensure!(all(&read_direct(BLK, a, len)?, 0xa1), "window A holds A's data");
+    ensure!(all(&read_direct(BLK, b, len)?, 0xb2), "window B holds B's data");
+    ensure!(all(&read_direct(BLK, b + len, 4 * MIB)?, 0xcc), "guard after B intact");
+    ensure!(all(&read_direct(&dev(&va), 0, len)?, 0xa1));
+    ensure!(all(&read_direct(&dev(&vb), 0, len)?, 0xb2));
+
+    let refused = |backend: BackendSpec, size: u64| -> Result<ErrorKind> {
+        match dp.add_device(guest::spec(backend, size, IoPath::Auto)) {
+            Ok(info) => {
+                dp.delete_device(info.dev_id)?;
+                anyhow::bail!("accepted")
+            }
+            Err(e) => {
+                println!("refused: {}", chain(&e));
+                Ok(e.kind())
+            }
+        }
+    };
+    let nvme = |path: &str| BackendSpec::Nvme {
+        path: path.into(),
+        window: None,
+        unchecked: false,
+    };
+    assert_eq!(
+        refused(window(40 * MIB, 16 * MIB), 16 * MIB)?,
+        ErrorKind::FailedPrecondition,
+        "overlaps both windows"
+    );
+    assert_eq!(refused(nvme(NG), 16 * MIB)?, ErrorKind::FailedPrecondition);
+    assert_eq!(
+        refused(window(ns - 4 * MIB, 8 * MIB), 8 * MIB)?,
+        ErrorKind::InvalidArgument,
+        "past the end"
+    );
+    assert_eq!(
+        refused(window(512 * MIB + 100, 8 * MIB), 4 * MIB)?,
+        ErrorKind::InvalidArgument,
+        "unaligned"
+    );
+    assert_eq!(
+        refused(window(512 * MIB, 8 * MIB), 16 * MIB)?,
+        ErrorKind::InvalidArgument,
+        "volume larger than its window"
+    );
+    assert_eq!(refused(nvme("/dev/null"), MIB)?, ErrorKind::InvalidArgument);
+    assert_eq!(refused(nvme(BLK), MIB)?, ErrorKind::InvalidArgument, "block dev");
+    assert_eq!(refused(nvme("/dev/ng7n7"), MIB)?, ErrorKind::NotFound);
+
+    // A window freed by a delete can be used again.
+    dp.delete_device(va.dev_id)?;
+    let again = dp.add_device(guest::spec(window(40 * MIB, 8 * MIB), 8 * MIB, IoPath::Auto))?;
+    dp.delete_device(again.dev_id)?;
+    dp.delete_device(vb.dev_id)?;
+    dp.shutdown()?;
+    Ok(())
+}
+
+/// Flush (fsync), FUA (O_DSYNC), discard and write-zeroes on a volume reach the namespace.
+#[test]
+fn flush_fua_discard_and_write_zeroes_reach_the_namespace() -> Result<()> {
+    let base = 128 * MIB;
+    let len = 16 * MIB;
+    let dir = guest::scratch("nvme-cmds")?;
+    let cache = ublkd_tests::read_trimmed("/sys/block/nvme0n1/queue/write_cache")?;
+    for poll in [Toggle::On, Toggle::Off] {
+        let dp = dataplane(None)?;
+        let info = dp.add_device(DeviceSpec {
+            poll,
+            ..guest::spec(window(base, len), len, IoPath::Auto)
+        })?;
+        let dev = info.block_device.display().to_string();
+        guest::sh(&format!(
+            "head -c 4194304 /dev/urandom > {d}/pattern && \
+             dd if={d}/pattern of={dev} bs=1M count=3 conv=fsync status=none && \
+             dd if={d}/pattern of={dev} bs=1M skip=3 seek=3 count=1 oflag=direct,dsync status=none",
+            d = dir.display()
+        ))?;
+        let want = std::fs::read(dir.join("pattern"))?;
+        ensure!(read_direct(BLK, base, 4 * MIB)? == want, "data written with fsync and FUA");
+        let stats = dp.stats(info.dev_id)?;
+        if cache == "write back" {
+            ensure!(stats.total.ops_of(OpKind::Flush) > 0, "fsync sent a flush");
+        }
+        // Write zeroes over MiB 1, discard MiB 2.
+        guest::sh(&format!("blkdiscard -z -o {MIB} -l {MIB} {dev}"))?;
+        ensure!(all(&read_direct(BLK, base + MIB, MIB)?, 0), "zeroed on the namespace");
+        guest::sh(&format!("blkdiscard -o {} -l {MIB} {dev}", 2 * MIB))?;
+        ensure!(all(&read_direct(BLK, base + 2 * MIB, MIB)?, 0), "deallocated reads zeros");
+        ensure!(read_direct(BLK, base, MIB)? == want[..MIB as usize], "MiB 0 untouched");
+        ensure!(
+            read_direct(BLK, base + 3 * MIB, MIB)? == want[3 * MIB as usize..],
+            "MiB 3 untouched"
+        );
+        let stats = dp.stats(info.dev_id)?;
+        println!("polled={} ops {:?}", info.polled, stats.total.ops);
+        ensure!(stats.total.ops_of(OpKind::WriteZeroes) > 0, "write zeroes sent");
+        ensure!(stats.total.ops_of(OpKind::Discard) > 0, "discard sent");
+        ensure!(stats.total.errors == 0, "{stats:?}");
+        dp.delete_device(info.dev_id)?;
+        dp.shutdown()?;
+    }
+    Ok(())
+}
+
+/// A volume whose window runs past the namespace (test hook): I/O beyond the namespace fails
+/// in the device (LBA out of range), reaches the client as EIO, and the queue keeps serving.
+#[test]
+fn nvme_errors_reach_the_client_as_eio() -> Result<()> {
+    let ns = namespace_bytes()?;
+    let dp = dataplane(None)?;
+    for (zc, poll) in [(Toggle::On, Toggle::On), (Toggle::Off, Toggle::Off)] {
+        for path in PATHS {
+            let info = dp.add_device(DeviceSpec {
+                zero_copy: zc,
+                poll,
+                ..guest::spec(
+                    BackendSpec::Nvme {
+                        path: PathBuf::from(NG),
+                        window: Some(Window {
+                            offset: ns - 4 * MIB,
+                            len: 8 * MIB,
+                        }),
+                        unchecked: true,
+                    },
+                    8 * MIB,
+                    path,
+                )
+            })?;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags_direct()
+                .open(&info.block_device)
+                .context("open volume")?;
+            let buf = Aligned::new(4096);
+            f.write_all_at(buf.bytes(), 0).context("inside the namespace")?;
+            let err = f
+                .write_all_at(buf.bytes(), 6 * MIB)
+                .expect_err("beyond the namespace must fail");
+            assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+            let mut back = Aligned::new(4096);
+            f.read_exact_at(back.bytes_mut(), 0)
+                .context("the queue keeps serving")?;
+            let stats = dp.stats(info.dev_id)?;
+            assert!(stats.total.errors > 0);
+            assert_eq!(stats.total.protocol_errors, 0);
+            drop(f);
+            dp.delete_device(info.dev_id)?;
+        }
+    }
+    dp.shutdown()?;
+    Ok(())
+}
+
+fn chain(e: &DataplaneError) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        s.push_str(&format!(": {c}"));
+        src = c.source();
+    }
+    s
+}
+
+/// O_DIRECT for `OpenOptions`.
+trait DirectExt {
+    fn custom_flags_direct(&mut self) -> &mut Self;
+}
+
+impl DirectExt for OpenOptions {
+    fn custom_flags_direct(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::custom_flags(self, libc::O_DIRECT)
+    }
+}
+
+/// A 4096-aligned buffer for O_DIRECT.
+struct Aligned(Vec<u8>, usize, usize);
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let v = vec![0x5au8; len + 4096];
+        let off = (4096 - (v.as_ptr() as usize % 4096)) % 4096;
+        Self(v, off, len)
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.0[self.1..self.1 + self.2]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0[self.1..self.1 + self.2]
+    }
+}
