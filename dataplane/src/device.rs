@@ -314,7 +314,11 @@ mod tests {
         );
         let zc = spec().wanted_flags(Features(u64::MAX), IoPath::Batch, true);
         assert_ne!(zc & sys::UBLK_F_AUTO_BUF_REG, 0);
-        assert_ne!(zc & sys::UBLK_F_USER_COPY, 0, "fallback served by user copy");
+        assert_ne!(
+            zc & sys::UBLK_F_USER_COPY,
+            0,
+            "fallback served by user copy"
+        );
     }
 
     #[test]
@@ -333,7 +337,10 @@ mod tests {
         assert_eq!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
         assert_eq!(p.basic.virt_boundary_mask, 4095);
         assert_eq!(Toggle::Auto.resolve(Err("x")), Ok(false));
-        assert_eq!(Toggle::On.resolve(Err("x")), Err(SpecError::Unsupported("x")));
+        assert_eq!(
+            Toggle::On.resolve(Err("x")),
+            Err(SpecError::Unsupported("x"))
+        );
         assert_eq!(Toggle::Off.resolve(Ok(())), Ok(false));
     }
 }

@@ -894,8 +894,8 @@ impl Control {
         wanted: u64,
     ) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
-        let essential = wanted
-            & (sys::UBLK_F_BATCH_IO | sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_AUTO_BUF_REG);
+        let essential =
+            wanted & (sys::UBLK_F_BATCH_IO | sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_AUTO_BUF_REG);
         if granted.flags & essential != essential
             || granted.nr_hw_queues != device.info.spec.queues
             || granted.queue_depth != device.info.spec.queue_depth

@@ -188,7 +188,10 @@ impl Queue {
 
     /// The kernel buffer slot of `tag` (zero copy).
     fn zc_slot(&self, tag: u16) -> u16 {
-        self.zc_slots.get(usize::from(tag)).copied().unwrap_or(NO_SLOT)
+        self.zc_slots
+            .get(usize::from(tag))
+            .copied()
+            .unwrap_or(NO_SLOT)
     }
 
     /// The AUTO_BUF_REG word for `tag`'s next request (zero copy), else None.
@@ -485,7 +488,12 @@ impl Worker {
     }
 
     fn release_slots(&mut self, q: &Queue) {
-        let slots: Vec<u16> = q.zc_slots.iter().copied().filter(|&s| s != NO_SLOT).collect();
+        let slots: Vec<u16> = q
+            .zc_slots
+            .iter()
+            .copied()
+            .filter(|&s| s != NO_SLOT)
+            .collect();
         self.rings
             .get(q.setup.placement.ublk_on_poll())
             .release_kernel_slots(&slots);

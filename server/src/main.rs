@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio::sync::watch;
-use ublkd_dataplane::{BackendSpec, DeviceSpec, Handle, IoPath};
+use ublkd_dataplane::{BackendSpec, DeviceSpec, Handle, IoPath, Toggle};
 use ublkd_proto::v1::{
     node_service_server::NodeServiceServer, volume_service_server::VolumeServiceServer,
 };
@@ -77,7 +77,7 @@ enum Cmd {
 struct RunArgs {
     #[arg(long)]
     size: String,
-    /// null, ram or file:PATH.
+    /// null, ram, file:PATH or nvme:/dev/ngXnY (the whole namespace).
     #[arg(long, default_value = "null")]
     backend: String,
     #[arg(long, default_value_t = 1)]
@@ -89,8 +89,23 @@ struct RunArgs {
     /// auto, batch or per-io.
     #[arg(long, default_value = "auto")]
     io_path: String,
+    /// Zero copy: auto, on or off.
+    #[arg(long, default_value = "auto")]
+    zero_copy: String,
+    /// Poll for NVMe completions: auto, on or off.
+    #[arg(long, default_value = "auto")]
+    poll: String,
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+}
+
+fn parse_toggle(flag: &str, v: &str) -> anyhow::Result<Toggle> {
+    Ok(match v {
+        "auto" => Toggle::Auto,
+        "on" => Toggle::On,
+        "off" => Toggle::Off,
+        other => bail!("unknown {flag} {other:?}: expected auto, on or off"),
+    })
 }
 
 fn main() -> ExitCode {
@@ -150,9 +165,14 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
     let backend = match args.backend.as_str() {
         "null" => BackendSpec::Null,
         "ram" => BackendSpec::Ram { path: None },
-        other => match other.strip_prefix("file:") {
-            Some(p) if !p.is_empty() => BackendSpec::File { path: p.into() },
-            _ => bail!("unknown backend {other:?}: expected null, ram or file:PATH"),
+        other => match (other.strip_prefix("file:"), other.strip_prefix("nvme:")) {
+            (Some(p), _) if !p.is_empty() => BackendSpec::File { path: p.into() },
+            (_, Some(p)) if !p.is_empty() => BackendSpec::Nvme {
+                path: p.into(),
+                window: None,
+                unchecked: false,
+            },
+            _ => bail!("unknown backend {other:?}: expected null, ram, file:PATH or nvme:PATH"),
         },
     };
     let io_path = match args.io_path.as_str() {
@@ -168,6 +188,8 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
         queue_depth: args.depth,
         block_size: args.block_size,
         io_path,
+        zero_copy: parse_toggle("--zero-copy", &args.zero_copy)?,
+        poll: parse_toggle("--poll", &args.poll)?,
         ..DeviceSpec::default()
     };
     let rt = runtime()?;
@@ -181,9 +203,12 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
     let info = handle.add_device(spec).context("creating the volume")?;
     println!("READY {}", info.block_device.display());
     eprintln!(
-        "ublkd: serving {} ({} path, {} queue(s), {} worker(s)); SIGINT/SIGTERM to stop",
+        "ublkd: serving {} ({} path, zero copy {}, polled {}, {} queue(s), {} worker(s)); \
+         SIGINT/SIGTERM to stop",
         info.block_device.display(),
         info.io_path.name(),
+        info.zero_copy,
+        info.polled,
         info.spec.queues,
         handle.worker_count()
     );

@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 pub enum BackendRecord {
     Null,
     Ram,
-    File { path: PathBuf, create: bool },
+    File {
+        path: PathBuf,
+        create: bool,
+    },
     /// An NVMe namespace char device; `length` 0 means to the end of the namespace.
     Nvme {
         device: PathBuf,

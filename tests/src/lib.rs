@@ -40,9 +40,25 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 /// Runs fio with `args` plus JSON output and returns the parsed report.
 pub fn fio_json(args: &[&str]) -> Result<serde_json::Value> {
     let out = run(Command::new("fio").args(args).arg("--output-format=json"))?;
-    // fio may print notes before the JSON document.
+    let (report, rest) = split_fio_json(&out)?;
+    anyhow::ensure!(
+        !rest.contains("verify") && !rest.contains("error"),
+        "fio printed after its report: {rest}"
+    );
+    Ok(report)
+}
+
+/// fio's JSON report from its output, and what it printed after it: fio may print notes before
+/// the document and, when interrupted, lines after it.
+pub fn split_fio_json(out: &str) -> Result<(serde_json::Value, String)> {
     let start = out.find('{').context("fio printed no JSON")?;
-    serde_json::from_str(&out[start..]).context("parsing fio's JSON")
+    let mut stream = serde_json::Deserializer::from_str(&out[start..]).into_iter();
+    let report = stream
+        .next()
+        .context("fio printed no JSON")?
+        .context("parsing fio's JSON")?;
+    let rest = out[start + stream.byte_offset()..].trim().to_owned();
+    Ok((report, rest))
 }
 
 /// Total bytes read plus written over all jobs of a fio JSON report.

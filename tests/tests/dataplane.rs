@@ -137,13 +137,19 @@ fn zero_copy_fallback_serves_requests_by_copy() -> Result<()> {
             ],
         )?;
         let stats = dp.stats(info.dev_id)?;
-        println!("fallback on {path:?}: {} requests", stats.total.zero_copy_fallbacks);
+        println!(
+            "fallback on {path:?}: {} requests",
+            stats.total.zero_copy_fallbacks
+        );
         assert_eq!(stats.total.errors, 0, "{stats:?}");
         assert!(
             stats.total.zero_copy_fallbacks >= stats.total.ops_of(OpKind::Write),
             "every data request took the fallback: {stats:?}"
         );
-        assert!(stats.total.copy_buffer_bytes > 0, "copy buffers made on demand");
+        assert!(
+            stats.total.copy_buffer_bytes > 0,
+            "copy buffers made on demand"
+        );
         dp.delete_device(info.dev_id)?;
     }
     dp.shutdown()?;
@@ -169,7 +175,11 @@ fn null_backend_serves_both_paths() -> Result<()> {
 
 #[test]
 fn ram_backend_verifies_on_both_paths() -> Result<()> {
-    verify_backend(|_| Ok(BackendSpec::Ram { path: None }), true, &[Toggle::Off])
+    verify_backend(
+        |_| Ok(BackendSpec::Ram { path: None }),
+        true,
+        &[Toggle::Off],
+    )
 }
 
 #[test]

@@ -110,13 +110,19 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
         ensure!(stats.total.ops_of(OpKind::Write) > 0);
         ensure!(stats.total.zero_copy_fallbacks == 0);
         if info.zero_copy {
-            ensure!(stats.total.copy_buffer_bytes == 0, "zero copy copies nothing");
+            ensure!(
+                stats.total.copy_buffer_bytes == 0,
+                "zero copy copies nothing"
+            );
         }
         dp.delete_device(info.dev_id)?;
         Ok((info.zero_copy, info.polled))
     };
     let dp = dataplane(None)?;
-    ensure!(dp.iopoll_shared(), "Linux 7.3 lets ublk commands share an IOPOLL ring");
+    ensure!(
+        dp.iopoll_shared(),
+        "Linux 7.3 lets ublk commands share an IOPOLL ring"
+    );
     for path in PATHS {
         for (zc, poll) in [
             (Toggle::On, Toggle::On),
@@ -129,7 +135,10 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
         }
     }
     // Defaults on this kernel: both on.
-    assert_eq!(run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?, (true, true));
+    assert_eq!(
+        run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?,
+        (true, true)
+    );
     dp.shutdown()?;
 
     // Older kernels: polling needs a second ring and copies; asking for both fails.
@@ -137,7 +146,10 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
     for path in PATHS {
         assert_eq!(run(&dp, path, Toggle::Auto, Toggle::On)?, (false, true));
     }
-    assert_eq!(run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?, (true, false));
+    assert_eq!(
+        run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?,
+        (true, false)
+    );
     let both = dp.add_device(DeviceSpec {
         zero_copy: Toggle::On,
         poll: Toggle::On,
@@ -169,10 +181,22 @@ fn windows_keep_their_data_apart() -> Result<()> {
     let dev = |v: &ublkd_dataplane::DeviceInfo| v.block_device.display().to_string();
     fill_direct(&dev(&va), 0, len, 0xa1)?;
     fill_direct(&dev(&vb), 0, len, 0xb2)?;
-    ensure!(all(&read_direct(BLK, a - 4 * MIB, 4 * MIB)?, 0xcc), "guard before A intact");
-    ensure!(all(&read_direct(BLK, a, len)?, 0xa1), "window A holds A's data");
-    ensure!(all(&read_direct(BLK, b, len)?, 0xb2), "window B holds B's data");
-    ensure!(all(&read_direct(BLK, b + len, 4 * MIB)?, 0xcc), "guard after B intact");
+    ensure!(
+        all(&read_direct(BLK, a - 4 * MIB, 4 * MIB)?, 0xcc),
+        "guard before A intact"
+    );
+    ensure!(
+        all(&read_direct(BLK, a, len)?, 0xa1),
+        "window A holds A's data"
+    );
+    ensure!(
+        all(&read_direct(BLK, b, len)?, 0xb2),
+        "window B holds B's data"
+    );
+    ensure!(
+        all(&read_direct(BLK, b + len, 4 * MIB)?, 0xcc),
+        "guard after B intact"
+    );
     ensure!(all(&read_direct(&dev(&va), 0, len)?, 0xa1));
     ensure!(all(&read_direct(&dev(&vb), 0, len)?, 0xb2));
 
@@ -215,12 +239,20 @@ fn windows_keep_their_data_apart() -> Result<()> {
         "volume larger than its window"
     );
     assert_eq!(refused(nvme("/dev/null"), MIB)?, ErrorKind::InvalidArgument);
-    assert_eq!(refused(nvme(BLK), MIB)?, ErrorKind::InvalidArgument, "block dev");
+    assert_eq!(
+        refused(nvme(BLK), MIB)?,
+        ErrorKind::InvalidArgument,
+        "block dev"
+    );
     assert_eq!(refused(nvme("/dev/ng7n7"), MIB)?, ErrorKind::NotFound);
 
     // A window freed by a delete can be used again.
     dp.delete_device(va.dev_id)?;
-    let again = dp.add_device(guest::spec(window(40 * MIB, 8 * MIB), 8 * MIB, IoPath::Auto))?;
+    let again = dp.add_device(guest::spec(
+        window(40 * MIB, 8 * MIB),
+        8 * MIB,
+        IoPath::Auto,
+    ))?;
     dp.delete_device(again.dev_id)?;
     dp.delete_device(vb.dev_id)?;
     dp.shutdown()?;
@@ -248,24 +280,39 @@ fn flush_fua_discard_and_write_zeroes_reach_the_namespace() -> Result<()> {
             d = dir.display()
         ))?;
         let want = std::fs::read(dir.join("pattern"))?;
-        ensure!(read_direct(BLK, base, 4 * MIB)? == want, "data written with fsync and FUA");
+        ensure!(
+            read_direct(BLK, base, 4 * MIB)? == want,
+            "data written with fsync and FUA"
+        );
         let stats = dp.stats(info.dev_id)?;
         if cache == "write back" {
             ensure!(stats.total.ops_of(OpKind::Flush) > 0, "fsync sent a flush");
         }
         // Write zeroes over MiB 1, discard MiB 2.
         guest::sh(&format!("blkdiscard -z -o {MIB} -l {MIB} {dev}"))?;
-        ensure!(all(&read_direct(BLK, base + MIB, MIB)?, 0), "zeroed on the namespace");
+        ensure!(
+            all(&read_direct(BLK, base + MIB, MIB)?, 0),
+            "zeroed on the namespace"
+        );
         guest::sh(&format!("blkdiscard -o {} -l {MIB} {dev}", 2 * MIB))?;
-        ensure!(all(&read_direct(BLK, base + 2 * MIB, MIB)?, 0), "deallocated reads zeros");
-        ensure!(read_direct(BLK, base, MIB)? == want[..MIB as usize], "MiB 0 untouched");
+        ensure!(
+            all(&read_direct(BLK, base + 2 * MIB, MIB)?, 0),
+            "deallocated reads zeros"
+        );
+        ensure!(
+            read_direct(BLK, base, MIB)? == want[..MIB as usize],
+            "MiB 0 untouched"
+        );
         ensure!(
             read_direct(BLK, base + 3 * MIB, MIB)? == want[3 * MIB as usize..],
             "MiB 3 untouched"
         );
         let stats = dp.stats(info.dev_id)?;
         println!("polled={} ops {:?}", info.polled, stats.total.ops);
-        ensure!(stats.total.ops_of(OpKind::WriteZeroes) > 0, "write zeroes sent");
+        ensure!(
+            stats.total.ops_of(OpKind::WriteZeroes) > 0,
+            "write zeroes sent"
+        );
         ensure!(stats.total.ops_of(OpKind::Discard) > 0, "discard sent");
         ensure!(stats.total.errors == 0, "{stats:?}");
         dp.delete_device(info.dev_id)?;
@@ -305,7 +352,8 @@ fn nvme_errors_reach_the_client_as_eio() -> Result<()> {
                 .open(&info.block_device)
                 .context("open volume")?;
             let buf = Aligned::new(4096);
-            f.write_all_at(buf.bytes(), 0).context("inside the namespace")?;
+            f.write_all_at(buf.bytes(), 0)
+                .context("inside the namespace")?;
             let err = f
                 .write_all_at(buf.bytes(), 6 * MIB)
                 .expect_err("beyond the namespace must fail");

@@ -110,23 +110,34 @@ fn finish_fio(fio: Child) -> Result<serde_json::Value> {
         !stderr.contains("verify"),
         "fio reported a verify problem: {stderr}"
     );
-    let start = text.find('{').context("fio printed no JSON")?;
-    Ok(serde_json::from_str(&text[start..])?)
+    let (report, rest) = ublkd_tests::split_fio_json(&text)?;
+    if !rest.is_empty() {
+        println!("fio printed after its report: {rest}");
+    }
+    ensure!(
+        !rest.contains("verify") && !rest.contains("error"),
+        "fio reported a problem after its report: {rest}"
+    );
+    Ok(report)
 }
 
 /// Restarts ublkd `CYCLES` times under fio (by kill -9, or SIGTERM with devices kept), then
 /// checks fio saw no error and no verify failure, and the file system is clean.
-async fn torture(name: &str, port: u16, file: bool, graceful: bool) -> Result<()> {
+async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()> {
     let dir = guest::scratch(name)?;
     let mut d = Daemon::new(&dir, port, "")?;
     if graceful {
         d.env.push(("UBLKD_ON_EXIT".into(), "keep".into()));
     }
     d.start().await?;
-    let backend = if file {
-        file_backend(&d.root.join("t.img"))
-    } else {
-        Backend::Ram(v1::RamBackend {})
+    let backend = match kind {
+        Kind::File => file_backend(&d.root.join("t.img")),
+        Kind::Ram => Backend::Ram(v1::RamBackend {}),
+        Kind::Nvme => Backend::Nvme(v1::NvmeBackend {
+            device: "/dev/ng0n1".into(),
+            offset_bytes: 512 * MIB,
+            length_bytes: 128 * MIB,
+        }),
     };
     let vol = d
         .volumes()
@@ -250,17 +261,31 @@ async fn torture_cycles(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_fio_on_ext4_on_a_file_volume_loses_nothing() -> Result<()> {
-    torture("tfile", 19591, true, false).await
+    torture("tfile", 19591, Kind::File, false).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_fio_on_ext4_on_a_ram_volume_loses_nothing() -> Result<()> {
-    torture("tram", 19592, false, false).await
+    torture("tram", 19592, Kind::Ram, false).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_restarts_keep_devices_and_lose_nothing() -> Result<()> {
-    torture("tgrace", 19593, false, true).await
+    torture("tgrace", 19593, Kind::Ram, true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_fio_on_ext4_on_an_nvme_volume_loses_nothing() -> Result<()> {
+    torture("tnvme", 19595, Kind::Nvme, false).await
+}
+
+/// The backend a torture test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Ram,
+    /// A window of the guest's NVMe namespace, polled, zero copy.
+    Nvme,
 }
 
 /// Registry and kernel agree: every registered volume is READY on a device this daemon serves

@@ -322,13 +322,7 @@ impl Backend for NvmeBackend {
             OpKind::WriteZeroes
                 if self.has(nvme::ONCS_WRITE_ZEROES) && blocks <= u64::from(nvme::MAX_NLB) =>
             {
-                let cmd = NvmeCmd::rw(
-                    nvme::OPC_WRITE_ZEROES,
-                    nsid,
-                    slba,
-                    blocks as u32,
-                    req.fua,
-                );
+                let cmd = NvmeCmd::rw(nvme::OPC_WRITE_ZEROES, nsid, slba, blocks as u32, req.fua);
                 (cmd, NvmeData::None)
             }
             _ => return Started::Done(-libc::EOPNOTSUPP),

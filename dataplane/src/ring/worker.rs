@@ -143,7 +143,10 @@ pub enum NvmeData<'a> {
     /// Part of registered user buffer `index` (copy mode).
     Fixed(&'a Arc<Mapping>, Region, u16),
     /// Request pages registered by the kernel at slot `index` (zero copy), from offset 0.
-    Kernel { index: u16, len: u32 },
+    Kernel {
+        index: u16,
+        len: u32,
+    },
 }
 
 /// What a fixed-buffer slot of the ring holds.

@@ -237,7 +237,11 @@ mod tests {
         assert_eq!(&b[36..40], &4096u32.to_ne_bytes());
         assert_eq!(&b[40..44], &2u32.to_ne_bytes(), "SLBA low");
         assert_eq!(&b[44..48], &1u32.to_ne_bytes(), "SLBA high");
-        assert_eq!(&b[48..52], &(7 | CDW12_FUA).to_ne_bytes(), "0-based NLB + FUA");
+        assert_eq!(
+            &b[48..52],
+            &(7 | CDW12_FUA).to_ne_bytes(),
+            "0-based NLB + FUA"
+        );
         assert!(b[72..].iter().all(|&x| x == 0));
     }
 

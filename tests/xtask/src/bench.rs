@@ -88,14 +88,31 @@ const RECOVERY_BUDGET_SECS: u64 = 400;
 /// What serves the block device in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Server {
-    /// `ublkd run` with a null or file backend and an I/O path (`per-io` or `batch`).
-    Ublkd { file: bool, io_path: &'static str },
-    /// `kublk add -t null`, with `-b` (BATCH_IO) when `batch`.
-    Kublk { batch: bool },
+    /// `ublkd run` with a backend, an I/O path (`per-io` or `batch`), zero copy and polling.
+    Ublkd {
+        backend: UBackend,
+        io_path: &'static str,
+        zero_copy: bool,
+        poll: bool,
+    },
+    /// `kublk add -t null`, with `-b` (BATCH_IO) when `batch`, `--auto_zc` when `auto_zc`.
+    Kublk { batch: bool, auto_zc: bool },
     /// The loop driver with direct I/O on the backing file.
     Loop,
     /// The kernel's null_blk (`/dev/nullb0`, loaded at boot).
     NullBlk,
+    /// fio straight on the NVMe namespace, polled: NVMe passthrough on `/dev/ng0n1`
+    /// (io_uring_cmd, hipri, fixed buffers: the limit), or io_uring on `/dev/nvme0n1` (hipri).
+    RawNvme { passthru: bool },
+}
+
+/// The backend of a `ublkd run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UBackend {
+    Null,
+    File,
+    /// The whole guest namespace, `/dev/ng0n1`.
+    Nvme,
 }
 
 /// One server setup, measured with every workload.
@@ -103,6 +120,15 @@ enum Server {
 struct Run {
     id: &'static str,
     server: Server,
+}
+
+const fn ublkd(backend: UBackend, io_path: &'static str, zero_copy: bool, poll: bool) -> Server {
+    Server::Ublkd {
+        backend,
+        io_path,
+        zero_copy,
+        poll,
+    }
 }
 
 /// In the order they run; each of ours next to its peer so that drift affects both alike.
@@ -113,36 +139,75 @@ const RUNS: &[Run] = &[
     },
     Run {
         id: "ublkd-null-per-io",
-        server: Server::Ublkd {
-            file: false,
-            io_path: "per-io",
-        },
+        server: ublkd(UBackend::Null, "per-io", false, false),
     },
     Run {
         id: "kublk-null",
-        server: Server::Kublk { batch: false },
+        server: Server::Kublk {
+            batch: false,
+            auto_zc: false,
+        },
     },
     Run {
         id: "ublkd-null-batch",
-        server: Server::Ublkd {
-            file: false,
-            io_path: "batch",
-        },
+        server: ublkd(UBackend::Null, "batch", false, false),
     },
     Run {
         id: "kublk-null-batch",
-        server: Server::Kublk { batch: true },
+        server: Server::Kublk {
+            batch: true,
+            auto_zc: false,
+        },
+    },
+    Run {
+        id: "ublkd-null-per-io-zc",
+        server: ublkd(UBackend::Null, "per-io", true, false),
+    },
+    Run {
+        id: "kublk-null-zc",
+        server: Server::Kublk {
+            batch: false,
+            auto_zc: true,
+        },
+    },
+    Run {
+        id: "ublkd-null-batch-zc",
+        server: ublkd(UBackend::Null, "batch", true, false),
+    },
+    Run {
+        id: "kublk-null-batch-zc",
+        server: Server::Kublk {
+            batch: true,
+            auto_zc: true,
+        },
     },
     Run {
         id: "ublkd-file",
-        server: Server::Ublkd {
-            file: true,
-            io_path: "per-io",
-        },
+        server: ublkd(UBackend::File, "per-io", true, false),
     },
     Run {
         id: "loop-dio",
         server: Server::Loop,
+    },
+    Run {
+        id: "ublkd-file-copy",
+        server: ublkd(UBackend::File, "per-io", false, false),
+    },
+    Run {
+        id: "ublkd-nvme-poll",
+        server: ublkd(UBackend::Nvme, "batch", true, true),
+    },
+    Run {
+        id: "fio-ng0n1-passthru",
+        server: Server::RawNvme { passthru: true },
+    },
+    Run {
+        id: "fio-nvme0n1-hipri",
+        server: Server::RawNvme { passthru: false },
+    },
+    Run {
+        id: "ublkd-nvme-irq",
+        server: ublkd(UBackend::Nvme, "batch", true, false),
     },
 ];
 
@@ -218,11 +283,59 @@ const PAIRS: &[Pair] = &[
         ceiling: true,
     },
     Pair {
+        case: "null per-io zero copy",
+        ours: "ublkd-null-per-io-zc",
+        peer: "kublk-null-zc",
+        peer_name: "kublk --auto_zc",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "null batch zero copy",
+        ours: "ublkd-null-batch-zc",
+        peer: "kublk-null-batch-zc",
+        peer_name: "kublk -b --auto_zc",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
         case: "file",
         ours: "ublkd-file",
         peer: "loop-dio",
         peer_name: "loop",
         cpu: false,
+        ceiling: false,
+    },
+    Pair {
+        case: "file zero copy vs copy",
+        ours: "ublkd-file",
+        peer: "ublkd-file-copy",
+        peer_name: "ublkd copy",
+        cpu: true,
+        ceiling: false,
+    },
+    Pair {
+        case: "nvme polled zc vs ng0n1 passthru",
+        ours: "ublkd-nvme-poll",
+        peer: "fio-ng0n1-passthru",
+        peer_name: "fio ng0n1",
+        cpu: false,
+        ceiling: false,
+    },
+    Pair {
+        case: "nvme polled zc vs nvme0n1 hipri",
+        ours: "ublkd-nvme-poll",
+        peer: "fio-nvme0n1-hipri",
+        peer_name: "fio nvme0n1",
+        cpu: false,
+        ceiling: false,
+    },
+    Pair {
+        case: "nvme polled vs interrupt",
+        ours: "ublkd-nvme-poll",
+        peer: "ublkd-nvme-irq",
+        peer_name: "ublkd irq",
+        cpu: true,
         ceiling: false,
     },
 ];
@@ -471,6 +584,48 @@ fn entries(results: &Results) -> Vec<Entry> {
         }
     }
     out
+}
+
+/// Zero copy against copy in daemon memory: `ublkd run` RSS with its one volume idle (2 queues
+/// of depth 128), ours = zero copy, peer = copy.
+const RSS_PAIRS: &[(&str, &str, &str)] = &[
+    (
+        "ublkd RSS, one idle file volume, zero copy vs copy",
+        "ublkd-file",
+        "ublkd-file-copy",
+    ),
+    (
+        "ublkd RSS, one idle null volume, zero copy vs copy",
+        "ublkd-null-per-io-zc",
+        "ublkd-null-per-io",
+    ),
+];
+
+fn rss_entries(dir: &Path) -> Vec<Entry> {
+    let rss = |run: &str| -> Result<f64, String> {
+        let text = fs::read_to_string(dir.join(run).join("status.idle"))
+            .map_err(|_| format!("{run}: no /proc status (the run failed?)"))?;
+        parse_vmrss(&text).map(|kib| kib / 1024.0)
+    };
+    RSS_PAIRS
+        .iter()
+        .map(|&(case, ours, peer)| {
+            Entry::compare(
+                case.to_owned(),
+                Side {
+                    name: OURS_NAME,
+                    value: rss(ours),
+                    teardown: None,
+                },
+                Side {
+                    name: "ublkd copy",
+                    value: rss(peer),
+                    teardown: None,
+                },
+                Unit::MiB,
+            )
+        })
+        .collect()
 }
 
 /// What the control-plane run measured; each part a value or why there is none.
@@ -1180,6 +1335,7 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     let recoveries = collect_recovery(&run.run_dir);
     let stall = collect_stall(&run.run_dir);
     let mut entries = entries(&results);
+    entries.extend(rss_entries(&run.run_dir));
     let control_entries = control_entries(&control);
     let recovery_entries = recovery_entries(&recoveries, &stall);
     println!();
@@ -1451,6 +1607,7 @@ fn kernel_series(kver: &str) -> Result<(String, String)> {
 const SCRIPT_LIB: &str = r#"
 OUT="$UBLKD_VM_RUN"
 HZ=$(getconf CLK_TCK)
+FIO_ENGINE="--ioengine=io_uring --direct=1"
 note() { echo "bench: $*"; }
 tail_of() { tail -n 5 "$1" 2>/dev/null | tr '\n' ' '; }
 
@@ -1476,8 +1633,8 @@ run_fio() {
     d="$OUT/$1"
     blk=$(basename "$(readlink -f "$2")")
     ios0=$(dev_ios "$blk"); t0=$(cpu_ticks "$6")
-    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" --ioengine=io_uring \
-        --direct=1 --bs=4k --rw="$4" --iodepth="$5" --numjobs=1 --norandommap --time_based \
+    # shellcheck disable=SC2086
+    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" $FIO_ENGINE --bs=4k --rw="$4" --iodepth="$5" --numjobs=1 --norandommap --time_based \
         --runtime="$RUNTIME" --ramp_time=1 --output-format=json --output="$d/$3.json" \
         > "$d/$3.log" 2>&1
     rc=$?
@@ -1556,6 +1713,8 @@ ublkd_case() {
         stop_ublkd "$d" "$pid"
         return
     fi
+    sleep 1
+    cat "/proc/$pid/status" > "$d/status.idle" 2>/dev/null
     run_workloads "$run" "$dev" "$pid"
     stop_ublkd "$d" "$pid" "$dev"
 }
@@ -1584,6 +1743,26 @@ kublk_case() {
     if ! timeout 60 "$KUBLK" del -n "$id" > "$d/del.log" 2>&1; then
         echo "kublk del -n $id failed: $(tail_of "$d/del.log")" >> "$d/teardown_error"
     fi
+}
+
+# raw_nvme_case RUN PASSTHRU: fio on the namespace itself, polled: NVMe passthrough on
+# /dev/ng0n1 with fixed buffers when PASSTHRU is true, else io_uring on /dev/nvme0n1.
+raw_nvme_case() {
+    d="$OUT/$1"; mkdir -p "$d"
+    if [ "$(cat /sys/block/nvme0n1/queue/io_poll 2>/dev/null)" != 1 ]; then
+        fail_case "$1" "/dev/nvme0n1 has no poll queues"
+        return
+    fi
+    if [ "$2" = true ]; then
+        note "$1: fio io_uring_cmd on /dev/ng0n1 (hipri, fixedbufs)"
+        FIO_ENGINE="--ioengine=io_uring_cmd --cmd_type=nvme --hipri=1 --fixedbufs=1 --registerfiles=1"
+        run_workloads "$1" /dev/ng0n1 ""
+    else
+        note "$1: fio io_uring on /dev/nvme0n1 (hipri)"
+        FIO_ENGINE="--ioengine=io_uring --direct=1 --hipri=1 --fixedbufs=1 --registerfiles=1"
+        run_workloads "$1" /dev/nvme0n1 ""
+    fi
+    FIO_ENGINE="--ioengine=io_uring --direct=1"
 }
 
 # loop_case RUN FILE: a loop device with direct I/O on FILE.
@@ -1955,24 +2134,40 @@ fn guest_script(
                 "if [ -n \"$BACKING\" ]; then loop_case {id} \"$BACKING\"; \
                  else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
             ),
-            Server::Kublk { batch } => match kublk {
+            Server::Kublk { batch, auto_zc } => match kublk {
                 Ok(_) => format!(
-                    "kublk_case {id} -t null -q {QUEUES} -d {DEPTH}{}",
-                    if batch { " -b" } else { "" }
+                    "kublk_case {id} -t null -q {QUEUES} -d {DEPTH}{}{}",
+                    if batch { " -b" } else { "" },
+                    if auto_zc { " --auto_zc" } else { "" }
                 ),
                 Err(e) => format!("fail_case {id} {}", vm::shell_quote(e)),
             },
-            Server::Ublkd { file, io_path } => {
-                let common = format!("--queues {QUEUES} --depth {DEPTH} --io-path {io_path}");
-                match (ublkd, file) {
+            Server::RawNvme { passthru } => format!("raw_nvme_case {id} {passthru}"),
+            Server::Ublkd {
+                backend,
+                io_path,
+                zero_copy,
+                poll,
+            } => {
+                let on = |b: bool| if b { "on" } else { "off" };
+                let common = format!(
+                    "--queues {QUEUES} --depth {DEPTH} --io-path {io_path} --zero-copy {} --poll {}",
+                    on(zero_copy),
+                    on(poll)
+                );
+                match (ublkd, backend) {
                     (Err(e), _) => format!("fail_case {id} {}", vm::shell_quote(e)),
-                    (Ok(_), false) => format!(
+                    (Ok(_), UBackend::Null) => format!(
                         "ublkd_case {id} --backend null --size {NULL_BYTES} {common}"
                     ),
-                    (Ok(_), true) => format!(
+                    (Ok(_), UBackend::File) => format!(
                         "if [ -n \"$BACKING\" ]; then \
                          ublkd_case {id} --backend \"file:$BACKING\" --size {BACKING_BYTES} {common}; \
                          else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
+                    ),
+                    (Ok(_), UBackend::Nvme) => format!(
+                        "ublkd_case {id} --backend nvme:/dev/ng0n1 \
+                         --size $(( $(cat /sys/block/nvme0n1/size) * 512 )) {common}"
                     ),
                 }
             }
@@ -2128,7 +2323,7 @@ fn entries_table(entries: &[Entry]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<38} {:>12} {:>7} {:>12} {:>7}  unit",
+        "{:<54} {:>12} {:>18} {:>12} {:>7}  unit",
         "case", "ours", "peer", "peer value", "ratio"
     );
     for e in entries {
@@ -2139,7 +2334,7 @@ fn entries_table(entries: &[Entry]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<38} {:>12} {:>7} {:>12} {:>7}  {}",
+            "{:<54} {:>12} {:>18} {:>12} {:>7}  {}",
             e.case,
             ours,
             e.peer,
