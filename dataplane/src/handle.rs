@@ -594,6 +594,27 @@ impl Control {
                 ),
             });
         }
+        // Data paths this server does not speak: it could only corrupt such a device's data.
+        let foreign = [
+            (sys::UBLK_F_NEED_GET_DATA, "NEED_GET_DATA"),
+            (sys::UBLK_F_ZONED, "ZONED"),
+            (sys::UBLK_F_INTEGRITY, "INTEGRITY"),
+        ];
+        let zc_only = sys::UBLK_F_USER_COPY | sys::UBLK_F_SUPPORT_ZERO_COPY;
+        let unsupported = foreign
+            .iter()
+            .find(|(bit, _)| info.flags & bit != 0)
+            .map(|(_, name)| *name)
+            .or_else(|| {
+                (info.flags & zc_only != 0 && info.flags & sys::UBLK_F_AUTO_BUF_REG == 0)
+                    .then_some("USER_COPY or SUPPORT_ZERO_COPY without AUTO_BUF_REG")
+            });
+        if let Some(name) = unsupported {
+            return Err(DataplaneError::NotRecoverable {
+                dev_id,
+                why: format!("the device uses {name}, which ublkd does not serve"),
+            });
+        }
         let path = if info.flags & sys::UBLK_F_BATCH_IO != 0 {
             IoPath::Batch
         } else {
@@ -608,11 +629,21 @@ impl Control {
         self.check_claim(backend.as_ref(), dev_id)?;
         let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
         let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
+        // A zero-copy device whose new backend must copy (an orphan adopted as a RAM volume):
+        // every request takes the fallback, served by copy, which needs USER_COPY.
+        let copy_only = zero_copy && !backend.zero_copy();
+        if copy_only && info.flags & sys::UBLK_F_USER_COPY == 0 {
+            return Err(DataplaneError::NotRecoverable {
+                dev_id,
+                why: "the device is zero copy without USER_COPY, and this backend copies".into(),
+            });
+        }
         let mut device = Device {
             info: DeviceInfo {
                 dev_id,
                 spec: DeviceSpec {
                     max_io_bytes: info.max_io_buf_bytes,
+                    force_copy_fallback: spec.force_copy_fallback || copy_only,
                     ..spec.clone()
                 },
                 io_path: path,

@@ -66,10 +66,11 @@ fn start_fio(dir: &Path, runtime: u32) -> Result<Child> {
 
 /// The daemon's per-volume metrics for volume "t" (for diagnosing a stall), via any socket.
 fn metrics_of_volume_t() -> String {
-    guest::sh(
-        "for p in 19591 19592 19593; do exec 3<>/dev/tcp/127.0.0.1/$p 2>/dev/null || continue; \
-         printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; grep 'volume=\"t\"' <&3; done",
-    )
+    // bash, for /dev/tcp.
+    ublkd_tests::run(Command::new("bash").arg("-c").arg(
+        "for p in 19591 19592 19593 19596; do exec 3<>/dev/tcp/127.0.0.1/$p 2>/dev/null || continue; \
+         printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; grep 'volume=\"t\"' <&3; done; true",
+    ))
     .unwrap_or_default()
 }
 
@@ -276,7 +277,7 @@ async fn graceful_restarts_keep_devices_and_lose_nothing() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_fio_on_ext4_on_an_nvme_volume_loses_nothing() -> Result<()> {
-    torture("tnvme", 19595, Kind::Nvme, false).await
+    torture("tnvme", 19596, Kind::Nvme, false).await
 }
 
 /// The backend a torture test runs on.

@@ -2452,8 +2452,8 @@ mod tests {
             _ => sample(8000.0, 125.0, 4.0),
         });
         let entries = entries(&results);
-        // 3 pairs x 3 workloads, CPU for the 2 kublk pairs, 2 IOPS workloads x 2 ceilings.
-        assert_eq!(entries.len(), 9 + 6 + 4);
+        // 9 pairs x 3 workloads, CPU for 6 pairs, 2 IOPS workloads x 4 ceilings.
+        assert_eq!(entries.len(), 27 + 18 + 8);
         assert!(entries.iter().all(|e| e.error.is_none()));
 
         let e = find(&entries, "null per-io randread qd32");
@@ -2586,6 +2586,7 @@ mod tests {
         assert!(s.contains("RUNTIME=5\n"));
         assert!(s.contains("kublk_case kublk-null -t null -q 2 -d 128\n"));
         assert!(s.contains("kublk_case kublk-null-batch -t null -q 2 -d 128 -b\n"));
+        assert!(s.contains("kublk_case kublk-null-batch-zc -t null -q 2 -d 128 -b --auto_zc\n"));
         assert!(s.contains("fail_case ublkd-null-per-io 'building ublkd failed'\n"));
         assert!(s.contains("nullblk_case null_blk\n"));
         assert!(s.contains("loop_case loop-dio"));
@@ -2599,8 +2600,14 @@ mod tests {
         );
         assert!(s.contains(
             "ublkd_case ublkd-null-batch --backend null --size 1073741824 \
-             --queues 2 --depth 128 --io-path batch\n"
+             --queues 2 --depth 128 --io-path batch --zero-copy off --poll off\n"
         ));
+        assert!(s.contains(
+            "ublkd_case ublkd-null-batch-zc --backend null --size 1073741824 \
+             --queues 2 --depth 128 --io-path batch --zero-copy on --poll off\n"
+        ));
+        assert!(s.contains("raw_nvme_case fio-ng0n1-passthru true\n"));
+        assert!(s.contains("ublkd_case ublkd-nvme-poll --backend nvme:/dev/ng0n1"));
         assert!(s.contains("fail_case kublk-null 'no kublk'\n"));
         // The control plane runs last, after the fio cases and the backing file's unmount.
         let ctl = s
