@@ -26,6 +26,14 @@ fn file(path: &std::path::Path, create: bool) -> Backend {
     })
 }
 
+fn nvme(device: &str, offset_bytes: u64, length_bytes: u64) -> Backend {
+    Backend::Nvme(v1::NvmeBackend {
+        device: device.into(),
+        offset_bytes,
+        length_bytes,
+    })
+}
+
 fn create(id: &str, spec: v1::VolumeSpec) -> v1::CreateVolumeRequest {
     v1::CreateVolumeRequest {
         id: id.into(),
@@ -436,18 +444,22 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
             Code::InvalidArgument,
         ),
         (
-            "nvme backend",
+            "nvme device outside /dev",
+            create("x", spec(64 * MIB, nvme("ng0n1", 0, 0))),
+            Code::InvalidArgument,
+        ),
+        (
+            "nvme device that is no NVMe namespace",
+            create("x", spec(64 * MIB, nvme("/dev/null", 0, 0))),
+            Code::InvalidArgument,
+        ),
+        (
+            "nvme window past the namespace",
             create(
                 "x",
-                spec(
-                    64 * MIB,
-                    Backend::Nvme(v1::NvmeBackend {
-                        device: "/dev/ng0n1".into(),
-                        ..Default::default()
-                    }),
-                ),
+                spec(64 * MIB, nvme("/dev/ng0n1", 1000 * MIB, 64 * MIB)),
             ),
-            Code::Unimplemented,
+            Code::InvalidArgument,
         ),
         (
             "relative path",
