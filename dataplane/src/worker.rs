@@ -331,16 +331,19 @@ impl Worker {
             return Ok(());
         };
         if self.rings.polled > 0 {
-            // Each enter on an IOPOLL ring polls the device once.
+            // Each enter on an IOPOLL ring polls the device once; the main ring is entered only
+            // when it has something to do, so a spinning worker makes one syscall per pass.
             poll.set_eventfd(false);
             poll.submit()?;
-            self.rings.main.submit()?;
+            if self.rings.main.needs_enter() {
+                self.rings.main.submit()?;
+            }
             return Ok(());
         }
-        // Completions posted before the eventfd came back on did not signal it: look first.
+        // Work queued while the eventfd was off did not signal it: run it and look first.
         poll.set_eventfd(true);
         poll.submit()?;
-        if poll.has_completions() {
+        if poll.has_completions() || poll.needs_enter() {
             self.rings.main.submit()?;
         } else {
             self.rings.main.submit_and_wait(1)?;

@@ -104,6 +104,18 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
             info.polled,
             info.block_device.display()
         );
+        // The volume's limits come from the namespace: passthrough is never split.
+        let q = |dev: &str, attr: &str| -> Result<u64> {
+            Ok(ublkd_tests::read_trimmed(format!("/sys/block/{dev}/queue/{attr}"))?.parse()?)
+        };
+        let name = format!("ublkb{}", info.dev_id);
+        ensure!(q(&name, "max_hw_sectors_kb")? <= q("nvme0n1", "max_hw_sectors_kb")?);
+        ensure!(q(&name, "logical_block_size")? >= q("nvme0n1", "logical_block_size")?);
+        ensure!(
+            q(&name, "write_zeroes_max_bytes")? > 0,
+            "write zeroes offered"
+        );
+        ensure!(q(&name, "discard_max_bytes")? > 0, "discard offered");
         fio_verify(&info.block_device, "16m")?;
         let stats = dp.stats(info.dev_id)?;
         ensure!(stats.total.errors == 0, "no errors: {stats:?}");

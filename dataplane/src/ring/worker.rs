@@ -197,6 +197,7 @@ impl WorkerRing {
     /// instead of waiting for interrupts. It never sleeps in the kernel, so a worker sleeps on
     /// its other ring, which this one wakes through a registered eventfd; task work for it must
     /// therefore run on wakeup (no DEFER_TASKRUN) and interrupt that sleep (no COOP_TASKRUN).
+    /// (DEFER_TASKRUN with the eventfd measured no faster in the VM.)
     pub fn new(entries: u32, fixed_buffers: u32, iopoll: bool) -> Result<Self, RingError> {
         let mut b = IoUring::<squeue::Entry128, cqueue::Entry32>::builder();
         b.setup_single_issuer().setup_cqsize(entries * 4);
@@ -611,6 +612,13 @@ impl WorkerRing {
             }
             Err(e) => Err(RingError::Submit(e)),
         }
+    }
+
+    /// Whether entering the kernel would do anything without waiting: SQEs to submit, deferred
+    /// task work to run, or an overflowed completion queue to flush.
+    pub fn needs_enter(&mut self) -> bool {
+        let sq = self.ring.submission();
+        !sq.is_empty() || sq.taskrun() || sq.cq_overflow()
     }
 
     /// Whether completions wait to be reaped.

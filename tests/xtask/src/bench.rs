@@ -2126,8 +2126,24 @@ fn guest_script(
          note \"backing file $BACKING ready\"\nelse\n    \
          note \"backing file failed: $(tail_of \"$OUT/backing.log\")\"\nfi\n",
     );
+    // The backing file's file system lives on the NVMe namespace: unmount it before the first
+    // run that uses the namespace itself.
+    let mut unmounted = false;
+    let umount = "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; BACKING=\"\"; fi\n";
     for run in RUNS {
         let id = run.id;
+        let on_namespace = matches!(
+            run.server,
+            Server::RawNvme { .. }
+                | Server::Ublkd {
+                    backend: UBackend::Nvme,
+                    ..
+                }
+        );
+        if on_namespace && !unmounted {
+            s.push_str(umount);
+            unmounted = true;
+        }
         let line = match run.server {
             Server::NullBlk => format!("nullblk_case {id}"),
             Server::Loop => format!(
@@ -2175,7 +2191,9 @@ fn guest_script(
         s.push_str(&line);
         s.push('\n');
     }
-    s.push_str("if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; fi\n");
+    if !unmounted {
+        s.push_str(umount);
+    }
     let line = match (ublkd, ublkctl) {
         (Err(e), _) | (_, Err(e)) => format!("fail_case {CONTROL_RUN} {}", vm::shell_quote(e)),
         (Ok(_), Ok(_)) => format!(
@@ -2615,6 +2633,10 @@ mod tests {
             .expect("no ctl_case line");
         assert!(s.rfind("loop_case loop-dio").is_some_and(|i| i < ctl));
         assert!(s.rfind("umount").is_some_and(|i| i < ctl));
+        // The namespace's file system is gone before anything uses the namespace itself.
+        let um = s.find("umount").expect("umount");
+        assert!(s.rfind("ublkd-file-copy").is_some_and(|i| i < um));
+        assert!(s.find("fio-ng0n1-passthru").is_some_and(|i| i > um));
         let s = guest_script(
             5,
             Err("no kublk"),
