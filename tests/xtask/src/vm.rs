@@ -70,6 +70,9 @@ pub struct Vm {
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// What the guest's init prints once it starts the command (`init.sh`).
+const COMMAND_STARTED: &str = "ublkd-vm: modules loaded, running command";
+
 impl Vm {
     pub fn new(ws: &Path, kernel: &Kernel) -> Result<Self> {
         let seq = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -104,7 +107,25 @@ impl Vm {
 
     /// Boots the guest and runs `script` (POSIX sh) inside; `$UBLKD_VM_RUN` there names the
     /// writable run directory, shared with the host.
+    ///
+    /// A guest that dies before the command starts (an emulator flake: TCG has been seen to
+    /// oops in early boot) is booted once more, and says so; the command never runs twice.
     pub fn run(self, script: &str) -> Result<RunResult> {
+        let first = self.run_once(script)?;
+        let started = first.console.iter().any(|l| l.contains(COMMAND_STARTED));
+        if started || first.exit == Exit::Code(0) {
+            return Ok(first);
+        }
+        eprintln!(
+            "xtask: the guest died before running the command ({}); booting it again",
+            first.exit
+        );
+        let rd = &self.run_dir;
+        let _ = fs::rename(rd.join("console.log"), rd.join("console.boot-failure.log"));
+        self.run_once(script)
+    }
+
+    fn run_once(&self, script: &str) -> Result<RunResult> {
         let accel = match &self.accel {
             Some(a) => a.clone(),
             None => choose_accel(&self.kernel)?,
