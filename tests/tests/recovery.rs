@@ -149,6 +149,10 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
     let mnt = guest::scratch(&format!("{name}-mnt"))?;
     let mut fio = None;
     let result = torture_cycles(&mut d, &vol.device_path, &mnt, graceful, &mut fio).await;
+    if let Err(e) = &result {
+        // Said at once: the cleanup below may fail too, and must not hide why.
+        eprintln!("torture failed: {e:#}");
+    }
     // Whatever happened, leave nothing behind for the next test: no fio, no mount, no device.
     if let Some(mut f) = fio {
         let _ = f.kill();
@@ -169,15 +173,17 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
         Err(_) => Ok(()),
     };
     let metrics = d.scrape().unwrap_or_default();
-    d.volumes()
+    let deleted = d
+        .volumes()
         .await?
         .delete_volume(v1::DeleteVolumeRequest {
             id: "t".into(),
             allow_missing: true,
         })
-        .await?;
+        .await;
     result?;
     fsck?;
+    deleted?;
     let recoveries = sample(&metrics, "ublkd_volume_recoveries_total", &[]).unwrap_or(0.0);
     ensure!(
         recoveries >= 1.0,
