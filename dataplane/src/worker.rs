@@ -813,14 +813,22 @@ impl Worker {
             }
             q.stopping = true;
         }
-        if c.result > 0 {
-            let Some(b) = q.batch.as_mut() else { return };
+        // A completion that selected a buffer gives it back whatever it carried: one kept
+        // would shrink the group until the kernel runs out (-ENOBUFS) and stops the fetch.
+        let mut tags = q
+            .batch
+            .as_mut()
+            .map(|b| std::mem::take(&mut b.scratch))
+            .unwrap_or_default();
+        tags.clear();
+        if let (Some(b), Some(bid)) = (q.batch.as_ref(), c.buffer_id()) {
             let group = &b.groups[usize::from(k & 1)];
-            let mut tags = std::mem::take(&mut b.scratch);
-            if let Some(bid) = c.buffer_id() {
+            if c.result > 0 {
                 group.read_u16s(bid, c.result as usize, &mut tags);
-                group.recycle(bid);
             }
+            group.recycle(bid);
+        }
+        if c.result > 0 {
             q.setup.stats.batch(tags.len() as u64);
             self.handled += tags.len() as u64;
             for &tag in &tags {
@@ -834,10 +842,10 @@ impl Worker {
                     }
                 }
             }
-            if let Some(b) = q.batch.as_mut() {
-                b.scratch = tags;
-            }
             self.dirty.push(slot);
+        }
+        if let Some(b) = q.batch.as_mut() {
+            b.scratch = tags;
         }
         if rearm && !q.stopping {
             let _ = self.arm_fetch_slot(slot, k);
@@ -877,7 +885,9 @@ impl Worker {
                 b.pending.extend_from_slice(&sent[done..]);
                 self.dirty.push(slot);
             }
-        } else if res != -libc::ENODEV {
+        } else if res != -libc::ENODEV || !q.stopping {
+            // The kernel refused the whole commit: these requests will never complete. Only an
+            // abort (the device going away, after a fetch saw -ENODEV) makes that expected.
             q.setup.stats.protocol_error(res);
             q.stopping = true;
         }
