@@ -45,6 +45,15 @@ echo "== fio: 3 s of 4k random reads at QD32 on the RAM volume $CDEV"
 fio --name=demo --filename="$CDEV" --ioengine=io_uring --direct=1 --rw=randread --bs=4k \
     --iodepth=32 --runtime=3 --time_based 2>&1 | grep -E "IOPS=|clat \(usec\): min" | head -2
 ctl resize-volume cache --size 1GiB
+
+if [ -c /dev/ng0n1 ]; then
+    echo "== NVMe passthrough: a 256 MiB window of /dev/ng0n1 (zero copy, polled)"
+    ctl create-volume fast --size 256MiB --backend "nvme:/dev/ng0n1@0+256MiB"
+    ctl get-volume fast | grep -E "backend|zero copy|poll"
+    NDEV=$(device_of fast)
+    fio --name=demo --filename="$NDEV" --ioengine=io_uring --direct=1 --rw=randread --bs=4k \
+        --iodepth=32 --runtime=3 --time_based 2>&1 | grep -E "IOPS=" | head -1
+fi
 ctl list-volumes
 ctl stats cache
 
@@ -52,7 +61,7 @@ echo "== metrics excerpt (http://127.0.0.1:9580/metrics)"
 exec 3<>/dev/tcp/127.0.0.1/9580
 printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
 grep -E '^ublkd_(volume_io_ops_total|volume_info|volume_size_bytes|worker_busy)' <&3 |
-    grep -v ' 0$' | head -14 || true
+    grep -v ' 0$' | head -18 || true
 exec 3>&-
 
 echo "== stopping ublkd (SIGTERM): the devices go, the volumes stay registered"
