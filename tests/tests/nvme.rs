@@ -421,3 +421,65 @@ impl Aligned {
         &mut self.0[self.1..self.1 + self.2]
     }
 }
+
+/// CPU ticks (utime + stime) used so far by this process's worker threads (`ublkd-w*`).
+fn worker_ticks() -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let dir = task?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.starts_with("ublkd-w") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat"))?;
+        let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat, 12 and 13 after "pid (comm) ".
+        let tick = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        total += tick(11) + tick(12);
+    }
+    Ok(total)
+}
+
+/// A polled volume's worker spins only while NVMe commands are in flight: busy under fio,
+/// asleep (no CPU) once the volume is idle.
+#[test]
+fn polled_workers_sleep_when_idle() -> Result<()> {
+    let dp = dataplane(None)?;
+    let info = dp.add_device(DeviceSpec {
+        poll: Toggle::On,
+        ..guest::spec(window(256 * MIB, 64 * MIB), 64 * MIB, IoPath::Auto)
+    })?;
+    ensure!(info.polled);
+    let busy0 = worker_ticks()?;
+    guest::fio(
+        &info.block_device,
+        &[
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=32",
+            "--time_based",
+            "--runtime=3",
+        ],
+    )?;
+    let busy = worker_ticks()? - busy0;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let idle0 = worker_ticks()?;
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let idle = worker_ticks()? - idle0;
+    let hz = 100; // USER_HZ on Linux
+    println!("worker CPU: {busy} ticks in 3 s of fio, {idle} ticks in 3 s idle ({hz} Hz)");
+    ensure!(busy > 0, "the workers did the I/O");
+    ensure!(
+        idle * 4 < 3 * hz,
+        "idle workers must sleep, not spin: {idle} ticks in 3 s"
+    );
+    dp.delete_device(info.dev_id)?;
+    dp.shutdown()?;
+    Ok(())
+}
