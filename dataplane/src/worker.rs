@@ -905,75 +905,73 @@ impl Worker {
             let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
                 continue;
             };
-            let fd = q.setup.cdev.as_raw_fd();
-            let q_id = q.setup.q_id;
-            let eb = q.elem_bytes();
-            let flags = Self::batch_flags(q);
-            let elems: Vec<[u8; 16]> = match q.batch.as_ref() {
-                Some(b) => b
-                    .pending
-                    .iter()
-                    .take(usize::from(q.setup.depth))
-                    .map(|&(tag, res)| Self::elem_for(q, tag, res))
-                    .collect(),
-                None => continue,
+            // Out of the queue while its commit is built, so the queue's other fields stay
+            // readable; put back below.
+            let Some(mut b) = q.batch.take() else {
+                continue;
             };
-            let pin = q.cmd_buf(0).map(|(m, _)| Arc::clone(m));
             let ring = self.rings.get(q.setup.placement.ublk_on_poll());
-            let Some(b) = q.batch.as_mut() else { continue };
-            if b.pending.is_empty() {
-                continue;
-            }
-            let Some(i) = b.busy.iter().position(|busy| !busy) else {
-                // Both commit buffers are in flight; their completions will flush again.
-                self.dirty.push(slot);
-                continue;
-            };
-            let n = elems.len();
-            let mut sent = std::mem::take(&mut b.committing[i]);
-            sent.clear();
-            sent.extend(b.pending.drain(..n));
-            for (j, e) in elems.iter().enumerate() {
-                b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);
-            }
-            let pushed = ring.push(
-                Op::UblkBatch {
-                    fd,
-                    cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
-                    cmd: ublk_batch_io {
-                        q_id,
-                        flags,
-                        nr_elem: n as u16,
-                        elem_bytes: eb,
-                        ..Default::default()
-                    },
-                    elems: (
-                        &b.commit[i],
-                        Region {
-                            offset: 0,
-                            len: n * usize::from(eb),
-                        },
-                    ),
-                    bufs: pin.as_ref(),
-                },
-                ud(K_COMMIT, slot, i as u16),
-            );
-            b.committing[i] = sent;
-            match pushed {
-                Ok(()) => {
-                    b.busy[i] = true;
-                    q.outstanding += 1;
-                }
-                Err(_) => q.stopping = true,
-            }
-            if !b.pending.is_empty() {
+            if Self::commit_batch(ring, q, &mut b, slot) {
                 self.dirty.push(slot);
             }
+            q.batch = Some(b);
         }
         dirty.clear();
         if self.dirty.is_empty() {
             self.dirty = dirty;
         }
+    }
+
+    /// Sends up to `depth` of the queue's finished tags in one COMMIT_IO_CMDS, when a commit
+    /// buffer is free. Returns whether tags are left for the next iteration.
+    fn commit_batch(ring: &mut WorkerRing, q: &mut Queue, b: &mut Batch, slot: u16) -> bool {
+        if b.pending.is_empty() {
+            return false;
+        }
+        let Some(i) = b.busy.iter().position(|busy| !busy) else {
+            // Both commit buffers are in flight; their completions will flush again.
+            return true;
+        };
+        let eb = q.elem_bytes();
+        let n = b.pending.len().min(usize::from(q.setup.depth));
+        let mut sent = std::mem::take(&mut b.committing[i]);
+        sent.clear();
+        sent.extend(b.pending.drain(..n));
+        for (j, &(tag, res)) in sent.iter().enumerate() {
+            let e = Self::elem_for(q, tag, res);
+            b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);
+        }
+        let pushed = ring.push(
+            Op::UblkBatch {
+                fd: q.fd(),
+                cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
+                cmd: ublk_batch_io {
+                    q_id: q.setup.q_id,
+                    flags: Self::batch_flags(q),
+                    nr_elem: n as u16,
+                    elem_bytes: eb,
+                    ..Default::default()
+                },
+                elems: (
+                    &b.commit[i],
+                    Region {
+                        offset: 0,
+                        len: n * usize::from(eb),
+                    },
+                ),
+                bufs: q.cmd_buf(0).map(|(m, _)| m),
+            },
+            ud(K_COMMIT, slot, i as u16),
+        );
+        b.committing[i] = sent;
+        match pushed {
+            Ok(()) => {
+                b.busy[i] = true;
+                q.outstanding += 1;
+            }
+            Err(_) => q.stopping = true,
+        }
+        !b.pending.is_empty()
     }
 
     /// Tears down queues the kernel has let go of (stopping, nothing outstanding).

@@ -82,7 +82,7 @@ impl NvmeCmd {
         b[0] = self.opcode;
         b[1] = self.flags;
         b[2..4].copy_from_slice(&self.rsvd1.to_ne_bytes());
-        let words: [(usize, u32); 15] = [
+        let words = [
             (4, self.nsid),
             (8, self.cdw2),
             (12, self.cdw3),
@@ -96,10 +96,8 @@ impl NvmeCmd {
             (60, self.cdw15),
             (64, self.timeout_ms),
             (68, self.rsvd2),
-            (0, 0),
-            (0, 0),
         ];
-        for (off, v) in words.into_iter().filter(|&(off, _)| off != 0) {
+        for (off, v) in words {
             b[off..off + 4].copy_from_slice(&v.to_ne_bytes());
         }
         b[16..24].copy_from_slice(&self.metadata.to_ne_bytes());

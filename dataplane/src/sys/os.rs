@@ -164,24 +164,7 @@ impl Mapping {
         offset: usize,
         len: usize,
     ) -> io::Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: the destination range is inside the mapping (checked above); the kernel
-        // writes at most `len` bytes there during this synchronous call.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                self.ptr.as_ptr().wrapping_add(offset).cast(),
-                len,
-                file_off as libc::off_t,
-            )
-        };
-        match usize::try_from(n) {
-            Ok(n) if n == len => Ok(()),
-            Ok(_) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-            Err(_) => Err(io::Error::last_os_error()),
-        }
+        self.file_io(file, file_off, offset, len, false)
     }
 
     /// Writes `len` bytes from `offset` of this mapping to `file_off` of `file` (one pwrite; a
@@ -193,22 +176,36 @@ impl Mapping {
         offset: usize,
         len: usize,
     ) -> io::Result<()> {
+        self.file_io(file, file_off, offset, len, true)
+    }
+
+    fn file_io(
+        &self,
+        file: &File,
+        file_off: u64,
+        offset: usize,
+        len: usize,
+        write: bool,
+    ) -> io::Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // SAFETY: the source range is inside the mapping (checked above); the kernel only reads
-        // it during this synchronous call.
-        let n = unsafe {
-            libc::pwrite(
-                file.as_raw_fd(),
-                self.ptr.as_ptr().wrapping_add(offset).cast(),
-                len,
-                file_off as libc::off_t,
-            )
+        let fd = file.as_raw_fd();
+        let at: *mut libc::c_void = self.ptr.as_ptr().wrapping_add(offset).cast();
+        let pos = file_off as libc::off_t;
+        let n = if write {
+            // SAFETY: the range is inside the mapping (checked above); the kernel only reads it
+            // during this synchronous call.
+            unsafe { libc::pwrite(fd, at, len, pos) }
+        } else {
+            // SAFETY: the range is inside the mapping (checked above); the kernel writes at
+            // most `len` bytes there during this synchronous call.
+            unsafe { libc::pread(fd, at, len, pos) }
         };
         match usize::try_from(n) {
             Ok(n) if n == len => Ok(()),
-            Ok(_) => Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(_) if write => Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(_) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
             Err(_) => Err(io::Error::last_os_error()),
         }
     }
