@@ -285,6 +285,7 @@ struct Control {
 impl Handle {
     /// Probes the kernel, starts the workers and the control thread.
     pub fn start(config: Config) -> Result<Handle, DataplaneError> {
+        crate::hooks::arm_from_env();
         let mut ctrl = ControlDevice::open()?;
         ctrl.set_timeout(config.timeout);
         let features = ctrl.features()?;
@@ -594,21 +595,7 @@ impl Control {
                 ),
             });
         }
-        // Data paths this server does not speak: it could only corrupt such a device's data.
-        let foreign = [
-            (sys::UBLK_F_NEED_GET_DATA, "NEED_GET_DATA"),
-            (sys::UBLK_F_ZONED, "ZONED"),
-            (sys::UBLK_F_INTEGRITY, "INTEGRITY"),
-        ];
-        let zc_only = sys::UBLK_F_USER_COPY | sys::UBLK_F_SUPPORT_ZERO_COPY;
-        let unsupported = foreign
-            .iter()
-            .find(|(bit, _)| info.flags & bit != 0)
-            .map(|(_, name)| *name)
-            .or_else(|| {
-                (info.flags & zc_only != 0 && info.flags & sys::UBLK_F_AUTO_BUF_REG == 0)
-                    .then_some("USER_COPY or SUPPORT_ZERO_COPY without AUTO_BUF_REG")
-            });
+        let unsupported = unservable_flags(info.flags);
         if let Some(name) = unsupported {
             return Err(DataplaneError::NotRecoverable {
                 dev_id,
@@ -688,6 +675,21 @@ impl Control {
         let ids = kernel_device_ids();
         let mut out = Vec::new();
         for dev_id in ids {
+            // Devices we serve are described from our own table: a scrape with hundreds of
+            // volumes issues no control command for them.
+            if let Some(d) = self.devices.get(&dev_id) {
+                out.push(KernelDevice {
+                    dev_id,
+                    state: KernelState::Live,
+                    flags: d.info.flags,
+                    queues: d.info.spec.queues,
+                    queue_depth: d.info.spec.queue_depth,
+                    pid: std::process::id() as i32,
+                    size_bytes: d.info.spec.size_bytes,
+                    owned: true,
+                });
+                continue;
+            }
             let Ok(info) = self.ctrl.dev_info(dev_id) else {
                 continue;
             };
@@ -1039,6 +1041,27 @@ impl Control {
     }
 }
 
+/// The data path a device's flags ask for that this server does not speak, if any: serving such
+/// a device could only corrupt its data.
+fn unservable_flags(flags: u64) -> Option<&'static str> {
+    let foreign = [
+        (sys::UBLK_F_NEED_GET_DATA, "NEED_GET_DATA"),
+        (sys::UBLK_F_ZONED, "ZONED"),
+        (sys::UBLK_F_INTEGRITY, "INTEGRITY"),
+        (sys::UBLK_F_SHMEM_ZC, "SHMEM_ZC"),
+        (sys::UBLK_F_IO_DESC_SIZE, "IO_DESC_SIZE"),
+    ];
+    let zc_only = sys::UBLK_F_USER_COPY | sys::UBLK_F_SUPPORT_ZERO_COPY;
+    foreign
+        .iter()
+        .find(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| *name)
+        .or_else(|| {
+            (flags & zc_only != 0 && flags & sys::UBLK_F_AUTO_BUF_REG == 0)
+                .then_some("USER_COPY or SUPPORT_ZERO_COPY without AUTO_BUF_REG")
+        })
+}
+
 /// Ids of every ublk device the kernel has (from sysfs, or /dev), sorted. Issues no control
 /// command: cheap enough to call before each create.
 pub fn kernel_device_ids() -> Vec<u32> {
@@ -1076,5 +1099,27 @@ fn open_char_device(path: &PathBuf, timeout: Duration) -> Result<File, Dataplane
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovery_refuses_data_paths_ublkd_does_not_speak() {
+        let ours = sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_BATCH_IO | sys::UBLK_F_AUTO_BUF_REG;
+        assert_eq!(unservable_flags(ours), None);
+        assert_eq!(unservable_flags(ours | sys::UBLK_F_USER_COPY), None);
+        for (bit, name) in [
+            (sys::UBLK_F_NEED_GET_DATA, "NEED_GET_DATA"),
+            (sys::UBLK_F_ZONED, "ZONED"),
+            (sys::UBLK_F_INTEGRITY, "INTEGRITY"),
+            (sys::UBLK_F_SHMEM_ZC, "SHMEM_ZC"),
+            (sys::UBLK_F_IO_DESC_SIZE, "IO_DESC_SIZE"),
+        ] {
+            assert_eq!(unservable_flags(ours | bit), Some(name));
+        }
+        assert!(unservable_flags(sys::UBLK_F_USER_COPY).is_some());
     }
 }

@@ -15,6 +15,7 @@ pub mod ctrl;
 pub mod device;
 pub mod features;
 pub mod handle;
+pub mod hooks;
 pub mod ring;
 pub mod stats;
 pub mod sys;

@@ -879,11 +879,17 @@ impl Worker {
         b.busy[i] = false;
         let sent = std::mem::take(&mut b.committing[i]);
         if res >= 0 {
-            // A partial commit handled only the first res/ELEM_BYTES elements: send the rest again.
+            // A partial commit: the kernel handled the first res/elem_bytes elements and refused
+            // the next one. Sending that one again would be refused again; it is dropped and
+            // counted (its request stays with the kernel until the device stops), and the
+            // elements after it, which the kernel never looked at, go out again.
             let done = (res as usize) / eb;
             if done < sent.len() {
-                b.pending.extend_from_slice(&sent[done..]);
-                self.dirty.push(slot);
+                q.setup.stats.protocol_error(-libc::EINVAL);
+                if done + 1 < sent.len() {
+                    b.pending.extend_from_slice(&sent[done + 1..]);
+                    self.dirty.push(slot);
+                }
             }
         } else if res != -libc::ENODEV || !q.stopping {
             // The kernel refused the whole commit: these requests will never complete. Only an
@@ -937,6 +943,13 @@ impl Worker {
         let mut sent = std::mem::take(&mut b.committing[i]);
         sent.clear();
         sent.extend(b.pending.drain(..n));
+        if sent.len() >= 2 && crate::hooks::fire(crate::hooks::Fault::CommitBadElement) {
+            // Test hook: the first element again, second; the kernel no longer owes us that tag.
+            let first = sent[0];
+            sent.insert(1, first);
+            sent.truncate(usize::from(q.setup.depth));
+        }
+        let n = sent.len();
         for (j, &(tag, res)) in sent.iter().enumerate() {
             let e = Self::elem_for(q, tag, res);
             b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);

@@ -109,6 +109,15 @@ impl NvmeBackend {
             },
             Some(w) => w,
         };
+        if !unchecked && w.offset >= ns_bytes {
+            // Nothing of the namespace is left at that offset (a window "to the end" included).
+            return Err(BackendError::WindowPastEnd {
+                path: path.to_owned(),
+                offset: w.offset,
+                len: w.len,
+                size: ns_bytes,
+            });
+        }
         let mask = u64::from(lba) - 1;
         if w.offset & mask != 0 || w.len & mask != 0 || w.len == 0 {
             return Err(BackendError::WindowUnaligned {
@@ -133,7 +142,7 @@ impl NvmeBackend {
                 need: size,
             });
         }
-        let sysfs = block_sysfs(path);
+        let sysfs = namespace_sysfs(Path::new("/sys"), path, nsid);
         // MDTS counts pages of the controller's minimum page size, 4 KiB on every controller
         // Linux drives; the kernel's own limit for the namespace (when it has a block device)
         // can be lower still. Passthrough is never split, so volumes must not exceed either.
@@ -170,13 +179,34 @@ impl NvmeBackend {
     }
 }
 
-/// `/sys/block/nvmeXnY` for `/dev/ngXnY` (the block device of the same namespace), if any.
-fn block_sysfs(path: &Path) -> Option<PathBuf> {
+/// The sysfs directory of the namespace `nsid` behind the generic char device `path`
+/// (`/dev/ngXnY`), whose `queue/` holds the kernel's limits for it. Found through the char
+/// device's controller (`class/nvme-generic/ngXnY/device`) and the namespace id, never by
+/// renaming `ngXnY` to `nvmeXnY`: under native multipath `X` numbers controllers for one and
+/// subsystems for the other, and the path's own disk is the hidden `nvmeScCnN`.
+fn namespace_sysfs(sys: &Path, path: &Path, nsid: u32) -> Option<PathBuf> {
     let real = std::fs::canonicalize(path).ok()?;
     let name = real.file_name()?.to_str()?;
-    let block = format!("nvme{}", name.strip_prefix("ng")?);
-    let dir = PathBuf::from("/sys/block").join(block);
-    dir.exists().then_some(dir)
+    let ctrl =
+        std::fs::canonicalize(sys.join("class/nvme-generic").join(name).join("device")).ok()?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&ctrl)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| {
+            let is_ns = d
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("nvme"))
+                .is_some_and(|n| n.contains('n'));
+            is_ns
+                && d.join("queue").is_dir()
+                && read_sysfs_u64(&d.join("nsid")) == Some(u64::from(nsid))
+        })
+        .collect();
+    // One disk per namespace and controller; sorted so the choice never depends on readdir.
+    found.sort();
+    found.into_iter().next()
 }
 
 fn read_sysfs_u64(path: &Path) -> Option<u64> {
@@ -336,5 +366,44 @@ impl Backend for NvmeBackend {
             Ok(()) => Started::Submitted,
             Err(_) => Started::Done(-libc::EIO),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ublkd-nvme-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn namespace_sysfs_follows_the_controller_and_nsid_under_multipath() {
+        // ng0n2 is controller 0's view of namespace 2 of subsystem 1: its disk is the hidden
+        // path nvme1c0n2, and the head nvme0n2 (subsystem 0's!) is a different namespace.
+        let root = tmpdir("mpath");
+        let sys = root.join("sys");
+        let ctrl = sys.join("devices/pci0/nvme/nvme0");
+        for (disk, nsid) in [("nvme1c0n1", 1), ("nvme1c0n2", 2)] {
+            std::fs::create_dir_all(ctrl.join(disk).join("queue")).unwrap();
+            std::fs::write(ctrl.join(disk).join("nsid"), format!("{nsid}\n")).unwrap();
+        }
+        std::fs::create_dir_all(ctrl.join("ng0n2")).unwrap();
+        std::fs::create_dir_all(sys.join("block/nvme0n2/queue")).unwrap();
+        let class = sys.join("class/nvme-generic/ng0n2");
+        std::fs::create_dir_all(&class).unwrap();
+        std::os::unix::fs::symlink(&ctrl, class.join("device")).unwrap();
+        let dev = root.join("ng0n2");
+        std::fs::write(&dev, b"").unwrap();
+        assert_eq!(
+            namespace_sysfs(&sys, &dev, 2),
+            Some(ctrl.join("nvme1c0n2")),
+            "resolved by nsid through the controller"
+        );
+        assert_eq!(namespace_sysfs(&sys, &dev, 3), None, "no such namespace");
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

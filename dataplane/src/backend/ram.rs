@@ -1,4 +1,4 @@
-//! The RAM backend: a lazily backed anonymous mapping. Untouched blocks read as zeros without
+//! The RAM backend: a shared mapping of a tmpfs file (named, or a memfd). Untouched blocks read as zeros without
 //! taking memory; pages are allocated on first write and given back on discard.
 //!
 //! The mapping reserves address space (not memory) beyond the volume's size so the volume can
@@ -6,7 +6,7 @@
 
 use super::{full, Backend, BackendError, Data, IoCtx, Request, Started};
 use crate::stats::OpKind;
-use crate::sys::os::Mapping;
+use crate::sys::os::{self, Mapping};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Address space reserved for growth of small RAM volumes.
@@ -16,23 +16,19 @@ pub const GROWTH_RESERVE: u64 = 64 << 30;
 pub struct RamBackend {
     mem: Mapping,
     size: AtomicU64,
-    /// The tmpfs file behind a persistent RAM volume; resized with the volume.
-    file: Option<std::fs::File>,
+    /// The tmpfs file behind the volume: a named one for a persistent RAM volume, else a memfd.
+    /// Resized with the volume; its block count is the memory the volume uses.
+    file: std::fs::File,
 }
 
 impl RamBackend {
+    /// A RAM volume that lives as long as this process (its memory is a memfd).
     pub fn new(size: u64) -> Result<Self, BackendError> {
-        let reserve = size.saturating_mul(4).max(GROWTH_RESERVE);
-        let len = usize::try_from(reserve).map_err(|_| BackendError::Memory {
-            size,
-            source: std::io::Error::from_raw_os_error(libc::EFBIG),
-        })?;
-        let mem =
-            Mapping::anonymous(len).map_err(|source| BackendError::Memory { size, source })?;
-        Ok(Self {
-            mem,
-            size: AtomicU64::new(size),
-            file: None,
+        let file =
+            os::memfd("ublkd-ram").map_err(|source| BackendError::Memory { size, source })?;
+        Self::from_file(file, size).map_err(|e| match e {
+            BackendError::Open { source, .. } => BackendError::Memory { size, source },
+            other => other,
         })
     }
 
@@ -53,6 +49,17 @@ impl RamBackend {
             .truncate(false)
             .open(path)
             .map_err(open_err)?;
+        Self::from_file(file, size).map_err(|e| match e {
+            BackendError::Open { source, .. } => open_err(source),
+            other => other,
+        })
+    }
+
+    fn from_file(file: std::fs::File, size: u64) -> Result<Self, BackendError> {
+        let open_err = |source| BackendError::Open {
+            path: std::path::PathBuf::new(),
+            source,
+        };
         if file.metadata().map_err(open_err)?.len() < size {
             file.set_len(size).map_err(open_err)?;
         }
@@ -67,7 +74,7 @@ impl RamBackend {
         Ok(Self {
             mem,
             size: AtomicU64::new(size),
-            file: Some(file),
+            file,
         })
     }
 
@@ -111,8 +118,10 @@ impl Backend for RamBackend {
         }
     }
 
+    /// The tmpfs file's allocated blocks: one fstat, whatever the volume's size (pages are
+    /// allocated on first write and freed by discard, MADV_REMOVE).
     fn memory_bytes(&self) -> u64 {
-        self.mem.resident_bytes()
+        os::allocated_bytes(&self.file)
     }
 
     fn resize(&self, size: u64) -> Result<(), BackendError> {
@@ -120,11 +129,10 @@ impl Backend for RamBackend {
         if size > max {
             return Err(BackendError::CannotGrow { size, max });
         }
-        if let Some(f) = &self.file {
-            if f.metadata().map(|m| m.len()).unwrap_or(0) < size {
-                f.set_len(size)
-                    .map_err(|source| BackendError::Memory { size, source })?;
-            }
+        if self.file.metadata().map(|m| m.len()).unwrap_or(0) < size {
+            self.file
+                .set_len(size)
+                .map_err(|source| BackendError::Memory { size, source })?;
         }
         self.size.store(size, Ordering::Relaxed);
         Ok(())

@@ -74,7 +74,15 @@ pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
 fn build_daemon_binaries(ws: &Path) -> Result<()> {
     let status = crate::cargo()
         .current_dir(ws)
-        .args(["build", "--package", "ublkd-server", "--package", "ublkctl"])
+        .args([
+            "build",
+            "--package",
+            "ublkd-server",
+            "--package",
+            "ublkctl",
+            "--features",
+            "ublkd-server/test-hooks",
+        ])
         .status()
         .context("running cargo build")?;
     if !status.success() {

@@ -1,0 +1,115 @@
+//! Fault injection for tests: named faults armed a number of times, fired at the step they name.
+//!
+//! Built only with the `test-hooks` feature (the VM tests and their ublkd enable it); without it
+//! [`fire`] is a constant `false` and the compiler removes every call site. A fault is armed in
+//! process (`arm`) or, for a daemon, from `UBLKD_TEST_FAULTS=name[=count],...` at start
+//! (`arm_from_env`).
+
+/// The faults the dataplane can be made to suffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A batch commit carries a duplicate of its first element second: the kernel refuses it
+    /// (the tag is no longer ours) and handles only the first element.
+    CommitBadElement,
+    /// A worker's attach fails after the queue's descriptors were mapped.
+    AttachFails,
+    /// Taking a device over fails after START_USER_RECOVERY (while attaching its queues).
+    RecoverAfterStart,
+    /// START_USER_RECOVERY answers -EBUSY, as the driver does while the old server's files close.
+    RecoverBusy,
+    /// A worker's ring wait fails with an error no retry can fix.
+    RingFatal,
+    /// A worker's ring wait fails with -EAGAIN (the kernel is short of memory for a moment).
+    RingTransient,
+    /// An NVMe command completes with a retryable path error (SCT 3, DNR clear).
+    NvmePathError,
+}
+
+impl Fault {
+    const ALL: [Fault; 7] = [
+        Fault::CommitBadElement,
+        Fault::AttachFails,
+        Fault::RecoverAfterStart,
+        Fault::RecoverBusy,
+        Fault::RingFatal,
+        Fault::RingTransient,
+        Fault::NvmePathError,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::CommitBadElement => "commit_bad_element",
+            Fault::AttachFails => "attach_fails",
+            Fault::RecoverAfterStart => "recover_after_start",
+            Fault::RecoverBusy => "recover_busy",
+            Fault::RingFatal => "ring_fatal",
+            Fault::RingTransient => "ring_transient",
+            Fault::NvmePathError => "nvme_path_error",
+        }
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+mod armed {
+    use super::Fault;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static COUNTS: [AtomicU32; Fault::ALL.len()] = [const { AtomicU32::new(0) }; Fault::ALL.len()];
+
+    fn index(f: Fault) -> usize {
+        Fault::ALL.iter().position(|&x| x == f).unwrap_or(0)
+    }
+
+    /// The next `times` passes through `f`'s step fail.
+    pub fn arm(f: Fault, times: u32) {
+        COUNTS[index(f)].store(times, Ordering::SeqCst);
+    }
+
+    /// Whether `f` fires now (consuming one arming).
+    pub fn fire(f: Fault) -> bool {
+        COUNTS[index(f)]
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Arms the faults named in `UBLKD_TEST_FAULTS` (`name[=count],...`; count defaults to 1).
+    pub fn arm_from_env() {
+        let Ok(spec) = std::env::var("UBLKD_TEST_FAULTS") else {
+            return;
+        };
+        for item in spec.split(',').filter(|s| !s.is_empty()) {
+            let (name, count) = item.split_once('=').unwrap_or((item, "1"));
+            if let Some(f) = Fault::ALL.iter().find(|f| f.name() == name) {
+                arm(*f, count.parse().unwrap_or(1));
+            }
+        }
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+pub use armed::{arm, arm_from_env, fire};
+
+/// Without `test-hooks` no fault ever fires.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn fire(_: Fault) -> bool {
+    false
+}
+
+/// Without `test-hooks` there is nothing to arm.
+#[cfg(not(feature = "test-hooks"))]
+pub fn arm_from_env() {}
+
+#[cfg(all(test, feature = "test-hooks"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_armed_fault_fires_as_often_as_armed() {
+        arm(Fault::NvmePathError, 2);
+        assert!(fire(Fault::NvmePathError));
+        assert!(fire(Fault::NvmePathError));
+        assert!(!fire(Fault::NvmePathError));
+        assert!(!fire(Fault::RingFatal), "other faults stay unarmed");
+    }
+}
