@@ -180,6 +180,18 @@ impl ControlDevice {
             .map(drop)
     }
 
+    /// `DEL_DEV_ASYNC`: removes the device without waiting for its last reference to go.
+    pub fn del_dev_async(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        self.exec(
+            "DEL_DEV_ASYNC",
+            sys::UBLK_U_CMD_DEL_DEV_ASYNC,
+            dev_id,
+            0,
+            None,
+        )
+        .map(|_| ())
+    }
+
     /// `DEL_DEV`: forgets the device; needs every fd and mapping of `/dev/ublkcN` closed.
     pub fn del_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
         self.exec("DEL_DEV", sys::UBLK_U_CMD_DEL_DEV, dev_id, 0, None)

@@ -9,9 +9,10 @@ use crate::backend::{self, BackendError};
 use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
+use crate::hooks::{self, Fault};
 use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
-use crate::worker::{Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
+use crate::worker::{AttachError, Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
@@ -77,6 +78,12 @@ pub enum DataplaneError {
         #[source]
         source: WorkerError,
     },
+    #[error("worker did not answer the attach of queue {q_id} in time")]
+    AttachTimeout { q_id: u16 },
+    #[error("the previous server of device {0} did not let go in time")]
+    ReleaseTimeout(u32),
+    #[error("device {0} is half taken over and a queue is stuck in the kernel: the next ublkd start takes it over")]
+    RecoveryStuck(u32),
     #[error("no device {0}")]
     NoSuchDevice(u32),
     #[error("queues of device {0} did not stop within the timeout")]
@@ -127,7 +134,10 @@ impl DataplaneError {
                 source: WorkerError::Full,
                 ..
             } => ErrorKind::ResourceExhausted,
-            DataplaneError::Gone => ErrorKind::Unavailable,
+            DataplaneError::Gone
+            | DataplaneError::ReleaseTimeout(_)
+            | DataplaneError::AttachTimeout { .. } => ErrorKind::Unavailable,
+            DataplaneError::RecoveryStuck(_) => ErrorKind::FailedPrecondition,
             _ => ErrorKind::Internal,
         }
     }
@@ -267,8 +277,28 @@ struct WorkerThread {
 struct Device {
     info: DeviceInfo,
     backend: Arc<dyn backend::Backend>,
+    /// Stats of every queue a worker serves or still holds commands of (each reports when it
+    /// is gone).
     queues: Vec<Arc<QueueStats>>,
+    /// Queues attached and accepted by the kernel (0..attached).
+    attached: u16,
+    /// A queue's attach failed while the worker held commands of it: they stay with the kernel
+    /// until the device stops or the process exits, so the queue cannot be attached again.
+    stuck: bool,
     cdev: Option<Arc<File>>,
+}
+
+impl Device {
+    fn new(info: DeviceInfo, backend: Arc<dyn backend::Backend>) -> Self {
+        Self {
+            info,
+            backend,
+            queues: Vec::new(),
+            attached: 0,
+            stuck: false,
+            cdev: None,
+        }
+    }
 }
 
 struct Control {
@@ -277,6 +307,9 @@ struct Control {
     iopoll_shared: bool,
     workers: Vec<WorkerThread>,
     devices: BTreeMap<u32, Device>,
+    /// Devices whose takeover started (START_USER_RECOVERY) but did not finish: quiesced in the
+    /// kernel, the queues attached so far kept, resumed by the next `recover` of the same id.
+    recovering: BTreeMap<u32, Device>,
     gone_tx: Sender<(u32, u16)>,
     gone_rx: Receiver<(u32, u16)>,
     timeout: Duration,
@@ -309,6 +342,7 @@ impl Handle {
             iopoll_shared,
             workers,
             devices: BTreeMap::new(),
+            recovering: BTreeMap::new(),
             gone_tx,
             gone_rx,
             timeout: config.timeout,
@@ -520,7 +554,12 @@ impl Control {
     }
 
     fn shutdown(&mut self) -> Result<(), DataplaneError> {
-        let ids: Vec<u32> = self.devices.keys().copied().collect();
+        let ids: Vec<u32> = self
+            .devices
+            .keys()
+            .chain(self.recovering.keys())
+            .copied()
+            .collect();
         let mut first_err = None;
         for id in ids {
             if let Err(e) = self.delete(id) {
@@ -565,10 +604,7 @@ impl Control {
                         return Err(DataplaneError::Busy { dev_id, pid });
                     }
                     if Instant::now() >= deadline {
-                        return Err(DataplaneError::NotRecoverable {
-                            dev_id,
-                            why: "the previous server did not let go in time".into(),
-                        });
+                        return Err(DataplaneError::ReleaseTimeout(dev_id));
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -583,6 +619,11 @@ impl Control {
         })?;
         if self.devices.contains_key(&dev_id) {
             return Err(DataplaneError::AlreadyOwned(dev_id));
+        }
+        if let Some(device) = self.recovering.remove(&dev_id) {
+            // A takeover that failed half way: the device is still ours and quiesced.
+            let kernel_size = device.info.spec.size_bytes;
+            return self.finish_recovery(device, kernel_size, spec.size_bytes);
         }
         spec.validate(max_queues())?;
         let info = self.wait_released(dev_id)?;
@@ -625,12 +666,14 @@ impl Control {
                 why: "the device is zero copy without USER_COPY, and this backend copies".into(),
             });
         }
-        let mut device = Device {
-            info: DeviceInfo {
+        let device = Device::new(
+            DeviceInfo {
                 dev_id,
                 spec: DeviceSpec {
                     max_io_bytes: info.max_io_buf_bytes,
                     force_copy_fallback: spec.force_copy_fallback || copy_only,
+                    // Never shrink a device on takeover; a larger recorded size is applied below.
+                    size_bytes: kernel_size,
                     ..spec.clone()
                 },
                 io_path: path,
@@ -641,34 +684,74 @@ impl Control {
                 char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
             },
             backend,
-            queues: Vec::new(),
-            cdev: None,
-        };
-        let result = self
-            .ctrl
-            .start_recovery(dev_id)
-            .map_err(DataplaneError::from)
-            .and_then(|()| {
-                self.attach_queues(&mut device)?;
-                self.ctrl.end_recovery(dev_id)?;
-                if kernel_size != spec.size_bytes {
-                    // A resize recorded but not (or not wholly) applied before a crash: the spec wins.
-                    device.backend.resize(spec.size_bytes)?;
-                    self.ctrl.update_size(dev_id, spec.size_bytes / 512)?;
+        );
+        self.start_recovery(dev_id)?;
+        self.finish_recovery(device, kernel_size, spec.size_bytes)
+    }
+
+    /// START_USER_RECOVERY, retrying -EBUSY with a bounded back-off: the driver marks the
+    /// device QUIESCED before it clears its open bit, so a device found released can still be
+    /// busy for a moment.
+    fn start_recovery(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let r = if hooks::fire(Fault::RecoverBusy) {
+                Err(CtrlError::Command {
+                    command: "START_USER_RECOVERY",
+                    source: std::io::Error::from_raw_os_error(libc::EBUSY),
+                })
+            } else {
+                self.ctrl.start_recovery(dev_id)
+            };
+            match r {
+                Err(CtrlError::Command { ref source, .. })
+                    if source.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                Ok(())
-            });
-        match result {
-            Ok(()) => {
-                let out = device.info.clone();
-                self.devices.insert(dev_id, device);
-                Ok(out)
-            }
-            Err(e) => {
-                let _ = self.tear_down(&mut device);
-                Err(e)
+                other => return Ok(other?),
             }
         }
+    }
+
+    /// Attaches the queues not attached yet and ends the recovery. On failure nothing is torn
+    /// down: the device stays quiesced in the kernel (applications wait, mounts and open files
+    /// stay) and is kept for the next `recover` of its id, which resumes here.
+    fn finish_recovery(
+        &mut self,
+        mut device: Device,
+        kernel_size: u64,
+        wanted_size: u64,
+    ) -> Result<DeviceInfo, DataplaneError> {
+        let dev_id = device.info.dev_id;
+        if device.stuck {
+            self.recovering.insert(dev_id, device);
+            return Err(DataplaneError::RecoveryStuck(dev_id));
+        }
+        let r = self
+            .attach_queues(&mut device, true)
+            .and_then(|()| Ok(self.ctrl.end_recovery(dev_id)?));
+        if let Err(e) = r {
+            self.recovering.insert(dev_id, device);
+            return Err(e);
+        }
+        if wanted_size > kernel_size {
+            // A grow recorded but not (or not wholly) applied before a crash. The device serves
+            // either way: if growing fails it keeps its size, which its info reports.
+            let grown = device
+                .backend
+                .resize(wanted_size)
+                .map_err(DataplaneError::from)
+                .and_then(|()| Ok(self.ctrl.update_size(dev_id, wanted_size / 512)?));
+            if grown.is_ok() {
+                device.info.spec.size_bytes = wanted_size;
+            }
+        }
+        let out = device.info.clone();
+        self.devices.insert(dev_id, device);
+        Ok(out)
     }
 
     fn kernel_devices(&mut self) -> Result<Vec<KernelDevice>, DataplaneError> {
@@ -705,14 +788,16 @@ impl Control {
                 queue_depth: info.queue_depth,
                 pid: info.ublksrv_pid,
                 size_bytes,
-                owned: self.devices.contains_key(&dev_id),
+                // A device whose takeover is under way is not served yet: its volume's next
+                // restore resumes the takeover.
+                owned: false,
             });
         }
         Ok(out)
     }
 
     fn delete_foreign(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
-        if self.devices.contains_key(&dev_id) {
+        if self.devices.contains_key(&dev_id) || self.recovering.contains_key(&dev_id) {
             return Err(DataplaneError::AlreadyOwned(dev_id));
         }
         let info = self.ctrl.dev_info(dev_id).map_err(|e| match e {
@@ -888,6 +973,7 @@ impl Control {
             // Passthrough is never split: requests must fit the device's transfer limit.
             spec.max_io_bytes = spec.max_io_bytes.min(l.max_io_bytes);
         }
+        spec.max_io_bytes = spec.max_io_bytes.min(copy_max_io(spec.queue_depth));
         let wanted = spec.wanted_flags(self.features, path, zero_copy);
         let granted = self.ctrl.add_dev(&spec.dev_info(wanted))?;
         let dev_id = granted.dev_id;
@@ -901,12 +987,7 @@ impl Control {
             block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
             char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
         };
-        let mut device = Device {
-            info: info.clone(),
-            backend,
-            queues: Vec::new(),
-            cdev: None,
-        };
+        let mut device = Device::new(info.clone(), backend);
         match self.bring_up(&mut device, &granted, wanted) {
             Ok(()) => {
                 self.devices.insert(dev_id, device);
@@ -941,20 +1022,36 @@ impl Control {
         let limits = device.backend.limits();
         self.ctrl
             .set_params(dev_id, &device.info.spec.params(limits.as_ref()))?;
-        self.attach_queues(device)?;
+        self.attach_queues(device, false)?;
         self.ctrl.start_dev(dev_id)?;
         Ok(())
     }
 
-    /// Opens `/dev/ublkcN` and hands every queue to its worker, which maps it and arms its
-    /// fetches before replying.
-    fn attach_queues(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
+    /// Opens `/dev/ublkcN` (once) and hands every queue not attached yet to its worker, which
+    /// maps it, arms its commands and replies once the kernel has accepted them.
+    fn attach_queues(
+        &mut self,
+        device: &mut Device,
+        recovering: bool,
+    ) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
-        let cdev = Arc::new(open_char_device(&device.info.char_device, self.timeout)?);
-        device.cdev = Some(Arc::clone(&cdev));
+        let cdev = match &device.cdev {
+            Some(c) => Arc::clone(c),
+            None => {
+                let c = Arc::new(open_char_device(&device.info.char_device, self.timeout)?);
+                device.cdev = Some(Arc::clone(&c));
+                c
+            }
+        };
         let spec = &device.info.spec;
         let placement = self.placement(device.info.polled);
-        for q in 0..spec.queues {
+        for q in device.attached..spec.queues {
+            if recovering && q + 1 == spec.queues && hooks::fire(Fault::RecoverAfterStart) {
+                return Err(DataplaneError::Attach {
+                    q_id: q,
+                    source: WorkerError::Injected,
+                });
+            }
             let stats = Arc::new(QueueStats::default());
             let setup = Box::new(QueueSetup {
                 dev_id,
@@ -976,13 +1073,23 @@ impl Control {
             w.tx.send(WorkerCmd::Attach(setup, reply))
                 .map_err(|_| DataplaneError::Gone)?;
             let _ = w.event.notify();
-            // A queue whose attach failed still counts: the worker tears it down when the
-            // kernel lets go of its commands, and tells us as for any other queue.
+            // Counted until told otherwise: the worker reports every queue it holds commands of
+            // when the kernel lets go of them.
             device.queues.push(stats);
             match rx.recv_timeout(self.timeout) {
-                Ok(Ok(())) => {}
-                Ok(Err(source)) => return Err(DataplaneError::Attach { q_id: q, source }),
-                Err(_) => return Err(DataplaneError::Gone),
+                Ok(Ok(())) => device.attached += 1,
+                Ok(Err(AttachError { source, held })) => {
+                    if held {
+                        device.stuck = true;
+                    } else {
+                        device.queues.pop();
+                    }
+                    return Err(DataplaneError::Attach { q_id: q, source });
+                }
+                Err(_) => {
+                    device.stuck = true;
+                    return Err(DataplaneError::AttachTimeout { q_id: q });
+                }
             }
         }
         Ok(())
@@ -992,16 +1099,24 @@ impl Control {
         let mut device = self
             .devices
             .remove(&dev_id)
+            .or_else(|| self.recovering.remove(&dev_id))
             .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
         self.tear_down(&mut device)
     }
 
-    /// STOP_DEV, wait until every attached queue is gone, close our fd, DEL_DEV.
+    /// STOP_DEV, wait until every attached queue is gone, close our fd, DEL_DEV. When queues
+    /// do not let go in time the device is deleted all the same with DEL_DEV_ASYNC, which
+    /// returns at once (the kernel frees it when the last reference goes): no leaked device,
+    /// and a stuck one cannot block the control thread.
     fn tear_down(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
         let stop = self.ctrl.stop_dev(dev_id);
-        self.wait_queues_gone(device)?;
+        let gone = self.wait_queues_gone(device);
         device.cdev = None;
+        if gone.is_err() {
+            let _ = self.ctrl.del_dev_async(dev_id);
+            return gone;
+        }
         stop?;
         self.ctrl.del_dev(dev_id)?;
         Ok(())
@@ -1039,6 +1154,14 @@ impl Control {
             memory_bytes: device.backend.memory_bytes(),
         })
     }
+}
+
+/// Most bytes per request for a queue of `depth` tags: a queue's copy buffers (`depth` of
+/// them) are one io_uring registration, which may not exceed 1 GiB. The kernel splits larger
+/// requests, so the cap costs nothing but request size at very deep queues.
+fn copy_max_io(depth: u16) -> u32 {
+    let per_tag = (1u32 << 30) / u32::from(depth.max(1));
+    (per_tag & !4095).max(4096)
 }
 
 /// The data path a device's flags ask for that this server does not speak, if any: serving such
@@ -1105,6 +1228,20 @@ fn open_char_device(path: &PathBuf, timeout: Duration) -> Result<File, Dataplane
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_buffers_of_a_queue_fit_one_registration() {
+        for depth in [1u16, 32, 128, 1000, 4096] {
+            let max = copy_max_io(depth);
+            assert_eq!(max % 4096, 0);
+            assert!(
+                u64::from(max) * u64::from(depth) <= 1 << 30,
+                "depth {depth}"
+            );
+        }
+        assert_eq!(copy_max_io(4096), 256 << 10);
+        assert_eq!(copy_max_io(128), 8 << 20);
+    }
 
     #[test]
     fn recovery_refuses_data_paths_ublkd_does_not_speak() {

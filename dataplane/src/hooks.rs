@@ -11,7 +11,8 @@ pub enum Fault {
     /// A batch commit carries a duplicate of its first element second: the kernel refuses it
     /// (the tag is no longer ours) and handles only the first element.
     CommitBadElement,
-    /// A worker's attach fails after the queue's descriptors were mapped.
+    /// A worker's attach of a queue other than the first fails after the queue's descriptors
+    /// were mapped (the first queue is attached and armed by then).
     AttachFails,
     /// Taking a device over fails after START_USER_RECOVERY (while attaching its queues).
     RecoverAfterStart,
@@ -26,6 +27,7 @@ pub enum Fault {
 }
 
 impl Fault {
+    #[cfg(feature = "test-hooks")]
     const ALL: [Fault; 7] = [
         Fault::CommitBadElement,
         Fault::AttachFails,

@@ -111,13 +111,33 @@ pub enum WorkerError {
     Buffers(#[source] std::io::Error),
     #[error("worker has no free queue slot")]
     Full,
+    #[error("the kernel refused the queue's commands (errno {0})")]
+    Refused(i32),
+    #[error("the queue stopped before the kernel accepted its commands")]
+    Stopped,
+    #[error("fault injected by a test hook")]
+    Injected,
 }
+
+/// A failed attach. `held`: the worker still holds commands of the queue in the kernel and
+/// reports the queue gone (as for any other queue) once the kernel lets go of them; otherwise
+/// nothing of the queue remains and no report follows.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct AttachError {
+    #[source]
+    pub source: WorkerError,
+    pub held: bool,
+}
+
+type AttachReply = SyncSender<Result<(), AttachError>>;
 
 /// Commands a worker takes from the control thread.
 #[derive(Debug)]
 pub enum WorkerCmd {
-    /// Start serving a queue: map it, arm its fetches; reply once they are submitted.
-    Attach(Box<QueueSetup>, SyncSender<Result<(), WorkerError>>),
+    /// Start serving a queue: map it, arm its fetches; reply once the kernel has accepted them
+    /// (batch: PREP_IO_CMDS completed; per-IO: the FETCH_REQs were submitted and none failed).
+    Attach(Box<QueueSetup>, AttachReply),
     /// Exit once no queue is left.
     Shutdown,
     /// Stop serving at once and never release the ring: the process is about to exit and the
@@ -164,6 +184,8 @@ struct Queue {
     outstanding: usize,
     /// The kernel aborted a fetch: the device is going away.
     stopping: bool,
+    /// The control thread waits for the kernel to accept this queue's commands.
+    attach_reply: Option<AttachReply>,
 }
 
 impl Queue {
@@ -259,6 +281,8 @@ pub struct Worker {
     dirty: Vec<u16>,
     /// Requests started in this loop iteration.
     handled: u64,
+    /// Queues whose attach is not answered yet.
+    attaching: Vec<u16>,
     shutdown: bool,
     abandon: bool,
 }
@@ -283,6 +307,7 @@ impl Worker {
             cqes: Vec::with_capacity(1024),
             dirty: Vec::new(),
             handled: 0,
+            attaching: Vec::new(),
             shutdown: false,
             abandon: false,
         })
@@ -307,6 +332,9 @@ impl Worker {
                 }
             }
             self.cqes = cqes;
+            if !self.attaching.is_empty() {
+                self.answer_attaches();
+            }
             self.flush_commits();
             self.stats.batch(std::mem::take(&mut self.handled));
             self.reap_dead_queues();
@@ -389,7 +417,9 @@ impl Worker {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
                 WorkerCmd::Attach(setup, reply) => {
-                    let _ = reply.send(self.attach(setup));
+                    if let Err(e) = self.attach(setup, reply.clone()) {
+                        let _ = reply.send(Err(e));
+                    }
                 }
                 WorkerCmd::Shutdown => self.shutdown = true,
                 WorkerCmd::Abandon => self.abandon = true,
@@ -397,7 +427,13 @@ impl Worker {
         }
     }
 
-    fn attach(&mut self, setup: Box<QueueSetup>) -> Result<(), WorkerError> {
+    /// Maps the queue and arms its commands. On success the reply is sent once the kernel has
+    /// accepted them (`answer_attaches`); on failure the caller sends it.
+    fn attach(&mut self, setup: Box<QueueSetup>, reply: AttachReply) -> Result<(), AttachError> {
+        let clean = |source| AttachError {
+            source,
+            held: false,
+        };
         let slot = match self.queues.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
@@ -405,14 +441,19 @@ impl Worker {
                 self.queues.len() - 1
             }
         };
-        let slot16 = u16::try_from(slot).map_err(|_| WorkerError::Full)?;
+        let slot16 = u16::try_from(slot).map_err(|_| clean(WorkerError::Full))?;
         if setup.placement != Placement::Main && self.rings.poll.is_none() {
-            let mut poll = WorkerRing::new(1024, POLL_FIXED_BUFFERS, true)?;
-            poll.register_eventfd(self.event.raw())?;
+            let mut poll =
+                WorkerRing::new(1024, POLL_FIXED_BUFFERS, true).map_err(|e| clean(e.into()))?;
+            poll.register_eventfd(self.event.raw())
+                .map_err(|e| clean(e.into()))?;
             self.rings.poll = Some(poll);
         }
         let desc = DescMap::map(&setup.cdev, setup.q_id, setup.depth)
-            .map_err(WorkerError::MapDescriptors)?;
+            .map_err(|e| clean(WorkerError::MapDescriptors(e)))?;
+        if setup.q_id > 0 && crate::hooks::fire(crate::hooks::Fault::AttachFails) {
+            return Err(clean(WorkerError::Injected));
+        }
         let depth = usize::from(setup.depth);
         let zc_slots = if !setup.zero_copy {
             Vec::new()
@@ -427,15 +468,20 @@ impl Worker {
                 Some(slots) => slots,
                 // Out of slots: every request takes the fallback, served by copy.
                 None if setup.user_copy => vec![NO_SLOT; depth],
-                None => return Err(WorkerError::Ring(RingError::NoFixedSlot)),
+                None => return Err(clean(WorkerError::Ring(RingError::NoFixedSlot))),
             }
         };
-        let scratch =
-            Arc::new(Mapping::anonymous(depth * SCRATCH_BYTES).map_err(WorkerError::Buffers)?);
         let idle = Tag {
             req: Request::from_desc(&sys::ublksrv_io_desc::default()),
             started: None,
             fallback: false,
+        };
+        let scratch = match Mapping::anonymous(depth * SCRATCH_BYTES) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                self.release_zc_slots(&setup, &zc_slots);
+                return Err(clean(WorkerError::Buffers(e)));
+            }
         };
         let mut q = Queue {
             tags: vec![idle; depth],
@@ -448,27 +494,69 @@ impl Worker {
             batch: None,
             outstanding: 0,
             stopping: false,
+            attach_reply: None,
         };
         if !q.setup.zero_copy {
             if let Err(e) = Self::ensure_bufs(&mut self.rings, &mut q) {
                 self.release_slots(&q);
-                return Err(e);
+                return Err(clean(e));
             }
         }
         let armed = match q.setup.path {
             IoPath::Batch => self.arm_batch(&mut q, slot16),
             _ => self.arm_per_io(&mut q, slot16),
         };
-        if let Err(e) = armed {
-            // Commands already pushed keep their buffers pinned in the ring; the queue stays
-            // in place until the kernel has answered them all.
-            q.stopping = true;
-            self.queues[slot] = Some(q);
-            return Err(e);
+        let on_poll = q.setup.placement.ublk_on_poll();
+        // From here the queue stays in place until the kernel has answered every command
+        // pushed for it (`reap_dead_queues` then reports it gone).
+        let result = armed.and_then(|()| Ok(self.rings.get(on_poll).submit()?));
+        match result {
+            Ok(()) => {
+                q.attach_reply = Some(reply);
+                self.queues[slot] = Some(q);
+                self.attaching.push(slot16);
+                Ok(())
+            }
+            Err(source) => {
+                q.stopping = true;
+                self.queues[slot] = Some(q);
+                Err(AttachError { source, held: true })
+            }
         }
-        self.rings.get(q.setup.placement.ublk_on_poll()).submit()?;
-        self.queues[slot] = Some(q);
-        Ok(())
+    }
+
+    /// Answers attaches whose commands the kernel has accepted or refused. Batch queues are
+    /// answered by their PREP completion (`on_prep`); a per-IO queue once its FETCH_REQs were
+    /// submitted and no completion is left to look at (a refused fetch completes at once).
+    fn answer_attaches(&mut self) {
+        let mut waiting = std::mem::take(&mut self.attaching);
+        waiting.retain(|&slot| {
+            let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+                return false;
+            };
+            let Some(reply) = q.attach_reply.as_ref() else {
+                return false;
+            };
+            if q.stopping {
+                let _ = reply.send(Err(AttachError {
+                    source: WorkerError::Stopped,
+                    held: true,
+                }));
+                q.attach_reply = None;
+                return false;
+            }
+            if q.batch.is_some() {
+                return true;
+            }
+            let on_poll = q.setup.placement.ublk_on_poll();
+            if self.rings.get(on_poll).has_completions() {
+                return true;
+            }
+            let _ = reply.send(Ok(()));
+            q.attach_reply = None;
+            false
+        });
+        self.attaching = waiting;
     }
 
     /// Allocates the queue's copy buffers (and registers them with the backend's ring) unless
@@ -491,14 +579,13 @@ impl Worker {
     }
 
     fn release_slots(&mut self, q: &Queue) {
-        let slots: Vec<u16> = q
-            .zc_slots
-            .iter()
-            .copied()
-            .filter(|&s| s != NO_SLOT)
-            .collect();
+        self.release_zc_slots(&q.setup, &q.zc_slots);
+    }
+
+    fn release_zc_slots(&mut self, setup: &QueueSetup, zc_slots: &[u16]) {
+        let slots: Vec<u16> = zc_slots.iter().copied().filter(|&s| s != NO_SLOT).collect();
         self.rings
-            .get(q.setup.placement.ublk_on_poll())
+            .get(setup.placement.ublk_on_poll())
             .release_kernel_slots(&slots);
     }
 
@@ -795,6 +882,17 @@ impl Worker {
             q.setup.stats.protocol_error(res);
             q.stopping = true;
         }
+        if let Some(reply) = q.attach_reply.take() {
+            let answer = if res < 0 {
+                Err(AttachError {
+                    source: WorkerError::Refused(-res),
+                    held: true,
+                })
+            } else {
+                Ok(())
+            };
+            let _ = reply.send(answer);
+        }
     }
 
     /// Batch: a multishot fetch delivered tags (or ended).
@@ -939,15 +1037,16 @@ impl Worker {
             return true;
         };
         let eb = q.elem_bytes();
-        let n = b.pending.len().min(usize::from(q.setup.depth));
+        let n_max = usize::from(q.setup.depth);
+        let n = b.pending.len().min(n_max);
         let mut sent = std::mem::take(&mut b.committing[i]);
         sent.clear();
         sent.extend(b.pending.drain(..n));
-        if sent.len() >= 2 && crate::hooks::fire(crate::hooks::Fault::CommitBadElement) {
+        if (2..n_max).contains(&sent.len())
+            && crate::hooks::fire(crate::hooks::Fault::CommitBadElement)
+        {
             // Test hook: the first element again, second; the kernel no longer owes us that tag.
-            let first = sent[0];
-            sent.insert(1, first);
-            sent.truncate(usize::from(q.setup.depth));
+            sent.insert(1, sent[0]);
         }
         let n = sent.len();
         for (j, &(tag, res)) in sent.iter().enumerate() {
@@ -995,6 +1094,12 @@ impl Worker {
                 continue;
             }
             if let Some(q) = self.queues[slot].take() {
+                if let Some(reply) = &q.attach_reply {
+                    let _ = reply.send(Err(AttachError {
+                        source: WorkerError::Stopped,
+                        held: true,
+                    }));
+                }
                 if let Some(index) = q.buf_index {
                     let _ = self
                         .rings

@@ -417,11 +417,20 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let v = Arc::clone(&volumes);
     tokio::spawn(async move {
         let started = std::time::Instant::now();
-        v.restore().await;
+        let mut failed = v.restore().await;
         tracing::info!(
             took_ms = started.elapsed().as_millis() as u64,
-            "ublkd ready: every volume restored"
+            failed = failed.len(),
+            "ublkd ready: volumes restored"
         );
+        // Volumes that could not come back stay FAILED (with the reason) and are retried with
+        // a back-off: a takeover that failed half way left its device quiesced, not deleted.
+        let mut pause = std::time::Duration::from_secs(1);
+        while !failed.is_empty() {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(30));
+            failed = v.restore_again(failed).await;
+        }
     });
 
     tokio::select! {

@@ -321,8 +321,27 @@ impl Volumes {
     /// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
     /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
     /// reason.
-    pub async fn restore(&self) {
+    /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
+    pub async fn restore(&self) -> Vec<String> {
         let ids: Vec<String> = self.inner.lock().await.keys().cloned().collect();
+        self.restore_ids(ids).await
+    }
+
+    /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
+    /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
+    /// Returns those that failed again.
+    pub async fn restore_again(&self, ids: Vec<String>) -> Vec<String> {
+        let map = self.inner.lock().await;
+        let ids: Vec<String> = ids
+            .into_iter()
+            .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
+            .collect();
+        drop(map);
+        self.restore_ids(ids).await
+    }
+
+    async fn restore_ids(&self, ids: Vec<String>) -> Vec<String> {
+        let mut failed = Vec::new();
         let kernel: BTreeMap<u32, KernelDevice> = match self.handle() {
             Ok(h) => blocking(move || h.kernel_devices())
                 .await
@@ -367,14 +386,16 @@ impl Volumes {
                 }
                 Err(e) => {
                     let message = crate::status::chain(&e);
-                    tracing::error!(volume = %id, error = %message, "volume could not be restored");
+                    tracing::error!(volume = %id, error = %message, "volume could not be restored; retrying");
                     if let Some(v) = map.get_mut(&id) {
                         v.state = State::Failed;
                         v.message = message;
                     }
+                    failed.push(id);
                 }
             }
         }
+        failed
     }
 
     /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).

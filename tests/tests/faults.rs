@@ -6,7 +6,7 @@
 use anyhow::{ensure, Result};
 use std::time::{Duration, Instant};
 use ublkd_dataplane::hooks::{self, Fault};
-use ublkd_dataplane::{BackendSpec, IoPath};
+use ublkd_dataplane::{BackendSpec, DataplaneError, IoPath};
 use ublkd_proto::v1;
 use ublkd_tests::daemon::{sample, Daemon};
 use ublkd_tests::guest;
@@ -165,5 +165,196 @@ async fn ram_volume_memory_is_measured_in_constant_time() -> Result<()> {
     );
     ensure!(d.exited()?.is_none(), "ublkd is alive: {}", d.log());
     d.stop_with(libc::SIGTERM)?;
+    assert_clean()
+}
+
+/// Polls the volumes until `done` holds for `id`, recording every state seen and checking on
+/// each pass that the block device `dev` still exists (a takeover must never delete it).
+async fn watch_volume(
+    d: &Daemon,
+    id: &str,
+    dev: &str,
+    done: impl Fn(&v1::Volume) -> bool,
+) -> Result<(v1::Volume, Vec<(i32, String)>)> {
+    let mut c = d.volumes().await?;
+    let mut seen: Vec<(i32, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        ensure!(
+            std::path::Path::new(dev).exists(),
+            "{dev} vanished; states seen: {seen:?}\n{}",
+            d.log()
+        );
+        if let Ok(v) = c.get_volume(v1::GetVolumeRequest { id: id.into() }).await {
+            let v = v.into_inner();
+            if seen.last().is_none_or(|(s, _)| *s != v.state) {
+                seen.push((v.state, v.message.clone()));
+            }
+            if done(&v) {
+                return Ok((v, seen));
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{id} never got there; states seen: {seen:?}\n{}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_takeover_keeps_the_device_and_resumes() -> Result<()> {
+    let dir = guest::scratch("takeover")?;
+    let mut d = Daemon::new(&dir, 19602, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let img = d.root.join("t.img");
+    let vol = c
+        .create_volume(v1::CreateVolumeRequest {
+            id: "t".into(),
+            spec: Some(v1::VolumeSpec {
+                size_bytes: 64 * MIB,
+                backend: Some(v1::volume_spec::Backend::File(v1::FileBackend {
+                    path: img.display().to_string(),
+                    create: true,
+                })),
+                queues: Some(2),
+                queue_depth: Some(32),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    let dev = vol.device_path.clone();
+    let pattern = dir.join("pattern");
+    guest::sh(&format!(
+        "head -c 4194304 /dev/urandom > {p} && dd if={p} of={dev} bs=1M oflag=direct status=none",
+        p = pattern.display()
+    ))?;
+    d.stop_with(libc::SIGKILL)?;
+    // A reader that arrives while nobody serves waits (quiesced) and must finish without error
+    // once the device is served again.
+    let back = dir.join("back");
+    let reader = std::process::Command::new("dd")
+        .args([
+            format!("if={dev}"),
+            format!("of={}", back.display()),
+            "bs=1M".into(),
+            "count=4".into(),
+            "iflag=direct".into(),
+            "status=none".into(),
+        ])
+        .spawn()?;
+    // START_USER_RECOVERY is busy three times (retried at once), then the last queue's attach
+    // fails twice: the first attempt and the first retry fail, the second retry resumes.
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "recover_busy=3,recover_after_start=2".into(),
+    )];
+    d.start().await?;
+    let ready = v1::VolumeState::Ready as i32;
+    let failed = v1::VolumeState::Failed as i32;
+    let (v, seen) = watch_volume(&d, "t", &dev, |v| v.state == ready).await?;
+    println!("states seen during the takeover: {seen:?}");
+    ensure!(
+        seen.iter()
+            .any(|(s, m)| *s == failed && m.contains("test hook")),
+        "the failed attempts were visible as FAILED with the reason: {seen:?}"
+    );
+    ensure!(v.device_path == dev, "same device: {v:?}");
+    let out = reader.wait_with_output()?;
+    ensure!(out.status.success(), "the waiting reader got an error");
+    ensure!(
+        std::fs::read(&back)? == std::fs::read(&pattern)?,
+        "the reader got the data written before the crash"
+    );
+    let mut n = d.node().await?;
+    let info = n
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(info.orphans.is_empty(), "no orphans: {:?}", info.orphans);
+    guest::fio(
+        std::path::Path::new(&dev),
+        &["--rw=randrw", "--bs=4k", "--size=16m", "--iodepth=16"],
+    )?;
+    d.stop_with(libc::SIGTERM)?;
+    assert_clean()
+}
+
+#[test]
+fn a_failed_attach_leaves_no_device_behind() -> Result<()> {
+    let dp = guest::dataplane()?;
+    for path in guest::PATHS {
+        // The second queue's attach fails after the first queue was attached and armed.
+        let mut spec = guest::spec(BackendSpec::Null, 16 * MIB, path);
+        spec.queues = 2;
+        hooks::arm(Fault::AttachFails, 1);
+        let err = match dp.add_device(spec.clone()) {
+            Ok(info) => anyhow::bail!("add_device succeeded despite the fault: {info:?}"),
+            Err(e) => e,
+        };
+        println!("{path:?}: {err}");
+        ensure!(
+            matches!(err, DataplaneError::Attach { .. }),
+            "the attach failure is reported as such: {err:?}"
+        );
+        ensure!(dp.list()?.is_empty(), "no device is served");
+        assert_clean()?;
+        // The dataplane still works.
+        let info = dp.add_device(spec)?;
+        guest::fio(
+            &info.block_device,
+            &["--rw=randrw", "--bs=4k", "--size=8m", "--iodepth=8"],
+        )?;
+        dp.delete_device(info.dev_id)?;
+    }
+    dp.shutdown()?;
+    assert_clean()
+}
+
+#[test]
+fn deep_copying_queues_fit_their_buffer_registration() -> Result<()> {
+    // Depth 4096 with 32 MiB requests would need 128 GiB of copy buffers registered as one
+    // fixed buffer; io_uring refuses more than 1 GiB. The request size is capped instead.
+    let dir = guest::scratch("deep")?;
+    let size = 64 * MIB;
+    let backing = guest::backing_file(&dir, "deep.img", size)?;
+    let dp = guest::dataplane()?;
+    for path in guest::PATHS {
+        let mut spec = guest::spec(
+            BackendSpec::File {
+                path: backing.clone(),
+            },
+            size,
+            path,
+        );
+        spec.queues = 1;
+        spec.queue_depth = 4096;
+        spec.max_io_bytes = 32 << 20;
+        spec.zero_copy = ublkd_dataplane::Toggle::Off;
+        let info = dp.add_device(spec)?;
+        println!(
+            "{path:?}: max I/O {} KiB at depth 4096",
+            info.spec.max_io_bytes >> 10
+        );
+        ensure!(u64::from(info.spec.max_io_bytes) * 4096 <= 1 << 30);
+        guest::fio(
+            &info.block_device,
+            &[
+                "--rw=randwrite",
+                "--bsrange=4k-1m",
+                "--iodepth=64",
+                "--size=100%",
+                "--io_size=32m",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+            ],
+        )?;
+        dp.delete_device(info.dev_id)?;
+    }
+    dp.shutdown()?;
     assert_clean()
 }
