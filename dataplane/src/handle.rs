@@ -178,6 +178,10 @@ pub struct WorkerSnapshot {
     /// `stats::BATCH_BOUNDS` bucket, then one for larger values.
     pub batch_buckets: Vec<u64>,
     pub batch_sum: u64,
+    /// None while the worker serves; else the errno of the ring error that stopped it.
+    pub down_errno: Option<u64>,
+    /// Transient ring errors (EAGAIN, ENOMEM) the worker waited out.
+    pub ring_retries: u64,
 }
 
 /// The state of a ublk device as the kernel reports it.
@@ -456,7 +460,7 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
             match Worker::new(rx, ev, st) {
                 Ok(w) => {
                     let _ = ready_tx.send(Ok(()));
-                    let _ = w.run();
+                    w.run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -526,6 +530,8 @@ impl Control {
                                 idle_seconds: idle,
                                 batch_buckets,
                                 batch_sum,
+                                down_errno: w.stats.down_errno(),
+                                ring_retries: w.stats.ring_retries(),
                             }
                         })
                         .collect()));
@@ -569,6 +575,10 @@ impl Control {
         for w in &mut self.workers {
             let _ = w.tx.send(WorkerCmd::Shutdown);
             let _ = w.event.notify();
+            // A worker that stopped on a fatal error stays parked until the process exits.
+            if w.stats.down_errno().is_some() {
+                continue;
+            }
             if let Some(j) = w.join.take() {
                 let _ = j.join();
             }
@@ -860,7 +870,7 @@ impl Control {
             };
             let _ = w.tx.send(cmd);
             let _ = w.event.notify();
-            if quiesced {
+            if quiesced && w.stats.down_errno().is_none() {
                 if let Some(j) = w.join.take() {
                     let _ = j.join();
                 }
@@ -871,7 +881,12 @@ impl Control {
 
     fn wait_queues_gone(&self, device: &Device) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
-        let mut left = device.queues.len();
+        // A failed worker reports nothing: its queues are not waited for.
+        let mut left = device
+            .queues
+            .iter()
+            .filter(|q| !q.is_worker_failed())
+            .count();
         let deadline = Instant::now() + self.timeout;
         while left > 0 {
             let now = Instant::now();
@@ -1113,7 +1128,9 @@ impl Control {
         let stop = self.ctrl.stop_dev(dev_id);
         let gone = self.wait_queues_gone(device);
         device.cdev = None;
-        if gone.is_err() {
+        // A failed worker keeps its queues' files open until the process exits.
+        let held = device.queues.iter().any(|q| q.is_worker_failed());
+        if gone.is_err() || held {
             let _ = self.ctrl.del_dev_async(dev_id);
             return gone;
         }

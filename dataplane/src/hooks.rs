@@ -2,7 +2,7 @@
 //!
 //! Built only with the `test-hooks` feature (the VM tests and their ublkd enable it); without it
 //! [`fire`] is a constant `false` and the compiler removes every call site. A fault is armed in
-//! process (`arm`) or, for a daemon, from `UBLKD_TEST_FAULTS=name[=count],...` at start
+//! process (`arm`) or, for a daemon, from `UBLKD_TEST_FAULTS=name[=count[@skip]],...` at start
 //! (`arm_from_env`).
 
 /// The faults the dataplane can be made to suffer.
@@ -56,7 +56,9 @@ mod armed {
     use super::Fault;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    static COUNTS: [AtomicU32; Fault::ALL.len()] = [const { AtomicU32::new(0) }; Fault::ALL.len()];
+    const N: usize = Fault::ALL.len();
+    static COUNTS: [AtomicU32; N] = [const { AtomicU32::new(0) }; N];
+    static SKIPS: [AtomicU32; N] = [const { AtomicU32::new(0) }; N];
 
     fn index(f: Fault) -> usize {
         Fault::ALL.iter().position(|&x| x == f).unwrap_or(0)
@@ -64,32 +66,48 @@ mod armed {
 
     /// The next `times` passes through `f`'s step fail.
     pub fn arm(f: Fault, times: u32) {
+        arm_after(f, times, 0);
+    }
+
+    /// After `skip` passes through `f`'s step, the next `times` fail.
+    pub fn arm_after(f: Fault, times: u32, skip: u32) {
+        SKIPS[index(f)].store(skip, Ordering::SeqCst);
         COUNTS[index(f)].store(times, Ordering::SeqCst);
     }
 
-    /// Whether `f` fires now (consuming one arming).
+    /// Whether `f` fires now (consuming one pass to skip, else one arming).
     pub fn fire(f: Fault) -> bool {
-        COUNTS[index(f)]
+        let i = index(f);
+        if COUNTS[i].load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let skipped = SKIPS[i]
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+            .is_ok();
+        !skipped
+            && COUNTS[i]
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
     }
 
-    /// Arms the faults named in `UBLKD_TEST_FAULTS` (`name[=count],...`; count defaults to 1).
+    /// Arms the faults named in `UBLKD_TEST_FAULTS` (`name[=count[@skip]],...`; count
+    /// defaults to 1, skip to 0).
     pub fn arm_from_env() {
         let Ok(spec) = std::env::var("UBLKD_TEST_FAULTS") else {
             return;
         };
         for item in spec.split(',').filter(|s| !s.is_empty()) {
-            let (name, count) = item.split_once('=').unwrap_or((item, "1"));
+            let (name, rest) = item.split_once('=').unwrap_or((item, "1"));
+            let (count, skip) = rest.split_once('@').unwrap_or((rest, "0"));
             if let Some(f) = Fault::ALL.iter().find(|f| f.name() == name) {
-                arm(*f, count.parse().unwrap_or(1));
+                arm_after(*f, count.parse().unwrap_or(1), skip.parse().unwrap_or(0));
             }
         }
     }
 }
 
 #[cfg(feature = "test-hooks")]
-pub use armed::{arm, arm_from_env, fire};
+pub use armed::{arm, arm_after, arm_from_env, fire};
 
 /// Without `test-hooks` no fault ever fires.
 #[cfg(not(feature = "test-hooks"))]
@@ -113,5 +131,10 @@ mod tests {
         assert!(fire(Fault::NvmePathError));
         assert!(!fire(Fault::NvmePathError));
         assert!(!fire(Fault::RingFatal), "other faults stay unarmed");
+        arm_after(Fault::RingFatal, 1, 2);
+        assert!(!fire(Fault::RingFatal));
+        assert!(!fire(Fault::RingFatal));
+        assert!(fire(Fault::RingFatal), "fires after two skipped passes");
+        assert!(!fire(Fault::RingFatal));
     }
 }

@@ -77,6 +77,8 @@ pub struct QueueStats {
     last_protocol_errno: AtomicU64,
     zero_copy_fallbacks: AtomicU64,
     copy_buffer_bytes: AtomicU64,
+    /// The errno that stopped the worker serving this queue (0: it serves).
+    worker_failed_errno: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling (owning) thread writes.
@@ -165,6 +167,18 @@ impl QueueStats {
         bump(&self.zero_copy_fallbacks, 1);
     }
 
+    /// The worker serving this queue stopped on a fatal ring error `errno`: the queue gets no
+    /// more service from this process.
+    pub fn worker_failed(&self, errno: i32) {
+        self.worker_failed_errno
+            .store(u64::from(errno.unsigned_abs().max(1)), Ordering::Relaxed);
+    }
+
+    /// Whether the worker serving this queue has failed.
+    pub fn is_worker_failed(&self) -> bool {
+        self.worker_failed_errno.load(Ordering::Relaxed) != 0
+    }
+
     /// The queue allocated `bytes` of per-tag copy buffers.
     pub fn copy_buffers(&self, bytes: u64) {
         self.copy_buffer_bytes.store(bytes, Ordering::Relaxed);
@@ -187,6 +201,7 @@ impl QueueStats {
             last_protocol_errno: self.last_protocol_errno.load(Ordering::Relaxed),
             zero_copy_fallbacks: self.zero_copy_fallbacks.load(Ordering::Relaxed),
             copy_buffer_bytes: self.copy_buffer_bytes.load(Ordering::Relaxed),
+            worker_failed_errno: self.worker_failed_errno.load(Ordering::Relaxed),
         }
     }
 }
@@ -212,6 +227,8 @@ pub struct StatsSnapshot {
     pub zero_copy_fallbacks: u64,
     /// Memory held in per-tag copy buffers (none with zero copy, until a fallback needs them).
     pub copy_buffer_bytes: u64,
+    /// Nonzero: the worker serving a queue stopped on this errno (a fatal ring error).
+    pub worker_failed_errno: u64,
 }
 
 impl StatsSnapshot {
@@ -237,6 +254,7 @@ impl StatsSnapshot {
         self.last_protocol_errno = self.last_protocol_errno.max(other.last_protocol_errno);
         self.zero_copy_fallbacks += other.zero_copy_fallbacks;
         self.copy_buffer_bytes += other.copy_buffer_bytes;
+        self.worker_failed_errno = self.worker_failed_errno.max(other.worker_failed_errno);
     }
 
     pub fn ops_of(&self, op: OpKind) -> u64 {
@@ -284,9 +302,32 @@ pub struct WorkerStats {
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
     batch: Histogram<10>,
+    /// Transient ring errors (EAGAIN, ENOMEM) waited out.
+    ring_retries: AtomicU64,
+    /// The errno of the fatal ring error that stopped the worker (0: it runs).
+    down_errno: AtomicU64,
 }
 
 impl WorkerStats {
+    pub fn ring_retry(&self) {
+        bump(&self.ring_retries, 1);
+    }
+
+    pub fn ring_retries(&self) -> u64 {
+        self.ring_retries.load(Ordering::Relaxed)
+    }
+
+    /// The worker stopped serving on a fatal ring error.
+    pub fn down(&self, errno: i32) {
+        self.down_errno
+            .store(u64::from(errno.unsigned_abs().max(1)), Ordering::Relaxed);
+    }
+
+    /// None while the worker runs, else the errno that stopped it.
+    pub fn down_errno(&self) -> Option<u64> {
+        Some(self.down_errno.load(Ordering::Relaxed)).filter(|&e| e != 0)
+    }
+
     pub fn busy(&self, d: std::time::Duration) {
         bump(&self.busy_ns, d.as_nanos() as u64);
     }

@@ -39,6 +39,11 @@ fn ud_parts(ud: u64) -> (u64, u16, u16) {
 
 /// Fixed-buffer slots per worker ring: the kernel's maximum, since zero copy takes one per tag.
 const FIXED_BUFFERS: u32 = 16384;
+/// Completion-queue slots of a worker's main ring: one for every zero-copy tag it can serve
+/// (the buffer table bounds those), plus its own commands.
+const MAIN_CQ_ENTRIES: u32 = FIXED_BUFFERS * 2;
+/// Completion-queue slots of a worker's poll ring.
+const POLL_CQ_ENTRIES: u32 = POLL_FIXED_BUFFERS * 2;
 /// Fixed-buffer slots of a worker's poll ring.
 const POLL_FIXED_BUFFERS: u32 = 8192;
 /// The buffer slot handed to the kernel when every registration must fail (test hook).
@@ -295,7 +300,7 @@ impl Worker {
     ) -> Result<Self, WorkerError> {
         Ok(Self {
             rings: Rings {
-                main: WorkerRing::new(1024, FIXED_BUFFERS, false)?,
+                main: WorkerRing::new(1024, MAIN_CQ_ENTRIES, FIXED_BUFFERS, false)?,
                 poll: None,
                 polled: 0,
             },
@@ -313,12 +318,55 @@ impl Worker {
         })
     }
 
-    /// Serves until shut down with no queue left.
-    pub fn run(mut self) -> Result<(), WorkerError> {
+    /// Serves until shut down with no queue left. A fatal ring error stops the service, not
+    /// the thread: the worker marks its queues failed, reports itself down and parks with the
+    /// ring and every buffer the kernel may still write to kept mapped until the process exits.
+    pub fn run(mut self) {
+        if let Err(e) = self.serve() {
+            let errno = match &e {
+                WorkerError::Ring(r) => r.errno(),
+                _ => libc::EIO,
+            };
+            self.stats.down(errno);
+            for q in self.queues.iter_mut().flatten() {
+                q.setup.stats.worker_failed(errno);
+                if let Some(reply) = q.attach_reply.take() {
+                    let _ = reply.send(Err(AttachError {
+                        source: WorkerError::Stopped,
+                        held: true,
+                    }));
+                }
+            }
+            // Attaches still coming get an answer; nothing else is served.
+            while let Ok(cmd) = self.rx.recv() {
+                if let WorkerCmd::Attach(_, reply) = cmd {
+                    let _ = reply.send(Err(AttachError {
+                        source: WorkerError::Stopped,
+                        held: false,
+                    }));
+                }
+            }
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+
+    fn serve(&mut self) -> Result<(), WorkerError> {
         self.arm_event()?;
+        let mut pause = std::time::Duration::from_micros(100);
         loop {
             let idle_from = Instant::now();
-            self.wait()?;
+            match self.wait() {
+                Ok(()) => pause = std::time::Duration::from_micros(100),
+                Err(WorkerError::Ring(RingError::Transient(_))) => {
+                    // Short of memory for a moment: back off, then reap what did complete.
+                    self.stats.ring_retry();
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
             let busy_from = Instant::now();
             self.stats.idle(busy_from - idle_from);
             let mut cqes = std::mem::take(&mut self.cqes);
@@ -354,6 +402,13 @@ impl Worker {
     /// Submits what is queued and waits for work: spins on the poll ring while polled I/O is in
     /// flight, else sleeps on the main ring (the poll ring's completions signal its eventfd).
     fn wait(&mut self) -> Result<(), WorkerError> {
+        if crate::hooks::fire(crate::hooks::Fault::RingTransient) {
+            let e = std::io::Error::from_raw_os_error(libc::EAGAIN);
+            return Err(RingError::Transient(e).into());
+        }
+        if crate::hooks::fire(crate::hooks::Fault::RingFatal) {
+            return Err(RingError::Submit(std::io::Error::from_raw_os_error(libc::EBADR)).into());
+        }
         let Some(poll) = self.rings.poll.as_mut() else {
             self.rings.main.submit_and_wait(1)?;
             return Ok(());
@@ -443,8 +498,8 @@ impl Worker {
         };
         let slot16 = u16::try_from(slot).map_err(|_| clean(WorkerError::Full))?;
         if setup.placement != Placement::Main && self.rings.poll.is_none() {
-            let mut poll =
-                WorkerRing::new(1024, POLL_FIXED_BUFFERS, true).map_err(|e| clean(e.into()))?;
+            let mut poll = WorkerRing::new(1024, POLL_CQ_ENTRIES, POLL_FIXED_BUFFERS, true)
+                .map_err(|e| clean(e.into()))?;
             poll.register_eventfd(self.event.raw())
                 .map_err(|e| clean(e.into()))?;
             self.rings.poll = Some(poll);

@@ -413,6 +413,14 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         volumes = volumes.list().await.len(),
         "ublkd listening; restoring volumes"
     );
+    // A dataplane worker that stops on a fatal error fails its volumes visibly.
+    let v = Arc::clone(&volumes);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            v.check_workers().await;
+        }
+    });
     // Volumes come back while the API already answers (they show as RECOVERING meanwhile).
     let v = Arc::clone(&volumes);
     tokio::spawn(async move {

@@ -216,6 +216,16 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         "Time workers spent handling completions",
         COUNTER,
     );
+    let mut worker_up = Family::new(
+        "ublkd_worker_up",
+        "1 while the worker serves; 0 once a fatal ring error stopped it",
+        GAUGE,
+    );
+    let mut ring_retries = Family::new(
+        "ublkd_worker_ring_retries_total",
+        "Transient io_uring errors (EAGAIN, ENOMEM) a worker waited out",
+        COUNTER,
+    );
     let mut count = Family::new("ublkd_volumes", "Volumes known to this node", GAUGE);
     let mut recoveries = Family::new(
         "ublkd_volume_recoveries_total",
@@ -309,6 +319,8 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         let cpu = w.cpu.to_string();
         let l = [("worker", cpu.as_str())];
         busy.counter(&l, w.busy_seconds);
+        worker_up.gauge(&l, if w.down_errno.is_none() { 1.0 } else { 0.0 });
+        ring_retries.counter(&l, w.ring_retries as f64);
         batch.histogram(&l, &bounds, &w.batch_buckets, w.batch_sum as f64);
     }
     [
@@ -324,6 +336,8 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         info,
         batch,
         busy,
+        worker_up,
+        ring_retries,
         count,
         recoveries,
         recovery_duration,

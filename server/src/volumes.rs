@@ -704,6 +704,33 @@ impl Volumes {
             .collect()
     }
 
+    /// Marks FAILED (with the reason, and a log line) every READY volume one of whose queues
+    /// lost its worker to a fatal ring error. Run periodically; cheap (no control command).
+    pub async fn check_workers(&self) {
+        for (vol, stats) in self.all_stats().await {
+            let Some(errno) = stats
+                .map(|s| s.total.worker_failed_errno)
+                .filter(|&e| e != 0)
+            else {
+                continue;
+            };
+            let mut map = self.inner.lock().await;
+            let Some(v) = map.get_mut(&vol.record.id) else {
+                continue;
+            };
+            if v.state != State::Ready {
+                continue;
+            }
+            let err = std::io::Error::from_raw_os_error(errno as i32);
+            v.state = State::Failed;
+            v.message = format!(
+                "the dataplane worker serving this volume stopped: {err}; \
+                 I/O waits until ublkd is restarted and takes the device over"
+            );
+            tracing::error!(volume = %v.record.id, errno, "a dataplane worker stopped: volume FAILED");
+        }
+    }
+
     pub async fn workers(&self) -> Vec<WorkerSnapshot> {
         let Some(handle) = self.handle.clone() else {
             return Vec::new();

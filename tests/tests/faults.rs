@@ -358,3 +358,104 @@ fn deep_copying_queues_fit_their_buffer_registration() -> Result<()> {
     dp.shutdown()?;
     assert_clean()
 }
+
+#[test]
+fn transient_ring_errors_are_waited_out() -> Result<()> {
+    let dp = guest::dataplane()?;
+    let info = dp.add_device(guest::spec(BackendSpec::Null, 64 * MIB, IoPath::Batch))?;
+    hooks::arm(Fault::RingTransient, 20);
+    guest::fio(
+        &info.block_device,
+        &["--rw=randrw", "--bs=4k", "--iodepth=16", "--io_size=16m"],
+    )?;
+    let consumed = !hooks::fire(Fault::RingTransient);
+    hooks::arm(Fault::RingTransient, 0);
+    let workers = dp.worker_stats()?;
+    let retries: u64 = workers.iter().map(|w| w.ring_retries).sum();
+    println!("ring retries: {retries}");
+    ensure!(consumed, "all 20 transient errors were injected");
+    ensure!(retries == 20, "each counted once: {workers:?}");
+    ensure!(
+        workers.iter().all(|w| w.down_errno.is_none()),
+        "every worker still serves: {workers:?}"
+    );
+    dp.delete_device(info.dev_id)?;
+    dp.shutdown()?;
+    assert_clean()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it() -> Result<()> {
+    let dir = guest::scratch("ringfatal")?;
+    let mut d = Daemon::new(&dir, 19603, "")?;
+    // One worker's ring fails for good a while into the I/O below.
+    d.env = vec![("UBLKD_TEST_FAULTS".into(), "ring_fatal=1@300".into())];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let vol = c
+        .create_volume(v1::CreateVolumeRequest {
+            id: "r".into(),
+            spec: Some(v1::VolumeSpec {
+                size_bytes: 64 * MIB,
+                backend: Some(v1::volume_spec::Backend::Ram(v1::RamBackend {})),
+                queues: Some(2),
+                queue_depth: Some(32),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    let dev = vol.device_path.clone();
+    let fio = std::process::Command::new("fio")
+        .args([
+            "--name=w",
+            &format!("--filename={dev}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=100%",
+            "--io_size=32m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let failed = v1::VolumeState::Failed as i32;
+    let (v, _) = watch_volume(&d, "r", &dev, |v| v.state == failed).await?;
+    println!("FAILED: {}", v.message);
+    ensure!(
+        v.message.contains("worker") && v.message.contains("stopped"),
+        "the reason is given: {v:?}"
+    );
+    let text = d.scrape()?;
+    let up: Vec<Option<f64>> = ["0", "1"]
+        .iter()
+        .map(|w| sample(&text, "ublkd_worker_up", &[("worker", w)]))
+        .collect();
+    println!("ublkd_worker_up: {up:?}");
+    ensure!(
+        up.contains(&Some(0.0)) && up.contains(&Some(1.0)),
+        "one worker down, one up: {up:?}"
+    );
+    ensure!(d.exited()?.is_none(), "ublkd is alive");
+    // The requests the dead worker held wait in the kernel; a restart takes the device over
+    // and the kernel reissues them: fio finishes with its data verified.
+    d.stop_with(libc::SIGKILL)?;
+    d.env.clear();
+    d.start().await?;
+    let vols = d.wait_all_ready().await?;
+    ensure!(vols[0].device_path == dev, "same device: {vols:?}");
+    let out = fio.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "fio verify across the failure: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    d.stop_with(libc::SIGTERM)?;
+    assert_clean()
+}

@@ -22,6 +22,9 @@ pub enum RingError {
     Setup(#[source] io::Error),
     #[error("io_uring submission failed")]
     Submit(#[source] io::Error),
+    /// The kernel is short of memory or resources for a moment (-EAGAIN, -ENOMEM): try again.
+    #[error("io_uring_enter failed for now")]
+    Transient(#[source] io::Error),
     #[error("submission queue full")]
     QueueFull,
     #[error("no completion within {0:?}")]
@@ -32,6 +35,22 @@ pub enum RingError {
     NoFixedSlot,
     #[error("buffer region outside its mapping or not registered")]
     BadRegion,
+}
+
+impl RingError {
+    /// The errno behind the error, for reports (EIO when there is none).
+    pub fn errno(&self) -> i32 {
+        match self {
+            RingError::Setup(e)
+            | RingError::Submit(e)
+            | RingError::Transient(e)
+            | RingError::Register(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            RingError::QueueFull => libc::EBUSY,
+            RingError::Timeout(_) => libc::ETIME,
+            RingError::NoFixedSlot => libc::ENOBUFS,
+            RingError::BadRegion => libc::EFAULT,
+        }
+    }
 }
 
 /// A heap buffer lent to the kernel for one command; its address is stable while the Box moves.

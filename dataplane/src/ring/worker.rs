@@ -190,6 +190,18 @@ fn check(map: &Mapping, r: Region) -> Result<(), RingError> {
     }
 }
 
+/// Sorts an `io_uring_enter` error: nothing to worry about (interrupted; EBUSY: the completion
+/// queue is full or overflowed, which reaping clears; ETIME), transient (EAGAIN, ENOMEM: the
+/// kernel is short of memory for a moment), or fatal (EBADR: completions were dropped; any
+/// other).
+fn enter_error(e: std::io::Error) -> Result<(), RingError> {
+    match e.raw_os_error() {
+        Some(libc::EINTR | libc::EBUSY | libc::ETIME) => Ok(()),
+        Some(libc::EAGAIN | libc::ENOMEM) => Err(RingError::Transient(e)),
+        _ => Err(RingError::Submit(e)),
+    }
+}
+
 impl WorkerRing {
     /// Creates the ring on the calling thread, which becomes its only submitter.
     ///
@@ -198,9 +210,19 @@ impl WorkerRing {
     /// its other ring, which this one wakes through a registered eventfd; task work for it must
     /// therefore run on wakeup (no DEFER_TASKRUN) and interrupt that sleep (no COOP_TASKRUN).
     /// (DEFER_TASKRUN with the eventfd measured no faster in the VM.)
-    pub fn new(entries: u32, fixed_buffers: u32, iopoll: bool) -> Result<Self, RingError> {
+    ///
+    /// The completion queue has `cq_entries` slots. Every ublk command a worker holds can
+    /// complete at once, so it is sized for the most a worker serves; beyond that the kernel
+    /// keeps overflowed completions in a list (IORING_FEAT_NODROP) that the next enter flushes,
+    /// and reports -EBADR only if it could not allocate one, which the worker treats as fatal.
+    pub fn new(
+        entries: u32,
+        cq_entries: u32,
+        fixed_buffers: u32,
+        iopoll: bool,
+    ) -> Result<Self, RingError> {
         let mut b = IoUring::<squeue::Entry128, cqueue::Entry32>::builder();
-        b.setup_single_issuer().setup_cqsize(entries * 4);
+        b.setup_single_issuer().setup_cqsize(cq_entries);
         if iopoll {
             b.setup_iopoll();
         } else {
@@ -592,8 +614,7 @@ impl WorkerRing {
             match self.ring.submit() {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
-                Err(e) => return Err(RingError::Submit(e)),
+                Err(e) => return enter_error(e),
             }
         }
     }
@@ -602,15 +623,7 @@ impl WorkerRing {
     pub fn submit_and_wait(&mut self, want: usize) -> Result<(), RingError> {
         match self.ring.submit_and_wait(want) {
             Ok(_) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::ETIME)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(RingError::Submit(e)),
+            Err(e) => enter_error(e),
         }
     }
 
