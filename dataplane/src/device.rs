@@ -28,18 +28,22 @@ impl IoPath {
         }
     }
 
-    /// The path actually used on a kernel offering `features`.
-    pub fn resolve(self, features: Features) -> Result<IoPath, SpecError> {
+    /// The path actually used on a kernel offering `features`, for queues of `depth` tags
+    /// (the kernel refuses BATCH_IO below [`MIN_BATCH_DEPTH`]; `Auto` then takes per-IO).
+    pub fn resolve(self, features: Features, depth: u16) -> Result<IoPath, SpecError> {
+        let batch = features.contains(Features::BATCH_IO);
         match self {
-            IoPath::Auto if features.contains(Features::BATCH_IO) => Ok(IoPath::Batch),
+            IoPath::Auto if batch && depth >= MIN_BATCH_DEPTH => Ok(IoPath::Batch),
             IoPath::Auto => Ok(IoPath::PerIo),
-            IoPath::Batch if !features.contains(Features::BATCH_IO) => {
-                Err(SpecError::Unsupported("BATCH_IO"))
-            }
+            IoPath::Batch if !batch => Err(SpecError::Unsupported("BATCH_IO")),
+            IoPath::Batch if depth < MIN_BATCH_DEPTH => Err(SpecError::BatchDepth(depth)),
             p => Ok(p),
         }
     }
 }
+
+/// The smallest queue depth the kernel accepts for a BATCH_IO device.
+pub const MIN_BATCH_DEPTH: u16 = 2;
 
 /// A per-device choice the kernel or backend may not offer: `Auto` takes it when offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,6 +131,8 @@ pub enum SpecError {
     MaxIo(u32),
     #[error("the kernel does not offer {0}")]
     Unsupported(&'static str),
+    #[error("queue depth {0} is below 2, the least the batch I/O path accepts")]
+    BatchDepth(u16),
 }
 
 impl DeviceSpec {
@@ -287,13 +293,19 @@ mod tests {
     #[test]
     fn auto_path_follows_the_kernel() {
         let batch = Features(sys::UBLK_F_BATCH_IO);
-        assert_eq!(IoPath::Auto.resolve(batch), Ok(IoPath::Batch));
-        assert_eq!(IoPath::Auto.resolve(Features(0)), Ok(IoPath::PerIo));
+        assert_eq!(IoPath::Auto.resolve(batch, 32), Ok(IoPath::Batch));
+        assert_eq!(IoPath::Auto.resolve(Features(0), 32), Ok(IoPath::PerIo));
         assert_eq!(
-            IoPath::Batch.resolve(Features(0)),
+            IoPath::Batch.resolve(Features(0), 32),
             Err(SpecError::Unsupported("BATCH_IO"))
         );
-        assert_eq!(IoPath::PerIo.resolve(batch), Ok(IoPath::PerIo));
+        assert_eq!(IoPath::PerIo.resolve(batch, 32), Ok(IoPath::PerIo));
+        // Depth 1: the kernel refuses BATCH_IO; auto takes per-IO, an explicit batch is refused.
+        assert_eq!(IoPath::Auto.resolve(batch, 1), Ok(IoPath::PerIo));
+        assert_eq!(
+            IoPath::Batch.resolve(batch, 1),
+            Err(SpecError::BatchDepth(1))
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
 use crate::hooks::{self, Fault};
+use crate::ring::RingError;
 use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
 use crate::worker::{AttachError, Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
@@ -131,7 +132,7 @@ impl DataplaneError {
             DataplaneError::AlreadyOwned(_) => ErrorKind::AlreadyExists,
             DataplaneError::Overlap { .. } => ErrorKind::FailedPrecondition,
             DataplaneError::Attach {
-                source: WorkerError::Full,
+                source: WorkerError::Full | WorkerError::Ring(RingError::NoFixedSlot),
                 ..
             } => ErrorKind::ResourceExhausted,
             DataplaneError::Gone
@@ -156,8 +157,18 @@ pub struct DeviceInfo {
     pub zero_copy: bool,
     /// Backend I/O is polled (IOPOLL ring).
     pub polled: bool,
+    /// Queues of a zero-copy device served by copy: taken over when no worker had buffer slots
+    /// left for them (a new device is refused instead).
+    pub copy_queues: u16,
     pub block_device: PathBuf,
     pub char_device: PathBuf,
+}
+
+impl DeviceInfo {
+    /// Whether every request's pages are lent by the kernel (zero copy on, no queue copying).
+    pub fn zero_copy_in_use(&self) -> bool {
+        self.zero_copy && self.copy_queues == 0
+    }
 }
 
 /// Statistics of one device: its queues merged, plus backend memory.
@@ -690,6 +701,7 @@ impl Control {
                 flags: info.flags,
                 zero_copy,
                 polled,
+                copy_queues: 0,
                 block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
                 char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
             },
@@ -979,7 +991,7 @@ impl Control {
 
     fn add(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
         spec.validate(max_queues())?;
-        let path = spec.io_path.resolve(self.features)?;
+        let path = spec.io_path.resolve(self.features, spec.queue_depth)?;
         let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
         self.check_claim(backend.as_ref(), u32::MAX)?;
         let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), None)?;
@@ -999,6 +1011,7 @@ impl Control {
             flags: granted.flags,
             zero_copy,
             polled,
+            copy_queues: 0,
             block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
             char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
         };
@@ -1058,56 +1071,110 @@ impl Control {
                 c
             }
         };
-        let spec = &device.info.spec;
+        let queues = device.info.spec.queues;
         let placement = self.placement(device.info.polled);
-        for q in device.attached..spec.queues {
-            if recovering && q + 1 == spec.queues && hooks::fire(Fault::RecoverAfterStart) {
+        for q in device.attached..queues {
+            if recovering && q + 1 == queues && hooks::fire(Fault::RecoverAfterStart) {
                 return Err(DataplaneError::Attach {
                     q_id: q,
                     source: WorkerError::Injected,
                 });
             }
-            let stats = Arc::new(QueueStats::default());
-            let setup = Box::new(QueueSetup {
-                dev_id,
-                q_id: q,
-                depth: spec.queue_depth,
-                max_io: spec.max_io_bytes,
-                path: device.info.io_path,
-                zero_copy: device.info.zero_copy,
-                user_copy: device.info.flags & sys::UBLK_F_USER_COPY != 0,
-                force_fallback: spec.force_copy_fallback,
-                placement,
-                cdev: Arc::clone(&cdev),
-                backend: Arc::clone(&device.backend),
-                stats: Arc::clone(&stats),
-                gone: self.gone_tx.clone(),
-            });
-            let w = &self.workers[(dev_id as usize + usize::from(q)) % self.workers.len()];
-            let (reply, rx) = mpsc::sync_channel(1);
-            w.tx.send(WorkerCmd::Attach(setup, reply))
-                .map_err(|_| DataplaneError::Gone)?;
-            let _ = w.event.notify();
-            // Counted until told otherwise: the worker reports every queue it holds commands of
-            // when the kernel lets go of them.
-            device.queues.push(stats);
-            match rx.recv_timeout(self.timeout) {
-                Ok(Ok(())) => device.attached += 1,
-                Ok(Err(AttachError { source, held })) => {
-                    if held {
-                        device.stuck = true;
-                    } else {
-                        device.queues.pop();
+            let home = (dev_id as usize + usize::from(q)) % self.workers.len();
+            // Zero copy takes one buffer slot per tag on the worker's ring: a worker whose
+            // table is full refuses, and the queue goes to the next one that has room. A new
+            // device none can take is refused (RESOURCE_EXHAUSTED); a device being taken over
+            // (its mode is the kernel's) is served by copy on its own worker.
+            let mut tries: Vec<(usize, bool)> = (0..self.workers.len())
+                .map(|i| ((home + i) % self.workers.len(), false))
+                .collect();
+            if recovering && device.info.zero_copy && device.info.flags & sys::UBLK_F_USER_COPY != 0
+            {
+                tries.push((home, true));
+            }
+            let mut last = None;
+            for (w, copy) in tries {
+                match self.attach_queue(device, &cdev, q, w, placement, copy) {
+                    Ok(()) => {
+                        if copy {
+                            device.info.copy_queues += 1;
+                        }
+                        last = None;
+                        break;
                     }
-                    return Err(DataplaneError::Attach { q_id: q, source });
+                    Err(DataplaneError::Attach {
+                        source: WorkerError::Ring(RingError::NoFixedSlot),
+                        ..
+                    }) if !device.stuck => {
+                        last = Some(DataplaneError::Attach {
+                            q_id: q,
+                            source: WorkerError::Ring(RingError::NoFixedSlot),
+                        });
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(_) => {
-                    device.stuck = true;
-                    return Err(DataplaneError::AttachTimeout { q_id: q });
-                }
+            }
+            if let Some(e) = last {
+                return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// Hands queue `q` to worker `w` and waits for its answer.
+    fn attach_queue(
+        &mut self,
+        device: &mut Device,
+        cdev: &Arc<File>,
+        q: u16,
+        w: usize,
+        placement: Placement,
+        copy_if_no_slots: bool,
+    ) -> Result<(), DataplaneError> {
+        let spec = &device.info.spec;
+        let stats = Arc::new(QueueStats::default());
+        let setup = Box::new(QueueSetup {
+            dev_id: device.info.dev_id,
+            q_id: q,
+            depth: spec.queue_depth,
+            max_io: spec.max_io_bytes,
+            path: device.info.io_path,
+            zero_copy: device.info.zero_copy,
+            user_copy: device.info.flags & sys::UBLK_F_USER_COPY != 0,
+            force_fallback: spec.force_copy_fallback,
+            copy_if_no_slots,
+            placement,
+            cdev: Arc::clone(cdev),
+            backend: Arc::clone(&device.backend),
+            stats: Arc::clone(&stats),
+            gone: self.gone_tx.clone(),
+        });
+        let w = &self.workers[w];
+        let (reply, rx) = mpsc::sync_channel(1);
+        w.tx.send(WorkerCmd::Attach(setup, reply))
+            .map_err(|_| DataplaneError::Gone)?;
+        let _ = w.event.notify();
+        // Counted until told otherwise: the worker reports every queue it holds commands of
+        // when the kernel lets go of them.
+        device.queues.push(stats);
+        match rx.recv_timeout(self.timeout) {
+            Ok(Ok(())) => {
+                device.attached += 1;
+                Ok(())
+            }
+            Ok(Err(AttachError { source, held })) => {
+                if held {
+                    device.stuck = true;
+                } else {
+                    device.queues.pop();
+                }
+                Err(DataplaneError::Attach { q_id: q, source })
+            }
+            Err(_) => {
+                device.stuck = true;
+                Err(DataplaneError::AttachTimeout { q_id: q })
+            }
+        }
     }
 
     fn delete(&mut self, dev_id: u32) -> Result<(), DataplaneError> {

@@ -22,13 +22,17 @@ pub enum Fault {
     RingFatal,
     /// A worker's ring wait fails with -EAGAIN (the kernel is short of memory for a moment).
     RingTransient,
-    /// An NVMe command completes with a retryable path error (SCT 3, DNR clear).
+    /// An NVMe command's first attempt completes with a retryable path error (SCT 3, DNR
+    /// clear); its resend goes through.
     NvmePathError,
+    /// An NVMe command completes with a retryable path error, resends included (a path that
+    /// stays down).
+    NvmePathDown,
 }
 
 impl Fault {
     #[cfg(feature = "test-hooks")]
-    const ALL: [Fault; 7] = [
+    const ALL: [Fault; 8] = [
         Fault::CommitBadElement,
         Fault::AttachFails,
         Fault::RecoverAfterStart,
@@ -36,6 +40,7 @@ impl Fault {
         Fault::RingFatal,
         Fault::RingTransient,
         Fault::NvmePathError,
+        Fault::NvmePathDown,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +52,7 @@ impl Fault {
             Fault::RingFatal => "ring_fatal",
             Fault::RingTransient => "ring_transient",
             Fault::NvmePathError => "nvme_path_error",
+            Fault::NvmePathDown => "nvme_path_down",
         }
     }
 }

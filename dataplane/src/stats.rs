@@ -79,6 +79,8 @@ pub struct QueueStats {
     copy_buffer_bytes: AtomicU64,
     /// The errno that stopped the worker serving this queue (0: it serves).
     worker_failed_errno: AtomicU64,
+    /// Backend operations sent again after a passing failure.
+    retries: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling (owning) thread writes.
@@ -174,6 +176,11 @@ impl QueueStats {
             .store(u64::from(errno.unsigned_abs().max(1)), Ordering::Relaxed);
     }
 
+    /// A backend operation failed for a passing reason and is sent again.
+    pub fn retry(&self) {
+        bump(&self.retries, 1);
+    }
+
     /// Whether the worker serving this queue has failed.
     pub fn is_worker_failed(&self) -> bool {
         self.worker_failed_errno.load(Ordering::Relaxed) != 0
@@ -202,6 +209,7 @@ impl QueueStats {
             zero_copy_fallbacks: self.zero_copy_fallbacks.load(Ordering::Relaxed),
             copy_buffer_bytes: self.copy_buffer_bytes.load(Ordering::Relaxed),
             worker_failed_errno: self.worker_failed_errno.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
         }
     }
 }
@@ -229,6 +237,8 @@ pub struct StatsSnapshot {
     pub copy_buffer_bytes: u64,
     /// Nonzero: the worker serving a queue stopped on this errno (a fatal ring error).
     pub worker_failed_errno: u64,
+    /// Backend operations sent again after a passing failure (NVMe path errors, resets).
+    pub retries: u64,
 }
 
 impl StatsSnapshot {
@@ -255,6 +265,7 @@ impl StatsSnapshot {
         self.zero_copy_fallbacks += other.zero_copy_fallbacks;
         self.copy_buffer_bytes += other.copy_buffer_bytes;
         self.worker_failed_errno = self.worker_failed_errno.max(other.worker_failed_errno);
+        self.retries += other.retries;
     }
 
     pub fn ops_of(&self, op: OpKind) -> u64 {

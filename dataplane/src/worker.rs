@@ -28,6 +28,14 @@ const K_BACKEND: u64 = 3;
 const K_PREP: u64 = 4;
 const K_FETCH: u64 = 5;
 const K_COMMIT: u64 = 6;
+const K_COPY_IN: u64 = 7;
+const K_COPY_OUT: u64 = 8;
+const K_RETRY: u64 = 9;
+
+/// Times a backend operation that failed for a passing reason is sent again, and the first
+/// back-off (doubled each time: 1, 2, 4, 8, 16 ms).
+const MAX_RETRIES: u8 = 5;
+const FIRST_BACKOFF_NS: i64 = 1_000_000;
 
 fn ud(kind: u64, slot: u16, low: u16) -> u64 {
     (kind << 56) | (u64::from(slot) << 32) | u64::from(low)
@@ -97,6 +105,9 @@ pub struct QueueSetup {
     /// `/dev/ublkcN` (the AUTO_BUF_REG fallback).
     pub user_copy: bool,
     pub force_fallback: bool,
+    /// With zero copy and no buffer slot left on this worker: serve every request by copy
+    /// (the AUTO_BUF_REG fallback) instead of refusing the queue.
+    pub copy_if_no_slots: bool,
     pub placement: Placement,
     pub cdev: Arc<File>,
     pub backend: Arc<dyn Backend>,
@@ -156,6 +167,10 @@ struct Tag {
     started: Option<Instant>,
     /// Zero copy failed to register this request's buffer: it is served by copy.
     fallback: bool,
+    /// The backend's result while a fallback read's data is copied out to the kernel.
+    result: i32,
+    /// Times the backend operation was sent again.
+    retries: u8,
 }
 
 #[derive(Debug)]
@@ -244,16 +259,27 @@ impl Queue {
         self.bufs.as_ref().map(|b| (b, self.tag_region(tag)))
     }
 
+    /// `tag`'s command payload (one NVMe DSM range).
     fn scratch_region(&self, tag: u16) -> Region {
         Region {
             offset: usize::from(tag) * SCRATCH_BYTES,
-            len: SCRATCH_BYTES,
+            len: PAYLOAD_BYTES,
+        }
+    }
+
+    /// `tag`'s back-off timespec, apart from its payload (a retried discard still needs it).
+    fn timespec_region(&self, tag: u16) -> Region {
+        Region {
+            offset: usize::from(tag) * SCRATCH_BYTES + PAYLOAD_BYTES,
+            len: 16,
         }
     }
 }
 
 /// Command payload bytes per tag (one NVMe DSM range).
-const SCRATCH_BYTES: usize = 16;
+const PAYLOAD_BYTES: usize = 16;
+/// Scratch bytes per tag: the payload, then a `__kernel_timespec` for retry back-offs.
+const SCRATCH_BYTES: usize = PAYLOAD_BYTES + 16;
 
 /// A worker's rings: the main one, and the IOPOLL one once a polled queue needs it.
 #[derive(Debug)]
@@ -463,6 +489,9 @@ impl Worker {
             K_PREP => self.on_prep(slot, c.result),
             K_FETCH => self.on_fetch(slot, low, c),
             K_COMMIT => self.on_commit(slot, low, c.result),
+            K_COPY_IN => self.on_copy_in(slot, low, c.result),
+            K_COPY_OUT => self.on_copy_out(slot, low, c.result),
+            K_RETRY => self.on_retry(slot, low),
             _ => {}
         }
         Ok(())
@@ -521,8 +550,9 @@ impl Worker {
                 .reserve_kernel_slots(depth)
             {
                 Some(slots) => slots,
-                // Out of slots: every request takes the fallback, served by copy.
-                None if setup.user_copy => vec![NO_SLOT; depth],
+                // Out of slots: every request takes the fallback, served by copy, only when
+                // asked; otherwise the queue is refused so it can go where slots are.
+                None if setup.copy_if_no_slots && setup.user_copy => vec![NO_SLOT; depth],
                 None => return Err(clean(WorkerError::Ring(RingError::NoFixedSlot))),
             }
         };
@@ -530,6 +560,8 @@ impl Worker {
             req: Request::from_desc(&sys::ublksrv_io_desc::default()),
             started: None,
             fallback: false,
+            result: 0,
+            retries: 0,
         };
         let scratch = match Mapping::anonymous(depth * SCRATCH_BYTES) {
             Ok(m) => Arc::new(m),
@@ -776,7 +808,9 @@ impl Worker {
         Ok(())
     }
 
-    /// Starts request `tag` on the backend; returns its result if it finished at once.
+    /// Starts request `tag`; returns its result if it finished at once. A zero-copy request
+    /// whose pages the kernel could not lend (fallback) is served by copy: a write's data is
+    /// first read from `/dev/ublkcN` on the ring (`on_copy_in` then starts the backend).
     fn start_request(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16) -> Option<i32> {
         let Some(desc) = q.desc.get(tag) else {
             return Some(-libc::EINVAL);
@@ -787,6 +821,8 @@ impl Worker {
             req,
             started: Some(Instant::now()),
             fallback,
+            result: 0,
+            retries: 0,
         };
         q.setup.stats.started();
         if req.has_data() && req.len > q.setup.max_io {
@@ -797,29 +833,71 @@ impl Worker {
             if Self::ensure_bufs(rings, q).is_err() {
                 return Some(-libc::ENOMEM);
             }
+            if req.op == OpKind::Write && req.len > 0 {
+                return Self::copy_user(rings, q, slot, tag, K_COPY_IN, req.len as usize);
+            }
         }
+        Self::start_backend(rings, q, slot, tag)
+    }
+
+    /// Copies `len` bytes of `tag`'s data between its copy buffer and the kernel's request
+    /// (user copy through `/dev/ublkcN`, on the main ring: never a blocking call on the
+    /// worker). `kind` K_COPY_IN reads the request's data, K_COPY_OUT writes it.
+    fn copy_user(
+        rings: &mut Rings,
+        q: &mut Queue,
+        slot: u16,
+        tag: u16,
+        kind: u64,
+        len: usize,
+    ) -> Option<i32> {
+        let Some(buf) = q.bufs.as_ref() else {
+            return Some(-libc::EIO);
+        };
+        let region = Region {
+            offset: q.tag_region(tag).offset,
+            len,
+        };
+        let file_offset = sys::user_copy_offset(q.setup.q_id, tag);
+        let fd = q.fd();
+        let op = if kind == K_COPY_IN {
+            Op::Read {
+                fd,
+                buf,
+                region,
+                file_offset,
+            }
+        } else {
+            Op::Write {
+                fd,
+                buf,
+                region,
+                file_offset,
+            }
+        };
+        match rings.main.push(op, ud(kind, slot, tag)) {
+            Ok(()) => {
+                q.outstanding += 1;
+                None
+            }
+            Err(_) => Some(-libc::EIO),
+        }
+    }
+
+    /// Hands request `tag` to the backend; returns its result if it finished at once.
+    fn start_backend(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16) -> Option<i32> {
+        let t = q.tags[usize::from(tag)];
+        let req = t.req;
         let region = Region {
             offset: q.tag_region(tag).offset,
             len: if req.has_data() { req.len as usize } else { 0 },
         };
         let data = match &q.bufs {
-            Some(buf) if !q.setup.zero_copy || fallback => {
-                if fallback && req.op == OpKind::Write {
-                    // The kernel could not lend us the pages: copy the data in (user copy).
-                    let at = sys::user_copy_offset(q.setup.q_id, tag);
-                    if buf
-                        .pread_from(&q.setup.cdev, at, region.offset, region.len)
-                        .is_err()
-                    {
-                        return Some(-libc::EIO);
-                    }
-                }
-                Data::Copy {
-                    buf,
-                    region,
-                    index: q.buf_index,
-                }
-            }
+            Some(buf) if !q.setup.zero_copy || t.fallback => Data::Copy {
+                buf,
+                region,
+                index: q.buf_index,
+            },
             _ => Data::ZeroCopy {
                 index: q.zc_slot(tag),
             },
@@ -843,26 +921,41 @@ impl Worker {
         }
     }
 
-    /// Finishes request `tag` with `res`: a fallback read copies its data out to the kernel
-    /// first. Records the stats; returns the result to commit.
-    fn complete(q: &Queue, tag: u16, res: i32) -> i32 {
+    /// Request `tag` finished with `res`. A fallback read first copies its data out to the
+    /// kernel (`on_copy_out` then commits); everything else is recorded and committed.
+    fn done(rings: &mut Rings, q: &mut Queue, dirty: &mut Vec<u16>, slot: u16, tag: u16, res: i32) {
         let t = q.tags[usize::from(tag)];
-        let mut res = res;
         if t.fallback && t.req.op == OpKind::Read && res > 0 {
-            let at = sys::user_copy_offset(q.setup.q_id, tag);
-            let copied = q.bufs.as_ref().is_some_and(|b| {
-                b.pwrite_to(&q.setup.cdev, at, q.tag_region(tag).offset, res as usize)
-                    .is_ok()
-            });
-            if !copied {
-                res = -libc::EIO;
+            q.tags[usize::from(tag)].result = res;
+            match Self::copy_user(rings, q, slot, tag, K_COPY_OUT, res as usize) {
+                None => return,
+                Some(err) => return Self::commit(rings, q, dirty, slot, tag, err),
             }
         }
+        Self::commit(rings, q, dirty, slot, tag, res)
+    }
+
+    /// Records request `tag`'s final result and commits it: per-IO with the tag's next
+    /// COMMIT_AND_FETCH_REQ, batch by queueing it for this iteration's COMMIT_IO_CMDS.
+    fn commit(
+        rings: &mut Rings,
+        q: &mut Queue,
+        dirty: &mut Vec<u16>,
+        slot: u16,
+        tag: u16,
+        res: i32,
+    ) {
+        let t = q.tags[usize::from(tag)];
         let lat = t.started.map_or(0, |s| s.elapsed().as_nanos() as u64);
         q.setup
             .stats
             .finished(t.req.op, u64::from(t.req.len), res, lat);
-        res
+        if let Some(b) = q.batch.as_mut() {
+            b.pending.push((tag, res));
+            dirty.push(slot);
+        } else {
+            Self::commit_one(rings, q, slot, tag, res);
+        }
     }
 
     /// Per-IO: a FETCH or COMMIT_AND_FETCH completed for `tag`.
@@ -882,12 +975,11 @@ impl Worker {
         q.setup.stats.batch(1);
         self.handled += 1;
         if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
-            Self::commit_one(&mut self.rings, q, slot, tag, r);
+            Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
         }
     }
 
     fn commit_one(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16, res: i32) {
-        let res = Self::complete(q, tag, res);
         let cmd = ublksrv_io_cmd {
             q_id: q.setup.q_id,
             tag,
@@ -915,17 +1007,90 @@ impl Worker {
             return;
         };
         q.outstanding = q.outstanding.saturating_sub(1);
-        let req = q.tags[usize::from(tag)].req;
-        let res = q.setup.backend.finish(&req, res);
-        if q.batch.is_some() {
-            let res = Self::complete(q, tag, res);
-            if let Some(b) = q.batch.as_mut() {
-                b.pending.push((tag, res));
-            }
-            self.dirty.push(slot);
+        let t = q.tags[usize::from(tag)];
+        use crate::hooks::{fire, Fault};
+        let nvme = q.setup.backend.kind() == "nvme";
+        let res = if nvme
+            && ((t.retries == 0 && fire(Fault::NvmePathError)) || fire(Fault::NvmePathDown))
+        {
+            0x371 // Host Aborted Command: a path-related status, DNR clear
         } else {
-            Self::commit_one(&mut self.rings, q, slot, tag, res);
+            res
+        };
+        if t.retries < MAX_RETRIES
+            && q.setup.backend.retryable(res)
+            && Self::retry_later(&mut self.rings, q, slot, tag)
+        {
+            return;
         }
+        let res = q.setup.backend.finish(&t.req, res);
+        Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, res);
+    }
+
+    /// Sends request `tag`'s backend operation again after a back-off (a timeout on the main
+    /// ring; its completion resends). False if the timeout could not be queued.
+    fn retry_later(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16) -> bool {
+        let n = q.tags[usize::from(tag)].retries;
+        let ns = FIRST_BACKOFF_NS << n;
+        let mut ts = [0u8; 16];
+        ts[0..8].copy_from_slice(&(ns / 1_000_000_000).to_ne_bytes());
+        ts[8..16].copy_from_slice(&(ns % 1_000_000_000).to_ne_bytes());
+        let region = q.timespec_region(tag);
+        if !q.scratch.write_at(region.offset, &ts) {
+            return false;
+        }
+        let pushed = rings.main.push(
+            Op::Timeout {
+                ts: (&q.scratch, region),
+            },
+            ud(K_RETRY, slot, tag),
+        );
+        if pushed.is_err() {
+            return false;
+        }
+        q.outstanding += 1;
+        q.tags[usize::from(tag)].retries = n + 1;
+        q.setup.stats.retry();
+        true
+    }
+
+    /// A back-off ended: send request `tag`'s backend operation again.
+    fn on_retry(&mut self, slot: u16, tag: u16) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        if let Some(r) = Self::start_backend(&mut self.rings, q, slot, tag) {
+            Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+        }
+    }
+
+    /// A fallback write's data arrived from the kernel: start the backend.
+    fn on_copy_in(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let want = q.tags[usize::from(tag)].req.len;
+        let started = if u32::try_from(res).ok() == Some(want) {
+            Self::start_backend(&mut self.rings, q, slot, tag)
+        } else {
+            Some(-libc::EIO)
+        };
+        if let Some(r) = started {
+            Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+        }
+    }
+
+    /// A fallback read's data reached the kernel: commit the backend's result.
+    fn on_copy_out(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let want = q.tags[usize::from(tag)].result;
+        let r = if res == want { want } else { -libc::EIO };
+        Self::commit(&mut self.rings, q, &mut self.dirty, slot, tag, r);
     }
 
     fn on_prep(&mut self, slot: u16, res: i32) {
@@ -989,10 +1154,7 @@ impl Worker {
                     continue;
                 }
                 if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
-                    let r = Self::complete(q, tag, r);
-                    if let Some(b) = q.batch.as_mut() {
-                        b.pending.push((tag, r));
-                    }
+                    Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
                 }
             }
             self.dirty.push(slot);

@@ -9,6 +9,7 @@
 mod config;
 mod metrics;
 mod registry;
+mod rpc_meter;
 mod service;
 mod status;
 mod validate;
@@ -337,7 +338,6 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let api = service::Api {
         volumes: Arc::clone(&volumes),
         settings: Arc::clone(&settings),
-        metrics: metrics.clone(),
     };
     let tls = match &settings.grpc.tls {
         Some(t) => {
@@ -357,8 +357,10 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     };
     let mut sockets = Vec::new();
     for addr in &settings.grpc.listen {
-        let mut builder = tonic::transport::Server::builder();
-        let router = |b: &mut tonic::transport::Server| {
+        let mut builder = tonic::transport::Server::builder().layer(rpc_meter::MeterLayer {
+            metrics: metrics.clone(),
+        });
+        let router = |b: &mut tonic::transport::Server<rpc_meter::Stack>| {
             b.add_service(health_service.clone())
                 .add_service(reflection.clone())
                 .add_service(

@@ -188,6 +188,11 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         "ublk commands that failed unexpectedly; each stops a queue",
         COUNTER,
     );
+    let mut retries = Family::new(
+        "ublkd_volume_io_retries_total",
+        "Backend operations sent again after a passing failure (NVMe path errors, resets)",
+        COUNTER,
+    );
     let mut duration = Family::new(
         "ublkd_volume_io_duration_seconds",
         "Time from the request reaching ublkd to its completion",
@@ -284,7 +289,10 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
             .unwrap_or_default();
         let io_path = vol.device.as_ref().map_or("", |d| d.io_path.name());
         let on_off = |b: bool| if b { "on" } else { "off" };
-        let zero_copy = vol.device.as_ref().map_or("", |d| on_off(d.zero_copy));
+        let zero_copy = vol
+            .device
+            .as_ref()
+            .map_or("", |d| on_off(d.zero_copy_in_use()));
         let polled = vol.device.as_ref().map_or("", |d| on_off(d.polled));
         info.gauge(
             &[
@@ -305,6 +313,7 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         }
         errors.counter(&l, st.total.errors as f64);
         protocol.counter(&l, st.total.protocol_errors as f64);
+        retries.counter(&l, st.total.retries as f64);
         inflight.gauge(&l, st.total.inflight as f64);
         memory.gauge(&l, st.memory_bytes as f64);
         duration.histogram(
@@ -328,6 +337,7 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         bytes,
         errors,
         protocol,
+        retries,
         duration,
         inflight,
         size,

@@ -2,13 +2,12 @@
 //! manager, and turn the result (or error, via `status.rs`) into a response.
 
 use crate::config::Settings;
-use crate::metrics::Metrics;
 use crate::registry::BackendRecord;
 use crate::validate;
 use crate::volumes::{State, Volume, Volumes};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic::{Request, Response, Status};
 use ublkd_dataplane::{IoPath, OpKind};
 use ublkd_proto::v1::{
@@ -19,7 +18,6 @@ use ublkd_proto::v1::{
 pub struct Api {
     pub volumes: Arc<Volumes>,
     pub settings: Arc<Settings>,
-    pub metrics: Metrics,
 }
 
 /// Requests the client gives less time than this are refused before any work starts: a change
@@ -63,18 +61,14 @@ async fn to_completion<T: Send + 'static>(
 }
 
 impl Api {
-    /// Runs one RPC, recording its outcome in the gRPC metrics.
+    /// Runs one RPC and logs a refusal (`rpc_meter` counts every RPC, these and those refused
+    /// before a handler).
     async fn metered<T>(
         &self,
         method: &'static str,
         f: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
-        let start = Instant::now();
         let result = f.await;
-        let code = result
-            .as_ref()
-            .map_or_else(Status::code, |_| tonic::Code::Ok);
-        self.metrics.rpc(method, code, start.elapsed());
         if let Err(s) = &result {
             tracing::info!(method, code = ?s.code(), message = s.message(), "request refused");
         }
@@ -152,7 +146,7 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
                 IoPath::Auto => v1::IoPath::Auto,
             }) as i32,
         message: v.message.clone(),
-        zero_copy_in_use: v.device.as_ref().is_some_and(|d| d.zero_copy),
+        zero_copy_in_use: v.device.as_ref().is_some_and(|d| d.zero_copy_in_use()),
         polled: v.device.as_ref().is_some_and(|d| d.polled),
     }
 }
@@ -194,8 +188,13 @@ impl VolumeService for Api {
             validate::volume_id(&req.id)?;
             let volumes = Arc::clone(&self.volumes);
             let (id, allow_missing) = (req.id.clone(), req.allow_missing);
-            to_completion(async move { volumes.delete(&id, allow_missing).await }).await?;
-            tracing::info!(volume = %req.id, "volume deleted");
+            let deleted =
+                to_completion(async move { volumes.delete(&id, allow_missing).await }).await?;
+            if deleted {
+                tracing::info!(volume = %req.id, "volume deleted");
+            } else {
+                tracing::info!(volume = %validate::truncate(&req.id), "delete of an absent volume allowed");
+            }
             Ok(v1::DeleteVolumeResponse {})
         })
         .await

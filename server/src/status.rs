@@ -33,10 +33,27 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// The longest status message sent: it travels in an HTTP/2 header, and a client's oversized
+/// input echoed whole would break the response ("h2 protocol error") instead of explaining it.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `m` cut to [`MAX_MESSAGE_BYTES`] at a character boundary.
+pub fn bounded(mut m: String) -> String {
+    if m.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES - 3;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push('…');
+    }
+    m
+}
+
 impl From<VolumeError> for Status {
     fn from(e: VolumeError) -> Status {
         let code = code(e.kind());
-        let message = chain(&e);
+        let message = bounded(chain(&e));
         if code == Code::Internal {
             tracing::error!(error = %message, "internal error");
         }
@@ -66,5 +83,17 @@ mod tests {
         ))
         .into();
         assert_eq!(s.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn messages_are_bounded() {
+        let long = "é".repeat(5000);
+        let s: Status = VolumeError::Invalid(long).into();
+        assert!(
+            s.message().len() <= MAX_MESSAGE_BYTES,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().ends_with('…'));
     }
 }

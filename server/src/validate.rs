@@ -26,8 +26,16 @@ pub fn volume_id(id: &str) -> Result<(), VolumeError> {
     }
 }
 
-fn truncate(s: &str) -> String {
-    s.chars().take(80).collect()
+/// The longest path accepted (PATH_MAX, counting the terminating NUL).
+pub const MAX_PATH_BYTES: usize = 4095;
+
+/// What of a client's string is echoed in an error or a log line: at most 80 characters.
+pub fn truncate(s: &str) -> String {
+    let mut out: String = s.chars().take(80).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
 }
 
 /// Turns a CreateVolume spec into the record to store, applying defaults and limits.
@@ -77,7 +85,10 @@ pub fn spec(
         },
         Some(v1::volume_spec::Backend::Nvme(n)) => {
             let device = PathBuf::from(&n.device);
-            if !device.is_absolute() || !device.starts_with("/dev") {
+            if n.device.len() > MAX_PATH_BYTES
+                || !device.is_absolute()
+                || !device.starts_with("/dev")
+            {
                 return invalid(format!(
                     "nvme device {:?} must be a path under /dev, e.g. /dev/ng0n1",
                     truncate(&n.device)
@@ -143,8 +154,18 @@ pub fn size(bytes: u64, block_size: u32, s: &Settings) -> Result<(), VolumeError
 /// inside a root. Returns the resolved path.
 pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBuf, VolumeError> {
     let invalid = |m: String| Err(VolumeError::Invalid(m));
-    let path = Path::new(raw);
-    if raw.is_empty() || !path.is_absolute() {
+    if raw.len() > MAX_PATH_BYTES {
+        return invalid(format!(
+            "backing path of {} bytes is longer than {MAX_PATH_BYTES}: {:?}",
+            raw.len(),
+            truncate(raw)
+        ));
+    }
+    let shown = truncate(raw);
+    let raw_full = raw;
+    let raw = shown.as_str();
+    let path = Path::new(raw_full);
+    if raw_full.is_empty() || !path.is_absolute() {
         return invalid(format!("backing path {raw:?} must be absolute"));
     }
     if path.components().any(|c| matches!(c, Component::ParentDir)) {

@@ -551,11 +551,12 @@ impl Volumes {
         Ok(Some(path.clone()))
     }
 
-    pub async fn delete(&self, id: &str, allow_missing: bool) -> Result<(), VolumeError> {
+    /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set.
+    pub async fn delete(&self, id: &str, allow_missing: bool) -> Result<bool, VolumeError> {
         let mut map = self.inner.lock().await;
         let Some(vol) = map.get_mut(id) else {
             return if allow_missing {
-                Ok(())
+                Ok(false)
             } else {
                 Err(VolumeError::NotFound(format!(
                     "volume {id:?} does not exist"
@@ -588,7 +589,7 @@ impl Volumes {
         if let Some(vol) = map.remove(id) {
             self.remove_ram_file(&vol.record);
         }
-        Ok(())
+        Ok(true)
     }
 
     pub async fn resize(&self, id: &str, size: u64) -> Result<Volume, VolumeError> {

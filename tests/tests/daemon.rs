@@ -2,6 +2,7 @@
 #![cfg(feature = "vm")]
 
 use anyhow::{ensure, Result};
+use std::path::Path;
 use std::time::Duration;
 use tonic::Code;
 use ublkd_proto::v1::{self, volume_spec::Backend};
@@ -595,13 +596,53 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
         .create_volume(create(&"a".repeat(2 << 20), ok()))
         .await
         .expect_err("oversized");
-    assert!(
-        matches!(
-            e.code(),
-            Code::OutOfRange | Code::ResourceExhausted | Code::InvalidArgument
-        ),
-        "oversized: {e:?}"
+    assert_eq!(e.code(), Code::ResourceExhausted, "oversized: {e:?}");
+    let refused = sample(
+        &d.scrape()?,
+        "ublkd_grpc_requests_total",
+        &[("method", "CreateVolume"), ("code", "RESOURCE_EXHAUSTED")],
     );
+    assert!(
+        refused.unwrap_or(0.0) >= 2.0,
+        "refused before a handler and still counted (with max_volumes): {refused:?}"
+    );
+    // A 100,000-character backing path: refused, and not echoed whole.
+    let long = format!("{}/{}", root.display(), "p".repeat(100_000));
+    let e = c
+        .create_volume(create(
+            "longpath",
+            spec(64 * MIB, file(Path::new(&long), true)),
+        ))
+        .await
+        .expect_err("a path longer than PATH_MAX");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().len() <= 1024,
+        "bounded: {} bytes",
+        e.message().len()
+    );
+    // Depth 1: the batch path refuses it, so auto takes per-IO; asking for batch is refused.
+    let d1 = v1::VolumeSpec {
+        queue_depth: Some(1),
+        ..spec(16 * MIB, Backend::Null(v1::NullBackend {}))
+    };
+    let v = c
+        .create_volume(create("d1", d1.clone()))
+        .await?
+        .into_inner();
+    assert_eq!(v.io_path_in_use, v1::IoPath::PerIo as i32, "{v:?}");
+    c.delete_volume(del("d1", false)).await?;
+    let e = c
+        .create_volume(create(
+            "d1b",
+            v1::VolumeSpec {
+                io_path: v1::IoPath::Batch as i32,
+                ..d1
+            },
+        ))
+        .await
+        .expect_err("batch at depth 1");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let mut req = tonic::Request::new(create("late", ok()));
     req.set_timeout(Duration::from_nanos(1));
     let e = c.create_volume(req).await.expect_err("expired deadline");
@@ -609,7 +650,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
         matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
         "deadline: {e:?}"
     );
-    n += 3;
+    n += 4;
     ensure!(n >= 25, "at least 25 bad-input cases ({n})");
 
     // Still serving, nothing changed.

@@ -4,9 +4,10 @@
 #![cfg(feature = "vm")]
 
 use anyhow::{ensure, Result};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use ublkd_dataplane::hooks::{self, Fault};
-use ublkd_dataplane::{BackendSpec, DataplaneError, IoPath};
+use ublkd_dataplane::{BackendSpec, DataplaneError, ErrorKind, IoPath, Toggle};
 use ublkd_proto::v1;
 use ublkd_tests::daemon::{sample, Daemon};
 use ublkd_tests::guest;
@@ -457,5 +458,153 @@ async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it()
         String::from_utf8_lossy(&out.stdout)
     );
     d.stop_with(libc::SIGTERM)?;
+    assert_clean()
+}
+
+#[test]
+fn zero_copy_volumes_beyond_the_buffer_slots_are_refused_not_silently_copied() -> Result<()> {
+    // 2 workers x 16384 buffer slots = 128 volumes x 2 queues x depth 128, exactly.
+    let dir = guest::scratch("slots")?;
+    let dp = guest::dataplane()?;
+    let mut served = Vec::new();
+    let mut refused = 0;
+    for i in 0..200u32 {
+        let path = guest::backing_file(&dir, &format!("s{i}.img"), 16 * MIB)?;
+        let spec = ublkd_dataplane::DeviceSpec {
+            queues: 2,
+            queue_depth: 128,
+            zero_copy: ublkd_dataplane::Toggle::On,
+            ..guest::spec(
+                BackendSpec::File { path },
+                16 * MIB,
+                guest::PATHS[i as usize % 2],
+            )
+        };
+        match dp.add_device(spec) {
+            Ok(info) => {
+                ensure!(
+                    info.zero_copy_in_use(),
+                    "volume {i} says zero copy and is: {info:?}"
+                );
+                served.push(info);
+            }
+            Err(e) => {
+                ensure!(
+                    e.kind() == ErrorKind::ResourceExhausted,
+                    "volume {i}: refused as RESOURCE_EXHAUSTED, not {e:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    println!(
+        "{} volumes served with zero copy, {refused} refused",
+        served.len()
+    );
+    ensure!(served.len() == 128, "every slot used: {}", served.len());
+    ensure!(
+        guest::ublk_char_devices()?.len() == 128,
+        "refused volumes leave no device"
+    );
+    // A sample verifies its data while all are open.
+    let sample: Vec<_> = served.iter().step_by(31).collect();
+    let mut runs = Vec::new();
+    for info in &sample {
+        runs.push(
+            std::process::Command::new("fio")
+                .args([
+                    "--name=v",
+                    &format!("--filename={}", info.block_device.display()),
+                    "--ioengine=io_uring",
+                    "--direct=1",
+                    "--rw=randwrite",
+                    "--bsrange=4k-256k",
+                    "--iodepth=16",
+                    "--size=100%",
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                    "--verify_fatal=1",
+                ])
+                .output(),
+        );
+    }
+    for (info, run) in sample.iter().zip(runs) {
+        let out = run?;
+        ensure!(
+            out.status.success(),
+            "fio verify on {}: {}",
+            info.block_device.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for info in &served {
+        dp.delete_device(info.dev_id)?;
+    }
+    dp.shutdown()?;
+    assert_clean()
+}
+
+#[test]
+fn nvme_path_errors_are_retried_with_a_bound() -> Result<()> {
+    let ns = PathBuf::from("/dev/ng0n1");
+    let dp = guest::dataplane()?;
+    for (zc, poll) in [(Toggle::On, Toggle::On), (Toggle::Off, Toggle::Off)] {
+        let info = dp.add_device(ublkd_dataplane::DeviceSpec {
+            zero_copy: zc,
+            poll,
+            ..guest::spec(
+                BackendSpec::Nvme {
+                    path: ns.clone(),
+                    window: Some(ublkd_dataplane::Window {
+                        offset: 0,
+                        len: 32 * MIB,
+                    }),
+                    unchecked: false,
+                },
+                32 * MIB,
+                IoPath::Batch,
+            )
+        })?;
+        // 40 path errors (a controller reset, say) under fio verify: each is resent after a
+        // back-off, no request fails, nothing is lost.
+        hooks::arm(Fault::NvmePathError, 40);
+        guest::fio(
+            &info.block_device,
+            &[
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=8",
+                "--size=100%",
+                "--io_size=8m",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+            ],
+        )?;
+        let fired_all = !hooks::fire(Fault::NvmePathError);
+        let stats = dp.stats(info.dev_id)?;
+        println!(
+            "zero copy {zc:?}, poll {poll:?}: {} retries, {} errors",
+            stats.total.retries, stats.total.errors
+        );
+        ensure!(fired_all, "all 40 path errors were injected");
+        ensure!(stats.total.retries == 40, "{stats:?}");
+        ensure!(stats.total.errors == 0, "{stats:?}");
+        // A path that stays down: after 5 resends the request fails (EIO), once.
+        hooks::arm(Fault::NvmePathDown, 6);
+        let dd = guest::sh(&format!(
+            "dd if={} of=/dev/null bs=4k count=1 iflag=direct status=none",
+            info.block_device.display()
+        ));
+        hooks::arm(Fault::NvmePathDown, 0);
+        let after = dp.stats(info.dev_id)?;
+        ensure!(dd.is_err(), "a request failing 6 times in a row fails");
+        ensure!(
+            after.total.retries == 45 && after.total.errors == 1,
+            "5 more resends, then one error: {after:?}"
+        );
+        dp.delete_device(info.dev_id)?;
+    }
+    dp.shutdown()?;
     assert_clean()
 }

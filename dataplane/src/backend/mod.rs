@@ -222,6 +222,13 @@ pub trait Backend: Send + Sync + Debug {
     /// Serves `req`, at once or by pushing one ring operation.
     fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started;
 
+    /// Whether an operation that completed with `res` failed for a passing reason (a path
+    /// error, a controller reset) and is worth sending again; the worker resends it a few
+    /// times with a back-off before it fails the request.
+    fn retryable(&self, _res: i32) -> bool {
+        false
+    }
+
     /// Turns the pushed operation's result into the request's result.
     fn finish(&self, req: &Request, res: i32) -> i32 {
         if res < 0 || req.has_data() {

@@ -281,6 +281,10 @@ impl Backend for NvmeBackend {
         }
     }
 
+    fn retryable(&self, res: i32) -> bool {
+        nvme::is_retryable(res)
+    }
+
     fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started {
         let blocks = u64::from(req.len) >> self.lba_shift;
         // A flush's sector is meaningless; every other request addresses a range.

@@ -95,6 +95,20 @@ pub enum Op<'a> {
         file_offset: u64,
         rw_flags: i32,
     },
+    /// Read into (or write from) `region` of `buf`, not registered (e.g. user copy of a
+    /// request's data through `/dev/ublkcN`).
+    Read {
+        fd: RawFd,
+        buf: &'a Arc<Mapping>,
+        region: Region,
+        file_offset: u64,
+    },
+    Write {
+        fd: RawFd,
+        buf: &'a Arc<Mapping>,
+        region: Region,
+        file_offset: u64,
+    },
     /// Read into (or write from) the request pages the kernel registered at fixed-buffer slot
     /// `index` (AUTO_BUF_REG zero copy); the kernel owns those pages until the ublk commit.
     ReadKernelBuf {
@@ -119,6 +133,10 @@ pub enum Op<'a> {
     Fsync {
         fd: RawFd,
         datasync: bool,
+    },
+    /// Completes (with -ETIME) after the `struct __kernel_timespec` (16 bytes) at `ts`.
+    Timeout {
+        ts: (&'a Arc<Mapping>, Region),
     },
     Fallocate {
         fd: RawFd,
@@ -433,6 +451,42 @@ impl WorkerRing {
                     .flags(squeue::Flags::BUFFER_SELECT);
                 patch_sqe(e, IORING_URING_CMD_MULTISHOT, Some(group.group), None)
             }
+            Op::Read {
+                fd,
+                buf,
+                region,
+                file_offset,
+            } => {
+                check(buf, region)?;
+                pins[0] = Some(Arc::clone(buf));
+                squeue::Entry128::from(
+                    opcode::Read::new(
+                        types::Fd(fd),
+                        buf.addr(region.offset) as *mut u8,
+                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
+                    )
+                    .offset(file_offset)
+                    .build(),
+                )
+            }
+            Op::Write {
+                fd,
+                buf,
+                region,
+                file_offset,
+            } => {
+                check(buf, region)?;
+                pins[0] = Some(Arc::clone(buf));
+                squeue::Entry128::from(
+                    opcode::Write::new(
+                        types::Fd(fd),
+                        buf.addr(region.offset) as *const u8,
+                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
+                    )
+                    .offset(file_offset)
+                    .build(),
+                )
+            }
             Op::ReadFixed {
                 fd,
                 buf,
@@ -538,6 +592,16 @@ impl WorkerRing {
                     .cmd(cmd.to_sqe_cmd())
                     .buf_index(index)
                     .build()
+            }
+            Op::Timeout { ts: (buf, region) } => {
+                if region.len < std::mem::size_of::<types::Timespec>() {
+                    return Err(RingError::BadRegion);
+                }
+                check(buf, region)?;
+                pins[0] = Some(Arc::clone(buf));
+                squeue::Entry128::from(
+                    opcode::Timeout::new(buf.addr(region.offset) as *const types::Timespec).build(),
+                )
             }
             Op::Fsync { fd, datasync } => {
                 let mut o = opcode::Fsync::new(types::Fd(fd));

@@ -219,6 +219,30 @@ pub fn status_to_errno(res: i32) -> i32 {
     }
 }
 
+/// Do Not Retry, in the status the kernel returns for a passthrough command (the NVMe status
+/// field shifted right by one: SC bits 0-7, SCT 8-10, CRD 11-12, More 13, DNR 14).
+const STATUS_DNR: i32 = 1 << 14;
+
+/// Whether a passthrough completion failed for a passing reason. Passthrough commands are
+/// FAILFAST in the kernel, so what its block layer would retry comes back to us: an
+/// interrupted or refused submission (-EINTR, -EAGAIN, -ETIMEDOUT, -ENOLINK, -EBUSY: a
+/// controller resetting or a path going away), and, with DNR clear, a path-related status
+/// (SCT 3, host aborts included), Namespace Not Ready or Command Abort Requested.
+pub fn is_retryable(res: i32) -> bool {
+    if res < 0 {
+        return matches!(
+            -res,
+            libc::EINTR | libc::EAGAIN | libc::ETIMEDOUT | libc::ENOLINK | libc::EBUSY
+        );
+    }
+    if res == 0 || res & STATUS_DNR != 0 {
+        return false;
+    }
+    let sct = (res >> 8) & 0x7;
+    let sc = res & 0xff;
+    sct == 3 || (sct == 0 && matches!(sc, 0x82 | 0x07))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +284,20 @@ mod tests {
         assert_eq!(c.mdts, 7);
         assert_eq!(c.oncs, ONCS_DSM | ONCS_WRITE_ZEROES);
         assert!(c.volatile_cache);
+    }
+
+    #[test]
+    fn path_errors_and_resets_are_retryable_unless_dnr() {
+        assert!(is_retryable(-libc::EINTR));
+        assert!(is_retryable(-libc::EAGAIN));
+        assert!(!is_retryable(-libc::EIO));
+        assert!(!is_retryable(0));
+        assert!(is_retryable(0x371), "host aborted command (SCT 3)");
+        assert!(is_retryable(0x300), "internal path error");
+        assert!(!is_retryable(0x371 | STATUS_DNR), "DNR set");
+        assert!(is_retryable(0x82), "namespace not ready");
+        assert!(!is_retryable(0x80), "LBA out of range");
+        assert!(!is_retryable(0x281), "media error");
     }
 
     #[test]

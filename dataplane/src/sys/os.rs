@@ -155,61 +155,6 @@ impl Mapping {
         true
     }
 
-    /// Reads `len` bytes at `file_off` of `file` into `offset` of this mapping (one pread; a
-    /// short read is an error). Used for ublk user copy from `/dev/ublkcN`.
-    pub fn pread_from(
-        &self,
-        file: &File,
-        file_off: u64,
-        offset: usize,
-        len: usize,
-    ) -> io::Result<()> {
-        self.file_io(file, file_off, offset, len, false)
-    }
-
-    /// Writes `len` bytes from `offset` of this mapping to `file_off` of `file` (one pwrite; a
-    /// short write is an error).
-    pub fn pwrite_to(
-        &self,
-        file: &File,
-        file_off: u64,
-        offset: usize,
-        len: usize,
-    ) -> io::Result<()> {
-        self.file_io(file, file_off, offset, len, true)
-    }
-
-    fn file_io(
-        &self,
-        file: &File,
-        file_off: u64,
-        offset: usize,
-        len: usize,
-        write: bool,
-    ) -> io::Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let fd = file.as_raw_fd();
-        let at: *mut libc::c_void = self.ptr.as_ptr().wrapping_add(offset).cast();
-        let pos = file_off as libc::off_t;
-        let n = if write {
-            // SAFETY: the range is inside the mapping (checked above); the kernel only reads it
-            // during this synchronous call.
-            unsafe { libc::pwrite(fd, at, len, pos) }
-        } else {
-            // SAFETY: the range is inside the mapping (checked above); the kernel writes at
-            // most `len` bytes there during this synchronous call.
-            unsafe { libc::pread(fd, at, len, pos) }
-        };
-        match usize::try_from(n) {
-            Ok(n) if n == len => Ok(()),
-            Ok(_) if write => Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(_) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-            Err(_) => Err(io::Error::last_os_error()),
-        }
-    }
-
     /// Zeros `[offset, offset+len)` and gives the whole pages inside it back to the kernel.
     pub fn discard(&self, offset: usize, len: usize) -> bool {
         let Some(end) = offset.checked_add(len).filter(|&e| e <= self.len) else {
