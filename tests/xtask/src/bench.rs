@@ -639,6 +639,8 @@ struct Control {
     create_ms: Result<Vec<f64>, String>,
     /// Each `ublkctl delete-volume`, end to end, in ms; all of them or an error.
     delete_ms: Result<Vec<f64>, String>,
+    /// Each `GET /metrics` with all volumes present, in ms.
+    scrape_ms: Result<Vec<f64>, String>,
     /// The daemon did not exit 0 within 30 s of SIGTERM.
     teardown: Option<String>,
 }
@@ -651,10 +653,14 @@ impl Control {
             rss_full_kib: Err(why.to_owned()),
             create_ms: Err(why.to_owned()),
             delete_ms: Err(why.to_owned()),
+            scrape_ms: Err(why.to_owned()),
             teardown,
         }
     }
 }
+
+/// Scrapes of `/metrics` timed with every control-plane volume present.
+const CONTROL_SCRAPES: usize = 10;
 
 /// The `p`th percentile of `values` by nearest rank: the smallest value that at least `p`
 /// percent of them do not exceed (`p` in 1..=100). `None` when `values` is empty.
@@ -752,11 +758,16 @@ fn collect_control(dir: &Path) -> Control {
             },
         ),
     };
+    let scrape_ms = match read("scrape_error") {
+        Some(e) => Err(e),
+        None => parse_latencies(&read("scrape.ns").unwrap_or_default(), CONTROL_SCRAPES),
+    };
     Control {
         rss_empty_kib: rss("status.0", "0 volumes"),
         rss_full_kib,
         create_ms,
         delete_ms,
+        scrape_ms,
         teardown,
     }
 }
@@ -780,11 +791,11 @@ fn control_entries(c: &Control) -> Vec<Entry> {
     };
     let mut out = Vec::new();
     for (call, ms) in [
-        ("create-volume", &c.create_ms),
-        ("delete-volume", &c.delete_ms),
+        ("ublkctl create-volume", &c.create_ms),
+        ("ublkctl delete-volume", &c.delete_ms),
     ] {
         for p in [50, 99] {
-            out.push(entry(format!("ublkctl {call} p{p}"), pct(ms, p), Unit::Ms));
+            out.push(entry(format!("{call} p{p}"), pct(ms, p), Unit::Ms));
         }
     }
     let mib = |kib: &Result<f64, String>| kib.clone().map(|k| k / 1024.0);
@@ -807,6 +818,13 @@ fn control_entries(c: &Control) -> Vec<Entry> {
         per_volume,
         Unit::KiB,
     ));
+    for p in [50, 100] {
+        out.push(entry(
+            format!("GET /metrics, {CONTROL_VOLUMES} volumes, p{p}"),
+            pct(&c.scrape_ms, p),
+            Unit::Ms,
+        ));
+    }
     out
 }
 
@@ -1829,6 +1847,17 @@ ctl_case() {
     note "$run: $(wc -l < "$d/create.ns") volumes created"
     sleep 1
     cat "/proc/$pid/status" > "$d/status.full" 2>/dev/null
+    # A Prometheus scrape with every volume present (scrape.ns: one NS per scrape).
+    : > "$d/scrape.ns"
+    for k in 1 2 3 4 5 6 7 8 9 10; do
+        t0=$(date +%s%N)
+        if ! curl -sf -o /dev/null "http://$5/metrics"; then
+            echo "GET http://$5/metrics failed" > "$d/scrape_error"
+            break
+        fi
+        t1=$(date +%s%N)
+        echo "$((t1 - t0))" >> "$d/scrape.ns"
+    done
 
     : > "$d/delete.ns"
     while read -r name dev ns; do
@@ -3038,6 +3067,7 @@ mod tests {
             rss_full_kib: Ok(10240.0 + 100.0 * 48.0),
             create_ms: Ok((1..=100).map(f64::from).collect()),
             delete_ms: Ok((1..=100).map(|x| f64::from(x) / 2.0).collect()),
+            scrape_ms: Ok((1..=10).map(f64::from).collect()),
             teardown: None,
         }
     }
@@ -3059,6 +3089,8 @@ mod tests {
                 ("ublkd RSS, 0 volumes", Some(10.0), "MiB"),
                 ("ublkd RSS, 100 idle volumes", Some(14.6875), "MiB"),
                 ("ublkd RSS per idle volume", Some(48.0), "KiB"),
+                ("GET /metrics, 100 volumes, p50", Some(5.0), "ms"),
+                ("GET /metrics, 100 volumes, p100", Some(10.0), "ms"),
             ]
         );
         for e in &entries {
