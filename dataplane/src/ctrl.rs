@@ -47,6 +47,13 @@ pub enum CtrlError {
     },
 }
 
+/// The CPU numbers set in a cpumask (bit `n` of byte `n / 8` is CPU `n`).
+fn cpus_of_mask(mask: &[u8]) -> Vec<usize> {
+    (0..mask.len() * 8)
+        .filter(|&cpu| mask[cpu / 8] & (1 << (cpu % 8)) != 0)
+        .collect()
+}
+
 /// An open `/dev/ublk-control` with its own small SQE128 ring.
 #[derive(Debug)]
 pub struct ControlDevice {
@@ -220,6 +227,20 @@ impl ControlDevice {
             })
     }
 
+    /// `GET_QUEUE_AFFINITY`: the CPUs blk-mq maps to queue `q` (those whose requests it
+    /// carries), as CPU numbers.
+    pub fn queue_affinity(&mut self, dev_id: u32, q: u16) -> Result<Vec<usize>, CtrlError> {
+        // A cpu_set_t: room for 1024 CPUs.
+        let (_, buf) = self.exec(
+            "GET_QUEUE_AFFINITY",
+            sys::UBLK_U_CMD_GET_QUEUE_AFFINITY,
+            dev_id,
+            u64::from(q),
+            Some(vec![0u8; 128].into_boxed_slice()),
+        )?;
+        Ok(cpus_of_mask(buf.as_deref().unwrap_or_default()))
+    }
+
     /// `START_USER_RECOVERY`: a new server is about to take over a device whose server is gone.
     pub fn start_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
         self.exec(
@@ -326,5 +347,16 @@ impl ControlDevice {
             ),
             Ok((res, _)) if res >= 0
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpumask_bits_are_cpu_numbers() {
+        assert_eq!(cpus_of_mask(&[0b101, 0, 0b1000_0000]), vec![0, 2, 23]);
+        assert!(cpus_of_mask(&[]).is_empty());
     }
 }

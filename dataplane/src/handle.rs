@@ -256,6 +256,8 @@ pub enum Command {
     /// UPDATE_SIZE to a new size in bytes.
     Resize(u32, u64, Reply<DeviceInfo>),
     Stats(u32, Reply<DeviceStats>),
+    /// Statistics of every device, in one round trip.
+    StatsAll(Reply<Vec<DeviceStats>>),
     List(Reply<Vec<DeviceInfo>>),
     Workers(Reply<Vec<WorkerSnapshot>>),
     /// Take over a device whose server is gone (START/END_USER_RECOVERY); the spec's `dev_id`
@@ -421,6 +423,12 @@ impl Handle {
         self.call(|r| Command::Stats(dev_id, r))
     }
 
+    /// Statistics of every device this dataplane serves, in one call (a scrape with hundreds
+    /// of volumes makes one round trip to the control thread, not one per volume).
+    pub fn stats_all(&self) -> Result<Vec<DeviceStats>, DataplaneError> {
+        self.call(Command::StatsAll)
+    }
+
     pub fn list(&self) -> Result<Vec<DeviceInfo>, DataplaneError> {
         self.call(Command::List)
     }
@@ -524,6 +532,14 @@ impl Control {
                 }
                 Command::Stats(id, reply) => {
                     let _ = reply.send(self.stats(id));
+                }
+                Command::StatsAll(reply) => {
+                    let ids: Vec<u32> = self.devices.keys().copied().collect();
+                    let all = ids
+                        .into_iter()
+                        .filter_map(|id| self.stats(id).ok())
+                        .collect();
+                    let _ = reply.send(Ok(all));
                 }
                 Command::List(reply) => {
                     let _ = reply.send(Ok(self.devices.values().map(|d| d.info.clone()).collect()));
@@ -1080,7 +1096,9 @@ impl Control {
                     source: WorkerError::Injected,
                 });
             }
-            let home = (dev_id as usize + usize::from(q)) % self.workers.len();
+            let home = self
+                .affine_worker(dev_id, q)
+                .unwrap_or((dev_id as usize + usize::from(q)) % self.workers.len());
             // Zero copy takes one buffer slot per tag on the worker's ring: a worker whose
             // table is full refuses, and the queue goes to the next one that has room. A new
             // device none can take is refused (RESOURCE_EXHAUSTED); a device being taken over
@@ -1119,6 +1137,23 @@ impl Control {
             }
         }
         Ok(())
+    }
+
+    /// The worker whose CPU blk-mq maps to queue `q` (GET_QUEUE_AFFINITY), so a request is
+    /// served, and completes, on the CPU that submitted it; devices spread over the workers
+    /// when several CPUs share a queue. None when no worker runs on one of those CPUs.
+    fn affine_worker(&mut self, dev_id: u32, q: u16) -> Option<usize> {
+        let cpus = self.ctrl.queue_affinity(dev_id, q).ok()?;
+        let matching: Vec<usize> = self
+            .workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| cpus.contains(&w.cpu))
+            .map(|(i, _)| i)
+            .collect();
+        matching
+            .get(dev_id as usize % matching.len().max(1))
+            .copied()
     }
 
     /// Hands queue `q` to worker `w` and waits for its answer.

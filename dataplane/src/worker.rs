@@ -314,6 +314,8 @@ pub struct Worker {
     handled: u64,
     /// Queues whose attach is not answered yet.
     attaching: Vec<u16>,
+    /// Stopping queues to look at for teardown (those whose commands may all be back).
+    dying: Vec<u16>,
     shutdown: bool,
     abandon: bool,
 }
@@ -339,6 +341,7 @@ impl Worker {
             dirty: Vec::new(),
             handled: 0,
             attaching: Vec::new(),
+            dying: Vec::new(),
             shutdown: false,
             abandon: false,
         })
@@ -403,6 +406,11 @@ impl Worker {
                 self.rings.get(on_poll).reap(&mut cqes);
                 for c in &cqes {
                     self.dispatch(*c, on_poll)?;
+                    // Only a queue that just had a completion can have become dead.
+                    let (_, slot, _) = ud_parts(c.user_data);
+                    if matches!(self.queues.get(usize::from(slot)), Some(Some(q)) if q.stopping) {
+                        self.dying.push(slot);
+                    }
                 }
             }
             self.cqes = cqes;
@@ -450,6 +458,7 @@ impl Worker {
             return Ok(());
         }
         // Work queued while the eventfd was off did not signal it: run it and look first.
+        // (Skipping this enter when nothing is queued measured slower for polled NVMe.)
         poll.set_eventfd(true);
         poll.submit()?;
         if poll.has_completions() || poll.needs_enter() {
@@ -607,6 +616,7 @@ impl Worker {
             Err(source) => {
                 q.stopping = true;
                 self.queues[slot] = Some(q);
+                self.dying.push(slot16);
                 Err(AttachError { source, held: true })
             }
         }
@@ -1305,7 +1315,14 @@ impl Worker {
 
     /// Tears down queues the kernel has let go of (stopping, nothing outstanding).
     fn reap_dead_queues(&mut self) {
-        for slot in 0..self.queues.len() {
+        if self.dying.is_empty() {
+            return;
+        }
+        let mut dying = std::mem::take(&mut self.dying);
+        dying.sort_unstable();
+        dying.dedup();
+        for &slot in &dying {
+            let slot = usize::from(slot);
             let dead = matches!(&self.queues[slot], Some(q) if q.stopping && q.outstanding == 0);
             if !dead {
                 continue;
@@ -1332,6 +1349,10 @@ impl Worker {
                 }
                 let _ = q.setup.gone.send((q.setup.dev_id, q.setup.q_id));
             }
+        }
+        dying.clear();
+        if self.dying.is_empty() {
+            self.dying = dying;
         }
     }
 }

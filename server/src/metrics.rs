@@ -3,9 +3,7 @@
 //! never touches Prometheus. Labels come from bounded sets only (volume id, op, state, worker).
 
 use crate::volumes::{State, Volumes};
-use prometheus::proto::{
-    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
-};
+use prometheus::proto::MetricType;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
@@ -68,13 +66,16 @@ impl Metrics {
 
     /// The text exposition of every metric, volume stats read now.
     pub async fn render(&self, volumes: &Volumes) -> String {
-        let mut families = self.registry.gather();
-        families.extend(volume_families(volumes).await);
         let mut out = Vec::new();
-        if TextEncoder::new().encode(&families, &mut out).is_err() {
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .is_err()
+        {
             return String::new();
         }
-        String::from_utf8(out).unwrap_or_default()
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        volume_families(volumes, &mut text).await;
+        text
     }
 }
 
@@ -101,72 +102,109 @@ fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-struct Family(MetricFamily);
+/// One metric family, written straight in the text exposition format as samples are added
+/// (no per-sample objects: a scrape with hundreds of volumes stays a few string appends each).
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: &'static str,
+    samples: String,
+}
 
 impl Family {
-    fn new(name: &str, help: &str, kind: MetricType) -> Self {
-        let mut f = MetricFamily::default();
-        f.set_name(name.into());
-        f.set_help(help.into());
-        f.set_field_type(kind);
-        Self(f)
+    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
+        let kind = match kind {
+            MetricType::COUNTER => "counter",
+            MetricType::HISTOGRAM => "histogram",
+            _ => "gauge",
+        };
+        Self {
+            name,
+            help,
+            kind,
+            samples: String::new(),
+        }
     }
 
-    fn metric(labels: &[(&str, &str)]) -> Metric {
-        let mut m = Metric::default();
-        m.set_label(
-            labels
-                .iter()
-                .map(|(k, v)| {
-                    let mut l = LabelPair::default();
-                    l.set_name((*k).into());
-                    l.set_value((*v).into());
-                    l
-                })
-                .collect(),
-        );
-        m
+    /// One sample line: `name{labels,extra} value`.
+    fn line(&mut self, suffix: &str, labels: &[(&str, &str)], extra: Option<(&str, &str)>, v: f64) {
+        let out = &mut self.samples;
+        out.push_str(self.name);
+        out.push_str(suffix);
+        let all = labels.iter().copied().chain(extra);
+        let mut first = true;
+        for (k, val) in all {
+            out.push(if first { '{' } else { ',' });
+            first = false;
+            out.push_str(k);
+            out.push_str("=\"");
+            for c in val.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '"' => out.push_str("\\\""),
+                    '\n' => out.push_str("\\n"),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+        if !first {
+            out.push('}');
+        }
+        out.push(' ');
+        push_value(out, v);
+        out.push('\n');
     }
 
     fn counter(&mut self, labels: &[(&str, &str)], v: f64) {
-        let mut m = Self::metric(labels);
-        let mut c = Counter::default();
-        c.set_value(v);
-        m.set_counter(c);
-        self.0.mut_metric().push(m);
+        self.line("", labels, None, v);
     }
 
     fn gauge(&mut self, labels: &[(&str, &str)], v: f64) {
-        let mut m = Self::metric(labels);
-        let mut g = Gauge::default();
-        g.set_value(v);
-        m.set_gauge(g);
-        self.0.mut_metric().push(m);
+        self.line("", labels, None, v);
     }
 
     /// A histogram from non-cumulative `counts` (one per bound, then +Inf).
     fn histogram(&mut self, labels: &[(&str, &str)], bounds: &[f64], counts: &[u64], sum: f64) {
-        let mut m = Self::metric(labels);
-        let mut h = Histogram::default();
-        let mut acc = 0;
-        let mut buckets = Vec::new();
+        let mut acc = 0u64;
+        let mut le = String::new();
         for (i, ub) in bounds.iter().enumerate() {
             acc += counts.get(i).copied().unwrap_or(0);
-            let mut b = Bucket::default();
-            b.set_upper_bound(*ub);
-            b.set_cumulative_count(acc);
-            buckets.push(b);
+            le.clear();
+            push_value(&mut le, *ub);
+            self.line("_bucket", labels, Some(("le", &le)), acc as f64);
         }
         let total = acc + counts.iter().skip(bounds.len()).sum::<u64>();
-        h.set_bucket(buckets);
-        h.set_sample_count(total);
-        h.set_sample_sum(sum);
-        m.set_histogram(h);
-        self.0.mut_metric().push(m);
+        self.line("_bucket", labels, Some(("le", "+Inf")), total as f64);
+        self.line("_sum", labels, None, sum);
+        self.line("_count", labels, None, total as f64);
+    }
+
+    /// The family in the text format; nothing when it has no sample.
+    fn write(&self, out: &mut String) {
+        if self.samples.is_empty() {
+            return;
+        }
+        use std::fmt::Write;
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        out.push_str(&self.samples);
     }
 }
 
-async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
+/// A sample value as Prometheus reads it (`+Inf`, `-Inf`, `NaN`, else Rust's shortest form).
+fn push_value(out: &mut String, v: f64) {
+    use std::fmt::Write;
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
+
+async fn volume_families(volumes: &Volumes, out: &mut String) {
     use MetricType::{COUNTER, GAUGE, HISTOGRAM};
     let mut ops = Family::new(
         "ublkd_volume_io_ops_total",
@@ -353,10 +391,8 @@ async fn volume_families(volumes: &Volumes) -> Vec<MetricFamily> {
         recovery_duration,
         orphans,
     ]
-    .into_iter()
-    .map(|f| f.0)
-    .filter(|f| !f.get_metric().is_empty())
-    .collect()
+    .iter()
+    .for_each(|f| f.write(out));
 }
 
 /// Serves `/metrics` (and `/healthz`) on `listener` until `shutdown` resolves.
@@ -385,4 +421,33 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_written_in_the_text_format() {
+        let mut g = Family::new("ublkd_x", "An x", MetricType::GAUGE);
+        g.gauge(&[("volume", "a\"b"), ("op", "read")], 1.5);
+        let mut h = Family::new("ublkd_h_seconds", "An h", MetricType::HISTOGRAM);
+        h.histogram(&[("volume", "v")], &[0.5, 1.0], &[1, 2, 3], 4.25);
+        let empty = Family::new("ublkd_none", "Nothing", MetricType::COUNTER);
+        let mut out = String::new();
+        for f in [&g, &h, &empty] {
+            f.write(&mut out);
+        }
+        assert_eq!(
+            out,
+            "# HELP ublkd_x An x\n# TYPE ublkd_x gauge\n\
+             ublkd_x{volume=\"a\\\"b\",op=\"read\"} 1.5\n\
+             # HELP ublkd_h_seconds An h\n# TYPE ublkd_h_seconds histogram\n\
+             ublkd_h_seconds_bucket{volume=\"v\",le=\"0.5\"} 1\n\
+             ublkd_h_seconds_bucket{volume=\"v\",le=\"1\"} 3\n\
+             ublkd_h_seconds_bucket{volume=\"v\",le=\"+Inf\"} 6\n\
+             ublkd_h_seconds_sum{volume=\"v\"} 4.25\n\
+             ublkd_h_seconds_count{volume=\"v\"} 6\n"
+        );
+    }
 }

@@ -689,19 +689,18 @@ impl Volumes {
         let Some(handle) = self.handle.clone() else {
             return vols.into_iter().map(|v| (v, None)).collect();
         };
-        let ids: Vec<Option<u32>> = vols
-            .iter()
-            .map(|v| v.device.as_ref().map(|d| d.dev_id))
-            .collect();
-        let stats = tokio::task::spawn_blocking(move || {
-            ids.into_iter()
-                .map(|id| id.and_then(|id| handle.stats(id).ok()))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
+        let mut stats: BTreeMap<u32, DeviceStats> =
+            tokio::task::spawn_blocking(move || handle.stats_all().unwrap_or_default())
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| (s.dev_id, s))
+                .collect();
         vols.into_iter()
-            .zip(stats.into_iter().chain(std::iter::repeat(None)))
+            .map(|v| {
+                let st = v.device.as_ref().and_then(|d| stats.remove(&d.dev_id));
+                (v, st)
+            })
             .collect()
     }
 
