@@ -295,10 +295,8 @@ struct Device {
     info: DeviceInfo,
     backend: Arc<dyn backend::Backend>,
     /// Stats of every queue a worker serves or still holds commands of (each reports when it
-    /// is gone).
+    /// is gone). Unless `stuck`, these are queues 0..len, all accepted by the kernel.
     queues: Vec<Arc<QueueStats>>,
-    /// Queues attached and accepted by the kernel (0..attached).
-    attached: u16,
     /// A queue's attach failed while the worker held commands of it: they stay with the kernel
     /// until the device stops or the process exits, so the queue cannot be attached again.
     stuck: bool,
@@ -311,7 +309,6 @@ impl Device {
             info,
             backend,
             queues: Vec::new(),
-            attached: 0,
             stuck: false,
             cdev: None,
         }
@@ -534,10 +531,10 @@ impl Control {
                     let _ = reply.send(self.stats(id));
                 }
                 Command::StatsAll(reply) => {
-                    let ids: Vec<u32> = self.devices.keys().copied().collect();
-                    let all = ids
-                        .into_iter()
-                        .filter_map(|id| self.stats(id).ok())
+                    let all = self
+                        .devices
+                        .keys()
+                        .filter_map(|&id| self.stats(id).ok())
                         .collect();
                     let _ = reply.send(Ok(all));
                 }
@@ -673,8 +670,7 @@ impl Control {
                 ),
             });
         }
-        let unsupported = unservable_flags(info.flags);
-        if let Some(name) = unsupported {
+        if let Some(name) = unservable_flags(info.flags) {
             return Err(DataplaneError::NotRecoverable {
                 dev_id,
                 why: format!("the device uses {name}, which ublkd does not serve"),
@@ -1089,7 +1085,9 @@ impl Control {
         };
         let queues = device.info.spec.queues;
         let placement = self.placement(device.info.polled);
-        for q in device.attached..queues {
+        // Queues 0..len are attached (a resumed takeover starts after them).
+        let first = u16::try_from(device.queues.len()).unwrap_or(queues);
+        for q in first..queues {
             if recovering && q + 1 == queues && hooks::fire(Fault::RecoverAfterStart) {
                 return Err(DataplaneError::Attach {
                     q_id: q,
@@ -1193,10 +1191,7 @@ impl Control {
         // when the kernel lets go of them.
         device.queues.push(stats);
         match rx.recv_timeout(self.timeout) {
-            Ok(Ok(())) => {
-                device.attached += 1;
-                Ok(())
-            }
+            Ok(Ok(())) => Ok(()),
             Ok(Err(AttachError { source, held })) => {
                 if held {
                     device.stuck = true;

@@ -1019,8 +1019,9 @@ impl Worker {
         q.outstanding = q.outstanding.saturating_sub(1);
         let t = q.tags[usize::from(tag)];
         use crate::hooks::{fire, Fault};
-        let nvme = q.setup.backend.kind() == "nvme";
-        let res = if nvme
+        // Test hook; `cfg!` keeps the backend check off the I/O path of shipped builds.
+        let res = if cfg!(feature = "test-hooks")
+            && q.setup.backend.kind() == "nvme"
             && ((t.retries == 0 && fire(Fault::NvmePathError)) || fire(Fault::NvmePathDown))
         {
             0x371 // Host Aborted Command: a path-related status, DNR clear
