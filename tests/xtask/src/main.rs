@@ -23,7 +23,7 @@ commands:
   test               host tests (cargo test --workspace), then the whole VM suite
   vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it,
                      or a whole test file (e.g. daemon, dataplane, kernel, nvme, recovery)
-  vm-run [--timeout SECS] -- CMD...
+  vm-run [--timeout SECS] [--multipath] -- CMD...
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
   demo               boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio,
                      resize, stats, metrics
@@ -113,6 +113,7 @@ fn host_tests(ws: &Path) -> Result<()> {
 
 fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     let mut timeout = 600u64;
+    let mut multipath = false;
     let mut rest = args;
     while let Some(first) = rest.first() {
         match first.as_str() {
@@ -120,6 +121,10 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
                 let v = rest.get(1).context("--timeout needs a number of seconds")?;
                 timeout = v.parse().with_context(|| format!("bad --timeout {v:?}"))?;
                 rest = &rest[2..];
+            }
+            "--multipath" => {
+                multipath = true;
+                rest = &rest[1..];
             }
             "--" => {
                 rest = &rest[1..];
@@ -139,6 +144,7 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     let kernel = image::prepare(ws)?;
     let run = vm::Vm::new(ws, &kernel)?
         .timeout_secs(timeout)
+        .multipath(multipath)
         .echo(true)
         .run(&script)?;
     match &run.exit {

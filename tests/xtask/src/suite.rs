@@ -32,7 +32,12 @@ impl Outcome {
 struct TestCase {
     binary: PathBuf,
     name: String,
+    /// Runs in the boot with the multipath NVMe subsystem (`Vm::multipath`).
+    multipath: bool,
 }
+
+/// The test file whose tests need the multipath topology, in a boot of their own.
+const MULTIPATH_FILE: &str = "multipath";
 
 /// Builds the VM test binaries and returns their paths.
 pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
@@ -123,6 +128,7 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
                 cases.push(TestCase {
                     binary: binary.clone(),
                     name,
+                    multipath: file == MULTIPATH_FILE,
                 });
             }
         }
@@ -133,10 +139,39 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             filter.unwrap_or("")
         );
     }
+    let mut outcome = Outcome::default();
+    let (multipath, plain): (Vec<TestCase>, Vec<TestCase>) =
+        cases.into_iter().partition(|c| c.multipath);
+    for (boot, multipath) in [(plain, false), (multipath, true)] {
+        if !boot.is_empty() {
+            run_boot(ws, &kernel, &boot, multipath, &mut outcome)?;
+        }
+    }
+    println!(
+        "{} passed, {} failed",
+        outcome.passed.len(),
+        outcome.failed.len()
+    );
+    Ok(outcome)
+}
+
+/// Runs `cases` in one boot of the guest, adding their results to `outcome`.
+fn run_boot(
+    ws: &Path,
+    kernel: &image::Kernel,
+    cases: &[TestCase],
+    multipath: bool,
+    outcome: &mut Outcome,
+) -> Result<()> {
     eprintln!(
-        "xtask: running {} VM test(s) in one boot of {}",
+        "xtask: running {} VM test(s) in one boot of {}{}",
         cases.len(),
-        kernel.kver
+        kernel.kver,
+        if multipath {
+            " with the multipath NVMe subsystem"
+        } else {
+            ""
+        }
     );
 
     let target = ws.join("target/debug");
@@ -150,7 +185,7 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
         ublkd = vm::shell_quote(&target.join("ublkd").to_string_lossy()),
         ublkctl = vm::shell_quote(&target.join("ublkctl").to_string_lossy()),
     );
-    for c in &cases {
+    for c in cases {
         script.push_str(&format!(
             "run_test {} {}\n",
             vm::shell_quote(&c.binary.to_string_lossy()),
@@ -163,19 +198,22 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(120 + (PER_TEST_SECS + 15) * cases.len() as u64);
-    let vm = Vm::new(ws, &kernel)?.timeout_secs(timeout).echo(true);
+    let vm = Vm::new(ws, kernel)?
+        .timeout_secs(timeout)
+        .multipath(multipath)
+        .echo(true);
     let run = vm.run(&script)?;
 
     let results = fs::read_to_string(run.run_dir.join("results")).unwrap_or_default();
-    let mut outcome = Outcome::default();
-    for c in &cases {
+    let mut boot = Outcome::default();
+    for c in cases {
         let rc = results.lines().find_map(|l| {
             let (rc, name) = l.split_once(' ')?;
             (name == c.name).then(|| rc.parse::<i32>().unwrap_or(-1))
         });
         match rc {
-            Some(0) => outcome.passed.push(c.name.clone()),
-            _ => outcome.failed.push(c.name.clone()),
+            Some(0) => boot.passed.push(c.name.clone()),
+            _ => boot.failed.push(c.name.clone()),
         }
     }
     println!();
@@ -184,10 +222,10 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
         kernel.kver,
         run.wall.as_secs_f64()
     );
-    for name in &outcome.passed {
+    for name in &boot.passed {
         println!("  ok      {name}");
     }
-    for name in &outcome.failed {
+    for name in &boot.failed {
         println!("  FAILED  {name}");
     }
     if run.exit != Exit::Code(0) {
@@ -197,15 +235,12 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             run.console_tail(40)
         );
     }
-    if outcome.failed.is_empty() && run.exit == Exit::Code(0) {
+    if boot.failed.is_empty() && run.exit == Exit::Code(0) {
         let _ = fs::remove_dir_all(&run.run_dir);
     } else {
         println!("logs kept in {}", run.run_dir.display());
     }
-    println!(
-        "{} passed, {} failed",
-        outcome.passed.len(),
-        outcome.failed.len()
-    );
-    Ok(outcome)
+    outcome.passed.append(&mut boot.passed);
+    outcome.failed.append(&mut boot.failed);
+    Ok(())
 }

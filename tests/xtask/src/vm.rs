@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// Size of the emulated NVMe namespace (sparse on the host).
 const NVME_BYTES: u64 = 1 << 30;
+/// Each namespace of the multipath subsystem (`Vm::multipath`).
+const MPATH_NS_BYTES: u64 = 256 << 20;
 const CONSOLE_KEEP: usize = 2000;
 
 /// How a guest run ended.
@@ -66,6 +68,7 @@ pub struct Vm {
     timeout: u64,
     echo: bool,
     accel: Option<String>,
+    multipath: bool,
 }
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -87,6 +90,7 @@ impl Vm {
             timeout: 600,
             echo: std::env::var("UBLKD_VM_VERBOSE").is_ok_and(|v| v == "1"),
             accel: None,
+            multipath: false,
         })
     }
 
@@ -97,6 +101,17 @@ impl Vm {
 
     pub fn echo(mut self, on: bool) -> Self {
         self.echo = self.echo || on;
+        self
+    }
+
+    /// Adds a second NVMe subsystem with two controllers, the topology of native multipath:
+    /// namespace 1 private to the second controller (its char device is named by the
+    /// controller, its disk by the subsystem) with 4 KiB blocks, and namespace 2 shared by both
+    /// (one multipath head). The first controller and its `ng0n1` stay as in every boot, but
+    /// controller numbering is then racy (asynchronous probe), so only tests that find their
+    /// devices by serial run in such a boot.
+    pub fn multipath(mut self, on: bool) -> Self {
+        self.multipath = on;
         self
     }
 
@@ -168,6 +183,7 @@ impl Vm {
                 "-device",
                 "nvme,serial=ublkd-nvme0,drive=nvm,max_ioqpairs=8",
             ])
+            .args(self.multipath_args()?)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(fs::File::create(rd.join("qemu.stderr"))?);
@@ -252,6 +268,35 @@ impl Vm {
 
 /// KVM when it is asked for or a probe boot works on this host, else TCG. The probe's answer is
 /// cached per host kernel: a host whose KVM cannot run a stock kernel (PVM) fails the probe once.
+impl Vm {
+    fn multipath_args(&self) -> Result<Vec<String>> {
+        if !self.multipath {
+            return Ok(Vec::new());
+        }
+        let mut args = Vec::new();
+        for (id, bytes) in [("mp1", MPATH_NS_BYTES), ("mp2", MPATH_NS_BYTES)] {
+            let image = self.run_dir.join(format!("{id}.img"));
+            fs::File::create(&image)?.set_len(bytes)?;
+            args.push("-drive".to_owned());
+            args.push(format!(
+                "file={},if=none,id={id},format=raw,cache=none,aio=io_uring",
+                image.display()
+            ));
+        }
+        for dev in [
+            "nvme-subsys,id=mpsub,nqn=ublkd-mpath",
+            "nvme,serial=ublkd-mp,subsys=mpsub,id=mpc0,max_ioqpairs=4,mdts=5",
+            "nvme,serial=ublkd-mp,subsys=mpsub,id=mpc1,max_ioqpairs=4,mdts=5",
+            "nvme-ns,drive=mp1,nsid=1,bus=mpc1,shared=off,logical_block_size=4096,physical_block_size=4096",
+            "nvme-ns,drive=mp2,nsid=2,shared=on",
+        ] {
+            args.push("-device".to_owned());
+            args.push(dev.to_owned());
+        }
+        Ok(args)
+    }
+}
+
 fn choose_accel(kernel: &Kernel) -> Result<String> {
     if let Ok(a) = std::env::var("UBLKD_VM_ACCEL") {
         return Ok(a);
