@@ -193,6 +193,8 @@ pub struct WorkerSnapshot {
     pub down_errno: Option<u64>,
     /// Transient ring errors (EAGAIN, ENOMEM) the worker waited out.
     pub ring_retries: u64,
+    /// io-wq threads the worker may have now, `[bounded, unbounded]` (`ring::iowq_limits`).
+    pub iowq_limits: [u32; 2],
 }
 
 /// The state of a ublk device as the kernel reports it.
@@ -556,6 +558,7 @@ impl Control {
                                 batch_sum,
                                 down_errno: w.stats.down_errno(),
                                 ring_retries: w.stats.ring_retries(),
+                                iowq_limits: w.stats.iowq_limits(),
                             }
                         })
                         .collect()));

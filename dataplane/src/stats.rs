@@ -317,6 +317,9 @@ pub struct WorkerStats {
     ring_retries: AtomicU64,
     /// The errno of the fatal ring error that stopped the worker (0: it runs).
     down_errno: AtomicU64,
+    /// The io-wq thread limits in force, bounded in the high half, unbounded in the low
+    /// (`ring::iowq_limits`); a failed update leaves the previous ones here.
+    iowq_limits: AtomicU64,
 }
 
 impl WorkerStats {
@@ -337,6 +340,19 @@ impl WorkerStats {
     /// None while the worker runs, else the errno that stopped it.
     pub fn down_errno(&self) -> Option<u64> {
         Some(self.down_errno.load(Ordering::Relaxed)).filter(|&e| e != 0)
+    }
+
+    pub fn set_iowq_limits(&self, [bounded, unbounded]: [u32; 2]) {
+        self.iowq_limits.store(
+            u64::from(bounded) << 32 | u64::from(unbounded),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// `[bounded, unbounded]` io-wq threads the worker may have now.
+    pub fn iowq_limits(&self) -> [u32; 2] {
+        let v = self.iowq_limits.load(Ordering::Relaxed);
+        [(v >> 32) as u32, v as u32]
     }
 
     pub fn busy(&self, d: std::time::Duration) {

@@ -316,6 +316,8 @@ pub struct Worker {
     attaching: Vec<u16>,
     /// Stopping queues to look at for teardown (those whose commands may all be back).
     dying: Vec<u16>,
+    /// Queues in `queues` (attached, attaching or stopping): what the io-wq limits follow.
+    live: usize,
     shutdown: bool,
     abandon: bool,
 }
@@ -326,6 +328,7 @@ impl Worker {
         event: Arc<EventFd>,
         stats: Arc<WorkerStats>,
     ) -> Result<Self, WorkerError> {
+        stats.set_iowq_limits(crate::ring::iowq_limits(0));
         Ok(Self {
             rings: Rings {
                 main: WorkerRing::new(1024, MAIN_CQ_ENTRIES, FIXED_BUFFERS, false)?,
@@ -342,6 +345,7 @@ impl Worker {
             handled: 0,
             attaching: Vec::new(),
             dying: Vec::new(),
+            live: 0,
             shutdown: false,
             abandon: false,
         })
@@ -606,6 +610,8 @@ impl Worker {
         // From here the queue stays in place until the kernel has answered every command
         // pushed for it (`reap_dead_queues` then reports it gone).
         let result = armed.and_then(|()| Ok(self.rings.get(on_poll).submit()?));
+        self.live += 1;
+        self.fit_iowq();
         match result {
             Ok(()) => {
                 q.attach_reply = Some(reply);
@@ -619,6 +625,15 @@ impl Worker {
                 self.dying.push(slot16);
                 Err(AttachError { source, held: true })
             }
+        }
+    }
+
+    /// Sets this thread's io-wq limits for the queues it now serves (`ring::iowq_limits`). A
+    /// refusal keeps the previous limits, which the worker's stats go on showing.
+    fn fit_iowq(&mut self) {
+        let want = crate::ring::iowq_limits(self.live);
+        if want != self.stats.iowq_limits() && self.rings.main.set_iowq_limits(want).is_ok() {
+            self.stats.set_iowq_limits(want);
         }
     }
 
@@ -1348,6 +1363,9 @@ impl Worker {
                         let _ = ring.unregister_buf_ring(g.group());
                     }
                 }
+                // Limits first, so that whoever waits for `gone` sees them follow.
+                self.live -= 1;
+                self.fit_iowq();
                 let _ = q.setup.gone.send((q.setup.dev_id, q.setup.q_id));
             }
         }

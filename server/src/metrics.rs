@@ -269,6 +269,11 @@ async fn volume_families(volumes: &Volumes, out: &mut String) {
         "Transient io_uring errors (EAGAIN, ENOMEM) a worker waited out",
         COUNTER,
     );
+    let mut iowq = Family::new(
+        "ublkd_worker_iowq_max_threads",
+        "io-wq helper threads a worker may start, by class of work; grows with its queues",
+        GAUGE,
+    );
     let mut count = Family::new("ublkd_volumes", "Volumes known to this node", GAUGE);
     let mut recoveries = Family::new(
         "ublkd_volume_recoveries_total",
@@ -368,6 +373,9 @@ async fn volume_families(volumes: &Volumes, out: &mut String) {
         busy.counter(&l, w.busy_seconds);
         worker_up.gauge(&l, if w.down_errno.is_none() { 1.0 } else { 0.0 });
         ring_retries.counter(&l, w.ring_retries as f64);
+        for (class, n) in ["bounded", "unbounded"].iter().zip(w.iowq_limits) {
+            iowq.gauge(&[("worker", cpu.as_str()), ("class", class)], f64::from(n));
+        }
         batch.histogram(&l, &bounds, &w.batch_buckets, w.batch_sum as f64);
     }
     [
@@ -386,6 +394,7 @@ async fn volume_families(volumes: &Volumes, out: &mut String) {
         busy,
         worker_up,
         ring_retries,
+        iowq,
         count,
         recoveries,
         recovery_duration,

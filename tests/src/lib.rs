@@ -200,11 +200,12 @@ pub mod guest {
             .unwrap_or_default()
     }
 
-    /// Most threads the dataplane may add beyond its workers: the control thread and each
-    /// worker ring's capped io-wq helpers.
-    pub fn thread_allowance(workers: usize) -> usize {
-        use ublkd_dataplane::ring::{IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
-        1 + workers * (IOWQ_MAX_BOUNDED + IOWQ_MAX_UNBOUNDED) as usize
+    /// Most threads the dataplane may add beyond its `workers` when they serve `queues` queues
+    /// in all: the control thread and each worker's io-wq helpers, whose limit follows the
+    /// queues it serves (no worker serves more than all of them).
+    pub fn thread_allowance(workers: usize, queues: usize) -> usize {
+        let [bounded, unbounded] = ublkd_dataplane::ring::iowq_limits(queues);
+        1 + workers * (bounded + unbounded) as usize
     }
 
     /// Open file descriptors of this process.

@@ -338,11 +338,21 @@ fn thirty_two_devices_on_two_workers_with_fio_on_all() -> Result<()> {
     }
     let threads = guest::thread_count()?;
     assert!(
-        threads <= threads_before + guest::thread_allowance(2),
+        threads <= threads_before + guest::thread_allowance(2, 64),
         "adding 32 devices added threads: {threads_before} -> {threads}: {:?}",
         guest::thread_names()
     );
     assert_eq!(dp.worker_count(), 2);
+    // The io-wq limits follow the queues: 64 over two workers, so both grew from the idle floor.
+    let iowq = |dp: &ublkd_dataplane::Handle| -> Result<Vec<[u32; 2]>> {
+        Ok(dp.worker_stats()?.iter().map(|w| w.iowq_limits).collect())
+    };
+    let idle = ublkd_dataplane::ring::iowq_limits(0);
+    let grown = iowq(&dp)?;
+    assert!(
+        grown.iter().all(|l| l[0] > idle[0]),
+        "limits {grown:?} grew past {idle:?}"
+    );
     let mut cmd = String::from(
         "fio --ioengine=io_uring --direct=1 --rw=randrw --bs=4k --iodepth=4 \
          --runtime=3 --time_based --output-format=terse",
@@ -358,7 +368,7 @@ fn thirty_two_devices_on_two_workers_with_fio_on_all() -> Result<()> {
     assert_eq!(out.lines().count(), 32, "one result per device");
     let threads = guest::thread_count()?;
     assert!(
-        threads <= threads_before + guest::thread_allowance(2),
+        threads <= threads_before + guest::thread_allowance(2, 64),
         "under load: {threads_before} -> {threads}: {:?}",
         guest::thread_names()
     );
@@ -375,6 +385,11 @@ fn thirty_two_devices_on_two_workers_with_fio_on_all() -> Result<()> {
         dp.delete_device(d.dev_id)?;
     }
     assert!(guest::ublk_char_devices()?.is_empty());
+    let after = iowq(&dp)?;
+    assert!(
+        after.iter().all(|&l| l == idle),
+        "back to {idle:?}: {after:?}"
+    );
     dp.shutdown()?;
     Ok(())
 }
@@ -396,7 +411,7 @@ fn one_hundred_twenty_eight_volumes_on_two_workers() -> Result<()> {
     // io_uring may start a few io-wq helpers (capped); nothing grows with the device count.
     let threads = guest::thread_count()?;
     assert!(
-        threads <= threads_before + guest::thread_allowance(2),
+        threads <= threads_before + guest::thread_allowance(2, 128),
         "128 volumes added threads: {threads_before} -> {threads}: {:?}",
         guest::thread_names()
     );

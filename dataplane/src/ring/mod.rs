@@ -5,7 +5,8 @@
 mod worker;
 
 pub use worker::{
-    BufRing, Completion, NvmeData, Op, Region, WorkerRing, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED,
+    iowq_limits, BufRing, Completion, NvmeData, Op, Region, WorkerRing, IOWQ_MAX_BOUNDED,
+    IOWQ_MAX_UNBOUNDED,
 };
 
 use crate::sys::ublksrv_ctrl_cmd;

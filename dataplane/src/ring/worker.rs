@@ -18,9 +18,26 @@ use std::sync::Arc;
 
 const IORING_URING_CMD_MULTISHOT: u32 = 1 << 1;
 /// Byte offsets inside an SQE that the io-uring crate cannot set for uring_cmd.
-/// io-wq helper threads a worker's ring may start, for bounded and unbounded work.
-pub const IOWQ_MAX_BOUNDED: u32 = 2;
-pub const IOWQ_MAX_UNBOUNDED: u32 = 2;
+/// Most io-wq helper threads one worker may have, for bounded and unbounded work, however many
+/// queues it serves (`iowq_limits`).
+pub const IOWQ_MAX_BOUNDED: u32 = 64;
+pub const IOWQ_MAX_UNBOUNDED: u32 = 16;
+
+/// The io-wq helper threads a worker serving `queues` queues may start: `[bounded, unbounded]`.
+///
+/// Work io_uring cannot do inline goes to io-wq: bounded work is regular files and block devices
+/// (fsync, allocating or extending writes, a backing device whose queue is full), unbounded work
+/// is everything else, here the copy fallback's READ/WRITE of `/dev/ublkcN`. One volume's flush
+/// on a slow device holds its thread for the device's whole latency, and any other volume's
+/// flush queued behind it waits as long: head-of-line blocking between tenants. So the bounded
+/// limit grows by one per queue served (every queue can have a blocking operation running), the
+/// unbounded one (only the rare copy fallback) by one per four, each from a floor of two and up
+/// to the caps above. Helpers start on demand and exit after a few idle seconds, so a limit
+/// costs nothing until it is used.
+pub fn iowq_limits(queues: usize) -> [u32; 2] {
+    let grow = |per: usize, cap: u32| (2 + queues / per).min(cap as usize) as u32;
+    [grow(1, IOWQ_MAX_BOUNDED), grow(4, IOWQ_MAX_UNBOUNDED)]
+}
 const SQE_LEN: usize = 24;
 const SQE_OP_FLAGS: usize = 28;
 const SQE_BUF_GROUP: usize = 40;
@@ -253,8 +270,8 @@ impl WorkerRing {
             .register_buffers_sparse(fixed_buffers)
             .map_err(RingError::Setup)?;
         // Operations that block (fsync, fallocate, buffered I/O) run on io_uring's io-wq
-        // threads; cap them so the thread count never grows with the number of volumes.
-        let mut max = [IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED];
+        // threads; bounded by what the worker serves (`set_iowq_limits`), none yet.
+        let mut max = iowq_limits(0);
         ring.submitter()
             .register_iowq_max_workers(&mut max)
             .map_err(RingError::Setup)?;
@@ -266,6 +283,16 @@ impl WorkerRing {
             in_flight: 0,
             iopoll,
         })
+    }
+
+    /// Sets the io-wq thread limits `[bounded, unbounded]` of the calling thread's io_uring
+    /// context (shared by every ring the thread owns), so call it on the worker's own thread.
+    pub fn set_iowq_limits(&self, limits: [u32; 2]) -> Result<(), RingError> {
+        let mut max = limits;
+        self.ring
+            .submitter()
+            .register_iowq_max_workers(&mut max)
+            .map_err(RingError::Register)
     }
 
     pub fn is_iopoll(&self) -> bool {
@@ -848,6 +875,20 @@ impl BufRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iowq_limits_grow_with_queues_up_to_the_caps() {
+        assert_eq!(iowq_limits(0), [2, 2]);
+        assert_eq!(iowq_limits(4), [6, 3]);
+        assert_eq!(iowq_limits(32), [34, 10]);
+        assert_eq!(iowq_limits(100_000), [IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED]);
+        let mut last = iowq_limits(0);
+        for q in 1..1000 {
+            let l = iowq_limits(q);
+            assert!(l[0] >= last[0] && l[1] >= last[1], "monotone at {q}");
+            last = l;
+        }
+    }
 
     #[test]
     fn patch_sets_flags_group_and_len_only() {
