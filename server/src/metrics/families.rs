@@ -1,0 +1,291 @@
+//! The volume and worker families, built at scrape time from one snapshot of the dataplane's
+//! statistics (one round trip for every device, one for the workers).
+
+use super::text::{family, Kind};
+use crate::registry::BackendRecord;
+use crate::volumes::{State, Volume, Volumes};
+use std::sync::atomic::Ordering::Relaxed;
+use ublkd_dataplane::stats::{BATCH_BOUNDS, LATENCY_BOUNDS};
+use ublkd_dataplane::{DeviceStats, OpKind};
+
+/// Appends every volume and worker family to `out`.
+pub async fn write(volumes: &Volumes, out: &mut String) {
+    let orphans = volumes.orphans().await.len();
+    let all = volumes.all_stats().await;
+    let workers = volumes.workers().await;
+    write_volumes(&all, out);
+    let with_stats = || {
+        all.iter()
+            .filter_map(|(v, s)| Some((v.record.id.as_str(), s.as_ref()?)))
+    };
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_io_ops_total",
+        "I/O requests completed",
+        Kind::Counter,
+        |f, l, st| {
+            for op in OpKind::ALL {
+                f.counter(&[l[0], ("op", op.name())], st.total.ops_of(op) as f64);
+            }
+        },
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_io_bytes_total",
+        "Bytes moved by completed I/O",
+        Kind::Counter,
+        |f, l, st| {
+            for op in OpKind::ALL {
+                f.counter(&[l[0], ("op", op.name())], st.total.bytes_of(op) as f64);
+            }
+        },
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_io_errors_total",
+        "I/O requests failed",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.errors as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_protocol_errors_total",
+        "ublk commands that failed unexpectedly; each stops a queue",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.protocol_errors as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_io_retries_total",
+        "Backend operations sent again after a passing failure (NVMe path errors, resets)",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.retries as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_io_duration_seconds",
+        "Time from the request reaching ublkd to its completion",
+        Kind::Histogram,
+        |f, l, st| {
+            f.histogram(
+                l,
+                &LATENCY_BOUNDS,
+                &st.total.latency_buckets,
+                st.total.latency_sum_ns as f64 / 1e9,
+            )
+        },
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_inflight_ios",
+        "I/O requests in flight",
+        Kind::Gauge,
+        |f, l, st| f.gauge(l, st.total.inflight as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_memory_bytes",
+        "Memory held by the backend",
+        Kind::Gauge,
+        |f, l, st| f.gauge(l, st.memory_bytes as f64),
+    );
+    write_workers(&workers, out);
+    family(
+        out,
+        "ublkd_volumes",
+        "Volumes known to this node",
+        Kind::Gauge,
+        |f| f.gauge(&[], all.len() as f64),
+    );
+    let r = &volumes.recoveries;
+    family(
+        out,
+        "ublkd_volume_recoveries_total",
+        "Kernel devices taken over from a previous ublkd (after a crash or an upgrade)",
+        Kind::Counter,
+        |f| f.counter(&[], r.total.load(Relaxed) as f64),
+    );
+    let counts: Vec<u64> = r.buckets.iter().map(|b| b.load(Relaxed)).collect();
+    family(
+        out,
+        "ublkd_volume_recovery_duration_seconds",
+        "Time to take over one device: start of recovery to I/O flowing",
+        Kind::Histogram,
+        |f| {
+            f.histogram(
+                &[],
+                &crate::volumes::RECOVERY_BOUNDS,
+                &counts,
+                r.sum_ns.load(Relaxed) as f64 / 1e9,
+            )
+        },
+    );
+    family(
+        out,
+        "ublkd_orphan_devices",
+        "ublk devices in the kernel that no registered volume owns",
+        Kind::Gauge,
+        |f| f.gauge(&[], orphans as f64),
+    );
+}
+
+/// One family with samples from each volume that has statistics.
+fn per_volume<'a>(
+    out: &mut String,
+    vols: impl Iterator<Item = (&'a str, &'a DeviceStats)>,
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    mut sample: impl FnMut(&mut super::text::Family<'_>, &[(&str, &str)], &DeviceStats),
+) {
+    family(out, name, help, kind, |f| {
+        for (id, st) in vols {
+            sample(f, &[("volume", id)], st);
+        }
+    });
+}
+
+/// The families every volume has, statistics or not: size, state, attributes.
+fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
+    family(
+        out,
+        "ublkd_volume_size_bytes",
+        "Volume capacity",
+        Kind::Gauge,
+        |f| {
+            for (vol, _) in all {
+                f.gauge(&[("volume", &vol.record.id)], vol.record.size_bytes as f64);
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_volume_state",
+        "1 for the volume's current state",
+        Kind::Gauge,
+        |f| {
+            for (vol, _) in all {
+                for s in State::ALL {
+                    f.gauge(
+                        &[("volume", &vol.record.id), ("state", s.name())],
+                        f64::from(u8::from(s == vol.state)),
+                    );
+                }
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_volume_info",
+        "Volume attributes; always 1",
+        Kind::Gauge,
+        |f| {
+            for (vol, _) in all {
+                let backend = match &vol.record.backend {
+                    BackendRecord::Null => "null",
+                    BackendRecord::Ram => "ram",
+                    BackendRecord::File { .. } => "file",
+                    BackendRecord::Nvme { .. } => "nvme",
+                };
+                let dev = vol.device.as_ref();
+                let device = dev
+                    .map(|d| d.block_device.display().to_string())
+                    .unwrap_or_default();
+                let on_off = |b: bool| if b { "on" } else { "off" };
+                f.gauge(
+                    &[
+                        ("volume", &vol.record.id),
+                        ("backend", backend),
+                        ("device", &device),
+                        ("io_path", dev.map_or("", |d| d.io_path.name())),
+                        (
+                            "zero_copy",
+                            dev.map_or("", |d| on_off(d.zero_copy_in_use())),
+                        ),
+                        ("poll", dev.map_or("", |d| on_off(d.polled))),
+                    ],
+                    1.0,
+                );
+            }
+        },
+    );
+}
+
+fn write_workers(workers: &[ublkd_dataplane::WorkerSnapshot], out: &mut String) {
+    let cpus: Vec<String> = workers.iter().map(|w| w.cpu.to_string()).collect();
+    let each = || workers.iter().zip(cpus.iter().map(String::as_str));
+    let bounds: Vec<f64> = BATCH_BOUNDS.iter().map(|&b| b as f64).collect();
+    family(
+        out,
+        "ublkd_worker_batch_size",
+        "Requests started per worker loop iteration",
+        Kind::Histogram,
+        |f| {
+            for (w, cpu) in each() {
+                f.histogram(
+                    &[("worker", cpu)],
+                    &bounds,
+                    &w.batch_buckets,
+                    w.batch_sum as f64,
+                );
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_busy_seconds_total",
+        "Time workers spent handling completions",
+        Kind::Counter,
+        |f| {
+            for (w, cpu) in each() {
+                f.counter(&[("worker", cpu)], w.busy_seconds);
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_up",
+        "1 while the worker serves; 0 once a fatal ring error stopped it",
+        Kind::Gauge,
+        |f| {
+            for (w, cpu) in each() {
+                f.gauge(
+                    &[("worker", cpu)],
+                    if w.down_errno.is_none() { 1.0 } else { 0.0 },
+                );
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_ring_retries_total",
+        "Transient io_uring errors (EAGAIN, ENOMEM) a worker waited out",
+        Kind::Counter,
+        |f| {
+            for (w, cpu) in each() {
+                f.counter(&[("worker", cpu)], w.ring_retries as f64);
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_iowq_max_threads",
+        "io-wq helper threads a worker may start, by class of work; grows with its queues",
+        Kind::Gauge,
+        |f| {
+            for (w, cpu) in each() {
+                for (class, n) in ["bounded", "unbounded"].iter().zip(w.iowq_limits) {
+                    f.gauge(&[("worker", cpu), ("class", class)], f64::from(n));
+                }
+            }
+        },
+    );
+}
