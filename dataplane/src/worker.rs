@@ -610,6 +610,7 @@ impl Worker {
         // From here the queue stays in place until the kernel has answered every command
         // pushed for it (`reap_dead_queues` then reports it gone).
         let result = armed.and_then(|()| Ok(self.rings.get(on_poll).submit()?));
+        self.register_files(&q);
         self.live += 1;
         self.fit_iowq();
         match result {
@@ -626,6 +627,23 @@ impl Worker {
                 Err(AttachError { source, held: true })
             }
         }
+    }
+
+    /// Registers the queue's char device with the ring its commands go to, for the rest of its
+    /// life (`unregister_files` at teardown): its commands then skip the kernel's per-op file
+    /// lookup. Commands already pushed went by descriptor, which is as good; a refusal leaves
+    /// them so. Backend descriptors stay unregistered: measured, it bought nothing there.
+    fn register_files(&mut self, q: &Queue) {
+        let _ = self
+            .rings
+            .get(q.setup.placement.ublk_on_poll())
+            .register_file(q.setup.cdev.as_raw_fd());
+    }
+
+    fn unregister_files(&mut self, q: &Queue) {
+        self.rings
+            .get(q.setup.placement.ublk_on_poll())
+            .unregister_file(q.setup.cdev.as_raw_fd());
     }
 
     /// Sets this thread's io-wq limits for the queues it now serves (`ring::iowq_limits`). A
@@ -1357,6 +1375,7 @@ impl Worker {
                         .unregister_fixed(index);
                 }
                 self.release_slots(&q);
+                self.unregister_files(&q);
                 if let Some(b) = &q.batch {
                     let ring = self.rings.get(q.setup.placement.ublk_on_poll());
                     for g in &b.groups {

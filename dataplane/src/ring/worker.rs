@@ -60,6 +60,28 @@ impl Completion {
     }
 }
 
+impl Op<'_> {
+    /// The descriptor the op works on (none for a timeout).
+    fn fd(&self) -> Option<RawFd> {
+        match self {
+            Op::UblkIo { fd, .. }
+            | Op::UblkBatch { fd, .. }
+            | Op::UblkFetchMultishot { fd, .. }
+            | Op::ReadFixed { fd, .. }
+            | Op::WriteFixed { fd, .. }
+            | Op::Read { fd, .. }
+            | Op::Write { fd, .. }
+            | Op::ReadKernelBuf { fd, .. }
+            | Op::WriteKernelBuf { fd, .. }
+            | Op::Nvme { fd, .. }
+            | Op::Fsync { fd, .. }
+            | Op::Fallocate { fd, .. }
+            | Op::Read8 { fd, .. } => Some(*fd),
+            Op::Timeout { .. } => None,
+        }
+    }
+}
+
 /// A region of a mapping: `len` bytes at `offset`.
 #[derive(Debug, Clone, Copy)]
 pub struct Region {
@@ -206,9 +228,20 @@ pub struct WorkerRing {
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     fixed: Vec<Fixed>,
+    /// Registered files, indexed by raw fd: (table slot, users). An op on a registered fd is
+    /// submitted as a fixed file, sparing the kernel a file lookup and reference per op.
+    files: Vec<Option<(u32, u32)>>,
+    free_files: Vec<u32>,
     in_flight: usize,
     iopoll: bool,
 }
+
+/// Slots in each ring's registered-file table (one per ublk char device served), at most.
+const FIXED_FILES: u32 = 4096;
+/// Byte offsets of the SQE's flags and fd.
+const SQE_FLAGS: usize = 1;
+const SQE_FD: usize = 4;
+const IOSQE_FIXED_FILE: u8 = 1;
 
 impl std::fmt::Debug for WorkerRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -269,6 +302,15 @@ impl WorkerRing {
         ring.submitter()
             .register_buffers_sparse(fixed_buffers)
             .map_err(RingError::Setup)?;
+        // The kernel refuses a table larger than RLIMIT_NOFILE; without one, ops go by
+        // descriptor (`register_file` finds no free slot), which works as well, a bit slower.
+        let files = FIXED_FILES
+            .min(u32::try_from(crate::sys::os::open_files_limit()).unwrap_or(FIXED_FILES));
+        let files = if ring.submitter().register_files_sparse(files).is_ok() {
+            files
+        } else {
+            0
+        };
         // Operations that block (fsync, fallocate, buffered I/O) run on io_uring's io-wq
         // threads; bounded by what the worker serves (`set_iowq_limits`), none yet.
         let mut max = iowq_limits(0);
@@ -280,6 +322,8 @@ impl WorkerRing {
             slots: Vec::new(),
             free: Vec::new(),
             fixed: vec![Fixed::Free; fixed_buffers as usize],
+            files: Vec::new(),
+            free_files: (0..files).rev().collect(),
             in_flight: 0,
             iopoll,
         })
@@ -422,8 +466,67 @@ impl WorkerRing {
             .map_err(RingError::Register)
     }
 
+    /// Registers `fd` in this ring's file table (counting its users), so that ops on it are
+    /// submitted as fixed files. The caller keeps `fd` open until its last `unregister_file`.
+    /// A full table is no error: ops on `fd` then go by descriptor, as before.
+    pub fn register_file(&mut self, fd: RawFd) -> Result<(), RingError> {
+        let Ok(at) = usize::try_from(fd) else {
+            return Err(RingError::BadRegion);
+        };
+        if let Some(Some((_, users))) = self.files.get_mut(at) {
+            *users += 1;
+            return Ok(());
+        }
+        let Some(slot) = self.free_files.pop() else {
+            return Ok(());
+        };
+        if let Err(e) = self.ring.submitter().register_files_update(slot, &[fd]) {
+            self.free_files.push(slot);
+            return Err(RingError::Register(e));
+        }
+        if self.files.len() <= at {
+            self.files.resize(at + 1, None);
+        }
+        self.files[at] = Some((slot, 1));
+        Ok(())
+    }
+
+    /// One user of `fd` is done with it; the last one removes it from the table (ops in
+    /// flight keep their own reference to the file).
+    pub fn unregister_file(&mut self, fd: RawFd) {
+        let Some(entry) = usize::try_from(fd)
+            .ok()
+            .and_then(|at| self.files.get_mut(at))
+        else {
+            return;
+        };
+        let Some((slot, users)) = entry.as_mut() else {
+            return;
+        };
+        *users -= 1;
+        if *users > 0 {
+            return;
+        }
+        let slot = *slot;
+        *entry = None;
+        if self
+            .ring
+            .submitter()
+            .register_files_update(slot, &[-1])
+            .is_ok()
+        {
+            self.free_files.push(slot);
+        }
+    }
+
+    fn file_slot(&self, fd: RawFd) -> Option<u32> {
+        let (slot, _) = (*self.files.get(usize::try_from(fd).ok()?)?)?;
+        Some(slot)
+    }
+
     /// Pushes `op`; its completion(s) will carry `user_data`.
     pub fn push(&mut self, op: Op<'_>, user_data: u64) -> Result<(), RingError> {
+        let fixed_file = op.fd().and_then(|fd| self.file_slot(fd));
         let mut pins: [Option<Arc<Mapping>>; 2] = [None, None];
         let entry: squeue::Entry128 = match op {
             Op::UblkIo {
@@ -663,7 +766,10 @@ impl WorkerRing {
                 u32::try_from(self.slots.len() - 1).map_err(|_| RingError::QueueFull)?
             }
         };
-        let entry = entry.user_data(u64::from(slot));
+        let mut entry = entry.user_data(u64::from(slot));
+        if let Some(file) = fixed_file {
+            entry = use_fixed_file(entry, file);
+        }
         if self.ring.submission().is_full() {
             self.submit()?;
         }
@@ -773,6 +879,16 @@ fn batch_cmd_bytes(c: &ublk_batch_io) -> [u8; 80] {
 
 /// Sets the uring_cmd fields the io-uring crate cannot: `uring_cmd_flags` bits (multishot), the
 /// buffer group, and the SQE `len` (batch element buffer size).
+/// `e` addressing registered file `slot` instead of its descriptor.
+fn use_fixed_file(e: squeue::Entry128, slot: u32) -> squeue::Entry128 {
+    // SAFETY: as in `patch_sqe`: a byte view of the kernel's SQE layout and back.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(e) };
+    raw[SQE_FLAGS] |= IOSQE_FIXED_FILE;
+    raw[SQE_FD..SQE_FD + 4].copy_from_slice(&slot.to_ne_bytes());
+    // SAFETY: as above; flags and fd are plain integers there.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
 fn patch_sqe(
     e: squeue::Entry128,
     cmd_flags: u32,

@@ -194,6 +194,22 @@ impl Drop for Mapping {
 }
 
 /// An anonymous tmpfs file (memfd): memory whose use the kernel counts in the file's blocks.
+/// The process's soft limit on open files (RLIMIT_NOFILE), which also bounds the size of an
+/// io_uring registered-file table; 1024 when it cannot be read.
+pub fn open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    if rc == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    }
+}
+
 pub fn memfd(name: &str) -> io::Result<File> {
     let name =
         std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
