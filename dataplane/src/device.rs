@@ -7,8 +7,13 @@ use crate::sys;
 /// Largest single request, and so each tag's buffer size.
 pub const DEFAULT_MAX_IO_BYTES: u32 = 512 * 1024;
 
-/// Which ublk I/O protocol serves the device's queues.
+/// Which ublk I/O protocol serves the device's queues. Stored (serde feature) by its `name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum IoPath {
     /// BATCH_IO when the kernel offers it, else per-IO.
     #[default]
@@ -16,6 +21,7 @@ pub enum IoPath {
     /// PREP / multishot FETCH / COMMIT of many tags per command (UBLK_F_BATCH_IO).
     Batch,
     /// FETCH_REQ / COMMIT_AND_FETCH_REQ per tag (every ublk kernel).
+    #[cfg_attr(feature = "serde", serde(alias = "per-io"))]
     PerIo,
 }
 
@@ -47,6 +53,11 @@ pub const MIN_BATCH_DEPTH: u16 = 2;
 
 /// A per-device choice the kernel or backend may not offer: `Auto` takes it when offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Toggle {
     #[default]
     Auto,

@@ -7,11 +7,12 @@
 //! job, reached only through `ublkd_dataplane::Handle`.
 
 mod config;
+mod convert;
+mod error;
 mod metrics;
 mod registry;
 mod rpc_meter;
 mod service;
-mod status;
 mod validate;
 mod volumes;
 
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio::sync::watch;
-use ublkd_dataplane::{BackendSpec, DeviceSpec, Handle, IoPath, Toggle};
+use ublkd_dataplane::{BackendSpec, DeviceSpec, Handle, Toggle};
 use ublkd_proto::v1::{
     node_service_server::NodeServiceServer, volume_service_server::VolumeServiceServer,
 };
@@ -76,6 +77,7 @@ enum Cmd {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
+    /// Size: 1Gi or 1GiB (binary), 1G (decimal); rounded up to whole blocks
     #[arg(long)]
     size: String,
     /// null, ram, file:PATH or nvme:/dev/ngXnY (the whole namespace).
@@ -101,12 +103,8 @@ struct RunArgs {
 }
 
 fn parse_toggle(flag: &str, v: &str) -> anyhow::Result<Toggle> {
-    Ok(match v {
-        "auto" => Toggle::Auto,
-        "on" => Toggle::On,
-        "off" => Toggle::Off,
-        other => bail!("unknown {flag} {other:?}: expected auto, on or off"),
-    })
+    convert::toggle_from_name(v)
+        .with_context(|| format!("unknown {flag} {v:?}: expected auto, on or off"))
 }
 
 fn main() -> ExitCode {
@@ -161,7 +159,9 @@ fn termination() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 }
 
 fn run_one(args: RunArgs) -> anyhow::Result<()> {
+    // Rounded up to whole blocks, as ublkctl does: `--size 1G` is 10^9 bytes, then some.
     let size = ublkd_proto::units::parse_size(&args.size)
+        .and_then(|n| n.checked_next_multiple_of(u64::from(args.block_size.max(1))))
         .with_context(|| format!("bad --size {:?}", args.size))?;
     let backend = match args.backend.as_str() {
         "null" => BackendSpec::Null,
@@ -176,12 +176,12 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
             _ => bail!("unknown backend {other:?}: expected null, ram, file:PATH or nvme:PATH"),
         },
     };
-    let io_path = match args.io_path.as_str() {
-        "auto" => IoPath::Auto,
-        "batch" => IoPath::Batch,
-        "per-io" | "per_io" => IoPath::PerIo,
-        other => bail!("unknown --io-path {other:?}: expected auto, batch or per-io"),
-    };
+    let io_path = convert::io_path_from_name(&args.io_path).with_context(|| {
+        format!(
+            "unknown --io-path {:?}: expected auto, batch or per-io",
+            args.io_path
+        )
+    })?;
     let spec = DeviceSpec {
         size_bytes: size,
         backend,
@@ -294,7 +294,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         iopoll_shared: None,
     });
     if let Err(e) = &handle {
-        tracing::error!(error = %status::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");
+        tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");
     }
     let volumes = Arc::new(volumes::Volumes::new(
         handle,

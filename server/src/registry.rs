@@ -1,11 +1,15 @@
 //! The volume registry: one JSON file per volume under `<state_dir>/registry/`, written crash-safe
 //! (temporary file, fsync, rename, fsync of the directory), so after any crash each volume's
 //! record is either the old one or the new one, never a torn mix.
+//!
+//! Spec choices are the dataplane's own enums, stored by name (`"auto"`, `"per_io"`, `"on"`):
+//! the very strings releases before them wrote, so their files load unchanged.
 
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use ublkd_dataplane::{IoPath, Toggle};
 
 /// A volume's backend as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,8 +38,7 @@ pub struct VolumeRecord {
     pub backend: BackendRecord,
     pub queues: u16,
     pub queue_depth: u16,
-    /// `auto`, `batch` or `per_io`.
-    pub io_path: String,
+    pub io_path: IoPath,
     pub created_unix_ms: i64,
     /// The kernel device id: chosen before the device is created, so after a crash at any
     /// point the next start finds (and takes over) the device this record made.
@@ -43,15 +46,11 @@ pub struct VolumeRecord {
     /// A delete was started: the next start finishes it.
     #[serde(default)]
     pub deleting: bool,
-    /// `auto`, `on` or `off`.
-    #[serde(default = "auto")]
-    pub zero_copy: String,
-    #[serde(default = "auto")]
-    pub poll: String,
-}
-
-fn auto() -> String {
-    "auto".into()
+    /// Absent in records written before zero copy could be chosen: auto.
+    #[serde(default)]
+    pub zero_copy: Toggle,
+    #[serde(default)]
+    pub poll: Toggle,
 }
 
 /// Errors of the registry, named for the step that failed.
@@ -203,9 +202,9 @@ mod tests {
             },
             queues: 1,
             queue_depth: 128,
-            io_path: "auto".into(),
-            zero_copy: "auto".into(),
-            poll: "auto".into(),
+            io_path: IoPath::Auto,
+            zero_copy: Toggle::Auto,
+            poll: Toggle::Auto,
             created_unix_ms: 1,
             dev_id: Some(3),
             deleting: false,
@@ -231,6 +230,94 @@ mod tests {
         reg.remove("a").unwrap();
         reg.remove("a").unwrap();
         assert_eq!(reg.load().unwrap().0.len(), 1);
+    }
+
+    /// Records as the releases that stored these choices as strings wrote them (copied from a
+    /// registry directory of that release), and one from before zero copy and polling existed.
+    const OLD_RECORDS: [(&str, &str); 3] = [
+        (
+            "f1",
+            r#"{
+  "id": "f1",
+  "size_bytes": 16777216,
+  "block_size": 4096,
+  "backend": {
+    "kind": "file",
+    "path": "/srv/roots/f1.img",
+    "create": true
+  },
+  "queues": 2,
+  "queue_depth": 128,
+  "io_path": "per_io",
+  "created_unix_ms": 1764500000000,
+  "dev_id": 4,
+  "deleting": false,
+  "zero_copy": "off",
+  "poll": "auto"
+}"#,
+        ),
+        (
+            "n1",
+            r#"{
+  "id": "n1",
+  "size_bytes": 1073741824,
+  "block_size": 512,
+  "backend": {
+    "kind": "nvme",
+    "device": "/dev/ng0n1",
+    "offset": 1048576,
+    "length": 0
+  },
+  "queues": 1,
+  "queue_depth": 64,
+  "io_path": "batch",
+  "created_unix_ms": 1764500000001,
+  "dev_id": null,
+  "deleting": true,
+  "zero_copy": "on",
+  "poll": "on"
+}"#,
+        ),
+        (
+            "r1",
+            r#"{"id":"r1","size_bytes":4096,"block_size":4096,"backend":{"kind":"ram"},"queues":1,"queue_depth":128,"io_path":"auto","created_unix_ms":5,"dev_id":0}"#,
+        ),
+    ];
+
+    #[test]
+    fn records_of_earlier_releases_load_as_typed_choices() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        for (id, body) in OLD_RECORDS {
+            fs::write(dir.path().join("registry").join(format!("{id}.json")), body).unwrap();
+        }
+        let (all, report) = reg.load().unwrap();
+        assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
+        let got: Vec<_> = all
+            .iter()
+            .map(|r| (r.id.as_str(), r.io_path, r.zero_copy, r.poll, r.deleting))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("f1", IoPath::PerIo, Toggle::Off, Toggle::Auto, false),
+                ("n1", IoPath::Batch, Toggle::On, Toggle::On, true),
+                ("r1", IoPath::Auto, Toggle::Auto, Toggle::Auto, false),
+            ]
+        );
+        // Written back, a record reads the same to the release before: same names.
+        reg.put(&all[0]).unwrap();
+        let again: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.path().join("registry/f1.json")).unwrap())
+                .unwrap();
+        let before: serde_json::Value = serde_json::from_str(OLD_RECORDS[0].1).unwrap();
+        assert_eq!(again, before);
+        // A choice no release wrote is a corrupt record, moved aside, not a guess.
+        let bad = OLD_RECORDS[2].1.replace("\"auto\"", "\"sideways\"");
+        fs::write(dir.path().join("registry/r1.json"), bad).unwrap();
+        let (all, report) = reg.load().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(report.corrupt.len(), 1);
     }
 
     #[test]

@@ -2,14 +2,14 @@
 //! manager, and turn the result (or error, via `status.rs`) into a response.
 
 use crate::config::Settings;
-use crate::registry::BackendRecord;
+use crate::convert;
 use crate::validate;
-use crate::volumes::{State, Volume, Volumes};
+use crate::volumes::Volumes;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
-use ublkd_dataplane::{IoPath, OpKind};
+use ublkd_dataplane::OpKind;
 use ublkd_proto::v1::{
     self, node_service_server::NodeService, volume_service_server::VolumeService,
 };
@@ -52,7 +52,7 @@ fn check_deadline<T>(req: &Request<T>) -> Result<(), Status> {
 /// Runs a state change to completion on its own task, so a client that gives up midway (or a
 /// deadline that expires) never leaves a half-made change behind.
 async fn to_completion<T: Send + 'static>(
-    f: impl Future<Output = Result<T, crate::volumes::VolumeError>> + Send + 'static,
+    f: impl Future<Output = Result<T, crate::error::VolumeError>> + Send + 'static,
 ) -> Result<T, Status> {
     tokio::spawn(f)
         .await
@@ -76,89 +76,6 @@ impl Api {
     }
 }
 
-fn io_path_proto(p: &str) -> v1::IoPath {
-    match p {
-        "batch" => v1::IoPath::Batch,
-        "per_io" => v1::IoPath::PerIo,
-        _ => v1::IoPath::Auto,
-    }
-}
-
-fn state_proto(s: State) -> v1::VolumeState {
-    match s {
-        State::Creating => v1::VolumeState::Creating,
-        State::Ready => v1::VolumeState::Ready,
-        State::Recovering => v1::VolumeState::Recovering,
-        State::Failed => v1::VolumeState::Failed,
-        State::Deleting => v1::VolumeState::Deleting,
-    }
-}
-
-/// The API form of a volume.
-pub fn volume_proto(v: &Volume) -> v1::Volume {
-    let r = &v.record;
-    let backend = match &r.backend {
-        BackendRecord::Null => v1::volume_spec::Backend::Null(v1::NullBackend {}),
-        BackendRecord::Ram => v1::volume_spec::Backend::Ram(v1::RamBackend {}),
-        BackendRecord::File { path, create } => v1::volume_spec::Backend::File(v1::FileBackend {
-            path: path.display().to_string(),
-            create: *create,
-        }),
-        BackendRecord::Nvme {
-            device,
-            offset,
-            length,
-        } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
-            device: device.display().to_string(),
-            offset_bytes: *offset,
-            length_bytes: *length,
-        }),
-    };
-    v1::Volume {
-        id: r.id.clone(),
-        spec: Some(v1::VolumeSpec {
-            size_bytes: r.size_bytes,
-            block_size: Some(r.block_size),
-            backend: Some(backend),
-            queues: Some(u32::from(r.queues)),
-            queue_depth: Some(u32::from(r.queue_depth)),
-            io_path: io_path_proto(&r.io_path) as i32,
-            zero_copy: toggle_proto(&r.zero_copy) as i32,
-            poll: toggle_proto(&r.poll) as i32,
-        }),
-        state: state_proto(v.state) as i32,
-        device_path: v
-            .device
-            .as_ref()
-            .map(|d| d.block_device.display().to_string())
-            .unwrap_or_default(),
-        dev_id: v.device.as_ref().map_or(0, |d| d.dev_id),
-        created: Some(prost_types::Timestamp {
-            seconds: r.created_unix_ms.div_euclid(1000),
-            nanos: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as i32,
-        }),
-        io_path_in_use: v
-            .device
-            .as_ref()
-            .map_or(v1::IoPath::Auto, |d| match d.io_path {
-                IoPath::Batch => v1::IoPath::Batch,
-                IoPath::PerIo => v1::IoPath::PerIo,
-                IoPath::Auto => v1::IoPath::Auto,
-            }) as i32,
-        message: v.message.clone(),
-        zero_copy_in_use: v.device.as_ref().is_some_and(|d| d.zero_copy_in_use()),
-        polled: v.device.as_ref().is_some_and(|d| d.polled),
-    }
-}
-
-fn toggle_proto(t: &str) -> v1::Toggle {
-    match t {
-        "on" => v1::Toggle::On,
-        "off" => v1::Toggle::Off,
-        _ => v1::Toggle::Auto,
-    }
-}
-
 #[tonic::async_trait]
 impl VolumeService for Api {
     async fn create_volume(
@@ -173,7 +90,7 @@ impl VolumeService for Api {
             let volumes = Arc::clone(&self.volumes);
             let vol = to_completion(async move { volumes.create(record).await }).await?;
             tracing::info!(volume = %vol.record.id, device = ?vol.device.as_ref().map(|d| &d.block_device), "volume created");
-            Ok(volume_proto(&vol))
+            Ok(convert::volume_proto(&vol))
         })
         .await
     }
@@ -207,7 +124,7 @@ impl VolumeService for Api {
         self.metered("GetVolume", async {
             let req = req.into_inner();
             validate::volume_id(&req.id)?;
-            Ok(volume_proto(&self.volumes.get(&req.id).await?))
+            Ok(convert::volume_proto(&self.volumes.get(&req.id).await?))
         })
         .await
     }
@@ -217,7 +134,13 @@ impl VolumeService for Api {
         _req: Request<v1::ListVolumesRequest>,
     ) -> Result<Response<v1::ListVolumesResponse>, Status> {
         self.metered("ListVolumes", async {
-            let volumes = self.volumes.list().await.iter().map(volume_proto).collect();
+            let volumes = self
+                .volumes
+                .list()
+                .await
+                .iter()
+                .map(convert::volume_proto)
+                .collect();
             Ok(v1::ListVolumesResponse { volumes })
         })
         .await
@@ -235,7 +158,7 @@ impl VolumeService for Api {
             let (id, size) = (req.id.clone(), req.size_bytes);
             let vol = to_completion(async move { volumes.resize(&id, size).await }).await?;
             tracing::info!(volume = %req.id, size = req.size_bytes, "volume resized");
-            Ok(volume_proto(&vol))
+            Ok(convert::volume_proto(&vol))
         })
         .await
     }
@@ -354,7 +277,7 @@ impl NodeService for Api {
             let dev_id = req.dev_id;
             let vol = to_completion(async move { volumes.adopt(dev_id, record).await }).await?;
             tracing::info!(volume = %vol.record.id, dev_id, "orphan device adopted");
-            Ok(volume_proto(&vol))
+            Ok(convert::volume_proto(&vol))
         })
         .await
     }

@@ -1,8 +1,8 @@
 //! Checks on what clients send: volume ids, specs, and backing-file paths.
 
 use crate::config::Settings;
+use crate::error::VolumeError;
 use crate::registry::{BackendRecord, VolumeRecord};
-use crate::volumes::VolumeError;
 use std::path::{Component, Path, PathBuf};
 use ublkd_proto::v1;
 
@@ -69,11 +69,8 @@ pub fn spec(
     if depth == 0 || depth > max_depth {
         return invalid(format!("queue_depth {depth} must be from 1 to {max_depth}"));
     }
-    let io_path = match v1::IoPath::try_from(spec.io_path) {
-        Ok(v1::IoPath::Auto) => "auto",
-        Ok(v1::IoPath::Batch) => "batch",
-        Ok(v1::IoPath::PerIo) => "per_io",
-        Err(_) => return invalid(format!("unknown io_path {}", spec.io_path)),
+    let Some(io_path) = crate::convert::io_path_from_proto(spec.io_path) else {
+        return invalid(format!("unknown io_path {}", spec.io_path));
     };
     let backend = match &spec.backend {
         None => return invalid("backend is required: null, ram, file or nvme".into()),
@@ -104,11 +101,9 @@ pub fn spec(
             }
         }
     };
-    let toggle = |v: i32, what: &str| match v1::Toggle::try_from(v) {
-        Ok(v1::Toggle::Auto) => Ok("auto"),
-        Ok(v1::Toggle::On) => Ok("on"),
-        Ok(v1::Toggle::Off) => Ok("off"),
-        Err(_) => Err(VolumeError::Invalid(format!("unknown {what} setting {v}"))),
+    let toggle = |v: i32, what: &str| {
+        crate::convert::toggle_from_proto(v)
+            .ok_or_else(|| VolumeError::Invalid(format!("unknown {what} setting {v}")))
     };
     let zero_copy = toggle(spec.zero_copy, "zero_copy")?;
     let poll = toggle(spec.poll, "poll")?;
@@ -119,12 +114,12 @@ pub fn spec(
         backend,
         queues: queues as u16,
         queue_depth: depth as u16,
-        io_path: io_path.into(),
+        io_path,
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
-        zero_copy: zero_copy.into(),
-        poll: poll.into(),
+        zero_copy,
+        poll,
     })
 }
 
@@ -266,7 +261,7 @@ mod tests {
         };
         let r = super::spec("v", Some(&spec), &s).unwrap();
         assert_eq!((r.block_size, r.queues, r.queue_depth), (4096, 1, 128));
-        assert_eq!(r.io_path, "auto");
+        assert_eq!(r.io_path, ublkd_dataplane::IoPath::Auto);
         spec.queues = Some(0);
         assert!(super::spec("v", Some(&spec), &s).is_err());
         spec.queues = Some(1);

@@ -4,7 +4,8 @@
 //! tokio's blocking pool so the RPC threads never stall.
 
 use crate::config::Settings;
-use crate::registry::{BackendRecord, Registry, RegistryError, VolumeRecord};
+use crate::error::VolumeError;
+use crate::registry::{BackendRecord, Registry, VolumeRecord};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,81 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use ublkd_dataplane::{
-    BackendSpec, DataplaneError, DeviceInfo, DeviceSpec, DeviceStats, ErrorKind, Features, Handle,
-    IoPath, KernelDevice, Toggle, Window, WorkerSnapshot,
+    DataplaneError, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
+    WorkerSnapshot,
 };
-
-/// Errors of volume operations; `kind()` decides the gRPC code (see `status.rs`).
-#[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    AlreadyExists(String),
-    #[error("{0}")]
-    Precondition(String),
-    #[error("{0}")]
-    PermissionDenied(String),
-    #[error("{0}")]
-    Exhausted(String),
-    #[error("{0}")]
-    Unimplemented(String),
-    #[error("the kernel has no ublk driver (modprobe ublk_drv): {0}")]
-    NoUblk(String),
-    #[error("dataplane")]
-    Dataplane(#[from] DataplaneError),
-    #[error("registry")]
-    Registry(#[from] RegistryError),
-    #[error("backing file {path}")]
-    BackingFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("internal: {0}")]
-    Internal(String),
-}
-
-/// What a volume error means to a caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    InvalidArgument,
-    NotFound,
-    AlreadyExists,
-    FailedPrecondition,
-    PermissionDenied,
-    ResourceExhausted,
-    Unimplemented,
-    Unavailable,
-    Internal,
-}
-
-impl VolumeError {
-    pub fn kind(&self) -> Kind {
-        match self {
-            VolumeError::Invalid(_) => Kind::InvalidArgument,
-            VolumeError::NotFound(_) => Kind::NotFound,
-            VolumeError::AlreadyExists(_) => Kind::AlreadyExists,
-            VolumeError::Precondition(_) | VolumeError::NoUblk(_) => Kind::FailedPrecondition,
-            VolumeError::PermissionDenied(_) => Kind::PermissionDenied,
-            VolumeError::Exhausted(_) => Kind::ResourceExhausted,
-            VolumeError::Unimplemented(_) => Kind::Unimplemented,
-            VolumeError::Dataplane(e) => match e.kind() {
-                ErrorKind::InvalidArgument => Kind::InvalidArgument,
-                ErrorKind::NotFound => Kind::NotFound,
-                ErrorKind::AlreadyExists => Kind::AlreadyExists,
-                ErrorKind::FailedPrecondition => Kind::FailedPrecondition,
-                ErrorKind::ResourceExhausted => Kind::ResourceExhausted,
-                ErrorKind::Unavailable => Kind::Unavailable,
-                ErrorKind::Internal => Kind::Internal,
-            },
-            VolumeError::BackingFile { .. } => Kind::FailedPrecondition,
-            VolumeError::Registry(_) | VolumeError::Internal(_) => Kind::Internal,
-        }
-    }
-}
 
 /// The lifecycle state of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,52 +112,6 @@ fn fault_point(point: &str) {
     }
 }
 
-fn to_device_spec(r: &VolumeRecord, ram_dir: &std::path::Path) -> DeviceSpec {
-    DeviceSpec {
-        size_bytes: r.size_bytes,
-        block_size: r.block_size,
-        queues: r.queues,
-        queue_depth: r.queue_depth,
-        io_path: match r.io_path.as_str() {
-            "batch" => IoPath::Batch,
-            "per_io" => IoPath::PerIo,
-            _ => IoPath::Auto,
-        },
-        backend: match &r.backend {
-            BackendRecord::Null => BackendSpec::Null,
-            BackendRecord::Ram => BackendSpec::Ram {
-                path: Some(ram_file(ram_dir, &r.id)),
-            },
-            BackendRecord::File { path, .. } => BackendSpec::File { path: path.clone() },
-            BackendRecord::Nvme {
-                device,
-                offset,
-                length,
-            } => BackendSpec::Nvme {
-                path: device.clone(),
-                window: (*offset != 0 || *length != 0).then_some(Window {
-                    offset: *offset,
-                    len: *length,
-                }),
-                unchecked: false,
-            },
-        },
-        dev_id: r.dev_id,
-        zero_copy: toggle(&r.zero_copy),
-        poll: toggle(&r.poll),
-        ..DeviceSpec::default()
-    }
-}
-
-fn toggle(s: &str) -> Toggle {
-    match s {
-        "on" => Toggle::On,
-        "off" => Toggle::Off,
-        _ => Toggle::Auto,
-    }
-}
-
-/// The tmpfs file holding RAM volume `id`.
 pub fn ram_file(ram_dir: &std::path::Path, id: &str) -> PathBuf {
     ram_dir.join(format!("{id}.ram"))
 }
@@ -273,7 +156,7 @@ impl Volumes {
     ) -> Self {
         let (handle, no_ublk) = match handle {
             Ok(h) => (Some(h), String::new()),
-            Err(e) => (None, crate::status::chain(&e)),
+            Err(e) => (None, crate::error::chain(&e)),
         };
         Self {
             handle,
@@ -380,12 +263,12 @@ impl Volumes {
                         v.device = Some(info);
                         v.message.clear();
                         if let Err(e) = self.registry.put(&v.record) {
-                            tracing::warn!(volume = %id, error = %crate::status::chain(&e), "cannot update record");
+                            tracing::warn!(volume = %id, error = %crate::error::chain(&e), "cannot update record");
                         }
                     }
                 }
                 Err(e) => {
-                    let message = crate::status::chain(&e);
+                    let message = crate::error::chain(&e);
                     tracing::error!(volume = %id, error = %message, "volume could not be restored; retrying");
                     if let Some(v) = map.get_mut(&id) {
                         v.state = State::Failed;
@@ -419,7 +302,7 @@ impl Volumes {
             return Ok(None);
         }
         if existing.is_some() {
-            let spec = to_device_spec(record, &self.settings.ram_dir);
+            let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
             let h = handle.clone();
             match blocking(move || h.recover_device(spec)).await {
                 Ok(info) => return Ok(Some((info, true))),
@@ -438,7 +321,7 @@ impl Volumes {
     /// free id if something else took that one meanwhile; the caller records the id it got).
     async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
         let handle = self.handle()?;
-        let spec = to_device_spec(record, &self.settings.ram_dir);
+        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
         let h = handle.clone();
         let s = spec.clone();
         match blocking(move || h.add_device(s)).await {
@@ -580,7 +463,7 @@ impl Volumes {
             fault_point("delete:after_mark");
             if let Err(e) = blocking(move || handle.delete_device(dev_id)).await {
                 vol.state = State::Failed;
-                vol.message = crate::status::chain(&e);
+                vol.message = crate::error::chain(&e);
                 return Err(e);
             }
             fault_point("delete:after_device");
@@ -799,7 +682,7 @@ impl Volumes {
         record.created_unix_ms = now_ms();
         self.prepare_backing_file(&record)?;
         let handle = self.handle()?;
-        let spec = to_device_spec(&record, &self.settings.ram_dir);
+        let spec = crate::convert::device_spec(&record, &self.settings.ram_dir);
         let started = Instant::now();
         let info = blocking(move || handle.recover_device(spec)).await?;
         self.recoveries.record(started.elapsed());

@@ -1,20 +1,66 @@
-//! The one place where errors become gRPC statuses.
+//! The server's errors, and the one place where they become gRPC statuses.
 
-use crate::volumes::{Kind, VolumeError};
+use crate::registry::RegistryError;
+use std::path::PathBuf;
 use tonic::{Code, Status};
+use ublkd_dataplane::{DataplaneError, ErrorKind};
 
-/// The gRPC code for each kind of volume error.
-pub fn code(kind: Kind) -> Code {
-    match kind {
-        Kind::InvalidArgument => Code::InvalidArgument,
-        Kind::NotFound => Code::NotFound,
-        Kind::AlreadyExists => Code::AlreadyExists,
-        Kind::FailedPrecondition => Code::FailedPrecondition,
-        Kind::PermissionDenied => Code::PermissionDenied,
-        Kind::ResourceExhausted => Code::ResourceExhausted,
-        Kind::Unimplemented => Code::Unimplemented,
-        Kind::Unavailable => Code::Unavailable,
-        Kind::Internal => Code::Internal,
+/// Errors of volume operations; `code()` below is the one place they become gRPC codes.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Precondition(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    Exhausted(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error("the kernel has no ublk driver (modprobe ublk_drv): {0}")]
+    NoUblk(String),
+    #[error("dataplane")]
+    Dataplane(#[from] DataplaneError),
+    #[error("registry")]
+    Registry(#[from] RegistryError),
+    #[error("backing file {path}")]
+    BackingFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl VolumeError {
+    /// The gRPC code a client gets for this error.
+    pub fn code(&self) -> Code {
+        match self {
+            VolumeError::Invalid(_) => Code::InvalidArgument,
+            VolumeError::NotFound(_) => Code::NotFound,
+            VolumeError::AlreadyExists(_) => Code::AlreadyExists,
+            VolumeError::Precondition(_) | VolumeError::NoUblk(_) => Code::FailedPrecondition,
+            VolumeError::PermissionDenied(_) => Code::PermissionDenied,
+            VolumeError::Exhausted(_) => Code::ResourceExhausted,
+            VolumeError::Unimplemented(_) => Code::Unimplemented,
+            VolumeError::Dataplane(e) => match e.kind() {
+                ErrorKind::InvalidArgument => Code::InvalidArgument,
+                ErrorKind::NotFound => Code::NotFound,
+                ErrorKind::AlreadyExists => Code::AlreadyExists,
+                ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+                ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+                ErrorKind::Unavailable => Code::Unavailable,
+                ErrorKind::Internal => Code::Internal,
+            },
+            VolumeError::BackingFile { .. } => Code::FailedPrecondition,
+            VolumeError::Registry(_) | VolumeError::Internal(_) => Code::Internal,
+        }
     }
 }
 
@@ -52,7 +98,7 @@ pub fn bounded(mut m: String) -> String {
 
 impl From<VolumeError> for Status {
     fn from(e: VolumeError) -> Status {
-        let code = code(e.kind());
+        let code = e.code();
         let message = bounded(chain(&e));
         if code == Code::Internal {
             tracing::error!(error = %message, "internal error");

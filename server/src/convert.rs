@@ -1,0 +1,176 @@
+//! The one place where the API's, the registry's and the dataplane's forms of a volume meet.
+//! The registry stores the dataplane's own spec enums (`IoPath`, `Toggle`), so only the API's
+//! numbered enums need converting, both ways, here.
+
+use crate::registry::{BackendRecord, VolumeRecord};
+use crate::volumes::{ram_file, State, Volume};
+use std::path::Path;
+use ublkd_dataplane::{BackendSpec, DeviceSpec, IoPath, Toggle, Window};
+use ublkd_proto::v1;
+
+/// The dataplane spec that serves `r` (RAM volumes keep their memory in `ram_dir`).
+pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
+    DeviceSpec {
+        size_bytes: r.size_bytes,
+        block_size: r.block_size,
+        queues: r.queues,
+        queue_depth: r.queue_depth,
+        io_path: r.io_path,
+        backend: match &r.backend {
+            BackendRecord::Null => BackendSpec::Null,
+            BackendRecord::Ram => BackendSpec::Ram {
+                path: Some(ram_file(ram_dir, &r.id)),
+            },
+            BackendRecord::File { path, .. } => BackendSpec::File { path: path.clone() },
+            BackendRecord::Nvme {
+                device,
+                offset,
+                length,
+            } => BackendSpec::Nvme {
+                path: device.clone(),
+                window: (*offset != 0 || *length != 0).then_some(Window {
+                    offset: *offset,
+                    len: *length,
+                }),
+                unchecked: false,
+            },
+        },
+        dev_id: r.dev_id,
+        zero_copy: r.zero_copy,
+        poll: r.poll,
+        ..DeviceSpec::default()
+    }
+}
+
+/// An API I/O path; None for a number the API does not define.
+pub fn io_path_from_proto(v: i32) -> Option<IoPath> {
+    Some(match v1::IoPath::try_from(v).ok()? {
+        v1::IoPath::Auto => IoPath::Auto,
+        v1::IoPath::Batch => IoPath::Batch,
+        v1::IoPath::PerIo => IoPath::PerIo,
+    })
+}
+
+pub fn io_path_to_proto(p: IoPath) -> v1::IoPath {
+    match p {
+        IoPath::Auto => v1::IoPath::Auto,
+        IoPath::Batch => v1::IoPath::Batch,
+        IoPath::PerIo => v1::IoPath::PerIo,
+    }
+}
+
+/// An API toggle; None for a number the API does not define.
+pub fn toggle_from_proto(v: i32) -> Option<Toggle> {
+    Some(match v1::Toggle::try_from(v).ok()? {
+        v1::Toggle::Auto => Toggle::Auto,
+        v1::Toggle::On => Toggle::On,
+        v1::Toggle::Off => Toggle::Off,
+    })
+}
+
+pub fn toggle_to_proto(t: Toggle) -> v1::Toggle {
+    match t {
+        Toggle::Auto => v1::Toggle::Auto,
+        Toggle::On => v1::Toggle::On,
+        Toggle::Off => v1::Toggle::Off,
+    }
+}
+
+/// `auto`, `batch` or `per-io` (also `per_io`), as `ublkd run` takes them.
+pub fn io_path_from_name(s: &str) -> Option<IoPath> {
+    [IoPath::Auto, IoPath::Batch, IoPath::PerIo]
+        .into_iter()
+        .find(|p| p.name() == s || (*p == IoPath::PerIo && s == "per-io"))
+}
+
+/// `auto`, `on` or `off`.
+pub fn toggle_from_name(s: &str) -> Option<Toggle> {
+    [Toggle::Auto, Toggle::On, Toggle::Off]
+        .into_iter()
+        .find(|t| t.name() == s)
+}
+
+fn state_proto(s: State) -> v1::VolumeState {
+    match s {
+        State::Creating => v1::VolumeState::Creating,
+        State::Ready => v1::VolumeState::Ready,
+        State::Recovering => v1::VolumeState::Recovering,
+        State::Failed => v1::VolumeState::Failed,
+        State::Deleting => v1::VolumeState::Deleting,
+    }
+}
+
+/// The API form of a volume.
+pub fn volume_proto(v: &Volume) -> v1::Volume {
+    let r = &v.record;
+    let backend = match &r.backend {
+        BackendRecord::Null => v1::volume_spec::Backend::Null(v1::NullBackend {}),
+        BackendRecord::Ram => v1::volume_spec::Backend::Ram(v1::RamBackend {}),
+        BackendRecord::File { path, create } => v1::volume_spec::Backend::File(v1::FileBackend {
+            path: path.display().to_string(),
+            create: *create,
+        }),
+        BackendRecord::Nvme {
+            device,
+            offset,
+            length,
+        } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
+            device: device.display().to_string(),
+            offset_bytes: *offset,
+            length_bytes: *length,
+        }),
+    };
+    v1::Volume {
+        id: r.id.clone(),
+        spec: Some(v1::VolumeSpec {
+            size_bytes: r.size_bytes,
+            block_size: Some(r.block_size),
+            backend: Some(backend),
+            queues: Some(u32::from(r.queues)),
+            queue_depth: Some(u32::from(r.queue_depth)),
+            io_path: io_path_to_proto(r.io_path) as i32,
+            zero_copy: toggle_to_proto(r.zero_copy) as i32,
+            poll: toggle_to_proto(r.poll) as i32,
+        }),
+        state: state_proto(v.state) as i32,
+        device_path: v
+            .device
+            .as_ref()
+            .map(|d| d.block_device.display().to_string())
+            .unwrap_or_default(),
+        dev_id: v.device.as_ref().map_or(0, |d| d.dev_id),
+        created: Some(prost_types::Timestamp {
+            seconds: r.created_unix_ms.div_euclid(1000),
+            nanos: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as i32,
+        }),
+        io_path_in_use: v
+            .device
+            .as_ref()
+            .map_or(v1::IoPath::Auto, |d| io_path_to_proto(d.io_path))
+            as i32,
+        message: v.message.clone(),
+        zero_copy_in_use: v.device.as_ref().is_some_and(|d| d.zero_copy_in_use()),
+        polled: v.device.as_ref().is_some_and(|d| d.polled),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_enums_round_trip_and_unknown_numbers_are_none() {
+        for p in [IoPath::Auto, IoPath::Batch, IoPath::PerIo] {
+            assert_eq!(io_path_from_proto(io_path_to_proto(p) as i32), Some(p));
+            assert_eq!(io_path_from_name(p.name()), Some(p));
+        }
+        for t in [Toggle::Auto, Toggle::On, Toggle::Off] {
+            assert_eq!(toggle_from_proto(toggle_to_proto(t) as i32), Some(t));
+            assert_eq!(toggle_from_name(t.name()), Some(t));
+        }
+        assert_eq!(io_path_from_name("per-io"), Some(IoPath::PerIo));
+        assert_eq!(io_path_from_proto(99), None);
+        assert_eq!(toggle_from_proto(-1), None);
+        assert_eq!(toggle_from_name("yes"), None);
+    }
+}
