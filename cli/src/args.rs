@@ -22,7 +22,9 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/ublkd/ublkd.sock";
 /// Where `--help` lists the options every command takes.
 const GLOBAL: &str = "Global options";
 
-const SIZE_HINT: &str = "expected a size such as 4096, 512K, 10GiB or 1.5T";
+const SIZE_HINT: &str =
+    "expected a size such as 4096, 512Ki, 10Gi (binary, also 10GiB) or 10G (decimal, as \
+     in Kubernetes)";
 const BACKEND_HINT: &str =
     "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET+LEN]";
 const DEV_ID_HINT: &str = "expected a ublk device id, the N of /dev/ublkbN";
@@ -50,19 +52,39 @@ pub struct Cli {
     pub endpoint: Target,
 
     /// CA certificate (PEM) that signed ublkd's certificate; https:// only
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", env = "UBLKCTL_CA")]
     pub ca: Option<PathBuf>,
 
     /// Client certificate (PEM) for mutual TLS; needs --key
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", requires = "key")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_name = "FILE",
+        env = "UBLKCTL_CERT",
+        requires = "key"
+    )]
     pub cert: Option<PathBuf>,
 
     /// Client private key (PEM) for mutual TLS; needs --cert
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", requires = "cert")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_name = "FILE",
+        env = "UBLKCTL_KEY",
+        requires = "cert"
+    )]
     pub key: Option<PathBuf>,
 
     /// Name to verify ublkd's certificate against, when it differs from the endpoint's host
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_name = "NAME",
+        env = "UBLKCTL_TLS_DOMAIN"
+    )]
     pub tls_domain: Option<String>,
 
     /// Seconds to wait for the connection and for each reply (the gRPC deadline)
@@ -81,6 +103,10 @@ pub struct Cli {
     #[arg(short, long, global = true, help_heading = GLOBAL, value_enum, default_value_t = Format::Text)]
     pub output: Format,
 
+    /// Print tables (list-volumes, orphans) without their header line
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    pub no_headers: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -92,6 +118,8 @@ pub enum Format {
     Text,
     /// JSON with the API's field names; sizes in bytes
     Json,
+    /// The JSON form as YAML
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -129,7 +157,7 @@ pub enum Call {
     ResizeVolume {
         /// Volume id
         name: String,
-        /// New size, e.g. 20GiB
+        /// New size: 20Gi or 20GiB (binary), 20G (decimal); rounded up to 4 KiB
         #[arg(long, value_parser = parse_volume_size)]
         size: u64,
     },
@@ -161,7 +189,7 @@ pub struct CreateVolume {
     /// Volume id: 1-63 of [a-z0-9-], starting and ending with a letter or digit
     pub name: String,
 
-    /// Size, e.g. 10GiB
+    /// Size: 10Gi or 10GiB (binary), 10G (decimal, as in Kubernetes); rounded up to 4 KiB
     #[arg(long, value_parser = parse_volume_size)]
     pub size: u64,
 
@@ -184,7 +212,7 @@ pub struct AdoptDevice {
     /// The new volume's id: 1-63 of [a-z0-9-], starting and ending with a letter or digit
     pub name: String,
 
-    /// Size, e.g. 10GiB [default: the device's]
+    /// Size: 10Gi or 10GiB, 10G (decimal); rounded up to 4 KiB [default: the device's]
     #[arg(long, value_parser = parse_volume_size)]
     pub size: Option<u64>,
 
@@ -375,16 +403,22 @@ pub fn parse_target(s: &str) -> Result<Target, String> {
     })
 }
 
-/// Reads a human size (`10GiB`, `512K`, `4096`).
+/// Reads a human size (`10Gi`, `10GiB`, `10G`, `512Ki`, `4096`).
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).ok_or_else(|| SIZE_HINT.to_owned())
 }
 
-/// A volume size: a human size above zero.
+/// Volume sizes are rounded up to this (a whole number of blocks of either block size), as
+/// Kubernetes gives a claim at least what it asked for: `10G` is 10,000,003,072 bytes.
+pub const SIZE_GRANULE: u64 = 4096;
+
+/// A volume size: a human size above zero, rounded up to [`SIZE_GRANULE`].
 pub fn parse_volume_size(s: &str) -> Result<u64, String> {
     match parse_size_arg(s)? {
         0 => Err("a volume needs a size above zero".into()),
-        n => Ok(n),
+        n => n
+            .checked_next_multiple_of(SIZE_GRANULE)
+            .ok_or_else(|| SIZE_HINT.to_owned()),
     }
 }
 
@@ -398,8 +432,12 @@ pub fn parse_dev_id(s: &str) -> Result<u32, String> {
         .map_err(|_| format!("{DEV_ID_HINT}; {s} is too large"))
 }
 
-/// `--block-size`: 512 or 4096, in any spelling `parse_size` reads (`4K` too).
+/// `--block-size`: 512 or 4096, in any spelling `parse_size` reads, and `4K`/`4k`, which can
+/// only mean 4096 here (4000 is no block size).
 pub fn parse_block_size(s: &str) -> Result<u32, String> {
+    if matches!(s.trim(), "4K" | "4k" | "4KB" | "4kB") {
+        return Ok(4096);
+    }
     match parse_size(s) {
         Some(512) => Ok(512),
         Some(4096) => Ok(4096),
@@ -740,7 +778,26 @@ mod tests {
     #[test]
     fn block_size_accepts_binary_units() {
         assert_eq!(parse_block_size("4K"), Ok(4096));
+        assert_eq!(parse_block_size("4Ki"), Ok(4096));
         assert_eq!(parse_block_size("512"), Ok(512));
+        assert!(parse_block_size("4000").is_err());
+    }
+
+    #[test]
+    fn volume_sizes_read_as_kubernetes_quantities_rounded_up_to_blocks() {
+        let size = |s: &str| {
+            create_request(&["v", "--size", s, "--backend", "ram"])
+                .spec
+                .unwrap()
+                .size_bytes
+        };
+        assert_eq!(size("10Gi"), 10 << 30);
+        assert_eq!(size("10GiB"), 10 << 30);
+        assert_eq!(size("10G"), 10_000_003_072, "10^10 rounded up to 4 KiB");
+        assert_eq!(size("4096"), 4096);
+        assert_eq!(size("1"), 4096);
+        let err = parse(&["create-volume", "v", "--size", "10m", "--backend", "ram"]).unwrap_err();
+        assert!(err.to_string().contains(SIZE_HINT), "{err}");
     }
 
     #[test]

@@ -293,14 +293,14 @@ async fn volume_lifecycle_against_a_fake_daemon() {
 
     let out = run(
         &sock,
-        &["resize-volume", "vol-1", "--size", "2G", "-o", "json"],
+        &["resize-volume", "vol-1", "--size", "2Gi", "-o", "json"],
     )
     .await
     .unwrap();
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(json["spec"]["size_bytes"], 2u64 << 30);
 
-    let err = run(&sock, &["resize-volume", "vol-1", "--size", "1G"])
+    let err = run(&sock, &["resize-volume", "vol-1", "--size", "1Gi"])
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "failed precondition: volumes only grow");

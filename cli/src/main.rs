@@ -129,7 +129,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
         endpoint: conn.target.to_string(),
         timeout: conn.timeout,
     };
-    let json = cli.output == Format::Json;
+    let json = cli.output != Format::Text;
     let text = match call {
         Call::CreateVolume(create) => {
             let request = client.request(create.to_request());
@@ -170,7 +170,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             if json {
                 output::volumes_json(&list.volumes)
             } else {
-                output::volumes_table(&list.volumes)
+                output::volumes_table(&list.volumes, !cli.no_headers)
             }
         }
         Call::ResizeVolume { name, size } => {
@@ -197,7 +197,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             if json {
                 output::orphans_json(&info.orphans)
             } else {
-                output::orphans_table(&info.orphans)
+                output::orphans_table(&info.orphans, !cli.no_headers)
             }
         }
         Call::AdoptDevice(adopt) => {
@@ -230,5 +230,9 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             }
         }
     };
-    Ok(text)
+    Ok(if cli.output == Format::Yaml {
+        output::json_to_yaml(&text)
+    } else {
+        text
+    })
 }

@@ -20,8 +20,9 @@ enum Align {
     Right,
 }
 
-/// Columns separated by two spaces, each as wide as its widest cell; no trailing blanks.
-fn table(headers: &[(&str, Align)], rows: &[Vec<String>]) -> String {
+/// Columns separated by two spaces, each as wide as its widest cell; no trailing blanks. The
+/// header line is left out unless `with_header` (`--no-headers`, for scripts).
+fn table(headers: &[(&str, Align)], rows: &[Vec<String>], with_header: bool) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|(h, _)| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -30,6 +31,7 @@ fn table(headers: &[(&str, Align)], rows: &[Vec<String>]) -> String {
     }
     let header: Vec<String> = headers.iter().map(|(h, _)| (*h).to_owned()).collect();
     std::iter::once(&header)
+        .filter(|_| with_header)
         .chain(rows)
         .map(|row| {
             let cells: Vec<String> = row
@@ -63,6 +65,80 @@ fn fields<K: AsRef<str>>(pairs: &[(K, String)]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The JSON text `json` (one of this module's `*_json` outputs) as YAML: block style, keys
+/// plain, strings double-quoted (YAML reads JSON's escapes there), so no value changes type.
+/// Text that is not JSON is returned as it is.
+pub fn json_to_yaml(json: &str) -> String {
+    let Ok(value) = serde_json::from_str::<Value>(json) else {
+        return json.to_owned();
+    };
+    let mut out = String::new();
+    yaml_value(&value, 0, &mut out);
+    out.trim_end().to_owned()
+}
+
+fn yaml_scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => Value::String(s.clone()).to_string(),
+        Value::Array(a) if a.is_empty() => "[]".into(),
+        Value::Object(m) if m.is_empty() => "{}".into(),
+        other => other.to_string(),
+    }
+}
+
+/// A key YAML reads back as the same string unquoted: a word of `[a-z0-9_]` starting with a
+/// letter or `_`, and none of YAML's null and boolean words (the API has a `null` backend).
+fn plain_key(k: &str) -> bool {
+    const SPECIAL: [&str; 9] = ["null", "true", "false", "yes", "no", "on", "off", "y", "n"];
+    k.bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !SPECIAL.contains(&k.to_ascii_lowercase().as_str())
+}
+
+fn is_block(v: &Value) -> bool {
+    matches!(v, Value::Array(a) if !a.is_empty()) || matches!(v, Value::Object(m) if !m.is_empty())
+}
+
+/// Appends `v` at `indent` spaces: a mapping's `key: value` lines, a sequence's `- ` items, or
+/// one scalar line.
+fn yaml_value(v: &Value, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, item) in m {
+                let key = if plain_key(k) {
+                    k.clone()
+                } else {
+                    Value::String(k.clone()).to_string()
+                };
+                if is_block(item) {
+                    out.push_str(&format!("{pad}{key}:\n"));
+                    yaml_value(item, indent + 2, out);
+                } else {
+                    out.push_str(&format!("{pad}{key}: {}\n", yaml_scalar(item)));
+                }
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            for item in a {
+                if is_block(item) {
+                    // The item's first line takes the dash; the rest keep its indent.
+                    let mut nested = String::new();
+                    yaml_value(item, indent + 2, &mut nested);
+                    out.push_str(&pad);
+                    out.push_str("- ");
+                    out.push_str(&nested[indent + 2..]);
+                } else {
+                    out.push_str(&format!("{pad}- {}\n", yaml_scalar(item)));
+                }
+            }
+        }
+        scalar => out.push_str(&format!("{pad}{}\n", yaml_scalar(scalar))),
+    }
 }
 
 fn pretty(value: &Value) -> String {
@@ -144,7 +220,7 @@ fn or_default(n: Option<u32>) -> String {
 }
 
 /// The `list-volumes` table.
-pub fn volumes_table(volumes: &[Volume]) -> String {
+pub fn volumes_table(volumes: &[Volume], with_header: bool) -> String {
     use Align::Left;
     let rows: Vec<Vec<String>> = volumes
         .iter()
@@ -170,6 +246,7 @@ pub fn volumes_table(volumes: &[Volume]) -> String {
             ("IO PATH", Left),
         ],
         &rows,
+        with_header,
     )
 }
 
@@ -353,7 +430,11 @@ pub fn stats_text(s: &VolumeStats) -> String {
         .iter()
         .map(|op| vec![op.op.clone(), op.count.to_string(), format_size(op.bytes)])
         .collect();
-    let ops = table(&[("OP", Left), ("COUNT", Right), ("BYTES", Right)], &rows);
+    let ops = table(
+        &[("OP", Left), ("COUNT", Right), ("BYTES", Right)],
+        &rows,
+        true,
+    );
     let totals = fields(&[
         ("errors", s.errors.to_string()),
         ("inflight", s.inflight.to_string()),
@@ -485,10 +566,15 @@ pub fn node_json(n: &NodeInfo) -> String {
 }
 
 /// The `orphans` table, or a sentence when there are none.
-pub fn orphans_table(orphans: &[OrphanDevice]) -> String {
+pub fn orphans_table(orphans: &[OrphanDevice], with_header: bool) -> String {
     use Align::{Left, Right};
     if orphans.is_empty() {
-        return "no orphan ublk devices".into();
+        // Scripts asking for bare rows get none; people get a sentence.
+        return if with_header {
+            "no orphan ublk devices".into()
+        } else {
+            String::new()
+        };
     }
     let rows: Vec<Vec<String>> = orphans
         .iter()
@@ -513,6 +599,7 @@ pub fn orphans_table(orphans: &[OrphanDevice]) -> String {
             ("SERVER PID", Right),
         ],
         &rows,
+        with_header,
     )
 }
 
@@ -526,6 +613,46 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn yaml_is_the_json_form_in_block_style() {
+        let json = pretty(&json!({
+            "volumes": [
+                {"id": "a", "spec": {"size_bytes": 4096, "null": {}}, "tags": ["x", "y"]},
+                {"id": "b: c", "state": null, "ok": true}
+            ],
+            "empty": [],
+            "odd key": "line\nbreak"
+        }));
+        let expected = r#"empty: []
+"odd key": "line\nbreak"
+volumes:
+  - id: "a"
+    spec:
+      "null": {}
+      size_bytes: 4096
+    tags:
+      - "x"
+      - "y"
+  - id: "b: c"
+    ok: true
+    state: null"#;
+        assert_eq!(json_to_yaml(&json), expected);
+        assert_eq!(json_to_yaml("{}"), "{}");
+        assert_eq!(json_to_yaml("deleted"), "deleted");
+    }
+
+    #[test]
+    fn tables_can_leave_out_their_header() {
+        let with = volumes_table(&[sample()], true);
+        let without = volumes_table(&[sample()], false);
+        assert_eq!(
+            with.lines().skip(1).collect::<Vec<_>>(),
+            without.lines().collect::<Vec<_>>()
+        );
+        assert!(with.starts_with("ID"));
+        assert_eq!(orphans_table(&[], false), "");
+    }
     use crate::args::parse_backend;
     use ublkd_proto::v1::{FileBackend, OpStats, RamBackend};
 
@@ -572,13 +699,13 @@ mod tests {
 ID       STATE     SIZE     BACKEND                     DEVICE       IO PATH
 vol-1    ready     10 GiB   file+create:/srv/vol-1.img  /dev/ublkb0  per-io
 scratch  creating  1.5 GiB  ram                         -            auto";
-        assert_eq!(volumes_table(&[sample(), ram]), expected);
+        assert_eq!(volumes_table(&[sample(), ram], true), expected);
     }
 
     #[test]
     fn an_empty_list_is_just_the_header() {
         assert_eq!(
-            volumes_table(&[]),
+            volumes_table(&[], true),
             "ID  STATE  SIZE  BACKEND  DEVICE  IO PATH"
         );
     }
@@ -635,7 +762,7 @@ created:     2023-11-14T22:13:20Z";
     fn unknown_enum_values_stay_visible() {
         let mut v = sample();
         v.state = 42;
-        assert!(volumes_table(&[v.clone()]).contains(" 42 "));
+        assert!(volumes_table(&[v.clone()], true).contains(" 42 "));
         let j: Value = serde_json::from_str(&volume_json(&v)).unwrap();
         assert_eq!(j["state"], 42);
     }
@@ -771,8 +898,8 @@ orphan 12:     dead, 1.5 GiB, 1 queue x 64, server pid -";
 DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
      3  quiesced   10 GiB       4    128        4242
     12  dead      1.5 GiB       1     64           -";
-        assert_eq!(orphans_table(&orphans()), expected);
-        assert_eq!(orphans_table(&[]), "no orphan ublk devices");
+        assert_eq!(orphans_table(&orphans(), true), expected);
+        assert_eq!(orphans_table(&[], true), "no orphan ublk devices");
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! Human-readable sizes for the API's users: `4096`, `512K`, `10GiB`, `1.5T` in, `10 GiB` out.
-//! Binary units (K = KiB = 1024). Shared by `ublkctl` and the daemon's command line so both read
-//! sizes the same way.
+//! Human-readable sizes for the API's users: `4096`, `512Ki`, `10GiB`, `10G`, `1.5T` in,
+//! `10 GiB` out. Suffixes read as Kubernetes quantities do: `Ki`/`KiB`, `Mi`, `Gi`, `Ti`, `Pi`,
+//! `Ei` are binary (2^10 steps); `k`/`K`/`KB`, `M`, `G`, `T`, `P`, `E` are decimal (10^3 steps).
+//! A lone lowercase `m` is refused: Kubernetes reads it as milli. Shared by `ublkctl` and the
+//! daemon's command line so both read sizes the same way.
 
 /// Parses a size; `None` for anything that is not a non-negative size that fits in a u64.
 pub fn parse_size(s: &str) -> Option<u64> {
@@ -9,15 +11,23 @@ pub fn parse_size(s: &str) -> Option<u64> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        "p" | "pb" | "pib" => 1 << 50,
-        _ => return None,
+    let unit = unit.trim();
+    if unit == "m" {
+        return None;
+    }
+    let lower = unit.to_ascii_lowercase();
+    let (prefix, binary) = match lower.strip_suffix("ib").or_else(|| lower.strip_suffix('i')) {
+        Some(p) => (p, true),
+        None => (lower.strip_suffix('b').unwrap_or(&lower), false),
     };
+    let step = ["", "k", "m", "g", "t", "p", "e"]
+        .iter()
+        .position(|&u| u == prefix)?;
+    if step == 0 && binary {
+        return None; // "i" or "iB" alone
+    }
+    let base: u64 = if binary { 1024 } else { 1000 };
+    let mult = base.checked_pow(step as u32)?;
     if num.contains('.') {
         let v: f64 = num.parse().ok()?;
         let bytes = v * mult as f64;
@@ -54,12 +64,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_plain_and_binary_units() {
+    fn parses_binary_and_decimal_units_as_kubernetes_does() {
         assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("512K"), Some(512 << 10));
+        assert_eq!(parse_size("4096B"), Some(4096));
+        assert_eq!(parse_size("512Ki"), Some(512 << 10));
+        assert_eq!(parse_size("10Gi"), Some(10 << 30));
         assert_eq!(parse_size("10GiB"), Some(10 << 30));
-        assert_eq!(parse_size("1.5g"), Some(3 << 29));
+        assert_eq!(parse_size("1.5Gi"), Some(3 << 29));
         assert_eq!(parse_size(" 2 MiB "), Some(2 << 20));
+        assert_eq!(parse_size("1Ei"), Some(1 << 60));
+        assert_eq!(parse_size("10G"), Some(10_000_000_000));
+        assert_eq!(parse_size("10GB"), Some(10_000_000_000));
+        assert_eq!(parse_size("512k"), Some(512_000));
+        assert_eq!(parse_size("512K"), Some(512_000));
+        assert_eq!(parse_size("3M"), Some(3_000_000));
+        assert_eq!(parse_size("1.5T"), Some(1_500_000_000_000));
+        assert_eq!(parse_size("2E"), Some(2_000_000_000_000_000_000));
     }
 
     #[test]
@@ -82,5 +102,13 @@ mod tests {
         assert_eq!(parse_size("5X"), None);
         assert_eq!(parse_size("99999999999P"), None);
         assert_eq!(parse_size("1.3"), None, "fractions of a byte");
+        assert_eq!(
+            parse_size("10m"),
+            None,
+            "milli in Kubernetes: refused, not guessed"
+        );
+        assert_eq!(parse_size("5i"), None);
+        assert_eq!(parse_size("5iB"), None);
+        assert_eq!(parse_size("20Ei"), None, "over u64");
     }
 }
