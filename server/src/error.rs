@@ -49,18 +49,23 @@ impl VolumeError {
             VolumeError::PermissionDenied(_) => Code::PermissionDenied,
             VolumeError::Exhausted(_) => Code::ResourceExhausted,
             VolumeError::Unimplemented(_) => Code::Unimplemented,
-            VolumeError::Dataplane(e) => match e.kind() {
-                ErrorKind::InvalidArgument => Code::InvalidArgument,
-                ErrorKind::NotFound => Code::NotFound,
-                ErrorKind::AlreadyExists => Code::AlreadyExists,
-                ErrorKind::FailedPrecondition => Code::FailedPrecondition,
-                ErrorKind::ResourceExhausted => Code::ResourceExhausted,
-                ErrorKind::Unavailable => Code::Unavailable,
-                ErrorKind::Internal => Code::Internal,
-            },
+            VolumeError::Dataplane(e) => dataplane_code(e.kind()),
             VolumeError::BackingFile { .. } => Code::FailedPrecondition,
             VolumeError::Registry(_) | VolumeError::Internal(_) => Code::Internal,
         }
+    }
+}
+
+/// The gRPC code for each kind of dataplane error.
+fn dataplane_code(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::AlreadyExists => Code::AlreadyExists,
+        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
     }
 }
 
@@ -129,6 +134,58 @@ mod tests {
         ))
         .into();
         assert_eq!(s.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn every_error_has_its_code() {
+        let io = || std::io::Error::from_raw_os_error(5);
+        let table: Vec<(VolumeError, Code)> = vec![
+            (VolumeError::Invalid("x".into()), Code::InvalidArgument),
+            (VolumeError::NotFound("x".into()), Code::NotFound),
+            (VolumeError::AlreadyExists("x".into()), Code::AlreadyExists),
+            (
+                VolumeError::Precondition("x".into()),
+                Code::FailedPrecondition,
+            ),
+            (VolumeError::NoUblk("x".into()), Code::FailedPrecondition),
+            (
+                VolumeError::PermissionDenied("x".into()),
+                Code::PermissionDenied,
+            ),
+            (VolumeError::Exhausted("x".into()), Code::ResourceExhausted),
+            (VolumeError::Unimplemented("x".into()), Code::Unimplemented),
+            (
+                VolumeError::BackingFile {
+                    path: "/v".into(),
+                    source: io(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                VolumeError::Registry(RegistryError::Write {
+                    id: "v".into(),
+                    source: io(),
+                }),
+                Code::Internal,
+            ),
+            (VolumeError::Internal("x".into()), Code::Internal),
+        ];
+        for (e, code) in table {
+            assert_eq!(e.code(), code, "{e:?}");
+            assert_eq!(Status::from(e).code(), code);
+        }
+        let kinds = [
+            (ErrorKind::InvalidArgument, Code::InvalidArgument),
+            (ErrorKind::NotFound, Code::NotFound),
+            (ErrorKind::AlreadyExists, Code::AlreadyExists),
+            (ErrorKind::FailedPrecondition, Code::FailedPrecondition),
+            (ErrorKind::ResourceExhausted, Code::ResourceExhausted),
+            (ErrorKind::Unavailable, Code::Unavailable),
+            (ErrorKind::Internal, Code::Internal),
+        ];
+        for (kind, code) in kinds {
+            assert_eq!(dataplane_code(kind), code, "{kind:?}");
+        }
     }
 
     #[test]

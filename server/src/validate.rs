@@ -278,6 +278,236 @@ mod tests {
         assert!(super::spec("v", None, &s).is_err());
     }
 
+    /// The part of the VM suite's bad-request matrix that validation decides, on the host: each
+    /// request, the code its error maps to, and a word the message must carry.
+    #[test]
+    fn bad_requests_get_precise_codes() {
+        use tonic::Code;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(dir.path().join("outside.img"), b"").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside.img"), root.join("escape.img"))
+            .unwrap();
+        let mut s = settings(&root);
+        s.limits.max_volume_size_bytes = 1 << 30;
+        s.limits.max_queues = 8;
+        s.limits.max_queue_depth = 1024;
+        let r = root.display().to_string();
+        let ok = || v1::VolumeSpec {
+            size_bytes: 64 << 20,
+            backend: Some(v1::volume_spec::Backend::Ram(v1::RamBackend {})),
+            ..Default::default()
+        };
+        let with = |f: &dyn Fn(&mut v1::VolumeSpec)| {
+            let mut spec = ok();
+            f(&mut spec);
+            Some(spec)
+        };
+        let file = |p: &str, create| Some(file_spec(p, create));
+        let nvme = |d: &str, offset_bytes, length_bytes| {
+            with(&|s| {
+                s.backend = Some(v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
+                    device: d.into(),
+                    offset_bytes,
+                    length_bytes,
+                }))
+            })
+        };
+        let long = format!("/{}", "a".repeat(MAX_PATH_BYTES + 10));
+        let table: Vec<(&str, &str, Option<v1::VolumeSpec>, Code, &str)> = vec![
+            (
+                "empty id",
+                "",
+                Some(ok()),
+                Code::InvalidArgument,
+                "volume id",
+            ),
+            (
+                "upper-case id",
+                "Vol",
+                Some(ok()),
+                Code::InvalidArgument,
+                "volume id",
+            ),
+            (
+                "id with underscore",
+                "a_b",
+                Some(ok()),
+                Code::InvalidArgument,
+                "volume id",
+            ),
+            (
+                "no spec",
+                "x",
+                None,
+                Code::InvalidArgument,
+                "spec is required",
+            ),
+            (
+                "size 0",
+                "x",
+                with(&|s| s.size_bytes = 0),
+                Code::InvalidArgument,
+                "greater than 0",
+            ),
+            (
+                "size unaligned",
+                "x",
+                with(&|s| s.size_bytes = 4097),
+                Code::InvalidArgument,
+                "multiple",
+            ),
+            (
+                "size over the limit",
+                "x",
+                with(&|s| s.size_bytes = 2 << 30),
+                Code::InvalidArgument,
+                "limit",
+            ),
+            (
+                "block size 1024",
+                "x",
+                with(&|s| s.block_size = Some(1024)),
+                Code::InvalidArgument,
+                "512 or 4096",
+            ),
+            (
+                "no backend",
+                "x",
+                with(&|s| s.backend = None),
+                Code::InvalidArgument,
+                "backend is required",
+            ),
+            (
+                "queues 0",
+                "x",
+                with(&|s| s.queues = Some(0)),
+                Code::InvalidArgument,
+                "queues",
+            ),
+            (
+                "queues over the limit",
+                "x",
+                with(&|s| s.queues = Some(9)),
+                Code::InvalidArgument,
+                "queues",
+            ),
+            (
+                "depth 0",
+                "x",
+                with(&|s| s.queue_depth = Some(0)),
+                Code::InvalidArgument,
+                "queue_depth",
+            ),
+            (
+                "depth over the limit",
+                "x",
+                with(&|s| s.queue_depth = Some(2048)),
+                Code::InvalidArgument,
+                "queue_depth",
+            ),
+            (
+                "unknown io path",
+                "x",
+                with(&|s| s.io_path = 7),
+                Code::InvalidArgument,
+                "io_path",
+            ),
+            (
+                "unknown zero copy",
+                "x",
+                with(&|s| s.zero_copy = 9),
+                Code::InvalidArgument,
+                "zero_copy",
+            ),
+            (
+                "unknown poll",
+                "x",
+                with(&|s| s.poll = -1),
+                Code::InvalidArgument,
+                "poll",
+            ),
+            (
+                "nvme device outside /dev",
+                "x",
+                nvme("ng0n1", 0, 0),
+                Code::InvalidArgument,
+                "/dev",
+            ),
+            (
+                "nvme window overflowing",
+                "x",
+                nvme("/dev/ng0n1", u64::MAX, 1),
+                Code::InvalidArgument,
+                "overflows",
+            ),
+            (
+                "relative path",
+                "x",
+                file("rel.img", true),
+                Code::InvalidArgument,
+                "absolute",
+            ),
+            (
+                "path outside the roots",
+                "x",
+                file("/etc/passwd", false),
+                Code::PermissionDenied,
+                "outside",
+            ),
+            (
+                "path with ..",
+                "x",
+                file(&format!("{r}/../outside.img"), false),
+                Code::InvalidArgument,
+                "..",
+            ),
+            (
+                "symlink escaping the roots",
+                "x",
+                file(&format!("{r}/escape.img"), false),
+                Code::PermissionDenied,
+                "outside",
+            ),
+            (
+                "missing file without create",
+                "x",
+                file(&format!("{r}/nope.img"), false),
+                Code::NotFound,
+                "create",
+            ),
+            (
+                "missing directory",
+                "x",
+                file(&format!("{r}/no/dir.img"), true),
+                Code::NotFound,
+                "directory",
+            ),
+            (
+                "path longer than PATH_MAX",
+                "x",
+                file(&long, true),
+                Code::InvalidArgument,
+                "longer than",
+            ),
+        ];
+        for (what, id, spec, code, word) in table {
+            let got = volume_id(id).and_then(|()| super::spec(id, spec.as_ref(), &s));
+            let err = got.expect_err(what);
+            assert_eq!(err.code(), code, "{what}: {err}");
+            let status = tonic::Status::from(err);
+            assert!(
+                status.message().contains(word),
+                "{what}: {}",
+                status.message()
+            );
+            assert!(status.message().len() <= 1024, "{what}: message bounded");
+        }
+        // And the good one passes.
+        assert!(super::spec("x", Some(&ok()), &s).is_ok());
+    }
+
     #[test]
     fn backing_paths_stay_inside_the_roots() {
         let dir = tempfile::tempdir().unwrap();
