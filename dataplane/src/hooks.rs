@@ -43,6 +43,7 @@ impl Fault {
         Fault::NvmePathDown,
     ];
 
+    #[cfg(feature = "test-hooks")]
     pub fn name(self) -> &'static str {
         match self {
             Fault::CommitBadElement => "commit_bad_element",

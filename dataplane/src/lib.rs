@@ -10,15 +10,20 @@
 //! `unsafe` lives only in [`sys`] (kernel UAPI layouts and thin syscall wrappers) and the ring
 //! module; every other module is safe code.
 
-pub mod backend;
-pub mod ctrl;
-pub mod device;
-pub mod features;
-pub mod handle;
+mod backend;
+mod ctrl;
+mod device;
+mod features;
+mod handle;
+// Fault hooks: compiled in always (each hook is a constant `false` without the feature), public
+// only to the tests that arm them.
+#[cfg(feature = "test-hooks")]
 pub mod hooks;
-pub mod ring;
+#[cfg(not(feature = "test-hooks"))]
+mod hooks;
+mod ring;
 pub mod stats;
-pub mod sys;
+mod sys;
 mod worker;
 
 pub use backend::{BackendSpec, Window};
@@ -29,4 +34,5 @@ pub use handle::{
     kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle,
     KernelDevice, KernelState, WorkerSnapshot,
 };
+pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 pub use stats::{OpKind, StatsSnapshot};

@@ -204,7 +204,7 @@ pub mod guest {
     /// in all: the control thread and each worker's io-wq helpers, whose limit follows the
     /// queues it serves (no worker serves more than all of them).
     pub fn thread_allowance(workers: usize, queues: usize) -> usize {
-        let [bounded, unbounded] = ublkd_dataplane::ring::iowq_limits(queues);
+        let [bounded, unbounded] = ublkd_dataplane::iowq_limits(queues);
         1 + workers * (bounded + unbounded) as usize
     }
 

@@ -347,7 +347,7 @@ fn thirty_two_devices_on_two_workers_with_fio_on_all() -> Result<()> {
     let iowq = |dp: &ublkd_dataplane::Handle| -> Result<Vec<[u32; 2]>> {
         Ok(dp.worker_stats()?.iter().map(|w| w.iowq_limits).collect())
     };
-    let idle = ublkd_dataplane::ring::iowq_limits(0);
+    let idle = ublkd_dataplane::iowq_limits(0);
     let grown = iowq(&dp)?;
     assert!(
         grown.iter().all(|l| l[0] > idle[0]),

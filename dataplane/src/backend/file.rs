@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Debug)]
 pub struct FileBackend {
     file: File,
-    direct: bool,
     block_device: bool,
     /// FALLOC_FL_ZERO_RANGE failed with EOPNOTSUPP (tmpfs, some network file systems): write
     /// zeroes by punching holes instead, which read back as zeros too.
@@ -43,10 +42,11 @@ impl FileBackend {
         };
         // O_DIRECT needs I/O aligned to the backing's DIO alignment; page-sized blocks always are.
         let want_direct = block_size >= 4096;
-        let (file, direct) = match open(want_direct) {
-            Ok(f) => (f, want_direct),
+        // A file system without O_DIRECT (EINVAL) gets buffered I/O instead.
+        let file = match open(want_direct) {
+            Ok(f) => f,
             Err(e) if want_direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                (open(false).map_err(open_err)?, false)
+                open(false).map_err(open_err)?
             }
             Err(e) => return Err(open_err(e)),
         };
@@ -65,14 +65,9 @@ impl FileBackend {
         let no_zero_range = !block_device && crate::sys::os::is_tmpfs(&file);
         Ok(Self {
             file,
-            direct,
             block_device,
             no_zero_range: AtomicBool::new(no_zero_range),
         })
-    }
-
-    pub fn is_direct(&self) -> bool {
-        self.direct
     }
 
     fn len(&self) -> std::io::Result<u64> {

@@ -233,7 +233,6 @@ pub struct WorkerRing {
     files: Vec<Option<(u32, u32)>>,
     free_files: Vec<u32>,
     in_flight: usize,
-    iopoll: bool,
 }
 
 /// Slots in each ring's registered-file table (one per ublk char device served), at most.
@@ -325,7 +324,6 @@ impl WorkerRing {
             files: Vec::new(),
             free_files: (0..files).rev().collect(),
             in_flight: 0,
-            iopoll,
         })
     }
 
@@ -337,10 +335,6 @@ impl WorkerRing {
             .submitter()
             .register_iowq_max_workers(&mut max)
             .map_err(RingError::Register)
-    }
-
-    pub fn is_iopoll(&self) -> bool {
-        self.iopoll
     }
 
     /// Has every completion posted on this ring signal `fd` (an eventfd another ring reads).
@@ -390,11 +384,6 @@ impl WorkerRing {
                 *f = Fixed::Free;
             }
         }
-    }
-
-    /// Operations pushed whose last completion has not been reaped yet.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
     }
 
     /// Registers `map` as a fixed buffer; returns its index.

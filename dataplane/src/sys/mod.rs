@@ -37,19 +37,14 @@ pub const UBLK_U_CMD_SET_PARAMS: u32 = iowr::<ublksrv_ctrl_cmd>(0x08);
 pub const UBLK_U_CMD_GET_PARAMS: u32 = ior::<ublksrv_ctrl_cmd>(0x09);
 pub const UBLK_U_CMD_START_USER_RECOVERY: u32 = iowr::<ublksrv_ctrl_cmd>(0x10);
 pub const UBLK_U_CMD_END_USER_RECOVERY: u32 = iowr::<ublksrv_ctrl_cmd>(0x11);
-pub const UBLK_U_CMD_GET_DEV_INFO2: u32 = ior::<ublksrv_ctrl_cmd>(0x12);
 pub const UBLK_U_CMD_GET_FEATURES: u32 = ior::<ublksrv_ctrl_cmd>(0x13);
 pub const UBLK_U_CMD_DEL_DEV_ASYNC: u32 = ior::<ublksrv_ctrl_cmd>(0x14);
 pub const UBLK_U_CMD_UPDATE_SIZE: u32 = iowr::<ublksrv_ctrl_cmd>(0x15);
 pub const UBLK_U_CMD_QUIESCE_DEV: u32 = iowr::<ublksrv_ctrl_cmd>(0x16);
-pub const UBLK_U_CMD_TRY_STOP_DEV: u32 = iowr::<ublksrv_ctrl_cmd>(0x17);
 
 // Per-IO commands, issued on /dev/ublkcN.
 pub const UBLK_U_IO_FETCH_REQ: u32 = iowr::<ublksrv_io_cmd>(0x20);
 pub const UBLK_U_IO_COMMIT_AND_FETCH_REQ: u32 = iowr::<ublksrv_io_cmd>(0x21);
-pub const UBLK_U_IO_NEED_GET_DATA: u32 = iowr::<ublksrv_io_cmd>(0x22);
-pub const UBLK_U_IO_REGISTER_IO_BUF: u32 = iowr::<ublksrv_io_cmd>(0x23);
-pub const UBLK_U_IO_UNREGISTER_IO_BUF: u32 = iowr::<ublksrv_io_cmd>(0x24);
 // Batch commands (UBLK_F_BATCH_IO), issued on /dev/ublkcN.
 pub const UBLK_U_IO_PREP_IO_CMDS: u32 = iowr::<ublk_batch_io>(0x25);
 pub const UBLK_U_IO_COMMIT_IO_CMDS: u32 = iowr::<ublk_batch_io>(0x26);
@@ -57,7 +52,6 @@ pub const UBLK_U_IO_FETCH_IO_CMDS: u32 = iowr::<ublk_batch_io>(0x27);
 
 pub const UBLK_FEATURES_LEN: u16 = 8;
 pub const UBLK_IO_RES_OK: i32 = 0;
-pub const UBLK_IO_RES_NEED_GET_DATA: i32 = 1;
 pub const UBLK_IO_RES_ABORT: i32 = -libc::ENODEV;
 pub const UBLKSRV_CMD_BUF_OFFSET: i64 = 0;
 pub const UBLKSRV_IO_BUF_OFFSET: i64 = 0x8000_0000;
@@ -111,7 +105,6 @@ pub const UBLK_IO_OP_READ: u8 = 0;
 pub const UBLK_IO_OP_WRITE: u8 = 1;
 pub const UBLK_IO_OP_FLUSH: u8 = 2;
 pub const UBLK_IO_OP_DISCARD: u8 = 3;
-pub const UBLK_IO_OP_WRITE_SAME: u8 = 4;
 pub const UBLK_IO_OP_WRITE_ZEROES: u8 = 5;
 pub const UBLK_IO_F_FUA: u32 = 1 << 13;
 pub const UBLK_IO_F_NOUNMAP: u32 = 1 << 15;
@@ -119,19 +112,12 @@ pub const UBLK_IO_F_NEED_REG_BUF: u32 = 1 << 17;
 
 pub const UBLK_AUTO_BUF_REG_FALLBACK: u8 = 1 << 0;
 
-pub const UBLK_BATCH_F_HAS_ZONE_LBA: u16 = 1 << 0;
 pub const UBLK_BATCH_F_HAS_BUF_ADDR: u16 = 1 << 1;
 pub const UBLK_BATCH_F_AUTO_BUF_REG_FALLBACK: u16 = 1 << 2;
 
 // Parameter groups (ublk_params.types) and block attributes.
 pub const UBLK_PARAM_TYPE_BASIC: u32 = 1 << 0;
 pub const UBLK_PARAM_TYPE_DISCARD: u32 = 1 << 1;
-pub const UBLK_PARAM_TYPE_DEVT: u32 = 1 << 2;
-pub const UBLK_PARAM_TYPE_ZONED: u32 = 1 << 3;
-pub const UBLK_PARAM_TYPE_DMA_ALIGN: u32 = 1 << 4;
-pub const UBLK_PARAM_TYPE_SEGMENT: u32 = 1 << 5;
-pub const UBLK_ATTR_READ_ONLY: u32 = 1 << 0;
-pub const UBLK_ATTR_ROTATIONAL: u32 = 1 << 1;
 pub const UBLK_ATTR_VOLATILE_CACHE: u32 = 1 << 2;
 pub const UBLK_ATTR_FUA: u32 = 1 << 3;
 
@@ -187,15 +173,6 @@ pub struct ublksrv_io_cmd {
     pub tag: u16,
     pub result: i32,
     pub addr: u64,
-}
-
-/// Header of one element of a batch command's buffer.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ublk_elem_header {
-    pub tag: u16,
-    pub buf_index: u16,
-    pub result: i32,
 }
 
 /// Payload of the batch commands (PREP_IO_CMDS, COMMIT_IO_CMDS, FETCH_IO_CMDS).
@@ -332,7 +309,7 @@ pub fn from_bytes<T: Pod>(b: &[u8]) -> Option<T> {
 
 impl ublksrv_ctrl_cmd {
     /// The command as the bytes of an SQE128's 80-byte command area (native endian, zero padded).
-    pub fn to_sqe_cmd(&self) -> [u8; 80] {
+    pub fn to_sqe_cmd(self) -> [u8; 80] {
         let mut out = [0u8; 80];
         out[0..4].copy_from_slice(&self.dev_id.to_ne_bytes());
         out[4..6].copy_from_slice(&self.queue_id.to_ne_bytes());
@@ -357,7 +334,6 @@ mod tests {
         assert_eq!(size_of::<ublksrv_ctrl_dev_info>(), 64);
         assert_eq!(size_of::<ublksrv_io_desc>(), 24);
         assert_eq!(size_of::<ublksrv_io_cmd>(), 16);
-        assert_eq!(size_of::<ublk_elem_header>(), 8);
         assert_eq!(size_of::<ublk_batch_io>(), 16);
         assert_eq!(size_of::<ublk_param_basic>(), 32);
         assert_eq!(size_of::<ublk_param_discard>(), 20);
@@ -411,7 +387,6 @@ mod tests {
         assert_eq!(UBLK_U_CMD_GET_FEATURES, 0x8020_7513);
         assert_eq!(UBLK_U_CMD_ADD_DEV, 0xc020_7504);
         assert_eq!(UBLK_U_CMD_DEL_DEV_ASYNC, 0x8020_7514);
-        assert_eq!(UBLK_U_CMD_TRY_STOP_DEV, 0xc020_7517);
         assert_eq!(UBLK_U_IO_FETCH_REQ, 0xc010_7520);
         assert_eq!(UBLK_U_IO_COMMIT_AND_FETCH_REQ, 0xc010_7521);
         assert_eq!(UBLK_U_IO_PREP_IO_CMDS, 0xc010_7525);

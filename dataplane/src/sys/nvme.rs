@@ -14,9 +14,6 @@ pub const NVME_IOCTL_ADMIN_CMD: u64 = 0xC048_4E41;
 /// `_IOWR('N', 0x80, struct nvme_uring_cmd)`: an I/O command sent as IORING_OP_URING_CMD.
 pub const NVME_URING_CMD_IO: u32 = 0xC048_4E80;
 
-/// `IORING_URING_CMD_FIXED`: `addr` is an offset into registered buffer `buf_index`.
-pub const IORING_URING_CMD_FIXED: u32 = 1 << 0;
-
 pub const OPC_FLUSH: u8 = 0x00;
 pub const OPC_WRITE: u8 = 0x01;
 pub const OPC_READ: u8 = 0x02;
@@ -77,7 +74,7 @@ impl NvmeCmd {
     }
 
     /// The command as the SQE128 command area (`sqe->cmd`, 80 bytes).
-    pub fn to_sqe_cmd(&self) -> [u8; 80] {
+    pub fn to_sqe_cmd(self) -> [u8; 80] {
         let mut b = [0u8; 80];
         b[0] = self.opcode;
         b[1] = self.flags;

@@ -78,10 +78,6 @@ impl Mapping {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Address of byte `offset`, for handing to the kernel. Panics never: offsets past the end
     /// are clamped by the caller's validation; this returns the base plus offset as an integer.
     pub fn addr(&self, offset: usize) -> u64 {
