@@ -50,6 +50,9 @@ pub struct TlsSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
+    /// The node's name in `ublkd_node_info{node}` (a DaemonSet sets `UBLKD_METRICS__NODE` from
+    /// `spec.nodeName`); empty: the host name.
+    pub node: String,
     /// `host:port` for `/metrics`; empty disables it.
     pub listen: String,
 }
@@ -134,6 +137,7 @@ impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9580".into(),
+            node: String::new(),
         }
     }
 }

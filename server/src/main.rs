@@ -302,7 +302,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         Arc::clone(&settings),
     ));
     volumes.load().await?;
-    let metrics = metrics::Metrics::new()?;
+    let metrics = metrics::Metrics::new(&settings.metrics.node)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

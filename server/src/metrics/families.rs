@@ -84,6 +84,30 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
     per_volume(
         out,
         with_stats(),
+        "ublkd_volume_zero_copy_fallbacks_total",
+        "Requests served by copy because the kernel could not lend their pages (zero copy on)",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.zero_copy_fallbacks as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_copy_buffer_bytes",
+        "Memory of the volume's registered copy buffers (0 with zero copy)",
+        Kind::Gauge,
+        |f, l, st| f.gauge(l, st.total.copy_buffer_bytes as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_last_protocol_errno",
+        "errno of the volume's latest ublk protocol error (0: none)",
+        Kind::Gauge,
+        |f, l, st| f.gauge(l, st.total.last_protocol_errno as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
         "ublkd_volume_inflight_ios",
         "I/O requests in flight",
         Kind::Gauge,
@@ -196,8 +220,10 @@ fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
                     BackendRecord::Nvme { .. } => "nvme",
                 };
                 let dev = vol.device.as_ref();
+                // As node_exporter names it (`ublkb0`), so the two join on `device`.
                 let device = dev
-                    .map(|d| d.block_device.display().to_string())
+                    .and_then(|d| d.block_device.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 let on_off = |b: bool| if b { "on" } else { "off" };
                 f.gauge(
@@ -247,6 +273,17 @@ fn write_workers(workers: &[ublkd_dataplane::WorkerSnapshot], out: &mut String) 
         |f| {
             for (w, cpu) in each() {
                 f.counter(&[("worker", cpu)], w.busy_seconds);
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_idle_seconds_total",
+        "Time workers spent waiting for work",
+        Kind::Counter,
+        |f| {
+            for (w, cpu) in each() {
+                f.counter(&[("worker", cpu)], w.idle_seconds);
             }
         },
     );

@@ -21,7 +21,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Result<Self, prometheus::Error> {
+    /// Metrics for the node named `node` (empty: the host name).
+    pub fn new(node: &str) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let grpc_requests = IntCounterVec::new(
             Opts::new(
@@ -45,9 +46,30 @@ impl Metrics {
             &["version"],
         )?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let node_info = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "ublkd_node_info",
+                "The node this ublkd serves, to join its series with node_exporter's by \
+                 instance; the value is always 1",
+            ),
+            &["node"],
+        )?;
+        let node = if node.is_empty() {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_default()
+        } else {
+            node.to_owned()
+        };
+        node_info.with_label_values(&[node.as_str()]).set(1);
         registry.register(Box::new(grpc_requests.clone()))?;
         registry.register(Box::new(grpc_duration.clone()))?;
         registry.register(Box::new(build))?;
+        registry.register(Box::new(node_info))?;
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         Ok(Self {
             registry,
             grpc_requests,
