@@ -132,6 +132,8 @@ impl VolumeService for Fake {
                 op: "write".into(),
                 count: 2,
                 bytes: 8192,
+                latency_p50_seconds: 0.0015,
+                latency_p99_seconds: 0.004,
             }],
             latency_mean_seconds: 0.002,
             ..VolumeStats::default()

@@ -428,10 +428,31 @@ pub fn stats_text(s: &VolumeStats) -> String {
     let rows: Vec<Vec<String>> = s
         .ops
         .iter()
-        .map(|op| vec![op.op.clone(), op.count.to_string(), format_size(op.bytes)])
+        .map(|op| {
+            let q = |s: f64| {
+                if op.count == 0 {
+                    "-".to_owned()
+                } else {
+                    latency_text(s)
+                }
+            };
+            vec![
+                op.op.clone(),
+                op.count.to_string(),
+                format_size(op.bytes),
+                q(op.latency_p50_seconds),
+                q(op.latency_p99_seconds),
+            ]
+        })
         .collect();
     let ops = table(
-        &[("OP", Left), ("COUNT", Right), ("BYTES", Right)],
+        &[
+            ("OP", Left),
+            ("COUNT", Right),
+            ("BYTES", Right),
+            ("P50", Right),
+            ("P99", Right),
+        ],
         &rows,
         true,
     );
@@ -452,6 +473,8 @@ pub fn stats_json(s: &VolumeStats) -> String {
             "op": op.op,
             "count": op.count,
             "bytes": op.bytes,
+            "latency_p50_seconds": op.latency_p50_seconds,
+            "latency_p99_seconds": op.latency_p99_seconds,
         })).collect::<Vec<_>>(),
         "errors": s.errors,
         "inflight": s.inflight,
@@ -793,11 +816,22 @@ created:     2023-11-14T22:13:20Z";
                     op: "read".into(),
                     count: 1200,
                     bytes: 4800 << 10,
+                    latency_p50_seconds: 0.000_02,
+                    latency_p99_seconds: 0.0021,
                 },
                 OpStats {
                     op: "flush".into(),
                     count: 3,
                     bytes: 0,
+                    latency_p50_seconds: 0.000_5,
+                    latency_p99_seconds: 0.000_9,
+                },
+                OpStats {
+                    op: "discard".into(),
+                    count: 0,
+                    bytes: 0,
+                    latency_p50_seconds: 0.0,
+                    latency_p99_seconds: 0.0,
                 },
             ],
             errors: 1,
@@ -808,9 +842,10 @@ created:     2023-11-14T22:13:20Z";
         let expected = "\
 volume vol-1
 
-OP     COUNT    BYTES
-read    1200  4.7 MiB
-flush      3      0 B
+OP       COUNT    BYTES       P50       P99
+read      1200  4.7 MiB   20.0 µs    2.1 ms
+flush        3      0 B  500.0 µs  900.0 µs
+discard      0      0 B         -         -
 
 errors:       1
 inflight:     2
@@ -819,6 +854,7 @@ mean latency: 42.5 µs";
         assert_eq!(stats_text(&stats), expected);
         let j: Value = serde_json::from_str(&stats_json(&stats)).unwrap();
         assert_eq!(j["ops"][0]["bytes"], 4800 << 10);
+        assert_eq!(j["ops"][0]["latency_p99_seconds"], 0.0021);
         assert_eq!(j["latency_mean_seconds"], 0.000_042_5);
     }
 

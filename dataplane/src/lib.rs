@@ -35,4 +35,4 @@ pub use handle::{
     KernelDevice, KernelState, WorkerSnapshot,
 };
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
-pub use stats::{OpKind, StatsSnapshot};
+pub use stats::{Latency, OpKind, StatsSnapshot};

@@ -71,7 +71,8 @@ pub struct QueueStats {
     bytes: [AtomicU64; 6],
     errors: AtomicU64,
     inflight: AtomicU64,
-    latency: Histogram<17>,
+    /// Per op (`OpKind as usize`).
+    latency: [Histogram<17>; 6],
     batch: Histogram<10>,
     protocol_errors: AtomicU64,
     last_protocol_errno: AtomicU64,
@@ -146,7 +147,7 @@ impl QueueStats {
         let left = self.inflight.load(Ordering::Relaxed);
         self.inflight
             .store(left.saturating_sub(1), Ordering::Relaxed);
-        self.latency.observe(&LATENCY_BOUNDS_NS, latency_ns);
+        self.latency[i].observe(&LATENCY_BOUNDS_NS, latency_ns);
     }
 
     /// One loop iteration handled `n` requests of this queue.
@@ -193,15 +194,27 @@ impl QueueStats {
 
     pub fn snapshot(&self) -> StatsSnapshot {
         let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        let (latency_buckets, latency_sum_ns) = self.latency.load();
+        let op_latency: Vec<Latency> = self
+            .latency
+            .iter()
+            .map(|h| {
+                let (buckets, sum_ns) = h.load();
+                Latency { buckets, sum_ns }
+            })
+            .collect();
+        let mut all = Latency::default();
+        for l in &op_latency {
+            all.merge(l);
+        }
         let (batch_buckets, batch_sum) = self.batch.load();
         StatsSnapshot {
             ops: load(&self.ops),
             bytes: load(&self.bytes),
             errors: self.errors.load(Ordering::Relaxed),
             inflight: self.inflight.load(Ordering::Relaxed),
-            latency_buckets,
-            latency_sum_ns,
+            latency_buckets: all.buckets,
+            latency_sum_ns: all.sum_ns,
+            op_latency,
             batch_buckets,
             batch_sum,
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
@@ -225,6 +238,8 @@ pub struct StatsSnapshot {
     /// Non-cumulative counts per `LATENCY_BOUNDS` bucket, then one for larger values.
     pub latency_buckets: Vec<u64>,
     pub latency_sum_ns: u64,
+    /// The same per op, indexed by `OpKind as usize`.
+    pub op_latency: Vec<Latency>,
     /// Non-cumulative counts per `BATCH_BOUNDS` bucket, then one for larger values.
     pub batch_buckets: Vec<u64>,
     pub batch_sum: u64,
@@ -255,6 +270,13 @@ impl StatsSnapshot {
         add(&mut self.ops, &other.ops);
         add(&mut self.bytes, &other.bytes);
         add(&mut self.latency_buckets, &other.latency_buckets);
+        if self.op_latency.len() < other.op_latency.len() {
+            self.op_latency
+                .resize(other.op_latency.len(), Latency::default());
+        }
+        for (a, b) in self.op_latency.iter_mut().zip(&other.op_latency) {
+            a.merge(b);
+        }
         add(&mut self.batch_buckets, &other.batch_buckets);
         self.errors += other.errors;
         self.inflight += other.inflight;
@@ -268,12 +290,68 @@ impl StatsSnapshot {
         self.retries += other.retries;
     }
 
+    /// The latency histogram of `op` (empty when none completed).
+    pub fn latency_of(&self, op: OpKind) -> Latency {
+        self.op_latency
+            .get(op as usize)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     pub fn ops_of(&self, op: OpKind) -> u64 {
         self.ops.get(op as usize).copied().unwrap_or(0)
     }
 
     pub fn bytes_of(&self, op: OpKind) -> u64 {
         self.bytes.get(op as usize).copied().unwrap_or(0)
+    }
+}
+
+/// A latency histogram: non-cumulative counts per `LATENCY_BOUNDS` bucket, then one for larger
+/// values, and the sum of the latencies in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Latency {
+    pub buckets: Vec<u64>,
+    pub sum_ns: u64,
+}
+
+impl Latency {
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    fn merge(&mut self, other: &Latency) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.sum_ns += other.sum_ns;
+    }
+
+    /// The `q` quantile (0..=1) in seconds, estimated as Prometheus' `histogram_quantile` does:
+    /// linear within the bucket it falls in (from 0 for the first); the last bound for values
+    /// past it. None when nothing was observed.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let mut below = 0u64;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            let Some(&upper) = LATENCY_BOUNDS.get(i) else {
+                return LATENCY_BOUNDS.last().copied();
+            };
+            if n > 0 && (below + n) as f64 >= rank {
+                let lower = if i == 0 { 0.0 } else { LATENCY_BOUNDS[i - 1] };
+                let within = (rank - below as f64) / n as f64;
+                return Some(lower + (upper - lower) * within);
+            }
+            below += n;
+        }
+        LATENCY_BOUNDS.last().copied()
     }
 }
 
@@ -304,6 +382,39 @@ mod tests {
         let mut total = snap.clone();
         total.merge(&snap);
         assert_eq!(total.ops_of(OpKind::Read), 2);
+        assert_eq!(total.latency_of(OpKind::Read).count(), 2);
+        assert_eq!(total.latency_of(OpKind::Write).buckets[16], 2);
+        assert_eq!(total.latency_of(OpKind::Flush).count(), 0);
+    }
+
+    #[test]
+    fn latency_quantiles_follow_histogram_quantile() {
+        let s = QueueStats::default();
+        assert_eq!(s.snapshot().latency_of(OpKind::Read).quantile(0.5), None);
+        // 90 reads in (10, 25] µs, 10 in (1, 2.5] ms.
+        for _ in 0..90 {
+            s.finished(OpKind::Read, 4096, 4096, 20_000);
+        }
+        for _ in 0..10 {
+            s.finished(OpKind::Read, 4096, 4096, 2_000_000);
+        }
+        s.finished(OpKind::Write, 4096, 4096, 5_000_000_000);
+        let snap = s.snapshot();
+        let read = snap.latency_of(OpKind::Read);
+        let p50 = read.quantile(0.5).unwrap();
+        assert!((10e-6..=25e-6).contains(&p50), "{p50}");
+        let p99 = read.quantile(0.99).unwrap();
+        assert!((1e-3..=2.5e-3).contains(&p99), "{p99}");
+        assert_eq!(
+            snap.latency_of(OpKind::Write).quantile(0.99),
+            Some(1.0),
+            "past the last bound: the last bound"
+        );
+        assert_eq!(
+            snap.latency_buckets.iter().sum::<u64>(),
+            101,
+            "totals over ops"
+        );
     }
 }
 

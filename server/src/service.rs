@@ -176,10 +176,15 @@ impl VolumeService for Api {
                 id: req.id,
                 ops: OpKind::ALL
                     .iter()
-                    .map(|&op| v1::OpStats {
-                        op: op.name().into(),
-                        count: s.total.ops_of(op),
-                        bytes: s.total.bytes_of(op),
+                    .map(|&op| {
+                        let lat = s.total.latency_of(op);
+                        v1::OpStats {
+                            op: op.name().into(),
+                            count: s.total.ops_of(op),
+                            bytes: s.total.bytes_of(op),
+                            latency_p50_seconds: lat.quantile(0.5).unwrap_or(0.0),
+                            latency_p99_seconds: lat.quantile(0.99).unwrap_or(0.0),
+                        }
                     })
                     .collect(),
                 errors: s.total.errors,

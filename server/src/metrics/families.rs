@@ -70,15 +70,20 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
         out,
         with_stats(),
         "ublkd_volume_io_duration_seconds",
-        "Time from the request reaching ublkd to its completion",
+        "Time from the request reaching ublkd to its completion, by op (ops seen so far)",
         Kind::Histogram,
         |f, l, st| {
-            f.histogram(
-                l,
-                &LATENCY_BOUNDS,
-                &st.total.latency_buckets,
-                st.total.latency_sum_ns as f64 / 1e9,
-            )
+            for op in OpKind::ALL {
+                let lat = st.total.latency_of(op);
+                if lat.count() > 0 {
+                    f.histogram(
+                        &[l[0], ("op", op.name())],
+                        &LATENCY_BOUNDS,
+                        &lat.buckets,
+                        lat.sum_ns as f64 / 1e9,
+                    );
+                }
+            }
         },
     );
     per_volume(
