@@ -108,6 +108,32 @@ fn host_tests(ws: &Path) -> Result<()> {
     if !status.success() {
         bail!("host tests failed ({status})");
     }
+    alert_rule_tests(ws)
+}
+
+/// The Prometheus alert rules shipped in deploy/prometheus: checked and unit-tested with
+/// promtool (Debian's `prometheus` package, installed when missing; never skipped).
+fn alert_rule_tests(ws: &Path) -> Result<()> {
+    if apt::which("promtool").is_none() {
+        apt::install_packages(&["prometheus"])?;
+    }
+    let promtool =
+        apt::which("promtool").context("promtool not found after installing prometheus")?;
+    let dir = ws.join("deploy/prometheus");
+    eprintln!("xtask: alert rules: promtool check rules, promtool test rules");
+    for args in [
+        ["check", "rules", "ublkd-rules.yaml"],
+        ["test", "rules", "ublkd-rules.test.yaml"],
+    ] {
+        let status = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .status()
+            .context("running promtool")?;
+        if !status.success() {
+            bail!("promtool {} failed ({status})", args.join(" "));
+        }
+    }
     Ok(())
 }
 
