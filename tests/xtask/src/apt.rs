@@ -22,6 +22,9 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("mkfs.ext4", "e2fsprogs"),
     ("blkdiscard", "util-linux"),
     ("timeout", "coreutils"),
+    // A real Prometheus (and promtool) for the observability test and the alert-rule tests.
+    ("prometheus", "prometheus"),
+    ("promtool", "prometheus"),
 ];
 
 /// Installs whatever host packages are missing; does nothing (and downloads nothing) when all are

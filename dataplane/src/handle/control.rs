@@ -1,0 +1,321 @@
+//! The control thread: its state (workers, devices, devices being taken over), its command
+//! loop, and the commands that span every device (shutdown, listing, stats).
+
+use super::*;
+
+pub(super) struct WorkerThread {
+    pub(super) cpu: usize,
+    pub(super) tx: Sender<WorkerCmd>,
+    pub(super) event: Arc<os::EventFd>,
+    pub(super) stats: Arc<WorkerStats>,
+    pub(super) join: Option<JoinHandle<()>>,
+}
+
+pub(super) struct Device {
+    pub(super) info: DeviceInfo,
+    pub(super) backend: Arc<dyn backend::Backend>,
+    /// Stats of every queue a worker serves or still holds commands of (each reports when it
+    /// is gone). Unless `stuck`, these are queues 0..len, all accepted by the kernel.
+    pub(super) queues: Vec<Arc<QueueStats>>,
+    /// A queue's attach failed while the worker held commands of it: they stay with the kernel
+    /// until the device stops or the process exits, so the queue cannot be attached again.
+    pub(super) stuck: bool,
+    pub(super) cdev: Option<Arc<File>>,
+}
+
+impl Device {
+    pub(super) fn new(info: DeviceInfo, backend: Arc<dyn backend::Backend>) -> Self {
+        Self {
+            info,
+            backend,
+            queues: Vec::new(),
+            stuck: false,
+            cdev: None,
+        }
+    }
+}
+
+pub(super) struct Control {
+    pub(super) ctrl: ControlDevice,
+    pub(super) features: Features,
+    pub(super) iopoll_shared: bool,
+    pub(super) workers: Vec<WorkerThread>,
+    pub(super) devices: BTreeMap<u32, Device>,
+    /// Devices whose takeover started (START_USER_RECOVERY) but did not finish: quiesced in the
+    /// kernel, the queues attached so far kept, resumed by the next `recover` of the same id.
+    pub(super) recovering: BTreeMap<u32, Device>,
+    pub(super) gone_tx: Sender<(u32, u16)>,
+    pub(super) gone_rx: Receiver<(u32, u16)>,
+    pub(super) timeout: Duration,
+}
+
+impl Control {
+    pub(super) fn run(mut self, rx: Receiver<Command>) {
+        while let Ok(cmd) = rx.recv() {
+            match cmd {
+                Command::Add(spec, reply) => {
+                    let _ = reply.send(self.add(spec));
+                }
+                Command::Delete(id, reply) => {
+                    let _ = reply.send(self.delete(id));
+                }
+                Command::Resize(id, size, reply) => {
+                    let _ = reply.send(self.resize(id, size));
+                }
+                Command::Stats(id, reply) => {
+                    let _ = reply.send(self.stats(id));
+                }
+                Command::StatsAll(reply) => {
+                    let all = self
+                        .devices
+                        .keys()
+                        .filter_map(|&id| self.stats(id).ok())
+                        .collect();
+                    let _ = reply.send(Ok(all));
+                }
+                Command::List(reply) => {
+                    let _ = reply.send(Ok(self.devices.values().map(|d| d.info.clone()).collect()));
+                }
+                Command::Workers(reply) => {
+                    let _ = reply.send(Ok(self
+                        .workers
+                        .iter()
+                        .map(|w| {
+                            let (busy, idle) = w.stats.seconds();
+                            let (batch_buckets, batch_sum) = w.stats.batches();
+                            WorkerSnapshot {
+                                cpu: w.cpu,
+                                busy_seconds: busy,
+                                idle_seconds: idle,
+                                batch_buckets,
+                                batch_sum,
+                                down_errno: w.stats.down_errno(),
+                                ring_retries: w.stats.ring_retries(),
+                                iowq_limits: w.stats.iowq_limits(),
+                            }
+                        })
+                        .collect()));
+                }
+                Command::Shutdown(reply) => {
+                    let _ = reply.send(self.shutdown());
+                    return;
+                }
+                Command::Recover(spec, reply) => {
+                    let _ = reply.send(self.recover(spec));
+                }
+                Command::KernelDevices(reply) => {
+                    let _ = reply.send(self.kernel_devices());
+                }
+                Command::DeleteForeign(id, reply) => {
+                    let _ = reply.send(self.delete_foreign(id));
+                }
+                Command::ShutdownKeep(reply) => {
+                    let _ = reply.send(self.shutdown_keep());
+                    return;
+                }
+            }
+        }
+        // Every Handle is gone: clean up as on shutdown.
+        let _ = self.shutdown();
+    }
+
+    pub(super) fn shutdown(&mut self) -> Result<(), DataplaneError> {
+        let ids: Vec<u32> = self
+            .devices
+            .keys()
+            .chain(self.recovering.keys())
+            .copied()
+            .collect();
+        let mut first_err = None;
+        for id in ids {
+            if let Err(e) = self.delete(id) {
+                first_err.get_or_insert(e);
+            }
+        }
+        for w in &mut self.workers {
+            let _ = w.tx.send(WorkerCmd::Shutdown);
+            let _ = w.event.notify();
+            // A worker that stopped on a fatal error stays parked until the process exits.
+            if w.stats.down_errno().is_some() {
+                continue;
+            }
+            if let Some(j) = w.join.take() {
+                let _ = j.join();
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn kernel_devices(&mut self) -> Result<Vec<KernelDevice>, DataplaneError> {
+        let ids = kernel_device_ids();
+        let mut out = Vec::new();
+        for dev_id in ids {
+            // Devices we serve are described from our own table: a scrape with hundreds of
+            // volumes issues no control command for them.
+            if let Some(d) = self.devices.get(&dev_id) {
+                out.push(KernelDevice {
+                    dev_id,
+                    state: KernelState::Live,
+                    flags: d.info.flags,
+                    queues: d.info.spec.queues,
+                    queue_depth: d.info.spec.queue_depth,
+                    pid: std::process::id() as i32,
+                    size_bytes: d.info.spec.size_bytes,
+                    owned: true,
+                });
+                continue;
+            }
+            let Ok(info) = self.ctrl.dev_info(dev_id) else {
+                continue;
+            };
+            let size_bytes = self
+                .ctrl
+                .params(dev_id)
+                .map_or(0, |p| p.basic.dev_sectors * 512);
+            out.push(KernelDevice {
+                dev_id,
+                state: KernelState::from_raw(info.state),
+                flags: info.flags,
+                queues: info.nr_hw_queues,
+                queue_depth: info.queue_depth,
+                pid: info.ublksrv_pid,
+                size_bytes,
+                // A device whose takeover is under way is not served yet: its volume's next
+                // restore resumes the takeover.
+                owned: false,
+            });
+        }
+        Ok(out)
+    }
+
+    pub(super) fn delete_foreign(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+        if self.devices.contains_key(&dev_id) || self.recovering.contains_key(&dev_id) {
+            return Err(DataplaneError::AlreadyOwned(dev_id));
+        }
+        let info = self.ctrl.dev_info(dev_id).map_err(|e| match e {
+            CtrlError::Command { ref source, .. }
+                if source.raw_os_error() == Some(libc::ENODEV) =>
+            {
+                DataplaneError::NoSuchDevice(dev_id)
+            }
+            other => other.into(),
+        })?;
+        if KernelState::from_raw(info.state) == KernelState::Live
+            && info.ublksrv_pid > 0
+            && os::pid_alive(info.ublksrv_pid)
+        {
+            return Err(DataplaneError::Busy {
+                dev_id,
+                pid: info.ublksrv_pid,
+            });
+        }
+        // A device without a server may refuse STOP_DEV (already stopped); DEL_DEV decides.
+        let _ = self.ctrl.stop_dev(dev_id);
+        self.ctrl.del_dev(dev_id)?;
+        Ok(())
+    }
+
+    pub(super) fn shutdown_keep(&mut self) -> Result<(), DataplaneError> {
+        let mut first_err = None;
+        let ids: Vec<u32> = self.devices.keys().copied().collect();
+        let mut quiesced = true;
+        for id in ids {
+            let Some(mut device) = self.devices.remove(&id) else {
+                continue;
+            };
+            // QUIESCE_DEV drains per-IO queues cleanly. On BATCH_IO queues the 7.3 driver fails
+            // the requests it aborts instead of requeueing them, so those are left the way a
+            // crash leaves them: the kernel reissues what was in flight to the next server.
+            if device.info.flags & sys::UBLK_F_QUIESCE == 0 || device.info.io_path == IoPath::Batch
+            {
+                quiesced = false;
+                continue;
+            }
+            // The kernel lets requests in flight finish, then aborts our fetches; the workers
+            // tear the queues down and report them gone.
+            let r = self
+                .ctrl
+                .quiesce(id, self.timeout.as_millis() as u64)
+                .map_err(DataplaneError::from)
+                .and_then(|()| self.wait_queues_gone(&device));
+            if let Err(e) = r {
+                quiesced = false;
+                first_err.get_or_insert(e);
+            }
+            device.cdev = None;
+        }
+        for w in &mut self.workers {
+            let cmd = if quiesced {
+                WorkerCmd::Shutdown
+            } else {
+                WorkerCmd::Abandon
+            };
+            let _ = w.tx.send(cmd);
+            let _ = w.event.notify();
+            if quiesced && w.stats.down_errno().is_none() {
+                if let Some(j) = w.join.take() {
+                    let _ = j.join();
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn wait_queues_gone(&self, device: &Device) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        // A failed worker reports nothing: its queues are not waited for.
+        let mut left = device
+            .queues
+            .iter()
+            .filter(|q| !q.is_worker_failed())
+            .count();
+        let deadline = Instant::now() + self.timeout;
+        while left > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DataplaneError::StopTimeout(dev_id));
+            }
+            match self.gone_rx.recv_timeout(deadline - now) {
+                Ok((d, _)) if d == dev_id => left -= 1,
+                Ok(_) => {}
+                Err(_) => return Err(DataplaneError::StopTimeout(dev_id)),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
+        let device = self
+            .devices
+            .get(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        let mut total = StatsSnapshot::default();
+        for q in &device.queues {
+            total.merge(&q.snapshot());
+        }
+        Ok(DeviceStats {
+            dev_id,
+            total,
+            memory_bytes: device.backend.memory_bytes(),
+        })
+    }
+}
+
+/// Opens `/dev/ublkcN`, waiting up to `timeout` for the node to appear (udev may create it late).
+pub(super) fn open_char_device(path: &PathBuf, timeout: Duration) -> Result<File, DataplaneError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(f) => return Ok(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(source) => {
+                return Err(DataplaneError::OpenCharDevice {
+                    path: path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The dataplane's errors, named for the step that failed, and the classes callers act on.
+
+use super::*;
+
+/// The error classes callers act on; the server maps them to gRPC codes in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidArgument,
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unavailable,
+    Internal,
+}
+
+/// Errors of the dataplane's control surface, named for the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("invalid device spec")]
+    Spec(#[from] SpecError),
+    #[error("opening the backend failed")]
+    Backend(#[from] BackendError),
+    #[error("ublk control command failed")]
+    Ctrl(#[from] CtrlError),
+    #[error("the kernel granted flags {granted:#x}, missing {missing:#x}")]
+    FlagsRefused { granted: u64, missing: u64 },
+    #[error("cannot open {path}")]
+    OpenCharDevice {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("worker could not attach queue {q_id}")]
+    Attach {
+        q_id: u16,
+        #[source]
+        source: WorkerError,
+    },
+    #[error("worker did not answer the attach of queue {q_id} in time")]
+    AttachTimeout { q_id: u16 },
+    #[error("the previous server of device {0} did not let go in time")]
+    ReleaseTimeout(u32),
+    #[error("device {0} is half taken over and a queue is stuck in the kernel: the next ublkd start takes it over")]
+    RecoveryStuck(u32),
+    #[error("no device {0}")]
+    NoSuchDevice(u32),
+    #[error("queues of device {0} did not stop within the timeout")]
+    StopTimeout(u32),
+    #[error("cannot start worker threads")]
+    Spawn(#[source] std::io::Error),
+    #[error("the dataplane has shut down")]
+    Gone,
+    #[error("device {dev_id} is still served by process {pid}")]
+    Busy { dev_id: u32, pid: i32 },
+    #[error("device {0} is already served by this process")]
+    AlreadyOwned(u32),
+    #[error("device {dev_id} cannot be recovered: {why}")]
+    NotRecoverable { dev_id: u32, why: String },
+    #[error("bytes {start}..{end} of {path} are already used by device {dev_id}")]
+    Overlap {
+        path: PathBuf,
+        start: u64,
+        end: u64,
+        dev_id: u32,
+    },
+}
+
+impl DataplaneError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DataplaneError::Spec(SpecError::Unsupported(_)) => ErrorKind::FailedPrecondition,
+            DataplaneError::Spec(_) => ErrorKind::InvalidArgument,
+            DataplaneError::Backend(BackendError::Memory { .. }) => ErrorKind::ResourceExhausted,
+            DataplaneError::Backend(BackendError::CannotGrow { .. }) => {
+                ErrorKind::FailedPrecondition
+            }
+            DataplaneError::Backend(BackendError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                ErrorKind::NotFound
+            }
+            DataplaneError::Backend(_) => ErrorKind::InvalidArgument,
+            DataplaneError::Ctrl(CtrlError::Open { .. }) => ErrorKind::FailedPrecondition,
+            DataplaneError::Ctrl(CtrlError::Timeout { .. }) => ErrorKind::Unavailable,
+            DataplaneError::NoSuchDevice(_) => ErrorKind::NotFound,
+            DataplaneError::Busy { .. } | DataplaneError::NotRecoverable { .. } => {
+                ErrorKind::FailedPrecondition
+            }
+            DataplaneError::AlreadyOwned(_) => ErrorKind::AlreadyExists,
+            DataplaneError::Overlap { .. } => ErrorKind::FailedPrecondition,
+            DataplaneError::Attach {
+                source: WorkerError::Full | WorkerError::Ring(RingError::NoFixedSlot),
+                ..
+            } => ErrorKind::ResourceExhausted,
+            DataplaneError::Gone
+            | DataplaneError::ReleaseTimeout(_)
+            | DataplaneError::AttachTimeout { .. } => ErrorKind::Unavailable,
+            DataplaneError::RecoveryStuck(_) => ErrorKind::FailedPrecondition,
+            _ => ErrorKind::Internal,
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! Bringing a device up (ADD_DEV, SET_PARAMS, queues to workers, START_DEV), resizing it and
+//! tearing it down.
+
+use super::control::{open_char_device, Device};
+use super::*;
+
+impl Control {
+    /// Resolves zero copy and polling for `spec` on `backend`. `kernel_zc` is the kernel
+    /// device's own setting when taking one over (it cannot change).
+    pub(super) fn modes(
+        &self,
+        spec: &DeviceSpec,
+        backend: &dyn backend::Backend,
+        kernel_zc: Option<bool>,
+    ) -> Result<(bool, bool), DataplaneError> {
+        let offer_zc = if !self.features.contains(Features::AUTO_BUF_REG) {
+            Err("zero copy (UBLK_F_AUTO_BUF_REG)")
+        } else if !backend.zero_copy() {
+            Err("zero copy with this backend, which copies by design")
+        } else {
+            Ok(())
+        };
+        let offer_poll = if backend.pollable() {
+            Ok(())
+        } else {
+            Err("polling: it needs an NVMe namespace whose controller has poll queues")
+        };
+        let mut polled = spec.poll.resolve(offer_poll)?;
+        let mut zero_copy = match kernel_zc {
+            Some(z) => z,
+            None => spec.zero_copy.resolve(offer_zc)?,
+        };
+        if polled && zero_copy && !self.iopoll_shared {
+            // Before Linux 7.1 a kernel buffer and a polled command cannot share a ring: keep
+            // what was asked for explicitly, prefer zero copy otherwise.
+            match (spec.zero_copy, spec.poll) {
+                (Toggle::On, Toggle::On) => {
+                    return Err(SpecError::Unsupported(
+                        "zero copy together with polling (Linux 7.1 or later)",
+                    )
+                    .into())
+                }
+                (_, Toggle::On) if kernel_zc.is_none() => zero_copy = false,
+                _ => polled = false,
+            }
+        }
+        Ok((zero_copy, polled))
+    }
+
+    /// Refuses a backend whose part of a shared device overlaps another device's.
+    pub(super) fn check_claim(
+        &self,
+        backend: &dyn backend::Backend,
+        except: u32,
+    ) -> Result<(), DataplaneError> {
+        let Some(mine) = backend.claim() else {
+            return Ok(());
+        };
+        for (&id, d) in &self.devices {
+            if id == except {
+                continue;
+            }
+            if let Some(theirs) = d.backend.claim().filter(|c| c.overlaps(&mine)) {
+                return Err(DataplaneError::Overlap {
+                    path: mine.path,
+                    start: theirs.start.max(mine.start),
+                    end: theirs.end.min(mine.end),
+                    dev_id: id,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn placement(&self, polled: bool) -> Placement {
+        match (polled, self.iopoll_shared) {
+            (false, _) => Placement::Main,
+            (true, true) => Placement::Poll,
+            (true, false) => Placement::Split,
+        }
+    }
+
+    pub(super) fn add(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        spec.validate(max_queues())?;
+        let path = spec.io_path.resolve(self.features, spec.queue_depth)?;
+        let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
+        self.check_claim(backend.as_ref(), u32::MAX)?;
+        let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), None)?;
+        let mut spec = spec;
+        if let Some(l) = backend.limits() {
+            // Passthrough is never split: requests must fit the device's transfer limit.
+            spec.max_io_bytes = spec.max_io_bytes.min(l.max_io_bytes);
+        }
+        spec.max_io_bytes = spec.max_io_bytes.min(copy_max_io(spec.queue_depth));
+        let wanted = spec.wanted_flags(self.features, path, zero_copy);
+        let granted = self.ctrl.add_dev(&spec.dev_info(wanted))?;
+        let dev_id = granted.dev_id;
+        let info = DeviceInfo {
+            dev_id,
+            spec: spec.clone(),
+            io_path: path,
+            flags: granted.flags,
+            zero_copy,
+            polled,
+            copy_queues: 0,
+            block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
+            char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
+        };
+        let mut device = Device::new(info.clone(), backend);
+        match self.bring_up(&mut device, &granted, wanted) {
+            Ok(()) => {
+                self.devices.insert(dev_id, device);
+                Ok(info)
+            }
+            Err(e) => {
+                // Undo: whatever exists of the device goes; the original error is what counts.
+                let _ = self.tear_down(&mut device);
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn bring_up(
+        &mut self,
+        device: &mut Device,
+        granted: &sys::ublksrv_ctrl_dev_info,
+        wanted: u64,
+    ) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        let essential =
+            wanted & (sys::UBLK_F_BATCH_IO | sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_AUTO_BUF_REG);
+        if granted.flags & essential != essential
+            || granted.nr_hw_queues != device.info.spec.queues
+            || granted.queue_depth != device.info.spec.queue_depth
+        {
+            return Err(DataplaneError::FlagsRefused {
+                granted: granted.flags,
+                missing: essential & !granted.flags,
+            });
+        }
+        let limits = device.backend.limits();
+        self.ctrl
+            .set_params(dev_id, &device.info.spec.params(limits.as_ref()))?;
+        self.attach_queues(device, false)?;
+        self.ctrl.start_dev(dev_id)?;
+        Ok(())
+    }
+
+    /// Opens `/dev/ublkcN` (once) and hands every queue not attached yet to its worker, which
+    /// maps it, arms its commands and replies once the kernel has accepted them.
+    pub(super) fn attach_queues(
+        &mut self,
+        device: &mut Device,
+        recovering: bool,
+    ) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        let cdev = match &device.cdev {
+            Some(c) => Arc::clone(c),
+            None => {
+                let c = Arc::new(open_char_device(&device.info.char_device, self.timeout)?);
+                device.cdev = Some(Arc::clone(&c));
+                c
+            }
+        };
+        let queues = device.info.spec.queues;
+        let placement = self.placement(device.info.polled);
+        // Queues 0..len are attached (a resumed takeover starts after them).
+        let first = u16::try_from(device.queues.len()).unwrap_or(queues);
+        for q in first..queues {
+            if recovering && q + 1 == queues && hooks::fire(Fault::RecoverAfterStart) {
+                return Err(DataplaneError::Attach {
+                    q_id: q,
+                    source: WorkerError::Injected,
+                });
+            }
+            let home = self
+                .affine_worker(dev_id, q)
+                .unwrap_or((dev_id as usize + usize::from(q)) % self.workers.len());
+            // Zero copy takes one buffer slot per tag on the worker's ring: a worker whose
+            // table is full refuses, and the queue goes to the next one that has room. A new
+            // device none can take is refused (RESOURCE_EXHAUSTED); a device being taken over
+            // (its mode is the kernel's) is served by copy on its own worker.
+            let mut tries: Vec<(usize, bool)> = (0..self.workers.len())
+                .map(|i| ((home + i) % self.workers.len(), false))
+                .collect();
+            if recovering && device.info.zero_copy && device.info.flags & sys::UBLK_F_USER_COPY != 0
+            {
+                tries.push((home, true));
+            }
+            let mut last = None;
+            for (w, copy) in tries {
+                match self.attach_queue(device, &cdev, q, w, placement, copy) {
+                    Ok(()) => {
+                        if copy {
+                            device.info.copy_queues += 1;
+                        }
+                        last = None;
+                        break;
+                    }
+                    Err(DataplaneError::Attach {
+                        source: WorkerError::Ring(RingError::NoFixedSlot),
+                        ..
+                    }) if !device.stuck => {
+                        last = Some(DataplaneError::Attach {
+                            q_id: q,
+                            source: WorkerError::Ring(RingError::NoFixedSlot),
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if let Some(e) = last {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The worker whose CPU blk-mq maps to queue `q` (GET_QUEUE_AFFINITY), so a request is
+    /// served, and completes, on the CPU that submitted it; devices spread over the workers
+    /// when several CPUs share a queue. None when no worker runs on one of those CPUs.
+    pub(super) fn affine_worker(&mut self, dev_id: u32, q: u16) -> Option<usize> {
+        let cpus = self.ctrl.queue_affinity(dev_id, q).ok()?;
+        let matching: Vec<usize> = self
+            .workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| cpus.contains(&w.cpu))
+            .map(|(i, _)| i)
+            .collect();
+        matching
+            .get(dev_id as usize % matching.len().max(1))
+            .copied()
+    }
+
+    /// Hands queue `q` to worker `w` and waits for its answer.
+    pub(super) fn attach_queue(
+        &mut self,
+        device: &mut Device,
+        cdev: &Arc<File>,
+        q: u16,
+        w: usize,
+        placement: Placement,
+        copy_if_no_slots: bool,
+    ) -> Result<(), DataplaneError> {
+        let spec = &device.info.spec;
+        let stats = Arc::new(QueueStats::default());
+        let setup = Box::new(QueueSetup {
+            dev_id: device.info.dev_id,
+            q_id: q,
+            depth: spec.queue_depth,
+            max_io: spec.max_io_bytes,
+            path: device.info.io_path,
+            zero_copy: device.info.zero_copy,
+            user_copy: device.info.flags & sys::UBLK_F_USER_COPY != 0,
+            force_fallback: spec.force_copy_fallback,
+            copy_if_no_slots,
+            placement,
+            cdev: Arc::clone(cdev),
+            backend: Arc::clone(&device.backend),
+            stats: Arc::clone(&stats),
+            gone: self.gone_tx.clone(),
+        });
+        let w = &self.workers[w];
+        let (reply, rx) = mpsc::sync_channel(1);
+        w.tx.send(WorkerCmd::Attach(setup, reply))
+            .map_err(|_| DataplaneError::Gone)?;
+        let _ = w.event.notify();
+        // Counted until told otherwise: the worker reports every queue it holds commands of
+        // when the kernel lets go of them.
+        device.queues.push(stats);
+        match rx.recv_timeout(self.timeout) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(AttachError { source, held })) => {
+                if held {
+                    device.stuck = true;
+                } else {
+                    device.queues.pop();
+                }
+                Err(DataplaneError::Attach { q_id: q, source })
+            }
+            Err(_) => {
+                device.stuck = true;
+                Err(DataplaneError::AttachTimeout { q_id: q })
+            }
+        }
+    }
+
+    pub(super) fn delete(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+        let mut device = self
+            .devices
+            .remove(&dev_id)
+            .or_else(|| self.recovering.remove(&dev_id))
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        self.tear_down(&mut device)
+    }
+
+    /// STOP_DEV, wait until every attached queue is gone, close our fd, DEL_DEV. When queues
+    /// do not let go in time the device is deleted all the same with DEL_DEV_ASYNC, which
+    /// returns at once (the kernel frees it when the last reference goes): no leaked device,
+    /// and a stuck one cannot block the control thread.
+    pub(super) fn tear_down(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
+        let dev_id = device.info.dev_id;
+        let stop = self.ctrl.stop_dev(dev_id);
+        let gone = self.wait_queues_gone(device);
+        device.cdev = None;
+        // A failed worker keeps its queues' files open until the process exits.
+        let held = device.queues.iter().any(|q| q.is_worker_failed());
+        if gone.is_err() || held {
+            let _ = self.ctrl.del_dev_async(dev_id);
+            return gone;
+        }
+        stop?;
+        self.ctrl.del_dev(dev_id)?;
+        Ok(())
+    }
+
+    pub(super) fn resize(&mut self, dev_id: u32, size: u64) -> Result<DeviceInfo, DataplaneError> {
+        let device = self
+            .devices
+            .get_mut(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        let mut spec = device.info.spec.clone();
+        spec.size_bytes = size;
+        spec.validate(max_queues())?;
+        if !self.features.contains(Features::UPDATE_SIZE) {
+            return Err(SpecError::Unsupported("UPDATE_SIZE").into());
+        }
+        device.backend.resize(size)?;
+        self.ctrl.update_size(dev_id, size / 512)?;
+        device.info.spec = spec;
+        Ok(device.info.clone())
+    }
+}
+
+/// Most bytes per request for a queue of `depth` tags: a queue's copy buffers (`depth` of
+/// them) are one io_uring registration, which may not exceed 1 GiB. The kernel splits larger
+/// requests, so the cap costs nothing but request size at very deep queues.
+pub(super) fn copy_max_io(depth: u16) -> u32 {
+    let per_tag = (1u32 << 30) / u32::from(depth.max(1));
+    (per_tag & !4095).max(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_buffers_of_a_queue_fit_one_registration() {
+        for depth in [1u16, 32, 128, 1000, 4096] {
+            let max = copy_max_io(depth);
+            assert_eq!(max % 4096, 0);
+            assert!(
+                u64::from(max) * u64::from(depth) <= 1 << 30,
+                "depth {depth}"
+            );
+        }
+        assert_eq!(copy_max_io(4096), 256 << 10);
+        assert_eq!(copy_max_io(128), 8 << 20);
+    }
+}

@@ -1,0 +1,400 @@
+//! The dataplane's only public control surface: [`Handle`].
+//!
+//! `Handle::start` spawns one pinned worker per CPU and a control thread. Commands travel to the
+//! control thread over a channel, each with its own reply channel; the control thread runs the
+//! `/dev/ublk-control` commands (bounded by timeouts, never on a worker) and hands queues to the
+//! workers over their own channels, waking each through an eventfd its ring is reading.
+
+use crate::backend::{self, BackendError};
+use crate::ctrl::{ControlDevice, CtrlError};
+use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
+use crate::features::Features;
+use crate::hooks::{self, Fault};
+use crate::ring::RingError;
+use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
+use crate::sys::{self, os};
+use crate::worker::{AttachError, Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+mod control;
+mod error;
+mod lifecycle;
+mod recover;
+
+use control::{Control, WorkerThread};
+pub use error::{DataplaneError, ErrorKind};
+
+/// How the dataplane runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// CPUs to run one pinned worker on each; empty means every CPU this process may use.
+    pub cpus: Vec<usize>,
+    /// Bound on each control command and on waiting for a device's queues to stop.
+    pub timeout: Duration,
+    /// Whether ublk commands may share an IOPOLL ring (Linux >= 7.1); None probes the kernel.
+    /// Tests set Some(false) to exercise the older kernels' split-ring polling.
+    pub iopoll_shared: Option<bool>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            cpus: Vec::new(),
+            timeout: Duration::from_secs(10),
+            iopoll_shared: None,
+        }
+    }
+}
+
+/// A device as the dataplane serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub dev_id: u32,
+    pub spec: DeviceSpec,
+    /// The path actually used (Auto resolved).
+    pub io_path: IoPath,
+    /// Flags the kernel granted.
+    pub flags: u64,
+    /// Zero copy is on (UBLK_F_AUTO_BUF_REG).
+    pub zero_copy: bool,
+    /// Backend I/O is polled (IOPOLL ring).
+    pub polled: bool,
+    /// Queues of a zero-copy device served by copy: taken over when no worker had buffer slots
+    /// left for them (a new device is refused instead).
+    pub copy_queues: u16,
+    pub block_device: PathBuf,
+    pub char_device: PathBuf,
+}
+
+impl DeviceInfo {
+    /// Whether every request's pages are lent by the kernel (zero copy on, no queue copying).
+    pub fn zero_copy_in_use(&self) -> bool {
+        self.zero_copy && self.copy_queues == 0
+    }
+}
+
+/// Statistics of one device: its queues merged, plus backend memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceStats {
+    pub dev_id: u32,
+    pub total: StatsSnapshot,
+    pub memory_bytes: u64,
+}
+
+/// Statistics of one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSnapshot {
+    pub cpu: usize,
+    pub busy_seconds: f64,
+    pub idle_seconds: f64,
+    /// Requests started per loop iteration: non-cumulative counts per
+    /// `stats::BATCH_BOUNDS` bucket, then one for larger values.
+    pub batch_buckets: Vec<u64>,
+    pub batch_sum: u64,
+    /// None while the worker serves; else the errno of the ring error that stopped it.
+    pub down_errno: Option<u64>,
+    /// Transient ring errors (EAGAIN, ENOMEM) the worker waited out.
+    pub ring_retries: u64,
+    /// io-wq threads the worker may have now, `[bounded, unbounded]` (`ring::iowq_limits`).
+    pub iowq_limits: [u32; 2],
+}
+
+/// The state of a ublk device as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelState {
+    Dead,
+    Live,
+    /// No server: requests wait for the next one (USER_RECOVERY).
+    Quiesced,
+    /// No server: requests fail (USER_RECOVERY_FAIL_IO).
+    FailIo,
+    Unknown(u16),
+}
+
+impl KernelState {
+    fn from_raw(v: u16) -> Self {
+        match v {
+            sys::UBLK_S_DEV_DEAD => KernelState::Dead,
+            sys::UBLK_S_DEV_LIVE => KernelState::Live,
+            sys::UBLK_S_DEV_QUIESCED => KernelState::Quiesced,
+            sys::UBLK_S_DEV_FAIL_IO => KernelState::FailIo,
+            other => KernelState::Unknown(other),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelState::Dead => "dead",
+            KernelState::Live => "live",
+            KernelState::Quiesced => "quiesced",
+            KernelState::FailIo => "fail_io",
+            KernelState::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// A ublk device that exists in the kernel, whoever serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelDevice {
+    pub dev_id: u32,
+    pub state: KernelState,
+    pub flags: u64,
+    pub queues: u16,
+    pub queue_depth: u16,
+    /// The server process the kernel last knew (may be gone).
+    pub pid: i32,
+    pub size_bytes: u64,
+    /// Served by this dataplane.
+    pub owned: bool,
+}
+
+type Reply<T> = SyncSender<Result<T, DataplaneError>>;
+
+/// Requests the control thread serves.
+#[derive(Debug)]
+pub enum Command {
+    /// ADD_DEV, SET_PARAMS, attach every queue to a worker, START_DEV.
+    Add(DeviceSpec, Reply<DeviceInfo>),
+    /// STOP_DEV, wait for the workers to let go, DEL_DEV.
+    Delete(u32, Reply<()>),
+    /// UPDATE_SIZE to a new size in bytes.
+    Resize(u32, u64, Reply<DeviceInfo>),
+    Stats(u32, Reply<DeviceStats>),
+    /// Statistics of every device, in one round trip.
+    StatsAll(Reply<Vec<DeviceStats>>),
+    List(Reply<Vec<DeviceInfo>>),
+    Workers(Reply<Vec<WorkerSnapshot>>),
+    /// Take over a device whose server is gone (START/END_USER_RECOVERY); the spec's `dev_id`
+    /// names it.
+    Recover(DeviceSpec, Reply<DeviceInfo>),
+    /// Every ublk device in the kernel.
+    KernelDevices(Reply<Vec<KernelDevice>>),
+    /// STOP_DEV + DEL_DEV of a device this dataplane does not serve (an orphan).
+    DeleteForeign(u32, Reply<()>),
+    /// Delete every device and stop all threads.
+    Shutdown(Reply<()>),
+    /// Leave every device to the next server: quiesce it (QUIESCE_DEV where offered), stop
+    /// serving, keep it in the kernel.
+    ShutdownKeep(Reply<()>),
+}
+
+/// The dataplane's control surface. Cheap to clone; every clone talks to the same threads.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    tx: Sender<Command>,
+    features: Features,
+    iopoll_shared: bool,
+    workers: usize,
+}
+
+impl Handle {
+    /// Probes the kernel, starts the workers and the control thread.
+    pub fn start(config: Config) -> Result<Handle, DataplaneError> {
+        crate::hooks::arm_from_env();
+        let mut ctrl = ControlDevice::open()?;
+        ctrl.set_timeout(config.timeout);
+        let features = ctrl.features()?;
+        let iopoll_shared = config
+            .iopoll_shared
+            .unwrap_or_else(|| ctrl.iopoll_takes_ublk_cmds());
+        let cpus = if config.cpus.is_empty() {
+            os::allowed_cpus()
+        } else {
+            config.cpus.clone()
+        };
+        let mut workers = Vec::new();
+        for cpu in cpus {
+            workers.push(spawn_worker(cpu)?);
+        }
+        let n = workers.len();
+        let (gone_tx, gone_rx) = mpsc::channel();
+        let control = Control {
+            ctrl,
+            features,
+            iopoll_shared,
+            workers,
+            devices: BTreeMap::new(),
+            recovering: BTreeMap::new(),
+            gone_tx,
+            gone_rx,
+            timeout: config.timeout,
+        };
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("ublkd-ctrl".into())
+            .spawn(move || control.run(rx))
+            .map_err(DataplaneError::Spawn)?;
+        Ok(Handle {
+            tx,
+            features,
+            iopoll_shared,
+            workers: n,
+        })
+    }
+
+    /// Whether ublk commands and polled NVMe I/O share one IOPOLL ring (Linux >= 7.1), so that
+    /// zero copy and polling work together.
+    pub fn iopoll_shared(&self) -> bool {
+        self.iopoll_shared
+    }
+
+    /// The kernel's ublk features, probed once at start.
+    pub fn features(&self) -> Features {
+        self.features
+    }
+
+    pub fn worker_count(&self) -> usize {
+        self.workers
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataplaneError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(make(reply))
+            .map_err(|_| DataplaneError::Gone)?;
+        rx.recv().map_err(|_| DataplaneError::Gone)?
+    }
+
+    /// Creates and starts a device; `/dev/ublkbN` serves I/O when this returns.
+    pub fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|r| Command::Add(spec, r))
+    }
+
+    /// Stops and deletes a device; its device nodes are gone when this returns.
+    pub fn delete_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
+        self.call(|r| Command::Delete(dev_id, r))
+    }
+
+    /// Changes a device's capacity (UBLK_F_UPDATE_SIZE).
+    pub fn resize_device(
+        &self,
+        dev_id: u32,
+        size_bytes: u64,
+    ) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|r| Command::Resize(dev_id, size_bytes, r))
+    }
+
+    pub fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
+        self.call(|r| Command::Stats(dev_id, r))
+    }
+
+    /// Statistics of every device this dataplane serves, in one call (a scrape with hundreds
+    /// of volumes makes one round trip to the control thread, not one per volume).
+    pub fn stats_all(&self) -> Result<Vec<DeviceStats>, DataplaneError> {
+        self.call(Command::StatsAll)
+    }
+
+    pub fn list(&self) -> Result<Vec<DeviceInfo>, DataplaneError> {
+        self.call(Command::List)
+    }
+
+    pub fn worker_stats(&self) -> Result<Vec<WorkerSnapshot>, DataplaneError> {
+        self.call(Command::Workers)
+    }
+
+    /// Deletes every device and stops all dataplane threads.
+    pub fn shutdown(&self) -> Result<(), DataplaneError> {
+        self.call(Command::Shutdown)
+    }
+
+    /// Takes over device `spec.dev_id`, left by a server that exited or crashed: the block device,
+    /// its mounts and open files stay; requests queued meanwhile are served.
+    pub fn recover_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|r| Command::Recover(spec, r))
+    }
+
+    /// Every ublk device the kernel has, whoever serves it.
+    pub fn kernel_devices(&self) -> Result<Vec<KernelDevice>, DataplaneError> {
+        self.call(Command::KernelDevices)
+    }
+
+    /// Stops and deletes a device this dataplane does not serve.
+    pub fn delete_foreign_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
+        self.call(|r| Command::DeleteForeign(dev_id, r))
+    }
+
+    /// Stops serving but leaves every device in the kernel for the next server.
+    pub fn shutdown_keep(&self) -> Result<(), DataplaneError> {
+        self.call(Command::ShutdownKeep)
+    }
+}
+
+fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
+    let (tx, rx) = mpsc::channel();
+    let event = Arc::new(os::EventFd::new().map_err(DataplaneError::Spawn)?);
+    let stats = Arc::new(WorkerStats::default());
+    let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+    let ev = Arc::clone(&event);
+    let st = Arc::clone(&stats);
+    let join = std::thread::Builder::new()
+        .name(format!("ublkd-w{cpu}"))
+        .spawn(move || {
+            // Pinning is best effort: a CPU outside our cgroup's set still gets a worker.
+            let _ = os::pin_current_thread(cpu);
+            match Worker::new(rx, ev, st) {
+                Ok(w) => {
+                    let _ = ready_tx.send(Ok(()));
+                    w.run();
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(DataplaneError::Spawn)?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(source)) => return Err(DataplaneError::Attach { q_id: 0, source }),
+        Err(_) => return Err(DataplaneError::Gone),
+    }
+    Ok(WorkerThread {
+        cpu,
+        tx,
+        event,
+        stats,
+        join: Some(join),
+    })
+}
+
+/// Kernel limit on queues per device: one per possible CPU.
+fn max_queues() -> u16 {
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let n = possible
+        .trim()
+        .split(',')
+        .filter_map(|r| {
+            let mut it = r.split('-');
+            let a: u32 = it.next()?.parse().ok()?;
+            let b: u32 = it.next().map_or(Some(a), |b| b.parse().ok())?;
+            Some(b - a + 1)
+        })
+        .sum::<u32>();
+    u16::try_from(n.max(1)).unwrap_or(sys::UBLK_MAX_NR_QUEUES)
+}
+
+/// Ids of every ublk device the kernel has (from sysfs, or /dev), sorted. Issues no control
+/// command: cheap enough to call before each create.
+pub fn kernel_device_ids() -> Vec<u32> {
+    let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char")
+        .or_else(|_| std::fs::read_dir("/dev"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("ublkc"))
+                        .and_then(|n| n.parse().ok())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
