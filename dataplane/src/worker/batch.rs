@@ -1,0 +1,359 @@
+//! The batch path (UBLK_F_BATCH_IO): PREP of every tag, multishot FETCH into provided
+//! buffers, and COMMIT of many results per command, with partial commits resent.
+
+use super::*;
+
+impl Worker {
+    pub(super) fn arm_batch(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {
+        let depth = usize::from(q.setup.depth);
+        let eb = q.elem_bytes();
+        let elems = depth * usize::from(eb);
+        let alloc = |len| Mapping::anonymous(len).map(Arc::new);
+        let prep = alloc(elems).map_err(WorkerError::Buffers)?;
+        for tag in 0..q.setup.depth {
+            let e = Self::elem_for(q, tag, 0);
+            prep.write_at(usize::from(tag) * usize::from(eb), &e[..usize::from(eb)]);
+        }
+        let fetch_len = u32::try_from((depth * 2).next_multiple_of(64)).unwrap_or(u32::MAX);
+        let fetch_bufs = q.setup.depth.next_power_of_two().clamp(4, MAX_FETCH_BUFS);
+        let group =
+            |k: u16| BufRing::new(slot.wrapping_mul(2).wrapping_add(k), fetch_bufs, fetch_len);
+        let groups = [
+            group(0).map_err(WorkerError::Buffers)?,
+            group(1).map_err(WorkerError::Buffers)?,
+        ];
+        let commit = [
+            alloc(elems).map_err(WorkerError::Buffers)?,
+            alloc(elems).map_err(WorkerError::Buffers)?,
+        ];
+        let ring = self.rings.get(q.setup.placement.ublk_on_poll());
+        ring.push(
+            Op::UblkBatch {
+                fd: q.fd(),
+                cmd_op: sys::UBLK_U_IO_PREP_IO_CMDS,
+                cmd: ublk_batch_io {
+                    q_id: q.setup.q_id,
+                    flags: Self::batch_flags(q),
+                    nr_elem: q.setup.depth,
+                    elem_bytes: eb,
+                    ..Default::default()
+                },
+                elems: (
+                    &prep,
+                    Region {
+                        offset: 0,
+                        len: elems,
+                    },
+                ),
+                bufs: q.cmd_buf(0).map(|(b, _)| b),
+            },
+            ud(K_PREP, slot, 0),
+        )?;
+        q.outstanding += 1;
+        for g in &groups {
+            ring.register_buf_ring(g)?;
+        }
+        q.batch = Some(Batch {
+            groups,
+            commit,
+            committing: [Vec::with_capacity(depth), Vec::with_capacity(depth)],
+            busy: [false; COMMIT_BUFS],
+            pending: Vec::with_capacity(depth),
+            scratch: Vec::with_capacity(depth),
+        });
+        for k in 0..2 {
+            self.arm_fetch(q, slot, k)?;
+        }
+        Ok(())
+    }
+
+    /// Batch flags for PREP and COMMIT: buffer addresses in copy mode; with zero copy, the
+    /// fallback when the device can copy.
+    pub(super) fn batch_flags(q: &Queue) -> u16 {
+        if !q.setup.zero_copy {
+            sys::UBLK_BATCH_F_HAS_BUF_ADDR
+        } else if q.setup.user_copy {
+            sys::UBLK_BATCH_F_AUTO_BUF_REG_FALLBACK
+        } else {
+            0
+        }
+    }
+
+    /// The batch element for `tag`: header (tag, buffer slot, result), plus the tag's buffer
+    /// address in copy mode. Only the first `elem_bytes()` bytes are sent.
+    pub(super) fn elem_for(q: &Queue, tag: u16, result: i32) -> [u8; 16] {
+        let addr = match q.cmd_buf(tag) {
+            Some((b, r)) => b.addr(r.offset),
+            None => 0,
+        };
+        elem(tag, q.zc_slot(tag), result, addr)
+    }
+
+    pub(super) fn arm_fetch(
+        &mut self,
+        q: &mut Queue,
+        slot: u16,
+        k: u16,
+    ) -> Result<(), WorkerError> {
+        let Some(b) = q.batch.as_ref() else {
+            return Ok(());
+        };
+        let group = &b.groups[usize::from(k)];
+        self.rings.get(q.setup.placement.ublk_on_poll()).push(
+            Op::UblkFetchMultishot {
+                fd: q.setup.cdev.as_raw_fd(),
+                cmd_op: sys::UBLK_U_IO_FETCH_IO_CMDS,
+                cmd: ublk_batch_io {
+                    q_id: q.setup.q_id,
+                    flags: 0,
+                    nr_elem: q.setup.depth,
+                    elem_bytes: 2,
+                    ..Default::default()
+                },
+                group,
+            },
+            ud(K_FETCH, slot, k),
+        )?;
+        q.outstanding += 1;
+        Ok(())
+    }
+
+    pub(super) fn on_prep(&mut self, slot: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        if res < 0 {
+            q.setup.stats.protocol_error(res);
+            q.stopping = true;
+        }
+        if let Some(reply) = q.attach_reply.take() {
+            let answer = if res < 0 {
+                Err(AttachError {
+                    source: WorkerError::Refused(-res),
+                    held: true,
+                })
+            } else {
+                Ok(())
+            };
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// Batch: a multishot fetch delivered tags (or ended).
+    pub(super) fn on_fetch(&mut self, slot: u16, k: u16, c: Completion) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        let mut rearm = false;
+        if !c.more() {
+            q.outstanding = q.outstanding.saturating_sub(1);
+            rearm = c.result >= 0 || c.result == -libc::ENOBUFS;
+        }
+        if c.result < 0 && c.result != -libc::ENOBUFS {
+            if c.result != -libc::ENODEV {
+                q.setup.stats.protocol_error(c.result);
+            }
+            q.stopping = true;
+        }
+        // A completion that selected a buffer gives it back whatever it carried: one kept
+        // would shrink the group until the kernel runs out (-ENOBUFS) and stops the fetch.
+        let mut tags = q
+            .batch
+            .as_mut()
+            .map(|b| std::mem::take(&mut b.scratch))
+            .unwrap_or_default();
+        tags.clear();
+        if let (Some(b), Some(bid)) = (q.batch.as_ref(), c.buffer_id()) {
+            let group = &b.groups[usize::from(k & 1)];
+            if c.result > 0 {
+                group.read_u16s(bid, c.result as usize, &mut tags);
+            }
+            group.recycle(bid);
+        }
+        if c.result > 0 {
+            q.setup.stats.batch(tags.len() as u64);
+            self.handled += tags.len() as u64;
+            for &tag in &tags {
+                if tag >= q.setup.depth {
+                    continue;
+                }
+                if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
+                    Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+                }
+            }
+            self.dirty.push(slot);
+        }
+        if let Some(b) = q.batch.as_mut() {
+            b.scratch = tags;
+        }
+        if rearm && !q.stopping {
+            let _ = self.arm_fetch_slot(slot, k);
+        }
+    }
+
+    pub(super) fn arm_fetch_slot(&mut self, slot: u16, k: u16) -> Result<(), WorkerError> {
+        let Some(mut q) = self
+            .queues
+            .get_mut(usize::from(slot))
+            .and_then(Option::take)
+        else {
+            return Ok(());
+        };
+        let r = self.arm_fetch(&mut q, slot, k);
+        if r.is_err() {
+            q.stopping = true;
+        }
+        self.queues[usize::from(slot)] = Some(q);
+        r
+    }
+
+    pub(super) fn on_commit(&mut self, slot: u16, idx: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let eb = usize::from(q.elem_bytes());
+        let Some(b) = q.batch.as_mut() else { return };
+        let i = usize::from(idx) % COMMIT_BUFS;
+        b.busy[i] = false;
+        let sent = std::mem::take(&mut b.committing[i]);
+        if res >= 0 {
+            // A partial commit: the kernel handled the first res/elem_bytes elements and refused
+            // the next one. Sending that one again would be refused again; it is dropped and
+            // counted (its request stays with the kernel until the device stops), and the
+            // elements after it, which the kernel never looked at, go out again.
+            let done = (res as usize) / eb;
+            if done < sent.len() {
+                q.setup.stats.protocol_error(-libc::EINVAL);
+                if done + 1 < sent.len() {
+                    b.pending.extend_from_slice(&sent[done + 1..]);
+                    self.dirty.push(slot);
+                }
+            }
+        } else if res != -libc::ENODEV || !q.stopping {
+            // The kernel refused the whole commit: these requests will never complete. Only an
+            // abort (the device going away, after a fetch saw -ENODEV) makes that expected.
+            q.setup.stats.protocol_error(res);
+            q.stopping = true;
+        }
+        let mut sent = sent;
+        sent.clear();
+        b.committing[i] = sent;
+    }
+
+    /// Sends each touched batch queue's finished tags in one COMMIT_IO_CMDS.
+    pub(super) fn flush_commits(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &slot in &dirty {
+            let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+                continue;
+            };
+            // Out of the queue while its commit is built, so the queue's other fields stay
+            // readable; put back below.
+            let Some(mut b) = q.batch.take() else {
+                continue;
+            };
+            let ring = self.rings.get(q.setup.placement.ublk_on_poll());
+            if Self::commit_batch(ring, q, &mut b, slot) {
+                self.dirty.push(slot);
+            }
+            q.batch = Some(b);
+        }
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    /// Sends up to `depth` of the queue's finished tags in one COMMIT_IO_CMDS, when a commit
+    /// buffer is free. Returns whether tags are left for the next iteration.
+    pub(super) fn commit_batch(
+        ring: &mut WorkerRing,
+        q: &mut Queue,
+        b: &mut Batch,
+        slot: u16,
+    ) -> bool {
+        if b.pending.is_empty() {
+            return false;
+        }
+        let Some(i) = b.busy.iter().position(|busy| !busy) else {
+            // Both commit buffers are in flight; their completions will flush again.
+            return true;
+        };
+        let eb = q.elem_bytes();
+        let n_max = usize::from(q.setup.depth);
+        let n = b.pending.len().min(n_max);
+        let mut sent = std::mem::take(&mut b.committing[i]);
+        sent.clear();
+        sent.extend(b.pending.drain(..n));
+        if (2..n_max).contains(&sent.len())
+            && crate::hooks::fire(crate::hooks::Fault::CommitBadElement)
+        {
+            // Test hook: the first element again, second; the kernel no longer owes us that tag.
+            sent.insert(1, sent[0]);
+        }
+        let n = sent.len();
+        for (j, &(tag, res)) in sent.iter().enumerate() {
+            let e = Self::elem_for(q, tag, res);
+            b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);
+        }
+        let pushed = ring.push(
+            Op::UblkBatch {
+                fd: q.fd(),
+                cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
+                cmd: ublk_batch_io {
+                    q_id: q.setup.q_id,
+                    flags: Self::batch_flags(q),
+                    nr_elem: n as u16,
+                    elem_bytes: eb,
+                    ..Default::default()
+                },
+                elems: (
+                    &b.commit[i],
+                    Region {
+                        offset: 0,
+                        len: n * usize::from(eb),
+                    },
+                ),
+                bufs: q.cmd_buf(0).map(|(m, _)| m),
+            },
+            ud(K_COMMIT, slot, i as u16),
+        );
+        b.committing[i] = sent;
+        match pushed {
+            Ok(()) => {
+                b.busy[i] = true;
+                q.outstanding += 1;
+            }
+            Err(_) => q.stopping = true,
+        }
+        !b.pending.is_empty()
+    }
+}
+
+/// One batch element: header (tag, buf_index, result) plus the tag's buffer address.
+fn elem(tag: u16, buf_index: u16, result: i32, addr: u64) -> [u8; 16] {
+    let mut e = [0u8; 16];
+    e[0..2].copy_from_slice(&tag.to_ne_bytes());
+    e[2..4].copy_from_slice(&buf_index.to_ne_bytes());
+    e[4..8].copy_from_slice(&result.to_ne_bytes());
+    e[8..16].copy_from_slice(&addr.to_ne_bytes());
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_element_layout_matches_the_uapi() {
+        let e = elem(7, 3, -5, 0x1000);
+        assert_eq!(&e[0..2], &7u16.to_ne_bytes());
+        assert_eq!(&e[2..4], &3u16.to_ne_bytes(), "buf_index");
+        assert_eq!(&e[4..8], &(-5i32).to_ne_bytes());
+        assert_eq!(&e[8..16], &0x1000u64.to_ne_bytes());
+    }
+}

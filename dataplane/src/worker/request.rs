@@ -1,0 +1,265 @@
+//! One request from fetch to completion, whichever path fetched it: copy-in, the backend
+//! operation (and its bounded retries), copy-out, and the commit its result is queued for.
+
+use super::*;
+
+impl Worker {
+    /// Starts request `tag`; returns its result if it finished at once. A zero-copy request
+    /// whose pages the kernel could not lend (fallback) is served by copy: a write's data is
+    /// first read from `/dev/ublkcN` on the ring (`on_copy_in` then starts the backend).
+    pub(super) fn start_request(
+        rings: &mut Rings,
+        q: &mut Queue,
+        slot: u16,
+        tag: u16,
+    ) -> Option<i32> {
+        let Some(desc) = q.desc.get(tag) else {
+            return Some(-libc::EINVAL);
+        };
+        let req = Request::from_desc(&desc);
+        let fallback = q.setup.zero_copy && desc.op_flags & sys::UBLK_IO_F_NEED_REG_BUF != 0;
+        q.tags[usize::from(tag)] = Tag {
+            req,
+            started: Some(Instant::now()),
+            fallback,
+            result: 0,
+            retries: 0,
+        };
+        q.setup.stats.started();
+        if req.has_data() && req.len > q.setup.max_io {
+            return Some(-libc::EIO);
+        }
+        if fallback {
+            q.setup.stats.zero_copy_fallback();
+            if Self::ensure_bufs(rings, q).is_err() {
+                return Some(-libc::ENOMEM);
+            }
+            if req.op == OpKind::Write && req.len > 0 {
+                return Self::copy_user(rings, q, slot, tag, K_COPY_IN, req.len as usize);
+            }
+        }
+        Self::start_backend(rings, q, slot, tag)
+    }
+
+    /// Copies `len` bytes of `tag`'s data between its copy buffer and the kernel's request
+    /// (user copy through `/dev/ublkcN`, on the main ring: never a blocking call on the
+    /// worker). `kind` K_COPY_IN reads the request's data, K_COPY_OUT writes it.
+    pub(super) fn copy_user(
+        rings: &mut Rings,
+        q: &mut Queue,
+        slot: u16,
+        tag: u16,
+        kind: u64,
+        len: usize,
+    ) -> Option<i32> {
+        let Some(buf) = q.bufs.as_ref() else {
+            return Some(-libc::EIO);
+        };
+        let region = Region {
+            offset: q.tag_region(tag).offset,
+            len,
+        };
+        let file_offset = sys::user_copy_offset(q.setup.q_id, tag);
+        let fd = q.fd();
+        let op = if kind == K_COPY_IN {
+            Op::Read {
+                fd,
+                buf,
+                region,
+                file_offset,
+            }
+        } else {
+            Op::Write {
+                fd,
+                buf,
+                region,
+                file_offset,
+            }
+        };
+        match rings.main.push(op, ud(kind, slot, tag)) {
+            Ok(()) => {
+                q.outstanding += 1;
+                None
+            }
+            Err(_) => Some(-libc::EIO),
+        }
+    }
+
+    /// Hands request `tag` to the backend; returns its result if it finished at once.
+    pub(super) fn start_backend(
+        rings: &mut Rings,
+        q: &mut Queue,
+        slot: u16,
+        tag: u16,
+    ) -> Option<i32> {
+        let t = q.tags[usize::from(tag)];
+        let req = t.req;
+        let region = Region {
+            offset: q.tag_region(tag).offset,
+            len: if req.has_data() { req.len as usize } else { 0 },
+        };
+        let data = match &q.bufs {
+            Some(buf) if !q.setup.zero_copy || t.fallback => Data::Copy {
+                buf,
+                region,
+                index: q.buf_index,
+            },
+            _ => Data::ZeroCopy {
+                index: q.zc_slot(tag),
+            },
+        };
+        let on_poll = q.setup.placement.backend_on_poll();
+        let ctx = IoCtx {
+            ring: rings.get(on_poll),
+            user_data: ud(K_BACKEND, slot, tag),
+            data,
+            scratch: (&q.scratch, q.scratch_region(tag)),
+        };
+        match q.setup.backend.start(&req, ctx) {
+            Started::Done(res) => Some(res),
+            Started::Submitted => {
+                q.outstanding += 1;
+                if on_poll {
+                    rings.polled += 1;
+                }
+                None
+            }
+        }
+    }
+
+    /// Request `tag` finished with `res`. A fallback read first copies its data out to the
+    /// kernel (`on_copy_out` then commits); everything else is recorded and committed.
+    pub(super) fn done(
+        rings: &mut Rings,
+        q: &mut Queue,
+        dirty: &mut Vec<u16>,
+        slot: u16,
+        tag: u16,
+        res: i32,
+    ) {
+        let t = q.tags[usize::from(tag)];
+        if t.fallback && t.req.op == OpKind::Read && res > 0 {
+            q.tags[usize::from(tag)].result = res;
+            match Self::copy_user(rings, q, slot, tag, K_COPY_OUT, res as usize) {
+                None => return,
+                Some(err) => return Self::commit(rings, q, dirty, slot, tag, err),
+            }
+        }
+        Self::commit(rings, q, dirty, slot, tag, res)
+    }
+
+    /// Records request `tag`'s final result and commits it: per-IO with the tag's next
+    /// COMMIT_AND_FETCH_REQ, batch by queueing it for this iteration's COMMIT_IO_CMDS.
+    pub(super) fn commit(
+        rings: &mut Rings,
+        q: &mut Queue,
+        dirty: &mut Vec<u16>,
+        slot: u16,
+        tag: u16,
+        res: i32,
+    ) {
+        let t = q.tags[usize::from(tag)];
+        let lat = t.started.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        q.setup
+            .stats
+            .finished(t.req.op, u64::from(t.req.len), res, lat);
+        if let Some(b) = q.batch.as_mut() {
+            b.pending.push((tag, res));
+            dirty.push(slot);
+        } else {
+            Self::commit_one(rings, q, slot, tag, res);
+        }
+    }
+
+    pub(super) fn on_backend(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let t = q.tags[usize::from(tag)];
+        use crate::hooks::{fire, Fault};
+        // Test hook; `cfg!` keeps the backend check off the I/O path of shipped builds.
+        let res = if cfg!(feature = "test-hooks")
+            && q.setup.backend.kind() == "nvme"
+            && ((t.retries == 0 && fire(Fault::NvmePathError)) || fire(Fault::NvmePathDown))
+        {
+            0x371 // Host Aborted Command: a path-related status, DNR clear
+        } else {
+            res
+        };
+        if t.retries < MAX_RETRIES
+            && q.setup.backend.retryable(res)
+            && Self::retry_later(&mut self.rings, q, slot, tag)
+        {
+            return;
+        }
+        let res = q.setup.backend.finish(&t.req, res);
+        Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, res);
+    }
+
+    /// Sends request `tag`'s backend operation again after a back-off (a timeout on the main
+    /// ring; its completion resends). False if the timeout could not be queued.
+    pub(super) fn retry_later(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16) -> bool {
+        let n = q.tags[usize::from(tag)].retries;
+        let ns = FIRST_BACKOFF_NS << n;
+        let mut ts = [0u8; 16];
+        ts[0..8].copy_from_slice(&(ns / 1_000_000_000).to_ne_bytes());
+        ts[8..16].copy_from_slice(&(ns % 1_000_000_000).to_ne_bytes());
+        let region = q.timespec_region(tag);
+        if !q.scratch.write_at(region.offset, &ts) {
+            return false;
+        }
+        let pushed = rings.main.push(
+            Op::Timeout {
+                ts: (&q.scratch, region),
+            },
+            ud(K_RETRY, slot, tag),
+        );
+        if pushed.is_err() {
+            return false;
+        }
+        q.outstanding += 1;
+        q.tags[usize::from(tag)].retries = n + 1;
+        q.setup.stats.retry();
+        true
+    }
+
+    /// A back-off ended: send request `tag`'s backend operation again.
+    pub(super) fn on_retry(&mut self, slot: u16, tag: u16) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        if let Some(r) = Self::start_backend(&mut self.rings, q, slot, tag) {
+            Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+        }
+    }
+
+    /// A fallback write's data arrived from the kernel: start the backend.
+    pub(super) fn on_copy_in(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let want = q.tags[usize::from(tag)].req.len;
+        let started = if u32::try_from(res).ok() == Some(want) {
+            Self::start_backend(&mut self.rings, q, slot, tag)
+        } else {
+            Some(-libc::EIO)
+        };
+        if let Some(r) = started {
+            Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+        }
+    }
+
+    /// A fallback read's data reached the kernel: commit the backend's result.
+    pub(super) fn on_copy_out(&mut self, slot: u16, tag: u16, res: i32) {
+        let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+            return;
+        };
+        q.outstanding = q.outstanding.saturating_sub(1);
+        let want = q.tags[usize::from(tag)].result;
+        let r = if res == want { want } else { -libc::EIO };
+        Self::commit(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+    }
+}
