@@ -101,6 +101,51 @@ mod tests {
     }
 }
 
+/// Bytes in a MiB, for sizes in tests.
+pub const MIB: u64 = 1 << 20;
+
+/// Requests of the `ublkd.v1` API, as the daemon tests build them.
+pub mod api {
+    use std::path::Path;
+    use ublkd_proto::v1::{self, volume_spec::Backend};
+
+    /// A volume of `size` bytes on `backend`, queues of 32 tags, the rest the server's defaults.
+    pub fn volume(size: u64, backend: Backend) -> v1::VolumeSpec {
+        v1::VolumeSpec {
+            size_bytes: size,
+            backend: Some(backend),
+            queue_depth: Some(32),
+            ..Default::default()
+        }
+    }
+
+    pub fn create(id: &str, spec: v1::VolumeSpec) -> v1::CreateVolumeRequest {
+        v1::CreateVolumeRequest {
+            id: id.into(),
+            spec: Some(spec),
+        }
+    }
+
+    pub fn file(path: &Path, create: bool) -> Backend {
+        Backend::File(v1::FileBackend {
+            path: path.display().to_string(),
+            create,
+        })
+    }
+
+    pub fn nvme(device: &str, offset_bytes: u64, length_bytes: u64) -> Backend {
+        Backend::Nvme(v1::NvmeBackend {
+            device: device.into(),
+            offset_bytes,
+            length_bytes,
+        })
+    }
+
+    pub fn ram() -> Backend {
+        Backend::Ram(v1::RamBackend {})
+    }
+}
+
 /// Helpers for tests that drive the dataplane in the guest.
 pub mod guest {
     use anyhow::{bail, Context, Result};

@@ -6,41 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 use tonic::Code;
 use ublkd_proto::v1::{self, volume_spec::Backend};
+use ublkd_tests::api::{self, create, file, nvme, volume as spec};
 use ublkd_tests::daemon::{sample, Daemon};
 use ublkd_tests::guest;
-
-const MIB: u64 = 1 << 20;
-
-fn spec(size: u64, backend: Backend) -> v1::VolumeSpec {
-    v1::VolumeSpec {
-        size_bytes: size,
-        backend: Some(backend),
-        queue_depth: Some(32),
-        ..Default::default()
-    }
-}
-
-fn file(path: &std::path::Path, create: bool) -> Backend {
-    Backend::File(v1::FileBackend {
-        path: path.display().to_string(),
-        create,
-    })
-}
-
-fn nvme(device: &str, offset_bytes: u64, length_bytes: u64) -> Backend {
-    Backend::Nvme(v1::NvmeBackend {
-        device: device.into(),
-        offset_bytes,
-        length_bytes,
-    })
-}
-
-fn create(id: &str, spec: v1::VolumeSpec) -> v1::CreateVolumeRequest {
-    v1::CreateVolumeRequest {
-        id: id.into(),
-        spec: Some(spec),
-    }
-}
+use ublkd_tests::MIB;
 
 fn sectors(dev: &str) -> Result<u64> {
     let name = dev.trim_start_matches("/dev/");
@@ -56,7 +25,7 @@ async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
     let img = d.root.join("f.img");
     let backends = [
         ("v-null", Backend::Null(v1::NullBackend {})),
-        ("v-ram", Backend::Ram(v1::RamBackend {})),
+        ("v-ram", api::ram()),
         ("v-file", file(&img, true)),
     ];
     for (id, b) in backends.clone() {
@@ -163,10 +132,7 @@ async fn metrics_health_and_reflection() -> Result<()> {
     d.start().await?;
     let mut c = d.volumes().await?;
     let v = c
-        .create_volume(create(
-            "m1",
-            spec(64 * MIB, Backend::Ram(v1::RamBackend {})),
-        ))
+        .create_volume(create("m1", spec(64 * MIB, api::ram())))
         .await?
         .into_inner();
     let before = d.scrape()?;
@@ -297,7 +263,7 @@ async fn clean_restart_in_delete_mode_brings_every_volume_back() -> Result<()> {
     let mut before = Vec::new();
     for (id, b) in [
         ("r-null", Backend::Null(v1::NullBackend {})),
-        ("r-ram", Backend::Ram(v1::RamBackend {})),
+        ("r-ram", api::ram()),
         ("r-file", file(&img, true)),
     ] {
         before.push(
@@ -363,11 +329,8 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
     std::fs::write(dir.join("outside.img"), vec![0u8; (64 * MIB) as usize])?;
     std::os::unix::fs::symlink(dir.join("outside.img"), root.join("escape.img"))?;
     // Two good volumes to collide with.
-    c.create_volume(create(
-        "good",
-        spec(64 * MIB, Backend::Ram(v1::RamBackend {})),
-    ))
-    .await?;
+    c.create_volume(create("good", spec(64 * MIB, api::ram())))
+        .await?;
     c.create_volume(create(
         "held",
         spec(64 * MIB, file(&root.join("used.img"), false)),
@@ -379,7 +342,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
         d.state.display()
     ))?;
 
-    let ram = || Backend::Ram(v1::RamBackend {});
+    let ram = api::ram;
     let ok = || spec(64 * MIB, ram());
     let with = |f: &dyn Fn(&mut v1::VolumeSpec)| {
         let mut s = ok();

@@ -12,8 +12,7 @@ use ublkd_dataplane::{
     BackendSpec, DataplaneError, DeviceSpec, ErrorKind, IoPath, OpKind, SpecError, Toggle,
 };
 use ublkd_tests::guest::{self, PATHS};
-
-const MIB: u64 = 1 << 20;
+use ublkd_tests::MIB;
 
 /// fio write+verify with random 4k-128k I/O over the whole device, then the last sector by hand,
 /// then I/O past the end; on each path, in each zero-copy mode of `zero_copy`.

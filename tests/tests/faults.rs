@@ -11,8 +11,7 @@ use ublkd_dataplane::{BackendSpec, DataplaneError, ErrorKind, IoPath, Toggle};
 use ublkd_proto::v1;
 use ublkd_tests::daemon::{sample, Daemon};
 use ublkd_tests::guest;
-
-const MIB: u64 = 1 << 20;
+use ublkd_tests::{api, MIB};
 
 /// No ublk device is left in the kernel and no task hangs (io_uring's exit work, which runs
 /// in D state for a moment after a ring closes, is given 10 s to finish).
@@ -80,11 +79,9 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn volume(size: u64, backend: v1::volume_spec::Backend, depth: u32) -> v1::VolumeSpec {
     v1::VolumeSpec {
-        size_bytes: size,
-        backend: Some(backend),
         queues: Some(1),
         queue_depth: Some(depth),
-        ..Default::default()
+        ..api::volume(size, backend)
     }
 }
 
@@ -95,7 +92,7 @@ async fn ram_volume_memory_is_measured_in_constant_time() -> Result<()> {
     let mut d = Daemon::new(&dir, 19601, "")?;
     d.start().await?;
     let mut c = d.volumes().await?;
-    let ram = || Backend::Ram(v1::RamBackend {});
+    let ram = api::ram;
     // 16 TiB: measuring it page by page allocated 16 GiB and aborted ublkd on the first scrape.
     c.create_volume(v1::CreateVolumeRequest {
         id: "huge".into(),
@@ -398,7 +395,7 @@ async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it()
             id: "r".into(),
             spec: Some(v1::VolumeSpec {
                 size_bytes: 64 * MIB,
-                backend: Some(v1::volume_spec::Backend::Ram(v1::RamBackend {})),
+                backend: Some(api::ram()),
                 queues: Some(2),
                 queue_depth: Some(32),
                 ..Default::default()

@@ -14,10 +14,10 @@ use ublkd_dataplane::{
     Window,
 };
 use ublkd_tests::guest::{self, PATHS};
+use ublkd_tests::MIB;
 
 const NG: &str = "/dev/ng0n1";
 const BLK: &str = "/dev/nvme0n1";
-const MIB: u64 = 1 << 20;
 
 fn dataplane(iopoll_shared: Option<bool>) -> Result<Handle> {
     Ok(Handle::start(Config {

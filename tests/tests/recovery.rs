@@ -8,33 +8,21 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ublkd_proto::v1::{self, volume_spec::Backend};
+use ublkd_tests::api::{self, create};
 use ublkd_tests::daemon::{bin, sample, Daemon};
 use ublkd_tests::guest;
+use ublkd_tests::MIB;
 
-const MIB: u64 = 1 << 20;
-
+/// Recovery volumes have two queues, so a takeover attaches more than one.
 fn spec(size: u64, backend: Backend) -> v1::VolumeSpec {
     v1::VolumeSpec {
-        size_bytes: size,
-        backend: Some(backend),
-        queue_depth: Some(32),
         queues: Some(2),
-        ..Default::default()
-    }
-}
-
-fn create(id: &str, spec: v1::VolumeSpec) -> v1::CreateVolumeRequest {
-    v1::CreateVolumeRequest {
-        id: id.into(),
-        spec: Some(spec),
+        ..api::volume(size, backend)
     }
 }
 
 fn file_backend(path: &Path) -> Backend {
-    Backend::File(v1::FileBackend {
-        path: path.display().to_string(),
-        create: true,
-    })
+    api::file(path, true)
 }
 
 /// fio writing with verification on a file system, in the background.
@@ -127,7 +115,7 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
     d.start().await?;
     let backend = match kind {
         Kind::File => file_backend(&d.root.join("t.img")),
-        Kind::Ram => Backend::Ram(v1::RamBackend {}),
+        Kind::Ram => api::ram(),
         Kind::Nvme => Backend::Nvme(v1::NvmeBackend {
             device: "/dev/ng0n1".into(),
             offset_bytes: 512 * MIB,
@@ -345,7 +333,7 @@ async fn crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agree
         let mut c = d.volumes().await?;
         let id = format!("f{i}");
         if *op != "create" {
-            c.create_volume(create(&id, spec(64 * MIB, Backend::Ram(v1::RamBackend {}))))
+            c.create_volume(create(&id, spec(64 * MIB, api::ram())))
                 .await?;
         }
         d.stop_with(libc::SIGTERM)?;
@@ -355,7 +343,7 @@ async fn crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agree
         let mut c = d.volumes().await?;
         let result = match *op {
             "create" => c
-                .create_volume(create(&id, spec(64 * MIB, Backend::Ram(v1::RamBackend {}))))
+                .create_volume(create(&id, spec(64 * MIB, api::ram())))
                 .await
                 .map(drop),
             "resize" => c
@@ -475,7 +463,7 @@ async fn orphan_devices_are_reported_then_adopted_or_deleted() -> Result<()> {
             dev_id: *id0,
             id: "adopted".into(),
             spec: Some(v1::VolumeSpec {
-                backend: Some(Backend::Ram(v1::RamBackend {})),
+                backend: Some(api::ram()),
                 ..Default::default()
             }),
         })
