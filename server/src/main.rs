@@ -13,6 +13,7 @@ mod metrics;
 mod registry;
 mod rpc_meter;
 mod service;
+mod tls;
 mod validate;
 mod volumes;
 
@@ -339,20 +340,12 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         volumes: Arc::clone(&volumes),
         settings: Arc::clone(&settings),
     };
+    // The certificate and key are read again whenever their files change (tls.rs).
     let tls = match &settings.grpc.tls {
-        Some(t) => {
-            let cert =
-                std::fs::read(&t.cert).with_context(|| format!("reading {}", t.cert.display()))?;
-            let key =
-                std::fs::read(&t.key).with_context(|| format!("reading {}", t.key.display()))?;
-            let mut c = tonic::transport::ServerTlsConfig::new()
-                .identity(tonic::transport::Identity::from_pem(cert, key));
-            if let Some(ca) = &t.client_ca {
-                let ca = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-                c = c.client_ca_root(tonic::transport::Certificate::from_pem(ca));
-            }
-            Some(c)
-        }
+        Some(t) => Some(
+            tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                .context("setting up TLS for gRPC")?,
+        ),
         None => None,
     };
     let mut sockets = Vec::new();
@@ -393,21 +386,30 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
                          grpc.allow_insecure_tcp = true"
                     );
                 }
-                if let Some(t) = &tls {
-                    builder = builder.tls_config(t.clone()).context("configuring TLS")?;
-                }
                 let listener = tokio::net::TcpListener::bind(sa)
                     .await
                     .with_context(|| format!("binding gRPC on {sa}"))?;
                 tracing::info!(address = %sa, tls = tls.is_some(), "gRPC on TCP");
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let r = router(&mut builder);
                 let s = stopped(stop_rx.clone());
-                tasks.spawn(async move {
-                    r.serve_with_incoming_shutdown(incoming, s)
-                        .await
-                        .map_err(anyhow::Error::from)
-                });
+                match &tls {
+                    Some(config) => {
+                        let incoming = tls::incoming(listener, Arc::clone(config));
+                        tasks.spawn(async move {
+                            r.serve_with_incoming_shutdown(incoming, s)
+                                .await
+                                .map_err(anyhow::Error::from)
+                        });
+                    }
+                    None => {
+                        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                        tasks.spawn(async move {
+                            r.serve_with_incoming_shutdown(incoming, s)
+                                .await
+                                .map_err(anyhow::Error::from)
+                        });
+                    }
+                }
             }
         }
     }

@@ -807,6 +807,47 @@ async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> 
         code, 0,
         "a client that does not trust the server's CA fails: {out}"
     );
+
+    // Rotation without a restart: a server certificate from a new CA replaces the files (as
+    // cert-manager renames them in); new connections get it, with the same ublkd process.
+    let pid = d.pid();
+    guest::sh(&format!(
+        "cd {} && \
+         openssl req -x509 -newkey rsa:2048 -nodes -keyout ca2.key -out ca2.pem -days 1 -subj /CN=test-ca-2 2>/dev/null && \
+         openssl req -newkey rsa:2048 -nodes -keyout server2.key -out server2.csr -subj /CN=localhost 2>/dev/null && \
+         openssl x509 -req -in server2.csr -CA ca2.pem -CAkey ca2.key -CAcreateserial -out server2.pem -days 1 -extfile server.ext 2>/dev/null && \
+         cp server2.key server.key.new && mv server.key.new server.key && \
+         cp server2.pem server.pem.new && mv server.pem.new server.pem",
+        pki.display()
+    ))?;
+    let with_ca = |ca: &str| -> Result<(i32, String)> {
+        ctl(&[
+            "--ca",
+            &p(ca),
+            "--cert",
+            &p("client.pem"),
+            "--key",
+            &p("client.key"),
+        ])
+    };
+    // The server looks at the files at most once a second: poll, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, out) = with_ca("ca2.pem")?;
+        if code == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rotated certificate was never served: {out}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, out) = with_ca("ca.pem")?;
+    assert_ne!(code, 0, "the old certificate is no longer served: {out}");
+    assert_eq!(d.pid(), pid, "no restart");
+    assert!(d.log().contains("TLS certificate reloaded"), "{}", d.log());
     Ok(())
 }
 
