@@ -53,16 +53,20 @@ impl Control {
     pub(super) fn run(mut self, rx: Receiver<Command>) {
         while let Ok(cmd) = rx.recv() {
             match cmd {
-                Command::Add(spec, reply) => {
+                Command::Add { spec, reply } => {
                     let _ = reply.send(self.add(spec));
                 }
-                Command::Delete(id, reply) => {
+                Command::Delete { dev_id: id, reply } => {
                     let _ = reply.send(self.delete(id));
                 }
-                Command::Resize(id, size, reply) => {
+                Command::Resize {
+                    dev_id: id,
+                    size_bytes: size,
+                    reply,
+                } => {
                     let _ = reply.send(self.resize(id, size));
                 }
-                Command::Stats(id, reply) => {
+                Command::Stats { dev_id: id, reply } => {
                     let _ = reply.send(self.stats(id));
                 }
                 Command::StatsAll(reply) => {
@@ -100,13 +104,13 @@ impl Control {
                     let _ = reply.send(self.shutdown());
                     return;
                 }
-                Command::Recover(spec, reply) => {
+                Command::Recover { spec, reply } => {
                     let _ = reply.send(self.recover(spec));
                 }
                 Command::KernelDevices(reply) => {
                     let _ = reply.send(self.kernel_devices());
                 }
-                Command::DeleteForeign(id, reply) => {
+                Command::DeleteForeign { dev_id: id, reply } => {
                     let _ = reply.send(self.delete_foreign(id));
                 }
                 Command::ShutdownKeep(reply) => {

@@ -263,7 +263,7 @@ impl Control {
         });
         let w = &self.workers[w];
         let (reply, rx) = mpsc::sync_channel(1);
-        w.tx.send(WorkerCmd::Attach(setup, reply))
+        w.tx.send(WorkerCmd::Attach { setup, reply })
             .map_err(|_| DataplaneError::Gone)?;
         let _ = w.event.notify();
         // Counted until told otherwise: the worker reports every queue it holds commands of

@@ -160,23 +160,42 @@ type Reply<T> = SyncSender<Result<T, DataplaneError>>;
 #[derive(Debug)]
 pub enum Command {
     /// ADD_DEV, SET_PARAMS, attach every queue to a worker, START_DEV.
-    Add(DeviceSpec, Reply<DeviceInfo>),
+    Add {
+        spec: DeviceSpec,
+        reply: Reply<DeviceInfo>,
+    },
     /// STOP_DEV, wait for the workers to let go, DEL_DEV.
-    Delete(u32, Reply<()>),
+    Delete {
+        dev_id: u32,
+        reply: Reply<()>,
+    },
     /// UPDATE_SIZE to a new size in bytes.
-    Resize(u32, u64, Reply<DeviceInfo>),
-    Stats(u32, Reply<DeviceStats>),
+    Resize {
+        dev_id: u32,
+        size_bytes: u64,
+        reply: Reply<DeviceInfo>,
+    },
+    Stats {
+        dev_id: u32,
+        reply: Reply<DeviceStats>,
+    },
     /// Statistics of every device, in one round trip.
     StatsAll(Reply<Vec<DeviceStats>>),
     List(Reply<Vec<DeviceInfo>>),
     Workers(Reply<Vec<WorkerSnapshot>>),
     /// Take over a device whose server is gone (START/END_USER_RECOVERY); the spec's `dev_id`
     /// names it.
-    Recover(DeviceSpec, Reply<DeviceInfo>),
+    Recover {
+        spec: DeviceSpec,
+        reply: Reply<DeviceInfo>,
+    },
     /// Every ublk device in the kernel.
     KernelDevices(Reply<Vec<KernelDevice>>),
     /// STOP_DEV + DEL_DEV of a device this dataplane does not serve (an orphan).
-    DeleteForeign(u32, Reply<()>),
+    DeleteForeign {
+        dev_id: u32,
+        reply: Reply<()>,
+    },
     /// Delete every device and stop all threads.
     Shutdown(Reply<()>),
     /// Leave every device to the next server: quiesce it (QUIESCE_DEV where offered), stop
@@ -263,12 +282,12 @@ impl Handle {
 
     /// Creates and starts a device; `/dev/ublkbN` serves I/O when this returns.
     pub fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
-        self.call(|r| Command::Add(spec, r))
+        self.call(|reply| Command::Add { spec, reply })
     }
 
     /// Stops and deletes a device; its device nodes are gone when this returns.
     pub fn delete_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
-        self.call(|r| Command::Delete(dev_id, r))
+        self.call(|reply| Command::Delete { dev_id, reply })
     }
 
     /// Changes a device's capacity (UBLK_F_UPDATE_SIZE).
@@ -277,11 +296,15 @@ impl Handle {
         dev_id: u32,
         size_bytes: u64,
     ) -> Result<DeviceInfo, DataplaneError> {
-        self.call(|r| Command::Resize(dev_id, size_bytes, r))
+        self.call(|reply| Command::Resize {
+            dev_id,
+            size_bytes,
+            reply,
+        })
     }
 
     pub fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
-        self.call(|r| Command::Stats(dev_id, r))
+        self.call(|reply| Command::Stats { dev_id, reply })
     }
 
     /// Statistics of every device this dataplane serves, in one call (a scrape with hundreds
@@ -306,7 +329,7 @@ impl Handle {
     /// Takes over device `spec.dev_id`, left by a server that exited or crashed: the block device,
     /// its mounts and open files stay; requests queued meanwhile are served.
     pub fn recover_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
-        self.call(|r| Command::Recover(spec, r))
+        self.call(|reply| Command::Recover { spec, reply })
     }
 
     /// Every ublk device the kernel has, whoever serves it.
@@ -316,7 +339,7 @@ impl Handle {
 
     /// Stops and deletes a device this dataplane does not serve.
     pub fn delete_foreign_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
-        self.call(|r| Command::DeleteForeign(dev_id, r))
+        self.call(|reply| Command::DeleteForeign { dev_id, reply })
     }
 
     /// Stops serving but leaves every device in the kernel for the next server.

@@ -158,7 +158,10 @@ type AttachReply = SyncSender<Result<(), AttachError>>;
 pub enum WorkerCmd {
     /// Start serving a queue: map it, arm its fetches; reply once the kernel has accepted them
     /// (batch: PREP_IO_CMDS completed; per-IO: the FETCH_REQs were submitted and none failed).
-    Attach(Box<QueueSetup>, AttachReply),
+    Attach {
+        setup: Box<QueueSetup>,
+        reply: AttachReply,
+    },
     /// Exit once no queue is left.
     Shutdown,
     /// Stop serving at once and never release the ring: the process is about to exit and the
@@ -377,7 +380,7 @@ impl Worker {
             }
             // Attaches still coming get an answer; nothing else is served.
             while let Ok(cmd) = self.rx.recv() {
-                if let WorkerCmd::Attach(_, reply) = cmd {
+                if let WorkerCmd::Attach { reply, .. } = cmd {
                     let _ = reply.send(Err(AttachError {
                         source: WorkerError::Stopped,
                         held: false,
@@ -518,7 +521,7 @@ impl Worker {
     fn commands(&mut self) {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
-                WorkerCmd::Attach(setup, reply) => {
+                WorkerCmd::Attach { setup, reply } => {
                     if let Err(e) = self.attach(setup, reply.clone()) {
                         let _ = reply.send(Err(e));
                     }
