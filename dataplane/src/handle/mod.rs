@@ -385,6 +385,16 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
     })
 }
 
+/// The block device ublk makes for device `dev_id`.
+fn block_device(dev_id: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/ublkb{dev_id}"))
+}
+
+/// The char device ublkd serves device `dev_id` through.
+fn char_device(dev_id: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/ublkc{dev_id}"))
+}
+
 /// Kernel limit on queues per device: one per possible CPU.
 fn max_queues() -> u16 {
     let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();

@@ -112,8 +112,8 @@ impl Control {
                 zero_copy,
                 polled,
                 copy_queues: 0,
-                block_device: PathBuf::from(format!("/dev/ublkb{dev_id}")),
-                char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
+                block_device: block_device(dev_id),
+                char_device: char_device(dev_id),
             },
             backend,
         );

@@ -2,12 +2,15 @@
 //! points at until the matching completion is reaped, so every buffer handed over here is owned by
 //! the ring's in-flight table until then, even when the caller has stopped waiting.
 
+mod buf_ring;
+mod files;
+mod op;
+mod sqe;
 mod worker;
 
-pub use worker::{
-    iowq_limits, BufRing, Completion, NvmeData, Op, Region, WorkerRing, IOWQ_MAX_BOUNDED,
-    IOWQ_MAX_UNBOUNDED,
-};
+pub use buf_ring::BufRing;
+pub use op::{Completion, NvmeData, Op, Region};
+pub use worker::{iowq_limits, WorkerRing, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 
 use crate::sys::ublksrv_ctrl_cmd;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};

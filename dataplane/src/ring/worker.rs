@@ -6,18 +6,17 @@
 //! kernel's use however the caller's state changes. Offsets and lengths are checked against the
 //! mapping, so every push is safe to call.
 
+use super::files::{Added, FileTable};
+use super::sqe::{
+    batch_cmd_bytes, io_cmd_bytes, patch_sqe, use_fixed_file, IORING_URING_CMD_MULTISHOT,
+};
 use super::RingError;
-use crate::sys::nvme::NvmeCmd;
+use super::{BufRing, Completion, NvmeData, Op, Region};
 use crate::sys::os::Mapping;
-use crate::sys::{ublk_batch_io, ublksrv_io_cmd};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
-const IORING_URING_CMD_MULTISHOT: u32 = 1 << 1;
-/// Byte offsets inside an SQE that the io-uring crate cannot set for uring_cmd.
 /// Most io-wq helper threads one worker may have, for bounded and unbounded work, however many
 /// queues it serves (`iowq_limits`).
 pub const IOWQ_MAX_BOUNDED: u32 = 64;
@@ -37,173 +36,6 @@ pub const IOWQ_MAX_UNBOUNDED: u32 = 16;
 pub fn iowq_limits(queues: usize) -> [u32; 2] {
     let grow = |per: usize, cap: u32| (2 + queues / per).min(cap as usize) as u32;
     [grow(1, IOWQ_MAX_BOUNDED), grow(4, IOWQ_MAX_UNBOUNDED)]
-}
-const SQE_LEN: usize = 24;
-const SQE_OP_FLAGS: usize = 28;
-const SQE_BUF_GROUP: usize = 40;
-
-/// One reaped completion.
-#[derive(Debug, Clone, Copy)]
-pub struct Completion {
-    pub user_data: u64,
-    pub result: i32,
-    pub flags: u32,
-}
-
-impl Completion {
-    pub fn more(&self) -> bool {
-        cqueue::more(self.flags)
-    }
-
-    pub fn buffer_id(&self) -> Option<u16> {
-        cqueue::buffer_select(self.flags)
-    }
-}
-
-impl Op<'_> {
-    /// The descriptor the op works on (none for a timeout).
-    fn fd(&self) -> Option<RawFd> {
-        match self {
-            Op::UblkIo { fd, .. }
-            | Op::UblkBatch { fd, .. }
-            | Op::UblkFetchMultishot { fd, .. }
-            | Op::ReadFixed { fd, .. }
-            | Op::WriteFixed { fd, .. }
-            | Op::Read { fd, .. }
-            | Op::Write { fd, .. }
-            | Op::ReadKernelBuf { fd, .. }
-            | Op::WriteKernelBuf { fd, .. }
-            | Op::Nvme { fd, .. }
-            | Op::Fsync { fd, .. }
-            | Op::Fallocate { fd, .. }
-            | Op::Read8 { fd, .. } => Some(*fd),
-            Op::Timeout { .. } => None,
-        }
-    }
-}
-
-/// A region of a mapping: `len` bytes at `offset`.
-#[derive(Debug, Clone, Copy)]
-pub struct Region {
-    pub offset: usize,
-    pub len: usize,
-}
-
-/// Operations a worker submits.
-#[derive(Debug)]
-pub enum Op<'a> {
-    /// A per-IO ublk command (FETCH_REQ, COMMIT_AND_FETCH_REQ). `buf` is the tag's data buffer
-    /// in copy mode; `auto_buf` the AUTO_BUF_REG word (buffer slot and flags) in zero-copy mode,
-    /// which the kernel reads from the SQE's `addr`.
-    UblkIo {
-        fd: RawFd,
-        cmd_op: u32,
-        cmd: ublksrv_io_cmd,
-        buf: Option<(&'a Arc<Mapping>, Region)>,
-        auto_buf: Option<u64>,
-    },
-    /// A batch ublk command (PREP_IO_CMDS, COMMIT_IO_CMDS) whose elements are in `elems`.
-    UblkBatch {
-        fd: RawFd,
-        cmd_op: u32,
-        cmd: ublk_batch_io,
-        elems: (&'a Arc<Mapping>, Region),
-        /// Tag buffers the elements point at (copy mode), kept alive with the command.
-        bufs: Option<&'a Arc<Mapping>>,
-    },
-    /// A multishot FETCH_IO_CMDS taking tag buffers from provided-buffer group `group`.
-    UblkFetchMultishot {
-        fd: RawFd,
-        cmd_op: u32,
-        cmd: ublk_batch_io,
-        group: &'a BufRing,
-    },
-    /// Read into (or write from) registered buffer `index` = `buf`.
-    ReadFixed {
-        fd: RawFd,
-        buf: &'a Arc<Mapping>,
-        index: u16,
-        region: Region,
-        file_offset: u64,
-    },
-    WriteFixed {
-        fd: RawFd,
-        buf: &'a Arc<Mapping>,
-        index: u16,
-        region: Region,
-        file_offset: u64,
-        rw_flags: i32,
-    },
-    /// Read into (or write from) `region` of `buf`, not registered (e.g. user copy of a
-    /// request's data through `/dev/ublkcN`).
-    Read {
-        fd: RawFd,
-        buf: &'a Arc<Mapping>,
-        region: Region,
-        file_offset: u64,
-    },
-    Write {
-        fd: RawFd,
-        buf: &'a Arc<Mapping>,
-        region: Region,
-        file_offset: u64,
-    },
-    /// Read into (or write from) the request pages the kernel registered at fixed-buffer slot
-    /// `index` (AUTO_BUF_REG zero copy); the kernel owns those pages until the ublk commit.
-    ReadKernelBuf {
-        fd: RawFd,
-        index: u16,
-        len: u32,
-        file_offset: u64,
-    },
-    WriteKernelBuf {
-        fd: RawFd,
-        index: u16,
-        len: u32,
-        file_offset: u64,
-        rw_flags: i32,
-    },
-    /// An NVMe I/O command (`NVME_URING_CMD_IO`) on an ng char device.
-    Nvme {
-        fd: RawFd,
-        cmd: NvmeCmd,
-        data: NvmeData<'a>,
-    },
-    Fsync {
-        fd: RawFd,
-        datasync: bool,
-    },
-    /// Completes (with -ETIME) after the `struct __kernel_timespec` (16 bytes) at `ts`.
-    Timeout {
-        ts: (&'a Arc<Mapping>, Region),
-    },
-    Fallocate {
-        fd: RawFd,
-        mode: i32,
-        offset: u64,
-        len: u64,
-    },
-    /// Read 8 bytes (an eventfd counter) into `buf`.
-    Read8 {
-        fd: RawFd,
-        buf: &'a Arc<Mapping>,
-        offset: usize,
-    },
-}
-
-/// Where an NVMe command's data lives.
-#[derive(Debug)]
-pub enum NvmeData<'a> {
-    None,
-    /// Plain memory the kernel maps per command (a DSM range list).
-    User(&'a Arc<Mapping>, Region),
-    /// Part of registered user buffer `index` (copy mode).
-    Fixed(&'a Arc<Mapping>, Region, u16),
-    /// Request pages registered by the kernel at slot `index` (zero copy), from offset 0.
-    Kernel {
-        index: u16,
-        len: u32,
-    },
 }
 
 /// What a fixed-buffer slot of the ring holds.
@@ -228,19 +60,14 @@ pub struct WorkerRing {
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     fixed: Vec<Fixed>,
-    /// Registered files, indexed by raw fd: (table slot, users). An op on a registered fd is
-    /// submitted as a fixed file, sparing the kernel a file lookup and reference per op.
-    files: Vec<Option<(u32, u32)>>,
-    free_files: Vec<u32>,
+    /// Registered files: an op on a registered fd is submitted as a fixed file, sparing the
+    /// kernel a file lookup and reference per op.
+    files: FileTable,
     in_flight: usize,
 }
 
 /// Slots in each ring's registered-file table (one per ublk char device served), at most.
 const FIXED_FILES: u32 = 4096;
-/// Byte offsets of the SQE's flags and fd.
-const SQE_FLAGS: usize = 1;
-const SQE_FD: usize = 4;
-const IOSQE_FIXED_FILE: u8 = 1;
 
 impl std::fmt::Debug for WorkerRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -321,8 +148,7 @@ impl WorkerRing {
             slots: Vec::new(),
             free: Vec::new(),
             fixed: vec![Fixed::Free; fixed_buffers as usize],
-            files: Vec::new(),
-            free_files: (0..files).rev().collect(),
+            files: FileTable::with_slots(files),
             in_flight: 0,
         })
     }
@@ -459,63 +285,39 @@ impl WorkerRing {
     /// submitted as fixed files. The caller keeps `fd` open until its last `unregister_file`.
     /// A full table is no error: ops on `fd` then go by descriptor, as before.
     pub fn register_file(&mut self, fd: RawFd) -> Result<(), RingError> {
-        let Ok(at) = usize::try_from(fd) else {
-            return Err(RingError::BadRegion);
-        };
-        if let Some(Some((_, users))) = self.files.get_mut(at) {
-            *users += 1;
-            return Ok(());
-        }
-        let Some(slot) = self.free_files.pop() else {
+        let Added::Place(slot) = self.files.add(fd) else {
             return Ok(());
         };
-        if let Err(e) = self.ring.submitter().register_files_update(slot, &[fd]) {
-            self.free_files.push(slot);
-            return Err(RingError::Register(e));
+        match self.ring.submitter().register_files_update(slot, &[fd]) {
+            Ok(_) => {
+                self.files.placed(fd, slot);
+                Ok(())
+            }
+            Err(e) => {
+                self.files.unplaced(slot);
+                Err(RingError::Register(e))
+            }
         }
-        if self.files.len() <= at {
-            self.files.resize(at + 1, None);
-        }
-        self.files[at] = Some((slot, 1));
-        Ok(())
     }
 
     /// One user of `fd` is done with it; the last one removes it from the table (ops in
     /// flight keep their own reference to the file).
     pub fn unregister_file(&mut self, fd: RawFd) {
-        let Some(entry) = usize::try_from(fd)
-            .ok()
-            .and_then(|at| self.files.get_mut(at))
-        else {
-            return;
-        };
-        let Some((slot, users)) = entry.as_mut() else {
-            return;
-        };
-        *users -= 1;
-        if *users > 0 {
-            return;
+        if let Some(slot) = self.files.remove(fd) {
+            if self
+                .ring
+                .submitter()
+                .register_files_update(slot, &[-1])
+                .is_ok()
+            {
+                self.files.unplaced(slot);
+            }
         }
-        let slot = *slot;
-        *entry = None;
-        if self
-            .ring
-            .submitter()
-            .register_files_update(slot, &[-1])
-            .is_ok()
-        {
-            self.free_files.push(slot);
-        }
-    }
-
-    fn file_slot(&self, fd: RawFd) -> Option<u32> {
-        let (slot, _) = (*self.files.get(usize::try_from(fd).ok()?)?)?;
-        Some(slot)
     }
 
     /// Pushes `op`; its completion(s) will carry `user_data`.
     pub fn push(&mut self, op: Op<'_>, user_data: u64) -> Result<(), RingError> {
-        let fixed_file = op.fd().and_then(|fd| self.file_slot(fd));
+        let fixed_file = op.fd().and_then(|fd| self.files.slot(fd));
         let mut pins: [Option<Arc<Mapping>>; 2] = [None, None];
         let entry: squeue::Entry128 = match op {
             Op::UblkIo {
@@ -848,135 +650,6 @@ impl WorkerRing {
     }
 }
 
-fn io_cmd_bytes(c: &ublksrv_io_cmd) -> [u8; 80] {
-    let mut b = [0u8; 80];
-    b[0..2].copy_from_slice(&c.q_id.to_ne_bytes());
-    b[2..4].copy_from_slice(&c.tag.to_ne_bytes());
-    b[4..8].copy_from_slice(&c.result.to_ne_bytes());
-    b[8..16].copy_from_slice(&c.addr.to_ne_bytes());
-    b
-}
-
-fn batch_cmd_bytes(c: &ublk_batch_io) -> [u8; 80] {
-    let mut b = [0u8; 80];
-    b[0..2].copy_from_slice(&c.q_id.to_ne_bytes());
-    b[2..4].copy_from_slice(&c.flags.to_ne_bytes());
-    b[4..6].copy_from_slice(&c.nr_elem.to_ne_bytes());
-    b[6] = c.elem_bytes;
-    b
-}
-
-/// Sets the uring_cmd fields the io-uring crate cannot: `uring_cmd_flags` bits (multishot), the
-/// buffer group, and the SQE `len` (batch element buffer size).
-/// `e` addressing registered file `slot` instead of its descriptor.
-fn use_fixed_file(e: squeue::Entry128, slot: u32) -> squeue::Entry128 {
-    // SAFETY: as in `patch_sqe`: a byte view of the kernel's SQE layout and back.
-    let mut raw: [u8; 128] = unsafe { std::mem::transmute(e) };
-    raw[SQE_FLAGS] |= IOSQE_FIXED_FILE;
-    raw[SQE_FD..SQE_FD + 4].copy_from_slice(&slot.to_ne_bytes());
-    // SAFETY: as above; flags and fd are plain integers there.
-    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
-}
-
-fn patch_sqe(
-    e: squeue::Entry128,
-    cmd_flags: u32,
-    group: Option<u16>,
-    len: Option<u32>,
-) -> squeue::Entry128 {
-    const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
-    // SAFETY: Entry128 is a repr(C) wrapper of the kernel's 64-byte io_uring_sqe plus the 64-byte
-    // command tail; every bit pattern is a valid byte array and back.
-    let mut raw: [u8; 128] = unsafe { std::mem::transmute(e) };
-    let mut word = [0u8; 4];
-    word.copy_from_slice(&raw[SQE_OP_FLAGS..SQE_OP_FLAGS + 4]);
-    let flags = u32::from_ne_bytes(word) | cmd_flags;
-    raw[SQE_OP_FLAGS..SQE_OP_FLAGS + 4].copy_from_slice(&flags.to_ne_bytes());
-    if let Some(g) = group {
-        raw[SQE_BUF_GROUP..SQE_BUF_GROUP + 2].copy_from_slice(&g.to_ne_bytes());
-    }
-    if let Some(l) = len {
-        raw[SQE_LEN..SQE_LEN + 4].copy_from_slice(&l.to_ne_bytes());
-    }
-    // SAFETY: as above; the patched fields are plain integers in the kernel's SQE layout.
-    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
-}
-
-/// A provided-buffer ring: `entries` buffers of `buf_len` bytes in `bufs`, published to the
-/// kernel through the ring in `ring`.
-#[derive(Debug)]
-pub struct BufRing {
-    ring: Arc<Mapping>,
-    bufs: Arc<Mapping>,
-    entries: u16,
-    buf_len: u32,
-    group: u16,
-    tail: std::cell::Cell<u16>,
-}
-
-impl BufRing {
-    /// `entries` must be a power of two.
-    pub fn new(group: u16, entries: u16, buf_len: u32) -> io::Result<Self> {
-        if !entries.is_power_of_two() {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        Ok(Self {
-            ring: Arc::new(Mapping::anonymous(usize::from(entries) * 16)?),
-            bufs: Arc::new(Mapping::anonymous(usize::from(entries) * buf_len as usize)?),
-            entries,
-            buf_len,
-            group,
-            tail: std::cell::Cell::new(0),
-        })
-    }
-
-    pub fn group(&self) -> u16 {
-        self.group
-    }
-
-    /// Copies the u16 values the kernel wrote into buffer `bid` (`bytes` long) into `out`.
-    pub fn read_u16s(&self, bid: u16, bytes: usize, out: &mut Vec<u16>) {
-        out.clear();
-        if bid >= self.entries || bytes > self.buf_len as usize {
-            return;
-        }
-        let base = usize::from(bid) * self.buf_len as usize;
-        let mut pair = [0u8; 2];
-        for i in 0..bytes / 2 {
-            if self.bufs.read_at(base + 2 * i, &mut pair) {
-                out.push(u16::from_ne_bytes(pair));
-            }
-        }
-    }
-
-    /// Gives buffer `bid` back to the kernel.
-    pub fn recycle(&self, bid: u16) {
-        if bid >= self.entries {
-            return;
-        }
-        let tail = self.tail.get();
-        let idx = usize::from(tail & (self.entries - 1));
-        let mut entry = [0u8; 16];
-        entry[0..8].copy_from_slice(
-            &self
-                .bufs
-                .addr(usize::from(bid) * self.buf_len as usize)
-                .to_ne_bytes(),
-        );
-        entry[8..12].copy_from_slice(&self.buf_len.to_ne_bytes());
-        entry[12..14].copy_from_slice(&bid.to_ne_bytes());
-        // Bytes 14..16 of entry 0 are the shared tail: never overwrite them with an entry.
-        let len = if idx == 0 { 14 } else { 16 };
-        self.ring.write_at(idx * 16, &entry[..len]);
-        let new_tail = tail.wrapping_add(1);
-        self.tail.set(new_tail);
-        // SAFETY: offset 14 of the (page-aligned) ring mapping is the kernel's u16 tail, aligned
-        // to 2; the release store publishes the entry written above.
-        let tail_ref = unsafe { &*(self.ring.addr(14) as *const AtomicU16) };
-        tail_ref.store(new_tail, Ordering::Release);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -993,52 +666,5 @@ mod tests {
             assert!(l[0] >= last[0] && l[1] >= last[1], "monotone at {q}");
             last = l;
         }
-    }
-
-    #[test]
-    fn patch_sets_flags_group_and_len_only() {
-        let e = opcode::UringCmd80::new(types::Fd(3), 0xc010_7527)
-            .addr(Some(0))
-            .build()
-            .user_data(7);
-        // SAFETY: test-only view of the bytes, see `multishot`.
-        let before: [u8; 128] = unsafe { std::mem::transmute(e.clone()) };
-        // SAFETY: as above.
-        let after: [u8; 128] = unsafe {
-            std::mem::transmute(patch_sqe(
-                e,
-                IORING_URING_CMD_MULTISHOT,
-                Some(9),
-                Some(0x40),
-            ))
-        };
-        assert_eq!(after[SQE_OP_FLAGS] & 2, 2);
-        assert_eq!(
-            &after[SQE_BUF_GROUP..SQE_BUF_GROUP + 2],
-            &9u16.to_ne_bytes()
-        );
-        assert_eq!(&after[SQE_LEN..SQE_LEN + 4], &0x40u32.to_ne_bytes());
-        let changed: Vec<usize> = (0..128).filter(|&i| before[i] != after[i]).collect();
-        assert!(changed
-            .iter()
-            .all(|&i| i == SQE_OP_FLAGS || i == SQE_BUF_GROUP || i == SQE_LEN));
-    }
-
-    #[test]
-    fn buf_ring_publishes_entries_and_tail() {
-        let r = BufRing::new(1, 4, 64).unwrap();
-        for bid in 0..4 {
-            r.recycle(bid);
-        }
-        let mut tail = [0u8; 2];
-        assert!(r.ring.read_at(14, &mut tail));
-        assert_eq!(u16::from_ne_bytes(tail), 4);
-        let mut e = [0u8; 12];
-        assert!(r.ring.read_at(16 * 2, &mut e));
-        assert_eq!(
-            u64::from_ne_bytes(e[0..8].try_into().unwrap()),
-            r.bufs.addr(128)
-        );
-        assert_eq!(u32::from_ne_bytes(e[8..12].try_into().unwrap()), 64);
     }
 }
