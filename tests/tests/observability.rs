@@ -144,8 +144,8 @@ fn metric_names(expr: &str) -> Vec<String> {
         }
         let word = &expr[start..i];
         let metric = word.starts_with("ublkd_") || word.starts_with("process_") || word == "up";
-        // A word followed by `{` or `[` or at a selector position is a metric; label names
-        // inside braces are never ublkd_/process_-prefixed.
+        // Any word with a metric's prefix (or `up`) is a metric name: no label name, label
+        // value or function in these expressions has one.
         if metric && !names.iter().any(|n| n == word) {
             names.push(word.to_owned());
         }
