@@ -4,6 +4,7 @@
 //! timeout.
 
 use crate::features::Features;
+use crate::ids::{DevId, QueueId};
 use crate::ring::{ControlRing, KernelBuf, RingError};
 use crate::sys;
 use std::fs::{File, OpenOptions};
@@ -95,12 +96,12 @@ impl ControlDevice {
         &mut self,
         command: &'static str,
         op: u32,
-        dev_id: u32,
+        dev_id: DevId,
         data0: u64,
         buf: Option<KernelBuf>,
     ) -> Result<(i32, Option<KernelBuf>), CtrlError> {
         let cmd = sys::ublksrv_ctrl_cmd {
-            dev_id,
+            dev_id: dev_id.0,
             queue_id: u16::MAX,
             data: [data0],
             ..Default::default()
@@ -130,7 +131,7 @@ impl ControlDevice {
         let (_, buf) = self.exec(
             "ADD_DEV",
             sys::UBLK_U_CMD_ADD_DEV,
-            info.dev_id,
+            DevId(info.dev_id),
             0,
             Some(sys::to_bytes(info)),
         )?;
@@ -144,7 +145,7 @@ impl ControlDevice {
     }
 
     /// `GET_DEV_INFO`: the kernel's view of device `dev_id`.
-    pub fn dev_info(&mut self, dev_id: u32) -> Result<sys::ublksrv_ctrl_dev_info, CtrlError> {
+    pub fn dev_info(&mut self, dev_id: DevId) -> Result<sys::ublksrv_ctrl_dev_info, CtrlError> {
         let buf = sys::to_bytes(&sys::ublksrv_ctrl_dev_info::default());
         let (_, buf) = self.exec(
             "GET_DEV_INFO",
@@ -163,7 +164,11 @@ impl ControlDevice {
     }
 
     /// `SET_PARAMS`.
-    pub fn set_params(&mut self, dev_id: u32, params: &sys::ublk_params) -> Result<(), CtrlError> {
+    pub fn set_params(
+        &mut self,
+        dev_id: DevId,
+        params: &sys::ublk_params,
+    ) -> Result<(), CtrlError> {
         self.exec(
             "SET_PARAMS",
             sys::UBLK_U_CMD_SET_PARAMS,
@@ -175,20 +180,20 @@ impl ControlDevice {
     }
 
     /// `START_DEV` with the server's pid; the kernel then adds `/dev/ublkbN`.
-    pub fn start_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+    pub fn start_dev(&mut self, dev_id: DevId) -> Result<(), CtrlError> {
         let pid = u64::from(std::process::id());
         self.exec("START_DEV", sys::UBLK_U_CMD_START_DEV, dev_id, pid, None)
             .map(drop)
     }
 
     /// `STOP_DEV`: removes `/dev/ublkbN`; outstanding fetches complete with ABORT.
-    pub fn stop_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+    pub fn stop_dev(&mut self, dev_id: DevId) -> Result<(), CtrlError> {
         self.exec("STOP_DEV", sys::UBLK_U_CMD_STOP_DEV, dev_id, 0, None)
             .map(drop)
     }
 
     /// `DEL_DEV_ASYNC`: removes the device without waiting for its last reference to go.
-    pub fn del_dev_async(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+    pub fn del_dev_async(&mut self, dev_id: DevId) -> Result<(), CtrlError> {
         self.exec(
             "DEL_DEV_ASYNC",
             sys::UBLK_U_CMD_DEL_DEV_ASYNC,
@@ -200,13 +205,13 @@ impl ControlDevice {
     }
 
     /// `DEL_DEV`: forgets the device; needs every fd and mapping of `/dev/ublkcN` closed.
-    pub fn del_dev(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+    pub fn del_dev(&mut self, dev_id: DevId) -> Result<(), CtrlError> {
         self.exec("DEL_DEV", sys::UBLK_U_CMD_DEL_DEV, dev_id, 0, None)
             .map(drop)
     }
 
     /// `GET_PARAMS`: the device's parameters as the kernel holds them.
-    pub fn params(&mut self, dev_id: u32) -> Result<sys::ublk_params, CtrlError> {
+    pub fn params(&mut self, dev_id: DevId) -> Result<sys::ublk_params, CtrlError> {
         let p = sys::ublk_params {
             len: size_of::<sys::ublk_params>() as u32,
             ..Default::default()
@@ -229,20 +234,20 @@ impl ControlDevice {
 
     /// `GET_QUEUE_AFFINITY`: the CPUs blk-mq maps to queue `q` (those whose requests it
     /// carries), as CPU numbers.
-    pub fn queue_affinity(&mut self, dev_id: u32, q: u16) -> Result<Vec<usize>, CtrlError> {
+    pub fn queue_affinity(&mut self, dev_id: DevId, q: QueueId) -> Result<Vec<usize>, CtrlError> {
         // A cpu_set_t: room for 1024 CPUs.
         let (_, buf) = self.exec(
             "GET_QUEUE_AFFINITY",
             sys::UBLK_U_CMD_GET_QUEUE_AFFINITY,
             dev_id,
-            u64::from(q),
+            u64::from(q.0),
             Some(vec![0u8; 128].into_boxed_slice()),
         )?;
         Ok(cpus_of_mask(buf.as_deref().unwrap_or_default()))
     }
 
     /// `START_USER_RECOVERY`: a new server is about to take over a device whose server is gone.
-    pub fn start_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+    pub fn start_recovery(&mut self, dev_id: DevId) -> Result<(), CtrlError> {
         self.exec(
             "START_USER_RECOVERY",
             sys::UBLK_U_CMD_START_USER_RECOVERY,
@@ -254,7 +259,7 @@ impl ControlDevice {
     }
 
     /// `END_USER_RECOVERY` with this process's pid: every queue is fetched again; I/O resumes.
-    pub fn end_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+    pub fn end_recovery(&mut self, dev_id: DevId) -> Result<(), CtrlError> {
         let pid = u64::from(std::process::id());
         self.exec(
             "END_USER_RECOVERY",
@@ -268,7 +273,7 @@ impl ControlDevice {
 
     /// `QUIESCE_DEV`: stop taking new requests, wait (up to `timeout_ms`) for those in flight,
     /// then abort this server's fetches. The device stays for the next server (UBLK_F_QUIESCE).
-    pub fn quiesce(&mut self, dev_id: u32, timeout_ms: u64) -> Result<(), CtrlError> {
+    pub fn quiesce(&mut self, dev_id: DevId, timeout_ms: u64) -> Result<(), CtrlError> {
         self.exec(
             "QUIESCE_DEV",
             sys::UBLK_U_CMD_QUIESCE_DEV,
@@ -280,7 +285,7 @@ impl ControlDevice {
     }
 
     /// `UPDATE_SIZE`: new capacity in 512-byte sectors (UBLK_F_UPDATE_SIZE).
-    pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), CtrlError> {
+    pub fn update_size(&mut self, dev_id: DevId, sectors: u64) -> Result<(), CtrlError> {
         self.exec(
             "UPDATE_SIZE",
             sys::UBLK_U_CMD_UPDATE_SIZE,

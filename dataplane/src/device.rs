@@ -2,6 +2,7 @@
 
 use crate::backend::{BackendSpec, Limits};
 use crate::features::Features;
+use crate::ids::DevId;
 use crate::sys;
 
 /// Largest single request, and so each tag's buffer size.
@@ -96,7 +97,7 @@ pub struct DeviceSpec {
     pub backend: BackendSpec,
     pub max_io_bytes: u32,
     /// Kernel device id to ask for (`/dev/ublkbN`); None lets the kernel choose.
-    pub dev_id: Option<u32>,
+    pub dev_id: Option<DevId>,
     /// Zero copy (UBLK_F_AUTO_BUF_REG): backends read and write the request's own pages.
     pub zero_copy: Toggle,
     /// Poll for NVMe completions (IORING_SETUP_IOPOLL on the controller's poll queues).
@@ -207,7 +208,7 @@ impl DeviceSpec {
             nr_hw_queues: self.queues,
             queue_depth: self.queue_depth,
             max_io_buf_bytes: self.max_io_bytes,
-            dev_id: self.dev_id.unwrap_or(u32::MAX),
+            dev_id: self.dev_id.map_or(u32::MAX, |d| d.0),
             ublksrv_pid: i32::try_from(std::process::id()).unwrap_or(0),
             flags,
             ..Default::default()

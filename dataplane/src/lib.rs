@@ -15,6 +15,7 @@ mod ctrl;
 mod device;
 mod features;
 mod handle;
+mod ids;
 // Fault hooks: compiled in always (each hook is a constant `false` without the feature), public
 // only to the tests that arm them.
 #[cfg(feature = "test-hooks")]
@@ -34,5 +35,6 @@ pub use handle::{
     kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle,
     KernelDevice, KernelState, WorkerSnapshot,
 };
+pub use ids::{DevId, QueueId, Tag};
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 pub use stats::{Latency, OpKind, StatsSnapshot};

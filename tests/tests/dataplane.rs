@@ -9,7 +9,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
 use ublkd_dataplane::{
-    BackendSpec, DataplaneError, DeviceSpec, ErrorKind, IoPath, OpKind, SpecError, Toggle,
+    BackendSpec, DataplaneError, DevId, DeviceSpec, ErrorKind, IoPath, OpKind, SpecError, Toggle,
 };
 use ublkd_tests::guest::{self, PATHS};
 use ublkd_tests::MIB;
@@ -559,8 +559,8 @@ fn bad_specs_get_typed_errors_and_leak_nothing() -> Result<()> {
         println!("{what}: {err:#}");
         assert_eq!(err.kind(), kind, "{what}: {err:?}");
     }
-    let err = dp.delete_device(12345).expect_err("unknown device");
-    assert!(matches!(err, DataplaneError::NoSuchDevice(12345)));
+    let err = dp.delete_device(DevId(12345)).expect_err("unknown device");
+    assert!(matches!(err, DataplaneError::NoSuchDevice(DevId(12345))));
     let queues_err = dp
         .add_device(DeviceSpec {
             queues: 0,

@@ -40,12 +40,12 @@ pub(super) struct Control {
     pub(super) features: Features,
     pub(super) iopoll_shared: bool,
     pub(super) workers: Vec<WorkerThread>,
-    pub(super) devices: BTreeMap<u32, Device>,
+    pub(super) devices: BTreeMap<DevId, Device>,
     /// Devices whose takeover started (START_USER_RECOVERY) but did not finish: quiesced in the
     /// kernel, the queues attached so far kept, resumed by the next `recover` of the same id.
-    pub(super) recovering: BTreeMap<u32, Device>,
-    pub(super) gone_tx: Sender<(u32, u16)>,
-    pub(super) gone_rx: Receiver<(u32, u16)>,
+    pub(super) recovering: BTreeMap<DevId, Device>,
+    pub(super) gone_tx: Sender<(DevId, QueueId)>,
+    pub(super) gone_rx: Receiver<(DevId, QueueId)>,
     pub(super) timeout: Duration,
 }
 
@@ -124,7 +124,7 @@ impl Control {
     }
 
     pub(super) fn shutdown(&mut self) -> Result<(), DataplaneError> {
-        let ids: Vec<u32> = self
+        let ids: Vec<DevId> = self
             .devices
             .keys()
             .chain(self.recovering.keys())
@@ -192,7 +192,7 @@ impl Control {
         Ok(out)
     }
 
-    pub(super) fn delete_foreign(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+    pub(super) fn delete_foreign(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
         if self.devices.contains_key(&dev_id) || self.recovering.contains_key(&dev_id) {
             return Err(DataplaneError::AlreadyOwned(dev_id));
         }
@@ -221,7 +221,7 @@ impl Control {
 
     pub(super) fn shutdown_keep(&mut self) -> Result<(), DataplaneError> {
         let mut first_err = None;
-        let ids: Vec<u32> = self.devices.keys().copied().collect();
+        let ids: Vec<DevId> = self.devices.keys().copied().collect();
         let mut quiesced = true;
         for id in ids {
             let Some(mut device) = self.devices.remove(&id) else {
@@ -288,7 +288,7 @@ impl Control {
         Ok(())
     }
 
-    pub(super) fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
+    pub(super) fn stats(&self, dev_id: DevId) -> Result<DeviceStats, DataplaneError> {
         let device = self
             .devices
             .get(&dev_id)

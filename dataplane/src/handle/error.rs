@@ -33,36 +33,36 @@ pub enum DataplaneError {
     },
     #[error("worker could not attach queue {q_id}")]
     Attach {
-        q_id: u16,
+        q_id: QueueId,
         #[source]
         source: WorkerError,
     },
     #[error("worker did not answer the attach of queue {q_id} in time")]
-    AttachTimeout { q_id: u16 },
+    AttachTimeout { q_id: QueueId },
     #[error("the previous server of device {0} did not let go in time")]
-    ReleaseTimeout(u32),
+    ReleaseTimeout(DevId),
     #[error("device {0} is half taken over and a queue is stuck in the kernel: the next ublkd start takes it over")]
-    RecoveryStuck(u32),
+    RecoveryStuck(DevId),
     #[error("no device {0}")]
-    NoSuchDevice(u32),
+    NoSuchDevice(DevId),
     #[error("queues of device {0} did not stop within the timeout")]
-    StopTimeout(u32),
+    StopTimeout(DevId),
     #[error("cannot start worker threads")]
     Spawn(#[source] std::io::Error),
     #[error("the dataplane has shut down")]
     Gone,
     #[error("device {dev_id} is still served by process {pid}")]
-    Busy { dev_id: u32, pid: i32 },
+    Busy { dev_id: DevId, pid: i32 },
     #[error("device {0} is already served by this process")]
-    AlreadyOwned(u32),
+    AlreadyOwned(DevId),
     #[error("device {dev_id} cannot be recovered: {why}")]
-    NotRecoverable { dev_id: u32, why: String },
+    NotRecoverable { dev_id: DevId, why: String },
     #[error("bytes {start}..{end} of {path} are already used by device {dev_id}")]
     Overlap {
         path: PathBuf,
         start: u64,
         end: u64,
-        dev_id: u32,
+        dev_id: DevId,
     },
 }
 

@@ -51,13 +51,13 @@ impl Control {
     pub(super) fn check_claim(
         &self,
         backend: &dyn backend::Backend,
-        except: u32,
+        except: Option<DevId>,
     ) -> Result<(), DataplaneError> {
         let Some(mine) = backend.claim() else {
             return Ok(());
         };
         for (&id, d) in &self.devices {
-            if id == except {
+            if Some(id) == except {
                 continue;
             }
             if let Some(theirs) = d.backend.claim().filter(|c| c.overlaps(&mine)) {
@@ -84,7 +84,7 @@ impl Control {
         spec.validate(max_queues())?;
         let path = spec.io_path.resolve(self.features, spec.queue_depth)?;
         let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
-        self.check_claim(backend.as_ref(), u32::MAX)?;
+        self.check_claim(backend.as_ref(), None)?;
         let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), None)?;
         let mut spec = spec;
         if let Some(l) = backend.limits() {
@@ -94,7 +94,7 @@ impl Control {
         spec.max_io_bytes = spec.max_io_bytes.min(copy_max_io(spec.queue_depth));
         let wanted = spec.wanted_flags(self.features, path, zero_copy);
         let granted = self.ctrl.add_dev(&spec.dev_info(wanted))?;
-        let dev_id = granted.dev_id;
+        let dev_id = DevId(granted.dev_id);
         let info = DeviceInfo {
             dev_id,
             spec: spec.clone(),
@@ -166,8 +166,8 @@ impl Control {
         let placement = self.placement(device.info.polled);
         // Queues 0..len are attached (a resumed takeover starts after them).
         let first = u16::try_from(device.queues.len()).unwrap_or(queues);
-        for q in first..queues {
-            if recovering && q + 1 == queues && hooks::fire(Fault::RecoverAfterStart) {
+        for q in (first..queues).map(QueueId) {
+            if recovering && q.0 + 1 == queues && hooks::fire(Fault::RecoverAfterStart) {
                 return Err(DataplaneError::Attach {
                     q_id: q,
                     source: WorkerError::Injected,
@@ -175,7 +175,7 @@ impl Control {
             }
             let home = self
                 .affine_worker(dev_id, q)
-                .unwrap_or((dev_id as usize + usize::from(q)) % self.workers.len());
+                .unwrap_or((dev_id.0 as usize + q.index()) % self.workers.len());
             // Zero copy takes one buffer slot per tag on the worker's ring: a worker whose
             // table is full refuses, and the queue goes to the next one that has room. A new
             // device none can take is refused (RESOURCE_EXHAUSTED); a device being taken over
@@ -219,7 +219,7 @@ impl Control {
     /// The worker whose CPU blk-mq maps to queue `q` (GET_QUEUE_AFFINITY), so a request is
     /// served, and completes, on the CPU that submitted it; devices spread over the workers
     /// when several CPUs share a queue. None when no worker runs on one of those CPUs.
-    pub(super) fn affine_worker(&mut self, dev_id: u32, q: u16) -> Option<usize> {
+    pub(super) fn affine_worker(&mut self, dev_id: DevId, q: QueueId) -> Option<usize> {
         let cpus = self.ctrl.queue_affinity(dev_id, q).ok()?;
         let matching: Vec<usize> = self
             .workers
@@ -229,7 +229,7 @@ impl Control {
             .map(|(i, _)| i)
             .collect();
         matching
-            .get(dev_id as usize % matching.len().max(1))
+            .get(dev_id.0 as usize % matching.len().max(1))
             .copied()
     }
 
@@ -238,7 +238,7 @@ impl Control {
         &mut self,
         device: &mut Device,
         cdev: &Arc<File>,
-        q: u16,
+        q: QueueId,
         w: usize,
         placement: Placement,
         copy_if_no_slots: bool,
@@ -286,7 +286,7 @@ impl Control {
         }
     }
 
-    pub(super) fn delete(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+    pub(super) fn delete(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
         let mut device = self
             .devices
             .remove(&dev_id)
@@ -315,7 +315,11 @@ impl Control {
         Ok(())
     }
 
-    pub(super) fn resize(&mut self, dev_id: u32, size: u64) -> Result<DeviceInfo, DataplaneError> {
+    pub(super) fn resize(
+        &mut self,
+        dev_id: DevId,
+        size: u64,
+    ) -> Result<DeviceInfo, DataplaneError> {
         let device = self
             .devices
             .get_mut(&dev_id)

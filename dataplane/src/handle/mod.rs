@@ -10,6 +10,7 @@ use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
 use crate::hooks::{self, Fault};
+use crate::ids::{DevId, QueueId};
 use crate::ring::RingError;
 use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
@@ -55,7 +56,7 @@ impl Default for Config {
 /// A device as the dataplane serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
-    pub dev_id: u32,
+    pub dev_id: DevId,
     pub spec: DeviceSpec,
     /// The path actually used (Auto resolved).
     pub io_path: IoPath,
@@ -82,7 +83,7 @@ impl DeviceInfo {
 /// Statistics of one device: its queues merged, plus backend memory.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceStats {
-    pub dev_id: u32,
+    pub dev_id: DevId,
     pub total: StatsSnapshot,
     pub memory_bytes: u64,
 }
@@ -142,7 +143,7 @@ impl KernelState {
 /// A ublk device that exists in the kernel, whoever serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelDevice {
-    pub dev_id: u32,
+    pub dev_id: DevId,
     pub state: KernelState,
     pub flags: u64,
     pub queues: u16,
@@ -166,17 +167,17 @@ pub enum Command {
     },
     /// STOP_DEV, wait for the workers to let go, DEL_DEV.
     Delete {
-        dev_id: u32,
+        dev_id: DevId,
         reply: Reply<()>,
     },
     /// UPDATE_SIZE to a new size in bytes.
     Resize {
-        dev_id: u32,
+        dev_id: DevId,
         size_bytes: u64,
         reply: Reply<DeviceInfo>,
     },
     Stats {
-        dev_id: u32,
+        dev_id: DevId,
         reply: Reply<DeviceStats>,
     },
     /// Statistics of every device, in one round trip.
@@ -193,7 +194,7 @@ pub enum Command {
     KernelDevices(Reply<Vec<KernelDevice>>),
     /// STOP_DEV + DEL_DEV of a device this dataplane does not serve (an orphan).
     DeleteForeign {
-        dev_id: u32,
+        dev_id: DevId,
         reply: Reply<()>,
     },
     /// Delete every device and stop all threads.
@@ -286,14 +287,14 @@ impl Handle {
     }
 
     /// Stops and deletes a device; its device nodes are gone when this returns.
-    pub fn delete_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
+    pub fn delete_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
         self.call(|reply| Command::Delete { dev_id, reply })
     }
 
     /// Changes a device's capacity (UBLK_F_UPDATE_SIZE).
     pub fn resize_device(
         &self,
-        dev_id: u32,
+        dev_id: DevId,
         size_bytes: u64,
     ) -> Result<DeviceInfo, DataplaneError> {
         self.call(|reply| Command::Resize {
@@ -303,7 +304,7 @@ impl Handle {
         })
     }
 
-    pub fn stats(&self, dev_id: u32) -> Result<DeviceStats, DataplaneError> {
+    pub fn stats(&self, dev_id: DevId) -> Result<DeviceStats, DataplaneError> {
         self.call(|reply| Command::Stats { dev_id, reply })
     }
 
@@ -338,7 +339,7 @@ impl Handle {
     }
 
     /// Stops and deletes a device this dataplane does not serve.
-    pub fn delete_foreign_device(&self, dev_id: u32) -> Result<(), DataplaneError> {
+    pub fn delete_foreign_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
         self.call(|reply| Command::DeleteForeign { dev_id, reply })
     }
 
@@ -373,7 +374,12 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
         .map_err(DataplaneError::Spawn)?;
     match ready_rx.recv() {
         Ok(Ok(())) => {}
-        Ok(Err(source)) => return Err(DataplaneError::Attach { q_id: 0, source }),
+        Ok(Err(source)) => {
+            return Err(DataplaneError::Attach {
+                q_id: QueueId(0),
+                source,
+            })
+        }
         Err(_) => return Err(DataplaneError::Gone),
     }
     Ok(WorkerThread {
@@ -386,12 +392,12 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
 }
 
 /// The block device ublk makes for device `dev_id`.
-fn block_device(dev_id: u32) -> PathBuf {
+fn block_device(dev_id: DevId) -> PathBuf {
     PathBuf::from(format!("/dev/ublkb{dev_id}"))
 }
 
 /// The char device ublkd serves device `dev_id` through.
-fn char_device(dev_id: u32) -> PathBuf {
+fn char_device(dev_id: DevId) -> PathBuf {
     PathBuf::from(format!("/dev/ublkc{dev_id}"))
 }
 
@@ -413,8 +419,8 @@ fn max_queues() -> u16 {
 
 /// Ids of every ublk device the kernel has (from sysfs, or /dev), sorted. Issues no control
 /// command: cheap enough to call before each create.
-pub fn kernel_device_ids() -> Vec<u32> {
-    let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char")
+pub fn kernel_device_ids() -> Vec<DevId> {
+    let mut ids: Vec<DevId> = std::fs::read_dir("/sys/class/ublk-char")
         .or_else(|_| std::fs::read_dir("/dev"))
         .map(|d| {
             d.flatten()
@@ -423,6 +429,7 @@ pub fn kernel_device_ids() -> Vec<u32> {
                         .to_str()
                         .and_then(|n| n.strip_prefix("ublkc"))
                         .and_then(|n| n.parse().ok())
+                        .map(DevId)
                 })
                 .collect()
         })

@@ -9,7 +9,7 @@ impl Control {
     /// asynchronously after the process dies); returns the device's info.
     pub(super) fn wait_released(
         &mut self,
-        dev_id: u32,
+        dev_id: DevId,
     ) -> Result<sys::ublksrv_ctrl_dev_info, DataplaneError> {
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -46,7 +46,7 @@ impl Control {
 
     pub(super) fn recover(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
         let dev_id = spec.dev_id.ok_or(DataplaneError::NotRecoverable {
-            dev_id: u32::MAX,
+            dev_id: DevId(u32::MAX),
             why: "no device id given".into(),
         })?;
         if self.devices.contains_key(&dev_id) {
@@ -85,7 +85,7 @@ impl Control {
             spec.size_bytes.max(kernel_size),
             spec.block_size,
         )?;
-        self.check_claim(backend.as_ref(), dev_id)?;
+        self.check_claim(backend.as_ref(), Some(dev_id))?;
         let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
         let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
         // A zero-copy device whose new backend must copy (an orphan adopted as a RAM volume):
@@ -124,7 +124,7 @@ impl Control {
     /// START_USER_RECOVERY, retrying -EBUSY with a bounded back-off: the driver marks the
     /// device QUIESCED before it clears its open bit, so a device found released can still be
     /// busy for a moment.
-    pub(super) fn start_recovery(&mut self, dev_id: u32) -> Result<(), DataplaneError> {
+    pub(super) fn start_recovery(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
         let deadline = Instant::now() + self.timeout;
         let mut pause = Duration::from_millis(5);
         loop {

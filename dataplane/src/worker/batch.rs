@@ -1,6 +1,7 @@
 //! The batch path (UBLK_F_BATCH_IO): PREP of every tag, multishot FETCH into provided
 //! buffers, and COMMIT of many results per command, with partial commits resent.
 
+use super::state::{self, CommitOutcome};
 use super::*;
 
 impl Worker {
@@ -10,9 +11,9 @@ impl Worker {
         let elems = depth * usize::from(eb);
         let alloc = |len| Mapping::anonymous(len).map(Arc::new);
         let prep = alloc(elems).map_err(WorkerError::Buffers)?;
-        for tag in 0..q.setup.depth {
+        for tag in (0..q.setup.depth).map(Tag) {
             let e = Self::elem_for(q, tag, 0);
-            prep.write_at(usize::from(tag) * usize::from(eb), &e[..usize::from(eb)]);
+            prep.write_at(tag.index() * usize::from(eb), &e[..usize::from(eb)]);
         }
         let fetch_len = u32::try_from((depth * 2).next_multiple_of(64)).unwrap_or(u32::MAX);
         let fetch_bufs = q.setup.depth.next_power_of_two().clamp(4, MAX_FETCH_BUFS);
@@ -32,7 +33,7 @@ impl Worker {
                 fd: q.fd(),
                 cmd_op: sys::UBLK_U_IO_PREP_IO_CMDS,
                 cmd: ublk_batch_io {
-                    q_id: q.setup.q_id,
+                    q_id: q.setup.q_id.0,
                     flags: Self::batch_flags(q),
                     nr_elem: q.setup.depth,
                     elem_bytes: eb,
@@ -45,20 +46,18 @@ impl Worker {
                         len: elems,
                     },
                 ),
-                bufs: q.cmd_buf(0).map(|(b, _)| b),
+                bufs: q.cmd_buf(Tag(0)).map(|(b, _)| b),
             },
             ud(K_PREP, slot, 0),
         )?;
-        q.outstanding += 1;
+        q.life.pushed();
         for g in &groups {
             ring.register_buf_ring(g)?;
         }
         q.batch = Some(Batch {
             groups,
             commit,
-            committing: [Vec::with_capacity(depth), Vec::with_capacity(depth)],
-            busy: [false; COMMIT_BUFS],
-            pending: Vec::with_capacity(depth),
+            commits: Commits::new(depth),
             scratch: Vec::with_capacity(depth),
         });
         for k in 0..2 {
@@ -81,7 +80,7 @@ impl Worker {
 
     /// The batch element for `tag`: header (tag, buffer slot, result), plus the tag's buffer
     /// address in copy mode. Only the first `elem_bytes()` bytes are sent.
-    pub(super) fn elem_for(q: &Queue, tag: u16, result: i32) -> [u8; 16] {
+    pub(super) fn elem_for(q: &Queue, tag: Tag, result: i32) -> [u8; 16] {
         let addr = match q.cmd_buf(tag) {
             Some((b, r)) => b.addr(r.offset),
             None => 0,
@@ -104,7 +103,7 @@ impl Worker {
                 fd: q.setup.cdev.as_raw_fd(),
                 cmd_op: sys::UBLK_U_IO_FETCH_IO_CMDS,
                 cmd: ublk_batch_io {
-                    q_id: q.setup.q_id,
+                    q_id: q.setup.q_id.0,
                     flags: 0,
                     nr_elem: q.setup.depth,
                     elem_bytes: 2,
@@ -114,7 +113,7 @@ impl Worker {
             },
             ud(K_FETCH, slot, k),
         )?;
-        q.outstanding += 1;
+        q.life.pushed();
         Ok(())
     }
 
@@ -122,10 +121,10 @@ impl Worker {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
+        q.life.completed();
         if res < 0 {
             q.setup.stats.protocol_error(res);
-            q.stopping = true;
+            q.life.stop();
         }
         if let Some(reply) = q.attach_reply.take() {
             let answer = if res < 0 {
@@ -145,16 +144,15 @@ impl Worker {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        let mut rearm = false;
-        if !c.more() {
-            q.outstanding = q.outstanding.saturating_sub(1);
-            rearm = c.result >= 0 || c.result == -libc::ENOBUFS;
+        let verdict = state::fetch_verdict(c.result, c.more());
+        if verdict.ended {
+            q.life.completed();
         }
-        if c.result < 0 && c.result != -libc::ENOBUFS {
-            if c.result != -libc::ENODEV {
-                q.setup.stats.protocol_error(c.result);
-            }
-            q.stopping = true;
+        if let Some(errno) = verdict.protocol_error {
+            q.setup.stats.protocol_error(errno);
+        }
+        if verdict.stop {
+            q.life.stop();
         }
         // A completion that selected a buffer gives it back whatever it carried: one kept
         // would shrink the group until the kernel runs out (-ENOBUFS) and stops the fetch.
@@ -174,8 +172,8 @@ impl Worker {
         if c.result > 0 {
             q.setup.stats.batch(tags.len() as u64);
             self.handled += tags.len() as u64;
-            for &tag in &tags {
-                if tag >= q.setup.depth {
+            for tag in tags.iter().copied().map(Tag) {
+                if tag.0 >= q.setup.depth {
                     continue;
                 }
                 if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
@@ -187,7 +185,7 @@ impl Worker {
         if let Some(b) = q.batch.as_mut() {
             b.scratch = tags;
         }
-        if rearm && !q.stopping {
+        if verdict.rearm && !q.life.stopping() {
             let _ = self.arm_fetch_slot(slot, k);
         }
     }
@@ -202,7 +200,7 @@ impl Worker {
         };
         let r = self.arm_fetch(&mut q, slot, k);
         if r.is_err() {
-            q.stopping = true;
+            q.life.stop();
         }
         self.queues[usize::from(slot)] = Some(q);
         r
@@ -212,34 +210,25 @@ impl Worker {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
+        q.life.completed();
         let eb = usize::from(q.elem_bytes());
+        let stopping = q.life.stopping();
         let Some(b) = q.batch.as_mut() else { return };
-        let i = usize::from(idx) % COMMIT_BUFS;
-        b.busy[i] = false;
-        let sent = std::mem::take(&mut b.committing[i]);
-        if res >= 0 {
-            // A partial commit: the kernel handled the first res/elem_bytes elements and refused
-            // the next one. Sending that one again would be refused again; it is dropped and
-            // counted (its request stays with the kernel until the device stops), and the
-            // elements after it, which the kernel never looked at, go out again.
-            let done = (res as usize) / eb;
-            if done < sent.len() {
+        match b.commits.completed(usize::from(idx), res, eb, stopping) {
+            CommitOutcome::Done | CommitOutcome::Aborted => {}
+            CommitOutcome::Partial { resent, .. } => {
+                // The refused element is dropped: its request stays with the kernel until the
+                // device stops. Counted, since the protocol broke.
                 q.setup.stats.protocol_error(-libc::EINVAL);
-                if done + 1 < sent.len() {
-                    b.pending.extend_from_slice(&sent[done + 1..]);
+                if resent > 0 {
                     self.dirty.push(slot);
                 }
             }
-        } else if res != -libc::ENODEV || !q.stopping {
-            // The kernel refused the whole commit: these requests will never complete. Only an
-            // abort (the device going away, after a fetch saw -ENODEV) makes that expected.
-            q.setup.stats.protocol_error(res);
-            q.stopping = true;
+            CommitOutcome::Refused(errno) => {
+                q.setup.stats.protocol_error(errno);
+                q.life.stop();
+            }
         }
-        let mut sent = sent;
-        sent.clear();
-        b.committing[i] = sent;
     }
 
     /// Sends each touched batch queue's finished tags in one COMMIT_IO_CMDS.
@@ -276,25 +265,21 @@ impl Worker {
         b: &mut Batch,
         slot: u16,
     ) -> bool {
-        if b.pending.is_empty() {
-            return false;
-        }
-        let Some(i) = b.busy.iter().position(|busy| !busy) else {
-            // Both commit buffers are in flight; their completions will flush again.
-            return true;
+        let n_max = usize::from(q.setup.depth);
+        let Some(i) = b.commits.take(n_max) else {
+            // Nothing pending, or both commit buffers are in flight (their completions flush
+            // again).
+            return b.commits.has_pending();
         };
         let eb = q.elem_bytes();
-        let n_max = usize::from(q.setup.depth);
-        let n = b.pending.len().min(n_max);
-        let mut sent = std::mem::take(&mut b.committing[i]);
-        sent.clear();
-        sent.extend(b.pending.drain(..n));
+        let sent = b.commits.committing_mut(i);
         if (2..n_max).contains(&sent.len())
             && crate::hooks::fire(crate::hooks::Fault::CommitBadElement)
         {
             // Test hook: the first element again, second; the kernel no longer owes us that tag.
             sent.insert(1, sent[0]);
         }
+        let sent = b.commits.committing(i);
         let n = sent.len();
         for (j, &(tag, res)) in sent.iter().enumerate() {
             let e = Self::elem_for(q, tag, res);
@@ -305,7 +290,7 @@ impl Worker {
                 fd: q.fd(),
                 cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
                 cmd: ublk_batch_io {
-                    q_id: q.setup.q_id,
+                    q_id: q.setup.q_id.0,
                     flags: Self::batch_flags(q),
                     nr_elem: n as u16,
                     elem_bytes: eb,
@@ -318,26 +303,28 @@ impl Worker {
                         len: n * usize::from(eb),
                     },
                 ),
-                bufs: q.cmd_buf(0).map(|(m, _)| m),
+                bufs: q.cmd_buf(Tag(0)).map(|(m, _)| m),
             },
             ud(K_COMMIT, slot, i as u16),
         );
-        b.committing[i] = sent;
         match pushed {
             Ok(()) => {
-                b.busy[i] = true;
-                q.outstanding += 1;
+                b.commits.sent(i);
+                q.life.pushed();
             }
-            Err(_) => q.stopping = true,
+            Err(_) => {
+                b.commits.unsent(i);
+                q.life.stop();
+            }
         }
-        !b.pending.is_empty()
+        b.commits.has_pending()
     }
 }
 
 /// One batch element: header (tag, buf_index, result) plus the tag's buffer address.
-fn elem(tag: u16, buf_index: u16, result: i32, addr: u64) -> [u8; 16] {
+fn elem(tag: Tag, buf_index: u16, result: i32, addr: u64) -> [u8; 16] {
     let mut e = [0u8; 16];
-    e[0..2].copy_from_slice(&tag.to_ne_bytes());
+    e[0..2].copy_from_slice(&tag.0.to_ne_bytes());
     e[2..4].copy_from_slice(&buf_index.to_ne_bytes());
     e[4..8].copy_from_slice(&result.to_ne_bytes());
     e[8..16].copy_from_slice(&addr.to_ne_bytes());
@@ -350,7 +337,7 @@ mod tests {
 
     #[test]
     fn batch_element_layout_matches_the_uapi() {
-        let e = elem(7, 3, -5, 0x1000);
+        let e = elem(Tag(7), 3, -5, 0x1000);
         assert_eq!(&e[0..2], &7u16.to_ne_bytes());
         assert_eq!(&e[2..4], &3u16.to_ne_bytes(), "buf_index");
         assert_eq!(&e[4..8], &(-5i32).to_ne_bytes());

@@ -12,6 +12,7 @@
 
 use crate::backend::{Backend, Data, IoCtx, Request, Started};
 use crate::device::IoPath;
+use crate::ids::{DevId, QueueId, Tag};
 use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
 use crate::stats::{OpKind, QueueStats, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
@@ -26,6 +27,9 @@ mod batch;
 mod per_io;
 mod queue;
 mod request;
+mod state;
+
+use state::{Commits, Life, COMMIT_BUFS};
 
 const K_EVENT: u64 = 1;
 const K_IO: u64 = 2;
@@ -61,8 +65,6 @@ const POLL_CQ_ENTRIES: u32 = POLL_FIXED_BUFFERS * 2;
 const POLL_FIXED_BUFFERS: u32 = 8192;
 /// The buffer slot handed to the kernel when every registration must fail (test hook).
 const NO_SLOT: u16 = u16::MAX;
-/// Commit buffers per batch queue, so a new commit can go out while one is in flight.
-const COMMIT_BUFS: usize = 2;
 /// Most fetch buffers per provided-buffer group. Each multishot completion takes a whole buffer
 /// and carries at least one tag, and a tag is not delivered again before we commit it, so
 /// `depth` buffers per group mean the kernel never runs out (-ENOBUFS). Running out would end
@@ -99,8 +101,8 @@ impl Placement {
 /// Everything a worker needs to serve one queue of a device.
 #[derive(Debug)]
 pub struct QueueSetup {
-    pub dev_id: u32,
-    pub q_id: u16,
+    pub dev_id: DevId,
+    pub q_id: QueueId,
     pub depth: u16,
     pub max_io: u32,
     pub path: IoPath,
@@ -118,7 +120,7 @@ pub struct QueueSetup {
     pub backend: Arc<dyn Backend>,
     pub stats: Arc<QueueStats>,
     /// Told when the queue has been torn down (after the kernel aborted its commands).
-    pub gone: Sender<(u32, u16)>,
+    pub gone: Sender<(DevId, QueueId)>,
 }
 
 /// Errors of a worker, named for the step that failed.
@@ -170,7 +172,7 @@ pub enum WorkerCmd {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Tag {
+struct TagState {
     req: Request,
     started: Option<Instant>,
     /// Zero copy failed to register this request's buffer: it is served by copy.
@@ -185,10 +187,8 @@ struct Tag {
 struct Batch {
     groups: [BufRing; 2],
     commit: [Arc<Mapping>; COMMIT_BUFS],
-    /// Elements (tag, result) of the commit in flight in each commit buffer.
-    committing: [Vec<(u16, i32)>; COMMIT_BUFS],
-    busy: [bool; COMMIT_BUFS],
-    pending: Vec<(u16, i32)>,
+    /// Finished tags on their way to the kernel, pending or in flight.
+    commits: Commits,
     scratch: Vec<u16>,
 }
 
@@ -206,12 +206,10 @@ struct Queue {
     zc_slots: Vec<u16>,
     /// Per-tag command payload memory (16 bytes per tag).
     scratch: Arc<Mapping>,
-    tags: Vec<Tag>,
+    tags: Vec<TagState>,
     batch: Option<Batch>,
-    /// Operations of this queue the kernel still holds.
-    outstanding: usize,
-    /// The kernel aborted a fetch: the device is going away.
-    stopping: bool,
+    /// What the kernel still holds of the queue, and whether it is stopping.
+    life: Life,
     /// The control thread waits for the kernel to accept this queue's commands.
     attach_reply: Option<AttachReply>,
 }
@@ -221,9 +219,9 @@ impl Queue {
         self.setup.cdev.as_raw_fd()
     }
 
-    fn tag_region(&self, tag: u16) -> Region {
+    fn tag_region(&self, tag: Tag) -> Region {
         Region {
-            offset: usize::from(tag) * self.setup.max_io as usize,
+            offset: tag.index() * self.setup.max_io as usize,
             len: self.setup.max_io as usize,
         }
     }
@@ -237,15 +235,12 @@ impl Queue {
     }
 
     /// The kernel buffer slot of `tag` (zero copy).
-    fn zc_slot(&self, tag: u16) -> u16 {
-        self.zc_slots
-            .get(usize::from(tag))
-            .copied()
-            .unwrap_or(NO_SLOT)
+    fn zc_slot(&self, tag: Tag) -> u16 {
+        self.zc_slots.get(tag.index()).copied().unwrap_or(NO_SLOT)
     }
 
     /// The AUTO_BUF_REG word for `tag`'s next request (zero copy), else None.
-    fn auto_buf(&self, tag: u16) -> Option<u64> {
+    fn auto_buf(&self, tag: Tag) -> Option<u64> {
         self.setup
             .zero_copy
             .then(|| sys::auto_buf_reg(self.zc_slot(tag), self.fallback_flag()))
@@ -260,7 +255,7 @@ impl Queue {
     }
 
     /// Copy mode's per-tag buffer for a ublk command (None with zero copy).
-    fn cmd_buf(&self, tag: u16) -> Option<(&Arc<Mapping>, Region)> {
+    fn cmd_buf(&self, tag: Tag) -> Option<(&Arc<Mapping>, Region)> {
         if self.setup.zero_copy {
             return None;
         }
@@ -268,17 +263,17 @@ impl Queue {
     }
 
     /// `tag`'s command payload (one NVMe DSM range).
-    fn scratch_region(&self, tag: u16) -> Region {
+    fn scratch_region(&self, tag: Tag) -> Region {
         Region {
-            offset: usize::from(tag) * SCRATCH_BYTES,
+            offset: tag.index() * SCRATCH_BYTES,
             len: PAYLOAD_BYTES,
         }
     }
 
     /// `tag`'s back-off timespec, apart from its payload (a retried discard still needs it).
-    fn timespec_region(&self, tag: u16) -> Region {
+    fn timespec_region(&self, tag: Tag) -> Region {
         Region {
-            offset: usize::from(tag) * SCRATCH_BYTES + PAYLOAD_BYTES,
+            offset: tag.index() * SCRATCH_BYTES + PAYLOAD_BYTES,
             len: 16,
         }
     }
@@ -420,7 +415,8 @@ impl Worker {
                     self.dispatch(*c, on_poll)?;
                     // Only a queue that just had a completion can have become dead.
                     let (_, slot, _) = ud_parts(c.user_data);
-                    if matches!(self.queues.get(usize::from(slot)), Some(Some(q)) if q.stopping) {
+                    if matches!(self.queues.get(usize::from(slot)), Some(Some(q)) if q.life.stopping())
+                    {
                         self.dying.push(slot);
                     }
                 }
@@ -500,19 +496,19 @@ impl Worker {
                 self.commands();
                 self.arm_event()?;
             }
-            K_IO => self.on_io_cmd(slot, low, c.result),
+            K_IO => self.on_io_cmd(slot, Tag(low), c.result),
             K_BACKEND => {
                 if on_poll {
                     self.rings.polled = self.rings.polled.saturating_sub(1);
                 }
-                self.on_backend(slot, low, c.result)
+                self.on_backend(slot, Tag(low), c.result)
             }
             K_PREP => self.on_prep(slot, c.result),
             K_FETCH => self.on_fetch(slot, low, c),
             K_COMMIT => self.on_commit(slot, low, c.result),
-            K_COPY_IN => self.on_copy_in(slot, low, c.result),
-            K_COPY_OUT => self.on_copy_out(slot, low, c.result),
-            K_RETRY => self.on_retry(slot, low),
+            K_COPY_IN => self.on_copy_in(slot, Tag(low), c.result),
+            K_COPY_OUT => self.on_copy_out(slot, Tag(low), c.result),
+            K_RETRY => self.on_retry(slot, Tag(low)),
             _ => {}
         }
         Ok(())

@@ -4,10 +4,10 @@ use super::*;
 
 impl Worker {
     pub(super) fn arm_per_io(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {
-        for tag in 0..q.setup.depth {
+        for tag in (0..q.setup.depth).map(Tag) {
             let cmd = ublksrv_io_cmd {
-                q_id: q.setup.q_id,
-                tag,
+                q_id: q.setup.q_id.0,
+                tag: tag.0,
                 result: 0,
                 addr: 0,
             };
@@ -19,25 +19,26 @@ impl Worker {
                     buf: q.cmd_buf(tag),
                     auto_buf: q.auto_buf(tag),
                 },
-                ud(K_IO, slot, tag),
+                ud(K_IO, slot, tag.0),
             )?;
-            q.outstanding += 1;
+            q.life.pushed();
         }
         Ok(())
     }
 
     /// Per-IO: a FETCH or COMMIT_AND_FETCH completed for `tag`.
-    pub(super) fn on_io_cmd(&mut self, slot: u16, tag: u16, res: i32) {
+    pub(super) fn on_io_cmd(&mut self, slot: u16, tag: Tag, res: i32) {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
-        if res != sys::UBLK_IO_RES_OK {
+        let verdict = super::state::io_cmd_verdict(res);
+        q.life.completed();
+        if let Some(errno) = verdict.protocol_error {
+            q.setup.stats.protocol_error(errno);
+        }
+        if verdict.stop {
             // ABORT (-ENODEV) or an error: this tag gets no more requests.
-            if res != sys::UBLK_IO_RES_ABORT {
-                q.setup.stats.protocol_error(res);
-            }
-            q.stopping = true;
+            q.life.stop();
             return;
         }
         q.setup.stats.batch(1);
@@ -47,10 +48,10 @@ impl Worker {
         }
     }
 
-    pub(super) fn commit_one(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16, res: i32) {
+    pub(super) fn commit_one(rings: &mut Rings, q: &mut Queue, slot: u16, tag: Tag, res: i32) {
         let cmd = ublksrv_io_cmd {
-            q_id: q.setup.q_id,
-            tag,
+            q_id: q.setup.q_id.0,
+            tag: tag.0,
             result: res,
             addr: 0,
         };
@@ -62,11 +63,11 @@ impl Worker {
                 buf: q.cmd_buf(tag),
                 auto_buf: q.auto_buf(tag),
             },
-            ud(K_IO, slot, tag),
+            ud(K_IO, slot, tag.0),
         );
         match pushed {
-            Ok(()) => q.outstanding += 1,
-            Err(_) => q.stopping = true,
+            Ok(()) => q.life.pushed(),
+            Err(_) => q.life.stop(),
         }
     }
 }

@@ -30,9 +30,9 @@ impl Worker {
                 .map_err(|e| clean(e.into()))?;
             self.rings.poll = Some(poll);
         }
-        let desc = DescMap::map(&setup.cdev, setup.q_id, setup.depth)
+        let desc = DescMap::map(&setup.cdev, setup.q_id.0, setup.depth)
             .map_err(|e| clean(WorkerError::MapDescriptors(e)))?;
-        if setup.q_id > 0 && crate::hooks::fire(crate::hooks::Fault::AttachFails) {
+        if setup.q_id.0 > 0 && crate::hooks::fire(crate::hooks::Fault::AttachFails) {
             return Err(clean(WorkerError::Injected));
         }
         let depth = usize::from(setup.depth);
@@ -53,7 +53,7 @@ impl Worker {
                 None => return Err(clean(WorkerError::Ring(RingError::NoFixedSlot))),
             }
         };
-        let idle = Tag {
+        let idle = TagState {
             req: Request::from_desc(&sys::ublksrv_io_desc::default()),
             started: None,
             fallback: false,
@@ -76,8 +76,7 @@ impl Worker {
             zc_slots,
             scratch,
             batch: None,
-            outstanding: 0,
-            stopping: false,
+            life: Life::default(),
             attach_reply: None,
         };
         if !q.setup.zero_copy {
@@ -105,7 +104,7 @@ impl Worker {
                 Ok(())
             }
             Err(source) => {
-                q.stopping = true;
+                q.life.stop();
                 self.queues[slot] = Some(q);
                 self.dying.push(slot16);
                 Err(AttachError { source, held: true })
@@ -151,7 +150,7 @@ impl Worker {
             let Some(reply) = q.attach_reply.as_ref() else {
                 return false;
             };
-            if q.stopping {
+            if q.life.stopping() {
                 let _ = reply.send(Err(AttachError {
                     source: WorkerError::Stopped,
                     held: true,
@@ -213,7 +212,7 @@ impl Worker {
         dying.dedup();
         for &slot in &dying {
             let slot = usize::from(slot);
-            let dead = matches!(&self.queues[slot], Some(q) if q.stopping && q.outstanding == 0);
+            let dead = matches!(&self.queues[slot], Some(q) if q.life.is_dead());
             if !dead {
                 continue;
             }

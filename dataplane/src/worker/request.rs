@@ -11,14 +11,14 @@ impl Worker {
         rings: &mut Rings,
         q: &mut Queue,
         slot: u16,
-        tag: u16,
+        tag: Tag,
     ) -> Option<i32> {
-        let Some(desc) = q.desc.get(tag) else {
+        let Some(desc) = q.desc.get(tag.0) else {
             return Some(-libc::EINVAL);
         };
         let req = Request::from_desc(&desc);
         let fallback = q.setup.zero_copy && desc.op_flags & sys::UBLK_IO_F_NEED_REG_BUF != 0;
-        q.tags[usize::from(tag)] = Tag {
+        q.tags[tag.index()] = TagState {
             req,
             started: Some(Instant::now()),
             fallback,
@@ -48,7 +48,7 @@ impl Worker {
         rings: &mut Rings,
         q: &mut Queue,
         slot: u16,
-        tag: u16,
+        tag: Tag,
         kind: u64,
         len: usize,
     ) -> Option<i32> {
@@ -59,7 +59,7 @@ impl Worker {
             offset: q.tag_region(tag).offset,
             len,
         };
-        let file_offset = sys::user_copy_offset(q.setup.q_id, tag);
+        let file_offset = sys::user_copy_offset(q.setup.q_id.0, tag.0);
         let fd = q.fd();
         let op = if kind == K_COPY_IN {
             Op::Read {
@@ -76,9 +76,9 @@ impl Worker {
                 file_offset,
             }
         };
-        match rings.main.push(op, ud(kind, slot, tag)) {
+        match rings.main.push(op, ud(kind, slot, tag.0)) {
             Ok(()) => {
-                q.outstanding += 1;
+                q.life.pushed();
                 None
             }
             Err(_) => Some(-libc::EIO),
@@ -90,9 +90,9 @@ impl Worker {
         rings: &mut Rings,
         q: &mut Queue,
         slot: u16,
-        tag: u16,
+        tag: Tag,
     ) -> Option<i32> {
-        let t = q.tags[usize::from(tag)];
+        let t = q.tags[tag.index()];
         let req = t.req;
         let region = Region {
             offset: q.tag_region(tag).offset,
@@ -111,14 +111,14 @@ impl Worker {
         let on_poll = q.setup.placement.backend_on_poll();
         let ctx = IoCtx {
             ring: rings.get(on_poll),
-            user_data: ud(K_BACKEND, slot, tag),
+            user_data: ud(K_BACKEND, slot, tag.0),
             data,
             scratch: (&q.scratch, q.scratch_region(tag)),
         };
         match q.setup.backend.start(&req, ctx) {
             Started::Done(res) => Some(res),
             Started::Submitted => {
-                q.outstanding += 1;
+                q.life.pushed();
                 if on_poll {
                     rings.polled += 1;
                 }
@@ -134,12 +134,12 @@ impl Worker {
         q: &mut Queue,
         dirty: &mut Vec<u16>,
         slot: u16,
-        tag: u16,
+        tag: Tag,
         res: i32,
     ) {
-        let t = q.tags[usize::from(tag)];
+        let t = q.tags[tag.index()];
         if t.fallback && t.req.op == OpKind::Read && res > 0 {
-            q.tags[usize::from(tag)].result = res;
+            q.tags[tag.index()].result = res;
             match Self::copy_user(rings, q, slot, tag, K_COPY_OUT, res as usize) {
                 None => return,
                 Some(err) => return Self::commit(rings, q, dirty, slot, tag, err),
@@ -155,28 +155,28 @@ impl Worker {
         q: &mut Queue,
         dirty: &mut Vec<u16>,
         slot: u16,
-        tag: u16,
+        tag: Tag,
         res: i32,
     ) {
-        let t = q.tags[usize::from(tag)];
+        let t = q.tags[tag.index()];
         let lat = t.started.map_or(0, |s| s.elapsed().as_nanos() as u64);
         q.setup
             .stats
             .finished(t.req.op, u64::from(t.req.len), res, lat);
         if let Some(b) = q.batch.as_mut() {
-            b.pending.push((tag, res));
+            b.commits.finished(tag, res);
             dirty.push(slot);
         } else {
             Self::commit_one(rings, q, slot, tag, res);
         }
     }
 
-    pub(super) fn on_backend(&mut self, slot: u16, tag: u16, res: i32) {
+    pub(super) fn on_backend(&mut self, slot: u16, tag: Tag, res: i32) {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
-        let t = q.tags[usize::from(tag)];
+        q.life.completed();
+        let t = q.tags[tag.index()];
         use crate::hooks::{fire, Fault};
         // Test hook; `cfg!` keeps the backend check off the I/O path of shipped builds.
         let res = if cfg!(feature = "test-hooks")
@@ -199,8 +199,8 @@ impl Worker {
 
     /// Sends request `tag`'s backend operation again after a back-off (a timeout on the main
     /// ring; its completion resends). False if the timeout could not be queued.
-    pub(super) fn retry_later(rings: &mut Rings, q: &mut Queue, slot: u16, tag: u16) -> bool {
-        let n = q.tags[usize::from(tag)].retries;
+    pub(super) fn retry_later(rings: &mut Rings, q: &mut Queue, slot: u16, tag: Tag) -> bool {
+        let n = q.tags[tag.index()].retries;
         let ns = FIRST_BACKOFF_NS << n;
         let mut ts = [0u8; 16];
         ts[0..8].copy_from_slice(&(ns / 1_000_000_000).to_ne_bytes());
@@ -213,35 +213,35 @@ impl Worker {
             Op::Timeout {
                 ts: (&q.scratch, region),
             },
-            ud(K_RETRY, slot, tag),
+            ud(K_RETRY, slot, tag.0),
         );
         if pushed.is_err() {
             return false;
         }
-        q.outstanding += 1;
-        q.tags[usize::from(tag)].retries = n + 1;
+        q.life.pushed();
+        q.tags[tag.index()].retries = n + 1;
         q.setup.stats.retry();
         true
     }
 
     /// A back-off ended: send request `tag`'s backend operation again.
-    pub(super) fn on_retry(&mut self, slot: u16, tag: u16) {
+    pub(super) fn on_retry(&mut self, slot: u16, tag: Tag) {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
+        q.life.completed();
         if let Some(r) = Self::start_backend(&mut self.rings, q, slot, tag) {
             Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
         }
     }
 
     /// A fallback write's data arrived from the kernel: start the backend.
-    pub(super) fn on_copy_in(&mut self, slot: u16, tag: u16, res: i32) {
+    pub(super) fn on_copy_in(&mut self, slot: u16, tag: Tag, res: i32) {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
-        let want = q.tags[usize::from(tag)].req.len;
+        q.life.completed();
+        let want = q.tags[tag.index()].req.len;
         let started = if u32::try_from(res).ok() == Some(want) {
             Self::start_backend(&mut self.rings, q, slot, tag)
         } else {
@@ -253,12 +253,12 @@ impl Worker {
     }
 
     /// A fallback read's data reached the kernel: commit the backend's result.
-    pub(super) fn on_copy_out(&mut self, slot: u16, tag: u16, res: i32) {
+    pub(super) fn on_copy_out(&mut self, slot: u16, tag: Tag, res: i32) {
         let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
             return;
         };
-        q.outstanding = q.outstanding.saturating_sub(1);
-        let want = q.tags[usize::from(tag)].result;
+        q.life.completed();
+        let want = q.tags[tag.index()].result;
         let r = if res == want { want } else { -libc::EIO };
         Self::commit(&mut self.rings, q, &mut self.dirty, slot, tag, r);
     }
