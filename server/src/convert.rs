@@ -121,7 +121,7 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
         }),
     };
     v1::Volume {
-        id: r.id.clone(),
+        id: r.id.to_string(),
         spec: Some(v1::VolumeSpec {
             size_bytes: r.size_bytes,
             block_size: Some(r.block_size),
@@ -138,7 +138,7 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             .as_ref()
             .map(|d| d.block_device.display().to_string())
             .unwrap_or_default(),
-        dev_id: v.device.as_ref().map_or(0, |d| d.dev_id),
+        dev_id: v.device.as_ref().map_or(0, |d| d.dev_id.0),
         created: Some(prost_types::Timestamp {
             seconds: r.created_unix_ms.div_euclid(1000),
             nanos: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as i32,

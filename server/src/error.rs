@@ -1,57 +1,94 @@
 //! The server's errors, and the one place where they become gRPC statuses.
 
 use crate::registry::RegistryError;
+use crate::volume_id::{BadVolumeId, VolumeId};
 use std::path::PathBuf;
 use tonic::{Code, Status};
-use ublkd_dataplane::{DataplaneError, ErrorKind};
+use ublkd_dataplane::{DataplaneError, DevId, ErrorKind};
 
-/// Errors of volume operations; `code()` below is the one place they become gRPC codes.
+/// Errors of volume operations, named for the step that failed; `code()` below is the one
+/// place they become gRPC codes.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
+    /// The request broke a rule of the API (the message names the field).
     #[error("{0}")]
-    Invalid(String),
+    ValidateRequest(String),
+    #[error(transparent)]
+    ValidateVolumeId(#[from] BadVolumeId),
+    #[error("backing path {0:?} is outside the allowed roots")]
+    BackingPathOutsideRoots(String),
+    /// The backing path, or its directory, does not exist (the message says which).
     #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    AlreadyExists(String),
-    #[error("{0}")]
-    Precondition(String),
-    #[error("{0}")]
-    PermissionDenied(String),
-    #[error("{0}")]
-    Exhausted(String),
-    #[error("{0}")]
-    Unimplemented(String),
-    #[error("the kernel has no ublk driver (modprobe ublk_drv): {0}")]
-    NoUblk(String),
-    #[error("dataplane")]
-    Dataplane(#[from] DataplaneError),
-    #[error("registry")]
-    Registry(#[from] RegistryError),
-    #[error("backing file {path}")]
-    BackingFile {
+    BackingPathMissing(String),
+    #[error("volume {0:?} does not exist")]
+    LookupVolume(VolumeId),
+    #[error(
+        "no orphan ublk device {0} (devices of registered volumes are deleted with DeleteVolume)"
+    )]
+    LookupOrphan(DevId),
+    #[error("volume {0:?} already exists with a different spec")]
+    CreateConflict(VolumeId),
+    #[error("volume {0:?} already exists")]
+    AdoptConflict(VolumeId),
+    #[error("the node already has {0} volumes, the configured maximum")]
+    AdmitVolumeLimit(usize),
+    #[error("backing file {} is in use by volume {by:?}", path.display())]
+    AdmitBackingInUse { path: PathBuf, by: VolumeId },
+    #[error("no free ublk device id")]
+    AllocateDevId,
+    #[error("backing file {}", path.display())]
+    PrepareBackingFile {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("internal: {0}")]
-    Internal(String),
+    #[error("backing file {} holds {len} bytes, fewer than {size}", path.display())]
+    GrowBackingFile { path: PathBuf, len: u64, size: u64 },
+    #[error("volume {id:?} is {from} bytes: shrinking to {to} is refused (it would cut off data)")]
+    ResizeShrink { id: VolumeId, from: u64, to: u64 },
+    #[error("volume {id:?} is busy: {} is mounted at {at}", device.display())]
+    DeleteMounted {
+        id: VolumeId,
+        device: PathBuf,
+        at: String,
+    },
+    /// The volume has no device to act on (it is not READY).
+    #[error("volume {id:?} has no device ({state})")]
+    NotServing { id: VolumeId, state: &'static str },
+    #[error("the kernel has no ublk driver (modprobe ublk_drv): {0}")]
+    OpenDataplane(String),
+    #[error("dataplane")]
+    Dataplane(#[from] DataplaneError),
+    #[error("registry")]
+    Registry(#[from] RegistryError),
+    #[error("dataplane task failed: {0}")]
+    JoinDataplaneTask(String),
+    #[error("volume task failed: {0}")]
+    JoinVolumeTask(String),
+    #[error("a deadline of {0:?} leaves no time to do the work; nothing was changed")]
+    CheckDeadline(std::time::Duration),
 }
 
 impl VolumeError {
     /// The gRPC code a client gets for this error.
     pub fn code(&self) -> Code {
+        use VolumeError as E;
         match self {
-            VolumeError::Invalid(_) => Code::InvalidArgument,
-            VolumeError::NotFound(_) => Code::NotFound,
-            VolumeError::AlreadyExists(_) => Code::AlreadyExists,
-            VolumeError::Precondition(_) | VolumeError::NoUblk(_) => Code::FailedPrecondition,
-            VolumeError::PermissionDenied(_) => Code::PermissionDenied,
-            VolumeError::Exhausted(_) => Code::ResourceExhausted,
-            VolumeError::Unimplemented(_) => Code::Unimplemented,
-            VolumeError::Dataplane(e) => dataplane_code(e.kind()),
-            VolumeError::BackingFile { .. } => Code::FailedPrecondition,
-            VolumeError::Registry(_) | VolumeError::Internal(_) => Code::Internal,
+            E::ValidateRequest(_) | E::ValidateVolumeId(_) => Code::InvalidArgument,
+            E::BackingPathOutsideRoots(_) => Code::PermissionDenied,
+            E::BackingPathMissing(_) | E::LookupVolume(_) | E::LookupOrphan(_) => Code::NotFound,
+            E::CreateConflict(_) | E::AdoptConflict(_) => Code::AlreadyExists,
+            E::AdmitVolumeLimit(_) | E::AllocateDevId => Code::ResourceExhausted,
+            E::AdmitBackingInUse { .. }
+            | E::PrepareBackingFile { .. }
+            | E::GrowBackingFile { .. }
+            | E::ResizeShrink { .. }
+            | E::DeleteMounted { .. }
+            | E::NotServing { .. }
+            | E::OpenDataplane(_) => Code::FailedPrecondition,
+            E::Dataplane(e) => dataplane_code(e.kind()),
+            E::Registry(_) | E::JoinDataplaneTask(_) | E::JoinVolumeTask(_) => Code::Internal,
+            E::CheckDeadline(_) => Code::DeadlineExceeded,
         }
     }
 }
@@ -116,13 +153,17 @@ impl From<VolumeError> for Status {
 mod tests {
     use super::*;
 
+    fn id(s: &str) -> VolumeId {
+        VolumeId::parse(s).unwrap()
+    }
+
     #[test]
     fn errors_map_to_codes_and_keep_their_cause() {
-        let s: Status = VolumeError::NotFound("volume \"x\" does not exist".into()).into();
+        let s: Status = VolumeError::LookupVolume(id("x")).into();
         assert_eq!(s.code(), Code::NotFound);
         assert_eq!(s.message(), "volume \"x\" does not exist");
         let io = std::io::Error::from_raw_os_error(2);
-        let s: Status = VolumeError::BackingFile {
+        let s: Status = VolumeError::PrepareBackingFile {
             path: "/v.img".into(),
             source: io,
         }
@@ -139,36 +180,83 @@ mod tests {
     #[test]
     fn every_error_has_its_code() {
         let io = || std::io::Error::from_raw_os_error(5);
+        use VolumeError as E;
         let table: Vec<(VolumeError, Code)> = vec![
-            (VolumeError::Invalid("x".into()), Code::InvalidArgument),
-            (VolumeError::NotFound("x".into()), Code::NotFound),
-            (VolumeError::AlreadyExists("x".into()), Code::AlreadyExists),
+            (E::ValidateRequest("x".into()), Code::InvalidArgument),
             (
-                VolumeError::Precondition("x".into()),
-                Code::FailedPrecondition,
+                E::ValidateVolumeId(BadVolumeId("X".into())),
+                Code::InvalidArgument,
             ),
-            (VolumeError::NoUblk("x".into()), Code::FailedPrecondition),
             (
-                VolumeError::PermissionDenied("x".into()),
+                E::BackingPathOutsideRoots("/etc".into()),
                 Code::PermissionDenied,
             ),
-            (VolumeError::Exhausted("x".into()), Code::ResourceExhausted),
-            (VolumeError::Unimplemented("x".into()), Code::Unimplemented),
+            (E::BackingPathMissing("x".into()), Code::NotFound),
+            (E::LookupVolume(id("v")), Code::NotFound),
+            (E::LookupOrphan(DevId(3)), Code::NotFound),
+            (E::CreateConflict(id("v")), Code::AlreadyExists),
+            (E::AdoptConflict(id("v")), Code::AlreadyExists),
+            (E::AdmitVolumeLimit(9), Code::ResourceExhausted),
+            (E::AllocateDevId, Code::ResourceExhausted),
             (
-                VolumeError::BackingFile {
+                E::AdmitBackingInUse {
+                    path: "/v".into(),
+                    by: id("w"),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::PrepareBackingFile {
                     path: "/v".into(),
                     source: io(),
                 },
                 Code::FailedPrecondition,
             ),
             (
-                VolumeError::Registry(RegistryError::Write {
-                    id: "v".into(),
+                E::GrowBackingFile {
+                    path: "/v".into(),
+                    len: 1,
+                    size: 2,
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::ResizeShrink {
+                    id: id("v"),
+                    from: 2,
+                    to: 1,
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::DeleteMounted {
+                    id: id("v"),
+                    device: "/dev/ublkb0".into(),
+                    at: "/mnt".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::NotServing {
+                    id: id("v"),
+                    state: "failed",
+                },
+                Code::FailedPrecondition,
+            ),
+            (E::OpenDataplane("x".into()), Code::FailedPrecondition),
+            (
+                E::Registry(RegistryError::Write {
+                    id: id("v"),
                     source: io(),
                 }),
                 Code::Internal,
             ),
-            (VolumeError::Internal("x".into()), Code::Internal),
+            (E::JoinDataplaneTask("x".into()), Code::Internal),
+            (E::JoinVolumeTask("x".into()), Code::Internal),
+            (
+                E::CheckDeadline(std::time::Duration::from_nanos(1)),
+                Code::DeadlineExceeded,
+            ),
         ];
         for (e, code) in table {
             assert_eq!(e.code(), code, "{e:?}");
@@ -191,7 +279,7 @@ mod tests {
     #[test]
     fn messages_are_bounded() {
         let long = "é".repeat(5000);
-        let s: Status = VolumeError::Invalid(long).into();
+        let s: Status = VolumeError::ValidateRequest(long).into();
         assert!(
             s.message().len() <= MAX_MESSAGE_BYTES,
             "{}",

@@ -5,11 +5,12 @@
 //! Spec choices are the dataplane's own enums, stored by name (`"auto"`, `"per_io"`, `"on"`):
 //! the very strings releases before them wrote, so their files load unchanged.
 
+use crate::volume_id::VolumeId;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use ublkd_dataplane::{IoPath, Toggle};
+use ublkd_dataplane::{DevId, IoPath, Toggle};
 
 /// A volume's backend as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +33,7 @@ pub enum BackendRecord {
 /// Everything needed to bring a volume back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
-    pub id: String,
+    pub id: VolumeId,
     pub size_bytes: u64,
     pub block_size: u32,
     pub backend: BackendRecord,
@@ -42,7 +43,7 @@ pub struct VolumeRecord {
     pub created_unix_ms: i64,
     /// The kernel device id: chosen before the device is created, so after a crash at any
     /// point the next start finds (and takes over) the device this record made.
-    pub dev_id: Option<u32>,
+    pub dev_id: Option<DevId>,
     /// A delete was started: the next start finishes it.
     #[serde(default)]
     pub deleting: bool,
@@ -64,13 +65,13 @@ pub enum RegistryError {
     },
     #[error("cannot write the record of volume {id}")]
     Write {
-        id: String,
+        id: VolumeId,
         #[source]
         source: io::Error,
     },
     #[error("cannot remove the record of volume {id}")]
     Remove {
-        id: String,
+        id: VolumeId,
         #[source]
         source: io::Error,
     },
@@ -132,9 +133,9 @@ impl Registry {
     }
 
     /// Removes the record of `id` durably; a missing record is not an error.
-    pub fn remove(&self, id: &str) -> Result<(), RegistryError> {
+    pub fn remove(&self, id: &VolumeId) -> Result<(), RegistryError> {
         let err = |source| RegistryError::Remove {
-            id: id.to_owned(),
+            id: id.clone(),
             source,
         };
         match fs::remove_file(self.path(id)) {
@@ -193,7 +194,7 @@ mod tests {
 
     fn rec(id: &str) -> VolumeRecord {
         VolumeRecord {
-            id: id.into(),
+            id: VolumeId::parse(id).unwrap(),
             size_bytes: 1 << 30,
             block_size: 4096,
             backend: BackendRecord::File {
@@ -206,7 +207,7 @@ mod tests {
             zero_copy: Toggle::Auto,
             poll: Toggle::Auto,
             created_unix_ms: 1,
-            dev_id: Some(3),
+            dev_id: Some(DevId(3)),
             deleting: false,
         }
     }
@@ -227,8 +228,8 @@ mod tests {
         );
         assert_eq!(all[0].size_bytes, 2 << 30);
         assert!(report.corrupt.is_empty());
-        reg.remove("a").unwrap();
-        reg.remove("a").unwrap();
+        reg.remove(&VolumeId::parse("a").unwrap()).unwrap();
+        reg.remove(&VolumeId::parse("a").unwrap()).unwrap();
         assert_eq!(reg.load().unwrap().0.len(), 1);
     }
 

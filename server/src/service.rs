@@ -1,15 +1,16 @@
 //! The gRPC services: thin handlers that check and convert a request, hand it to the volume
-//! manager, and turn the result (or error, via `status.rs`) into a response.
+//! manager, and turn the result into a response (an error becomes a status in `error.rs`).
 
 use crate::config::Settings;
 use crate::convert;
+use crate::error::VolumeError;
 use crate::validate;
 use crate::volumes::Volumes;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
-use ublkd_dataplane::OpKind;
+use ublkd_dataplane::{DevId, OpKind};
 use ublkd_proto::v1::{
     self, node_service_server::NodeService, volume_service_server::VolumeService,
 };
@@ -40,11 +41,9 @@ fn client_timeout<T>(req: &Request<T>) -> Option<Duration> {
     })
 }
 
-fn check_deadline<T>(req: &Request<T>) -> Result<(), Status> {
+fn check_deadline<T>(req: &Request<T>) -> Result<(), VolumeError> {
     match client_timeout(req) {
-        Some(t) if t < MIN_DEADLINE => Err(Status::deadline_exceeded(format!(
-            "a deadline of {t:?} leaves no time to do the work; nothing was changed"
-        ))),
+        Some(t) if t < MIN_DEADLINE => Err(VolumeError::CheckDeadline(t)),
         _ => Ok(()),
     }
 }
@@ -52,23 +51,22 @@ fn check_deadline<T>(req: &Request<T>) -> Result<(), Status> {
 /// Runs a state change to completion on its own task, so a client that gives up midway (or a
 /// deadline that expires) never leaves a half-made change behind.
 async fn to_completion<T: Send + 'static>(
-    f: impl Future<Output = Result<T, crate::error::VolumeError>> + Send + 'static,
-) -> Result<T, Status> {
+    f: impl Future<Output = Result<T, VolumeError>> + Send + 'static,
+) -> Result<T, VolumeError> {
     tokio::spawn(f)
         .await
-        .map_err(|e| Status::internal(format!("volume task failed: {e}")))?
-        .map_err(Status::from)
+        .map_err(|e| VolumeError::JoinVolumeTask(e.to_string()))?
 }
 
 impl Api {
-    /// Runs one RPC and logs a refusal (`rpc_meter` counts every RPC, these and those refused
-    /// before a handler).
+    /// Runs one RPC, turns its error into a status (the one place: `error.rs`) and logs a
+    /// refusal (`rpc_meter` counts every RPC, these and those refused before a handler).
     async fn metered<T>(
         &self,
         method: &'static str,
-        f: impl Future<Output = Result<T, Status>>,
+        f: impl Future<Output = Result<T, VolumeError>>,
     ) -> Result<Response<T>, Status> {
-        let result = f.await;
+        let result = f.await.map_err(Status::from);
         if let Err(s) = &result {
             tracing::info!(method, code = ?s.code(), message = s.message(), "request refused");
         }
@@ -85,8 +83,8 @@ impl VolumeService for Api {
         self.metered("CreateVolume", async {
             check_deadline(&req)?;
             let req = req.into_inner();
-            validate::volume_id(&req.id)?;
-            let record = validate::spec(&req.id, req.spec.as_ref(), &self.settings)?;
+            let id = validate::volume_id(&req.id)?;
+            let record = validate::spec(id, req.spec.as_ref(), &self.settings)?;
             let volumes = Arc::clone(&self.volumes);
             let vol = to_completion(async move { volumes.create(record).await }).await?;
             tracing::info!(volume = %vol.record.id, device = ?vol.device.as_ref().map(|d| &d.block_device), "volume created");
@@ -102,15 +100,15 @@ impl VolumeService for Api {
         self.metered("DeleteVolume", async {
             check_deadline(&req)?;
             let req = req.into_inner();
-            validate::volume_id(&req.id)?;
+            let id = validate::volume_id(&req.id)?;
             let volumes = Arc::clone(&self.volumes);
-            let (id, allow_missing) = (req.id.clone(), req.allow_missing);
+            let (del, allow_missing) = (id.clone(), req.allow_missing);
             let deleted =
-                to_completion(async move { volumes.delete(&id, allow_missing).await }).await?;
+                to_completion(async move { volumes.delete(&del, allow_missing).await }).await?;
             if deleted {
-                tracing::info!(volume = %req.id, "volume deleted");
+                tracing::info!(volume = %id, "volume deleted");
             } else {
-                tracing::info!(volume = %validate::truncate(&req.id), "delete of an absent volume allowed");
+                tracing::info!(volume = %id, "delete of an absent volume allowed");
             }
             Ok(v1::DeleteVolumeResponse {})
         })
@@ -123,8 +121,8 @@ impl VolumeService for Api {
     ) -> Result<Response<v1::Volume>, Status> {
         self.metered("GetVolume", async {
             let req = req.into_inner();
-            validate::volume_id(&req.id)?;
-            Ok(convert::volume_proto(&self.volumes.get(&req.id).await?))
+            let id = validate::volume_id(&req.id)?;
+            Ok(convert::volume_proto(&self.volumes.get(&id).await?))
         })
         .await
     }
@@ -153,11 +151,11 @@ impl VolumeService for Api {
         self.metered("ResizeVolume", async {
             check_deadline(&req)?;
             let req = req.into_inner();
-            validate::volume_id(&req.id)?;
+            let id = validate::volume_id(&req.id)?;
             let volumes = Arc::clone(&self.volumes);
-            let (id, size) = (req.id.clone(), req.size_bytes);
+            let size = req.size_bytes;
             let vol = to_completion(async move { volumes.resize(&id, size).await }).await?;
-            tracing::info!(volume = %req.id, size = req.size_bytes, "volume resized");
+            tracing::info!(volume = %vol.record.id, size, "volume resized");
             Ok(convert::volume_proto(&vol))
         })
         .await
@@ -169,8 +167,8 @@ impl VolumeService for Api {
     ) -> Result<Response<v1::VolumeStats>, Status> {
         self.metered("GetVolumeStats", async {
             let req = req.into_inner();
-            validate::volume_id(&req.id)?;
-            let s = self.volumes.stats(&req.id).await?;
+            let id = validate::volume_id(&req.id)?;
+            let s = self.volumes.stats(&id).await?;
             let completed: u64 = s.total.latency_buckets.iter().sum();
             Ok(v1::VolumeStats {
                 id: req.id,
@@ -238,7 +236,7 @@ impl NodeService for Api {
                     .await
                     .into_iter()
                     .map(|d| v1::OrphanDevice {
-                        dev_id: d.dev_id,
+                        dev_id: d.dev_id.0,
                         state: d.state.name().into(),
                         server_pid: d.pid,
                         size_bytes: d.size_bytes,
@@ -258,30 +256,30 @@ impl NodeService for Api {
         self.metered("AdoptDevice", async {
             check_deadline(&req)?;
             let req = req.into_inner();
-            validate::volume_id(&req.id)?;
+            let id = validate::volume_id(&req.id)?;
             let Some(mut spec) = req.spec else {
-                return Err(Status::invalid_argument("spec with a backend is required"));
+                return Err(VolumeError::ValidateRequest(
+                    "spec with a backend is required".into(),
+                ));
             };
+            let dev_id = DevId(req.dev_id);
             let orphan = self
                 .volumes
                 .orphans()
                 .await
                 .into_iter()
-                .find(|d| d.dev_id == req.dev_id)
-                .ok_or_else(|| {
-                    Status::not_found(format!("no orphan ublk device {}", req.dev_id))
-                })?;
+                .find(|d| d.dev_id == dev_id)
+                .ok_or(VolumeError::LookupOrphan(dev_id))?;
             // What the caller leaves out is the device's own.
             if spec.size_bytes == 0 {
                 spec.size_bytes = orphan.size_bytes;
             }
             spec.queues = spec.queues.or(Some(u32::from(orphan.queues)));
             spec.queue_depth = spec.queue_depth.or(Some(u32::from(orphan.queue_depth)));
-            let record = validate::spec(&req.id, Some(&spec), &self.settings)?;
+            let record = validate::spec(id, Some(&spec), &self.settings)?;
             let volumes = Arc::clone(&self.volumes);
-            let dev_id = req.dev_id;
             let vol = to_completion(async move { volumes.adopt(dev_id, record).await }).await?;
-            tracing::info!(volume = %vol.record.id, dev_id, "orphan device adopted");
+            tracing::info!(volume = %vol.record.id, %dev_id, "orphan device adopted");
             Ok(convert::volume_proto(&vol))
         })
         .await
@@ -293,10 +291,10 @@ impl NodeService for Api {
     ) -> Result<Response<v1::DeleteOrphanResponse>, Status> {
         self.metered("DeleteOrphan", async {
             check_deadline(&req)?;
-            let dev_id = req.into_inner().dev_id;
+            let dev_id = DevId(req.into_inner().dev_id);
             let volumes = Arc::clone(&self.volumes);
             to_completion(async move { volumes.delete_orphan(dev_id).await }).await?;
-            tracing::info!(dev_id, "orphan device deleted");
+            tracing::info!(%dev_id, "orphan device deleted");
             Ok(v1::DeleteOrphanResponse {})
         })
         .await

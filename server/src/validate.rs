@@ -3,27 +3,13 @@
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::registry::{BackendRecord, VolumeRecord};
+use crate::volume_id::VolumeId;
 use std::path::{Component, Path, PathBuf};
 use ublkd_proto::v1;
 
-/// A volume id is a DNS label: 1-63 of `[a-z0-9-]`, starting and ending with a letter or digit.
-pub fn volume_id(id: &str) -> Result<(), VolumeError> {
-    let ok = !id.is_empty()
-        && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !id.starts_with('-')
-        && !id.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(VolumeError::Invalid(format!(
-            "volume id {:?} must be 1-63 characters of a-z, 0-9 and '-', starting and ending \
-             with a letter or digit",
-            truncate(id)
-        )))
-    }
+/// A volume id is a DNS label (`VolumeId::parse`).
+pub fn volume_id(id: &str) -> Result<VolumeId, VolumeError> {
+    Ok(VolumeId::parse(id)?)
 }
 
 /// The longest path accepted (PATH_MAX, counting the terminating NUL).
@@ -40,11 +26,11 @@ pub fn truncate(s: &str) -> String {
 
 /// Turns a CreateVolume spec into the record to store, applying defaults and limits.
 pub fn spec(
-    id: &str,
+    id: VolumeId,
     spec: Option<&v1::VolumeSpec>,
     s: &Settings,
 ) -> Result<VolumeRecord, VolumeError> {
-    let invalid = |m: String| Err(VolumeError::Invalid(m));
+    let invalid = |m: String| Err(VolumeError::ValidateRequest(m));
     let Some(spec) = spec else {
         return invalid("spec is required".into());
     };
@@ -103,12 +89,12 @@ pub fn spec(
     };
     let toggle = |v: i32, what: &str| {
         crate::convert::toggle_from_proto(v)
-            .ok_or_else(|| VolumeError::Invalid(format!("unknown {what} setting {v}")))
+            .ok_or_else(|| VolumeError::ValidateRequest(format!("unknown {what} setting {v}")))
     };
     let zero_copy = toggle(spec.zero_copy, "zero_copy")?;
     let poll = toggle(spec.poll, "poll")?;
     Ok(VolumeRecord {
-        id: id.to_owned(),
+        id,
         size_bytes: spec.size_bytes,
         block_size,
         backend,
@@ -126,17 +112,17 @@ pub fn spec(
 /// A volume size: positive, a multiple of the block size, within the configured maximum.
 pub fn size(bytes: u64, block_size: u32, s: &Settings) -> Result<(), VolumeError> {
     if bytes == 0 {
-        return Err(VolumeError::Invalid(
+        return Err(VolumeError::ValidateRequest(
             "size_bytes must be greater than 0".into(),
         ));
     }
     if bytes % u64::from(block_size) != 0 {
-        return Err(VolumeError::Invalid(format!(
+        return Err(VolumeError::ValidateRequest(format!(
             "size_bytes {bytes} is not a multiple of the block size {block_size}"
         )));
     }
     if bytes > s.limits.max_volume_size_bytes {
-        return Err(VolumeError::Invalid(format!(
+        return Err(VolumeError::ValidateRequest(format!(
             "size_bytes {bytes} exceeds the limit of {} bytes",
             s.limits.max_volume_size_bytes
         )));
@@ -148,7 +134,7 @@ pub fn size(bytes: u64, block_size: u32, s: &Settings) -> Result<(), VolumeError
 /// `roots`. A missing file is accepted only with `create`, and then its directory must resolve
 /// inside a root. Returns the resolved path.
 pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBuf, VolumeError> {
-    let invalid = |m: String| Err(VolumeError::Invalid(m));
+    let invalid = |m: String| Err(VolumeError::ValidateRequest(m));
     if raw.len() > MAX_PATH_BYTES {
         return invalid(format!(
             "backing path of {} bytes is longer than {MAX_PATH_BYTES}: {:?}",
@@ -168,11 +154,7 @@ pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBu
     }
     let roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
     let inside = |p: &Path| roots.iter().any(|r| p.starts_with(r));
-    let outside = || {
-        Err(VolumeError::PermissionDenied(format!(
-            "backing path {raw:?} is outside the allowed roots"
-        )))
-    };
+    let outside = || Err(VolumeError::BackingPathOutsideRoots(raw.to_owned()));
     match path.canonicalize() {
         Ok(real) => {
             if inside(&real) {
@@ -186,7 +168,7 @@ pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBu
                 return invalid(format!("backing path {raw:?} has no file name"));
             };
             let Ok(parent) = parent.canonicalize() else {
-                return Err(VolumeError::NotFound(format!(
+                return Err(VolumeError::BackingPathMissing(format!(
                     "directory of backing path {raw:?} does not exist"
                 )));
             };
@@ -198,7 +180,7 @@ pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBu
                 return outside();
             }
             if !create {
-                return Err(VolumeError::NotFound(format!(
+                return Err(VolumeError::BackingPathMissing(format!(
                     "backing file {raw:?} does not exist (set create to make it)"
                 )));
             }
@@ -211,6 +193,10 @@ pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vid(s: &str) -> VolumeId {
+        VolumeId::parse(s).unwrap()
+    }
 
     #[test]
     fn ids_follow_dns_label_rules() {
@@ -259,23 +245,23 @@ mod tests {
             backend: Some(v1::volume_spec::Backend::Ram(v1::RamBackend {})),
             ..Default::default()
         };
-        let r = super::spec("v", Some(&spec), &s).unwrap();
+        let r = super::spec(vid("v"), Some(&spec), &s).unwrap();
         assert_eq!((r.block_size, r.queues, r.queue_depth), (4096, 1, 128));
         assert_eq!(r.io_path, ublkd_dataplane::IoPath::Auto);
         spec.queues = Some(0);
-        assert!(super::spec("v", Some(&spec), &s).is_err());
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
         spec.queues = Some(1);
         spec.queue_depth = Some(5000);
-        assert!(super::spec("v", Some(&spec), &s).is_err());
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
         spec.queue_depth = None;
         spec.size_bytes = 4097;
-        assert!(super::spec("v", Some(&spec), &s).is_err());
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
         spec.size_bytes = 128 << 40;
-        assert!(super::spec("v", Some(&spec), &s).is_err());
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
         spec.size_bytes = 4096;
         spec.backend = None;
-        assert!(super::spec("v", Some(&spec), &s).is_err());
-        assert!(super::spec("v", None, &s).is_err());
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
+        assert!(super::spec(vid("v"), None, &s).is_err());
     }
 
     /// The part of the VM suite's bad-request matrix that validation decides, on the host: each
@@ -493,7 +479,7 @@ mod tests {
             ),
         ];
         for (what, id, spec, code, word) in table {
-            let got = volume_id(id).and_then(|()| super::spec(id, spec.as_ref(), &s));
+            let got = volume_id(id).and_then(|id| super::spec(id, spec.as_ref(), &s));
             let err = got.expect_err(what);
             assert_eq!(err.code(), code, "{what}: {err}");
             let status = tonic::Status::from(err);
@@ -505,7 +491,7 @@ mod tests {
             assert!(status.message().len() <= 1024, "{what}: message bounded");
         }
         // And the good one passes.
-        assert!(super::spec("x", Some(&ok()), &s).is_ok());
+        assert!(super::spec(vid("x"), Some(&ok()), &s).is_ok());
     }
 
     #[test]
@@ -518,28 +504,28 @@ mod tests {
         std::fs::write(dir.path().join("secret"), b"").unwrap();
         std::os::unix::fs::symlink(dir.path().join("secret"), root.join("escape")).unwrap();
         let p = |path: &Path, create| file_spec(path.to_str().unwrap(), create);
-        let check = |spec: v1::VolumeSpec| super::spec("v", Some(&spec), &s);
+        let check = |spec: v1::VolumeSpec| super::spec(vid("v"), Some(&spec), &s);
         assert!(check(p(&root.join("ok.img"), false)).is_ok());
         assert!(check(p(&root.join("new.img"), true)).is_ok());
         assert!(matches!(
             check(p(&root.join("new.img"), false)),
-            Err(VolumeError::NotFound(_))
+            Err(VolumeError::BackingPathMissing(_))
         ));
         assert!(matches!(
             check(p(&dir.path().join("secret"), false)),
-            Err(VolumeError::PermissionDenied(_))
+            Err(VolumeError::BackingPathOutsideRoots(_))
         ));
         assert!(matches!(
             check(p(&root.join("escape"), false)),
-            Err(VolumeError::PermissionDenied(_))
+            Err(VolumeError::BackingPathOutsideRoots(_))
         ));
         assert!(matches!(
             check(p(&root.join("../secret"), false)),
-            Err(VolumeError::Invalid(_))
+            Err(VolumeError::ValidateRequest(_))
         ));
         assert!(matches!(
             check(file_spec("relative.img", true)),
-            Err(VolumeError::Invalid(_))
+            Err(VolumeError::ValidateRequest(_))
         ));
     }
 }

@@ -6,6 +6,7 @@
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::registry::{BackendRecord, Registry, VolumeRecord};
+use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use ublkd_dataplane::{
-    DataplaneError, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
+    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
     WorkerSnapshot,
 };
 
@@ -99,20 +100,21 @@ pub struct Volumes {
     no_ublk: String,
     registry: Registry,
     settings: Arc<Settings>,
-    inner: Mutex<BTreeMap<String, Volume>>,
+    inner: Mutex<BTreeMap<VolumeId, Volume>>,
     pub recoveries: RecoveryStats,
 }
 
 /// Test hook: `UBLKD_FAULT_POINT=<point>` makes ublkd die (abort, no cleanup, as kill -9) when it
 /// reaches `<point>`, e.g. `create:after_device`. Used by the crash-consistency tests.
 fn fault_point(point: &str) {
-    if std::env::var("UBLKD_FAULT_POINT").is_ok_and(|p| p == point) {
+    if cfg!(feature = "test-hooks") && std::env::var("UBLKD_FAULT_POINT").is_ok_and(|p| p == point)
+    {
         eprintln!("ublkd: fault point {point} reached: aborting");
         std::process::abort();
     }
 }
 
-pub fn ram_file(ram_dir: &std::path::Path, id: &str) -> PathBuf {
+pub fn ram_file(ram_dir: &std::path::Path, id: &VolumeId) -> PathBuf {
     ram_dir.join(format!("{id}.ram"))
 }
 
@@ -142,7 +144,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, VolumeError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| VolumeError::Internal(format!("dataplane task failed: {e}")))?
+        .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?
         .map_err(VolumeError::from)
 }
 
@@ -171,7 +173,7 @@ impl Volumes {
     fn handle(&self) -> Result<Handle, VolumeError> {
         self.handle
             .clone()
-            .ok_or_else(|| VolumeError::NoUblk(self.no_ublk.clone()))
+            .ok_or_else(|| VolumeError::OpenDataplane(self.no_ublk.clone()))
     }
 
     pub fn features(&self) -> Option<Features> {
@@ -205,17 +207,17 @@ impl Volumes {
     /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
     /// reason.
     /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
-    pub async fn restore(&self) -> Vec<String> {
-        let ids: Vec<String> = self.inner.lock().await.keys().cloned().collect();
+    pub async fn restore(&self) -> Vec<VolumeId> {
+        let ids: Vec<VolumeId> = self.inner.lock().await.keys().cloned().collect();
         self.restore_ids(ids).await
     }
 
     /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
     /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
     /// Returns those that failed again.
-    pub async fn restore_again(&self, ids: Vec<String>) -> Vec<String> {
+    pub async fn restore_again(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
         let map = self.inner.lock().await;
-        let ids: Vec<String> = ids
+        let ids: Vec<VolumeId> = ids
             .into_iter()
             .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
             .collect();
@@ -223,9 +225,9 @@ impl Volumes {
         self.restore_ids(ids).await
     }
 
-    async fn restore_ids(&self, ids: Vec<String>) -> Vec<String> {
+    async fn restore_ids(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
         let mut failed = Vec::new();
-        let kernel: BTreeMap<u32, KernelDevice> = match self.handle() {
+        let kernel: BTreeMap<DevId, KernelDevice> = match self.handle() {
             Ok(h) => blocking(move || h.kernel_devices())
                 .await
                 .unwrap_or_default()
@@ -285,7 +287,7 @@ impl Volumes {
     async fn restore_one(
         &self,
         record: &VolumeRecord,
-        kernel: &BTreeMap<u32, KernelDevice>,
+        kernel: &BTreeMap<DevId, KernelDevice>,
     ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
         let handle = self.handle()?;
         let existing = record
@@ -307,7 +309,7 @@ impl Volumes {
             match blocking(move || h.recover_device(spec)).await {
                 Ok(info) => return Ok(Some((info, true))),
                 Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
-                    tracing::warn!(volume = %record.id, dev_id, why, "device cannot be taken over: creating it again");
+                    tracing::warn!(volume = %record.id, %dev_id, why, "device cannot be taken over: creating it again");
                     let h = handle.clone();
                     let _ = blocking(move || h.delete_foreign_device(dev_id)).await;
                 }
@@ -337,15 +339,16 @@ impl Volumes {
     }
 
     /// The lowest ublk device id that neither the kernel nor any record uses.
-    fn free_dev_id(&self, map: &BTreeMap<String, Volume>) -> Result<u32, VolumeError> {
+    fn free_dev_id(&self, map: &BTreeMap<VolumeId, Volume>) -> Result<DevId, VolumeError> {
         self.handle()?;
-        let used: std::collections::BTreeSet<u32> = ublkd_dataplane::kernel_device_ids()
+        let used: std::collections::BTreeSet<DevId> = ublkd_dataplane::kernel_device_ids()
             .into_iter()
             .chain(map.values().filter_map(|v| v.record.dev_id))
             .collect();
         (0..u32::from(u16::MAX))
+            .map(DevId)
             .find(|id| !used.contains(id))
-            .ok_or_else(|| VolumeError::Exhausted("no free ublk device id".into()))
+            .ok_or(VolumeError::AllocateDevId)
     }
 
     fn remove_ram_file(&self, record: &VolumeRecord) {
@@ -360,26 +363,19 @@ impl Volumes {
             if same_spec(&existing.record, &record) {
                 return Ok(existing.clone());
             }
-            return Err(VolumeError::AlreadyExists(format!(
-                "volume {:?} already exists with a different spec",
-                record.id
-            )));
+            return Err(VolumeError::CreateConflict(record.id));
         }
         if map.len() >= self.settings.limits.max_volumes {
-            return Err(VolumeError::Exhausted(format!(
-                "the node already has {} volumes, the configured maximum",
-                map.len()
-            )));
+            return Err(VolumeError::AdmitVolumeLimit(map.len()));
         }
         if let BackendRecord::File { path, .. } = &record.backend {
             if let Some(other) = map.values().find(
                 |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if p == path),
             ) {
-                return Err(VolumeError::Precondition(format!(
-                    "backing file {} is in use by volume {:?}",
-                    path.display(),
-                    other.record.id
-                )));
+                return Err(VolumeError::AdmitBackingInUse {
+                    path: path.clone(),
+                    by: other.record.id.clone(),
+                });
             }
         }
         self.handle()?;
@@ -420,7 +416,7 @@ impl Volumes {
         if !*create || path.exists() {
             return Ok(None);
         }
-        let err = |source| VolumeError::BackingFile {
+        let err = |source| VolumeError::PrepareBackingFile {
             path: path.clone(),
             source,
         };
@@ -435,23 +431,22 @@ impl Volumes {
     }
 
     /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set.
-    pub async fn delete(&self, id: &str, allow_missing: bool) -> Result<bool, VolumeError> {
+    pub async fn delete(&self, id: &VolumeId, allow_missing: bool) -> Result<bool, VolumeError> {
         let mut map = self.inner.lock().await;
         let Some(vol) = map.get_mut(id) else {
             return if allow_missing {
                 Ok(false)
             } else {
-                Err(VolumeError::NotFound(format!(
-                    "volume {id:?} does not exist"
-                )))
+                Err(VolumeError::LookupVolume(id.clone()))
             };
         };
         if let Some(info) = &vol.device {
             if let Some(at) = mounted_at(&info.block_device) {
-                return Err(VolumeError::Precondition(format!(
-                    "volume {id:?} is busy: {} is mounted at {at}",
-                    info.block_device.display()
-                )));
+                return Err(VolumeError::DeleteMounted {
+                    id: id.clone(),
+                    device: info.block_device.clone(),
+                    at,
+                });
             }
             let handle = self.handle()?;
             let dev_id = info.dev_id;
@@ -475,46 +470,48 @@ impl Volumes {
         Ok(true)
     }
 
-    pub async fn resize(&self, id: &str, size: u64) -> Result<Volume, VolumeError> {
+    pub async fn resize(&self, id: &VolumeId, size: u64) -> Result<Volume, VolumeError> {
         let mut map = self.inner.lock().await;
         let vol = map
             .get_mut(id)
-            .ok_or_else(|| VolumeError::NotFound(format!("volume {id:?} does not exist")))?;
+            .ok_or_else(|| VolumeError::LookupVolume(id.clone()))?;
         crate::validate::size(size, vol.record.block_size, &self.settings)?;
         if size < vol.record.size_bytes {
-            return Err(VolumeError::Precondition(format!(
-                "volume {id:?} is {} bytes: shrinking to {size} is refused (it would cut off data)",
-                vol.record.size_bytes
-            )));
+            return Err(VolumeError::ResizeShrink {
+                id: id.clone(),
+                from: vol.record.size_bytes,
+                to: size,
+            });
         }
         if size == vol.record.size_bytes {
             return Ok(vol.clone());
         }
         let Some(info) = vol.device.clone() else {
-            return Err(VolumeError::Precondition(format!(
-                "volume {id:?} is {} and cannot be resized",
-                vol.state.name()
-            )));
+            return Err(VolumeError::NotServing {
+                id: id.clone(),
+                state: vol.state.name(),
+            });
         };
         if let BackendRecord::File { path, create } = &vol.record.backend {
             let len = std::fs::metadata(path)
-                .map_err(|source| VolumeError::BackingFile {
+                .map_err(|source| VolumeError::PrepareBackingFile {
                     path: path.clone(),
                     source,
                 })?
                 .len();
             if len < size {
                 if !create || !path.is_file() {
-                    return Err(VolumeError::Precondition(format!(
-                        "backing file {} holds {len} bytes, fewer than {size}",
-                        path.display()
-                    )));
+                    return Err(VolumeError::GrowBackingFile {
+                        path: path.clone(),
+                        len,
+                        size,
+                    });
                 }
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(path)
                     .and_then(|f| f.set_len(size).and_then(|()| f.sync_all()));
-                f.map_err(|source| VolumeError::BackingFile {
+                f.map_err(|source| VolumeError::PrepareBackingFile {
                     path: path.clone(),
                     source,
                 })?;
@@ -540,26 +537,24 @@ impl Volumes {
         }
     }
 
-    pub async fn get(&self, id: &str) -> Result<Volume, VolumeError> {
+    pub async fn get(&self, id: &VolumeId) -> Result<Volume, VolumeError> {
         self.inner
             .lock()
             .await
             .get(id)
             .cloned()
-            .ok_or_else(|| VolumeError::NotFound(format!("volume {id:?} does not exist")))
+            .ok_or_else(|| VolumeError::LookupVolume(id.clone()))
     }
 
     pub async fn list(&self) -> Vec<Volume> {
         self.inner.lock().await.values().cloned().collect()
     }
 
-    pub async fn stats(&self, id: &str) -> Result<DeviceStats, VolumeError> {
+    pub async fn stats(&self, id: &VolumeId) -> Result<DeviceStats, VolumeError> {
         let vol = self.get(id).await?;
-        let info = vol.device.ok_or_else(|| {
-            VolumeError::Precondition(format!(
-                "volume {id:?} has no device ({})",
-                vol.state.name()
-            ))
+        let info = vol.device.ok_or_else(|| VolumeError::NotServing {
+            id: id.clone(),
+            state: vol.state.name(),
         })?;
         let handle = self.handle()?;
         blocking(move || handle.stats(info.dev_id)).await
@@ -572,7 +567,7 @@ impl Volumes {
         let Some(handle) = self.handle.clone() else {
             return vols.into_iter().map(|v| (v, None)).collect();
         };
-        let mut stats: BTreeMap<u32, DeviceStats> =
+        let mut stats: BTreeMap<DevId, DeviceStats> =
             tokio::task::spawn_blocking(move || handle.stats_all().unwrap_or_default())
                 .await
                 .unwrap_or_default()
@@ -645,7 +640,7 @@ impl Volumes {
             return Vec::new();
         };
         let map = self.inner.lock().await;
-        let known: std::collections::BTreeSet<u32> =
+        let known: std::collections::BTreeSet<DevId> =
             map.values().filter_map(|v| v.record.dev_id).collect();
         drop(map);
         blocking(move || handle.kernel_devices())
@@ -659,7 +654,7 @@ impl Volumes {
     /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
     pub async fn adopt(
         &self,
-        dev_id: u32,
+        dev_id: DevId,
         mut record: VolumeRecord,
     ) -> Result<Volume, VolumeError> {
         let orphan = self
@@ -667,13 +662,10 @@ impl Volumes {
             .await
             .into_iter()
             .find(|d| d.dev_id == dev_id)
-            .ok_or_else(|| VolumeError::NotFound(format!("no orphan ublk device {dev_id}")))?;
+            .ok_or(VolumeError::LookupOrphan(dev_id))?;
         let mut map = self.inner.lock().await;
         if map.contains_key(&record.id) {
-            return Err(VolumeError::AlreadyExists(format!(
-                "volume {:?} already exists",
-                record.id
-            )));
+            return Err(VolumeError::AdoptConflict(record.id));
         }
         if record.size_bytes == 0 {
             record.size_bytes = orphan.size_bytes;
@@ -693,12 +685,9 @@ impl Volumes {
     }
 
     /// Deletes orphan device `dev_id`.
-    pub async fn delete_orphan(&self, dev_id: u32) -> Result<(), VolumeError> {
+    pub async fn delete_orphan(&self, dev_id: DevId) -> Result<(), VolumeError> {
         if !self.orphans().await.iter().any(|d| d.dev_id == dev_id) {
-            return Err(VolumeError::NotFound(format!(
-                "no orphan ublk device {dev_id} (devices of registered volumes are deleted with \
-                 DeleteVolume)"
-            )));
+            return Err(VolumeError::LookupOrphan(dev_id));
         }
         let handle = self.handle()?;
         blocking(move || handle.delete_foreign_device(dev_id)).await
