@@ -3,7 +3,7 @@
 //! numbered enums need converting, both ways, here.
 
 use crate::registry::{BackendRecord, VolumeRecord};
-use crate::volumes::{ram_file, State, Volume};
+use crate::volume::{ram_file, State, Volume};
 use std::path::Path;
 use ublkd_dataplane::{BackendSpec, DeviceSpec, IoPath, Toggle, Window};
 use ublkd_proto::v1;

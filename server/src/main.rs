@@ -15,6 +15,7 @@ mod rpc_meter;
 mod service;
 mod tls;
 mod validate;
+mod volume;
 mod volume_id;
 mod volumes;
 

@@ -30,7 +30,12 @@ impl VolumeId {
         if ok {
             Ok(VolumeId(id.to_owned()))
         } else {
-            Err(BadVolumeId(crate::validate::truncate(id)))
+            // Echoed in the error: cut, since the client's input may be any length.
+            let mut shown: String = id.chars().take(80).collect();
+            if shown.len() < id.len() {
+                shown.push('…');
+            }
+            Err(BadVolumeId(shown))
         }
     }
 

@@ -6,6 +6,7 @@
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::registry::{BackendRecord, Registry, VolumeRecord};
+use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,45 +18,6 @@ use ublkd_dataplane::{
     DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
     WorkerSnapshot,
 };
-
-/// The lifecycle state of a volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Creating,
-    Ready,
-    Recovering,
-    Failed,
-    Deleting,
-}
-
-impl State {
-    pub const ALL: [State; 5] = [
-        State::Creating,
-        State::Ready,
-        State::Recovering,
-        State::Failed,
-        State::Deleting,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Creating => "creating",
-            State::Ready => "ready",
-            State::Recovering => "recovering",
-            State::Failed => "failed",
-            State::Deleting => "deleting",
-        }
-    }
-}
-
-/// A volume as the manager knows it.
-#[derive(Debug, Clone)]
-pub struct Volume {
-    pub record: VolumeRecord,
-    pub state: State,
-    pub device: Option<DeviceInfo>,
-    pub message: String,
-}
 
 /// Upper bounds (seconds) of the recovery-duration histogram.
 pub const RECOVERY_BOUNDS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -82,18 +44,6 @@ impl RecoveryStats {
     }
 }
 
-impl Volume {
-    /// A volume whose device serves I/O.
-    fn ready(record: VolumeRecord, device: DeviceInfo) -> Self {
-        Self {
-            record,
-            state: State::Ready,
-            device: Some(device),
-            message: String::new(),
-        }
-    }
-}
-
 #[derive(Debug)]
 pub struct Volumes {
     handle: Option<Handle>,
@@ -112,10 +62,6 @@ fn fault_point(point: &str) {
         eprintln!("ublkd: fault point {point} reached: aborting");
         std::process::abort();
     }
-}
-
-pub fn ram_file(ram_dir: &std::path::Path, id: &VolumeId) -> PathBuf {
-    ram_dir.join(format!("{id}.ram"))
 }
 
 /// Two records describe the same volume if everything but bookkeeping matches.

@@ -3,7 +3,8 @@
 
 use super::text::{family, Kind};
 use crate::registry::BackendRecord;
-use crate::volumes::{State, Volume, Volumes};
+use crate::volume::{State, Volume};
+use crate::volumes::Volumes;
 use std::sync::atomic::Ordering::Relaxed;
 use ublkd_dataplane::stats::{BATCH_BOUNDS, LATENCY_BOUNDS};
 use ublkd_dataplane::{DeviceStats, OpKind};
