@@ -1,0 +1,323 @@
+//! What the bench measures: the server setups (`RUNS`), the fio jobs run against each
+//! (`WORKLOADS`), the comparisons reported (`PAIRS`, `RSS_PAIRS`), and the settings of the
+//! control-plane, recovery and stall runs.
+
+/// Default seconds each fio job measures (after one second of ramp).
+pub const DEFAULT_RUNTIME: u64 = 5;
+/// Size of ublkd's null device.
+pub const NULL_BYTES: u64 = 1 << 30;
+/// Size of the backing file shared by ublkd's file backend and the loop device. It lives on an
+/// ext4 file system on the guest's NVMe namespace (1 GiB), so it must leave room for metadata.
+pub const BACKING_BYTES: u64 = 512 << 20;
+/// Queues and depth of every ublk device, ours and kublk's.
+pub const QUEUES: u32 = 2;
+pub const DEPTH: u32 = 128;
+
+/// The control-plane run: its directory under the run directory and its name in `raw.json`.
+pub const CONTROL_RUN: &str = "ublkd-control";
+/// Volumes the control-plane run creates and deletes.
+pub const CONTROL_VOLUMES: usize = 100;
+/// Each of them: a null volume of this size, one queue (the server's default) of this depth.
+pub const CONTROL_SIZE: &str = "64MiB";
+pub const CONTROL_DEPTH: u32 = 32;
+/// Where the control-plane daemon serves metrics (the bench never scrapes them).
+pub const CONTROL_METRICS: &str = "127.0.0.1:9581";
+/// Guest seconds budgeted for the control-plane run (200 ublkctl calls under TCG, with margin).
+pub const CONTROL_BUDGET_SECS: u64 = 300;
+
+/// The recovery runs: `ublkd-recovery-N` for each number of volumes N, restarted by kill -9.
+const RECOVERY_RUN: &str = "ublkd-recovery";
+pub const RECOVERY_VOLUMES: [usize; 3] = [1, 16, 64];
+/// Each of them a null volume like the control-plane run's: this size, 1 queue of this depth.
+pub const RECOVERY_SIZE: &str = CONTROL_SIZE;
+pub const RECOVERY_DEPTH: u32 = CONTROL_DEPTH;
+/// The I/O stall run: fio on one RAM volume of this size while ublkd is killed and restarted.
+pub const STALL_RUN: &str = "ublkd-stall";
+pub const STALL_SIZE: &str = "128MiB";
+/// Seconds fio runs, and seconds after the device's first write that ublkd is killed.
+pub const STALL_RUNTIME_SECS: u64 = 8;
+pub const STALL_KILL_AT_SECS: u64 = 3;
+/// Where the recovery and stall daemons serve metrics (never scraped).
+pub const RECOVERY_METRICS: &str = "127.0.0.1:9582";
+/// Guest seconds budgeted for the recovery and stall runs (162 ublkctl calls, 4 daemons, 2
+/// restarts each, fio), with margin for TCG.
+pub const RECOVERY_BUDGET_SECS: u64 = 400;
+
+/// What serves the block device in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// `ublkd run` with a backend, an I/O path (`per-io` or `batch`), zero copy and polling.
+    Ublkd {
+        backend: UBackend,
+        io_path: &'static str,
+        zero_copy: bool,
+        poll: bool,
+    },
+    /// `kublk add -t null`, with `-b` (BATCH_IO) when `batch`, `--auto_zc` when `auto_zc`.
+    Kublk { batch: bool, auto_zc: bool },
+    /// The loop driver with direct I/O on the backing file.
+    Loop,
+    /// The kernel's null_blk (`/dev/nullb0`, loaded at boot).
+    NullBlk,
+    /// fio straight on the NVMe namespace, polled: NVMe passthrough on `/dev/ng0n1`
+    /// (io_uring_cmd, hipri, fixed buffers: the limit), or io_uring on `/dev/nvme0n1` (hipri).
+    RawNvme { passthru: bool },
+}
+
+/// The backend of a `ublkd run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UBackend {
+    Null,
+    File,
+    /// The whole guest namespace, `/dev/ng0n1`.
+    Nvme,
+}
+
+/// One server setup, measured with every workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub id: &'static str,
+    pub server: Server,
+}
+
+const fn ublkd(backend: UBackend, io_path: &'static str, zero_copy: bool, poll: bool) -> Server {
+    Server::Ublkd {
+        backend,
+        io_path,
+        zero_copy,
+        poll,
+    }
+}
+
+/// In the order they run; each of ours next to its peer so that drift affects both alike.
+pub const RUNS: &[Run] = &[
+    Run {
+        id: "null_blk",
+        server: Server::NullBlk,
+    },
+    Run {
+        id: "ublkd-null-per-io",
+        server: ublkd(UBackend::Null, "per-io", false, false),
+    },
+    Run {
+        id: "kublk-null",
+        server: Server::Kublk {
+            batch: false,
+            auto_zc: false,
+        },
+    },
+    Run {
+        id: "ublkd-null-batch",
+        server: ublkd(UBackend::Null, "batch", false, false),
+    },
+    Run {
+        id: "kublk-null-batch",
+        server: Server::Kublk {
+            batch: true,
+            auto_zc: false,
+        },
+    },
+    Run {
+        id: "ublkd-null-per-io-zc",
+        server: ublkd(UBackend::Null, "per-io", true, false),
+    },
+    Run {
+        id: "kublk-null-zc",
+        server: Server::Kublk {
+            batch: false,
+            auto_zc: true,
+        },
+    },
+    Run {
+        id: "ublkd-null-batch-zc",
+        server: ublkd(UBackend::Null, "batch", true, false),
+    },
+    Run {
+        id: "kublk-null-batch-zc",
+        server: Server::Kublk {
+            batch: true,
+            auto_zc: true,
+        },
+    },
+    Run {
+        id: "ublkd-file",
+        server: ublkd(UBackend::File, "per-io", true, false),
+    },
+    Run {
+        id: "loop-dio",
+        server: Server::Loop,
+    },
+    Run {
+        id: "ublkd-file-copy",
+        server: ublkd(UBackend::File, "per-io", false, false),
+    },
+    Run {
+        id: "ublkd-nvme-poll",
+        server: ublkd(UBackend::Nvme, "batch", true, true),
+    },
+    Run {
+        id: "fio-ng0n1-passthru",
+        server: Server::RawNvme { passthru: true },
+    },
+    Run {
+        id: "fio-nvme0n1-hipri",
+        server: Server::RawNvme { passthru: false },
+    },
+    Run {
+        id: "ublkd-nvme-irq",
+        server: ublkd(UBackend::Nvme, "batch", true, false),
+    },
+];
+
+/// What a workload reports as its headline number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    Iops,
+    LatencyUs,
+}
+
+/// One fio job, run against every device.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub id: &'static str,
+    pub label: &'static str,
+    pub rw: &'static str,
+    pub qd: u32,
+    pub metric: Metric,
+}
+
+pub const WORKLOADS: &[Workload] = &[
+    Workload {
+        id: "randread-qd32",
+        label: "randread qd32",
+        rw: "randread",
+        qd: 32,
+        metric: Metric::Iops,
+    },
+    Workload {
+        id: "randwrite-qd32",
+        label: "randwrite qd32",
+        rw: "randwrite",
+        qd: 32,
+        metric: Metric::Iops,
+    },
+    Workload {
+        id: "randread-qd1",
+        label: "randread qd1",
+        rw: "randread",
+        qd: 1,
+        metric: Metric::LatencyUs,
+    },
+];
+
+/// One comparison: our run against a peer's, optionally with server CPU and the null_blk ceiling.
+#[derive(Debug, Clone, Copy)]
+pub struct Pair {
+    pub case: &'static str,
+    pub ours: &'static str,
+    pub peer: &'static str,
+    pub peer_name: &'static str,
+    /// The peer is a userspace process whose CPU time can be compared with ours.
+    pub cpu: bool,
+    /// Report both as fractions of null_blk's IOPS.
+    pub ceiling: bool,
+}
+
+pub const PAIRS: &[Pair] = &[
+    Pair {
+        case: "null per-io",
+        ours: "ublkd-null-per-io",
+        peer: "kublk-null",
+        peer_name: "kublk",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "null batch",
+        ours: "ublkd-null-batch",
+        peer: "kublk-null-batch",
+        peer_name: "kublk",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "null per-io zero copy",
+        ours: "ublkd-null-per-io-zc",
+        peer: "kublk-null-zc",
+        peer_name: "kublk --auto_zc",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "null batch zero copy",
+        ours: "ublkd-null-batch-zc",
+        peer: "kublk-null-batch-zc",
+        peer_name: "kublk -b --auto_zc",
+        cpu: true,
+        ceiling: true,
+    },
+    Pair {
+        case: "file",
+        ours: "ublkd-file",
+        peer: "loop-dio",
+        peer_name: "loop",
+        cpu: false,
+        ceiling: false,
+    },
+    Pair {
+        case: "file zero copy vs copy",
+        ours: "ublkd-file",
+        peer: "ublkd-file-copy",
+        peer_name: "ublkd copy",
+        cpu: true,
+        ceiling: false,
+    },
+    Pair {
+        case: "nvme polled zc vs ng0n1 passthru",
+        ours: "ublkd-nvme-poll",
+        peer: "fio-ng0n1-passthru",
+        peer_name: "fio ng0n1",
+        cpu: false,
+        ceiling: false,
+    },
+    Pair {
+        case: "nvme polled zc vs nvme0n1 hipri",
+        ours: "ublkd-nvme-poll",
+        peer: "fio-nvme0n1-hipri",
+        peer_name: "fio nvme0n1",
+        cpu: false,
+        ceiling: false,
+    },
+    Pair {
+        case: "nvme polled vs interrupt",
+        ours: "ublkd-nvme-poll",
+        peer: "ublkd-nvme-irq",
+        peer_name: "ublkd irq",
+        cpu: true,
+        ceiling: false,
+    },
+];
+pub const CEILING_RUN: &str = "null_blk";
+pub const OURS_NAME: &str = "ublkd";
+/// The peer of a measurement that has none (the control-plane entries).
+pub const NO_PEER: &str = "none";
+
+/// Zero copy against copy in daemon memory: `ublkd run` RSS with its one volume idle (2 queues
+/// of depth 128), ours = zero copy, peer = copy.
+pub const RSS_PAIRS: &[(&str, &str, &str)] = &[
+    (
+        "ublkd RSS, one idle file volume, zero copy vs copy",
+        "ublkd-file",
+        "ublkd-file-copy",
+    ),
+    (
+        "ublkd RSS, one idle null volume, zero copy vs copy",
+        "ublkd-null-per-io-zc",
+        "ublkd-null-per-io",
+    ),
+];
+
+/// The run directory name of the recovery run with `n` volumes.
+pub fn recovery_run(n: usize) -> String {
+    format!("{RECOVERY_RUN}-{n}")
+}

@@ -1,0 +1,273 @@
+//! The script the guest runs: a preamble naming the binaries and settings, the shell functions
+//! of `guest.sh`, `run_workloads` made from `WORKLOADS`, then one line per case.
+
+use super::cases::{
+    recovery_run, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH, CONTROL_METRICS, CONTROL_RUN,
+    CONTROL_SIZE, CONTROL_VOLUMES, DEPTH, NULL_BYTES, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS,
+    RECOVERY_SIZE, RECOVERY_VOLUMES, RUNS, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS,
+    STALL_SIZE, WORKLOADS,
+};
+use crate::vm;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Shell functions the generated script uses. Each run writes into `$OUT/<run>/`:
+/// `error` (setup failed; no numbers), `teardown_error`, and per workload `<wl>.json` (fio),
+/// `<wl>.rc` and `<wl>.counters` (`cpu_ticks_before cpu_ticks_after hz ios_before ios_after`,
+/// where a tick count is `none` without a server process and `-` when it could not be read).
+/// Checked by shellcheck in the host tests (`cargo xtask test`).
+const SCRIPT_LIB: &str = include_str!("guest.sh");
+
+/// The script the guest runs: every run of `RUNS`, then the control-plane run, each writing its
+/// results into the run directory. `kublk`/`ublkd`/`ublkctl` are the binaries, or why they are
+/// missing.
+pub fn guest_script(
+    runtime: u64,
+    kublk: Result<&Path, &str>,
+    ublkd: Result<&Path, &str>,
+    ublkctl: Result<&Path, &str>,
+) -> String {
+    let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
+    let mut s = String::from("set -u\n");
+    let _ = writeln!(s, "RUNTIME={runtime}");
+    let _ = writeln!(s, "BACKING_BYTES={BACKING_BYTES}");
+    let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
+    let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
+    let _ = writeln!(s, "UBLKCTL={}", ublkctl.map(q).unwrap_or_default());
+    s.push_str("SOCK=\"\"\n");
+    s.push_str(SCRIPT_LIB);
+    s.push_str("\n# run_workloads RUN DEVICE PIDS\nrun_workloads() {\n");
+    for wl in WORKLOADS {
+        let _ = writeln!(
+            s,
+            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\"",
+            wl.id, wl.rw, wl.qd
+        );
+    }
+    s.push_str("}\n\n");
+    s.push_str("echo \"bench: guest kernel $(uname -r), $(nproc) CPUs\"\n");
+    s.push_str(
+        "BACKING=\"\"\nif prepare_backing > \"$OUT/backing.log\" 2>&1; then\n    \
+         note \"backing file $BACKING ready\"\nelse\n    \
+         note \"backing file failed: $(tail_of \"$OUT/backing.log\")\"\nfi\n",
+    );
+    // The backing file's file system lives on the NVMe namespace: unmount it before the first
+    // run that uses the namespace itself.
+    let mut unmounted = false;
+    let umount = "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; BACKING=\"\"; fi\n";
+    for run in RUNS {
+        let id = run.id;
+        let on_namespace = matches!(
+            run.server,
+            Server::RawNvme { .. }
+                | Server::Ublkd {
+                    backend: UBackend::Nvme,
+                    ..
+                }
+        );
+        if on_namespace && !unmounted {
+            s.push_str(umount);
+            unmounted = true;
+        }
+        let line = match run.server {
+            Server::NullBlk => format!("nullblk_case {id}"),
+            Server::Loop => format!(
+                "if [ -n \"$BACKING\" ]; then loop_case {id} \"$BACKING\"; \
+                 else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
+            ),
+            Server::Kublk { batch, auto_zc } => match kublk {
+                Ok(_) => format!(
+                    "kublk_case {id} -t null -q {QUEUES} -d {DEPTH}{}{}",
+                    if batch { " -b" } else { "" },
+                    if auto_zc { " --auto_zc" } else { "" }
+                ),
+                Err(e) => format!("fail_case {id} {}", vm::shell_quote(e)),
+            },
+            Server::RawNvme { passthru } => format!("raw_nvme_case {id} {passthru}"),
+            Server::Ublkd {
+                backend,
+                io_path,
+                zero_copy,
+                poll,
+            } => {
+                let on = |b: bool| if b { "on" } else { "off" };
+                let common = format!(
+                    "--queues {QUEUES} --depth {DEPTH} --io-path {io_path} --zero-copy {} --poll {}",
+                    on(zero_copy),
+                    on(poll)
+                );
+                match (ublkd, backend) {
+                    (Err(e), _) => format!("fail_case {id} {}", vm::shell_quote(e)),
+                    (Ok(_), UBackend::Null) => format!(
+                        "ublkd_case {id} --backend null --size {NULL_BYTES} {common}"
+                    ),
+                    (Ok(_), UBackend::File) => format!(
+                        "if [ -n \"$BACKING\" ]; then \
+                         ublkd_case {id} --backend \"file:$BACKING\" --size {BACKING_BYTES} {common}; \
+                         else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
+                    ),
+                    (Ok(_), UBackend::Nvme) => format!(
+                        "ublkd_case {id} --backend nvme:/dev/ng0n1 \
+                         --size $(( $(cat /sys/block/nvme0n1/size) * 512 )) {common}"
+                    ),
+                }
+            }
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    if !unmounted {
+        s.push_str(umount);
+    }
+    let line = match (ublkd, ublkctl) {
+        (Err(e), _) | (_, Err(e)) => format!("fail_case {CONTROL_RUN} {}", vm::shell_quote(e)),
+        (Ok(_), Ok(_)) => format!(
+            "ctl_case {CONTROL_RUN} {CONTROL_VOLUMES} {CONTROL_SIZE} {CONTROL_DEPTH} \
+             {CONTROL_METRICS}"
+        ),
+    };
+    s.push_str(&line);
+    s.push('\n');
+    // Crash recovery last: each run its own daemon, state and socket, torn down before the next.
+    let mut runs: Vec<String> = RECOVERY_VOLUMES.iter().map(|&n| recovery_run(n)).collect();
+    runs.push(STALL_RUN.to_owned());
+    for (i, id) in runs.iter().enumerate() {
+        let line = match (ublkd, ublkctl) {
+            (Err(e), _) | (_, Err(e)) => format!("fail_case {id} {}", vm::shell_quote(e)),
+            (Ok(_), Ok(_)) => match RECOVERY_VOLUMES.get(i) {
+                Some(n) => {
+                    format!("rec_case {id} {n} {RECOVERY_SIZE} {RECOVERY_DEPTH} {RECOVERY_METRICS}")
+                }
+                None => format!(
+                    "stall_case {id} {STALL_SIZE} {STALL_RUNTIME_SECS} {STALL_KILL_AT_SECS} \
+                     {RECOVERY_METRICS}"
+                ),
+            },
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s.push_str("note done\nexit 0\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::process::Command;
+
+    #[test]
+    fn script_runs_every_case_and_reports_missing_binaries() {
+        let s = guest_script(
+            5,
+            Ok(Path::new("/cache/kublk")),
+            Err("building ublkd failed"),
+            Ok(Path::new("/t/ublkctl")),
+        );
+        assert!(s.contains("RUNTIME=5\n"));
+        assert!(s.contains("kublk_case kublk-null -t null -q 2 -d 128\n"));
+        assert!(s.contains("kublk_case kublk-null-batch -t null -q 2 -d 128 -b\n"));
+        assert!(s.contains("kublk_case kublk-null-batch-zc -t null -q 2 -d 128 -b --auto_zc\n"));
+        assert!(s.contains("fail_case ublkd-null-per-io 'building ublkd failed'\n"));
+        assert!(s.contains("nullblk_case null_blk\n"));
+        assert!(s.contains("loop_case loop-dio"));
+        assert!(s.contains("UBLKCTL=/t/ublkctl\n"));
+        assert!(s.contains("fail_case ublkd-control 'building ublkd failed'\n"));
+        let s = guest_script(
+            5,
+            Err("no kublk"),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+        );
+        assert!(s.contains(
+            "ublkd_case ublkd-null-batch --backend null --size 1073741824 \
+             --queues 2 --depth 128 --io-path batch --zero-copy off --poll off\n"
+        ));
+        assert!(s.contains(
+            "ublkd_case ublkd-null-batch-zc --backend null --size 1073741824 \
+             --queues 2 --depth 128 --io-path batch --zero-copy on --poll off\n"
+        ));
+        assert!(s.contains("raw_nvme_case fio-ng0n1-passthru true\n"));
+        assert!(s.contains("ublkd_case ublkd-nvme-poll --backend nvme:/dev/ng0n1"));
+        assert!(s.contains("fail_case kublk-null 'no kublk'\n"));
+        // The control plane runs last, after the fio cases and the backing file's unmount.
+        let ctl = s
+            .find("ctl_case ublkd-control 100 64MiB 32 127.0.0.1:9581\n")
+            .expect("no ctl_case line");
+        assert!(s.rfind("loop_case loop-dio").is_some_and(|i| i < ctl));
+        assert!(s.rfind("umount").is_some_and(|i| i < ctl));
+        // The namespace's file system is gone before anything uses the namespace itself.
+        let um = s.find("umount").expect("umount");
+        assert!(s.rfind("ublkd-file-copy").is_some_and(|i| i < um));
+        assert!(s.find("fio-ng0n1-passthru").is_some_and(|i| i > um));
+        let s = guest_script(
+            5,
+            Err("no kublk"),
+            Ok(Path::new("/t/ublkd")),
+            Err("building ublkctl failed"),
+        );
+        assert!(s.contains("fail_case ublkd-control 'building ublkctl failed'\n"));
+        assert!(!s.contains("ctl_case ublkd-control"));
+    }
+
+    #[test]
+    fn script_runs_the_recovery_cases_last() {
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+        );
+        let at = |line: &str| {
+            s.find(line)
+                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
+        };
+        let ctl = at("ctl_case ublkd-control 100");
+        let r1 = at("rec_case ublkd-recovery-1 1 64MiB 32 127.0.0.1:9582\n");
+        let r16 = at("rec_case ublkd-recovery-16 16 64MiB 32 127.0.0.1:9582\n");
+        let r64 = at("rec_case ublkd-recovery-64 64 64MiB 32 127.0.0.1:9582\n");
+        let stall = at("stall_case ublkd-stall 128MiB 8 3 127.0.0.1:9582\n");
+        assert!(ctl < r1 && r1 < r16 && r16 < r64 && r64 < stall);
+        assert!(at("note done") > stall);
+
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Err("building ublkctl failed"),
+        );
+        for run in [
+            "ublkd-recovery-1",
+            "ublkd-recovery-16",
+            "ublkd-recovery-64",
+            "ublkd-stall",
+        ] {
+            assert!(
+                s.contains(&format!("fail_case {run} 'building ublkctl failed'\n")),
+                "{run}"
+            );
+        }
+        assert!(!s.contains("rec_case ublkd-recovery") && !s.contains("stall_case ublkd-stall"));
+    }
+
+    #[test]
+    fn script_parses_as_posix_sh() {
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+        );
+        let path = std::env::temp_dir().join(format!("ublkd-bench-{}.sh", std::process::id()));
+        fs::write(&path, &s).expect("writing the script");
+        let out = Command::new("sh").arg("-n").arg(&path).output();
+        let _ = fs::remove_file(&path);
+        let out = out.expect("running sh -n");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -1,0 +1,231 @@
+//! `cargo xtask bench`: ublkd against its peers, all in one VM boot.
+//!
+//! Peers: the kernel's selftest server `kublk` (built here from Debian's `linux-source-<x.y>` of
+//! the guest kernel, cached per kernel version), the loop driver with direct I/O on the same
+//! backing file as ublkd's file backend, and `null_blk` as the ceiling for the null cases. Every
+//! case runs the same fio jobs (io_uring, direct, 4 KiB, randread/randwrite at QD32, randread at
+//! QD1); server CPU time is sampled from `/proc/PID/stat` around each job and divided by the I/Os
+//! the block device completed in the same window (`/sys/block/*/stat`).
+//!
+//! The guest writes raw results into the run directory; the host turns them into a table and
+//! `target/bench/results.json`: a list of `{case, ours, peer, peer_value, ratio, unit}` objects,
+//! with `ours: null` and an `error` field for cases that failed. Numbers are never made up: a
+//! case that did not run says why, and the command then exits non-zero.
+//!
+//! After the fio cases, the same boot measures the control plane: `ublkd --config` as a node
+//! service, driven by `ublkctl` (both release builds). It records the daemon's RSS with no
+//! volumes, times 100 `create-volume` calls of null volumes (the call returns once `/dev/ublkbN`
+//! serves I/O, so this is CreateVolume to device ready), records the RSS with those 100 idle
+//! volumes, times 100 `delete-volume` calls, and stops the daemon with SIGTERM. Latencies are
+//! end to end as seen by `ublkctl`, including its process start-up; they are reported as p50
+//! and p99 (nearest rank) in `results.json` with peer `none`.
+//!
+//! Last comes crash recovery, each run with a fresh daemon (own state directory and socket) that
+//! it tears down (volumes deleted, SIGTERM) before the next: for 1, 16 and 64 null volumes, ublkd
+//! is killed with SIGKILL (the devices stay, quiesced) and started again, and the time from the
+//! new process's exec until `ublkctl list-volumes` shows every volume READY is recorded (polled
+//! every 20 ms). Then fio writes to a RAM volume (randwrite 4 KiB, QD16, per-I/O completion
+//! latency log) while ublkd is killed and started again; the host takes the longest completion
+//! latency from the log as the I/O stall, and fails the case if fio saw an error. Both are `ms`
+//! entries with peer `none`.
+//!
+//! `UBLKD_BENCH_RUNTIME` sets the seconds each fio job measures (default 5);
+//! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's
+//! (ublkctl is still built). The binary must live outside `/tmp` (the guest mounts a tmpfs there).
+//!
+//! The code, by concern: `cases` (what is measured), `peers` (building kublk), `guest` (the
+//! script the guest runs; its shell functions live in `guest.sh`), `collect` (reading what the
+//! guest left) and `report` (`results.json`, `raw.json` and the tables printed).
+
+mod cases;
+mod collect;
+mod guest;
+mod peers;
+mod report;
+
+use crate::apt;
+use crate::image;
+use crate::vm::{Exit, Vm};
+use anyhow::{bail, Context, Result};
+use cases::{
+    CONTROL_BUDGET_SECS, CONTROL_VOLUMES, DEFAULT_RUNTIME, RECOVERY_BUDGET_SECS, RUNS, WORKLOADS,
+};
+use collect::control::collect_control;
+use collect::recovery::{collect_recovery, collect_stall};
+use guest::guest_script;
+use peers::ensure_kublk;
+use report::control::{control_entries, control_raw_json, control_table};
+use report::recovery::{recovery_entries, recovery_raw_json, recovery_table};
+use report::{entries, entries_table, raw_json, raw_table, rss_entries, Entry};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `cargo xtask bench`.
+pub fn run(ws: &Path) -> Result<ExitCode> {
+    let runtime = match std::env::var("UBLKD_BENCH_RUNTIME") {
+        Ok(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|&s| s > 0)
+            .with_context(|| format!("UBLKD_BENCH_RUNTIME={v:?} is not a number of seconds"))?,
+        Err(_) => DEFAULT_RUNTIME,
+    };
+    let kernel = image::prepare(ws)?;
+    if apt::which("losetup").is_none() {
+        apt::install_packages(&["mount"])?;
+    }
+    let kublk = ensure_kublk(&kernel).map_err(|e| format!("building kublk failed: {e:#}"));
+    if let Err(e) = &kublk {
+        eprintln!("xtask: {e}");
+    }
+    let built = |packages: &[&str]| build_release(ws, packages).map_err(|e| format!("{e:#}"));
+    let (ublkd, ublkctl) = match std::env::var_os("UBLKD_BENCH_UBLKD") {
+        Some(bin) => (
+            absolute_file(Path::new(&bin)).map_err(|e| format!("{e:#}")),
+            built(&["ublkctl"]).and_then(|dir| release_bin(&dir, "ublkctl")),
+        ),
+        None => {
+            let dir = built(&["ublkd-server", "ublkctl"]);
+            (
+                dir.clone().and_then(|d| release_bin(&d, "ublkd")),
+                dir.and_then(|d| release_bin(&d, "ublkctl")),
+            )
+        }
+    };
+    let mut errors: Vec<&String> = [&ublkd, &ublkctl]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    errors.dedup();
+    for e in errors {
+        eprintln!("xtask: {e}");
+    }
+
+    let script = guest_script(
+        runtime,
+        kublk.as_deref().map_err(String::as_str),
+        ublkd.as_deref().map_err(String::as_str),
+        ublkctl.as_deref().map_err(String::as_str),
+    );
+    let jobs = (RUNS.len() * WORKLOADS.len()) as u64;
+    let timeout = std::env::var("UBLKD_VM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300 + jobs * (runtime + 45) + CONTROL_BUDGET_SECS + RECOVERY_BUDGET_SECS);
+    eprintln!(
+        "xtask: bench: {} runs x {} fio jobs of {runtime} s, then {CONTROL_VOLUMES} volumes \
+         through ublkctl, then kill -9 recovery, in one boot of {}",
+        RUNS.len(),
+        WORKLOADS.len(),
+        kernel.kver
+    );
+    let run = Vm::new(ws, &kernel)?
+        .timeout_secs(timeout)
+        .echo(true)
+        .run(&script)?;
+
+    let results = collect::collect(&run.run_dir);
+    let control = collect_control(&run.run_dir);
+    let recoveries = collect_recovery(&run.run_dir);
+    let stall = collect_stall(&run.run_dir);
+    let mut entries = entries(&results);
+    entries.extend(rss_entries(&run.run_dir));
+    let control_entries = control_entries(&control);
+    let recovery_entries = recovery_entries(&recoveries, &stall);
+    println!();
+    println!(
+        "bench ({}, fio {runtime} s per job, {:.0} s in the guest):",
+        kernel.kver,
+        run.wall.as_secs_f64()
+    );
+    print!("{}", raw_table(&results));
+    println!();
+    print!("{}", entries_table(&entries));
+    println!();
+    println!("control plane (ublkd --config, driven by ublkctl):");
+    print!("{}", control_table(&control_entries));
+    println!();
+    println!("recovery (ublkd --config killed with -9 and started again):");
+    print!("{}", recovery_table(&recovery_entries, &recoveries, &stall));
+    entries.extend(control_entries);
+    entries.extend(recovery_entries);
+
+    let out_dir = ws.join("target/bench");
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let json = Value::Array(entries.iter().map(Entry::to_json).collect());
+    let path = out_dir.join("results.json");
+    fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    let raw_path = out_dir.join("raw.json");
+    let mut raw = raw_json(&results);
+    if let Value::Array(list) = &mut raw {
+        list.push(control_raw_json(&control));
+        list.extend(recovery_raw_json(&recoveries, &stall));
+    }
+    fs::write(&raw_path, serde_json::to_string_pretty(&raw)? + "\n")
+        .with_context(|| format!("writing {}", raw_path.display()))?;
+    println!();
+    println!("wrote {} and {}", path.display(), raw_path.display());
+
+    let mut failed = entries.iter().filter(|e| e.error.is_some()).count();
+    failed += results.samples.values().filter(|s| s.is_err()).count();
+    if run.exit != Exit::Code(0) {
+        failed += 1;
+        println!(
+            "guest {}; console tail:\n{}",
+            run.exit,
+            run.console_tail(40)
+        );
+    }
+    if failed == 0 {
+        let _ = fs::remove_dir_all(&run.run_dir);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "bench: some cases failed; guest logs kept in {}",
+            run.run_dir.display()
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `path` made absolute (the guest runs the script elsewhere), if it is a file.
+fn absolute_file(path: &Path) -> Result<PathBuf> {
+    let abs = path
+        .canonicalize()
+        .with_context(|| format!("UBLKD_BENCH_UBLKD={}", path.display()))?;
+    if !abs.is_file() {
+        bail!("UBLKD_BENCH_UBLKD={} is not a file", path.display());
+    }
+    Ok(abs)
+}
+
+/// Builds `packages` in release mode and returns the directory their binaries land in.
+fn build_release(ws: &Path, packages: &[&str]) -> Result<PathBuf> {
+    eprintln!("xtask: building {} (release)", packages.join(" and "));
+    let mut cmd = crate::cargo();
+    cmd.current_dir(ws).args(["build", "--release"]);
+    for p in packages {
+        cmd.args(["--package", p]);
+    }
+    let status = cmd.status().context("running cargo build --release")?;
+    if !status.success() {
+        bail!(
+            "building {} in release mode failed ({status})",
+            packages.join(" and ")
+        );
+    }
+    Ok(ws.join("target/release"))
+}
+
+/// `dir/name`, if the build left it there.
+fn release_bin(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    let bin = dir.join(name);
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("{} is missing after the build", bin.display()))
+    }
+}
