@@ -25,6 +25,8 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     // A real Prometheus (and promtool) for the observability test and the alert-rule tests.
     ("prometheus", "prometheus"),
     ("promtool", "prometheus"),
+    // The host tests check every shell script in the repository with it.
+    ("shellcheck", "shellcheck"),
 ];
 
 /// Installs whatever host packages are missing; does nothing (and downloads nothing) when all are

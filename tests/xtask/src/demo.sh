@@ -1,4 +1,6 @@
-# The guest side of `cargo xtask demo`: ublkd as a node service, driven by ublkctl.
+# shellcheck shell=bash
+# The guest side of `cargo xtask demo` (run with `bash -s`: /dev/tcp below needs bash): ublkd as a
+# node service, driven by ublkctl.
 # UBLKD and UBLKCTL are set by the harness to the workspace's binaries.
 set -e
 D=$TMPDIR/ublkd-demo
@@ -23,7 +25,7 @@ CONFIG
 echo "== starting ublkd (config $D/ublkd.toml)"
 "$UBLKD" --config "$D/ublkd.toml" 2> "$D/ublkd.log" &
 pid=$!
-for i in $(seq 100); do [ -S "$D/ublkd.sock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -S "$D/ublkd.sock" ] && break; sleep 0.1; done
 sleep 0.5
 ctl node-info
 ctl create-volume scratch --size 256MiB --backend null

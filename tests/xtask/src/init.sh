@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# shellcheck shell=sh
 # /init of the ublkd test VM. Loads the kernel modules the tests need (with their parameters from
 # the kernel command line, which busybox insmod does not read by itself), mounts the host's root
 # read-only over 9p, mounts the run directory writable at its own host path, chroots and runs the
@@ -10,6 +11,9 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 echo "ublkd-vm: init started (uptime $(cut -d' ' -f1 /proc/uptime)s)"
 
+# Word splitting is what these loops want: modules.order holds one path per line (no spaces), and
+# /proc/cmdline is one line of space-separated words.
+# shellcheck disable=SC2013
 for m in $(cat /modules.order); do
     name=$(basename "$m" .ko | tr - _)
     params=""
@@ -18,9 +22,11 @@ for m in $(cat /modules.order); do
             "$name".*=*) params="$params ${word#"$name".}" ;;
         esac
     done
+    # shellcheck disable=SC2086 # unquoted on purpose: each name=value is its own insmod argument
     insmod "/lib/modules/$m" $params || echo "ublkd-vm: insmod $m failed"
 done
 run_dir=""
+# shellcheck disable=SC2013 # the words of the kernel command line, as above
 for word in $(cat /proc/cmdline); do
     case "$word" in
         ublkd.run=*) run_dir="${word#ublkd.run=}" ;;

@@ -108,7 +108,8 @@ fn host_tests(ws: &Path) -> Result<()> {
     if !status.success() {
         bail!("host tests failed ({status})");
     }
-    alert_rule_tests(ws)
+    alert_rule_tests(ws)?;
+    shell_script_checks(ws)
 }
 
 /// The Prometheus alert rules shipped in deploy/prometheus: checked and unit-tested with
@@ -135,6 +136,108 @@ fn alert_rule_tests(ws: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every shell script in the repository, checked with shellcheck (Debian's `shellcheck` package,
+/// installed when missing; never skipped). Each names its dialect, which shellcheck requires: a
+/// `#!` line (`.ci/run`), or a `# shellcheck shell=` directive where a shell reads the file
+/// (the guest's /init under busybox sh, the demo under `bash -s`, the bench under /bin/sh).
+fn shell_script_checks(ws: &Path) -> Result<()> {
+    let scripts = shell_scripts(ws)?;
+    if scripts.is_empty() {
+        bail!("no shell scripts found to check in {}", ws.display());
+    }
+    if apt::which("shellcheck").is_none() {
+        apt::install_packages(&["shellcheck"])?;
+    }
+    let shellcheck =
+        apt::which("shellcheck").context("shellcheck not found after installing shellcheck")?;
+    let names: Vec<String> = scripts.iter().map(|p| p.display().to_string()).collect();
+    eprintln!("xtask: shell scripts: shellcheck {}", names.join(" "));
+    let status = Command::new(&shellcheck)
+        .args(&scripts)
+        .current_dir(ws)
+        .status()
+        .context("running shellcheck")?;
+    if !status.success() {
+        bail!(
+            "shellcheck found problems in {} ({status}): fix them, or disable a check on its line \
+             with `# shellcheck disable=SCxxxx` and a comment saying why",
+            names.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// The repository's shell scripts, relative to `ws` and sorted: the files git lists (tracked, or
+/// new and not ignored, so never `target/`) that end in `.sh` or start with a `#!` line naming a
+/// shell (`.ci/run`).
+fn shell_scripts(ws: &Path) -> Result<Vec<PathBuf>> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+
+    let out = Command::new("git")
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .current_dir(ws)
+        .output()
+        .context("running git ls-files (the shell script check lists the repository's files)")?;
+    if !out.status.success() {
+        bail!(
+            "git ls-files failed in {} ({}): {}",
+            ws.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut scripts = Vec::new();
+    for name in out.stdout.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let rel = PathBuf::from(std::ffi::OsStr::from_bytes(name));
+        let path = ws.join(&rel);
+        // Listed but not a file here: deleted in the work tree, or a submodule.
+        if !path.is_file() {
+            continue;
+        }
+        let script = if rel.extension().is_some_and(|e| e == "sh") {
+            true
+        } else {
+            let mut head = Vec::new();
+            std::fs::File::open(&path)
+                .and_then(|f| f.take(256).read_to_end(&mut head))
+                .with_context(|| format!("reading {}", path.display()))?;
+            shebang_names_shell(&head)
+        };
+        if script {
+            scripts.push(rel);
+        }
+    }
+    scripts.sort();
+    scripts.dedup();
+    Ok(scripts)
+}
+
+/// Whether a file that starts with `head` is a script for a shell shellcheck knows:
+/// `#!/bin/sh`, `#!/usr/bin/env bash`, `#!/bin/busybox sh` and the like.
+fn shebang_names_shell(head: &[u8]) -> bool {
+    let Some(rest) = head.strip_prefix(b"#!") else {
+        return false;
+    };
+    let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line
+        .split_whitespace()
+        .map(|w| w.rsplit_once('/').map_or(w, |(_, base)| base));
+    let mut program = words.next();
+    // `env` and `busybox` run the program a later word names (after env's options and settings).
+    while matches!(program, Some("env" | "busybox")) {
+        program = words.find(|w| !w.starts_with('-') && !w.contains('='));
+    }
+    matches!(program, Some("sh" | "ash" | "dash" | "bash" | "ksh"))
 }
 
 fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
@@ -215,6 +318,58 @@ fn demo(ws: &Path) -> Result<ExitCode> {
         other => {
             eprintln!("xtask: demo failed: guest {other}");
             Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shebangs_that_name_a_shell() {
+        for head in [
+            "#!/bin/sh\n",
+            "#!/bin/bash -e\necho",
+            "#! /usr/bin/env bash\n",
+            "#!/usr/bin/env -S LC_ALL=C dash -e\n",
+            "#!/bin/busybox sh\n",
+            "#!/bin/ksh",
+        ] {
+            assert!(shebang_names_shell(head.as_bytes()), "{head:?}");
+        }
+        for head in [
+            "",
+            "# shellcheck shell=sh\n",
+            "#!/usr/bin/env python3\n",
+            "#!/usr/bin/zsh\n",
+            "#!/usr/bin/env\n",
+            "echo #!/bin/sh\n",
+            "#![allow(dead_code)]\n",
+        ] {
+            assert!(!shebang_names_shell(head.as_bytes()), "{head:?}");
+        }
+    }
+
+    /// The listing `shell_script_checks` hands to shellcheck, on this repository.
+    #[test]
+    fn the_repository_shell_scripts_are_found() {
+        let ws = workspace_root().unwrap();
+        let scripts = shell_scripts(&ws).unwrap();
+        for expected in [
+            ".ci/run",
+            "tests/xtask/src/demo.sh",
+            "tests/xtask/src/init.sh",
+        ] {
+            assert!(
+                scripts.iter().any(|p| p == Path::new(expected)),
+                "{expected} not in {scripts:?}"
+            );
+        }
+        for p in &scripts {
+            assert!(ws.join(p).is_file(), "{}", p.display());
+            assert!(!p.starts_with("target"), "{}", p.display());
+            assert!(p.extension().is_none_or(|e| e == "sh"), "{}", p.display());
         }
     }
 }
