@@ -13,8 +13,8 @@ use ublkd_proto::v1::{
     VolumeSpec,
 };
 
-use crate::connect::{Connection, Target, TlsFiles};
 use crate::error::Error;
+use ublkd_client::{Connection, Target, TlsFiles};
 
 /// Where ublkd listens unless `--endpoint` or `UBLKCTL_ENDPOINT` says otherwise.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/ublkd/ublkd.sock";
@@ -374,33 +374,7 @@ impl Cli {
 
 /// Reads `unix:///PATH` (or a bare absolute path), `http://HOST:PORT` or `https://HOST:PORT`.
 pub fn parse_target(s: &str) -> Result<Target, String> {
-    let s = s.trim();
-    if let Some(rest) = s.strip_prefix("unix:") {
-        let path = rest.strip_prefix("//").unwrap_or(rest);
-        if !path.starts_with('/') {
-            return Err("expected unix:///ABSOLUTE/PATH".into());
-        }
-        return Ok(Target::Unix(PathBuf::from(path)));
-    }
-    if s.starts_with('/') {
-        return Ok(Target::Unix(PathBuf::from(s)));
-    }
-    let tls = if s.starts_with("https://") {
-        true
-    } else if s.starts_with("http://") {
-        false
-    } else {
-        return Err("expected unix:///PATH, http://HOST:PORT or https://HOST:PORT".into());
-    };
-    let endpoint = tonic::transport::Endpoint::from_shared(s.to_owned())
-        .map_err(|_| "not a valid URI".to_owned())?;
-    if endpoint.uri().host().is_none_or(str::is_empty) {
-        return Err("the URI has no host".into());
-    }
-    Ok(Target::Tcp {
-        uri: s.to_owned(),
-        tls,
-    })
+    s.parse()
 }
 
 /// Reads a human size (`10Gi`, `10GiB`, `10G`, `512Ki`, `4096`).

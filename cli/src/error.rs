@@ -108,21 +108,17 @@ fn chain<'a>(
     std::iter::successors(first, |&e| e.source())
 }
 
-/// An error and its sources as one line, without tonic's generic "transport error" wrapper and
-/// without repeating a message that wrapper layers pass through unchanged.
-pub fn cause_chain(err: &(dyn StdError + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for e in chain(Some(err)) {
-        let text = e.to_string();
-        if text == "transport error" || parts.last() == Some(&text) {
-            continue;
+impl From<ublkd_client::ConnectError> for Error {
+    fn from(e: ublkd_client::ConnectError) -> Self {
+        match e {
+            ublkd_client::ConnectError::ReadTlsFile { what, path, source } => {
+                Error::Usage(format!("cannot read --{what} {}: {source}", path.display()))
+            }
+            ublkd_client::ConnectError::Unreachable { endpoint, cause } => {
+                Error::Unreachable { endpoint, cause }
+            }
         }
-        parts.push(text);
     }
-    if parts.is_empty() {
-        return err.to_string();
-    }
-    parts.join(": ")
 }
 
 #[cfg(test)]
@@ -177,29 +173,5 @@ mod tests {
             err.to_string(),
             "cannot reach ublkd at unix:///s: refused: is it running?"
         );
-    }
-
-    #[test]
-    fn cause_chains_skip_wrappers_and_repeats() {
-        #[derive(Debug)]
-        struct Wrap(&'static str, Option<Box<Wrap>>);
-        impl fmt::Display for Wrap {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.0)
-            }
-        }
-        impl StdError for Wrap {
-            fn source(&self) -> Option<&(dyn StdError + 'static)> {
-                self.1.as_deref().map(|e| e as _)
-            }
-        }
-        let err = Wrap(
-            "transport error",
-            Some(Box::new(Wrap(
-                "No such file",
-                Some(Box::new(Wrap("No such file", None))),
-            ))),
-        );
-        assert_eq!(cause_chain(&err), "No such file");
     }
 }

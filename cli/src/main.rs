@@ -16,7 +16,6 @@
 //! the tests that run whole commands against an in-process fake ublkd.
 
 mod args;
-mod connect;
 mod error;
 #[cfg(test)]
 mod fake_daemon;
@@ -125,7 +124,7 @@ impl Client {
 async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
     let conn = cli.connection()?;
     let client = Client {
-        channel: connect::connect(&conn).await?,
+        channel: ublkd_client::connect(&conn).await?,
         endpoint: conn.target.to_string(),
         timeout: conn.timeout,
     };
