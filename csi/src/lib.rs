@@ -1,0 +1,23 @@
+//! ublkd-csi: the Kubernetes CSI driver for ublkd volumes.
+//!
+//! One `ublkd-csi` runs on every node next to that node's ublkd, in its own pod (its own mount
+//! namespace: the process serving a ublk device must not share one with the device's mounts).
+//! Kubernetes is the distributed engine: external-provisioner in `--node-deployment` mode asks
+//! each node's driver for that node's volumes, and topology and capacity steer the scheduler.
+//! The driver keeps no volume state of its own: ublkd's registry is the truth, reached through
+//! ublkd's gRPC API (`ublkd-client`) on the node's socket.
+
+/// The CSI v1 spec, compiled from the vendored `proto/csi/v1/csi.proto`.
+pub mod spec {
+    #![allow(missing_docs, clippy::all, missing_debug_implementations)]
+    tonic::include_proto!("csi.v1");
+}
+
+pub mod identity;
+pub mod ublkd;
+
+/// The driver's name, as StorageClasses and the CSIDriver object name it.
+pub const DRIVER_NAME: &str = "ublkd.io";
+
+/// The topology key: the node a volume lives on (its data never leaves that node).
+pub const TOPOLOGY_KEY: &str = "ublkd.io/node";

@@ -1,0 +1,57 @@
+//! The Identity service over a real unix socket, with no ublkd behind it.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+use tokio_stream::wrappers::UnixListenerStream;
+use ublkd_csi::identity::IdentityService;
+use ublkd_csi::spec::identity_client::IdentityClient;
+use ublkd_csi::spec::identity_server::IdentityServer;
+use ublkd_csi::spec::{GetPluginInfoRequest, ProbeRequest};
+use ublkd_csi::ublkd::Ublkd;
+
+#[tokio::test]
+async fn names_itself_and_is_not_ready_without_ublkd() {
+    let dir = tempfile::tempdir().unwrap();
+    let csi = dir.path().join("csi.sock");
+    let absent = dir.path().join("no-ublkd.sock");
+    let listener = tokio::net::UnixListener::bind(&csi).unwrap();
+    let service = IdentityService {
+        ublkd: Ublkd::new(
+            ublkd_client::Target::Unix(absent.clone()),
+            Duration::from_secs(2),
+        ),
+        capabilities: Vec::new(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IdentityServer::new(service))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    let path = csi.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = IdentityClient::new(channel);
+    let info = client
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "ublkd.io");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    let err = client.probe(ProbeRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains(&absent.display().to_string()),
+        "{}",
+        err.message()
+    );
+}
