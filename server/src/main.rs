@@ -288,6 +288,28 @@ fn parse_listen(s: &str) -> anyhow::Result<Listen> {
     })?))
 }
 
+/// The server's overall health ("") and each service's, together.
+async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
+    let status = if serving {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <VolumeServiceServer<service::Api> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <NodeServiceServer<service::Api> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
 async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let stop = termination()?;
     let registry = registry::Registry::open(&settings.state_dir)?;
@@ -326,13 +348,11 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         });
     }
 
+    // NOT_SERVING until the start-up restore has finished: a client (the CSI driver, an
+    // orchestrator) that sees SERVING may rely on every registered volume having been brought
+    // back or marked FAILED with its reason. The API itself answers meanwhile.
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<VolumeServiceServer<service::Api>>()
-        .await;
-    health
-        .set_serving::<NodeServiceServer<service::Api>>()
-        .await;
+    set_health(&health, false).await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ublkd_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -429,6 +449,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     });
     // Volumes come back while the API already answers (they show as RECOVERING meanwhile).
     let v = Arc::clone(&volumes);
+    let restored = health.clone();
     tokio::spawn(async move {
         let started = std::time::Instant::now();
         let mut failed = v.restore().await;
@@ -437,6 +458,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
             failed = failed.len(),
             "ublkd ready: volumes restored"
         );
+        set_health(&restored, true).await;
         // Volumes that could not come back stay FAILED (with the reason) and are retried with
         // a back-off: a takeover that failed half way left its device quiesced, not deleted.
         let mut pause = std::time::Duration::from_secs(1);
@@ -455,9 +477,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
             bail!("a listener stopped unexpectedly");
         }
     }
-    health
-        .set_not_serving::<VolumeServiceServer<service::Api>>()
-        .await;
+    set_health(&health, false).await;
     let _ = stop_tx.send(true);
     while let Some(r) = tasks.join_next().await {
         if let Ok(Err(e)) = r {
