@@ -138,13 +138,16 @@ pub enum Command {
 pub enum Call {
     /// Create a volume and print its block device path (-o json: the whole volume)
     CreateVolume(CreateVolume),
-    /// Delete a volume; its block device goes away, backing files stay
+    /// Delete a volume; its block device goes away, a backing file stays unless asked
     DeleteVolume {
         /// Volume id
         name: String,
         /// Succeed when no such volume exists
         #[arg(long)]
         allow_missing: bool,
+        /// Remove a file volume's backing file too
+        #[arg(long)]
+        delete_backing: bool,
     },
     /// Show one volume
     GetVolume {

@@ -142,10 +142,12 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
         Call::DeleteVolume {
             name,
             allow_missing,
+            delete_backing,
         } => {
             let request = client.request(DeleteVolumeRequest {
                 id: name.clone(),
                 allow_missing: *allow_missing,
+                delete_backing: *delete_backing,
             });
             client.call(client.volumes().delete_volume(request)).await?;
             if json {

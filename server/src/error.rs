@@ -46,11 +46,17 @@ pub enum VolumeError {
     GrowBackingFile { path: PathBuf, len: u64, size: u64 },
     #[error("volume {id:?} is {from} bytes: shrinking to {to} is refused (it would cut off data)")]
     ResizeShrink { id: VolumeId, from: u64, to: u64 },
-    #[error("volume {id:?} is busy: {} is mounted at {at}", device.display())]
-    DeleteMounted {
-        id: VolumeId,
-        device: PathBuf,
-        at: String,
+    #[error(
+        "volume {id:?} is busy: {} is held (mounted, in some mount namespace, or opened \
+         exclusively); unmount it first",
+        device.display()
+    )]
+    DeleteBusy { id: VolumeId, device: PathBuf },
+    #[error("cannot remove backing file {}", path.display())]
+    RemoveBackingFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
     /// The volume has no device to act on (it is not READY).
     #[error("volume {id:?} has no device ({state})")]
@@ -83,11 +89,14 @@ impl VolumeError {
             | E::PrepareBackingFile { .. }
             | E::GrowBackingFile { .. }
             | E::ResizeShrink { .. }
-            | E::DeleteMounted { .. }
+            | E::DeleteBusy { .. }
             | E::NotServing { .. }
             | E::OpenDataplane(_) => Code::FailedPrecondition,
             E::Dataplane(e) => dataplane_code(e.kind()),
-            E::Registry(_) | E::JoinDataplaneTask(_) | E::JoinVolumeTask(_) => Code::Internal,
+            E::Registry(_)
+            | E::JoinDataplaneTask(_)
+            | E::JoinVolumeTask(_)
+            | E::RemoveBackingFile { .. } => Code::Internal,
             E::CheckDeadline(_) => Code::DeadlineExceeded,
         }
     }
@@ -229,12 +238,18 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                E::DeleteMounted {
+                E::DeleteBusy {
                     id: id("v"),
                     device: "/dev/ublkb0".into(),
-                    at: "/mnt".into(),
                 },
                 Code::FailedPrecondition,
+            ),
+            (
+                E::RemoveBackingFile {
+                    path: "/v".into(),
+                    source: io(),
+                },
+                Code::Internal,
             ),
             (
                 E::NotServing {

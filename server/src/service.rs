@@ -102,9 +102,10 @@ impl VolumeService for Api {
             let req = req.into_inner();
             let id = validate::volume_id(&req.id)?;
             let volumes = Arc::clone(&self.volumes);
-            let (del, allow_missing) = (id.clone(), req.allow_missing);
+            let (del, allow_missing, backing) = (id.clone(), req.allow_missing, req.delete_backing);
             let deleted =
-                to_completion(async move { volumes.delete(&del, allow_missing).await }).await?;
+                to_completion(async move { volumes.delete(&del, allow_missing, backing).await })
+                    .await?;
             if deleted {
                 tracing::info!(volume = %id, "volume deleted");
             } else {

@@ -96,6 +96,7 @@ async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
         .delete_volume(v1::DeleteVolumeRequest {
             id: "v-file".into(),
             allow_missing: false,
+            delete_backing: false,
         })
         .await
         .expect_err("deleting a mounted volume");
@@ -109,6 +110,7 @@ async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
         c.delete_volume(v1::DeleteVolumeRequest {
             id: (*id).into(),
             allow_missing: false,
+            delete_backing: false,
         })
         .await?;
         guest::wait_gone(std::path::Path::new(&v.device_path), Duration::from_secs(5))?;
@@ -500,6 +502,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
     let del = |id: &str, allow_missing| v1::DeleteVolumeRequest {
         id: id.into(),
         allow_missing,
+        delete_backing: false,
     };
     let e = c
         .delete_volume(del("unknown", false))

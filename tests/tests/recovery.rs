@@ -161,6 +161,7 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
         .delete_volume(v1::DeleteVolumeRequest {
             id: "t".into(),
             allow_missing: true,
+            delete_backing: false,
         })
         .await;
     result?;
@@ -357,6 +358,7 @@ async fn crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agree
                 .delete_volume(v1::DeleteVolumeRequest {
                     id: id.clone(),
                     allow_missing: false,
+                    delete_backing: false,
                 })
                 .await
                 .map(drop),

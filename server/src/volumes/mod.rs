@@ -1,19 +1,26 @@
 //! The volume manager: the registry of desired volumes and the dataplane devices serving them.
 //!
-//! One lock orders every change; dataplane calls (which block on the control thread) run on
-//! tokio's blocking pool so the RPC threads never stall.
+//! Two kinds of lock: each volume's operation lock orders the changes of that volume (create,
+//! delete, resize, restore, adopt: one at a time per volume, different volumes in parallel);
+//! the map lock is held only to read or record, never across a registry write or a ublk
+//! control command, so Get, List and `/metrics` never wait for a slow change. Dataplane calls
+//! (which block on the control thread) run on tokio's blocking pool.
+
+mod change;
+mod orphans;
+mod restore;
 
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::registry::{BackendRecord, Registry, VolumeRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
     WorkerSnapshot,
@@ -51,6 +58,8 @@ pub struct Volumes {
     registry: Registry,
     settings: Arc<Settings>,
     inner: Mutex<BTreeMap<VolumeId, Volume>>,
+    /// Each volume's operation lock, while anyone holds or waits for it.
+    ops: std::sync::Mutex<HashMap<VolumeId, Weak<Mutex<()>>>>,
     pub recoveries: RecoveryStats,
 }
 
@@ -112,8 +121,27 @@ impl Volumes {
             registry,
             settings,
             inner: Mutex::new(BTreeMap::new()),
+            ops: std::sync::Mutex::new(HashMap::new()),
             recoveries: RecoveryStats::default(),
         }
+    }
+
+    /// Waits for volume `id`'s operation lock; changes of `id` run one at a time while it is
+    /// held. Locks nobody holds any more are dropped from the table on the way.
+    async fn op_lock(&self, id: &VolumeId) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
+            ops.retain(|_, w| w.strong_count() > 0);
+            match ops.get(id).and_then(Weak::upgrade) {
+                Some(l) => l,
+                None => {
+                    let l = Arc::new(Mutex::new(()));
+                    ops.insert(id.clone(), Arc::downgrade(&l));
+                    l
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 
     fn handle(&self) -> Result<Handle, VolumeError> {
@@ -124,164 +152,6 @@ impl Volumes {
 
     pub fn features(&self) -> Option<Features> {
         self.handle.as_ref().map(Handle::features)
-    }
-
-    /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
-    /// clients see the whole node at once. `restore` then brings them up.
-    pub async fn load(&self) -> Result<(), VolumeError> {
-        let (records, report) = self.registry.load()?;
-        for path in &report.corrupt {
-            tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
-        }
-        let mut map = self.inner.lock().await;
-        for record in records {
-            map.insert(
-                record.id.clone(),
-                Volume {
-                    record,
-                    state: State::Recovering,
-                    device: None,
-                    message: String::new(),
-                },
-            );
-        }
-        Ok(())
-    }
-
-    /// Brings every loaded volume up: takes over its kernel device when one survived (a crash
-    /// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
-    /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
-    /// reason.
-    /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
-    pub async fn restore(&self) -> Vec<VolumeId> {
-        let ids: Vec<VolumeId> = self.inner.lock().await.keys().cloned().collect();
-        self.restore_ids(ids).await
-    }
-
-    /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
-    /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
-    /// Returns those that failed again.
-    pub async fn restore_again(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        let map = self.inner.lock().await;
-        let ids: Vec<VolumeId> = ids
-            .into_iter()
-            .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
-            .collect();
-        drop(map);
-        self.restore_ids(ids).await
-    }
-
-    async fn restore_ids(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        let mut failed = Vec::new();
-        let kernel: BTreeMap<DevId, KernelDevice> = match self.handle() {
-            Ok(h) => blocking(move || h.kernel_devices())
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|d| (d.dev_id, d))
-                .collect(),
-            Err(_) => BTreeMap::new(),
-        };
-        for id in ids {
-            let mut map = self.inner.lock().await;
-            let Some(vol) = map.get(&id).cloned() else {
-                continue;
-            };
-            let started = Instant::now();
-            let outcome = self.restore_one(&vol.record, &kernel).await;
-            match outcome {
-                Ok(None) => {
-                    map.remove(&id);
-                    tracing::info!(volume = %id, "interrupted delete finished");
-                }
-                Ok(Some((info, recovered))) => {
-                    if recovered {
-                        self.recoveries.record(started.elapsed());
-                    }
-                    tracing::info!(
-                        volume = %id,
-                        device = %info.block_device.display(),
-                        recovered,
-                        took_ms = started.elapsed().as_millis() as u64,
-                        "volume serving again"
-                    );
-                    if let Some(v) = map.get_mut(&id) {
-                        v.record.dev_id = Some(info.dev_id);
-                        v.state = State::Ready;
-                        v.device = Some(info);
-                        v.message.clear();
-                        if let Err(e) = self.registry.put(&v.record) {
-                            tracing::warn!(volume = %id, error = %crate::error::chain(&e), "cannot update record");
-                        }
-                    }
-                }
-                Err(e) => {
-                    let message = crate::error::chain(&e);
-                    tracing::error!(volume = %id, error = %message, "volume could not be restored; retrying");
-                    if let Some(v) = map.get_mut(&id) {
-                        v.state = State::Failed;
-                        v.message = message;
-                    }
-                    failed.push(id);
-                }
-            }
-        }
-        failed
-    }
-
-    /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).
-    async fn restore_one(
-        &self,
-        record: &VolumeRecord,
-        kernel: &BTreeMap<DevId, KernelDevice>,
-    ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
-        let handle = self.handle()?;
-        let existing = record
-            .dev_id
-            .and_then(|id| kernel.get(&id))
-            .filter(|d| !d.owned);
-        if record.deleting {
-            if let Some(dev) = existing {
-                let (h, id) = (handle.clone(), dev.dev_id);
-                blocking(move || h.delete_foreign_device(id)).await?;
-            }
-            self.registry.remove(&record.id)?;
-            self.remove_ram_file(record);
-            return Ok(None);
-        }
-        if existing.is_some() {
-            let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
-            let h = handle.clone();
-            match blocking(move || h.recover_device(spec)).await {
-                Ok(info) => return Ok(Some((info, true))),
-                Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
-                    tracing::warn!(volume = %record.id, %dev_id, why, "device cannot be taken over: creating it again");
-                    let h = handle.clone();
-                    let _ = blocking(move || h.delete_foreign_device(dev_id)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        self.bring_up(record).await.map(|i| Some((i, false)))
-    }
-
-    /// Creates the device for `record`, with its recorded kernel id when it has one (and any
-    /// free id if something else took that one meanwhile; the caller records the id it got).
-    async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-        let handle = self.handle()?;
-        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
-        let h = handle.clone();
-        let s = spec.clone();
-        match blocking(move || h.add_device(s)).await {
-            Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
-                let spec = DeviceSpec {
-                    dev_id: None,
-                    ..spec
-                };
-                blocking(move || handle.add_device(spec)).await
-            }
-            other => other,
-        }
     }
 
     /// The lowest ublk device id that neither the kernel nor any record uses.
@@ -300,186 +170,6 @@ impl Volumes {
     fn remove_ram_file(&self, record: &VolumeRecord) {
         if record.backend == BackendRecord::Ram {
             let _ = std::fs::remove_file(ram_file(&self.settings.ram_dir, &record.id));
-        }
-    }
-
-    pub async fn create(&self, mut record: VolumeRecord) -> Result<Volume, VolumeError> {
-        let mut map = self.inner.lock().await;
-        if let Some(existing) = map.get(&record.id) {
-            if same_spec(&existing.record, &record) {
-                return Ok(existing.clone());
-            }
-            return Err(VolumeError::CreateConflict(record.id));
-        }
-        if map.len() >= self.settings.limits.max_volumes {
-            return Err(VolumeError::AdmitVolumeLimit(map.len()));
-        }
-        if let BackendRecord::File { path, .. } = &record.backend {
-            if let Some(other) = map.values().find(
-                |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if p == path),
-            ) {
-                return Err(VolumeError::AdmitBackingInUse {
-                    path: path.clone(),
-                    by: other.record.id.clone(),
-                });
-            }
-        }
-        self.handle()?;
-        let created_file = self.prepare_backing_file(&record)?;
-        record.created_unix_ms = now_ms();
-        record.dev_id = Some(self.free_dev_id(&map)?);
-        fault_point("create:before_record");
-        // The record (with the device id it will get) goes first: a crash from here on leaves a
-        // registered volume whose device the next start takes over or creates, never a device
-        // nobody owns.
-        self.registry.put(&record)?;
-        fault_point("create:after_record");
-        match self.bring_up(&record).await {
-            Ok(info) => {
-                fault_point("create:after_device");
-                record.dev_id = Some(info.dev_id);
-                self.registry.put(&record)?;
-                let vol = Volume::ready(record, info);
-                map.insert(vol.record.id.clone(), vol.clone());
-                Ok(vol)
-            }
-            Err(e) => {
-                let _ = self.registry.remove(&record.id);
-                if let (Some(path), BackendRecord::File { .. }) = (created_file, &record.backend) {
-                    let _ = std::fs::remove_file(path);
-                }
-                self.remove_ram_file(&record);
-                Err(e)
-            }
-        }
-    }
-
-    /// Creates a missing backing file when asked to; returns its path if this call created it.
-    fn prepare_backing_file(&self, record: &VolumeRecord) -> Result<Option<PathBuf>, VolumeError> {
-        let BackendRecord::File { path, create } = &record.backend else {
-            return Ok(None);
-        };
-        if !*create || path.exists() {
-            return Ok(None);
-        }
-        let err = |source| VolumeError::PrepareBackingFile {
-            path: path.clone(),
-            source,
-        };
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(err)?;
-        f.set_len(record.size_bytes).map_err(err)?;
-        f.sync_all().map_err(err)?;
-        Ok(Some(path.clone()))
-    }
-
-    /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set.
-    pub async fn delete(&self, id: &VolumeId, allow_missing: bool) -> Result<bool, VolumeError> {
-        let mut map = self.inner.lock().await;
-        let Some(vol) = map.get_mut(id) else {
-            return if allow_missing {
-                Ok(false)
-            } else {
-                Err(VolumeError::LookupVolume(id.clone()))
-            };
-        };
-        if let Some(info) = &vol.device {
-            if let Some(at) = mounted_at(&info.block_device) {
-                return Err(VolumeError::DeleteMounted {
-                    id: id.clone(),
-                    device: info.block_device.clone(),
-                    at,
-                });
-            }
-            let handle = self.handle()?;
-            let dev_id = info.dev_id;
-            vol.state = State::Deleting;
-            // Persist the intent: a crash during the delete is finished by the next start.
-            let mut record = vol.record.clone();
-            record.deleting = true;
-            self.registry.put(&record)?;
-            fault_point("delete:after_mark");
-            if let Err(e) = blocking(move || handle.delete_device(dev_id)).await {
-                vol.state = State::Failed;
-                vol.message = crate::error::chain(&e);
-                return Err(e);
-            }
-            fault_point("delete:after_device");
-        }
-        self.registry.remove(id)?;
-        if let Some(vol) = map.remove(id) {
-            self.remove_ram_file(&vol.record);
-        }
-        Ok(true)
-    }
-
-    pub async fn resize(&self, id: &VolumeId, size: u64) -> Result<Volume, VolumeError> {
-        let mut map = self.inner.lock().await;
-        let vol = map
-            .get_mut(id)
-            .ok_or_else(|| VolumeError::LookupVolume(id.clone()))?;
-        crate::validate::size(size, vol.record.block_size, &self.settings)?;
-        if size < vol.record.size_bytes {
-            return Err(VolumeError::ResizeShrink {
-                id: id.clone(),
-                from: vol.record.size_bytes,
-                to: size,
-            });
-        }
-        if size == vol.record.size_bytes {
-            return Ok(vol.clone());
-        }
-        let Some(info) = vol.device.clone() else {
-            return Err(VolumeError::NotServing {
-                id: id.clone(),
-                state: vol.state.name(),
-            });
-        };
-        if let BackendRecord::File { path, create } = &vol.record.backend {
-            let len = std::fs::metadata(path)
-                .map_err(|source| VolumeError::PrepareBackingFile {
-                    path: path.clone(),
-                    source,
-                })?
-                .len();
-            if len < size {
-                if !create || !path.is_file() {
-                    return Err(VolumeError::GrowBackingFile {
-                        path: path.clone(),
-                        len,
-                        size,
-                    });
-                }
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .and_then(|f| f.set_len(size).and_then(|()| f.sync_all()));
-                f.map_err(|source| VolumeError::PrepareBackingFile {
-                    path: path.clone(),
-                    source,
-                })?;
-            }
-        }
-        let handle = self.handle()?;
-        // The new size is recorded first: after a crash the next start applies it.
-        let mut record = vol.record.clone();
-        record.size_bytes = size;
-        self.registry.put(&record)?;
-        fault_point("resize:after_record");
-        match blocking(move || handle.resize_device(info.dev_id, size)).await {
-            Ok(updated) => {
-                fault_point("resize:after_device");
-                vol.record = record;
-                vol.device = Some(updated);
-                Ok(vol.clone())
-            }
-            Err(e) => {
-                let _ = self.registry.put(&vol.record);
-                Err(e)
-            }
         }
     }
 
@@ -579,65 +269,6 @@ impl Volumes {
         }
         Ok(())
     }
-
-    /// ublk devices in the kernel that no registered volume owns.
-    pub async fn orphans(&self) -> Vec<KernelDevice> {
-        let Some(handle) = self.handle.clone() else {
-            return Vec::new();
-        };
-        let map = self.inner.lock().await;
-        let known: std::collections::BTreeSet<DevId> =
-            map.values().filter_map(|v| v.record.dev_id).collect();
-        drop(map);
-        blocking(move || handle.kernel_devices())
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|d| !d.owned && !known.contains(&d.dev_id))
-            .collect()
-    }
-
-    /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
-    pub async fn adopt(
-        &self,
-        dev_id: DevId,
-        mut record: VolumeRecord,
-    ) -> Result<Volume, VolumeError> {
-        let orphan = self
-            .orphans()
-            .await
-            .into_iter()
-            .find(|d| d.dev_id == dev_id)
-            .ok_or(VolumeError::LookupOrphan(dev_id))?;
-        let mut map = self.inner.lock().await;
-        if map.contains_key(&record.id) {
-            return Err(VolumeError::AdoptConflict(record.id));
-        }
-        if record.size_bytes == 0 {
-            record.size_bytes = orphan.size_bytes;
-        }
-        record.dev_id = Some(dev_id);
-        record.created_unix_ms = now_ms();
-        self.prepare_backing_file(&record)?;
-        let handle = self.handle()?;
-        let spec = crate::convert::device_spec(&record, &self.settings.ram_dir);
-        let started = Instant::now();
-        let info = blocking(move || handle.recover_device(spec)).await?;
-        self.recoveries.record(started.elapsed());
-        self.registry.put(&record)?;
-        let vol = Volume::ready(record, info);
-        map.insert(vol.record.id.clone(), vol.clone());
-        Ok(vol)
-    }
-
-    /// Deletes orphan device `dev_id`.
-    pub async fn delete_orphan(&self, dev_id: DevId) -> Result<(), VolumeError> {
-        if !self.orphans().await.iter().any(|d| d.dev_id == dev_id) {
-            return Err(VolumeError::LookupOrphan(dev_id));
-        }
-        let handle = self.handle()?;
-        blocking(move || handle.delete_foreign_device(dev_id)).await
-    }
 }
 
 fn is_id_taken(e: &DataplaneError) -> bool {
@@ -652,21 +283,42 @@ fn is_id_taken(e: &DataplaneError) -> bool {
     false
 }
 
-/// Where `dev` is mounted, if it is (read from /proc/self/mountinfo by device number).
-fn mounted_at(dev: &std::path::Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = std::fs::metadata(dev).ok()?.rdev();
-    let (major, minor) = (
-        (rdev >> 8) & 0xfff,
-        (rdev & 0xff) | ((rdev >> 12) & 0xfff00),
-    );
-    let want = format!("{major}:{minor}");
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let mut f = l.split(' ');
-        let dev = f.nth(2)?;
-        let _root = f.next()?;
-        let at = f.next()?;
-        (dev == want).then(|| at.to_owned())
-    })
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::time::Duration;
+
+    fn volumes(dir: &std::path::Path) -> Volumes {
+        Volumes::new(
+            Err(DataplaneError::Gone),
+            Registry::open(dir).unwrap(),
+            Arc::new(Settings::default()),
+        )
+    }
+
+    #[tokio::test]
+    async fn changes_of_one_volume_wait_for_each_other_and_of_two_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = volumes(dir.path());
+        let (a, b) = (VolumeId::parse("a").unwrap(), VolumeId::parse("b").unwrap());
+        let held = v.op_lock(&a).await;
+        let same = tokio::time::timeout(Duration::from_millis(50), v.op_lock(&a)).await;
+        assert!(same.is_err(), "a second change of a waits");
+        let other = tokio::time::timeout(Duration::from_millis(50), v.op_lock(&b)).await;
+        assert!(other.is_ok(), "a change of b does not wait for a");
+        drop(other);
+        // The map stays readable while a change holds its volume.
+        assert!(tokio::time::timeout(Duration::from_millis(50), v.list())
+            .await
+            .is_ok());
+        drop(held);
+        let again = tokio::time::timeout(Duration::from_millis(50), v.op_lock(&a)).await;
+        assert!(again.is_ok(), "free again once released");
+        drop(again);
+        // Unheld locks leave the table.
+        let _c = v.op_lock(&VolumeId::parse("c").unwrap()).await;
+        assert_eq!(v.ops.lock().unwrap().len(), 1);
+    }
 }

@@ -1,0 +1,272 @@
+//! Changes of one volume: create, delete, resize. Each runs under the volume's operation lock
+//! (changes of one volume one at a time, of different volumes in parallel) and holds the map
+//! lock only to check and record, never across a registry write or a ublk control command.
+
+use super::*;
+
+impl Volumes {
+    pub async fn create(&self, mut record: VolumeRecord) -> Result<Volume, VolumeError> {
+        let _op = self.op_lock(&record.id).await;
+        {
+            let mut map = self.inner.lock().await;
+            if let Some(existing) = map.get(&record.id) {
+                if same_spec(&existing.record, &record) {
+                    return Ok(existing.clone());
+                }
+                return Err(VolumeError::CreateConflict(record.id));
+            }
+            if map.len() >= self.settings.limits.max_volumes {
+                return Err(VolumeError::AdmitVolumeLimit(map.len()));
+            }
+            if let BackendRecord::File { path, .. } = &record.backend {
+                if let Some(other) = map.values().find(
+                    |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if p == path),
+                ) {
+                    return Err(VolumeError::AdmitBackingInUse {
+                        path: path.clone(),
+                        by: other.record.id.clone(),
+                    });
+                }
+            }
+            self.handle()?;
+            record.created_unix_ms = now_ms();
+            record.dev_id = Some(self.free_dev_id(&map)?);
+            // Held as CREATING from here: the id, the device id and the backing file are taken,
+            // and readers see the volume coming.
+            map.insert(
+                record.id.clone(),
+                Volume {
+                    record: record.clone(),
+                    state: State::Creating,
+                    device: None,
+                    message: String::new(),
+                },
+            );
+        }
+        let made = self.make(&mut record).await;
+        let mut map = self.inner.lock().await;
+        match made {
+            Ok(info) => {
+                let vol = Volume::ready(record, info);
+                map.insert(vol.record.id.clone(), vol.clone());
+                Ok(vol)
+            }
+            Err(e) => {
+                map.remove(&record.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The slow part of a create: backing file, record, device. Undoes its own steps on failure.
+    async fn make(&self, record: &mut VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+        let created_file = self.prepare_backing_file(record)?;
+        let undo = |record: &VolumeRecord| {
+            let _ = self.registry.remove(&record.id);
+            if let (Some(path), BackendRecord::File { .. }) = (&created_file, &record.backend) {
+                let _ = std::fs::remove_file(path);
+            }
+            self.remove_ram_file(record);
+        };
+        fault_point("create:before_record");
+        // The record (with the device id it will get) goes first: a crash from here on leaves a
+        // registered volume whose device the next start takes over or creates, never a device
+        // nobody owns.
+        if let Err(e) = self.registry.put(record) {
+            undo(record);
+            return Err(e.into());
+        }
+        fault_point("create:after_record");
+        match self.bring_up(record).await {
+            Ok(info) => {
+                fault_point("create:after_device");
+                record.dev_id = Some(info.dev_id);
+                self.registry.put(record)?;
+                Ok(info)
+            }
+            Err(e) => {
+                undo(record);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a missing backing file when asked to; returns its path if this call created it.
+    pub(super) fn prepare_backing_file(
+        &self,
+        record: &VolumeRecord,
+    ) -> Result<Option<PathBuf>, VolumeError> {
+        let BackendRecord::File { path, create } = &record.backend else {
+            return Ok(None);
+        };
+        if !*create || path.exists() {
+            return Ok(None);
+        }
+        let err = |source| VolumeError::PrepareBackingFile {
+            path: path.clone(),
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(err)?;
+        f.set_len(record.size_bytes).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        Ok(Some(path.clone()))
+    }
+
+    /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
+    /// `delete_backing`, a file volume's backing file goes too.
+    pub async fn delete(
+        &self,
+        id: &VolumeId,
+        allow_missing: bool,
+        delete_backing: bool,
+    ) -> Result<bool, VolumeError> {
+        let _op = self.op_lock(id).await;
+        let Some(vol) = self.inner.lock().await.get(id).cloned() else {
+            return if allow_missing {
+                Ok(false)
+            } else {
+                Err(VolumeError::LookupVolume(id.clone()))
+            };
+        };
+        if let Some(info) = &vol.device {
+            // Something holds the device exclusively: a mount in any namespace, or an
+            // exclusive opener. Deleting it would pull the disk from under them.
+            if held_elsewhere(&info.block_device) {
+                return Err(VolumeError::DeleteBusy {
+                    id: id.clone(),
+                    device: info.block_device.clone(),
+                });
+            }
+            let handle = self.handle()?;
+            let dev_id = info.dev_id;
+            self.set_state(id, State::Deleting, "").await;
+            // Persist the intent: a crash during the delete is finished by the next start.
+            let mut record = vol.record.clone();
+            record.deleting = true;
+            self.registry.put(&record)?;
+            fault_point("delete:after_mark");
+            if let Err(e) = blocking(move || handle.delete_device(dev_id)).await {
+                self.set_state(id, State::Failed, &crate::error::chain(&e))
+                    .await;
+                return Err(e);
+            }
+            fault_point("delete:after_device");
+        }
+        self.registry.remove(id)?;
+        self.inner.lock().await.remove(id);
+        self.remove_ram_file(&vol.record);
+        if let (true, BackendRecord::File { path, .. }) = (delete_backing, &vol.record.backend) {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(VolumeError::RemoveBackingFile {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    pub async fn resize(&self, id: &VolumeId, size: u64) -> Result<Volume, VolumeError> {
+        let _op = self.op_lock(id).await;
+        let vol = self.get(id).await?;
+        crate::validate::size(size, vol.record.block_size, &self.settings)?;
+        if size < vol.record.size_bytes {
+            return Err(VolumeError::ResizeShrink {
+                id: id.clone(),
+                from: vol.record.size_bytes,
+                to: size,
+            });
+        }
+        if size == vol.record.size_bytes {
+            return Ok(vol);
+        }
+        let Some(info) = vol.device.clone() else {
+            return Err(VolumeError::NotServing {
+                id: id.clone(),
+                state: vol.state.name(),
+            });
+        };
+        if let BackendRecord::File { path, create } = &vol.record.backend {
+            grow_backing_file(path, *create, size)?;
+        }
+        let handle = self.handle()?;
+        // The new size is recorded first: after a crash the next start applies it.
+        let mut record = vol.record.clone();
+        record.size_bytes = size;
+        self.registry.put(&record)?;
+        fault_point("resize:after_record");
+        match blocking(move || handle.resize_device(info.dev_id, size)).await {
+            Ok(updated) => {
+                fault_point("resize:after_device");
+                let mut map = self.inner.lock().await;
+                let v = map
+                    .get_mut(id)
+                    .ok_or_else(|| VolumeError::LookupVolume(id.clone()))?;
+                v.record = record;
+                v.device = Some(updated);
+                Ok(v.clone())
+            }
+            Err(e) => {
+                let _ = self.registry.put(&vol.record);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sets a volume's state (and message) if it still exists.
+    pub(super) async fn set_state(&self, id: &VolumeId, state: State, message: &str) {
+        if let Some(v) = self.inner.lock().await.get_mut(id) {
+            v.state = state;
+            v.message = message.to_owned();
+        }
+    }
+}
+
+/// Makes a file volume's backing file hold at least `size` bytes (only a file ublkd may size:
+/// one created with `create`).
+fn grow_backing_file(path: &std::path::Path, create: bool, size: u64) -> Result<(), VolumeError> {
+    let io = |source| VolumeError::PrepareBackingFile {
+        path: path.to_owned(),
+        source,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len >= size {
+        return Ok(());
+    }
+    if !create || !path.is_file() {
+        return Err(VolumeError::GrowBackingFile {
+            path: path.to_owned(),
+            len,
+            size,
+        });
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(size).and_then(|()| f.sync_all()))
+        .map_err(io)
+}
+
+/// Whether something holds block device `dev` exclusively: a mount in any mount namespace, a
+/// device-mapper or md holder, or an exclusive opener. Tried with an exclusive open of our
+/// own, closed at once; reading our own mountinfo would miss mounts in other namespaces (the
+/// CSI driver's pod, a container's).
+fn held_elsewhere(dev: &std::path::Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev)
+    {
+        Ok(_) => false,
+        Err(e) => e.raw_os_error() == Some(libc::EBUSY),
+    }
+}

@@ -1,0 +1,167 @@
+//! Bringing the registry's volumes back at start: take over the devices that survived, create
+//! the others again, finish interrupted deletes.
+
+use super::*;
+
+impl Volumes {
+    /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
+    /// clients see the whole node at once. `restore` then brings them up.
+    pub async fn load(&self) -> Result<(), VolumeError> {
+        let (records, report) = self.registry.load()?;
+        for path in &report.corrupt {
+            tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
+        }
+        let mut map = self.inner.lock().await;
+        for record in records {
+            map.insert(
+                record.id.clone(),
+                Volume {
+                    record,
+                    state: State::Recovering,
+                    device: None,
+                    message: String::new(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Brings every loaded volume up: takes over its kernel device when one survived (a crash
+    /// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
+    /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
+    /// reason.
+    /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
+    pub async fn restore(&self) -> Vec<VolumeId> {
+        let ids: Vec<VolumeId> = self.inner.lock().await.keys().cloned().collect();
+        self.restore_ids(ids).await
+    }
+
+    /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
+    /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
+    /// Returns those that failed again.
+    pub async fn restore_again(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+        let map = self.inner.lock().await;
+        let ids: Vec<VolumeId> = ids
+            .into_iter()
+            .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
+            .collect();
+        drop(map);
+        self.restore_ids(ids).await
+    }
+
+    async fn restore_ids(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+        let mut failed = Vec::new();
+        let kernel: BTreeMap<DevId, KernelDevice> = match self.handle() {
+            Ok(h) => blocking(move || h.kernel_devices())
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.dev_id, d))
+                .collect(),
+            Err(_) => BTreeMap::new(),
+        };
+        for id in ids {
+            // One volume at a time, each under its own operation lock: the map is locked only
+            // to read the record and to store the outcome, so the API stays responsive.
+            let _op = self.op_lock(&id).await;
+            let Some(vol) = self.inner.lock().await.get(&id).cloned() else {
+                continue;
+            };
+            let started = Instant::now();
+            let outcome = self.restore_one(&vol.record, &kernel).await;
+            let mut map = self.inner.lock().await;
+            match outcome {
+                Ok(None) => {
+                    map.remove(&id);
+                    tracing::info!(volume = %id, "interrupted delete finished");
+                }
+                Ok(Some((info, recovered))) => {
+                    if recovered {
+                        self.recoveries.record(started.elapsed());
+                    }
+                    tracing::info!(
+                        volume = %id,
+                        device = %info.block_device.display(),
+                        recovered,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "volume serving again"
+                    );
+                    if let Some(v) = map.get_mut(&id) {
+                        v.record.dev_id = Some(info.dev_id);
+                        v.state = State::Ready;
+                        v.device = Some(info);
+                        v.message.clear();
+                        if let Err(e) = self.registry.put(&v.record) {
+                            tracing::warn!(volume = %id, error = %crate::error::chain(&e), "cannot update record");
+                        }
+                    }
+                }
+                Err(e) => {
+                    let message = crate::error::chain(&e);
+                    tracing::error!(volume = %id, error = %message, "volume could not be restored; retrying");
+                    if let Some(v) = map.get_mut(&id) {
+                        v.state = State::Failed;
+                        v.message = message;
+                    }
+                    failed.push(id);
+                }
+            }
+        }
+        failed
+    }
+
+    /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).
+    async fn restore_one(
+        &self,
+        record: &VolumeRecord,
+        kernel: &BTreeMap<DevId, KernelDevice>,
+    ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
+        let handle = self.handle()?;
+        let existing = record
+            .dev_id
+            .and_then(|id| kernel.get(&id))
+            .filter(|d| !d.owned);
+        if record.deleting {
+            if let Some(dev) = existing {
+                let (h, id) = (handle.clone(), dev.dev_id);
+                blocking(move || h.delete_foreign_device(id)).await?;
+            }
+            self.registry.remove(&record.id)?;
+            self.remove_ram_file(record);
+            return Ok(None);
+        }
+        if existing.is_some() {
+            let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
+            let h = handle.clone();
+            match blocking(move || h.recover_device(spec)).await {
+                Ok(info) => return Ok(Some((info, true))),
+                Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
+                    tracing::warn!(volume = %record.id, %dev_id, why, "device cannot be taken over: creating it again");
+                    let h = handle.clone();
+                    let _ = blocking(move || h.delete_foreign_device(dev_id)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.bring_up(record).await.map(|i| Some((i, false)))
+    }
+
+    /// Creates the device for `record`, with its recorded kernel id when it has one (and any
+    /// free id if something else took that one meanwhile; the caller records the id it got).
+    pub(super) async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+        let handle = self.handle()?;
+        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
+        let h = handle.clone();
+        let s = spec.clone();
+        match blocking(move || h.add_device(s)).await {
+            Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
+                let spec = DeviceSpec {
+                    dev_id: None,
+                    ..spec
+                };
+                blocking(move || handle.add_device(spec)).await
+            }
+            other => other,
+        }
+    }
+}
