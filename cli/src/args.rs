@@ -7,10 +7,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 use ublkd_proto::units::parse_size;
+pub use ublkd_proto::v1::get_capacity_request::Backend as CapacityBackend;
 use ublkd_proto::v1::{
     volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest,
-    FileBackend, IoPath, NullBackend, NvmeBackend, RamBackend, ResizeVolumeRequest, Toggle,
-    VolumeSpec,
+    FileBackend, FileCapacity, IoPath, NullBackend, NvmeBackend, NvmeCapacity, RamBackend,
+    ResizeVolumeRequest, Toggle, VolumeSpec,
 };
 
 use crate::error::Error;
@@ -166,6 +167,12 @@ pub enum Call {
     },
     /// Show what the node offers: kernel, ublk features, workers, backends, orphan devices
     NodeInfo,
+    /// Show what the node can still provide for a backend: ram, file:/DIR or nvme:/dev/ngXnY
+    Capacity {
+        /// ram, file:/DIR (a directory under an allowed root) or nvme:/dev/ngXnY
+        #[arg(value_parser = parse_capacity_backend)]
+        backend: CapacityBackend,
+    },
     /// Show the I/O counters of one volume
     Stats {
         /// Volume id
@@ -420,6 +427,25 @@ pub fn parse_block_size(s: &str) -> Result<u32, String> {
         Some(4096) => Ok(4096),
         _ => Err("the block size is 512 or 4096".into()),
     }
+}
+
+/// Reads what `capacity` asks about: `ram`, `file:/DIR` or `nvme:/dev/ngXnY`.
+pub fn parse_capacity_backend(s: &str) -> Result<CapacityBackend, String> {
+    let s = s.trim();
+    if s == "ram" {
+        return Ok(CapacityBackend::Ram(RamBackend {}));
+    }
+    if let Some(root) = s.strip_prefix("file:") {
+        return Ok(CapacityBackend::File(FileCapacity {
+            root: absolute("file", root)?,
+        }));
+    }
+    if let Some(device) = s.strip_prefix("nvme:") {
+        return Ok(CapacityBackend::Nvme(NvmeCapacity {
+            device: absolute("nvme", device)?,
+        }));
+    }
+    Err("expected ram, file:/DIR or nvme:/dev/ngXnY".into())
 }
 
 /// Reads `--backend`: `null`, `ram`, `file:/PATH`, `file+create:/PATH`,

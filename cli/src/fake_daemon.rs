@@ -13,11 +13,11 @@ use tonic::{Request, Response, Status};
 use ublkd_proto::v1::node_service_server::{NodeService, NodeServiceServer};
 use ublkd_proto::v1::volume_service_server::{VolumeService, VolumeServiceServer};
 use ublkd_proto::v1::{
-    volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest,
-    DeleteOrphanResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetNodeInfoRequest,
-    GetVolumeRequest, GetVolumeStatsRequest, IoPath, ListVolumesRequest, ListVolumesResponse,
-    NodeInfo, OpStats, OrphanDevice, RamBackend, ResizeVolumeRequest, Volume, VolumeState,
-    VolumeStats,
+    get_capacity_request, volume_spec::Backend, AdoptDeviceRequest, Capacity, CreateVolumeRequest,
+    DeleteOrphanRequest, DeleteOrphanResponse, DeleteVolumeRequest, DeleteVolumeResponse, Extent,
+    GetCapacityRequest, GetNodeInfoRequest, GetVolumeRequest, GetVolumeStatsRequest, IoPath,
+    ListVolumesRequest, ListVolumesResponse, NodeInfo, OpStats, OrphanDevice, RamBackend,
+    ResizeVolumeRequest, Volume, VolumeState, VolumeStats,
 };
 
 use crate::args::{Cli, Command};
@@ -201,6 +201,42 @@ impl NodeService for Fake {
         orphans.remove(at);
         *self.volume.lock().unwrap() = Some(volume.clone());
         Ok(Response::new(volume))
+    }
+
+    /// NVMe: a 1 GiB namespace with one 256 MiB window at 256 MiB; other backends: 5 GiB free.
+    async fn get_capacity(
+        &self,
+        request: Request<GetCapacityRequest>,
+    ) -> Result<Response<Capacity>, Status> {
+        self.saw(&request);
+        let mib = 1 << 20;
+        let reply = match request.into_inner().backend {
+            None => return Err(Status::invalid_argument("backend is required")),
+            Some(get_capacity_request::Backend::Nvme(_)) => Capacity {
+                available_bytes: 768 * mib,
+                maximum_volume_bytes: 512 * mib,
+                total_bytes: 1024 * mib,
+                volumes_left: 9,
+                free_extents: vec![
+                    Extent {
+                        offset_bytes: 0,
+                        length_bytes: 256 * mib,
+                    },
+                    Extent {
+                        offset_bytes: 512 * mib,
+                        length_bytes: 512 * mib,
+                    },
+                ],
+            },
+            Some(_) => Capacity {
+                available_bytes: 5 << 30,
+                maximum_volume_bytes: 5 << 30,
+                total_bytes: 8 << 30,
+                volumes_left: 9,
+                free_extents: Vec::new(),
+            },
+        };
+        Ok(Response::new(reply))
     }
 
     async fn delete_orphan(
@@ -462,5 +498,25 @@ DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
         out.ends_with("\nvolumes:       1\norphans:       none"),
         "{out}"
     );
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[tokio::test]
+async fn capacity_against_a_fake_daemon() {
+    let (_fake, sock) = serve(Vec::new());
+    let text = run(&sock, &["capacity", "nvme:/dev/ng0n1"]).await.unwrap();
+    assert!(text.contains("available:      768 MiB"), "{text}");
+    assert!(text.contains("largest volume: 512 MiB"), "{text}");
+    assert!(
+        text.contains("free extents:   0B+256MiB 512MiB+512MiB"),
+        "{text}"
+    );
+    let json = run(&sock, &["-o", "json", "capacity", "file:/srv/ublkd"])
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["available_bytes"], 5u64 << 30);
+    assert_eq!(v["volumes_left"], 9);
+    assert!(Cli::try_parse_from(["ublkctl", "capacity", "disk:/x"]).is_err());
     let _ = std::fs::remove_file(&sock);
 }

@@ -31,8 +31,8 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use ublkd_proto::v1::{
     node_service_client::NodeServiceClient, volume_service_client::VolumeServiceClient,
-    DeleteVolumeRequest, GetNodeInfoRequest, GetVolumeRequest, GetVolumeStatsRequest,
-    ListVolumesRequest,
+    DeleteVolumeRequest, GetCapacityRequest, GetNodeInfoRequest, GetVolumeRequest,
+    GetVolumeStatsRequest, ListVolumesRequest,
 };
 
 use crate::args::{delete_orphan_request, resize_request, Call, Cli, Command, Format};
@@ -181,6 +181,17 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 output::volume_json(&volume)
             } else {
                 output::volume_text(&volume)
+            }
+        }
+        Call::Capacity { backend } => {
+            let request = client.request(GetCapacityRequest {
+                backend: Some(backend.clone()),
+            });
+            let cap = client.call(client.node().get_capacity(request)).await?;
+            if json {
+                output::capacity_json(&cap)
+            } else {
+                output::capacity_text(&cap)
             }
         }
         Call::NodeInfo => {

@@ -9,8 +9,8 @@
 use serde_json::{json, Map, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
-    volume_spec::Backend, IoPath, NodeInfo, OrphanDevice, Toggle, Volume, VolumeSpec, VolumeState,
-    VolumeStats,
+    volume_spec::Backend, Capacity, IoPath, NodeInfo, OrphanDevice, Toggle, Volume, VolumeSpec,
+    VolumeState, VolumeStats,
 };
 
 /// Column alignment in [`table`].
@@ -572,6 +572,46 @@ fn orphan_value(o: &OrphanDevice) -> Value {
 
 fn orphans_value(orphans: &[OrphanDevice]) -> Value {
     Value::Array(orphans.iter().map(orphan_value).collect())
+}
+
+/// `capacity` for people.
+pub fn capacity_text(c: &Capacity) -> String {
+    let mut pairs = vec![
+        ("available", format_size(c.available_bytes)),
+        ("largest volume", format_size(c.maximum_volume_bytes)),
+        ("total", format_size(c.total_bytes)),
+        ("volumes left", c.volumes_left.to_string()),
+    ];
+    if !c.free_extents.is_empty() {
+        let extents = c
+            .free_extents
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}+{}",
+                    compact_size(e.offset_bytes),
+                    compact_size(e.length_bytes)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        pairs.push(("free extents", extents));
+    }
+    fields(&pairs)
+}
+
+/// `capacity` as JSON (`Capacity`).
+pub fn capacity_json(c: &Capacity) -> String {
+    pretty(&json!({
+        "available_bytes": c.available_bytes,
+        "maximum_volume_bytes": c.maximum_volume_bytes,
+        "total_bytes": c.total_bytes,
+        "volumes_left": c.volumes_left,
+        "free_extents": c.free_extents.iter().map(|e| json!({
+            "offset_bytes": e.offset_bytes,
+            "length_bytes": e.length_bytes,
+        })).collect::<Vec<_>>(),
+    }))
 }
 
 /// `node-info` as JSON (`NodeInfo`).

@@ -27,7 +27,7 @@ pub mod stats;
 mod sys;
 mod worker;
 
-pub use backend::{BackendSpec, Window};
+pub use backend::{identify_namespace, BackendError, BackendSpec, Namespace, Window};
 pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError, Toggle};
 pub use features::Features;
@@ -38,3 +38,8 @@ pub use handle::{
 pub use ids::{DevId, QueueId, Tag};
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 pub use stats::{Latency, OpKind, StatsSnapshot};
+
+/// Bytes of the file system holding `path`: `(available, total)` (statvfs).
+pub fn fs_space(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    sys::os::fs_space(path)
+}

@@ -52,6 +52,12 @@ pub enum VolumeError {
         device.display()
     )]
     DeleteBusy { id: VolumeId, device: PathBuf },
+    #[error("cannot read the free space of {}", path.display())]
+    ReadCapacity {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot remove backing file {}", path.display())]
     RemoveBackingFile {
         path: PathBuf,
@@ -96,7 +102,8 @@ impl VolumeError {
             E::Registry(_)
             | E::JoinDataplaneTask(_)
             | E::JoinVolumeTask(_)
-            | E::RemoveBackingFile { .. } => Code::Internal,
+            | E::RemoveBackingFile { .. }
+            | E::ReadCapacity { .. } => Code::Internal,
             E::CheckDeadline(_) => Code::DeadlineExceeded,
         }
     }
@@ -268,6 +275,13 @@ mod tests {
             ),
             (E::JoinDataplaneTask("x".into()), Code::Internal),
             (E::JoinVolumeTask("x".into()), Code::Internal),
+            (
+                E::ReadCapacity {
+                    path: "/srv".into(),
+                    source: io(),
+                },
+                Code::Internal,
+            ),
             (
                 E::CheckDeadline(std::time::Duration::from_nanos(1)),
                 Code::DeadlineExceeded,

@@ -6,6 +6,7 @@
 //! What it is not: it never touches an io_uring or calls libc for I/O; that is the dataplane's
 //! job, reached only through `ublkd_dataplane::Handle`.
 
+mod capacity;
 mod config;
 mod convert;
 mod error;

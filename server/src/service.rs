@@ -286,6 +286,18 @@ impl NodeService for Api {
         .await
     }
 
+    async fn get_capacity(
+        &self,
+        req: Request<v1::GetCapacityRequest>,
+    ) -> Result<Response<v1::Capacity>, Status> {
+        self.metered("GetCapacity", async {
+            let req = req.into_inner();
+            let volumes = self.volumes.list().await;
+            crate::capacity::capacity(&req, &volumes, &self.settings)
+        })
+        .await
+    }
+
     async fn delete_orphan(
         &self,
         req: Request<v1::DeleteOrphanRequest>,

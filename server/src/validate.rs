@@ -67,16 +67,7 @@ pub fn spec(
             create: f.create,
         },
         Some(v1::volume_spec::Backend::Nvme(n)) => {
-            let device = PathBuf::from(&n.device);
-            if n.device.len() > MAX_PATH_BYTES
-                || !device.is_absolute()
-                || !device.starts_with("/dev")
-            {
-                return invalid(format!(
-                    "nvme device {:?} must be a path under /dev, e.g. /dev/ng0n1",
-                    truncate(&n.device)
-                ));
-            }
+            let device = nvme_device(&n.device)?;
             if n.offset_bytes.checked_add(n.length_bytes).is_none() {
                 return invalid("nvme window offset + length overflows".into());
             }
@@ -128,6 +119,53 @@ pub fn size(bytes: u64, block_size: u32, s: &Settings) -> Result<(), VolumeError
         )));
     }
     Ok(())
+}
+
+/// An NVMe namespace's char device: an absolute path under /dev.
+pub fn nvme_device(raw: &str) -> Result<PathBuf, VolumeError> {
+    let device = PathBuf::from(raw);
+    if raw.len() > MAX_PATH_BYTES || !device.is_absolute() || !device.starts_with("/dev") {
+        return Err(VolumeError::ValidateRequest(format!(
+            "nvme device {:?} must be a path under /dev, e.g. /dev/ng0n1",
+            truncate(raw)
+        )));
+    }
+    Ok(device)
+}
+
+/// Resolves the directory a capacity query names: absolute, no `..`, an existing directory
+/// inside one of `roots` after following symlinks.
+pub fn capacity_root(raw: &str, roots: &[PathBuf]) -> Result<PathBuf, VolumeError> {
+    let shown = truncate(raw);
+    let path = Path::new(raw);
+    if raw.is_empty() || raw.len() > MAX_PATH_BYTES || !path.is_absolute() {
+        return Err(VolumeError::ValidateRequest(format!(
+            "root {shown:?} must be an absolute path"
+        )));
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(VolumeError::ValidateRequest(format!(
+            "root {shown:?} must not contain '..'"
+        )));
+    }
+    let Ok(real) = path.canonicalize() else {
+        return Err(VolumeError::BackingPathMissing(format!(
+            "root {shown:?} does not exist"
+        )));
+    };
+    let inside = roots
+        .iter()
+        .filter_map(|r| r.canonicalize().ok())
+        .any(|r| real.starts_with(r));
+    if !inside {
+        return Err(VolumeError::BackingPathOutsideRoots(shown));
+    }
+    if !real.is_dir() {
+        return Err(VolumeError::ValidateRequest(format!(
+            "root {shown:?} is not a directory"
+        )));
+    }
+    Ok(real)
 }
 
 /// Resolves a backing-file path: absolute, no `..`, and after following symlinks inside one of

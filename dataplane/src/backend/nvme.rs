@@ -48,32 +48,11 @@ impl NvmeBackend {
         block_size: u32,
         unchecked: bool,
     ) -> Result<Self, BackendError> {
-        let open_err = |source| BackendError::Open {
-            path: path.to_owned(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(open_err)?;
-        if !meta.file_type().is_char_device() {
-            return Err(BackendError::NotNvme(path.to_owned()));
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(open_err)?;
-        let nsid = match nvme::namespace_id(&file) {
-            Ok(id) => id,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
-                return Err(BackendError::NotNvme(path.to_owned()))
-            }
-            Err(e) => return Err(open_err(e)),
-        };
+        let (file, nsid, ns, rdev) = open_namespace(path)?;
         let identify_err = |source| BackendError::Identify {
             path: path.to_owned(),
             source,
         };
-        let ns = nvme::parse_identify_ns(&*nvme::identify(&file, nsid, 0).map_err(identify_err)?);
         let controller =
             nvme::parse_identify_ctrl(&*nvme::identify(&file, 0, 1).map_err(identify_err)?);
         if ns.metadata != 0 {
@@ -160,7 +139,7 @@ impl NvmeBackend {
             .and_then(|d| read_sysfs_u64(&d.join("queue/io_poll")))
             == Some(1);
         Ok(Self {
-            rdev: meta.rdev(),
+            rdev,
             file,
             path: path.to_owned(),
             nsid,
@@ -177,6 +156,55 @@ impl NvmeBackend {
     fn has(&self, oncs_bit: u16) -> bool {
         self.controller.oncs & oncs_bit != 0
     }
+}
+
+/// A namespace as NVMe Identify describes it: its size and logical block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Namespace {
+    pub size_bytes: u64,
+    pub block_size: u32,
+}
+
+/// Identifies the namespace behind generic char device `path` (`/dev/ngXnY`) without serving it:
+/// what a control plane needs to tell how much of it is free.
+pub fn identify_namespace(path: &Path) -> Result<Namespace, BackendError> {
+    let (_, _, ns, _) = open_namespace(path)?;
+    Ok(Namespace {
+        size_bytes: ns.blocks << ns.lba_shift,
+        block_size: 1u32 << ns.lba_shift.min(31),
+    })
+}
+
+/// Opens `path` (which must be an NVMe generic char device) and identifies its namespace.
+/// Also returns the char device's number (`rdev`), which names the namespace in claims.
+fn open_namespace(path: &Path) -> Result<(File, u32, nvme::NamespaceFormat, u64), BackendError> {
+    let open_err = |source| BackendError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(open_err)?;
+    if !meta.file_type().is_char_device() {
+        return Err(BackendError::NotNvme(path.to_owned()));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(open_err)?;
+    let nsid = match nvme::namespace_id(&file) {
+        Ok(id) => id,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+            return Err(BackendError::NotNvme(path.to_owned()))
+        }
+        Err(e) => return Err(open_err(e)),
+    };
+    let identify_err = |source| BackendError::Identify {
+        path: path.to_owned(),
+        source,
+    };
+    let ns = nvme::parse_identify_ns(&*nvme::identify(&file, nsid, 0).map_err(identify_err)?);
+    Ok((file, nsid, ns, meta.rdev()))
 }
 
 /// The sysfs directory of the namespace `nsid` behind the generic char device `path`

@@ -376,6 +376,25 @@ pub fn block_device_size(file: &File) -> io::Result<u64> {
     Ok(size)
 }
 
+/// Bytes of the file system holding `path`: `(available, total)`, as an unprivileged writer
+/// sees them (`f_bavail`, `f_blocks`, in fragment-size units).
+pub fn fs_space(path: &std::path::Path) -> io::Result<(u64, u64)> {
+    let dir = File::open(path)?;
+    // SAFETY: statvfs is plain data; all zeros is a valid value for fstatvfs to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is an open descriptor for the call's duration and `st` is a live, writable
+    // statvfs the kernel fills.
+    let rc = unsafe { libc::fstatvfs(dir.as_raw_fd(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let unit = st.f_frsize;
+    Ok((
+        st.f_bavail.saturating_mul(unit),
+        st.f_blocks.saturating_mul(unit),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,5 +440,12 @@ mod tests {
         assert!(out[p / 2..p / 2 + 2 * p].iter().all(|&b| b == 0));
         assert!(out[p / 2 + 2 * p..].iter().all(|&b| b == 0x5a));
         assert!(!m.discard(3 * p, 2 * p));
+    }
+
+    #[test]
+    fn fs_space_reads_the_file_system_of_a_path() {
+        let (avail, total) = fs_space(std::path::Path::new("/")).expect("statvfs /");
+        assert!(total > 0 && avail <= total, "{avail} of {total}");
+        assert!(fs_space(std::path::Path::new("/nonexistent-ublkd")).is_err());
     }
 }
