@@ -13,8 +13,18 @@ pub mod spec {
     tonic::include_proto!("csi.v1");
 }
 
+pub mod caps;
+pub mod controller;
+pub mod error;
 pub mod identity;
+pub mod mount;
+pub mod node;
+pub mod params;
 pub mod ublkd;
+
+/// This node's name: the value of the topology key, and the CSI node id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node(pub String);
 
 /// The driver's name, as StorageClasses and the CSIDriver object name it.
 pub const DRIVER_NAME: &str = "ublkd.io";

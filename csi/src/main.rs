@@ -6,9 +6,15 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
 use ublkd_client::Target;
+use ublkd_csi::controller::ControllerService;
 use ublkd_csi::identity::IdentityService;
+use ublkd_csi::node::NodeService;
+use ublkd_csi::spec::controller_server::ControllerServer;
 use ublkd_csi::spec::identity_server::IdentityServer;
+use ublkd_csi::spec::node_server::NodeServer;
+use ublkd_csi::spec::{plugin_capability, PluginCapability};
 use ublkd_csi::ublkd::{Ublkd, DEFAULT_ENDPOINT};
+use ublkd_csi::Node;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,6 +35,31 @@ struct Args {
     /// Seconds one call to ublkd may take.
     #[arg(long, default_value_t = 30)]
     ublkd_timeout: u64,
+    /// Staging and target paths must lie under this directory.
+    #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+}
+
+/// What the plugin serves, as Identity advertises it.
+fn plugin_capabilities() -> Vec<PluginCapability> {
+    use plugin_capability::service::Type as S;
+    use plugin_capability::volume_expansion::Type as E;
+    let service = |t: S| PluginCapability {
+        r#type: Some(plugin_capability::Type::Service(
+            plugin_capability::Service { r#type: t as i32 },
+        )),
+    };
+    vec![
+        service(S::ControllerService),
+        service(S::VolumeAccessibilityConstraints),
+        PluginCapability {
+            r#type: Some(plugin_capability::Type::VolumeExpansion(
+                plugin_capability::VolumeExpansion {
+                    r#type: E::Online as i32,
+                },
+            )),
+        },
+    ]
 }
 
 /// The socket path of a `unix://` endpoint (the only kind CSI uses).
@@ -61,13 +92,26 @@ async fn main() -> Result<()> {
         .with_context(|| format!("binding {}", path.display()))?;
     let ublkd = Ublkd::new(args.ublkd, Duration::from_secs(args.ublkd_timeout));
     tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = %args.node_id, "serving CSI");
+    let node = Node(args.node_id);
     let identity = IdentityService {
+        ublkd: ublkd.clone(),
+        capabilities: plugin_capabilities(),
+    };
+    let controller = ControllerService {
+        ublkd: ublkd.clone(),
+        node: node.clone(),
+    };
+    let node = NodeService {
         ublkd,
-        capabilities: Vec::new(),
+        node,
+        kubelet_dir: args.kubelet_dir,
+        busy: Default::default(),
     };
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
+        .add_service(ControllerServer::new(controller))
+        .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(incoming, async {
             let _ = tokio::signal::ctrl_c().await;
         })

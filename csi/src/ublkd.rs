@@ -1,9 +1,13 @@
 //! The node's ublkd, as the driver reaches it: one connection setting, a fresh channel per use
 //! (ublkd restarts, for upgrades or after a crash, must never leave the driver holding a dead
-//! channel), every call bounded by the same timeout.
+//! channel), every call bounded by the same timeout. The driver keeps no volume state: each
+//! answer comes from ublkd's registry.
 
 use std::time::Duration;
+use tonic::transport::Channel;
 use ublkd_client::{v1, ConnectError, Connection, Target, TlsFiles};
+use v1::node_service_client::NodeServiceClient;
+use v1::volume_service_client::VolumeServiceClient;
 
 /// Where the node's ublkd listens, and how long a call may take.
 #[derive(Debug, Clone)]
@@ -13,6 +17,15 @@ pub struct Ublkd {
 
 /// The socket the deployment mounts into the driver's pod.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/ublkd/ublkd.sock";
+
+/// A failed call to ublkd, named for the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UblkdError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("ublkd: {}", .0.message())]
+    Call(#[from] tonic::Status),
+}
 
 impl Ublkd {
     pub fn new(target: Target, timeout: Duration) -> Self {
@@ -29,29 +42,85 @@ impl Ublkd {
         self.conn.target.to_string()
     }
 
-    /// A node-service client on a fresh channel.
-    pub async fn node(
-        &self,
-    ) -> Result<v1::node_service_client::NodeServiceClient<tonic::transport::Channel>, ConnectError>
-    {
-        let channel = ublkd_client::connect(&self.conn).await?;
-        Ok(v1::node_service_client::NodeServiceClient::new(channel))
-    }
-
-    /// What ublkd says of this node; Err when it cannot be reached or refuses.
-    pub async fn node_info(&self) -> Result<v1::NodeInfo, UblkdError> {
-        let mut client = self.node().await?;
-        let mut req = tonic::Request::new(v1::GetNodeInfoRequest {});
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
         req.set_timeout(self.conn.timeout);
-        Ok(client.get_node_info(req).await?.into_inner())
+        req
     }
-}
 
-/// A failed call to ublkd, named for the step that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum UblkdError {
-    #[error(transparent)]
-    Connect(#[from] ConnectError),
-    #[error("ublkd refused: {}", .0.message())]
-    Call(#[from] tonic::Status),
+    async fn node(&self) -> Result<NodeServiceClient<Channel>, UblkdError> {
+        Ok(NodeServiceClient::new(
+            ublkd_client::connect(&self.conn).await?,
+        ))
+    }
+
+    async fn volumes(&self) -> Result<VolumeServiceClient<Channel>, UblkdError> {
+        Ok(VolumeServiceClient::new(
+            ublkd_client::connect(&self.conn).await?,
+        ))
+    }
+
+    /// What ublkd says of this node.
+    pub async fn node_info(&self) -> Result<v1::NodeInfo, UblkdError> {
+        let req = self.request(v1::GetNodeInfoRequest {});
+        Ok(self.node().await?.get_node_info(req).await?.into_inner())
+    }
+
+    pub async fn capacity(
+        &self,
+        backend: v1::get_capacity_request::Backend,
+    ) -> Result<v1::Capacity, UblkdError> {
+        let req = self.request(v1::GetCapacityRequest {
+            backend: Some(backend),
+        });
+        Ok(self.node().await?.get_capacity(req).await?.into_inner())
+    }
+
+    /// Volume `id`, or None when ublkd has no such volume.
+    pub async fn get(&self, id: &str) -> Result<Option<v1::Volume>, UblkdError> {
+        let req = self.request(v1::GetVolumeRequest { id: id.into() });
+        match self.volumes().await?.get_volume(req).await {
+            Ok(v) => Ok(Some(v.into_inner())),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+            Err(s) => Err(s.into()),
+        }
+    }
+
+    pub async fn list(&self) -> Result<Vec<v1::Volume>, UblkdError> {
+        let req = self.request(v1::ListVolumesRequest {});
+        Ok(self
+            .volumes()
+            .await?
+            .list_volumes(req)
+            .await?
+            .into_inner()
+            .volumes)
+    }
+
+    pub async fn create(&self, id: &str, spec: v1::VolumeSpec) -> Result<v1::Volume, UblkdError> {
+        let req = self.request(v1::CreateVolumeRequest {
+            id: id.into(),
+            spec: Some(spec),
+        });
+        Ok(self.volumes().await?.create_volume(req).await?.into_inner())
+    }
+
+    /// Deletes volume `id` and a file volume's backing file; an absent volume is no error.
+    pub async fn delete(&self, id: &str) -> Result<(), UblkdError> {
+        let req = self.request(v1::DeleteVolumeRequest {
+            id: id.into(),
+            allow_missing: true,
+            delete_backing: true,
+        });
+        self.volumes().await?.delete_volume(req).await?;
+        Ok(())
+    }
+
+    pub async fn resize(&self, id: &str, size_bytes: u64) -> Result<v1::Volume, UblkdError> {
+        let req = self.request(v1::ResizeVolumeRequest {
+            id: id.into(),
+            size_bytes,
+        });
+        Ok(self.volumes().await?.resize_volume(req).await?.into_inner())
+    }
 }

@@ -1,0 +1,435 @@
+//! The CSI Controller service, run on every node (external-provisioner `--node-deployment`):
+//! it creates and deletes this node's volumes in this node's ublkd, and tells the scheduler
+//! what this node can still provide.
+
+use crate::caps;
+use crate::error::CsiError;
+use crate::params::Params;
+use crate::spec::{self, controller_server::Controller};
+use crate::ublkd::Ublkd;
+use crate::{Node, TOPOLOGY_KEY};
+use std::collections::HashMap;
+use tonic::{Request, Response, Status};
+
+/// Size of a volume whose request names none.
+pub const DEFAULT_SIZE: u64 = 1 << 30;
+
+#[derive(Debug, Clone)]
+pub struct ControllerService {
+    pub ublkd: Ublkd,
+    pub node: Node,
+}
+
+/// The ublkd volume id for a CSI volume name: the name itself when it is a DNS label (the
+/// provisioner's `pvc-<uid>` always is), else a stable digest of it, so a retried CreateVolume
+/// finds the volume its first try made.
+pub fn volume_id_for(name: &str) -> String {
+    let label = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if label {
+        return name.to_owned();
+    }
+    // FNV-1a, 64 bits: stable across releases and platforms, which a std hasher is not.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("csi-{hash:016x}")
+}
+
+/// The size to give a volume: the request's minimum (or the default) rounded up to the block
+/// size, within its limit.
+pub fn size_for(range: Option<&spec::CapacityRange>, block: u64) -> Result<u64, CsiError> {
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    if required < 0 || limit < 0 {
+        return Err(CsiError::OutOfRange("capacity range is negative".into()));
+    }
+    let (required, limit) = (required as u64, limit as u64);
+    let want = if required == 0 {
+        if limit > 0 {
+            DEFAULT_SIZE.min(limit)
+        } else {
+            DEFAULT_SIZE
+        }
+    } else {
+        required
+    };
+    let size = want
+        .checked_next_multiple_of(block)
+        .ok_or_else(|| CsiError::OutOfRange(format!("{want} bytes")))?;
+    if limit > 0 && size > limit {
+        return Err(CsiError::OutOfRange(format!(
+            "{required} bytes rounded up to the block size ({size}) exceed the limit of {limit}"
+        )));
+    }
+    Ok(size)
+}
+
+impl ControllerService {
+    fn topology(&self) -> spec::Topology {
+        spec::Topology {
+            segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), self.node.0.clone())]),
+        }
+    }
+
+    fn is_this_node(&self, t: &spec::Topology) -> bool {
+        t.segments.get(TOPOLOGY_KEY) == Some(&self.node.0)
+    }
+
+    async fn create(&self, req: spec::CreateVolumeRequest) -> Result<spec::Volume, CsiError> {
+        if req.name.is_empty() {
+            return Err(CsiError::MissingField("name"));
+        }
+        let params = Params::parse(&req.parameters)?;
+        caps::check_all(&req.volume_capabilities, params.fs_type)?;
+        if req.volume_content_source.is_some() {
+            return Err(CsiError::BadParameter(
+                "volume_content_source: snapshots and clones are not supported".into(),
+            ));
+        }
+        if let Some(reqs) = &req.accessibility_requirements {
+            if !reqs.requisite.is_empty() && !reqs.requisite.iter().any(|t| self.is_this_node(t)) {
+                return Err(CsiError::TopologyExcludesNode {
+                    node: self.node.0.clone(),
+                });
+            }
+        }
+        let size = size_for(req.capacity_range.as_ref(), u64::from(params.block_size))?;
+        let id = volume_id_for(&req.name);
+        if let Some(existing) = self.ublkd.get(&id).await? {
+            let have = existing.spec.as_ref().map_or(0, |s| s.size_bytes);
+            let limit = req.capacity_range.as_ref().map_or(0, |r| r.limit_bytes);
+            let required = req.capacity_range.as_ref().map_or(0, |r| r.required_bytes);
+            if have < required.max(0) as u64 || (limit > 0 && have > limit as u64) {
+                return Err(CsiError::VolumeMismatch {
+                    name: req.name,
+                    existing: have,
+                });
+            }
+            return Ok(self.volume(&existing.id, have, &params));
+        }
+        let cap = self.ublkd.capacity(params.capacity_backend()).await?;
+        let offset = match &params.backend {
+            crate::params::Backend::Nvme { .. } => cap
+                .free_extents
+                .iter()
+                .find(|e| e.length_bytes >= size)
+                .map(|e| e.offset_bytes),
+            _ => (cap.available_bytes >= size).then_some(0),
+        };
+        let Some(offset) = offset.filter(|_| cap.volumes_left > 0) else {
+            return Err(CsiError::NoRoom {
+                node: self.node.0.clone(),
+                size,
+                available: cap.maximum_volume_bytes,
+            });
+        };
+        let made = self
+            .ublkd
+            .create(&id, params.spec(&id, size, offset))
+            .await?;
+        tracing::info!(volume = %made.id, name = %req.name, size, "volume created");
+        Ok(self.volume(&made.id, size, &params))
+    }
+
+    fn volume(&self, id: &str, size: u64, params: &Params) -> spec::Volume {
+        spec::Volume {
+            capacity_bytes: size as i64,
+            volume_id: id.to_owned(),
+            volume_context: HashMap::from([(
+                "fsType".to_owned(),
+                params.fs_type.name().to_owned(),
+            )]),
+            content_source: None,
+            accessible_topology: vec![self.topology()],
+        }
+    }
+
+    async fn list(
+        &self,
+        req: spec::ListVolumesRequest,
+    ) -> Result<spec::ListVolumesResponse, CsiError> {
+        let mut vols = self.ublkd.list().await?;
+        vols.sort_by(|a, b| a.id.cmp(&b.id));
+        let start: usize = if req.starting_token.is_empty() {
+            0
+        } else {
+            req.starting_token
+                .parse()
+                .ok()
+                .filter(|&n| n <= vols.len())
+                .ok_or_else(|| CsiError::BadToken(req.starting_token.clone()))?
+        };
+        let max = usize::try_from(req.max_entries)
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or(usize::MAX);
+        let end = start.saturating_add(max).min(vols.len());
+        let entries = vols[start..end]
+            .iter()
+            .map(|v| spec::list_volumes_response::Entry {
+                volume: Some(spec::Volume {
+                    capacity_bytes: v.spec.as_ref().map_or(0, |s| s.size_bytes) as i64,
+                    volume_id: v.id.clone(),
+                    volume_context: HashMap::new(),
+                    content_source: None,
+                    accessible_topology: vec![self.topology()],
+                }),
+                status: None,
+            })
+            .collect();
+        Ok(spec::ListVolumesResponse {
+            entries,
+            next_token: if end < vols.len() {
+                end.to_string()
+            } else {
+                String::new()
+            },
+        })
+    }
+
+    async fn capacity(
+        &self,
+        req: spec::GetCapacityRequest,
+    ) -> Result<spec::GetCapacityResponse, CsiError> {
+        let params = Params::parse(&req.parameters)?;
+        if !req.volume_capabilities.is_empty() {
+            caps::check_all(&req.volume_capabilities, params.fs_type)?;
+        }
+        if req
+            .accessible_topology
+            .as_ref()
+            .is_some_and(|t| !self.is_this_node(t))
+        {
+            return Ok(spec::GetCapacityResponse {
+                available_capacity: 0,
+                maximum_volume_size: Some(0),
+                minimum_volume_size: None,
+            });
+        }
+        let cap = self.ublkd.capacity(params.capacity_backend()).await?;
+        let (available, largest) = if cap.volumes_left == 0 {
+            (0, 0)
+        } else {
+            (cap.available_bytes, cap.maximum_volume_bytes)
+        };
+        Ok(spec::GetCapacityResponse {
+            available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
+            maximum_volume_size: Some(i64::try_from(largest).unwrap_or(i64::MAX)),
+            minimum_volume_size: Some(i64::from(params.block_size)),
+        })
+    }
+}
+
+fn capability(
+    rpc: spec::controller_service_capability::rpc::Type,
+) -> spec::ControllerServiceCapability {
+    spec::ControllerServiceCapability {
+        r#type: Some(spec::controller_service_capability::Type::Rpc(
+            spec::controller_service_capability::Rpc { r#type: rpc as i32 },
+        )),
+    }
+}
+
+fn unimplemented<T>(what: &'static str) -> Result<Response<T>, Status> {
+    Err(CsiError::Unimplemented(what).into())
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        req: Request<spec::CreateVolumeRequest>,
+    ) -> Result<Response<spec::CreateVolumeResponse>, Status> {
+        let volume = self.create(req.into_inner()).await?;
+        Ok(Response::new(spec::CreateVolumeResponse {
+            volume: Some(volume),
+        }))
+    }
+
+    /// Removes the volume, its device and (file) its backing file; an absent volume is done.
+    async fn delete_volume(
+        &self,
+        req: Request<spec::DeleteVolumeRequest>,
+    ) -> Result<Response<spec::DeleteVolumeResponse>, Status> {
+        let req = req.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(CsiError::MissingField("volume_id").into());
+        }
+        self.ublkd
+            .delete(&req.volume_id)
+            .await
+            .map_err(CsiError::from)?;
+        tracing::info!(volume = %req.volume_id, "volume deleted");
+        Ok(Response::new(spec::DeleteVolumeResponse {}))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _req: Request<spec::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<spec::ControllerPublishVolumeResponse>, Status> {
+        unimplemented("ControllerPublishVolume: volumes are local, nothing to attach")
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _req: Request<spec::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<spec::ControllerUnpublishVolumeResponse>, Status> {
+        unimplemented("ControllerUnpublishVolume: volumes are local, nothing to detach")
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<spec::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<spec::ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = req.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(CsiError::MissingField("volume_id").into());
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(CsiError::MissingField("volume_capabilities").into());
+        }
+        if self
+            .ublkd
+            .get(&req.volume_id)
+            .await
+            .map_err(CsiError::from)?
+            .is_none()
+        {
+            return Err(CsiError::VolumeNotFound(req.volume_id).into());
+        }
+        let default_fs = crate::params::FsType::Ext4;
+        let reply = match caps::check_all(&req.volume_capabilities, default_fs) {
+            Ok(()) => spec::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(spec::validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: HashMap::new(),
+                }),
+                message: String::new(),
+            },
+            Err(e) => spec::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: e.to_string(),
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn list_volumes(
+        &self,
+        req: Request<spec::ListVolumesRequest>,
+    ) -> Result<Response<spec::ListVolumesResponse>, Status> {
+        Ok(Response::new(self.list(req.into_inner()).await?))
+    }
+
+    async fn get_capacity(
+        &self,
+        req: Request<spec::GetCapacityRequest>,
+    ) -> Result<Response<spec::GetCapacityResponse>, Status> {
+        Ok(Response::new(self.capacity(req.into_inner()).await?))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _req: Request<spec::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<spec::ControllerGetCapabilitiesResponse>, Status> {
+        use spec::controller_service_capability::rpc::Type;
+        Ok(Response::new(spec::ControllerGetCapabilitiesResponse {
+            capabilities: [
+                Type::CreateDeleteVolume,
+                Type::GetCapacity,
+                Type::ListVolumes,
+                Type::SingleNodeMultiWriter,
+            ]
+            .into_iter()
+            .map(capability)
+            .collect(),
+        }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        _req: Request<spec::CreateSnapshotRequest>,
+    ) -> Result<Response<spec::CreateSnapshotResponse>, Status> {
+        unimplemented("snapshots are not supported yet")
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _req: Request<spec::DeleteSnapshotRequest>,
+    ) -> Result<Response<spec::DeleteSnapshotResponse>, Status> {
+        unimplemented("snapshots are not supported yet")
+    }
+
+    async fn list_snapshots(
+        &self,
+        _req: Request<spec::ListSnapshotsRequest>,
+    ) -> Result<Response<spec::ListSnapshotsResponse>, Status> {
+        unimplemented("snapshots are not supported yet")
+    }
+
+    async fn get_snapshot(
+        &self,
+        _req: Request<spec::GetSnapshotRequest>,
+    ) -> Result<Response<spec::GetSnapshotResponse>, Status> {
+        unimplemented("snapshots are not supported yet")
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        _req: Request<spec::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<spec::ControllerExpandVolumeResponse>, Status> {
+        unimplemented("volumes grow on their node (NodeExpandVolume)")
+    }
+
+    async fn controller_get_volume(
+        &self,
+        _req: Request<spec::ControllerGetVolumeRequest>,
+    ) -> Result<Response<spec::ControllerGetVolumeResponse>, Status> {
+        unimplemented("ControllerGetVolume")
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _req: Request<spec::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<spec::ControllerModifyVolumeResponse>, Status> {
+        unimplemented("ControllerModifyVolume")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_stable_volume_ids() {
+        assert_eq!(volume_id_for("pvc-0a1b"), "pvc-0a1b");
+        let odd = volume_id_for("Sanity Volume 1");
+        assert!(odd.starts_with("csi-") && odd.len() == 20, "{odd}");
+        assert_eq!(odd, volume_id_for("Sanity Volume 1"), "stable");
+        assert_ne!(odd, volume_id_for("Sanity Volume 2"));
+    }
+
+    #[test]
+    fn sizes_round_up_to_the_block_and_respect_the_limit() {
+        let r = |required, limit| spec::CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        };
+        assert_eq!(size_for(None, 4096).unwrap(), DEFAULT_SIZE);
+        assert_eq!(size_for(Some(&r(1, 0)), 4096).unwrap(), 4096);
+        assert_eq!(size_for(Some(&r(4097, 8192)), 4096).unwrap(), 8192);
+        assert_eq!(size_for(Some(&r(0, 8192)), 512).unwrap(), 8192);
+        assert_eq!(
+            size_for(Some(&r(4097, 5000)), 4096).unwrap_err().code(),
+            tonic::Code::OutOfRange
+        );
+        assert!(size_for(Some(&r(-1, 0)), 4096).is_err());
+    }
+}

@@ -1,0 +1,138 @@
+//! The driver's errors, named for what failed, and the one place they become CSI status codes
+//! (the codes the CSI spec assigns to each case, which the sidecars act on: UNAVAILABLE and
+//! ABORTED are retried, RESOURCE_EXHAUSTED sends the scheduler to another node).
+
+use std::path::PathBuf;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    #[error("{0} is required")]
+    MissingField(&'static str),
+    #[error("{0}")]
+    BadParameter(String),
+    #[error("unsupported volume capability: {0}")]
+    UnsupportedCapability(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("this node ({node}) is not among the topologies the request allows")]
+    TopologyExcludesNode { node: String },
+    #[error(
+        "node {node} has no room for {size} bytes (the largest volume that fits: {available})"
+    )]
+    NoRoom {
+        node: String,
+        size: u64,
+        available: u64,
+    },
+    #[error("volume {0:?} does not exist")]
+    VolumeNotFound(String),
+    #[error("volume {id:?} is {state}, not ready yet: try again")]
+    VolumeNotReady { id: String, state: &'static str },
+    #[error("volume {id:?} has failed: {message}")]
+    VolumeFailed { id: String, message: String },
+    #[error("volume {name:?} exists with a different size ({existing} bytes)")]
+    VolumeMismatch { name: String, existing: u64 },
+    #[error("an operation on volume {0:?} is already in progress")]
+    OperationPending(String),
+    #[error("{} is outside the kubelet directory {}", path.display(), kubelet.display())]
+    PathOutsideKubelet { path: PathBuf, kubelet: PathBuf },
+    #[error("{} does not exist", .0.display())]
+    PathMissing(PathBuf),
+    #[error("{} already has {device} mounted, not this volume", path.display())]
+    PathTaken { path: PathBuf, device: String },
+    #[error("{command} failed: {output}")]
+    Command { command: String, output: String },
+    #[error("{step} {}", path.display())]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting token {0:?} is not one this driver gave out")]
+    BadToken(String),
+    #[error("{0}")]
+    Unimplemented(&'static str),
+    #[error(transparent)]
+    Ublkd(#[from] crate::ublkd::UblkdError),
+}
+
+impl CsiError {
+    pub fn code(&self) -> Code {
+        use CsiError as E;
+        match self {
+            E::MissingField(_)
+            | E::BadParameter(_)
+            | E::UnsupportedCapability(_)
+            | E::PathOutsideKubelet { .. } => Code::InvalidArgument,
+            E::OutOfRange(_) => Code::OutOfRange,
+            E::TopologyExcludesNode { .. } | E::NoRoom { .. } => Code::ResourceExhausted,
+            E::VolumeNotFound(_) | E::PathMissing(_) => Code::NotFound,
+            E::VolumeNotReady { .. } => Code::Unavailable,
+            E::VolumeFailed { .. } => Code::FailedPrecondition,
+            E::VolumeMismatch { .. } | E::PathTaken { .. } => Code::AlreadyExists,
+            E::OperationPending(_) | E::BadToken(_) => Code::Aborted,
+            E::Command { .. } | E::Io { .. } => Code::Internal,
+            E::Unimplemented(_) => Code::Unimplemented,
+            // ublkd's own code says what went wrong (NOT_FOUND, RESOURCE_EXHAUSTED, ...); a
+            // ublkd that cannot be reached is UNAVAILABLE, which the sidecars retry.
+            E::Ublkd(crate::ublkd::UblkdError::Call(s)) => s.code(),
+            E::Ublkd(crate::ublkd::UblkdError::Connect(_)) => Code::Unavailable,
+        }
+    }
+}
+
+impl From<CsiError> for Status {
+    fn from(e: CsiError) -> Status {
+        let code = e.code();
+        if code == Code::Internal {
+            tracing::error!(error = %ublkd_client::cause_chain(&e), "internal error");
+        }
+        Status::new(code, ublkd_client::cause_chain(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_has_the_code_the_spec_gives_it() {
+        use CsiError as E;
+        let table = [
+            (E::MissingField("name"), Code::InvalidArgument),
+            (
+                E::TopologyExcludesNode { node: "n".into() },
+                Code::ResourceExhausted,
+            ),
+            (E::VolumeNotFound("v".into()), Code::NotFound),
+            (
+                E::VolumeNotReady {
+                    id: "v".into(),
+                    state: "recovering",
+                },
+                Code::Unavailable,
+            ),
+            (
+                E::VolumeMismatch {
+                    name: "v".into(),
+                    existing: 1,
+                },
+                Code::AlreadyExists,
+            ),
+            (E::OperationPending("v".into()), Code::Aborted),
+            (E::BadToken("x".into()), Code::Aborted),
+            (E::OutOfRange("x".into()), Code::OutOfRange),
+            (
+                E::Ublkd(crate::ublkd::UblkdError::Call(Status::resource_exhausted(
+                    "full",
+                ))),
+                Code::ResourceExhausted,
+            ),
+        ];
+        for (e, code) in table {
+            assert_eq!(e.code(), code, "{e}");
+        }
+    }
+}

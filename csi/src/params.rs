@@ -1,0 +1,266 @@
+//! StorageClass parameters: what backend a volume gets and how its queues are shaped.
+//!
+//! | key | values | default |
+//! |---|---|---|
+//! | `backend` | `file`, `ram`, `nvme` | required |
+//! | `root` | (file) a directory under one of ublkd's allowed roots | required for file |
+//! | `namespace` | (nvme) the namespace's char device, `/dev/ngXnY` | required for nvme |
+//! | `queues`, `queueDepth` | numbers | ublkd's defaults |
+//! | `blockSize` | `512`, `4096` | `4096` |
+//! | `ioPath` | `auto`, `batch`, `per_io` | `auto` |
+//! | `zeroCopy`, `poll` | `auto`, `on`, `off` | `auto` |
+//! | `fsType` | `ext4`, `xfs` | `ext4` (a capability's own fs_type wins) |
+//!
+//! Keys under `csi.storage.k8s.io/` belong to the sidecars and are ignored; any other unknown
+//! key is refused, so a typo never silently gives a default volume.
+
+use crate::error::CsiError;
+use std::collections::HashMap;
+use ublkd_client::v1;
+
+/// The file systems the driver makes and grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    pub fn parse(s: &str) -> Result<Self, CsiError> {
+        match s {
+            "" | "ext4" => Ok(FsType::Ext4),
+            "xfs" => Ok(FsType::Xfs),
+            other => Err(CsiError::UnsupportedCapability(format!(
+                "file system {other:?} (ext4 or xfs)"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+}
+
+/// Where a volume's bytes live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A backing file `<root>/<volume id>.img`, made by ublkd.
+    File {
+        root: String,
+    },
+    Ram,
+    /// A window of the namespace, placed in its first free extent that fits.
+    Nvme {
+        namespace: String,
+    },
+}
+
+/// A StorageClass's parameters, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Params {
+    pub backend: Backend,
+    pub queues: Option<u32>,
+    pub queue_depth: Option<u32>,
+    pub block_size: u32,
+    pub io_path: v1::IoPath,
+    pub zero_copy: v1::Toggle,
+    pub poll: v1::Toggle,
+    pub fs_type: FsType,
+}
+
+fn toggle(key: &str, v: &str) -> Result<v1::Toggle, CsiError> {
+    match v {
+        "auto" => Ok(v1::Toggle::Auto),
+        "on" => Ok(v1::Toggle::On),
+        "off" => Ok(v1::Toggle::Off),
+        _ => Err(bad(key, v, "auto, on or off")),
+    }
+}
+
+fn bad(key: &str, v: &str, want: &str) -> CsiError {
+    CsiError::BadParameter(format!("parameter {key}={v:?}: expected {want}"))
+}
+
+fn number(key: &str, v: &str) -> Result<u32, CsiError> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| bad(key, v, "a positive number"))
+}
+
+impl Params {
+    pub fn parse(map: &HashMap<String, String>) -> Result<Self, CsiError> {
+        let get = |k: &str| map.get(k).map(String::as_str);
+        for key in map.keys() {
+            let known = matches!(
+                key.as_str(),
+                "backend"
+                    | "root"
+                    | "namespace"
+                    | "queues"
+                    | "queueDepth"
+                    | "blockSize"
+                    | "ioPath"
+                    | "zeroCopy"
+                    | "poll"
+                    | "fsType"
+            );
+            if !known && !key.starts_with("csi.storage.k8s.io/") {
+                return Err(CsiError::BadParameter(format!(
+                    "unknown parameter {key:?} (backend, root, namespace, queues, queueDepth, \
+                     blockSize, ioPath, zeroCopy, poll, fsType)"
+                )));
+            }
+        }
+        let backend = match get("backend") {
+            None => return Err(CsiError::MissingField("parameter backend")),
+            Some("file") => Backend::File {
+                root: get("root")
+                    .filter(|r| r.starts_with('/'))
+                    .ok_or(CsiError::MissingField(
+                        "parameter root (an absolute directory) for backend file",
+                    ))?
+                    .to_owned(),
+            },
+            Some("ram") => Backend::Ram,
+            Some("nvme") => Backend::Nvme {
+                namespace: get("namespace")
+                    .filter(|n| n.starts_with("/dev/"))
+                    .ok_or(CsiError::MissingField(
+                        "parameter namespace (/dev/ngXnY) for backend nvme",
+                    ))?
+                    .to_owned(),
+            },
+            Some(other) => return Err(bad("backend", other, "file, ram or nvme")),
+        };
+        let block_size = match get("blockSize") {
+            None | Some("4096") => 4096,
+            Some("512") => 512,
+            Some(other) => return Err(bad("blockSize", other, "512 or 4096")),
+        };
+        let io_path = match get("ioPath") {
+            None | Some("auto") => v1::IoPath::Auto,
+            Some("batch") => v1::IoPath::Batch,
+            Some("per_io") => v1::IoPath::PerIo,
+            Some(other) => return Err(bad("ioPath", other, "auto, batch or per_io")),
+        };
+        Ok(Params {
+            backend,
+            queues: get("queues").map(|v| number("queues", v)).transpose()?,
+            queue_depth: get("queueDepth")
+                .map(|v| number("queueDepth", v))
+                .transpose()?,
+            block_size,
+            io_path,
+            zero_copy: get("zeroCopy")
+                .map(|v| toggle("zeroCopy", v))
+                .transpose()?
+                .unwrap_or(v1::Toggle::Auto),
+            poll: get("poll")
+                .map(|v| toggle("poll", v))
+                .transpose()?
+                .unwrap_or(v1::Toggle::Auto),
+            fs_type: FsType::parse(get("fsType").unwrap_or("ext4"))
+                .map_err(|_| bad("fsType", get("fsType").unwrap_or(""), "ext4 or xfs"))?,
+        })
+    }
+
+    /// What ublkd's GetCapacity is asked about for these parameters.
+    pub fn capacity_backend(&self) -> v1::get_capacity_request::Backend {
+        use v1::get_capacity_request::Backend as B;
+        match &self.backend {
+            Backend::File { root } => B::File(v1::FileCapacity { root: root.clone() }),
+            Backend::Ram => B::Ram(v1::RamBackend {}),
+            Backend::Nvme { namespace } => B::Nvme(v1::NvmeCapacity {
+                device: namespace.clone(),
+            }),
+        }
+    }
+
+    /// The ublkd spec of volume `id` of `size` bytes; `nvme_offset` places an NVMe window.
+    pub fn spec(&self, id: &str, size: u64, nvme_offset: u64) -> v1::VolumeSpec {
+        use v1::volume_spec::Backend as B;
+        let backend = match &self.backend {
+            Backend::File { root } => B::File(v1::FileBackend {
+                path: format!("{}/{id}.img", root.trim_end_matches('/')),
+                create: true,
+            }),
+            Backend::Ram => B::Ram(v1::RamBackend {}),
+            Backend::Nvme { namespace } => B::Nvme(v1::NvmeBackend {
+                device: namespace.clone(),
+                offset_bytes: nvme_offset,
+                length_bytes: size,
+            }),
+        };
+        v1::VolumeSpec {
+            size_bytes: size,
+            block_size: Some(self.block_size),
+            queues: self.queues,
+            queue_depth: self.queue_depth,
+            io_path: self.io_path as i32,
+            zero_copy: self.zero_copy as i32,
+            poll: self.poll as i32,
+            backend: Some(backend),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(kv: &[(&str, &str)]) -> Result<Params, CsiError> {
+        Params::parse(
+            &kv.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn storage_class_parameters_are_read_and_checked() {
+        let p = params(&[
+            ("backend", "file"),
+            ("root", "/srv/ublkd"),
+            ("queues", "2"),
+            ("zeroCopy", "on"),
+            ("fsType", "xfs"),
+            ("csi.storage.k8s.io/pv/name", "pv-1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            p.backend,
+            Backend::File {
+                root: "/srv/ublkd".into()
+            }
+        );
+        assert_eq!(
+            (p.queues, p.zero_copy, p.fs_type),
+            (Some(2), v1::Toggle::On, FsType::Xfs)
+        );
+        let spec = p.spec("pvc-1", 1 << 30, 0);
+        assert!(matches!(
+            spec.backend,
+            Some(v1::volume_spec::Backend::File(ref f)) if f.path == "/srv/ublkd/pvc-1.img" && f.create
+        ));
+        assert_eq!(params(&[("backend", "ram")]).unwrap().block_size, 4096);
+        for bad in [
+            &[][..],
+            &[("backend", "disk")],
+            &[("backend", "file")],
+            &[("backend", "file"), ("root", "relative")],
+            &[("backend", "nvme")],
+            &[("backend", "ram"), ("blockSize", "1024")],
+            &[("backend", "ram"), ("queues", "0")],
+            &[("backend", "ram"), ("poll", "yes")],
+            &[("backend", "ram"), ("fsType", "btrfs")],
+            &[("backend", "ram"), ("queue_depth", "8")],
+        ] {
+            let e = params(bad).expect_err(&format!("{bad:?}"));
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e}");
+        }
+    }
+}
