@@ -12,6 +12,9 @@ pub struct IdentityService {
     pub ublkd: Ublkd,
     /// Plugin capabilities of the services this process actually serves.
     pub capabilities: Vec<PluginCapability>,
+    /// Whether readiness needs the node's ublkd (false for the central instance that only
+    /// answers the resizer's capability questions).
+    pub needs_ublkd: bool,
 }
 
 #[tonic::async_trait]
@@ -40,6 +43,9 @@ impl Identity for IdentityService {
     /// ublkd is FAILED_PRECONDITION (the spec's "plugin unhealthy"), so the livenessprobe
     /// sidecar reports the reason.
     async fn probe(&self, _req: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        if !self.needs_ublkd {
+            return Ok(Response::new(ProbeResponse { ready: Some(true) }));
+        }
         match self.ublkd.node_info().await {
             Ok(_) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
             Err(e) => Err(Status::failed_precondition(format!(

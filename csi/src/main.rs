@@ -30,8 +30,12 @@ struct Args {
     #[arg(long, env = "UBLKD_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
     ublkd: Target,
     /// This node's name (the topology value), from the downward API.
-    #[arg(long, env = "NODE_NAME")]
-    node_id: String,
+    #[arg(long, env = "NODE_NAME", required_unless_present = "resizer_only")]
+    node_id: Option<String>,
+    /// Serve only what the central csi-resizer asks (Identity, and Controller capabilities);
+    /// no ublkd is needed. Volumes grow on their node (NodeExpandVolume).
+    #[arg(long)]
+    resizer_only: bool,
     /// Seconds one call to ublkd may take.
     #[arg(long, default_value_t = 30)]
     ublkd_timeout: u64,
@@ -91,11 +95,12 @@ async fn main() -> Result<()> {
     let listener = tokio::net::UnixListener::bind(&path)
         .with_context(|| format!("binding {}", path.display()))?;
     let ublkd = Ublkd::new(args.ublkd, Duration::from_secs(args.ublkd_timeout));
-    tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = %args.node_id, "serving CSI");
-    let node = Node(args.node_id);
+    tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = ?args.node_id, resizer_only = args.resizer_only, "serving CSI");
+    let node = Node(args.node_id.unwrap_or_default());
     let identity = IdentityService {
         ublkd: ublkd.clone(),
         capabilities: plugin_capabilities(),
+        needs_ublkd: !args.resizer_only,
     };
     let controller = ControllerService {
         ublkd: ublkd.clone(),
@@ -108,10 +113,16 @@ async fn main() -> Result<()> {
         busy: Default::default(),
     };
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    let router = builder
         .add_service(IdentityServer::new(identity))
-        .add_service(ControllerServer::new(controller))
-        .add_service(NodeServer::new(node))
+        .add_service(ControllerServer::new(controller));
+    let router = if args.resizer_only {
+        router
+    } else {
+        router.add_service(NodeServer::new(node))
+    };
+    router
         .serve_with_incoming_shutdown(incoming, async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -22,6 +22,7 @@ async fn names_itself_and_is_not_ready_without_ublkd() {
             Duration::from_secs(2),
         ),
         capabilities: Vec::new(),
+        needs_ublkd: true,
     };
     tokio::spawn(
         tonic::transport::Server::builder()

@@ -8,6 +8,7 @@
 mod apt;
 mod bench;
 mod cpio;
+mod deploy;
 mod image;
 mod suite;
 mod vm;
@@ -109,6 +110,7 @@ fn host_tests(ws: &Path) -> Result<()> {
         bail!("host tests failed ({status})");
     }
     alert_rule_tests(ws)?;
+    deploy::manifest_checks(ws)?;
     shell_script_checks(ws)
 }
 
