@@ -300,7 +300,7 @@ pub mod daemon {
 
     /// Path of a workspace binary (set by the VM harness, else next to the test binary).
     pub fn bin(name: &str) -> PathBuf {
-        let var = format!("{}_BIN", name.to_ascii_uppercase());
+        let var = format!("{}_BIN", name.to_ascii_uppercase().replace('-', "_"));
         if let Some(p) = std::env::var_os(var) {
             return PathBuf::from(p);
         }

@@ -20,6 +20,9 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("xz", "xz-utils"),
     ("fio", "fio"),
     ("mkfs.ext4", "e2fsprogs"),
+    // The CSI driver's xfs volumes (mkfs, grow) in the VM tests.
+    ("mkfs.xfs", "xfsprogs"),
+    ("xfs_growfs", "xfsprogs"),
     ("blkdiscard", "util-linux"),
     ("timeout", "coreutils"),
     // A real Prometheus (and promtool) for the observability test and the alert-rule tests.

@@ -27,6 +27,8 @@ const MODULES: &[&str] = &[
     "null_blk",
     "loop",
     "ext4",
+    // The CSI driver makes and grows xfs as well as ext4.
+    "xfs",
 ];
 const RESOLVE_EVERY: Duration = Duration::from_secs(7 * 24 * 3600);
 const INIT: &str = include_str!("init.sh");

@@ -75,7 +75,7 @@ pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
     Ok(bins)
 }
 
-/// Makes sure the binaries the VM tests drive are built (ublkd, ublkctl).
+/// Makes sure the binaries the VM tests drive are built (ublkd, ublkctl, ublkd-csi).
 fn build_daemon_binaries(ws: &Path) -> Result<()> {
     let status = crate::cargo()
         .current_dir(ws)
@@ -85,13 +85,15 @@ fn build_daemon_binaries(ws: &Path) -> Result<()> {
             "ublkd-server",
             "--package",
             "ublkctl",
+            "--package",
+            "ublkd-csi",
             "--features",
             "ublkd-server/test-hooks",
         ])
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("building ublkd/ublkctl failed");
+        bail!("building ublkd/ublkctl/ublkd-csi failed");
     }
     Ok(())
 }
@@ -176,7 +178,7 @@ fn run_boot(
 
     let target = ws.join("target/debug");
     let mut script = format!(
-        "cd {ws}\nexport RUST_BACKTRACE=1 UBLKD_BIN={ublkd} UBLKCTL_BIN={ublkctl}\n\
+        "cd {ws}\nexport RUST_BACKTRACE=1 UBLKD_BIN={ublkd} UBLKCTL_BIN={ublkctl} UBLKD_CSI_BIN={csi}\n\
          echo \"ublkd-vm: guest kernel $(uname -r)\"\n\
          run_test() {{\n  echo \"=== RUN  $2\"\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
          [ $rc -eq 124 ] && echo \"=== TIMEOUT $2 after {PER_TEST_SECS} s\"\n  \
@@ -184,6 +186,7 @@ fn run_boot(
         ws = vm::shell_quote(&ws.to_string_lossy()),
         ublkd = vm::shell_quote(&target.join("ublkd").to_string_lossy()),
         ublkctl = vm::shell_quote(&target.join("ublkctl").to_string_lossy()),
+        csi = vm::shell_quote(&target.join("ublkd-csi").to_string_lossy()),
     );
     for c in cases {
         script.push_str(&format!(

@@ -1,0 +1,763 @@
+//! The CSI driver against the real kernel: `ublkd-csi` in front of a ublkd, driven by the
+//! Kubernetes conformance suite (csi-sanity, from `../shared/tools`) for every backend and
+//! access type, and by the kubelet's own sequence of calls with data checked through mounts.
+#![cfg(feature = "vm")]
+
+use anyhow::{bail, ensure, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+use ublkd_tests::daemon::{bin, Daemon};
+use ublkd_tests::{guest, MIB};
+
+/// The emulated controller's namespace (see nvme.rs).
+const NG: &str = "/dev/ng0n1";
+
+/// A ublkd and a ublkd-csi in front of it, with a kubelet directory of their own.
+struct Pair {
+    daemon: Daemon,
+    csi: Child,
+    socket: PathBuf,
+    kubelet: PathBuf,
+}
+
+impl Pair {
+    async fn start(name: &str, metrics_port: u16, node: &str) -> Result<Pair> {
+        Self::start_with(name, metrics_port, node, "").await
+    }
+
+    /// With `extra` appended to ublkd's config.
+    async fn start_with(name: &str, metrics_port: u16, node: &str, extra: &str) -> Result<Pair> {
+        let dir = guest::scratch(name)?;
+        let mut daemon = Daemon::new(&dir, metrics_port, extra)?;
+        daemon.start().await?;
+        let kubelet = dir.join("kubelet");
+        std::fs::create_dir_all(&kubelet)?;
+        let socket = dir.join("csi.sock");
+        let log = std::fs::File::create(dir.join("csi.log"))?;
+        let csi = Command::new(bin("ublkd-csi"))
+            .args(["--csi-endpoint", &format!("unix://{}", socket.display())])
+            .args(["--ublkd", &format!("unix://{}", daemon.socket.display())])
+            .args(["--node-id", node])
+            .args(["--kubelet-dir", &kubelet.to_string_lossy()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting ublkd-csi")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            ensure!(Instant::now() < deadline, "ublkd-csi did not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Pair {
+            daemon,
+            csi,
+            socket,
+            kubelet,
+        })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.daemon.dir.join("csi.log")).unwrap_or_default()
+    }
+
+    async fn channel(&self) -> Result<Channel> {
+        let path = self.socket.clone();
+        Ok(Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    let s = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                }
+            }))
+            .await?)
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        let _ = self.csi.kill();
+        let _ = self.csi.wait();
+    }
+}
+
+/// The conformance suite, or a clear failure when it is not there.
+fn csi_sanity() -> Result<PathBuf> {
+    let ws = std::env::current_dir()?;
+    for dir in ws.ancestors() {
+        let p = dir.join("shared/tools/csi-sanity");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "csi-sanity is missing: expected shared/tools/csi-sanity next to the workspace \
+         (../shared); the CSI conformance test cannot run without it"
+    )
+}
+
+/// One csi-sanity run: `params` as the StorageClass, `access` mount or block, `fs` for mount.
+async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) -> Result<()> {
+    let tool = csi_sanity()?;
+    let pair = Pair::start(name, port, "node-a").await?;
+    let params_file = pair.daemon.dir.join("params.yaml");
+    let yaml: String = params
+        .iter()
+        .map(|(k, v)| format!("{k}: {v:?}\n"))
+        .collect();
+    std::fs::write(&params_file, yaml)?;
+    let junit = pair.daemon.dir.join("junit.xml");
+    let out = Command::new(&tool)
+        .arg(format!("--csi.endpoint=unix://{}", pair.socket.display()))
+        .arg(format!(
+            "--csi.stagingdir={}",
+            pair.kubelet.join("staging").display()
+        ))
+        .arg(format!(
+            "--csi.mountdir={}",
+            pair.kubelet.join("mount").display()
+        ))
+        .arg(format!(
+            "--csi.testvolumeparameters={}",
+            params_file.display()
+        ))
+        .arg(format!("--csi.testvolumesize={}", 64 * MIB))
+        .arg(format!("--csi.testvolumeexpandsize={}", 128 * MIB))
+        .arg(format!("--csi.testvolumeaccesstype={access}"))
+        .arg(format!("--ginkgo.junit-report={}", junit.display()))
+        .arg("--ginkgo.no-color")
+        .output()
+        .context("running csi-sanity")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let tail: String = stdout
+        .lines()
+        .rev()
+        .take(60)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    println!("{name}: csi-sanity\n{tail}");
+    let report = std::fs::read_to_string(&junit).unwrap_or_default();
+    let skipped = skipped_tests(&report);
+    if !out.status.success() {
+        bail!(
+            "csi-sanity failed for {name}:\n{tail}\n--- ublkd-csi log ---\n{}",
+            pair.log()
+        );
+    }
+    // Only snapshot and clone tests may be skipped (the driver does not offer them).
+    let unexpected: Vec<&String> = skipped
+        .iter()
+        .filter(|t| {
+            let t = t.to_ascii_lowercase();
+            !(t.contains("snapshot")
+                || t.contains("clone")
+                || t.contains("volume content source")
+                || t.contains("group"))
+        })
+        .collect();
+    ensure!(
+        unexpected.is_empty(),
+        "csi-sanity skipped tests it should have run: {unexpected:#?}"
+    );
+    Ok(())
+}
+
+/// Names of the skipped test cases in a JUnit report.
+fn skipped_tests(xml: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for case in xml.split("<testcase ").skip(1) {
+        let body = case.split("</testcase>").next().unwrap_or("");
+        if body.contains("<skipped") {
+            if let Some(name) = case
+                .split("name=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+            {
+                out.push(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+fn file_params(root: &Path, fs: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("backend", "file".into()),
+        ("root", root.display().to_string()),
+        ("fsType", fs.into()),
+    ]
+}
+
+#[tokio::test]
+async fn csi_sanity_file_backend_mount_and_block() -> Result<()> {
+    for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
+        let name = format!("csi-file-{access}-{fs}");
+        // The allowed root is per daemon: the params name it once the daemon exists.
+        let dir = guest::scratch(&name)?;
+        let root = dir.join("roots");
+        sanity(&name, 9561, &file_params(&root, fs), access).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn csi_sanity_ram_backend_mount_and_block() -> Result<()> {
+    for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
+        let name = format!("csi-ram-{access}-{fs}");
+        let params = vec![("backend", "ram".to_owned()), ("fsType", fs.to_owned())];
+        sanity(&name, 9562, &params, access).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn csi_sanity_nvme_backend_mount_and_block() -> Result<()> {
+    for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
+        let name = format!("csi-nvme-{access}-{fs}");
+        let params = vec![
+            ("backend", "nvme".to_owned()),
+            ("namespace", NG.to_owned()),
+            ("fsType", fs.to_owned()),
+        ];
+        sanity(&name, 9563, &params, access).await?;
+    }
+    Ok(())
+}
+
+mod kubelet {
+    //! CSI requests as the kubelet and the external-provisioner send them.
+    use super::*;
+    use ublkd_csi::spec::{
+        self,
+        controller_client::ControllerClient,
+        node_client::NodeClient,
+        volume_capability::{access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume},
+        VolumeCapability,
+    };
+
+    pub fn mount_cap(fs: &str) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: fs.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    pub fn block_cap(mode: Mode) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type: Some(AccessType::Block(BlockVolume {})),
+        }
+    }
+
+    pub fn create(
+        name: &str,
+        size: u64,
+        params: &[(&str, String)],
+        cap: VolumeCapability,
+    ) -> spec::CreateVolumeRequest {
+        spec::CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(spec::CapacityRange {
+                required_bytes: size as i64,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap],
+            parameters: params
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    pub async fn clients(pair: &Pair) -> Result<(ControllerClient<Channel>, NodeClient<Channel>)> {
+        let ch = pair.channel().await?;
+        Ok((ControllerClient::new(ch.clone()), NodeClient::new(ch)))
+    }
+
+    pub fn stage(id: &str, staging: &Path, cap: VolumeCapability) -> spec::NodeStageVolumeRequest {
+        spec::NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    pub fn publish(
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: VolumeCapability,
+    ) -> spec::NodePublishVolumeRequest {
+        spec::NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    pub fn unpublish(id: &str, target: &Path) -> spec::NodeUnpublishVolumeRequest {
+        spec::NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.display().to_string(),
+        }
+    }
+
+    pub fn unstage(id: &str, staging: &Path) -> spec::NodeUnstageVolumeRequest {
+        spec::NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+        }
+    }
+
+    pub fn is_mountpoint(p: &Path) -> bool {
+        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let p = p.display().to_string();
+        text.lines()
+            .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+    }
+
+    /// Bytes of the file system at `p` (`stat -f`).
+    pub fn fs_bytes(p: &Path) -> Result<u64> {
+        let out = guest::sh(&format!("stat -f -c '%S %b' {}", p.display()))?;
+        let n: Vec<u64> = out
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        ensure!(n.len() == 2, "stat -f: {out}");
+        Ok(n[0] * n[1])
+    }
+}
+
+/// The kubelet's path: provision, stage, publish twice, write, unpublish and unstage, stage
+/// and publish again and find the data; ublkd is killed with -9 and restarted while the volume
+/// is published and under writes (they pause, none fails); online expansion grows the file
+/// system `df` sees; DeleteVolume removes the device and the backing file.
+#[tokio::test]
+async fn the_kubelets_path_keeps_data_across_restages_and_a_ublkd_crash() -> Result<()> {
+    use kubelet::*;
+    use ublkd_csi::spec;
+    let mut pair = Pair::start("csi-kubelet", 9564, "node-a").await?;
+    let (mut ctl, mut node) = clients(&pair).await?;
+    let params = file_params(&pair.daemon.root, "ext4");
+    let cap = mount_cap("ext4");
+    let vol = ctl
+        .create_volume(create("pvc-kubelet", 64 * MIB, &params, cap.clone()))
+        .await?
+        .into_inner()
+        .volume
+        .context("no volume")?;
+    let id = vol.volume_id.clone();
+    ensure!(
+        id == "pvc-kubelet" && vol.capacity_bytes == (64 * MIB) as i64,
+        "{vol:?}"
+    );
+    ensure!(
+        vol.accessible_topology[0]
+            .segments
+            .get("ublkd.io/node")
+            .map(String::as_str)
+            == Some("node-a"),
+        "topology: {vol:?}"
+    );
+    // Idempotent on name; a different size is ALREADY_EXISTS.
+    let again = ctl
+        .create_volume(create("pvc-kubelet", 64 * MIB, &params, cap.clone()))
+        .await?
+        .into_inner();
+    ensure!(again.volume.map(|v| v.volume_id) == Some(id.clone()));
+    let e = ctl
+        .create_volume(create("pvc-kubelet", 256 * MIB, &params, cap.clone()))
+        .await
+        .expect_err("a different size");
+    ensure!(e.code() == tonic::Code::AlreadyExists, "{e:?}");
+
+    let staging = pair
+        .kubelet
+        .join("plugins/ublkd.io/globalmount/pvc-kubelet");
+    let t1 = pair.kubelet.join("pods/a/volumes/pvc-kubelet");
+    let t2 = pair.kubelet.join("pods/b/volumes/pvc-kubelet");
+    std::fs::create_dir_all(&staging)?;
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await?;
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await
+        .context("stage is idempotent")?;
+    for t in [&t1, &t2] {
+        node.node_publish_volume(publish(&id, &staging, t, cap.clone()))
+            .await?;
+    }
+    guest::sh(&format!("echo through-a > {}/data && sync", t1.display()))?;
+    ensure!(
+        guest::sh(&format!("cat {}/data", t2.display()))?.trim() == "through-a",
+        "both targets show the same file system"
+    );
+
+    // kill -9 under writes: they pause while ublkd is gone and resume on the new one.
+    let writer = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "for i in $(seq 1 40); do dd if=/dev/urandom of={}/w bs=64k count=4 conv=fsync \
+             status=none || exit 1; sleep 0.1; done",
+            t1.display()
+        ))
+        .spawn()?;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    pair.daemon.stop_with(9)?;
+    pair.daemon.start().await?;
+    let status = tokio::task::spawn_blocking(move || {
+        let mut w = writer;
+        w.wait()
+    })
+    .await??;
+    ensure!(status.success(), "writes failed across the ublkd restart");
+
+    for t in [&t1, &t2] {
+        node.node_unpublish_volume(unpublish(&id, t)).await?;
+        ensure!(!t.exists(), "{} removed", t.display());
+    }
+    node.node_unpublish_volume(unpublish(&id, &t1))
+        .await
+        .context("unpublish is idempotent")?;
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
+    ensure!(!is_mountpoint(&staging), "unstaged");
+    // Data survives: stage and publish again.
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await?;
+    node.node_publish_volume(publish(&id, &staging, &t1, cap.clone()))
+        .await?;
+    ensure!(
+        guest::sh(&format!("cat {}/data", t1.display()))?.trim() == "through-a",
+        "the data is there after unstage and restage"
+    );
+
+    // Online expansion: ublkd grows the device, the driver the file system.
+    let before = fs_bytes(&t1)?;
+    let grown = node
+        .node_expand_volume(spec::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: t1.display().to_string(),
+            capacity_range: Some(spec::CapacityRange {
+                required_bytes: (128 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            secrets: Default::default(),
+        })
+        .await?
+        .into_inner();
+    let after = fs_bytes(&t1)?;
+    println!(
+        "expand: {before} -> {after} bytes (capacity {})",
+        grown.capacity_bytes
+    );
+    ensure!(grown.capacity_bytes == (128 * MIB) as i64);
+    ensure!(after > before + 48 * MIB, "df grew: {before} -> {after}");
+    let stats = node
+        .node_get_volume_stats(spec::NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: t1.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        stats.volume_condition.as_ref().is_some_and(|c| !c.abnormal),
+        "{stats:?}"
+    );
+    ensure!(stats.usage.len() == 2, "bytes and inodes: {stats:?}");
+
+    node.node_unpublish_volume(unpublish(&id, &t1)).await?;
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
+    let device = pair.daemon.ublkctl_ok(&["get-volume", &id, "-o", "json"])?;
+    let dev_path = serde_json::from_str::<serde_json::Value>(&device)?["device_path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    ctl.delete_volume(spec::DeleteVolumeRequest {
+        volume_id: id.clone(),
+        secrets: Default::default(),
+    })
+    .await?;
+    ensure!(!Path::new(&dev_path).exists(), "{dev_path} removed");
+    let backing = pair.daemon.root.join(format!("{id}.img"));
+    ensure!(!backing.exists(), "{} removed", backing.display());
+    ctl.delete_volume(spec::DeleteVolumeRequest {
+        volume_id: id,
+        secrets: Default::default(),
+    })
+    .await
+    .context("delete is idempotent")?;
+    Ok(())
+}
+
+/// Two nodes in one guest, each a ublkd and a ublkd-csi of its own: each provisions only its
+/// own volumes, topology is honoured, capacity is per node, and a full node says
+/// RESOURCE_EXHAUSTED (so the scheduler tries another).
+#[tokio::test]
+async fn two_nodes_provision_only_their_own_volumes() -> Result<()> {
+    use kubelet::*;
+    use ublkd_csi::spec;
+    let a = Pair::start("csi-node-a", 9565, "node-a").await?;
+    // Node b takes one volume in all.
+    let b = Pair::start_with("csi-node-b", 9566, "node-b", "[limits]\nmax_volumes = 1\n").await?;
+    let (mut ca, _) = clients(&a).await?;
+    let (mut cb, mut nb) = clients(&b).await?;
+    let topo = |node: &str| spec::Topology {
+        segments: [("ublkd.io/node".to_owned(), node.to_owned())].into(),
+    };
+    let params = vec![("backend", "ram".to_owned())];
+    let with_topology = |name: &str, node: &str| {
+        let mut r = create(name, 16 * MIB, &params, mount_cap("ext4"));
+        r.accessibility_requirements = Some(spec::TopologyRequirement {
+            requisite: vec![topo(node)],
+            preferred: vec![topo(node)],
+        });
+        r
+    };
+    let e = ca
+        .create_volume(with_topology("pvc-for-b", "node-b"))
+        .await
+        .expect_err("node a refuses a volume meant for node b");
+    ensure!(e.code() == tonic::Code::ResourceExhausted, "{e:?}");
+    ca.create_volume(with_topology("pvc-a1", "node-a")).await?;
+    cb.create_volume(with_topology("pvc-b1", "node-b")).await?;
+    let ids =
+        |p: &Pair| -> Result<String> { p.daemon.ublkctl_ok(&["list-volumes", "--no-headers"]) };
+    let (la, lb) = (ids(&a)?, ids(&b)?);
+    ensure!(
+        la.contains("pvc-a1") && !la.contains("pvc-b1"),
+        "node a: {la}"
+    );
+    ensure!(
+        lb.contains("pvc-b1") && !lb.contains("pvc-a1"),
+        "node b: {lb}"
+    );
+
+    let cap_of = |p: &'static str| spec::GetCapacityRequest {
+        parameters: [("backend".to_owned(), p.to_owned())].into(),
+        ..Default::default()
+    };
+    let cap_a = ca.get_capacity(cap_of("ram")).await?.into_inner();
+    let cap_b = cb.get_capacity(cap_of("ram")).await?.into_inner();
+    println!("capacity: node a {cap_a:?}, node b {cap_b:?}");
+    ensure!(cap_a.available_capacity > 0, "node a has room");
+    ensure!(cap_b.available_capacity == 0, "node b is full: {cap_b:?}");
+    // Capacity asked for another node's topology is none.
+    let mut other = cap_of("ram");
+    other.accessible_topology = Some(topo("node-b"));
+    ensure!(
+        ca.get_capacity(other)
+            .await?
+            .into_inner()
+            .available_capacity
+            == 0
+    );
+    let e = cb
+        .create_volume(with_topology("pvc-b2", "node-b"))
+        .await
+        .expect_err("node b is full");
+    ensure!(e.code() == tonic::Code::ResourceExhausted, "{e:?}");
+
+    let info = nb
+        .node_get_info(spec::NodeGetInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(
+        info.node_id == "node-b" && info.max_volumes_per_node == 1,
+        "{info:?}"
+    );
+    ensure!(info.accessible_topology == Some(topo("node-b")), "{info:?}");
+    for (c, id) in [(&mut ca, "pvc-a1"), (&mut cb, "pvc-b1")] {
+        c.delete_volume(spec::DeleteVolumeRequest {
+            volume_id: id.into(),
+            secrets: Default::default(),
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Bad requests get the code the spec gives them, and nothing is created or mounted.
+#[tokio::test]
+async fn bad_csi_requests_are_refused_and_change_nothing() -> Result<()> {
+    use kubelet::*;
+    use spec::volume_capability::access_mode::Mode;
+    use tonic::Code;
+    use ublkd_csi::spec;
+    let pair = Pair::start("csi-bad", 9567, "node-a").await?;
+    let (mut ctl, mut node) = clients(&pair).await?;
+    let params = file_params(&pair.daemon.root, "ext4");
+    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .count();
+    let mut cases: Vec<(&str, Code, Result<(), tonic::Status>)> = Vec::new();
+    let mut add = |what, code, r: Result<(), tonic::Status>| cases.push((what, code, r));
+
+    let mut r = create("", 16 * MIB, &params, mount_cap("ext4"));
+    add(
+        "no name",
+        Code::InvalidArgument,
+        ctl.create_volume(r.clone()).await.map(drop),
+    );
+    r.name = "pvc-bad".into();
+    r.volume_capabilities.clear();
+    add(
+        "no capabilities",
+        Code::InvalidArgument,
+        ctl.create_volume(r).await.map(drop),
+    );
+    let mut unknown = params.clone();
+    unknown.push(("fstype", "ext4".into()));
+    let r = create("pvc-bad", 16 * MIB, &unknown, mount_cap("ext4"));
+    add(
+        "unknown parameter",
+        Code::InvalidArgument,
+        ctl.create_volume(r).await.map(drop),
+    );
+    let r = create("pvc-bad", 16 * MIB, &[], mount_cap("ext4"));
+    add(
+        "no backend",
+        Code::InvalidArgument,
+        ctl.create_volume(r).await.map(drop),
+    );
+    for mode in [
+        Mode::MultiNodeMultiWriter,
+        Mode::MultiNodeReaderOnly,
+        Mode::MultiNodeSingleWriter,
+    ] {
+        let r = create("pvc-bad", 16 * MIB, &params, block_cap(mode));
+        add(
+            "multi-node mode",
+            Code::InvalidArgument,
+            ctl.create_volume(r).await.map(drop),
+        );
+    }
+    let r = create("pvc-bad", 16 * MIB, &params, mount_cap("btrfs"));
+    add(
+        "unknown file system",
+        Code::InvalidArgument,
+        ctl.create_volume(r).await.map(drop),
+    );
+    let mut r = create("pvc-bad", 16 * MIB, &params, mount_cap("ext4"));
+    r.capacity_range = Some(spec::CapacityRange {
+        required_bytes: 5000,
+        limit_bytes: 4097,
+    });
+    add(
+        "limit below the size",
+        Code::OutOfRange,
+        ctl.create_volume(r).await.map(drop),
+    );
+    add(
+        "delete without id",
+        Code::InvalidArgument,
+        ctl.delete_volume(spec::DeleteVolumeRequest::default())
+            .await
+            .map(drop),
+    );
+
+    // A real volume for the node-side cases.
+    let id = ctl
+        .create_volume(create("pvc-good", 16 * MIB, &params, mount_cap("ext4")))
+        .await?
+        .into_inner()
+        .volume
+        .context("volume")?
+        .volume_id;
+    let staging = pair.kubelet.join("staging/pvc-good");
+    let target = pair.kubelet.join("pods/x/pvc-good");
+    std::fs::create_dir_all(&staging)?;
+    let cap = mount_cap("ext4");
+    let mut s = stage(&id, &staging, cap.clone());
+    s.volume_id.clear();
+    add(
+        "stage without id",
+        Code::InvalidArgument,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    let mut s = stage(&id, &staging, cap.clone());
+    s.staging_target_path.clear();
+    add(
+        "stage without path",
+        Code::InvalidArgument,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    let mut s = stage(&id, &staging, cap.clone());
+    s.volume_capability = None;
+    add(
+        "stage without capability",
+        Code::InvalidArgument,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    let s = stage(&id, Path::new("/tmp/outside-kubelet"), cap.clone());
+    add(
+        "staging outside kubelet dir",
+        Code::InvalidArgument,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    let s = stage("pvc-missing", &staging, cap.clone());
+    add(
+        "stage of a missing volume",
+        Code::NotFound,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    let p = publish(&id, &staging, Path::new("/etc/ublkd-csi-test"), cap.clone());
+    add(
+        "target outside kubelet dir",
+        Code::InvalidArgument,
+        node.node_publish_volume(p).await.map(drop),
+    );
+    // Another file system already mounted at the staging path.
+    guest::sh(&format!("mount -t tmpfs other {}", staging.display()))?;
+    let s = stage(&id, &staging, cap.clone());
+    add(
+        "staging path taken",
+        Code::AlreadyExists,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    guest::sh(&format!("umount {}", staging.display()))?;
+    let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .count();
+
+    let mut wrong = Vec::new();
+    for (what, code, r) in &cases {
+        match r {
+            Err(s) if s.code() == *code => println!("ok      {what}: {}", s.message()),
+            other => wrong.push(format!("{what}: wanted {code:?}, got {other:?}")),
+        }
+    }
+    ensure!(wrong.is_empty(), "{wrong:#?}");
+    ensure!(cases.len() >= 18, "{} cases", cases.len());
+    ensure!(
+        mounts_before == mounts_after,
+        "mounts changed: {mounts_before} -> {mounts_after}"
+    );
+    ensure!(!target.exists(), "nothing published");
+    let list = pair.daemon.ublkctl_ok(&["list-volumes", "--no-headers"])?;
+    ensure!(
+        list.lines().count() == 1 && list.contains("pvc-good"),
+        "only the good volume exists: {list}"
+    );
+    ctl.delete_volume(spec::DeleteVolumeRequest {
+        volume_id: id,
+        secrets: Default::default(),
+    })
+    .await?;
+    Ok(())
+}
