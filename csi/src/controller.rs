@@ -14,6 +14,9 @@ use tonic::{Request, Response, Status};
 /// Size of a volume whose request names none.
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 
+/// What ListVolumes' tokens start with.
+const TOKEN_PREFIX: &str = "next:";
+
 #[derive(Debug, Clone)]
 pub struct ControllerService {
     pub ublkd: Ublkd,
@@ -24,14 +27,7 @@ pub struct ControllerService {
 /// provisioner's `pvc-<uid>` always is), else a stable digest of it, so a retried CreateVolume
 /// finds the volume its first try made.
 pub fn volume_id_for(name: &str) -> String {
-    let label = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if label {
+    if crate::ublkd::is_volume_id(name) {
         return name.to_owned();
     }
     // FNV-1a, 64 bits: stable across releases and platforms, which a std hasher is not.
@@ -155,14 +151,16 @@ impl ControllerService {
     ) -> Result<spec::ListVolumesResponse, CsiError> {
         let mut vols = self.ublkd.list().await?;
         vols.sort_by(|a, b| a.id.cmp(&b.id));
+        // A token names the first volume of the next page (`next:<id>`), not a position: a
+        // volume deleted or added meanwhile never shifts the pages.
         let start: usize = if req.starting_token.is_empty() {
             0
         } else {
-            req.starting_token
-                .parse()
-                .ok()
-                .filter(|&n| n <= vols.len())
-                .ok_or_else(|| CsiError::BadToken(req.starting_token.clone()))?
+            let first = req
+                .starting_token
+                .strip_prefix(TOKEN_PREFIX)
+                .ok_or_else(|| CsiError::BadToken(req.starting_token.clone()))?;
+            vols.partition_point(|v| v.id.as_str() < first)
         };
         let max = usize::try_from(req.max_entries)
             .ok()
@@ -184,10 +182,9 @@ impl ControllerService {
             .collect();
         Ok(spec::ListVolumesResponse {
             entries,
-            next_token: if end < vols.len() {
-                end.to_string()
-            } else {
-                String::new()
+            next_token: match vols.get(end) {
+                Some(v) => format!("{TOKEN_PREFIX}{}", v.id),
+                None => String::new(),
             },
         })
     }
@@ -196,6 +193,14 @@ impl ControllerService {
         &self,
         req: spec::GetCapacityRequest,
     ) -> Result<spec::GetCapacityResponse, CsiError> {
+        // No StorageClass parameters: no backend to measure, so nothing is promised.
+        if req.parameters.is_empty() {
+            return Ok(spec::GetCapacityResponse {
+                available_capacity: 0,
+                maximum_volume_size: None,
+                minimum_volume_size: None,
+            });
+        }
         let params = Params::parse(&req.parameters)?;
         if !req.volume_capabilities.is_empty() {
             caps::check_all(&req.volume_capabilities, params.fs_type)?;

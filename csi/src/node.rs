@@ -194,6 +194,10 @@ impl NodeService {
                 if let Some(parent) = target.parent() {
                     std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
                 }
+                // A device node binds onto a file; an empty directory made for it goes.
+                if target.is_dir() {
+                    std::fs::remove_dir(&target).map_err(io("replacing", &target))?;
+                }
                 std::fs::OpenOptions::new()
                     .create(true)
                     .truncate(false)

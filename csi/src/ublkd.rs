@@ -27,6 +27,17 @@ pub enum UblkdError {
     Call(#[from] tonic::Status),
 }
 
+/// Whether `id` could name a ublkd volume (a DNS label).
+pub fn is_volume_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-')
+}
+
 impl Ublkd {
     pub fn new(target: Target, timeout: Duration) -> Self {
         Self {
@@ -76,8 +87,12 @@ impl Ublkd {
         Ok(self.node().await?.get_capacity(req).await?.into_inner())
     }
 
-    /// Volume `id`, or None when ublkd has no such volume.
+    /// Volume `id`, or None when ublkd has no such volume (an id ublkd could never have made,
+    /// not being a DNS label, included).
     pub async fn get(&self, id: &str) -> Result<Option<v1::Volume>, UblkdError> {
+        if !is_volume_id(id) {
+            return Ok(None);
+        }
         let req = self.request(v1::GetVolumeRequest { id: id.into() });
         match self.volumes().await?.get_volume(req).await {
             Ok(v) => Ok(Some(v.into_inner())),
@@ -107,6 +122,9 @@ impl Ublkd {
 
     /// Deletes volume `id` and a file volume's backing file; an absent volume is no error.
     pub async fn delete(&self, id: &str) -> Result<(), UblkdError> {
+        if !is_volume_id(id) {
+            return Ok(());
+        }
         let req = self.request(v1::DeleteVolumeRequest {
             id: id.into(),
             allow_missing: true,

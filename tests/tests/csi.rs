@@ -99,7 +99,10 @@ fn csi_sanity() -> Result<PathBuf> {
 }
 
 /// One csi-sanity run: `params` as the StorageClass, `access` mount or block, `fs` for mount.
+/// xfs refuses file systems under 300 MB; other volumes stay small.
 async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) -> Result<()> {
+    let xfs = access == "mount" && params.iter().any(|(k, v)| *k == "fsType" && v == "xfs");
+    let size = if xfs { 320 * MIB } else { 64 * MIB };
     let tool = csi_sanity()?;
     let pair = Pair::start(name, port, "node-a").await?;
     let params_file = pair.daemon.dir.join("params.yaml");
@@ -123,8 +126,8 @@ async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) 
             "--csi.testvolumeparameters={}",
             params_file.display()
         ))
-        .arg(format!("--csi.testvolumesize={}", 64 * MIB))
-        .arg(format!("--csi.testvolumeexpandsize={}", 128 * MIB))
+        .arg(format!("--csi.testvolumesize={size}"))
+        .arg(format!("--csi.testvolumeexpandsize={}", size + 64 * MIB))
         .arg(format!("--csi.testvolumeaccesstype={access}"))
         .arg(format!("--ginkgo.junit-report={}", junit.display()))
         .arg("--ginkgo.no-color")
