@@ -128,6 +128,15 @@ impl ControllerService {
             .ublkd
             .create(&id, params.spec(&id, size, offset))
             .await?;
+        if matches!(params.backend, crate::params::Backend::Nvme { .. }) {
+            // A window reuses namespace blocks an earlier volume may have formatted: a stale
+            // signature would make stage mount a file system that is not this volume's.
+            // (File and RAM volumes start from a new, empty file.)
+            if let Err(e) = crate::mount::run("wipefs", &["--all", &made.device_path]) {
+                let _ = self.ublkd.delete(&made.id).await;
+                return Err(e);
+            }
+        }
         tracing::info!(volume = %made.id, name = %req.name, size, "volume created");
         Ok(self.volume(&made.id, size, &params))
     }

@@ -39,6 +39,10 @@ pub enum CsiError {
     PathOutsideKubelet { path: PathBuf, kubelet: PathBuf },
     #[error("{} does not exist", .0.display())]
     PathMissing(PathBuf),
+    #[error("volume {id:?} is not at {}", path.display())]
+    VolumeNotAtPath { id: String, path: PathBuf },
+    #[error("volume {id:?} is single-writer and already published at {}", path.display())]
+    PublishedElsewhere { id: String, path: PathBuf },
     #[error("{} already has {device} mounted, not this volume", path.display())]
     PathTaken { path: PathBuf, device: String },
     #[error("{command} failed: {output}")]
@@ -68,9 +72,9 @@ impl CsiError {
             | E::PathOutsideKubelet { .. } => Code::InvalidArgument,
             E::OutOfRange(_) => Code::OutOfRange,
             E::TopologyExcludesNode { .. } | E::NoRoom { .. } => Code::ResourceExhausted,
-            E::VolumeNotFound(_) | E::PathMissing(_) => Code::NotFound,
+            E::VolumeNotFound(_) | E::PathMissing(_) | E::VolumeNotAtPath { .. } => Code::NotFound,
             E::VolumeNotReady { .. } => Code::Unavailable,
-            E::VolumeFailed { .. } => Code::FailedPrecondition,
+            E::VolumeFailed { .. } | E::PublishedElsewhere { .. } => Code::FailedPrecondition,
             E::VolumeMismatch { .. } | E::PathTaken { .. } => Code::AlreadyExists,
             E::OperationPending(_) | E::BadToken(_) => Code::Aborted,
             E::Command { .. } | E::Io { .. } => Code::Internal,

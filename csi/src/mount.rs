@@ -58,15 +58,30 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
 
 /// The mount at `target` (the last, when several are stacked there).
 pub fn mounted_at(target: &Path) -> Result<Option<Mount>, CsiError> {
+    Ok(mounts()?.into_iter().rev().find(|m| m.target == target))
+}
+
+impl Mount {
+    /// Whether this mount shows block device `dev` (number `num`): a file system on it (or a
+    /// bind of one), or the device node itself bound onto a file (which mountinfo lists as
+    /// devtmpfs's `/ublkbN`).
+    pub fn holds(&self, dev: &Path, num: &str) -> bool {
+        if self.dev == num {
+            return true;
+        }
+        let node = dev.file_name().map(|n| Path::new("/").join(n));
+        self.fs_type == "devtmpfs" && node.as_deref() == Some(self.root.as_path())
+    }
+}
+
+/// Every mount of the mount table.
+pub fn mounts() -> Result<Vec<Mount>, CsiError> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CsiError::Io {
         step: "reading",
         path: "/proc/self/mountinfo".into(),
         source,
     })?;
-    Ok(parse_mountinfo(&text)
-        .into_iter()
-        .rev()
-        .find(|m| m.target == target))
+    Ok(parse_mountinfo(&text))
 }
 
 /// `major:minor` of block device `dev`, as mountinfo writes it.

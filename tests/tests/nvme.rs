@@ -483,3 +483,41 @@ fn polled_workers_sleep_when_idle() -> Result<()> {
     dp.shutdown()?;
     Ok(())
 }
+
+/// A fixed-length window grows with its volume into the free namespace after it, and is
+/// refused (nothing changed) when that would reach another window or past the namespace's end.
+#[test]
+fn windows_grow_into_free_space_only() -> Result<()> {
+    let ns = namespace_bytes()?;
+    let dp = dataplane(None)?;
+    let a = dp.add_device(guest::spec(window(0, 16 * MIB), 16 * MIB, IoPath::Batch))?;
+    let b = dp.add_device(guest::spec(
+        window(64 * MIB, 16 * MIB),
+        16 * MIB,
+        IoPath::Batch,
+    ))?;
+    let grown = dp.resize_device(a.dev_id, 32 * MIB)?;
+    ensure!(grown.spec.size_bytes == 32 * MIB, "{grown:?}");
+    let size = |d: &ublkd_dataplane::DeviceInfo| -> Result<u64> {
+        Ok(guest::sh(&format!(
+            "blockdev --getsize64 {}",
+            d.block_device.display()
+        ))?
+        .trim()
+        .parse()?)
+    };
+    ensure!(size(&a)? == 32 * MIB, "the kernel sees the new size");
+    fio_verify(&a.block_device, "32m")?;
+    let into_b = dp.resize_device(a.dev_id, 80 * MIB);
+    ensure!(
+        matches!(into_b, Err(DataplaneError::Overlap { .. })),
+        "growing into B: {into_b:?}"
+    );
+    ensure!(size(&a)? == 32 * MIB, "a refused grow changes nothing");
+    let past_end = dp.resize_device(b.dev_id, ns);
+    ensure!(past_end.is_err(), "past the namespace's end: {past_end:?}");
+    for d in [a, b] {
+        dp.delete_device(d.dev_id)?;
+    }
+    Ok(())
+}

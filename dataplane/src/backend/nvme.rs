@@ -16,6 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A byte range of a namespace: `len` bytes from `offset` (0: to the end of the namespace).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +34,10 @@ pub struct NvmeBackend {
     lba_shift: u32,
     /// First block and length in bytes of the volume's window.
     start_lba: u64,
-    window_len: u64,
+    /// Bytes of the namespace the volume may use; grows with the volume (`resize`).
+    window_len: AtomicU64,
+    /// The namespace's size, which a growing window must stay inside.
+    ns_bytes: u64,
     unchecked: bool,
     controller: nvme::ControllerInfo,
     max_io_bytes: u32,
@@ -145,7 +149,8 @@ impl NvmeBackend {
             nsid,
             lba_shift: u32::from(ns.lba_shift),
             start_lba: w.offset >> ns.lba_shift,
-            window_len: w.len,
+            window_len: AtomicU64::new(w.len),
+            ns_bytes,
             unchecked,
             controller,
             max_io_bytes: max_io_bytes.max(4096),
@@ -285,18 +290,31 @@ impl Backend for NvmeBackend {
             path: self.path.clone(),
             rdev: self.rdev,
             start,
-            end: start + self.window_len,
+            end: start + self.window_len.load(Ordering::Relaxed),
         })
     }
 
+    /// A window grows into the namespace after it (the control thread has checked that no
+    /// other device claims that range); it never shrinks, and never past the namespace's end.
     fn resize(&self, size: u64) -> Result<(), BackendError> {
-        if size > self.window_len {
-            return Err(BackendError::TooSmall {
+        let have = self.window_len.load(Ordering::Relaxed);
+        if size <= have {
+            return Ok(());
+        }
+        let start = self.start_lba << self.lba_shift;
+        if !self.unchecked
+            && start
+                .checked_add(size)
+                .is_none_or(|end| end > self.ns_bytes)
+        {
+            return Err(BackendError::WindowPastEnd {
                 path: self.path.clone(),
-                have: self.window_len,
-                need: size,
+                offset: start,
+                len: size,
+                size: self.ns_bytes,
             });
         }
+        self.window_len.store(size, Ordering::Relaxed);
         Ok(())
     }
 
@@ -320,7 +338,9 @@ impl Backend for NvmeBackend {
             || req
                 .offset
                 .checked_add(u64::from(req.len))
-                .is_some_and(|end| end <= self.window_len);
+                // Relaxed: the window grows before the kernel learns the new size (UPDATE_SIZE),
+                // so a request past the old end comes after the store.
+                .is_some_and(|end| end <= self.window_len.load(Ordering::Relaxed));
         if !in_window && !self.unchecked {
             return Started::Done(-libc::EIO);
         }

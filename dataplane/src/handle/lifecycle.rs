@@ -320,6 +320,30 @@ impl Control {
         dev_id: DevId,
         size: u64,
     ) -> Result<DeviceInfo, DataplaneError> {
+        // A backend whose range of a shared device grows (an NVMe window) must not grow into
+        // another device's.
+        let grown = self
+            .devices
+            .get(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?
+            .backend
+            .claim()
+            .map(|mut c| {
+                c.end = c.end.max(c.start.saturating_add(size));
+                c
+            });
+        if let Some(c) = grown {
+            for (&id, d) in &self.devices {
+                if let Some(theirs) = d.backend.claim().filter(|t| id != dev_id && t.overlaps(&c)) {
+                    return Err(DataplaneError::Overlap {
+                        path: c.path,
+                        start: theirs.start.max(c.start),
+                        end: theirs.end.min(c.end),
+                        dev_id: id,
+                    });
+                }
+            }
+        }
         let device = self
             .devices
             .get_mut(&dev_id)

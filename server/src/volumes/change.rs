@@ -201,6 +201,13 @@ impl Volumes {
         // The new size is recorded first: after a crash the next start applies it.
         let mut record = vol.record.clone();
         record.size_bytes = size;
+        // An NVMe window of a fixed length grows with the volume (the dataplane refuses if
+        // another volume's window is in the way).
+        if let BackendRecord::Nvme { length, .. } = &mut record.backend {
+            if *length != 0 && *length < size {
+                *length = size;
+            }
+        }
         self.registry.put(&record)?;
         fault_point("resize:after_record");
         match blocking(move || handle.resize_device(info.dev_id, size)).await {
