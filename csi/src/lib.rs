@@ -15,6 +15,7 @@ pub mod spec {
 
 pub mod caps;
 pub mod controller;
+pub mod ctl;
 pub mod error;
 pub mod identity;
 pub mod mount;

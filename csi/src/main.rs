@@ -20,9 +20,12 @@ use ublkd_csi::Node;
 #[command(
     name = "ublkd-csi",
     version,
-    about = "Kubernetes CSI driver for ublkd volumes"
+    about = "Kubernetes CSI driver for ublkd volumes",
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Sub>,
     /// The CSI socket to serve (`unix:///csi/csi.sock` as the sidecars expect).
     #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
     csi_endpoint: String,
@@ -30,7 +33,7 @@ struct Args {
     #[arg(long, env = "UBLKD_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
     ublkd: Target,
     /// This node's name (the topology value), from the downward API.
-    #[arg(long, env = "NODE_NAME", required_unless_present = "resizer_only")]
+    #[arg(long, env = "NODE_NAME")]
     node_id: Option<String>,
     /// Serve only what the central csi-resizer asks (Identity, and Controller capabilities);
     /// no ublkd is needed. Volumes grow on their node (NodeExpandVolume).
@@ -66,6 +69,12 @@ fn plugin_capabilities() -> Vec<PluginCapability> {
     ]
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Sub {
+    /// Make the driver's CSI calls from a shell, as the provisioner and the kubelet would
+    Ctl(ublkd_csi::ctl::Ctl),
+}
+
 /// The socket path of a `unix://` endpoint (the only kind CSI uses).
 fn socket_path(endpoint: &str) -> Result<PathBuf> {
     let path = endpoint
@@ -85,6 +94,16 @@ async fn main() -> Result<()> {
         )
         .init();
     let args = Args::parse();
+    if let Some(Sub::Ctl(ctl)) = args.command {
+        let out = ublkd_csi::ctl::run(ctl).await?;
+        if !out.is_empty() {
+            println!("{out}");
+        }
+        return Ok(());
+    }
+    if args.node_id.is_none() && !args.resizer_only {
+        anyhow::bail!("--node-id (or NODE_NAME) is required to serve a node");
+    }
     let path = socket_path(&args.csi_endpoint)?;
     // A socket left by a previous run (the kubelet's directory outlives the pod).
     match std::fs::remove_file(&path) {

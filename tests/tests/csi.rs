@@ -499,8 +499,53 @@ async fn the_kubelets_path_keeps_data_across_restages_and_a_ublkd_crash() -> Res
     );
     ensure!(stats.usage.len() == 2, "bytes and inodes: {stats:?}");
 
+    // Deleting a volume something still has mounted is refused: here, and in a mount
+    // namespace ublkd cannot see (as the driver's pod is to ublkd's).
+    let e = ctl
+        .delete_volume(spec::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: Default::default(),
+        })
+        .await
+        .expect_err("deleting a staged volume");
+    ensure!(e.code() == tonic::Code::FailedPrecondition, "{e:?}");
     node.node_unpublish_volume(unpublish(&id, &t1)).await?;
     node.node_unstage_volume(unstage(&id, &staging)).await?;
+    let dev_now = pair.daemon.ublkctl_ok(&["get-volume", &id, "-o", "json"])?;
+    let dev_now = serde_json::from_str::<serde_json::Value>(&dev_now)?["device_path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let elsewhere = pair.kubelet.join("other-namespace");
+    std::fs::create_dir_all(&elsewhere)?;
+    let mut holder = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount {dev_now} {} && echo mounted && sleep 4",
+            elsewhere.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let out = holder.stdout.take().context("unshare stdout")?;
+        std::io::BufReader::new(out).read_line(&mut line)?;
+    }
+    ensure!(
+        line.trim() == "mounted",
+        "the other namespace mounted it: {line:?}"
+    );
+    ensure!(!is_mountpoint(&elsewhere), "not visible in this namespace");
+    let e = ctl
+        .delete_volume(spec::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: Default::default(),
+        })
+        .await
+        .expect_err("deleting a volume mounted in another namespace");
+    ensure!(e.code() == tonic::Code::FailedPrecondition, "{e:?}");
+    holder.wait()?;
     let device = pair.daemon.ublkctl_ok(&["get-volume", &id, "-o", "json"])?;
     let dev_path = serde_json::from_str::<serde_json::Value>(&device)?["device_path"]
         .as_str()

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The guest side of `cargo xtask demo` (run with `bash -s`: /dev/tcp below needs bash): ublkd as a
-# node service, driven by ublkctl.
-# UBLKD and UBLKCTL are set by the harness to the workspace's binaries.
+# node service, driven by ublkctl, then the Kubernetes CSI driver in front of it.
+# UBLKD, UBLKCTL and UBLKD_CSI are set by the harness to the workspace's binaries.
 set -e
 D=$TMPDIR/ublkd-demo
 mkdir -p "$D/volumes" "$D/mnt"
@@ -65,6 +65,36 @@ printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
 grep -E '^ublkd_(volume_io_ops_total|volume_info|volume_size_bytes|worker_busy)' <&3 |
     grep -v ' 0$' | head -18 || true
 exec 3>&-
+
+echo "== Kubernetes CSI: ublkd-csi in front of this ublkd, called as the provisioner and kubelet would"
+K=$D/kubelet
+mkdir -p "$K"
+"$UBLKD_CSI" --csi-endpoint "unix://$D/csi.sock" --ublkd "unix://$D/ublkd.sock" \
+    --node-id demo-node --kubelet-dir "$K" 2> "$D/csi.log" &
+cpid=$!
+for _ in $(seq 100); do [ -S "$D/csi.sock" ] && break; sleep 0.1; done
+csi() { echo "\$ ublkd-csi ctl $*" >&2; "$UBLKD_CSI" ctl --csi-endpoint "unix://$D/csi.sock" "$@"; }
+FILE_CLASS=(--param backend=file --param "root=$D/volumes")
+echo "capacity for the file class: $(csi capacity "${FILE_CLASS[@]}") bytes"
+VOL=$(csi create pvc-demo --size 134217728 "${FILE_CLASS[@]}")
+STAGE=$K/plugins/ublkd.io/globalmount/$VOL
+TARGET=$K/pods/web/volumes/$VOL
+csi stage "$VOL" "$STAGE"
+csi publish "$VOL" "$STAGE" "$TARGET"
+echo "written through the pod's mount" > "$TARGET/index.html"
+df -h "$TARGET" | tail -1
+echo "capacity now $(csi expand "$VOL" "$TARGET" --size 268435456) bytes; the file system grew online:"
+df -h "$TARGET" | tail -1
+csi stats "$VOL" "$TARGET"
+csi unpublish "$VOL" "$TARGET"
+csi unstage "$VOL" "$STAGE"
+csi stage "$VOL" "$STAGE"
+echo "after unstage and stage again: $(cat "$STAGE/index.html")"
+csi unstage "$VOL" "$STAGE"
+csi delete "$VOL"
+ls "$D/volumes"
+kill -TERM "$cpid"
+wait "$cpid" || true
 
 echo "== stopping ublkd (SIGTERM): the devices go, the volumes stay registered"
 kill -TERM "$pid"

@@ -293,22 +293,31 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
 }
 
 fn demo(ws: &Path) -> Result<ExitCode> {
-    eprintln!("xtask: building ublkd and ublkctl");
+    eprintln!("xtask: building ublkd, ublkctl and ublkd-csi");
     let status = cargo()
         .current_dir(ws)
-        .args(["build", "--package", "ublkd-server", "--package", "ublkctl"])
+        .args([
+            "build",
+            "--package",
+            "ublkd-server",
+            "--package",
+            "ublkctl",
+            "--package",
+            "ublkd-csi",
+        ])
         .status()
         .context("building ublkd")?;
     if !status.success() {
-        bail!("building ublkd and ublkctl failed ({status})");
+        bail!("building ublkd, ublkctl and ublkd-csi failed ({status})");
     }
     let bin = |name: &str| vm::shell_quote(&ws.join("target/debug").join(name).to_string_lossy());
     let kernel = image::prepare(ws)?;
     // /dev/tcp in the script needs bash; the guest runs the host's shells.
     let script = format!(
-        "export UBLKD={} UBLKCTL={}\nexec bash -s <<'DEMO'\n{}DEMO\n",
+        "export UBLKD={} UBLKCTL={} UBLKD_CSI={}\nexec bash -s <<'DEMO'\n{}DEMO\n",
         bin("ublkd"),
         bin("ublkctl"),
+        bin("ublkd-csi"),
         include_str!("demo.sh")
     );
     let run = vm::Vm::new(ws, &kernel)?

@@ -25,6 +25,17 @@ pub const CONTROL_METRICS: &str = "127.0.0.1:9581";
 /// Guest seconds budgeted for the control-plane run (200 ublkctl calls under TCG, with margin).
 pub const CONTROL_BUDGET_SECS: u64 = 300;
 
+/// The CSI run: `ublkd-csi` in front of a ublkd, driven as the provisioner and kubelet would.
+pub const CSI_RUN: &str = "ublkd-csi";
+/// Volumes timed from CreateVolume to a published, mounted file system, per file system.
+pub const CSI_VOLUMES: usize = 50;
+/// Volumes staged one at a time, and as many again staged all at once.
+pub const CSI_PARALLEL: usize = 20;
+/// Where the CSI run's daemon serves metrics (never scraped).
+pub const CSI_METRICS: &str = "127.0.0.1:9583";
+/// Guest seconds budgeted for the CSI run (100 volumes to mounted and back, 40 stages, mkfs).
+pub const CSI_BUDGET_SECS: u64 = 600;
+
 /// The recovery runs: `ublkd-recovery-N` for each number of volumes N, restarted by kill -9.
 const RECOVERY_RUN: &str = "ublkd-recovery";
 pub const RECOVERY_VOLUMES: [usize; 3] = [1, 16, 64];

@@ -3,9 +3,9 @@
 
 use super::cases::{
     recovery_run, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH, CONTROL_METRICS, CONTROL_RUN,
-    CONTROL_SIZE, CONTROL_VOLUMES, DEPTH, NULL_BYTES, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS,
-    RECOVERY_SIZE, RECOVERY_VOLUMES, RUNS, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS,
-    STALL_SIZE, WORKLOADS,
+    CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, DEPTH,
+    NULL_BYTES, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE, RECOVERY_VOLUMES, RUNS,
+    STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE, WORKLOADS,
 };
 use crate::vm;
 use std::fmt::Write as _;
@@ -26,6 +26,7 @@ pub fn guest_script(
     kublk: Result<&Path, &str>,
     ublkd: Result<&Path, &str>,
     ublkctl: Result<&Path, &str>,
+    csi: Result<&Path, &str>,
 ) -> String {
     let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
     let mut s = String::from("set -u\n");
@@ -34,6 +35,7 @@ pub fn guest_script(
     let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
     let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
     let _ = writeln!(s, "UBLKCTL={}", ublkctl.map(q).unwrap_or_default());
+    let _ = writeln!(s, "UBLKD_CSI={}", csi.map(q).unwrap_or_default());
     s.push_str("SOCK=\"\"\n");
     s.push_str(SCRIPT_LIB);
     s.push_str("\n# run_workloads RUN DEVICE PIDS\nrun_workloads() {\n");
@@ -128,6 +130,16 @@ pub fn guest_script(
     };
     s.push_str(&line);
     s.push('\n');
+    let line = match (ublkd, ublkctl, csi) {
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            format!("fail_case {CSI_RUN} {}", vm::shell_quote(e))
+        }
+        (Ok(_), Ok(_), Ok(_)) => {
+            format!("csi_case {CSI_RUN} {CSI_VOLUMES} {CSI_PARALLEL} {CSI_METRICS}")
+        }
+    };
+    s.push_str(&line);
+    s.push('\n');
     // Crash recovery last: each run its own daemon, state and socket, torn down before the next.
     let mut runs: Vec<String> = RECOVERY_VOLUMES.iter().map(|&n| recovery_run(n)).collect();
     runs.push(STALL_RUN.to_owned());
@@ -164,6 +176,7 @@ mod tests {
             Ok(Path::new("/cache/kublk")),
             Err("building ublkd failed"),
             Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
         );
         assert!(s.contains("RUNTIME=5\n"));
         assert!(s.contains("kublk_case kublk-null -t null -q 2 -d 128\n"));
@@ -179,6 +192,7 @@ mod tests {
             Err("no kublk"),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
         );
         assert!(s.contains(
             "ublkd_case ublkd-null-batch --backend null --size 1073741824 \
@@ -191,6 +205,8 @@ mod tests {
         assert!(s.contains("raw_nvme_case fio-ng0n1-passthru true\n"));
         assert!(s.contains("ublkd_case ublkd-nvme-poll --backend nvme:/dev/ng0n1"));
         assert!(s.contains("fail_case kublk-null 'no kublk'\n"));
+        assert!(s.contains("csi_case ublkd-csi 50 20 127.0.0.1:9583\n"));
+        assert!(s.contains("UBLKD_CSI=/t/ublkd-csi\n"));
         // The control plane runs last, after the fio cases and the backing file's unmount.
         let ctl = s
             .find("ctl_case ublkd-control 100 64MiB 32 127.0.0.1:9581\n")
@@ -206,6 +222,7 @@ mod tests {
             Err("no kublk"),
             Ok(Path::new("/t/ublkd")),
             Err("building ublkctl failed"),
+            Ok(Path::new("/t/ublkd-csi")),
         );
         assert!(s.contains("fail_case ublkd-control 'building ublkctl failed'\n"));
         assert!(!s.contains("ctl_case ublkd-control"));
@@ -218,6 +235,7 @@ mod tests {
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
         );
         let at = |line: &str| {
             s.find(line)
@@ -236,6 +254,7 @@ mod tests {
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Err("building ublkctl failed"),
+            Ok(Path::new("/t/ublkd-csi")),
         );
         for run in [
             "ublkd-recovery-1",
@@ -258,6 +277,7 @@ mod tests {
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
         );
         let path = std::env::temp_dir().join(format!("ublkd-bench-{}.sh", std::process::id()));
         fs::write(&path, &s).expect("writing the script");

@@ -272,6 +272,113 @@ PY
     stop_ublkd "$d" "$pid"
 }
 
+# csi_case RUN N PAR METRICS: ublkd (a node service, as in ctl_case) with ublkd-csi in front of
+# it, driven by `ublkd-csi ctl` (copied to tmpfs: process start-up stays off the 9p root). For
+# ext4 and xfs, N file volumes each timed from CreateVolume to a published, mounted file system
+# (<fs>.ns: one NS per volume). Then PAR fresh ext4 volumes staged one at a time
+# (stage_seq.ns: total NS) and PAR more staged all at once (stage_par.ns: total NS). Everything
+# is unpublished, unstaged and deleted after; problems go to DIR/error or DIR/teardown_error.
+csi_case() {
+    run=$1; n=$2; par=$3; d="$OUT/$run"; mkdir -p "$d"
+    C="$TMPDIR/ublkd-bench-csi"; SOCK="$C/ublkd.sock"
+    rm -rf "$C"; node_config "$C" "$4"
+    K="$C/kubelet"; mkdir -p "$K"
+    CSI="$TMPDIR/ublkd-csi"
+    if ! cp "$UBLKD_CSI" "$CSI"; then fail_case "$run" "no ublkd-csi binary"; return; fi
+    note "$run: $n volumes per file system to a mounted pod path; $par stages in sequence, $par in parallel"
+    spawn_ublkd "$d" "$C/ublkd.toml"
+    wait_up "$run" "$d" || return
+    "$CSI" --csi-endpoint "unix://$C/csi.sock" --ublkd "unix://$SOCK" --node-id bench \
+        --kubelet-dir "$K" 2> "$d/csi.log" &
+    cpid=$!
+    i=0
+    while [ ! -S "$C/csi.sock" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    : > "$d/made"
+    for fs in ext4 xfs; do
+        # xfs refuses file systems under 300 MB.
+        size=$((64 << 20)); [ "$fs" = xfs ] && size=$((320 << 20))
+        : > "$d/$fs.ns"
+        k=1
+        while [ $k -le "$n" ]; do
+            name=$(printf 'pvc-%s-%03d' "$fs" "$k")
+            t0=$(date +%s%N)
+            if ! csi_up "$name" "$size" "$fs" "$K" 2>> "$d/csi.err"; then
+                echo "$name: $(tail_of "$d/csi.err")" > "$d/error"
+                break
+            fi
+            t1=$(date +%s%N)
+            echo "$((t1 - t0))" >> "$d/$fs.ns"
+            k=$((k + 1))
+        done
+        [ -e "$d/error" ] && break
+    done
+    if [ ! -e "$d/error" ]; then
+        k=1
+        while [ $k -le "$par" ]; do
+            for set in seq par; do
+                name=$(printf 'pvc-%s-%03d' "$set" "$k")
+                if ! csictl create "$name" --size $((64 << 20)) --param backend=file \
+                        --param "root=$C/roots" > /dev/null 2>> "$d/csi.err"; then
+                    echo "$name: $(tail_of "$d/csi.err")" > "$d/error"
+                fi
+                echo "$name" >> "$d/made"
+            done
+            k=$((k + 1))
+        done
+    fi
+    if [ ! -e "$d/error" ]; then
+        t0=$(date +%s%N)
+        k=1
+        while [ $k -le "$par" ]; do
+            name=$(printf 'pvc-seq-%03d' "$k")
+            csictl stage "$name" "$K/staging/$name" 2>> "$d/csi.err" || echo "stage $name failed" >> "$d/error"
+            k=$((k + 1))
+        done
+        t1=$(date +%s%N)
+        echo "$((t1 - t0))" > "$d/stage_seq.ns"
+        t0=$(date +%s%N)
+        k=1; stages=""
+        while [ $k -le "$par" ]; do
+            name=$(printf 'pvc-par-%03d' "$k")
+            ( csictl stage "$name" "$K/staging/$name" 2>> "$d/csi.err" || echo "stage $name failed" >> "$d/error" ) &
+            stages="$stages $!"
+            k=$((k + 1))
+        done
+        for j in $stages; do wait "$j"; done
+        t1=$(date +%s%N)
+        echo "$((t1 - t0))" > "$d/stage_par.ns"
+    fi
+    note "$run: $(cat "$d/ext4.ns" "$d/xfs.ns" 2>/dev/null | wc -l) volumes timed to mounted"
+    while read -r name; do
+        csi_down "$name" "$K" 2>> "$d/teardown.err" ||
+            echo "tearing down $name failed: $(tail_of "$d/teardown.err")" >> "$d/teardown_error"
+    done < "$d/made"
+    kill -TERM "$cpid" 2> /dev/null; wait "$cpid" 2> /dev/null
+    stop_ublkd "$d" "$pid"
+}
+
+# csictl ARGS: `ublkd-csi ctl` against the CSI run's driver; never reads the caller's stdin.
+csictl() {
+    "$CSI" ctl --csi-endpoint "unix://$C/csi.sock" "$@" < /dev/null
+}
+
+# csi_up NAME SIZE FS KUBELET: CreateVolume, NodeStageVolume and NodePublishVolume, as the
+# provisioner and the kubelet make them for a pod's first start; records NAME in $d/made.
+csi_up() {
+    csictl create "$1" --size "$2" --fs "$3" --param backend=file --param "root=$C/roots" \
+        --param "fsType=$3" > /dev/null || return 1
+    echo "$1" >> "$d/made"
+    csictl stage "$1" "$4/staging/$1" --fs "$3" &&
+        csictl publish "$1" "$4/staging/$1" "$4/pods/p/$1" --fs "$3"
+}
+
+# csi_down NAME KUBELET: unpublish, unstage, delete (each a no-op where there is nothing to undo).
+csi_down() {
+    csictl unpublish "$1" "$2/pods/p/$1" &&
+        csictl unstage "$1" "$2/staging/$1" &&
+        csictl delete "$1"
+}
+
 # node_config DIR METRICS: DIR/ublkd.toml, a node-service configuration keeping everything
 # (state, roots, RAM files, socket) under DIR; devices are kept on exit (the default).
 node_config() {

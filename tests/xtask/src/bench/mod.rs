@@ -48,13 +48,16 @@ use crate::image;
 use crate::vm::{Exit, Vm};
 use anyhow::{bail, Context, Result};
 use cases::{
-    CONTROL_BUDGET_SECS, CONTROL_VOLUMES, DEFAULT_RUNTIME, RECOVERY_BUDGET_SECS, RUNS, WORKLOADS,
+    CONTROL_BUDGET_SECS, CONTROL_VOLUMES, CSI_BUDGET_SECS, DEFAULT_RUNTIME, RECOVERY_BUDGET_SECS,
+    RUNS, WORKLOADS,
 };
 use collect::control::collect_control;
+use collect::csi::collect_csi;
 use collect::recovery::{collect_recovery, collect_stall};
 use guest::guest_script;
 use peers::ensure_kublk;
 use report::control::{control_entries, control_raw_json, control_table};
+use report::csi::{csi_entries, csi_raw_json, csi_table};
 use report::recovery::{recovery_entries, recovery_raw_json, recovery_table};
 use report::{entries, entries_table, raw_json, raw_table, rss_entries, Entry};
 use serde_json::Value;
@@ -81,20 +84,25 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
         eprintln!("xtask: {e}");
     }
     let built = |packages: &[&str]| build_release(ws, packages).map_err(|e| format!("{e:#}"));
-    let (ublkd, ublkctl) = match std::env::var_os("UBLKD_BENCH_UBLKD") {
-        Some(bin) => (
-            absolute_file(Path::new(&bin)).map_err(|e| format!("{e:#}")),
-            built(&["ublkctl"]).and_then(|dir| release_bin(&dir, "ublkctl")),
-        ),
+    let (ublkd, ublkctl, csi) = match std::env::var_os("UBLKD_BENCH_UBLKD") {
+        Some(bin) => {
+            let dir = built(&["ublkctl", "ublkd-csi"]);
+            (
+                absolute_file(Path::new(&bin)).map_err(|e| format!("{e:#}")),
+                dir.clone().and_then(|d| release_bin(&d, "ublkctl")),
+                dir.and_then(|d| release_bin(&d, "ublkd-csi")),
+            )
+        }
         None => {
-            let dir = built(&["ublkd-server", "ublkctl"]);
+            let dir = built(&["ublkd-server", "ublkctl", "ublkd-csi"]);
             (
                 dir.clone().and_then(|d| release_bin(&d, "ublkd")),
-                dir.and_then(|d| release_bin(&d, "ublkctl")),
+                dir.clone().and_then(|d| release_bin(&d, "ublkctl")),
+                dir.and_then(|d| release_bin(&d, "ublkd-csi")),
             )
         }
     };
-    let mut errors: Vec<&String> = [&ublkd, &ublkctl]
+    let mut errors: Vec<&String> = [&ublkd, &ublkctl, &csi]
         .into_iter()
         .filter_map(|r| r.as_ref().err())
         .collect();
@@ -108,12 +116,18 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
         kublk.as_deref().map_err(String::as_str),
         ublkd.as_deref().map_err(String::as_str),
         ublkctl.as_deref().map_err(String::as_str),
+        csi.as_deref().map_err(String::as_str),
     );
     let jobs = (RUNS.len() * WORKLOADS.len()) as u64;
     let timeout = std::env::var("UBLKD_VM_TIMEOUT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300 + jobs * (runtime + 45) + CONTROL_BUDGET_SECS + RECOVERY_BUDGET_SECS);
+        .unwrap_or(
+            300 + jobs * (runtime + 45)
+                + CONTROL_BUDGET_SECS
+                + CSI_BUDGET_SECS
+                + RECOVERY_BUDGET_SECS,
+        );
     eprintln!(
         "xtask: bench: {} runs x {} fio jobs of {runtime} s, then {CONTROL_VOLUMES} volumes \
          through ublkctl, then kill -9 recovery, in one boot of {}",
@@ -128,11 +142,13 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
 
     let results = collect::collect(&run.run_dir);
     let control = collect_control(&run.run_dir);
+    let csi_run = collect_csi(&run.run_dir);
     let recoveries = collect_recovery(&run.run_dir);
     let stall = collect_stall(&run.run_dir);
     let mut entries = entries(&results);
     entries.extend(rss_entries(&run.run_dir));
     let control_entries = control_entries(&control);
+    let csi_entries = csi_entries(&csi_run);
     let recovery_entries = recovery_entries(&recoveries, &stall);
     println!();
     println!(
@@ -147,9 +163,13 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     println!("control plane (ublkd --config, driven by ublkctl):");
     print!("{}", control_table(&control_entries));
     println!();
+    println!("CSI (ublkd-csi in front of ublkd, called as the provisioner and kubelet would):");
+    print!("{}", csi_table(&csi_entries, &csi_run));
+    println!();
     println!("recovery (ublkd --config killed with -9 and started again):");
     print!("{}", recovery_table(&recovery_entries, &recoveries, &stall));
     entries.extend(control_entries);
+    entries.extend(csi_entries);
     entries.extend(recovery_entries);
 
     let out_dir = ws.join("target/bench");
@@ -162,6 +182,7 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     let mut raw = raw_json(&results);
     if let Value::Array(list) = &mut raw {
         list.push(control_raw_json(&control));
+        list.push(csi_raw_json(&csi_run));
         list.extend(recovery_raw_json(&recoveries, &stall));
     }
     fs::write(&raw_path, serde_json::to_string_pretty(&raw)? + "\n")

@@ -55,7 +55,7 @@ pub fn parse_vmrss(status: &str) -> Result<f64, String> {
 
 /// Latencies in ms from lines whose last field is nanoseconds (`NAME [DEVICE] NS`), checking
 /// that there are `expected` of them.
-fn parse_latencies(text: &str, expected: usize) -> Result<Vec<f64>, String> {
+pub fn parse_latencies(text: &str, expected: usize) -> Result<Vec<f64>, String> {
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let ns = line

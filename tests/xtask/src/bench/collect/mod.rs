@@ -2,6 +2,7 @@
 //! in `control`, the recovery and stall runs in `recovery`.
 
 pub mod control;
+pub mod csi;
 pub mod recovery;
 
 use super::cases::{Metric, Workload, RUNS, WORKLOADS};

@@ -3,6 +3,7 @@
 //! run in `control`, the recovery and stall runs in `recovery`.
 
 pub mod control;
+pub mod csi;
 pub mod recovery;
 
 use super::cases::{Metric, CEILING_RUN, NO_PEER, OURS_NAME, PAIRS, RSS_PAIRS, RUNS, WORKLOADS};
