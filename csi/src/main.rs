@@ -87,7 +87,10 @@ fn socket_path(endpoint: &str) -> Result<PathBuf> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    // Logs on stderr (stdout is `ctl`'s answer), colored only for a person at a terminal.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -96,7 +96,7 @@ ls "$D/volumes"
 kill -TERM "$cpid"
 wait "$cpid" || true
 
-echo "== stopping ublkd (SIGTERM): the devices go, the volumes stay registered"
+echo "== stopping ublkd (SIGTERM): on_exit = keep leaves the devices, quiesced, for the next ublkd"
 kill -TERM "$pid"
 wait "$pid"
 ls /dev/ublkb* 2>/dev/null || echo "(no ublk block devices left)"
