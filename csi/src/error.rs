@@ -41,6 +41,12 @@ pub enum CsiError {
     PathMissing(PathBuf),
     #[error("volume {id:?} is not at {}", path.display())]
     VolumeNotAtPath { id: String, path: PathBuf },
+    #[error("{} holds {found}, not {wanted}: a file system is never formatted over", device.display())]
+    ForeignFileSystem {
+        device: PathBuf,
+        found: String,
+        wanted: &'static str,
+    },
     #[error("volume {id:?} is single-writer and already published at {}", path.display())]
     PublishedElsewhere { id: String, path: PathBuf },
     #[error("{} already has {device} mounted, not this volume", path.display())]
@@ -74,7 +80,9 @@ impl CsiError {
             E::TopologyExcludesNode { .. } | E::NoRoom { .. } => Code::ResourceExhausted,
             E::VolumeNotFound(_) | E::PathMissing(_) | E::VolumeNotAtPath { .. } => Code::NotFound,
             E::VolumeNotReady { .. } => Code::Unavailable,
-            E::VolumeFailed { .. } | E::PublishedElsewhere { .. } => Code::FailedPrecondition,
+            E::VolumeFailed { .. } | E::PublishedElsewhere { .. } | E::ForeignFileSystem { .. } => {
+                Code::FailedPrecondition
+            }
             E::VolumeMismatch { .. } | E::PathTaken { .. } => Code::AlreadyExists,
             E::OperationPending(_) | E::BadToken(_) => Code::Aborted,
             E::Command { .. } | E::Io { .. } => Code::Internal,

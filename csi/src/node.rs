@@ -133,13 +133,10 @@ impl NodeService {
             }
             Some(t) if t == fs.name() => {}
             Some(other) => {
-                return Err(CsiError::VolumeFailed {
-                    id: req.volume_id.clone(),
-                    message: format!(
-                        "{} holds {other}, not {}: it is never formatted over",
-                        dev.display(),
-                        fs.name()
-                    ),
+                return Err(CsiError::ForeignFileSystem {
+                    device: dev,
+                    found: other,
+                    wanted: fs.name(),
                 })
             }
         }

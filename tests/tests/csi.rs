@@ -785,6 +785,25 @@ async fn bad_csi_requests_are_refused_and_change_nothing() -> Result<()> {
         Code::InvalidArgument,
         node.node_publish_volume(p).await.map(drop),
     );
+    // A volume holding ext4 is never formatted as xfs: staging it so is refused, and the
+    // file system and its data stay.
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await?;
+    guest::sh(&format!("echo kept > {}/kept", staging.display()))?;
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
+    let s = stage(&id, &staging, mount_cap("xfs"));
+    add(
+        "staging ext4 as xfs",
+        Code::FailedPrecondition,
+        node.node_stage_volume(s).await.map(drop),
+    );
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await?;
+    ensure!(
+        guest::sh(&format!("cat {}/kept", staging.display()))?.trim() == "kept",
+        "the data is still there"
+    );
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
     // Another file system already mounted at the staging path.
     guest::sh(&format!("mount -t tmpfs other {}", staging.display()))?;
     let s = stage(&id, &staging, cap.clone());
@@ -806,7 +825,7 @@ async fn bad_csi_requests_are_refused_and_change_nothing() -> Result<()> {
         }
     }
     ensure!(wrong.is_empty(), "{wrong:#?}");
-    ensure!(cases.len() >= 17, "{} cases", cases.len());
+    ensure!(cases.len() >= 18, "{} cases", cases.len());
     ensure!(
         mounts_before == mounts_after,
         "mounts changed: {mounts_before} -> {mounts_after}"

@@ -275,9 +275,9 @@ PY
 # csi_case RUN N PAR METRICS: ublkd (a node service, as in ctl_case) with ublkd-csi in front of
 # it, driven by `ublkd-csi ctl` (copied to tmpfs: process start-up stays off the 9p root). For
 # ext4 and xfs, N file volumes each timed from CreateVolume to a published, mounted file system
-# (<fs>.ns: one NS per volume). Then PAR fresh ext4 volumes staged one at a time
-# (stage_seq.ns: total NS) and PAR more staged all at once (stage_par.ns: total NS). Everything
-# is unpublished, unstaged and deleted after; problems go to DIR/error or DIR/teardown_error.
+# (<fs>.ns: one NS per volume), each torn down before the next (the node's capacity is a tmpfs).
+# Then PAR fresh ext4 volumes staged one at a time (stage_seq.ns: total NS), torn down, and PAR
+# more staged all at once (stage_par.ns: total NS). Problems go to DIR/error or teardown_error.
 csi_case() {
     run=$1; n=$2; par=$3; d="$OUT/$run"; mkdir -p "$d"
     C="$TMPDIR/ublkd-bench-csi"; SOCK="$C/ublkd.sock"
@@ -299,62 +299,66 @@ csi_case() {
         size=$((64 << 20)); [ "$fs" = xfs ] && size=$((320 << 20))
         : > "$d/$fs.ns"
         k=1
-        while [ $k -le "$n" ]; do
+        while [ $k -le "$n" ] && [ ! -e "$d/error" ]; do
             name=$(printf 'pvc-%s-%03d' "$fs" "$k")
             t0=$(date +%s%N)
-            if ! csi_up "$name" "$size" "$fs" "$K" 2>> "$d/csi.err"; then
+            if csi_up "$name" "$size" "$fs" "$K" 2>> "$d/csi.err"; then
+                t1=$(date +%s%N)
+                echo "$((t1 - t0))" >> "$d/$fs.ns"
+            else
+                echo "$name: $(tail_of "$d/csi.err")" > "$d/error"
+            fi
+            csi_teardown "$d"
+            k=$((k + 1))
+        done
+    done
+    for set in seq par; do
+        [ -e "$d/error" ] && break
+        k=1
+        while [ $k -le "$par" ]; do
+            name=$(printf 'pvc-%s-%03d' "$set" "$k")
+            echo "$name" >> "$d/made"
+            if ! csictl create "$name" --size $((64 << 20)) --param backend=file \
+                    --param "root=$C/roots" > /dev/null 2>> "$d/csi.err"; then
                 echo "$name: $(tail_of "$d/csi.err")" > "$d/error"
                 break
             fi
-            t1=$(date +%s%N)
-            echo "$((t1 - t0))" >> "$d/$fs.ns"
             k=$((k + 1))
         done
         [ -e "$d/error" ] && break
-    done
-    if [ ! -e "$d/error" ]; then
-        k=1
-        while [ $k -le "$par" ]; do
-            for set in seq par; do
-                name=$(printf 'pvc-%s-%03d' "$set" "$k")
-                if ! csictl create "$name" --size $((64 << 20)) --param backend=file \
-                        --param "root=$C/roots" > /dev/null 2>> "$d/csi.err"; then
-                    echo "$name: $(tail_of "$d/csi.err")" > "$d/error"
-                fi
-                echo "$name" >> "$d/made"
-            done
-            k=$((k + 1))
-        done
-    fi
-    if [ ! -e "$d/error" ]; then
-        t0=$(date +%s%N)
-        k=1
-        while [ $k -le "$par" ]; do
-            name=$(printf 'pvc-seq-%03d' "$k")
-            csictl stage "$name" "$K/staging/$name" 2>> "$d/csi.err" || echo "stage $name failed" >> "$d/error"
-            k=$((k + 1))
-        done
-        t1=$(date +%s%N)
-        echo "$((t1 - t0))" > "$d/stage_seq.ns"
         t0=$(date +%s%N)
         k=1; stages=""
         while [ $k -le "$par" ]; do
-            name=$(printf 'pvc-par-%03d' "$k")
-            ( csictl stage "$name" "$K/staging/$name" 2>> "$d/csi.err" || echo "stage $name failed" >> "$d/error" ) &
-            stages="$stages $!"
+            name=$(printf 'pvc-%s-%03d' "$set" "$k")
+            if [ "$set" = seq ]; then
+                csictl stage "$name" "$K/staging/$name" 2>> "$d/csi.err" ||
+                    echo "stage $name failed: $(tail_of "$d/csi.err")" >> "$d/error"
+            else
+                ( csictl stage "$name" "$K/staging/$name" 2>> "$d/csi.err" ||
+                    echo "stage $name failed: $(tail_of "$d/csi.err")" >> "$d/error" ) &
+                stages="$stages $!"
+            fi
             k=$((k + 1))
         done
         for j in $stages; do wait "$j"; done
         t1=$(date +%s%N)
-        echo "$((t1 - t0))" > "$d/stage_par.ns"
-    fi
+        echo "$((t1 - t0))" > "$d/stage_$set.ns"
+        csi_teardown "$d"
+    done
     note "$run: $(cat "$d/ext4.ns" "$d/xfs.ns" 2>/dev/null | wc -l) volumes timed to mounted"
-    while read -r name; do
-        csi_down "$name" "$K" 2>> "$d/teardown.err" ||
-            echo "tearing down $name failed: $(tail_of "$d/teardown.err")" >> "$d/teardown_error"
-    done < "$d/made"
+    csi_teardown "$d"
     kill -TERM "$cpid" 2> /dev/null; wait "$cpid" 2> /dev/null
     stop_ublkd "$d" "$pid"
+}
+
+# csi_teardown DIR: unpublishes, unstages and deletes every volume listed in DIR/made, then
+# empties the list; failures go to DIR/teardown_error.
+csi_teardown() {
+    while read -r name; do
+        csi_down "$name" "$K" 2>> "$1/teardown.err" ||
+            echo "tearing down $name failed: $(tail_of "$1/teardown.err")" >> "$1/teardown_error"
+    done < "$1/made"
+    : > "$1/made"
 }
 
 # csictl ARGS: `ublkd-csi ctl` against the CSI run's driver; never reads the caller's stdin.
@@ -365,9 +369,9 @@ csictl() {
 # csi_up NAME SIZE FS KUBELET: CreateVolume, NodeStageVolume and NodePublishVolume, as the
 # provisioner and the kubelet make them for a pod's first start; records NAME in $d/made.
 csi_up() {
+    echo "$1" >> "$d/made"
     csictl create "$1" --size "$2" --fs "$3" --param backend=file --param "root=$C/roots" \
         --param "fsType=$3" > /dev/null || return 1
-    echo "$1" >> "$d/made"
     csictl stage "$1" "$4/staging/$1" --fs "$3" &&
         csictl publish "$1" "$4/staging/$1" "$4/pods/p/$1" --fs "$3"
 }
