@@ -46,6 +46,16 @@ pub struct Volume {
 }
 
 impl Volume {
+    /// A volume being made: its id, device id and backing file are taken.
+    pub fn creating(record: VolumeRecord) -> Self {
+        Self {
+            record,
+            state: State::Creating,
+            device: None,
+            message: String::new(),
+        }
+    }
+
     /// A volume whose device serves I/O.
     pub fn ready(record: VolumeRecord, device: DeviceInfo) -> Self {
         Self {

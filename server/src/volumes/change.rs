@@ -33,17 +33,18 @@ impl Volumes {
             record.dev_id = Some(self.free_dev_id(&map)?);
             // Held as CREATING from here: the id, the device id and the backing file are taken,
             // and readers see the volume coming.
-            map.insert(
-                record.id.clone(),
-                Volume {
-                    record: record.clone(),
-                    state: State::Creating,
-                    device: None,
-                    message: String::new(),
-                },
-            );
+            map.insert(record.id.clone(), Volume::creating(record.clone()));
         }
         let made = self.make(&mut record).await;
+        self.settle(record, made).await
+    }
+
+    /// Ends a create or adopt: the CREATING entry becomes the READY volume, or goes.
+    pub(super) async fn settle(
+        &self,
+        record: VolumeRecord,
+        made: Result<DeviceInfo, VolumeError>,
+    ) -> Result<Volume, VolumeError> {
         let mut map = self.inner.lock().await;
         match made {
             Ok(info) => {

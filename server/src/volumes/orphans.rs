@@ -43,29 +43,10 @@ impl Volumes {
             if map.contains_key(&record.id) {
                 return Err(VolumeError::AdoptConflict(record.id));
             }
-            map.insert(
-                record.id.clone(),
-                Volume {
-                    record: record.clone(),
-                    state: State::Creating,
-                    device: None,
-                    message: String::new(),
-                },
-            );
+            map.insert(record.id.clone(), Volume::creating(record.clone()));
         }
         let adopted = self.take_over(&record).await;
-        let mut map = self.inner.lock().await;
-        match adopted {
-            Ok(info) => {
-                let vol = Volume::ready(record, info);
-                map.insert(vol.record.id.clone(), vol.clone());
-                Ok(vol)
-            }
-            Err(e) => {
-                map.remove(&record.id);
-                Err(e)
-            }
-        }
+        self.settle(record, adopted).await
     }
 
     async fn take_over(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {

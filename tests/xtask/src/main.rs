@@ -293,23 +293,7 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
 }
 
 fn demo(ws: &Path) -> Result<ExitCode> {
-    eprintln!("xtask: building ublkd, ublkctl and ublkd-csi");
-    let status = cargo()
-        .current_dir(ws)
-        .args([
-            "build",
-            "--package",
-            "ublkd-server",
-            "--package",
-            "ublkctl",
-            "--package",
-            "ublkd-csi",
-        ])
-        .status()
-        .context("building ublkd")?;
-    if !status.success() {
-        bail!("building ublkd, ublkctl and ublkd-csi failed ({status})");
-    }
+    suite::build_node_binaries(ws, &[])?;
     let bin = |name: &str| vm::shell_quote(&ws.join("target/debug").join(name).to_string_lossy());
     let kernel = image::prepare(ws)?;
     // /dev/tcp in the script needs bash; the guest runs the host's shells.

@@ -75,28 +75,30 @@ pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
     Ok(bins)
 }
 
-/// Makes sure the binaries the VM tests drive are built (ublkd, ublkctl, ublkd-csi).
+/// Makes sure the binaries the VM tests drive are built (ublkd with its test hooks, ublkctl,
+/// ublkd-csi).
 fn build_daemon_binaries(ws: &Path) -> Result<()> {
+    build_node_binaries(ws, &["--features", "ublkd-server/test-hooks"])
+}
+
+/// Builds what runs on a node (ublkd, ublkctl, ublkd-csi) into target/debug, with `extra`
+/// cargo arguments.
+pub fn build_node_binaries(ws: &Path, extra: &[&str]) -> Result<()> {
+    eprintln!("xtask: building ublkd, ublkctl and ublkd-csi");
     let status = crate::cargo()
         .current_dir(ws)
-        .args([
-            "build",
-            "--package",
-            "ublkd-server",
-            "--package",
-            "ublkctl",
-            "--package",
-            "ublkd-csi",
-            "--features",
-            "ublkd-server/test-hooks",
-        ])
+        .args(["build"])
+        .args(NODE_PACKAGES.iter().flat_map(|p| ["--package", p]))
+        .args(extra)
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("building ublkd/ublkctl/ublkd-csi failed");
+        bail!("building ublkd, ublkctl and ublkd-csi failed ({status})");
     }
     Ok(())
 }
+
+const NODE_PACKAGES: [&str; 3] = ["ublkd-server", "ublkctl", "ublkd-csi"];
 
 fn list_tests(binary: &Path) -> Result<Vec<String>> {
     let out = Command::new(binary)
