@@ -15,6 +15,7 @@ use ublkd_proto::v1::{
 };
 
 use crate::error::Error;
+use crate::profiles::{Profile, Profiles};
 use ublkd_client::{Connection, Target, TlsFiles};
 
 /// Where ublkd listens unless `--endpoint` or `UBLKCTL_ENDPOINT` says otherwise.
@@ -42,15 +43,20 @@ const AFTER_HELP: &str = "Exit status: 0 success, 1 ublkd answered with an error
 #[command(name = "ublkctl", version = VERSION, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Where ublkd listens: unix:///PATH, http://HOST:PORT or https://HOST:PORT
+    /// [default: the --node profile's, else unix:///run/ublkd/ublkd.sock]
     #[arg(
         long,
         global = true,
         help_heading = GLOBAL,
         env = "UBLKCTL_ENDPOINT",
-        default_value = DEFAULT_ENDPOINT,
         value_parser = parse_target,
     )]
-    pub endpoint: Target,
+    pub endpoint: Option<Target>,
+
+    /// A node named in ~/.config/ublkctl/config.toml (or UBLKCTL_CONFIG): its endpoint and
+    /// TLS files, each overridden by its own flag
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME", env = "UBLKCTL_NODE")]
+    pub node: Option<String>,
 
     /// CA certificate (PEM) that signed ublkd's certificate; https:// only
     #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", env = "UBLKCTL_CA")]
@@ -355,17 +361,57 @@ pub fn resize_request(name: &str, size: u64) -> ResizeVolumeRequest {
 impl Cli {
     /// The connection settings, checked for combinations clap cannot see.
     pub fn connection(&self) -> Result<Connection, Error> {
-        let tls = TlsFiles {
-            ca: self.ca.clone(),
-            cert: self.cert.clone(),
-            key: self.key.clone(),
-            domain: self.tls_domain.clone(),
+        self.connection_with(|k| std::env::var(k).ok())
+    }
+
+    /// The connection settings, reading the profile file's location from `env`.
+    pub fn connection_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Connection, Error> {
+        let file = crate::profiles::path(env);
+        let profiles = match &file {
+            Some(f) if self.node.is_some() || self.endpoint.is_none() => Profiles::load(f)?,
+            _ => Profiles::default(),
         };
-        let is_https = matches!(self.endpoint, Target::Tcp { tls: true, .. });
+        let profile = match &file {
+            Some(f) => profiles.pick(self.node.as_deref(), self.endpoint.is_some(), f)?,
+            None if self.node.is_some() => {
+                return Err(Error::Usage(
+                    "--node needs a profile file: set UBLKCTL_CONFIG, or HOME for \
+                     ~/.config/ublkctl/config.toml"
+                        .into(),
+                ))
+            }
+            None => None,
+        };
+        let endpoint = match (&self.endpoint, profile) {
+            (Some(e), _) => e.clone(),
+            (None, Some(p)) => parse_target(&p.endpoint).map_err(|e| {
+                Error::Usage(format!(
+                    "node {:?}: endpoint {:?}: {e}",
+                    self.node, p.endpoint
+                ))
+            })?,
+            (None, None) => parse_target(DEFAULT_ENDPOINT).map_err(Error::Usage)?,
+        };
+        let from = |flag: &Option<PathBuf>, p: fn(&Profile) -> &Option<PathBuf>| {
+            flag.clone()
+                .or_else(|| profile.and_then(|pr| p(pr).clone()))
+        };
+        let tls = TlsFiles {
+            ca: from(&self.ca, |p| &p.ca),
+            cert: from(&self.cert, |p| &p.cert),
+            key: from(&self.key, |p| &p.key),
+            domain: self
+                .tls_domain
+                .clone()
+                .or_else(|| profile.and_then(|p| p.tls_domain.clone())),
+        };
+        let is_https = matches!(endpoint, Target::Tcp { tls: true, .. });
         if !is_https && !tls.is_empty() {
             return Err(Error::Usage(format!(
-                "--ca, --cert, --key and --tls-domain apply to https:// endpoints, not {}",
-                self.endpoint
+                "--ca, --cert, --key and --tls-domain apply to https:// endpoints, not {endpoint}"
             )));
         }
         if is_https && tls.ca.is_none() {
@@ -375,7 +421,7 @@ impl Cli {
             ));
         }
         Ok(Connection {
-            target: self.endpoint.clone(),
+            target: endpoint,
             tls,
             timeout: Duration::from_secs(self.timeout),
         })
@@ -846,7 +892,83 @@ mod tests {
         let cli = parse(&["list-volumes", "-o", "json", "--timeout", "5"]).unwrap();
         assert_eq!((cli.output, cli.timeout), (Format::Json, 5));
         let cli = parse(&["--endpoint", "http://h:1", "node-info"]).unwrap();
-        assert_eq!(cli.endpoint.to_string(), "http://h:1");
+        assert_eq!(
+            cli.endpoint.map(|e| e.to_string()).as_deref(),
+            Some("http://h:1")
+        );
+    }
+
+    #[test]
+    fn nodes_come_from_profiles_and_flags_override_them() {
+        let dir = std::env::temp_dir().join(format!("ublkctl-profiles-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("config.toml");
+        std::fs::write(
+            &file,
+            "default = \"local\"\n[nodes.n1]\nendpoint = \"https://n1:7443\"\nca = \"/c/ca.pem\"\n\
+             cert = \"/c/me.pem\"\nkey = \"/c/me.key\"\n[nodes.local]\nendpoint = \"unix:///l.sock\"\n",
+        )
+        .unwrap();
+        let f = file.display().to_string();
+        let env = |k: &str| (k == "UBLKCTL_CONFIG").then(|| f.clone());
+        let conn = parse(&["--node", "n1", "list-volumes"])
+            .unwrap()
+            .connection_with(env)
+            .unwrap();
+        assert_eq!(conn.target.to_string(), "https://n1:7443");
+        assert_eq!(
+            conn.tls.ca.as_deref(),
+            Some(std::path::Path::new("/c/ca.pem"))
+        );
+        assert_eq!(
+            conn.tls.key.as_deref(),
+            Some(std::path::Path::new("/c/me.key"))
+        );
+        let conn = parse(&["--node", "n1", "--ca", "/other.pem", "list-volumes"])
+            .unwrap()
+            .connection_with(env)
+            .unwrap();
+        assert_eq!(
+            conn.tls.ca.as_deref(),
+            Some(std::path::Path::new("/other.pem")),
+            "the flag wins"
+        );
+        let conn = parse(&["list-volumes"])
+            .unwrap()
+            .connection_with(env)
+            .unwrap();
+        assert_eq!(
+            conn.target.to_string(),
+            "unix:///l.sock",
+            "the default node"
+        );
+        let conn = parse(&["--endpoint", "unix:///e.sock", "list-volumes"])
+            .unwrap()
+            .connection_with(env)
+            .unwrap();
+        assert_eq!(
+            conn.target.to_string(),
+            "unix:///e.sock",
+            "--endpoint over the default"
+        );
+        let err = parse(&["--node", "n9", "list-volumes"])
+            .unwrap()
+            .connection_with(env)
+            .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("no node \"n9\""), "{err}");
+        // No profile file at all: the built-in default, and --node is a usage error.
+        let none = |_: &str| None;
+        let conn = parse(&["list-volumes"])
+            .unwrap()
+            .connection_with(none)
+            .unwrap();
+        assert_eq!(conn.target.to_string(), DEFAULT_ENDPOINT);
+        assert!(parse(&["--node", "n1", "list-volumes"])
+            .unwrap()
+            .connection_with(none)
+            .is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod error;
 #[cfg(test)]
 mod fake_daemon;
 mod output;
+mod profiles;
 
 use std::future::Future;
 use std::io::{self, Write};
