@@ -119,20 +119,19 @@ fn range(size: u64) -> Option<spec::CapacityRange> {
 
 /// Runs one call and returns what to print.
 pub async fn run(ctl: Ctl) -> anyhow::Result<String> {
-    let path = ctl
-        .csi_endpoint
-        .strip_prefix("unix://")
-        .unwrap_or(&ctl.csi_endpoint)
-        .to_owned();
-    let channel: Channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await?;
+    let target: ublkd_client::Target = ctl.csi_endpoint.parse().map_err(anyhow::Error::msg)?;
+    let channel: Channel = ublkd_client::connect(&ublkd_client::Connection {
+        target,
+        tls: Default::default(),
+        timeout: std::time::Duration::from_secs(60),
+    })
+    .await
+    .map_err(|e| match e {
+        ublkd_client::ConnectError::Unreachable { endpoint, cause } => {
+            anyhow::anyhow!("cannot reach ublkd-csi at {endpoint}: {cause}")
+        }
+        other => other.into(),
+    })?;
     let mut c = ControllerClient::new(channel.clone());
     let mut n = NodeClient::new(channel);
     Ok(match ctl.call {

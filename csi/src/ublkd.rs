@@ -28,15 +28,7 @@ pub enum UblkdError {
 }
 
 /// Whether `id` could name a ublkd volume (a DNS label).
-pub fn is_volume_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !id.starts_with('-')
-        && !id.ends_with('-')
-}
+pub use ublkd_proto::is_volume_id;
 
 impl Ublkd {
     pub fn new(target: Target, timeout: Duration) -> Self {

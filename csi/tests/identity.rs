@@ -29,17 +29,13 @@ async fn names_itself_and_is_not_ready_without_ublkd() {
             .add_service(IdentityServer::new(service))
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
-    let path = csi.clone();
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
-        .unwrap();
+    let channel = ublkd_client::connect(&ublkd_client::Connection {
+        target: ublkd_client::Target::Unix(csi.clone()),
+        tls: Default::default(),
+        timeout: Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
     let mut client = IdentityClient::new(channel);
     let info = client
         .get_plugin_info(GetPluginInfoRequest {})

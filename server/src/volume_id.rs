@@ -20,14 +20,7 @@ pub struct BadVolumeId(pub String);
 impl VolumeId {
     /// 1-63 of `[a-z0-9-]`, starting and ending with a letter or digit.
     pub fn parse(id: &str) -> Result<Self, BadVolumeId> {
-        let ok = !id.is_empty()
-            && id.len() <= 63
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !id.starts_with('-')
-            && !id.ends_with('-');
-        if ok {
+        if ublkd_proto::is_volume_id(id) {
             Ok(VolumeId(id.to_owned()))
         } else {
             // Echoed in the error: cut, since the client's input may be any length.
