@@ -36,7 +36,7 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (API ublkd.v1)");
 
 /// Exit codes, shown under `--help`.
 const AFTER_HELP: &str = "Exit status: 0 success, 1 ublkd answered with an error, 2 usage error, \
-                          3 ublkd cannot be reached.";
+                          3 ublkd cannot be reached (or TLS refused a certificate).";
 
 /// Manage the volumes of one ublkd node over its gRPC API.
 #[derive(Debug, Parser)]

@@ -14,6 +14,9 @@ pub enum Error {
     Usage(String),
     /// The daemon cannot be reached. Exit 3.
     Unreachable { endpoint: String, cause: String },
+    /// TLS failed: one side refused the other's certificate (the message says which, and
+    /// what to do). No call was made, so, like an unreachable daemon, exit 3.
+    Tls(String),
     /// The daemon answered with an error. Exit 1.
     Status(Status),
 }
@@ -23,7 +26,7 @@ impl Error {
         match self {
             Error::Status(_) => 1,
             Error::Usage(_) => 2,
-            Error::Unreachable { .. } => 3,
+            Error::Unreachable { .. } | Error::Tls(_) => 3,
         }
     }
 }
@@ -31,7 +34,7 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Usage(msg) => f.write_str(msg),
+            Error::Usage(msg) | Error::Tls(msg) => f.write_str(msg),
             Error::Unreachable { endpoint, cause } => {
                 write!(
                     f,
@@ -110,13 +113,21 @@ fn chain<'a>(
 
 impl From<ublkd_client::ConnectError> for Error {
     fn from(e: ublkd_client::ConnectError) -> Self {
+        use ublkd_client::ConnectError as C;
         match e {
-            ublkd_client::ConnectError::ReadTlsFile { what, path, source } => {
+            C::ReadTlsFile { what, path, source } => {
                 Error::Usage(format!("cannot read --{what} {}: {source}", path.display()))
             }
-            ublkd_client::ConnectError::Unreachable { endpoint, cause } => {
-                Error::Unreachable { endpoint, cause }
+            C::BadTlsFile { what, path, reason } => {
+                Error::Usage(format!("--{what} {}: {reason}", path.display()))
             }
+            C::HalfIdentity | C::BadUri { .. } | C::BadServerName { .. } => {
+                Error::Usage(e.to_string())
+            }
+            C::TlsSetup(_) | C::ServerCertificate { .. } | C::ClientCertificateRefused { .. } => {
+                Error::Tls(e.to_string())
+            }
+            C::Unreachable { endpoint, cause } => Error::Unreachable { endpoint, cause },
         }
     }
 }
@@ -159,6 +170,26 @@ mod tests {
         assert_eq!(
             Error::from_status(Status::unavailable("draining"), "e", SECOND).exit_code(),
             1
+        );
+    }
+
+    #[test]
+    fn a_refused_certificate_is_exit_3_in_the_clients_words() {
+        let err = Error::from(ublkd_client::ConnectError::ClientCertificateRefused {
+            endpoint: "https://n1:7443".into(),
+            cert: Some("/c/me.pem".into()),
+            problem: ublkd_client::ClientCertProblem::Expired,
+        });
+        assert_eq!(err.exit_code(), 3);
+        let text = err.to_string();
+        assert!(
+            text.starts_with("ublkd at https://n1:7443 refused this client's certificate /c/me.pem: it has expired"),
+            "{text}"
+        );
+        assert!(!text.contains("is it running"), "{text}");
+        assert_eq!(
+            Error::from(ublkd_client::ConnectError::HalfIdentity).exit_code(),
+            2
         );
     }
 

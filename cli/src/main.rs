@@ -9,7 +9,7 @@
 //! rest.
 //!
 //! Exit codes: 0 success, 1 the daemon answered with an error, 2 a usage error, 3 the daemon
-//! cannot be reached.
+//! cannot be reached (not running, or a certificate refused by either side of TLS).
 //!
 //! Modules: `args` (clap definitions and request building), `connect` (the channel),
 //! `output` (text and JSON rendering), `error` (messages and exit codes); `fake_daemon` holds

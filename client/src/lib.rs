@@ -2,15 +2,20 @@
 //! client (`ublkctl`, `ublkd-csi`) so they reach the daemon the same way.
 //!
 //! The channel connects eagerly, so "the daemon is not there" surfaces here, as
-//! [`ConnectError::Unreachable`], before any request is sent.
+//! [`ConnectError::Unreachable`], before any request is sent; so do certificates that either
+//! side refuses ([`ConnectError::ServerCertificate`], [`ConnectError::ClientCertificateRefused`]),
+//! worded as what happened and what to do (`tls`).
+
+mod tls;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
+use tonic::transport::{Channel, Endpoint, Uri};
 
+pub use tls::{ClientCertProblem, ServerCertProblem};
 pub use ublkd_proto::v1;
 
 /// Why no channel was made, named for the step that failed.
@@ -24,9 +29,55 @@ pub enum ConnectError {
         #[source]
         source: std::io::Error,
     },
+    /// A TLS file was read but does not hold what it should (no PEM certificate, a key that is
+    /// no key or does not match the certificate).
+    #[error("{what} {}: {reason}", path.display())]
+    BadTlsFile {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    /// A client certificate without its key, or a key without its certificate.
+    #[error("a client certificate needs its key and a key its certificate: give both or neither")]
+    HalfIdentity,
+    /// The `https://` URI has no host to dial.
+    #[error("{uri} is not an https://HOST:PORT URI")]
+    BadUri { uri: String },
+    /// The name the server's certificate is checked against (the host, or the TLS domain) is
+    /// neither a DNS name nor an IP address.
+    #[error("{name:?} cannot be checked against a certificate: it is no DNS name or IP address")]
+    BadServerName { name: String },
+    /// rustls could not be set up (no protocol version its crypto provider supports).
+    #[error("cannot set TLS up: {0}")]
+    TlsSetup(String),
+    /// This client did not accept the server's certificate.
+    #[error("ublkd at {endpoint} presented a certificate this client does not accept: {problem}")]
+    ServerCertificate {
+        endpoint: String,
+        problem: ServerCertProblem,
+    },
+    /// The server did not accept this client's certificate (`cert`, when one was given).
+    #[error("{}", refused(endpoint, cert.as_deref(), problem))]
+    ClientCertificateRefused {
+        endpoint: String,
+        cert: Option<PathBuf>,
+        problem: ClientCertProblem,
+    },
     /// The daemon is not there (or not answering): `cause` is the transport's reason.
     #[error("cannot reach ublkd at {endpoint}: {cause}: is it running?")]
     Unreachable { endpoint: String, cause: String },
+}
+
+fn refused(endpoint: &str, cert: Option<&Path>, problem: &ClientCertProblem) -> String {
+    match (problem, cert) {
+        (ClientCertProblem::Missing, _) | (_, None) => {
+            format!("ublkd at {endpoint} refused the connection: {problem}")
+        }
+        (_, Some(cert)) => format!(
+            "ublkd at {endpoint} refused this client's certificate {}: {problem}",
+            cert.display()
+        ),
+    }
 }
 
 /// Where ublkd listens.
@@ -59,20 +110,6 @@ pub struct TlsFiles {
 impl TlsFiles {
     pub fn is_empty(&self) -> bool {
         self.ca.is_none() && self.cert.is_none() && self.key.is_none() && self.domain.is_none()
-    }
-
-    fn client_config(&self) -> Result<ClientTlsConfig, ConnectError> {
-        let mut config = ClientTlsConfig::new();
-        if let Some(ca) = &self.ca {
-            config = config.ca_certificate(Certificate::from_pem(read("ca", ca)?));
-        }
-        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
-            config = config.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?));
-        }
-        if let Some(domain) = &self.domain {
-            config = config.domain_name(domain.clone());
-        }
-        Ok(config)
     }
 }
 
@@ -116,19 +153,30 @@ pub async fn connect(conn: &Connection) -> Result<Channel, ConnectError> {
                     .await
                     .map_err(|e| unreachable(cause_chain(&e)))
             }
-            Target::Tcp { uri, tls } => {
-                let mut endpoint = Endpoint::from_shared(uri.clone())
+            Target::Tcp { uri, tls: false } => Endpoint::from_shared(uri.clone())
+                .map_err(|e| unreachable(cause_chain(&e)))?
+                .connect_timeout(conn.timeout)
+                .connect()
+                .await
+                .map_err(|e| unreachable(cause_chain(&e))),
+            Target::Tcp { uri, tls: true } => {
+                let client = tls::Client::new(uri, &conn.tls)?;
+                // TLS is the connector's (see `tls`), and tonic refuses an https:// URI it
+                // does not do TLS for: the channel's own URI is plain, and only names the
+                // server in requests.
+                let plain = format!("http://{}", uri.trim_start_matches("https://"));
+                Endpoint::from_shared(plain)
                     .map_err(|e| unreachable(cause_chain(&e)))?
-                    .connect_timeout(conn.timeout);
-                if *tls {
-                    endpoint = endpoint
-                        .tls_config(conn.tls.client_config()?)
-                        .map_err(|e| unreachable(cause_chain(&e)))?;
-                }
-                endpoint
-                    .connect()
+                    .connect_timeout(conn.timeout)
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let client = client.clone();
+                        async move { client.connect().await }
+                    }))
                     .await
-                    .map_err(|e| unreachable(cause_chain(&e)))
+                    .map_err(|e| {
+                        tls::explain(&e, uri, &conn.tls)
+                            .unwrap_or_else(|| unreachable(cause_chain(&e)))
+                    })
             }
         }
     };
