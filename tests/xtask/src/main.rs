@@ -8,8 +8,11 @@
 mod apt;
 mod bench;
 mod cpio;
+mod deb;
 mod deploy;
+mod dist;
 mod image;
+mod oci;
 mod suite;
 mod vm;
 
@@ -28,6 +31,9 @@ commands:
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
   demo               boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio,
                      resize, stats, metrics
+  image [--check]    build the container image (OCI layout, no daemon, no base pulled):
+                     target/image/ublkd-oci.tar; --check builds it twice and compares digests
+  deb                build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb
   prepare            fetch the kernel and build the initramfs (what the others do first)
   bench              in one boot: ublkd vs kublk, loop and null_blk under fio; control-plane
                      latency and RSS; recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
@@ -68,6 +74,14 @@ fn run(args: &[String]) -> Result<ExitCode> {
         Some("vm-run") => vm_run(&ws, &args[1..]),
         Some("demo") => demo(&ws),
         Some("bench") => bench::run(&ws),
+        Some("deb") => {
+            deb::run(&ws)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("image") => {
+            oci::run(&ws, &args[1..])?;
+            Ok(ExitCode::SUCCESS)
+        }
         Some("prepare") => {
             let kernel = image::prepare(&ws)?;
             println!("kernel {} ready: {}", kernel.kver, kernel.vmlinuz.display());

@@ -34,10 +34,24 @@ struct TestCase {
     name: String,
     /// Runs in the boot with the multipath NVMe subsystem (`Vm::multipath`).
     multipath: bool,
+    /// The test file (binary stem) it belongs to.
+    file: String,
 }
 
 /// The test file whose tests need the multipath topology, in a boot of their own.
 const MULTIPATH_FILE: &str = "multipath";
+
+/// The test file that installs what users install: the image and the Debian package.
+const INSTALL_FILE: &str = "install";
+
+/// What the install tests use, built on the host before the boot: the image (twice, to check it
+/// is reproducible), the package, and a Debian root to install the package into.
+fn install_artifacts(ws: &Path) -> Result<()> {
+    crate::oci::run(ws, &["--check".to_owned()])?;
+    crate::deb::build(ws)?;
+    crate::deb::scratch_root(ws)?;
+    Ok(())
+}
 
 /// Builds the VM test binaries and returns their paths.
 pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
@@ -133,6 +147,7 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
                     binary: binary.clone(),
                     name,
                     multipath: file == MULTIPATH_FILE,
+                    file: file.clone(),
                 });
             }
         }
@@ -142,6 +157,9 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             "no VM test matches {:?}: nothing would run",
             filter.unwrap_or("")
         );
+    }
+    if cases.iter().any(|c| c.file == INSTALL_FILE) {
+        install_artifacts(ws)?;
     }
     let mut outcome = Outcome::default();
     let (multipath, plain): (Vec<TestCase>, Vec<TestCase>) =

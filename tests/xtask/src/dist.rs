@@ -1,0 +1,142 @@
+//! What the image and the Debian package share: release builds of the shipped binaries, the
+//! commit's identity (version, revision, date), and archives that come out the same byte for byte
+//! from the same commit.
+
+use crate::apt;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The commit being packaged: what the image labels and the package's version say.
+#[derive(Debug, Clone)]
+pub struct Release {
+    /// The workspace version (`Cargo.toml`), e.g. `0.1.0`.
+    pub version: String,
+    /// The full commit hash, with `-dirty` when the work tree has uncommitted changes.
+    pub revision: String,
+    /// The commit's time, seconds since the epoch: every timestamp in an artifact is this one
+    /// (or older), so the same commit gives the same bytes (`SOURCE_DATE_EPOCH`).
+    pub epoch: u64,
+    /// The repository URL (`Cargo.toml`'s `repository`).
+    pub source: String,
+}
+
+impl Release {
+    pub fn of(ws: &Path) -> Result<Release> {
+        let manifest = std::fs::read_to_string(ws.join("Cargo.toml"))?;
+        let field = |key: &str| -> Result<String> {
+            manifest
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once('=')?;
+                    (k.trim() == key).then(|| v.trim().trim_matches('"').to_owned())
+                })
+                .with_context(|| format!("no `{key}` in the workspace Cargo.toml"))
+        };
+        let git = |args: &[&str]| apt::output_ok(Command::new("git").args(args).current_dir(ws));
+        let mut revision = git(&["rev-parse", "HEAD"])?.trim().to_owned();
+        // Untracked files do not change what is built from tracked ones, but edits do.
+        if !git(&["status", "--porcelain", "--untracked-files=no"])?
+            .trim()
+            .is_empty()
+        {
+            revision.push_str("-dirty");
+        }
+        let epoch = git(&["log", "-1", "--format=%ct"])?
+            .trim()
+            .parse()
+            .context("git log printed no commit time")?;
+        Ok(Release {
+            version: field("version")?,
+            revision,
+            epoch,
+            source: field("repository")?,
+        })
+    }
+
+    /// The epoch as RFC 3339 (UTC), for OCI `created` fields.
+    pub fn created(&self) -> Result<String> {
+        Ok(apt::output_ok(Command::new("date").args([
+            "-u",
+            "-d",
+            &format!("@{}", self.epoch),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ]))?
+        .trim()
+        .to_owned())
+    }
+}
+
+/// Builds the named packages' binaries in release mode and returns `target/release`.
+pub fn release_build(ws: &Path, packages: &[&str]) -> Result<PathBuf> {
+    eprintln!("xtask: release build of {}", packages.join(", "));
+    let mut cmd = crate::cargo();
+    cmd.current_dir(ws).args(["build", "--release", "--locked"]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    apt::run_ok(&mut cmd)?;
+    Ok(ws.join("target/release"))
+}
+
+/// Copies a binary to `dest` without its debug information (symbols stay, for backtraces).
+pub fn install_stripped(bin: &Path, dest: &Path) -> Result<()> {
+    if let Some(dir) = dest.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    apt::run_ok(
+        Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(bin)
+            .arg(dest),
+    )
+    .with_context(|| format!("stripping {}", bin.display()))?;
+    set_mode(dest, 0o755)
+}
+
+pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))
+}
+
+/// Writes `dir`'s contents as an uncompressed tar that depends only on the files' names,
+/// contents, modes and link targets: names sorted, owners root, times clamped to `epoch`, no
+/// access or change times. Entries are named without a leading `./`, as image layers are.
+pub fn reproducible_tar(dir: &Path, out: &Path, epoch: u64) -> Result<()> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    names.sort();
+    if names.is_empty() {
+        bail!("{} is empty: nothing to archive", dir.display());
+    }
+    apt::run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(dir)
+            .args([
+                "--sort=name",
+                "--format=posix",
+                "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+                &format!("--mtime=@{epoch}"),
+                "--clamp-mtime",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "-cf",
+            ])
+            .arg(out)
+            .args(&names),
+    )
+}
+
+/// sha256 of a file, as lowercase hex.
+pub fn sha256(path: &Path) -> Result<String> {
+    let out = apt::output_ok(Command::new("sha256sum").arg(path))?;
+    out.split_whitespace()
+        .next()
+        .map(str::to_owned)
+        .context("sha256sum printed nothing")
+}

@@ -1,0 +1,375 @@
+//! `cargo xtask image`: ublkd's container image, an OCI image layout in a tarball, built without
+//! a container daemon and without pulling a base image.
+//!
+//! Two layers:
+//! 1. **base**: a root file system of Debian packages, extracted by `mmdebstrap` from the
+//!    machine's own apt mirror: only the programs ublkd, ublkd-csi and the DaemonSet exec (`sh`,
+//!    `modprobe`, `mount`, `umount`, `blkid`, `blockdev`, `wipefs`, `mkfs.ext4`, `resize2fs`,
+//!    `mkfs.xfs`, `xfs_growfs`) and the libraries they load. What none of them runs is pruned
+//!    (documentation, locales, Python and ICU, which only `xfs_scrub` uses).
+//! 2. **ublkd**: release builds of `ublkd`, `ublkctl` and `ublkd-csi` in `/usr/local/bin`.
+//!
+//! Each layer is a tar written the same way every time (`dist::reproducible_tar`, every time
+//! clamped to the commit's), added verbatim with `umoci raw add-layer`, which compresses it. So
+//! the same commit and the same Debian archive give the same layer digests; `--check` builds
+//! twice from nothing and compares them. Labels follow the OCI annotation conventions.
+//!
+//! Output, under `target/image/`: `oci/` (the layout), `ublkd-oci.tar` (the same, archived, for
+//! `skopeo copy oci-archive:…`, `podman load`, `ctr import`) and `image.json` (digests, sizes).
+
+use crate::apt;
+use crate::dist::{self, Release};
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::{json, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Debian packages of the base layer (their dependencies come with them).
+const PACKAGES: &[&str] = &[
+    "libc6",
+    "libgcc-s1",
+    "dash",
+    "kmod",
+    "mount",
+    "util-linux",
+    "e2fsprogs",
+    "xfsprogs",
+];
+
+/// Paths removed from the base layer: nothing ublkd's programs run reads them.
+const PRUNE: &[&str] = &[
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "usr/share/lintian",
+    "usr/share/bash-completion",
+    "usr/share/gdb",
+    "usr/share/python3",
+    "usr/share/perl5",
+    "usr/share/debconf",
+    "usr/share/zsh",
+    "usr/lib/x86_64-linux-gnu/gconv",
+    "usr/lib/x86_64-linux-gnu/perl-base",
+    "usr/lib/python3",
+    "usr/lib/python3.11",
+    "var/cache",
+    "var/log",
+    "var/lib/apt",
+    "var/lib/dpkg",
+];
+
+/// Files pruned by prefix of their name in these directories: Python and ICU serve only
+/// `xfs_scrub` and `xfs_scrub_all`, removed with them.
+const PRUNE_PREFIXES: &[(&str, &str)] = &[
+    ("usr/bin", "python3"),
+    ("usr/lib/x86_64-linux-gnu", "libpython3"),
+    ("usr/lib/x86_64-linux-gnu", "libicu"),
+    ("usr/sbin", "xfs_scrub"),
+    ("sbin", "xfs_scrub"),
+];
+
+/// The binaries of the image, each with its cargo package.
+const BINARIES: &[(&str, &str)] = &[
+    ("ublkd", "ublkd-server"),
+    ("ublkctl", "ublkctl"),
+    ("ublkd-csi", "ublkd-csi"),
+];
+
+/// The Debian suite of the base: the build machine's own, so its glibc is the one the release
+/// binaries were linked against.
+pub fn suite() -> Result<String> {
+    let text = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|s| s.trim_matches('"').to_owned())
+        .filter(|s| !s.is_empty())
+        .context("/etc/os-release names no VERSION_CODENAME: which Debian suite is this?")
+}
+
+/// What one build produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    pub layout: PathBuf,
+    pub archive: PathBuf,
+    /// Compressed layer digests, base first.
+    pub layers: Vec<String>,
+    pub manifest: String,
+    /// Bytes of the compressed layers and of the files they hold.
+    pub compressed: u64,
+    pub uncompressed: u64,
+}
+
+/// `cargo xtask image [--check]`.
+pub fn run(ws: &Path, args: &[String]) -> Result<()> {
+    let check = match args {
+        [] => false,
+        [a] if a == "--check" => true,
+        _ => bail!("usage: cargo xtask image [--check]"),
+    };
+    let built = build(ws, &ws.join("target/image"))?;
+    report(&built);
+    if check {
+        let again = build(ws, &ws.join("target/image-check"))?;
+        ensure!(
+            again.layers == built.layers,
+            "the image is not reproducible: two builds of the same commit gave layers {:?} and {:?}",
+            built.layers,
+            again.layers
+        );
+        eprintln!(
+            "xtask: image reproducible: a second build from nothing gave the same {} layer digests",
+            built.layers.len()
+        );
+        fs::remove_dir_all(ws.join("target/image-check"))?;
+    }
+    Ok(())
+}
+
+fn report(b: &Built) {
+    const MIB: f64 = 1024.0 * 1024.0;
+    println!("image: {}", b.archive.display());
+    println!("manifest: {}", b.manifest);
+    for (name, digest) in ["base", "ublkd"].iter().zip(&b.layers) {
+        println!("layer {name}: {digest}");
+    }
+    println!(
+        "size: {:.1} MiB compressed, {:.1} MiB unpacked",
+        b.compressed as f64 / MIB,
+        b.uncompressed as f64 / MIB
+    );
+}
+
+/// Builds the image into `out` from nothing.
+pub fn build(ws: &Path, out: &Path) -> Result<Built> {
+    for (cmd, pkg) in [("mmdebstrap", "mmdebstrap"), ("umoci", "umoci")] {
+        if apt::which(cmd).is_none() {
+            apt::install_packages(&[pkg])?;
+        }
+    }
+    let release = Release::of(ws)?;
+    let packages: Vec<&str> = BINARIES.iter().map(|(_, p)| *p).collect();
+    let bins = dist::release_build(ws, &packages)?;
+    if out.exists() {
+        fs::remove_dir_all(out)?;
+    }
+    let work = out.join("work");
+    fs::create_dir_all(&work)?;
+
+    let base = work.join("base");
+    debian_root(&base, release.epoch)?;
+    let app = work.join("app");
+    for (bin, _) in BINARIES {
+        dist::install_stripped(&bins.join(bin), &app.join("usr/local/bin").join(bin))?;
+    }
+    let base_tar = work.join("base.tar");
+    let app_tar = work.join("app.tar");
+    dist::reproducible_tar(&base, &base_tar, release.epoch)?;
+    dist::reproducible_tar(&app, &app_tar, release.epoch)?;
+    let uncompressed = fs::metadata(&base_tar)?.len() + fs::metadata(&app_tar)?.len();
+
+    let layout = out.join("oci");
+    assemble(&layout, &release, &base_tar, &app_tar)?;
+    let archive = out.join("ublkd-oci.tar");
+    dist::reproducible_tar(&layout, &archive, release.epoch)?;
+    fs::remove_dir_all(&work)?;
+
+    let (manifest, layers, compressed) = describe(&layout)?;
+    let built = Built {
+        layout,
+        archive,
+        layers,
+        manifest,
+        compressed,
+        uncompressed,
+    };
+    let summary = json!({
+        "version": release.version,
+        "revision": release.revision,
+        "manifest": built.manifest,
+        "layers": built.layers,
+        "compressed_bytes": built.compressed,
+        "uncompressed_bytes": built.uncompressed,
+    });
+    fs::write(
+        out.join("image.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
+    Ok(built)
+}
+
+/// The base root file system: the packages extracted (no maintainer scripts run: nothing in the
+/// image is configured at build time), then pruned.
+fn debian_root(dir: &Path, epoch: u64) -> Result<()> {
+    let suite = suite()?;
+    let mirror = apt::debian_mirror()?;
+    eprintln!(
+        "xtask: image base: mmdebstrap {suite} ({} packages)",
+        PACKAGES.len()
+    );
+    apt::run_ok(
+        Command::new("mmdebstrap")
+            .args(["--quiet", "--variant=extract", "--mode=root"])
+            .arg(format!("--include={}", PACKAGES.join(",")))
+            .arg(&suite)
+            .arg(dir)
+            .arg(&mirror)
+            .env("SOURCE_DATE_EPOCH", epoch.to_string()),
+    )
+    .context("mmdebstrap could not build the image's base")?;
+    for p in PRUNE {
+        let path = dir.join(p);
+        if path.is_dir() {
+            fs::remove_dir_all(&path)?;
+        } else if path.exists() {
+            fs::remove_file(&path)?;
+        }
+    }
+    for (sub, prefix) in PRUNE_PREFIXES {
+        let d = dir.join(sub);
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let e = e?;
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                fs::remove_file(e.path())?;
+            }
+        }
+    }
+    // Where ublkd's state and the host's mounts go; present so a read-only root still has them.
+    for d in ["var/lib/ublkd", "run", "tmp", "etc/ublkd"] {
+        fs::create_dir_all(dir.join(d))?;
+    }
+    dist::set_mode(&dir.join("tmp"), 0o1777)?;
+    for must in [
+        "bin/sh",
+        "sbin/modprobe",
+        "bin/mount",
+        "sbin/mkfs.xfs",
+        "sbin/mkfs.ext4",
+    ] {
+        ensure!(
+            dir.join(must).symlink_metadata().is_ok(),
+            "the image's base lacks /{must} after mmdebstrap"
+        );
+    }
+    Ok(())
+}
+
+/// The image layout: the two layers added verbatim, then the configuration and labels, every
+/// timestamp the commit's.
+fn assemble(layout: &Path, r: &Release, base: &Path, app: &Path) -> Result<()> {
+    let created = r.created()?;
+    let image = format!("{}:{}", layout.display(), r.version);
+    let umoci = |args: &[&str]| apt::run_ok(Command::new("umoci").args(args));
+    umoci(&["init", "--layout", &layout.to_string_lossy()])?;
+    umoci(&["new", "--image", &image])?;
+    let layer = |tar: &Path, by: &str| {
+        umoci(&[
+            "raw",
+            "add-layer",
+            "--image",
+            &image,
+            "--history.created",
+            &created,
+            "--history.created_by",
+            by,
+            &tar.to_string_lossy(),
+        ])
+    };
+    layer(
+        base,
+        &format!(
+            "mmdebstrap --variant=extract --include={}",
+            PACKAGES.join(",")
+        ),
+    )?;
+    layer(app, "cargo build --release: ublkd ublkctl ublkd-csi")?;
+    let labels = [
+        ("org.opencontainers.image.title", "ublkd".to_owned()),
+        (
+            "org.opencontainers.image.description",
+            "ublkd: block volumes over ublk, with ublkctl and the ublkd-csi CSI driver".into(),
+        ),
+        ("org.opencontainers.image.version", r.version.clone()),
+        ("org.opencontainers.image.revision", r.revision.clone()),
+        ("org.opencontainers.image.source", r.source.clone()),
+        ("org.opencontainers.image.licenses", "Apache-2.0".into()),
+        ("org.opencontainers.image.created", created.clone()),
+    ];
+    let mut args: Vec<String> = [
+        "config",
+        "--image",
+        &image,
+        "--no-history",
+        "--created",
+        &created,
+        "--architecture",
+        "amd64",
+        "--os",
+        "linux",
+        "--config.entrypoint",
+        "/usr/local/bin/ublkd",
+        "--config.env",
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for (k, v) in &labels {
+        args.push("--config.label".into());
+        args.push(format!("{k}={v}"));
+        args.push("--manifest.annotation".into());
+        args.push(format!("{k}={v}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    umoci(&args)?;
+    umoci(&["gc", "--layout", &layout.to_string_lossy()])?;
+    // umoci writes blobs readable by their owner only; an image is public.
+    for e in fs::read_dir(layout.join("blobs/sha256"))? {
+        dist::set_mode(&e?.path(), 0o644)?;
+    }
+    Ok(())
+}
+
+/// The manifest digest, the layer digests and their compressed size, read from the layout.
+fn describe(layout: &Path) -> Result<(String, Vec<String>, u64)> {
+    let index: Value = serde_json::from_slice(&fs::read(layout.join("index.json"))?)?;
+    let manifest = index["manifests"][0]["digest"]
+        .as_str()
+        .context("index.json names no manifest")?
+        .to_owned();
+    let m: Value = serde_json::from_slice(&fs::read(blob(layout, &manifest)?)?)?;
+    let mut layers = Vec::new();
+    let mut size = 0;
+    for l in m["layers"]
+        .as_array()
+        .context("the manifest has no layers")?
+    {
+        layers.push(
+            l["digest"]
+                .as_str()
+                .context("a layer without digest")?
+                .to_owned(),
+        );
+        size += l["size"].as_u64().context("a layer without size")?;
+    }
+    // The digest umoci wrote must be the file's: check one, as a reader would.
+    let first = layers.first().context("no layers")?;
+    let file = blob(layout, first)?;
+    ensure!(
+        format!("sha256:{}", dist::sha256(&file)?) == *first,
+        "{} does not hash to its name",
+        file.display()
+    );
+    Ok((manifest, layers, size))
+}
+
+fn blob(layout: &Path, digest: &str) -> Result<PathBuf> {
+    let (alg, hex) = digest
+        .split_once(':')
+        .with_context(|| format!("{digest} is not ALG:HEX"))?;
+    Ok(layout.join("blobs").join(alg).join(hex))
+}
