@@ -7,7 +7,7 @@
 //! test and says which command makes it.
 #![cfg(feature = "vm")]
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -205,6 +205,58 @@ impl Drop for Running {
     }
 }
 
+/// ublkd started inside a chroot by `cmd`, logging to `log`.
+struct Ublkd {
+    child: Running,
+    log: PathBuf,
+}
+
+impl Ublkd {
+    /// Starts it and waits until the DaemonSet's readiness probe command succeeds.
+    fn start(root: &Chroot, mut cmd: Command, log: PathBuf) -> Result<Ublkd> {
+        let file = std::fs::File::create(&log)?;
+        let child = Running(
+            cmd.stdout(Stdio::null())
+                .stderr(file)
+                .spawn()
+                .context("starting ublkd in the chroot")?,
+        );
+        let ublkd = Ublkd { child, log };
+        wait_until(Duration::from_secs(60), "ublkd ready", || {
+            Ok(root
+                .output(&["ublkctl", "--timeout", "5", "node-info"])?
+                .status
+                .success())
+        })
+        .with_context(|| ublkd.log())?;
+        Ok(ublkd)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, as the kubelet and systemd send it; ublkd must exit 0.
+    fn stop(mut self) -> Result<()> {
+        let pid = self.child.0.id().to_string();
+        guest_run(Command::new("kill").args(["-TERM", &pid]))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = self.child.0.try_wait()? {
+                break st;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "ublkd ignored SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        ensure!(status.success(), "ublkd exited {status}:\n{}", self.log());
+        Ok(())
+    }
+}
+
 #[test]
 fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
     let layout = artifact("image/oci", "cargo xtask image")?;
@@ -225,27 +277,15 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
 
     // ublkd as the DaemonSet starts it, with the ConfigMap's configuration.
     std::fs::write(root.path("/etc/ublkd/ublkd.toml"), configmap_ublkd_toml()?)?;
-    let log = std::fs::File::create(dir.join("ublkd.log"))?;
-    let ublkd = Running(
+    let ublkd = Ublkd::start(
+        &root,
         root.command(&[
             "/bin/sh",
             "-c",
             "umask 077 && exec /usr/local/bin/ublkd --config /etc/ublkd/ublkd.toml",
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("starting ublkd in the chroot")?,
-    );
-    let ublkd_log = || std::fs::read_to_string(dir.join("ublkd.log")).unwrap_or_default();
-    // The readiness probe's command.
-    wait_until(Duration::from_secs(60), "ublkd ready", || {
-        Ok(root
-            .output(&["/usr/local/bin/ublkctl", "--timeout", "5", "node-info"])?
-            .status
-            .success())
-    })
-    .with_context(ublkd_log)?;
+        ]),
+        dir.join("ublkd.log"),
+    )?;
 
     // One volume of each backend through ublkctl, data verified on the block device.
     std::fs::create_dir_all(root.path("/var/lib/ublkd/volumes"))?;
@@ -347,21 +387,7 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
         ctl(&["delete", &id])?;
     }
 
-    // A clean stop: SIGTERM, as the kubelet sends it, and exit 0.
-    let mut ublkd = ublkd;
-    let pid = ublkd.0.id();
-    guest_run(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = ublkd.0.try_wait()? {
-            break st;
-        }
-        if Instant::now() > deadline {
-            bail!("ublkd did not stop on SIGTERM:\n{}", ublkd_log());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    ensure!(status.success(), "ublkd exited {status}:\n{}", ublkd_log());
+    ublkd.stop()?;
     Ok(())
 }
 
@@ -472,27 +498,13 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
     let umask = unit_value(&root.root, "UMask")?.context("the unit sets no UMask")?;
     std::fs::create_dir_all(root.path("/run/ublkd"))?;
     std::fs::create_dir_all(root.path("/var/lib/ublkd"))?;
-    let log = std::fs::File::create(dir.join("ublkd.log"))?;
     let mut cmd = Command::new("chroot");
     cmd.arg(format!("--userspec=0:{gid}"))
         .arg(&root.root)
         .args(["/bin/sh", "-c", &format!("umask {umask} && exec {exec}")])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    let ublkd = Running(
-        cmd.stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting the unit's command line")?,
-    );
-    let ublkd_log = || std::fs::read_to_string(dir.join("ublkd.log")).unwrap_or_default();
-    wait_until(Duration::from_secs(60), "ublkd ready", || {
-        Ok(root
-            .output(&["ublkctl", "--timeout", "5", "node-info"])?
-            .status
-            .success())
-    })
-    .with_context(ublkd_log)?;
+    let ublkd = Ublkd::start(&root, cmd, dir.join("ublkd.log"))?;
 
     // The socket belongs to the ublkd group: a member who is not root may use ublkctl, others
     // may not.
@@ -554,21 +566,7 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
         .context("the volume still served after the refused removal")?;
 
     root.run(&["ublkctl", "delete-volume", "--delete-backing", "deb-file"])?;
-    let mut ublkd = ublkd;
-    guest_run(Command::new("kill").args(["-TERM", &ublkd.0.id().to_string()]))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(st) = ublkd.0.try_wait()? {
-            break st;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "ublkd ignored SIGTERM:\n{}",
-            ublkd_log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    ensure!(status.success(), "ublkd exited {status}:\n{}", ublkd_log());
+    ublkd.stop()?;
 
     let purge = dpkg(&["--purge", "ublkd"])?;
     ensure!(purge.status.success(), "dpkg --purge:\n{}", text(&purge));
