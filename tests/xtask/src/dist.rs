@@ -132,6 +132,26 @@ pub fn reproducible_tar(dir: &Path, out: &Path, epoch: u64) -> Result<()> {
     )
 }
 
+/// The newest modification time (seconds since the epoch) of the regular files under `dir`:
+/// for a tree extracted from packages, a time that depends only on the packages.
+pub fn newest_file_time(dir: &Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut newest = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let e = e?;
+            let meta = e.path().symlink_metadata()?;
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file() {
+                newest = newest.max(u64::try_from(meta.mtime()).unwrap_or(0));
+            }
+        }
+    }
+    Ok(newest)
+}
+
 /// sha256 of a file, as lowercase hex.
 pub fn sha256(path: &Path) -> Result<String> {
     let out = apt::output_ok(Command::new("sha256sum").arg(path))?;

@@ -9,8 +9,9 @@
 //!    (documentation, locales, Python and ICU, which only `xfs_scrub` uses).
 //! 2. **ublkd**: release builds of `ublkd`, `ublkctl` and `ublkd-csi` in `/usr/local/bin`.
 //!
-//! Each layer is a tar written the same way every time (`dist::reproducible_tar`, every time
-//! clamped to the commit's), added verbatim with `umoci raw add-layer`, which compresses it. So
+//! Each layer is a tar written the same way every time (`dist::reproducible_tar`; times clamped
+//! to the newest package file's in the base, so it changes only with the packages, and to the
+//! commit's in the binaries' layer), added verbatim with `umoci raw add-layer`, which compresses it. So
 //! the same commit and the same Debian archive give the same layer digests; `--check` builds
 //! twice from nothing and compares them. Labels follow the OCI annotation conventions.
 //!
@@ -165,7 +166,11 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
     }
     let base_tar = work.join("base.tar");
     let app_tar = work.join("app.tar");
-    dist::reproducible_tar(&base, &base_tar, release.epoch)?;
+    // The base's times are its packages' (the newest file under /usr, all of which come from
+    // them), not the commit's: the base layer stays the same from commit to commit, and nodes
+    // pull only the binaries' layer.
+    let base_epoch = dist::newest_file_time(&base.join("usr"))?.min(release.epoch);
+    dist::reproducible_tar(&base, &base_tar, base_epoch)?;
     dist::reproducible_tar(&app, &app_tar, release.epoch)?;
     let uncompressed = fs::metadata(&base_tar)?.len() + fs::metadata(&app_tar)?.len();
 
