@@ -9,8 +9,8 @@
 use serde_json::{json, Map, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
-    volume_spec::Backend, Capacity, IoPath, NodeInfo, OrphanDevice, Toggle, Volume, VolumeSpec,
-    VolumeState, VolumeStats,
+    volume_spec::Backend, Capacity, IoPath, NodeInfo, OrphanDevice, PollReason, Toggle, Volume,
+    VolumeSpec, VolumeState, VolumeStats,
 };
 
 /// Column alignment in [`table`].
@@ -286,11 +286,18 @@ pub fn volume_text(v: &Volume) -> String {
         ),
         (
             "poll",
-            format!(
-                "{} (in use: {})",
-                toggle_word(spec.poll),
-                in_use(v, v.polled)
-            ),
+            match poll_reason_words(v.poll_reason) {
+                Some(why) if !v.device_path.is_empty() => format!(
+                    "{} (in use: {}: {why})",
+                    toggle_word(spec.poll),
+                    in_use(v, v.polled)
+                ),
+                _ => format!(
+                    "{} (in use: {})",
+                    toggle_word(spec.poll),
+                    in_use(v, v.polled)
+                ),
+            },
         ),
         (
             "device",
@@ -366,6 +373,19 @@ fn toggle_word(t: i32) -> String {
 }
 
 /// "on"/"off" while the volume has a device, else "-".
+/// Why polling is on or off, where the server says (`Volume.poll_reason`).
+fn poll_reason_words(r: i32) -> Option<&'static str> {
+    Some(match PollReason::try_from(r).ok()? {
+        PollReason::Unspecified => return None,
+        PollReason::Asked => "asked for",
+        PollReason::Declined => "declined",
+        PollReason::NotOffered => "the backend cannot be polled",
+        PollReason::SharedCpus => "the workers' CPUs also run applications",
+        PollReason::DedicatedCpus => "the workers have CPUs to themselves",
+        PollReason::ZeroCopyKept => "zero copy kept (kernel before 7.1)",
+    })
+}
+
 fn in_use(v: &Volume, on: bool) -> &'static str {
     match (v.device_path.is_empty(), on) {
         (true, _) => "-",
@@ -393,6 +413,7 @@ fn volume_value(v: &Volume) -> Value {
         "io_path_in_use": io_path_json(v.io_path_in_use),
         "zero_copy_in_use": v.zero_copy_in_use,
         "polled": v.polled,
+        "poll_reason": enum_json(PollReason::try_from(v.poll_reason).ok().map(|r| r.as_str_name()), v.poll_reason),
         "message": v.message,
     })
 }
@@ -743,6 +764,7 @@ volumes:
             message: String::new(),
             zero_copy_in_use: true,
             polled: false,
+            poll_reason: PollReason::Declined.into(),
         };
         // The cli does not depend on prost-types; reach the Timestamp through the field.
         v.created.get_or_insert_with(Default::default).seconds = 1_700_000_000;
@@ -785,7 +807,7 @@ queues:      4
 queue depth: server default
 io path:     auto (in use: per-io)
 zero copy:   auto (in use: on)
-poll:        off (in use: off)
+poll:        off (in use: off: declined)
 device:      /dev/ublkb0 (ublk id 0)
 created:     2023-11-14T22:13:20Z";
         assert_eq!(volume_text(&sample()), expected);
@@ -814,6 +836,7 @@ created:     2023-11-14T22:13:20Z";
                 "io_path_in_use": "IO_PATH_PER_IO",
                 "zero_copy_in_use": true,
                 "polled": false,
+                "poll_reason": "POLL_REASON_DECLINED",
                 "message": "",
             })
         );

@@ -22,6 +22,7 @@ mod ids;
 pub mod hooks;
 #[cfg(not(feature = "test-hooks"))]
 mod hooks;
+mod poll;
 mod ring;
 pub mod stats;
 mod sys;
@@ -36,6 +37,7 @@ pub use handle::{
     KernelDevice, KernelState, WorkerSnapshot,
 };
 pub use ids::{DevId, QueueId, Tag};
+pub use poll::PollReason;
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 pub use stats::{Latency, OpKind, StatsSnapshot};
 

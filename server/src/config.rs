@@ -64,6 +64,10 @@ pub struct DataplaneSettings {
     pub cpus: Vec<usize>,
     /// Bound on each ublk control command, in seconds.
     pub control_timeout_secs: u64,
+    /// The workers' CPUs run nothing else (e.g. exclusive CPUs from the Kubernetes static CPU
+    /// manager): `poll = auto` then polls NVMe volumes. CPUs the kernel isolates count as
+    /// dedicated without it.
+    pub dedicated_cpus: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -147,6 +151,7 @@ impl Default for DataplaneSettings {
         Self {
             cpus: Vec::new(),
             control_timeout_secs: 10,
+            dedicated_cpus: false,
         }
     }
 }

@@ -151,6 +151,21 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
         message: v.message.clone(),
         zero_copy_in_use: v.device.as_ref().is_some_and(|d| d.zero_copy_in_use()),
         polled: v.device.as_ref().is_some_and(|d| d.polled),
+        poll_reason: v.device.as_ref().map_or(v1::PollReason::Unspecified, |d| {
+            poll_reason_to_proto(d.poll_reason)
+        }) as i32,
+    }
+}
+
+pub fn poll_reason_to_proto(r: ublkd_dataplane::PollReason) -> v1::PollReason {
+    use ublkd_dataplane::PollReason as R;
+    match r {
+        R::Asked => v1::PollReason::Asked,
+        R::Declined => v1::PollReason::Declined,
+        R::NotOffered => v1::PollReason::NotOffered,
+        R::SharedCpus => v1::PollReason::SharedCpus,
+        R::DedicatedCpus => v1::PollReason::DedicatedCpus,
+        R::ZeroCopyKept => v1::PollReason::ZeroCopyKept,
     }
 }
 

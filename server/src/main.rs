@@ -208,12 +208,13 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
     let info = handle.add_device(spec).context("creating the volume")?;
     println!("READY {}", info.block_device.display());
     eprintln!(
-        "ublkd: serving {} ({} path, zero copy {}, polled {}, {} queue(s), {} worker(s)); \
+        "ublkd: serving {} ({} path, zero copy {}, polled {} ({}), {} queue(s), {} worker(s)); \
          SIGINT/SIGTERM to stop",
         info.block_device.display(),
         info.io_path.name(),
         info.zero_copy,
         info.polled,
+        info.poll_reason.describe(),
         info.spec.queues,
         handle.worker_count()
     );
@@ -318,6 +319,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         cpus: settings.dataplane.cpus.clone(),
         timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
         iopoll_shared: None,
+        dedicated_cpus: settings.dataplane.dedicated_cpus,
     });
     if let Err(e) = &handle {
         tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");

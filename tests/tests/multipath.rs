@@ -66,7 +66,12 @@ fn multipath_heads_get_their_namespace_limits() -> Result<()> {
         "the harness's multipath subsystem has namespaces 1 and 2: {:?}",
         heads.iter().map(|h| &h.char_dev).collect::<Vec<_>>()
     );
-    let dp = guest::dataplane()?;
+    // CPUs declared dedicated, so that `poll = auto` polls wherever the namespace can.
+    let dp = ublkd_dataplane::Handle::start(ublkd_dataplane::Config {
+        cpus: vec![0, 1],
+        dedicated_cpus: true,
+        ..Default::default()
+    })?;
     for head in &heads {
         let lbs = queue_attr(&head.disk, "logical_block_size")?;
         let max_kb = queue_attr(&head.disk, "max_hw_sectors_kb")?;

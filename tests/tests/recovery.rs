@@ -122,10 +122,15 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
             length_bytes: 128 * MIB,
         }),
     };
+    let mut vspec = spec(128 * MIB, backend);
+    if kind == Kind::Nvme {
+        // Polled, as it says: auto would not poll on the guest's shared CPUs.
+        vspec.poll = v1::Toggle::On.into();
+    }
     let vol = d
         .volumes()
         .await?
-        .create_volume(create("t", spec(128 * MIB, backend)))
+        .create_volume(create("t", vspec))
         .await?
         .into_inner();
     let mnt = guest::scratch(&format!("{name}-mnt"))?;

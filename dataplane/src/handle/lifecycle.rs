@@ -3,16 +3,18 @@
 
 use super::control::{open_char_device, Device};
 use super::*;
+use crate::poll;
 
 impl Control {
     /// Resolves zero copy and polling for `spec` on `backend`. `kernel_zc` is the kernel
-    /// device's own setting when taking one over (it cannot change).
+    /// device's own setting when taking one over (it cannot change). Also says why polling is
+    /// on or off.
     pub(super) fn modes(
         &self,
         spec: &DeviceSpec,
         backend: &dyn backend::Backend,
         kernel_zc: Option<bool>,
-    ) -> Result<(bool, bool), DataplaneError> {
+    ) -> Result<(bool, bool, PollReason), DataplaneError> {
         let offer_zc = if !self.features.contains(Features::AUTO_BUF_REG) {
             Err("zero copy (UBLK_F_AUTO_BUF_REG)")
         } else if !backend.zero_copy() {
@@ -25,7 +27,7 @@ impl Control {
         } else {
             Err("polling: it needs an NVMe namespace whose controller has poll queues")
         };
-        let mut polled = spec.poll.resolve(offer_poll)?;
+        let (mut polled, mut reason) = poll::decide(spec.poll, offer_poll, self.dedicated_cpus)?;
         let mut zero_copy = match kernel_zc {
             Some(z) => z,
             None => spec.zero_copy.resolve(offer_zc)?,
@@ -41,10 +43,13 @@ impl Control {
                     .into())
                 }
                 (_, Toggle::On) if kernel_zc.is_none() => zero_copy = false,
-                _ => polled = false,
+                _ => {
+                    polled = false;
+                    reason = PollReason::ZeroCopyKept;
+                }
             }
         }
-        Ok((zero_copy, polled))
+        Ok((zero_copy, polled, reason))
     }
 
     /// Refuses a backend whose part of a shared device overlaps another device's.
@@ -85,7 +90,7 @@ impl Control {
         let path = spec.io_path.resolve(self.features, spec.queue_depth)?;
         let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
         self.check_claim(backend.as_ref(), None)?;
-        let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), None)?;
+        let (zero_copy, polled, poll_reason) = self.modes(&spec, backend.as_ref(), None)?;
         let mut spec = spec;
         if let Some(l) = backend.limits() {
             // Passthrough is never split: requests must fit the device's transfer limit.
@@ -102,6 +107,7 @@ impl Control {
             flags: granted.flags,
             zero_copy,
             polled,
+            poll_reason,
             copy_queues: 0,
             block_device: block_device(dev_id),
             char_device: char_device(dev_id),

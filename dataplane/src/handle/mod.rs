@@ -11,6 +11,7 @@ use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
 use crate::hooks::{self, Fault};
 use crate::ids::{DevId, QueueId};
+use crate::poll::PollReason;
 use crate::ring::RingError;
 use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
@@ -41,6 +42,10 @@ pub struct Config {
     /// Whether ublk commands may share an IOPOLL ring (Linux >= 7.1); None probes the kernel.
     /// Tests set Some(false) to exercise the older kernels' split-ring polling.
     pub iopoll_shared: Option<bool>,
+    /// The operator says the workers' CPUs run nothing else (e.g. exclusive CPUs from the
+    /// Kubernetes static CPU manager), so `poll = auto` polls. CPUs the kernel isolates
+    /// (`isolcpus=`, `nohz_full=`) count as dedicated without it.
+    pub dedicated_cpus: bool,
 }
 
 impl Default for Config {
@@ -49,6 +54,7 @@ impl Default for Config {
             cpus: Vec::new(),
             timeout: Duration::from_secs(10),
             iopoll_shared: None,
+            dedicated_cpus: false,
         }
     }
 }
@@ -66,6 +72,8 @@ pub struct DeviceInfo {
     pub zero_copy: bool,
     /// Backend I/O is polled (IOPOLL ring).
     pub polled: bool,
+    /// Why `polled` is what it is.
+    pub poll_reason: PollReason,
     /// Queues of a zero-copy device served by copy: taken over when no worker had buffer slots
     /// left for them (a new device is refused instead).
     pub copy_queues: u16,
@@ -228,6 +236,7 @@ impl Handle {
         } else {
             config.cpus.clone()
         };
+        let dedicated_cpus = config.dedicated_cpus || crate::poll::host_cpus_isolated(&cpus);
         let mut workers = Vec::new();
         for cpu in cpus {
             workers.push(spawn_worker(cpu)?);
@@ -238,6 +247,7 @@ impl Handle {
             ctrl,
             features,
             iopoll_shared,
+            dedicated_cpus,
             workers,
             devices: BTreeMap::new(),
             recovering: BTreeMap::new(),

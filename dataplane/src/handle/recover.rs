@@ -87,7 +87,8 @@ impl Control {
         )?;
         self.check_claim(backend.as_ref(), Some(dev_id))?;
         let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
-        let (zero_copy, polled) = self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
+        let (zero_copy, polled, poll_reason) =
+            self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
         // A zero-copy device whose new backend must copy (an orphan adopted as a RAM volume):
         // every request takes the fallback, served by copy, which needs USER_COPY.
         let copy_only = zero_copy && !backend.zero_copy();
@@ -111,6 +112,7 @@ impl Control {
                 flags: info.flags,
                 zero_copy,
                 polled,
+                poll_reason,
                 copy_queues: 0,
                 block_device: block_device(dev_id),
                 char_device: char_device(dev_id),

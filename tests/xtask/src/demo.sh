@@ -49,7 +49,7 @@ fio --name=demo --filename="$CDEV" --ioengine=io_uring --direct=1 --rw=randread 
 ctl resize-volume cache --size 1GiB
 
 if [ -c /dev/ng0n1 ]; then
-    echo "== NVMe passthrough: a 256 MiB window of /dev/ng0n1 (zero copy, polled)"
+    echo "== NVMe passthrough: a 256 MiB window of /dev/ng0n1 (zero copy; poll = auto says why it polls or not)"
     ctl create-volume fast --size 256MiB --backend "nvme:/dev/ng0n1@0+256MiB"
     ctl get-volume fast | grep -E "backend|zero copy|poll"
     NDEV=$(device_of fast)
