@@ -192,7 +192,10 @@ pub enum Metric {
 pub struct Workload {
     pub id: &'static str,
     pub label: &'static str,
+    /// fio's `rw`; `randrw` is mixed 70 % reads, 30 % writes (IOPS of both counted).
     pub rw: &'static str,
+    /// fio's `bs`.
+    pub bs: &'static str,
     pub qd: u32,
     pub metric: Metric,
 }
@@ -200,6 +203,7 @@ pub struct Workload {
 pub const WORKLOADS: &[Workload] = &[
     Workload {
         id: "randread-qd32",
+        bs: "4k",
         label: "randread qd32",
         rw: "randread",
         qd: 32,
@@ -207,6 +211,7 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         id: "randwrite-qd32",
+        bs: "4k",
         label: "randwrite qd32",
         rw: "randwrite",
         qd: 32,
@@ -214,10 +219,28 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         id: "randread-qd1",
+        bs: "4k",
         label: "randread qd1",
         rw: "randread",
         qd: 1,
         metric: Metric::LatencyUs,
+    },
+    // Beyond 4 KiB: where the kernel's copy, not the server's work per request, is the cost.
+    Workload {
+        id: "randread-128k-qd32",
+        bs: "128k",
+        label: "randread 128k qd32",
+        rw: "randread",
+        qd: 32,
+        metric: Metric::Iops,
+    },
+    Workload {
+        id: "randrw-64k-qd32",
+        bs: "64k",
+        label: "randrw 70/30 64k qd32",
+        rw: "randrw",
+        qd: 32,
+        metric: Metric::Iops,
     },
 ];
 

@@ -42,8 +42,8 @@ pub fn guest_script(
     for wl in WORKLOADS {
         let _ = writeln!(
             s,
-            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\"",
-            wl.id, wl.rw, wl.qd
+            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\" {}",
+            wl.id, wl.rw, wl.qd, wl.bs
         );
     }
     s.push_str("}\n\n");

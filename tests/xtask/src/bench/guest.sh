@@ -26,13 +26,15 @@ cpu_ticks() {
     echo "$total"
 }
 
-# run_fio RUN DEVICE WORKLOAD RW QD PIDS
+# run_fio RUN DEVICE WORKLOAD RW QD PIDS BS (RW randrw: 70 % reads)
 run_fio() {
     d="$OUT/$1"
+    mix=""
+    [ "$4" = randrw ] && mix="--rwmixread=70"
     blk=$(basename "$(readlink -f "$2")")
     ios0=$(dev_ios "$blk"); t0=$(cpu_ticks "$6")
     # shellcheck disable=SC2086
-    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" $FIO_ENGINE --bs=4k --rw="$4" --iodepth="$5" --numjobs=1 --norandommap --time_based \
+    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" $FIO_ENGINE --bs="$7" --rw="$4" $mix --iodepth="$5" --numjobs=1 --norandommap --time_based \
         --runtime="$RUNTIME" --ramp_time=1 --output-format=json --output="$d/$3.json" \
         > "$d/$3.log" 2>&1
     rc=$?

@@ -113,17 +113,24 @@ fn parse_fio(text: &str, rw: &str) -> Result<(f64, f64), String> {
     if let Some(err) = job["error"].as_i64().filter(|&e| e != 0) {
         return Err(format!("fio reported error {err}"));
     }
-    let dir = if rw.contains("write") {
-        &job["write"]
-    } else {
-        &job["read"]
+    // Mixed jobs count both directions; their latency is the reads'.
+    let dirs: Vec<&Value> = match rw {
+        "randrw" => vec![&job["read"], &job["write"]],
+        rw if rw.contains("write") => vec![&job["write"]],
+        _ => vec![&job["read"]],
     };
-    let ios = dir["total_ios"].as_f64().unwrap_or(0.0);
+    let ios: f64 = dirs
+        .iter()
+        .map(|d| d["total_ios"].as_f64().unwrap_or(0.0))
+        .sum();
     if ios <= 0.0 {
         return Err("fio completed no I/O".into());
     }
-    let iops = dir["iops"].as_f64().ok_or("no iops in fio output")?;
-    let lat_ns = dir["lat_ns"]["mean"]
+    let mut iops = 0.0;
+    for d in &dirs {
+        iops += d["iops"].as_f64().ok_or("no iops in fio output")?;
+    }
+    let lat_ns = dirs[0]["lat_ns"]["mean"]
         .as_f64()
         .ok_or("no mean latency in fio output")?;
     Ok((iops, lat_ns / 1000.0))
@@ -165,6 +172,10 @@ mod tests {
         assert_eq!(parse_fio(text, "randread"), Ok((8123.5, 3900.0)));
         assert!(parse_fio(text, "randwrite").is_err());
         assert!(parse_fio("garbage", "randread").is_err());
+        // Mixed: both directions' IOPS, the reads' latency.
+        let mixed = r#"{"jobs":[{"error":0,"read":{"iops":700.0,"total_ios":7000,"lat_ns":{"mean":2000.0}},
+          "write":{"iops":300.0,"total_ios":3000,"lat_ns":{"mean":9000.0}}}]}"#;
+        assert_eq!(parse_fio(mixed, "randrw"), Ok((1000.0, 2.0)));
 
         // 150 ticks at 100 Hz = 1.5 s over 3 million I/Os.
         assert_eq!(cpu_per_mio("100 250 100 1000 3001000"), Ok(0.5));

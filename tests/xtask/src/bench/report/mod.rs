@@ -415,8 +415,8 @@ mod tests {
             _ => sample(8000.0, 125.0, 4.0),
         });
         let entries = entries(&results);
-        // 9 pairs x 3 workloads, CPU for 6 pairs, 2 IOPS workloads x 4 ceilings.
-        assert_eq!(entries.len(), 27 + 18 + 8);
+        // 9 pairs x 5 workloads, CPU for 6 pairs x 5, 4 IOPS workloads x 4 ceilings.
+        assert_eq!(entries.len(), 45 + 30 + 16);
         assert!(entries.iter().all(|e| e.error.is_none()));
 
         let e = find(&entries, "null per-io randread qd32");
@@ -432,6 +432,12 @@ mod tests {
         assert_eq!(
             (e.ours, e.peer_value, e.ratio),
             (Some(2.0), Some(4.0), Some(0.5))
+        );
+
+        let e = find(&entries, "null batch zero copy randrw 70/30 64k qd32");
+        assert_eq!(
+            (e.peer.as_str(), e.unit),
+            ("kublk -b --auto_zc", Unit::Iops)
         );
 
         let e = find(&entries, "null batch randread qd32 vs null_blk");
