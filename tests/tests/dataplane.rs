@@ -77,7 +77,12 @@ fn verify_backend(
                 "null with zero copy touches no data"
             );
         } else {
-            assert!(back.as_mut().iter().all(|&b| b == 0), "null reads zeros");
+            // By copy the read returns the tag's copy buffer as the kernel filled it last:
+            // data this volume wrote, never the reader's own bytes.
+            assert!(
+                !back.as_mut().iter().all(|&b| b == 0xa5),
+                "a null read by copy fills the reader's buffer from the server's"
+            );
         }
         // Past the end: reads see end of device, writes are refused.
         let mut one = [0u8; 512];
@@ -628,4 +633,41 @@ fn backend_errors_reach_the_client_and_the_queue_keeps_serving() -> Result<()> {
     })();
     guest::sh(&format!("umount {}", dir.display()))?;
     result
+}
+
+/// Each queue is served by a worker pinned to a CPU that blk-mq maps to it
+/// (GET_QUEUE_AFFINITY), so a request submitted on CPU c is started by the worker on CPU c and
+/// never crosses to the other one.
+#[test]
+fn requests_are_served_by_the_worker_on_the_submitting_cpu() -> Result<()> {
+    let dp = guest::dataplane()?;
+    let info = dp.add_device(DeviceSpec {
+        queues: 2,
+        ..guest::spec(BackendSpec::Null, 64 * MIB, IoPath::Auto)
+    })?;
+    const IOS: u64 = 4096;
+    for cpu in [0usize, 1] {
+        let served = |stats: &[ublkd_dataplane::WorkerSnapshot]| -> Result<(u64, u64)> {
+            let mine = stats.iter().find(|w| w.cpu == cpu).context("no worker")?;
+            let other = stats.iter().find(|w| w.cpu != cpu).context("one worker")?;
+            Ok((mine.batch_sum, other.batch_sum))
+        };
+        let before = served(&dp.worker_stats()?)?;
+        let pin = format!("--cpus_allowed={cpu}");
+        let ios = format!("--number_ios={IOS}");
+        guest::fio(
+            &info.block_device,
+            &["--rw=randread", "--bs=4k", "--iodepth=8", &pin, &ios],
+        )?;
+        let after = served(&dp.worker_stats()?)?;
+        let (mine, other) = (after.0 - before.0, after.1 - before.1);
+        println!("fio on CPU {cpu}: its worker started {mine} requests, the other {other}");
+        ensure!(
+            mine >= IOS && other <= IOS / 100,
+            "fio on CPU {cpu}: its worker started {mine} of {IOS} requests, the other worker {other}"
+        );
+    }
+    dp.delete_device(info.dev_id)?;
+    dp.shutdown()?;
+    Ok(())
 }

@@ -25,7 +25,8 @@ use std::sync::Arc;
 /// What a volume is backed by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
-    /// Completes at once; reads return zeros, writes are dropped.
+    /// Completes at once and touches no data: writes are dropped, reads return what the
+    /// buffer held.
     Null,
     /// Sparse memory, allocated on first write: anonymous (lost when the process ends), or a
     /// file on tmpfs (`path`, e.g. under /dev/shm) that outlives the process until a reboot.

@@ -1,8 +1,10 @@
-//! The null backend: every request succeeds at once. Reads return zeros in copy mode; with zero
-//! copy the backend touches no data at all, so reads leave the reader's buffer as it was (as
-//! null_blk does without memory backing).
+//! The null backend: every request succeeds at once and touches no data, as null_blk does
+//! without memory backing and kublk's null target does. With zero copy a read leaves the
+//! reader's buffer as it was; by copy it returns whatever the tag's copy buffer last held (zeros
+//! at first, then data this same volume wrote). Zeroing the buffer on every read made the server
+//! itself the cost of large reads: 128 KiB reads in copy mode ran at 0.59x kublk's IOPS.
 
-use super::{full, Backend, Data, IoCtx, Request, Started};
+use super::{full, Backend, IoCtx, Request, Started};
 use crate::stats::OpKind;
 
 #[derive(Debug)]
@@ -17,15 +19,9 @@ impl Backend for NullBackend {
         true
     }
 
-    fn start(&self, req: &Request, ctx: IoCtx<'_>) -> Started {
+    fn start(&self, req: &Request, _ctx: IoCtx<'_>) -> Started {
         match req.op {
-            OpKind::Read => match ctx.data {
-                Data::Copy { buf, region, .. } if !buf.zero(region.offset, region.len) => {
-                    Started::Done(-libc::EIO)
-                }
-                _ => Started::Done(full(req)),
-            },
-            OpKind::Write => Started::Done(full(req)),
+            OpKind::Read | OpKind::Write => Started::Done(full(req)),
             OpKind::Flush | OpKind::Discard | OpKind::WriteZeroes => Started::Done(0),
             OpKind::Other => Started::Done(-libc::EOPNOTSUPP),
         }
