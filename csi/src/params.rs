@@ -8,7 +8,7 @@
 //! | `queues`, `queueDepth` | numbers | ublkd's defaults |
 //! | `blockSize` | `512`, `4096` | `4096` |
 //! | `ioPath` | `auto`, `batch`, `per_io` | `auto` |
-//! | `zeroCopy`, `poll` | `auto`, `on`, `off` | `auto` |
+//! | `zeroCopy`, `poll` | `auto`, `on`, `off` | `auto` (poll: only on CPUs dedicated to ublkd's workers) |
 //! | `fsType` | `ext4`, `xfs` | `ext4` (a capability's own fs_type wins) |
 //!
 //! Keys under `csi.storage.k8s.io/` belong to the sidecars and are ignored; any other unknown
