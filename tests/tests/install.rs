@@ -11,7 +11,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use ublkd_tests::{fio_errors, fio_json, guest, MIB};
+use ublkd_tests::{fio_errors, fio_json, guest, run, MIB};
 
 /// The workspace's `target/`, found from the test's working directory (the workspace).
 fn target_dir() -> Result<PathBuf> {
@@ -57,7 +57,7 @@ impl Chroot {
         ] {
             let at = self.root.join(what);
             std::fs::create_dir_all(&at)?;
-            guest_run(Command::new("mount").args(args).arg(&at))?;
+            run(Command::new("mount").args(args).arg(&at))?;
             self.mounts.push(at);
         }
         Ok(())
@@ -74,7 +74,7 @@ impl Chroot {
 
     /// Runs `args` inside; fails with its output when it exits non-zero.
     fn run(&self, args: &[&str]) -> Result<String> {
-        guest_run(&mut self.command(args)).with_context(|| format!("in the chroot: {args:?}"))
+        run(&mut self.command(args)).with_context(|| format!("in the chroot: {args:?}"))
     }
 
     fn output(&self, args: &[&str]) -> Result<Output> {
@@ -93,10 +93,6 @@ impl Drop for Chroot {
             let _ = Command::new("umount").arg("-R").arg("-l").arg(m).status();
         }
     }
-}
-
-fn guest_run(cmd: &mut Command) -> Result<String> {
-    ublkd_tests::run(cmd)
 }
 
 /// The image's layers, in order, unpacked into `root` (as a runtime would, minus whiteouts,
@@ -126,19 +122,17 @@ fn unpack_image(layout: &Path, root: &Path) -> Result<Vec<String>> {
             "layer {digest} is {}",
             l["mediaType"]
         );
-        let listing = guest_run(Command::new("tar").arg("-tzf").arg(blob(digest)?))?;
+        let listing = run(Command::new("tar").arg("-tzf").arg(blob(digest)?))?;
         ensure!(
             !listing.lines().any(|n| n.contains(".wh.")),
             "layer {digest} has whiteouts"
         );
-        guest_run(
-            Command::new("tar")
-                .args(["-xzf"])
-                .arg(blob(digest)?)
-                .arg("-C")
-                .arg(root)
-                .args(["--numeric-owner", "--same-permissions"]),
-        )?;
+        run(Command::new("tar")
+            .args(["-xzf"])
+            .arg(blob(digest)?)
+            .arg("-C")
+            .arg(root)
+            .args(["--numeric-owner", "--same-permissions"]))?;
         layers.push(digest.to_owned());
     }
     Ok(layers)
@@ -239,7 +233,7 @@ impl Ublkd {
     /// SIGTERM, as the kubelet and systemd send it; ublkd must exit 0.
     fn stop(mut self) -> Result<()> {
         let pid = self.child.0.id().to_string();
-        guest_run(Command::new("kill").args(["-TERM", &pid]))?;
+        run(Command::new("kill").args(["-TERM", &pid]))?;
         let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(st) = self.child.0.try_wait()? {
@@ -393,18 +387,16 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
 
 /// Every path under `root` that outlives a boot (not /dev, /proc, /sys, /run, /tmp), relative.
 fn persistent_files(root: &Path) -> Result<std::collections::BTreeSet<String>> {
-    let listing = guest_run(
-        Command::new("find")
-            .arg(".")
-            .args([
-                "(", "-path", "./dev", "-o", "-path", "./proc", "-o", "-path", "./sys",
-            ])
-            .args([
-                "-o", "-path", "./run", "-o", "-path", "./tmp", ")", "-prune", "-o",
-            ])
-            .arg("-print")
-            .current_dir(root),
-    )?;
+    let listing = run(Command::new("find")
+        .arg(".")
+        .args([
+            "(", "-path", "./dev", "-o", "-path", "./proc", "-o", "-path", "./sys",
+        ])
+        .args([
+            "-o", "-path", "./run", "-o", "-path", "./tmp", ")", "-prune", "-o",
+        ])
+        .arg("-print")
+        .current_dir(root))?;
     Ok(listing.lines().map(str::to_owned).collect())
 }
 
@@ -452,14 +444,12 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
     let dir = guest::scratch("deb")?;
     let mut root = Chroot::new(dir.join("root"));
     std::fs::create_dir_all(&root.root)?;
-    guest_run(
-        Command::new("tar")
-            .arg("-xf")
-            .arg(&scratch)
-            .arg("-C")
-            .arg(&root.root)
-            .arg("--numeric-owner"),
-    )?;
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&scratch)
+        .arg("-C")
+        .arg(&root.root)
+        .arg("--numeric-owner"))?;
     root.mount_kernel_fs()?;
     let before = persistent_files(&root.root)?;
     let dpkg = |args: &[&str]| -> Result<Output> {

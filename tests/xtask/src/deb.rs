@@ -180,7 +180,7 @@ pub fn scratch_root(ws: &Path) -> Result<PathBuf> {
                 "--mode=root",
                 "--include=passwd",
             ])
-            .arg(crate::oci::suite()?)
+            .arg(dist::debian_suite()?)
             .arg(&partial)
             .arg(apt::debian_mirror()?),
     )?;

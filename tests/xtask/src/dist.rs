@@ -67,6 +67,17 @@ impl Release {
     }
 }
 
+/// The Debian suite of what is built from packages (the image's base, the package test's root):
+/// the build machine's own, so its glibc is the one the release binaries were linked against.
+pub fn debian_suite() -> Result<String> {
+    let text = std::fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|s| s.trim_matches('"').to_owned())
+        .filter(|s| !s.is_empty())
+        .context("/etc/os-release names no VERSION_CODENAME: which Debian suite is this?")
+}
+
 /// Builds the named packages' binaries in release mode and returns `target/release`.
 pub fn release_build(ws: &Path, packages: &[&str]) -> Result<PathBuf> {
     eprintln!("xtask: release build of {}", packages.join(", "));

@@ -78,17 +78,6 @@ const BINARIES: &[(&str, &str)] = &[
     ("ublkd-csi", "ublkd-csi"),
 ];
 
-/// The Debian suite of the base: the build machine's own, so its glibc is the one the release
-/// binaries were linked against.
-pub fn suite() -> Result<String> {
-    let text = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-        .map(|s| s.trim_matches('"').to_owned())
-        .filter(|s| !s.is_empty())
-        .context("/etc/os-release names no VERSION_CODENAME: which Debian suite is this?")
-}
-
 /// What one build produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Built {
@@ -207,7 +196,7 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
 /// The base root file system: the packages extracted (no maintainer scripts run: nothing in the
 /// image is configured at build time), then pruned.
 fn debian_root(dir: &Path, epoch: u64) -> Result<()> {
-    let suite = suite()?;
+    let suite = dist::debian_suite()?;
     let mirror = apt::debian_mirror()?;
     eprintln!(
         "xtask: image base: mmdebstrap {suite} ({} packages)",
