@@ -3,6 +3,7 @@
 use crate::backend::{BackendSpec, Limits};
 use crate::features::Features;
 use crate::ids::DevId;
+use crate::qos::QosLimits;
 use crate::sys;
 
 /// Largest single request, and so each tag's buffer size.
@@ -106,6 +107,9 @@ pub struct DeviceSpec {
     /// zero-copy fallback (UBLK_IO_F_NEED_REG_BUF, served by copy).
     #[doc(hidden)]
     pub force_copy_fallback: bool,
+    /// I/O limits (all zero: unlimited), enforced by the workers; changed live by
+    /// `Handle::set_qos`.
+    pub qos: QosLimits,
 }
 
 impl Default for DeviceSpec {
@@ -122,6 +126,7 @@ impl Default for DeviceSpec {
             zero_copy: Toggle::Auto,
             poll: Toggle::Auto,
             force_copy_fallback: false,
+            qos: QosLimits::default(),
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod hooks;
 #[cfg(not(feature = "test-hooks"))]
 mod hooks;
 mod poll;
+mod qos;
 mod ring;
 pub mod stats;
 mod sys;
@@ -38,6 +39,7 @@ pub use handle::{
 };
 pub use ids::{DevId, QueueId, Tag};
 pub use poll::PollReason;
+pub use qos::QosLimits;
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 pub use stats::{Latency, OpKind, StatsSnapshot};
 

@@ -82,6 +82,11 @@ pub struct QueueStats {
     worker_failed_errno: AtomicU64,
     /// Backend operations sent again after a passing failure.
     retries: AtomicU64,
+    /// Requests that waited for the device's limits, and their total wait.
+    throttled: AtomicU64,
+    throttled_ns: AtomicU64,
+    /// Requests served over the limits because no timer could be armed for them.
+    throttle_overruns: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling (owning) thread writes.
@@ -182,6 +187,17 @@ impl QueueStats {
         bump(&self.retries, 1);
     }
 
+    /// A request waited `ns` for the device's limits before it started.
+    pub fn throttled(&self, ns: u64) {
+        bump(&self.throttled, 1);
+        bump(&self.throttled_ns, ns);
+    }
+
+    /// A request over the limits was served at once: no timer could wake it later.
+    pub fn throttle_overrun(&self) {
+        bump(&self.throttle_overruns, 1);
+    }
+
     /// Whether the worker serving this queue has failed.
     pub fn is_worker_failed(&self) -> bool {
         self.worker_failed_errno.load(Ordering::Relaxed) != 0
@@ -223,6 +239,9 @@ impl QueueStats {
             copy_buffer_bytes: self.copy_buffer_bytes.load(Ordering::Relaxed),
             worker_failed_errno: self.worker_failed_errno.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
+            throttled: self.throttled.load(Ordering::Relaxed),
+            throttled_ns: self.throttled_ns.load(Ordering::Relaxed),
+            throttle_overruns: self.throttle_overruns.load(Ordering::Relaxed),
         }
     }
 }
@@ -254,6 +273,11 @@ pub struct StatsSnapshot {
     pub worker_failed_errno: u64,
     /// Backend operations sent again after a passing failure (NVMe path errors, resets).
     pub retries: u64,
+    /// Requests that waited for the device's limits, their total wait, and requests served
+    /// over the limits because no timer could be armed.
+    pub throttled: u64,
+    pub throttled_ns: u64,
+    pub throttle_overruns: u64,
 }
 
 impl StatsSnapshot {
@@ -288,6 +312,9 @@ impl StatsSnapshot {
         self.copy_buffer_bytes += other.copy_buffer_bytes;
         self.worker_failed_errno = self.worker_failed_errno.max(other.worker_failed_errno);
         self.retries += other.retries;
+        self.throttled += other.throttled;
+        self.throttled_ns += other.throttled_ns;
+        self.throttle_overruns += other.throttle_overruns;
     }
 
     /// The latency histogram of `op` (empty when none completed).

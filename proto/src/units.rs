@@ -38,6 +38,13 @@ pub fn parse_size(s: &str) -> Option<u64> {
     }
 }
 
+/// Parses a rate in bytes per second: a size as [`parse_size`] reads it, optionally followed by
+/// `/s` (`200MiB/s`, `200Mi`, `1G/s`).
+pub fn parse_rate(s: &str) -> Option<u64> {
+    let s = s.trim();
+    parse_size(s.strip_suffix("/s").unwrap_or(s))
+}
+
 /// Formats `bytes` with the largest binary unit that divides it exactly, else one decimal.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -110,5 +117,13 @@ mod tests {
         assert_eq!(parse_size("5i"), None);
         assert_eq!(parse_size("5iB"), None);
         assert_eq!(parse_size("20Ei"), None, "over u64");
+    }
+
+    #[test]
+    fn reads_rates_with_or_without_per_second() {
+        assert_eq!(parse_rate("200MiB/s"), Some(200 << 20));
+        assert_eq!(parse_rate("200Mi"), Some(200 << 20));
+        assert_eq!(parse_rate("1G/s"), Some(1_000_000_000));
+        assert_eq!(parse_rate("fast/s"), None);
     }
 }

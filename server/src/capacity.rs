@@ -218,6 +218,7 @@ mod tests {
                 deleting: false,
                 zero_copy: Default::default(),
                 poll: Default::default(),
+                qos: Default::default(),
             },
             state: crate::volume::State::Ready,
             device: None,

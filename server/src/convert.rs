@@ -5,7 +5,7 @@
 use crate::registry::{BackendRecord, VolumeRecord};
 use crate::volume::{ram_file, State, Volume};
 use std::path::Path;
-use ublkd_dataplane::{BackendSpec, DeviceSpec, IoPath, Toggle, Window};
+use ublkd_dataplane::{BackendSpec, DeviceSpec, IoPath, QosLimits, Toggle, Window};
 use ublkd_proto::v1;
 
 /// The dataplane spec that serves `r` (RAM volumes keep their memory in `ram_dir`).
@@ -38,7 +38,28 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
         dev_id: r.dev_id,
         zero_copy: r.zero_copy,
         poll: r.poll,
+        qos: r.qos,
         ..DeviceSpec::default()
+    }
+}
+
+pub fn qos_from_proto(q: &v1::QosLimits) -> QosLimits {
+    QosLimits {
+        read_iops: q.read_iops,
+        write_iops: q.write_iops,
+        read_bytes_per_sec: q.read_bytes_per_second,
+        write_bytes_per_sec: q.write_bytes_per_second,
+        burst_ms: q.burst_ms,
+    }
+}
+
+pub fn qos_to_proto(q: &QosLimits) -> v1::QosLimits {
+    v1::QosLimits {
+        read_iops: q.read_iops,
+        write_iops: q.write_iops,
+        read_bytes_per_second: q.read_bytes_per_sec,
+        write_bytes_per_second: q.write_bytes_per_sec,
+        burst_ms: q.burst_ms,
     }
 }
 
@@ -131,6 +152,7 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             io_path: io_path_to_proto(r.io_path) as i32,
             zero_copy: toggle_to_proto(r.zero_copy) as i32,
             poll: toggle_to_proto(r.poll) as i32,
+            qos: (!r.qos.is_unlimited() || r.qos.burst_ms != 0).then(|| qos_to_proto(&r.qos)),
         }),
         state: state_proto(v.state) as i32,
         device_path: v

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use ublkd_dataplane::{DevId, IoPath, Toggle};
+use ublkd_dataplane::{DevId, IoPath, QosLimits, Toggle};
 
 /// A volume's backend as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +52,9 @@ pub struct VolumeRecord {
     pub zero_copy: Toggle,
     #[serde(default)]
     pub poll: Toggle,
+    /// I/O limits (absent: unlimited); changed live by SetVolumeQos.
+    #[serde(default, skip_serializing_if = "QosLimits::is_unlimited")]
+    pub qos: QosLimits,
 }
 
 /// Errors of the registry, named for the step that failed.
@@ -209,6 +212,7 @@ mod tests {
             created_unix_ms: 1,
             dev_id: Some(DevId(3)),
             deleting: false,
+            qos: QosLimits::default(),
         }
     }
 

@@ -162,6 +162,23 @@ impl VolumeService for Api {
         .await
     }
 
+    async fn set_volume_qos(
+        &self,
+        req: Request<v1::SetVolumeQosRequest>,
+    ) -> Result<Response<v1::Volume>, Status> {
+        self.metered("SetVolumeQos", async {
+            check_deadline(&req)?;
+            let req = req.into_inner();
+            let id = validate::volume_id(&req.id)?;
+            let qos = validate::qos(req.qos.as_ref())?;
+            let volumes = Arc::clone(&self.volumes);
+            let vol = to_completion(async move { volumes.set_qos(&id, qos).await }).await?;
+            tracing::info!(volume = %vol.record.id, ?qos, "volume limits set");
+            Ok(convert::volume_proto(&vol))
+        })
+        .await
+    }
+
     async fn get_volume_stats(
         &self,
         req: Request<v1::GetVolumeStatsRequest>,
@@ -194,6 +211,8 @@ impl VolumeService for Api {
                 } else {
                     s.total.latency_sum_ns as f64 / 1e9 / completed as f64
                 },
+                throttled_requests: s.total.throttled,
+                throttled_seconds: s.total.throttled_ns as f64 / 1e9,
             })
         })
         .await

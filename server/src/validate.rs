@@ -5,6 +5,7 @@ use crate::error::VolumeError;
 use crate::registry::{BackendRecord, VolumeRecord};
 use crate::volume_id::VolumeId;
 use std::path::{Component, Path, PathBuf};
+use ublkd_dataplane::QosLimits;
 use ublkd_proto::v1;
 
 /// A volume id is a DNS label (`VolumeId::parse`).
@@ -84,6 +85,7 @@ pub fn spec(
     };
     let zero_copy = toggle(spec.zero_copy, "zero_copy")?;
     let poll = toggle(spec.poll, "poll")?;
+    let qos = qos(spec.qos.as_ref())?;
     Ok(VolumeRecord {
         id,
         size_bytes: spec.size_bytes,
@@ -97,7 +99,25 @@ pub fn spec(
         deleting: false,
         zero_copy,
         poll,
+        qos,
     })
+}
+
+/// Most burst a volume may ask for.
+const MAX_BURST_MS: u32 = 60_000;
+
+/// I/O limits from the API (unset: unlimited).
+pub fn qos(q: Option<&v1::QosLimits>) -> Result<QosLimits, VolumeError> {
+    let Some(q) = q else {
+        return Ok(QosLimits::default());
+    };
+    if q.burst_ms > MAX_BURST_MS {
+        return Err(VolumeError::ValidateRequest(format!(
+            "qos burst_ms {} must be at most {MAX_BURST_MS}",
+            q.burst_ms
+        )));
+    }
+    Ok(crate::convert::qos_from_proto(q))
 }
 
 /// A volume size: positive, a multiple of the block size, within the configured maximum.

@@ -21,16 +21,20 @@ pub(super) struct Device {
     /// until the device stops or the process exits, so the queue cannot be attached again.
     pub(super) stuck: bool,
     pub(super) cdev: Option<Arc<File>>,
+    /// The shared buckets of a limited device; None while it is unlimited.
+    pub(super) throttle: Option<Arc<Throttle>>,
 }
 
 impl Device {
     pub(super) fn new(info: DeviceInfo, backend: Arc<dyn backend::Backend>) -> Self {
+        let qos = info.spec.qos;
         Self {
             info,
             backend,
             queues: Vec::new(),
             stuck: false,
             cdev: None,
+            throttle: (!qos.is_unlimited()).then(|| Arc::new(Throttle::new(qos))),
         }
     }
 }
@@ -67,6 +71,13 @@ impl Control {
                     reply,
                 } => {
                     let _ = reply.send(self.resize(id, size));
+                }
+                Command::SetQos {
+                    dev_id: id,
+                    limits,
+                    reply,
+                } => {
+                    let _ = reply.send(self.set_qos(id, limits));
                 }
                 Command::Stats { dev_id: id, reply } => {
                     let _ = reply.send(self.stats(id));
@@ -123,6 +134,43 @@ impl Control {
         }
         // Every Handle is gone: clean up as on shutdown.
         let _ = self.shutdown();
+    }
+
+    /// New limits for a device, in effect for its next request. Limited to limited changes the
+    /// shared buckets in place; from or to unlimited, every worker is told (only those serving
+    /// a queue of the device act on it).
+    pub(super) fn set_qos(
+        &mut self,
+        dev_id: DevId,
+        limits: QosLimits,
+    ) -> Result<DeviceInfo, DataplaneError> {
+        let device = self
+            .devices
+            .get_mut(&dev_id)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        let change = match (&device.throttle, limits.is_unlimited()) {
+            (Some(t), false) => {
+                t.set_limits(limits);
+                None
+            }
+            (None, true) => None,
+            (Some(_), true) => Some(None),
+            (None, false) => Some(Some(Arc::new(Throttle::new(limits)))),
+        };
+        if let Some(throttle) = change {
+            for w in &self.workers {
+                let cmd = WorkerCmd::Throttle {
+                    dev_id,
+                    throttle: throttle.clone(),
+                };
+                if w.tx.send(cmd).is_ok() {
+                    let _ = w.event.notify();
+                }
+            }
+            device.throttle = throttle;
+        }
+        device.info.spec.qos = limits;
+        Ok(device.info.clone())
     }
 
     pub(super) fn shutdown(&mut self) -> Result<(), DataplaneError> {

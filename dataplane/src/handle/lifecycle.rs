@@ -265,6 +265,7 @@ impl Control {
             cdev: Arc::clone(cdev),
             backend: Arc::clone(&device.backend),
             stats: Arc::clone(&stats),
+            throttle: device.throttle.clone(),
             gone: self.gone_tx.clone(),
         });
         let w = &self.workers[w];

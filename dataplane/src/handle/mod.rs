@@ -12,6 +12,7 @@ use crate::features::Features;
 use crate::hooks::{self, Fault};
 use crate::ids::{DevId, QueueId};
 use crate::poll::PollReason;
+use crate::qos::{QosLimits, Throttle};
 use crate::ring::RingError;
 use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
@@ -184,6 +185,12 @@ pub enum Command {
         size_bytes: u64,
         reply: Reply<DeviceInfo>,
     },
+    /// New I/O limits, live.
+    SetQos {
+        dev_id: DevId,
+        limits: QosLimits,
+        reply: Reply<DeviceInfo>,
+    },
     Stats {
         dev_id: DevId,
         reply: Reply<DeviceStats>,
@@ -310,6 +317,15 @@ impl Handle {
         self.call(|reply| Command::Resize {
             dev_id,
             size_bytes,
+            reply,
+        })
+    }
+
+    /// Changes a device's I/O limits; its next request is held to them.
+    pub fn set_qos(&self, dev_id: DevId, limits: QosLimits) -> Result<DeviceInfo, DataplaneError> {
+        self.call(|reply| Command::SetQos {
+            dev_id,
+            limits,
             reply,
         })
     }

@@ -13,6 +13,7 @@
 use crate::backend::{Backend, Data, IoCtx, Request, Started};
 use crate::device::IoPath;
 use crate::ids::{DevId, QueueId, Tag};
+use crate::qos::{Direction, Throttle};
 use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
 use crate::stats::{OpKind, QueueStats, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
@@ -20,14 +21,16 @@ use crate::sys::{self, ublk_batch_io, ublksrv_io_cmd};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 mod batch;
 mod per_io;
 mod queue;
 mod request;
 mod state;
+mod throttle;
 
 use state::{Commits, Life, COMMIT_BUFS};
 
@@ -40,6 +43,7 @@ const K_COMMIT: u64 = 6;
 const K_COPY_IN: u64 = 7;
 const K_COPY_OUT: u64 = 8;
 const K_RETRY: u64 = 9;
+const K_THROTTLE: u64 = 10;
 
 /// Times a backend operation that failed for a passing reason is sent again, and the first
 /// back-off (doubled each time: 1, 2, 4, 8, 16 ms).
@@ -119,6 +123,9 @@ pub struct QueueSetup {
     pub cdev: Arc<File>,
     pub backend: Arc<dyn Backend>,
     pub stats: Arc<QueueStats>,
+    /// The device's shared I/O limits; None: unlimited (its requests never look at a clock or
+    /// a lock for them).
+    pub throttle: Option<Arc<Throttle>>,
     /// Told when the queue has been torn down (after the kernel aborted its commands).
     pub gone: Sender<(DevId, QueueId)>,
 }
@@ -163,6 +170,12 @@ pub enum WorkerCmd {
     Attach {
         setup: Box<QueueSetup>,
         reply: AttachReply,
+    },
+    /// The device's limits changed from or to unlimited: its queues on this worker take this
+    /// throttle (requests already waiting are admitted by it, or at once when None).
+    Throttle {
+        dev_id: DevId,
+        throttle: Option<Arc<Throttle>>,
     },
     /// Exit once no queue is left.
     Shutdown,
@@ -212,6 +225,11 @@ struct Queue {
     life: Life,
     /// The control thread waits for the kernel to accept this queue's commands.
     attach_reply: Option<AttachReply>,
+    /// Requests over the device's limits, `[reads, writes]`, in arrival order: each waits in
+    /// the worker until its direction's buckets admit it (at most `depth` of them).
+    waiting: [VecDeque<Tag>; 2],
+    /// A timer to look at `waiting` again is in flight.
+    throttle_timer: bool,
 }
 
 impl Queue {
@@ -274,6 +292,14 @@ impl Queue {
     fn timespec_region(&self, tag: Tag) -> Region {
         Region {
             offset: tag.index() * SCRATCH_BYTES + PAYLOAD_BYTES,
+            len: 16,
+        }
+    }
+
+    /// The queue's own timespec (the throttle timer), after every tag's scratch.
+    fn throttle_timespec(&self) -> Region {
+        Region {
+            offset: usize::from(self.setup.depth) * SCRATCH_BYTES + PAYLOAD_BYTES,
             len: 16,
         }
     }
@@ -509,6 +535,7 @@ impl Worker {
             K_COPY_IN => self.on_copy_in(slot, Tag(low), c.result),
             K_COPY_OUT => self.on_copy_out(slot, Tag(low), c.result),
             K_RETRY => self.on_retry(slot, Tag(low)),
+            K_THROTTLE => self.on_throttle_timer(slot),
             _ => {}
         }
         Ok(())
@@ -522,6 +549,7 @@ impl Worker {
                         let _ = reply.send(Err(e));
                     }
                 }
+                WorkerCmd::Throttle { dev_id, throttle } => self.set_throttle(dev_id, throttle),
                 WorkerCmd::Shutdown => self.shutdown = true,
                 WorkerCmd::Abandon => self.abandon = true,
             }

@@ -60,7 +60,8 @@ impl Worker {
             result: 0,
             retries: 0,
         };
-        let scratch = match Mapping::anonymous(depth * SCRATCH_BYTES) {
+        // One scratch slot per tag, and one for the queue's throttle timer.
+        let scratch = match Mapping::anonymous((depth + 1) * SCRATCH_BYTES) {
             Ok(m) => Arc::new(m),
             Err(e) => {
                 self.release_zc_slots(&setup, &zc_slots);
@@ -78,6 +79,8 @@ impl Worker {
             batch: None,
             life: Life::default(),
             attach_reply: None,
+            waiting: [VecDeque::new(), VecDeque::new()],
+            throttle_timer: false,
         };
         if !q.setup.zero_copy {
             if let Err(e) = Self::ensure_bufs(&mut self.rings, &mut q) {

@@ -29,7 +29,22 @@ impl Worker {
         if req.has_data() && req.len > q.setup.max_io {
             return Some(-libc::EIO);
         }
-        if fallback {
+        if q.setup.throttle.is_some() && Self::throttled(rings, q, slot, tag) {
+            return None;
+        }
+        Self::start_admitted(rings, q, slot, tag)
+    }
+
+    /// Starts request `tag` once its limits admitted it: copies a fallback write's data in,
+    /// else hands it to the backend; returns its result if it finished at once.
+    pub(super) fn start_admitted(
+        rings: &mut Rings,
+        q: &mut Queue,
+        slot: u16,
+        tag: Tag,
+    ) -> Option<i32> {
+        let req = q.tags[tag.index()].req;
+        if q.tags[tag.index()].fallback {
             q.setup.stats.zero_copy_fallback();
             if Self::ensure_bufs(rings, q).is_err() {
                 return Some(-libc::ENOMEM);

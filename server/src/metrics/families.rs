@@ -90,6 +90,30 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
     per_volume(
         out,
         with_stats(),
+        "ublkd_volume_throttled_requests_total",
+        "Requests that waited for the volume's QoS limits before they started",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.throttled as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_throttled_seconds_total",
+        "Time requests waited for the volume's QoS limits, summed",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.throttled_ns as f64 / 1e9),
+    );
+    per_volume(
+        out,
+        with_stats(),
+        "ublkd_volume_throttle_overruns_total",
+        "Requests over the volume's limits served at once because no timer could be armed",
+        Kind::Counter,
+        |f, l, st| f.counter(l, st.total.throttle_overruns as f64),
+    );
+    per_volume(
+        out,
+        with_stats(),
         "ublkd_volume_zero_copy_fallbacks_total",
         "Requests served by copy because the kernel could not lend their pages (zero copy on)",
         Kind::Counter,

@@ -1,4 +1,4 @@
-//! Changes of one volume: create, delete, resize. Each runs under the volume's operation lock
+//! Changes of one volume: create, delete, resize, QoS. Each runs under the volume's operation lock
 //! (changes of one volume one at a time, of different volumes in parallel) and holds the map
 //! lock only to check and record, never across a registry write or a ublk control command.
 
@@ -227,6 +227,43 @@ impl Volumes {
                 Err(e)
             }
         }
+    }
+
+    /// Replaces a volume's I/O limits: recorded first (a restart applies them), then handed to
+    /// the dataplane if the volume is being served. A volume not being served (FAILED, or
+    /// waiting for recovery) keeps them for when it is.
+    pub async fn set_qos(&self, id: &VolumeId, qos: QosLimits) -> Result<Volume, VolumeError> {
+        let _op = self.op_lock(id).await;
+        let vol = self.get(id).await?;
+        if vol.record.qos == qos {
+            return Ok(vol);
+        }
+        let mut record = vol.record.clone();
+        record.qos = qos;
+        self.registry.put(&record)?;
+        let updated = match vol.device.as_ref() {
+            Some(info) => {
+                let handle = self.handle()?;
+                let dev_id = info.dev_id;
+                match blocking(move || handle.set_qos(dev_id, qos)).await {
+                    Ok(updated) => Some(updated),
+                    Err(e) => {
+                        let _ = self.registry.put(&vol.record);
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
+        let mut map = self.inner.lock().await;
+        let v = map
+            .get_mut(id)
+            .ok_or_else(|| VolumeError::LookupVolume(id.clone()))?;
+        v.record = record;
+        if updated.is_some() {
+            v.device = updated;
+        }
+        Ok(v.clone())
     }
 
     /// Sets a volume's state (and message) if it still exists.

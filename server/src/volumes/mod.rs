@@ -1,7 +1,7 @@
 //! The volume manager: the registry of desired volumes and the dataplane devices serving them.
 //!
 //! Two kinds of lock: each volume's operation lock orders the changes of that volume (create,
-//! delete, resize, restore, adopt: one at a time per volume, different volumes in parallel);
+//! delete, resize, QoS, restore, adopt: one at a time per volume, different volumes in parallel);
 //! the map lock is held only to read or record, never across a registry write or a ublk
 //! control command, so Get, List and `/metrics` never wait for a slow change. Dataplane calls
 //! (which block on the control thread) run on tokio's blocking pool.
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
-    WorkerSnapshot,
+    QosLimits, WorkerSnapshot,
 };
 
 /// Upper bounds (seconds) of the recovery-duration histogram.
