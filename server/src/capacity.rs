@@ -219,6 +219,7 @@ mod tests {
                 zero_copy: Default::default(),
                 poll: Default::default(),
                 qos: Default::default(),
+                source: None,
             },
             state: crate::volume::State::Ready,
             device: None,

@@ -2,7 +2,8 @@
 //! The registry stores the dataplane's own spec enums (`IoPath`, `Toggle`), so only the API's
 //! numbered enums need converting, both ways, here.
 
-use crate::registry::{BackendRecord, VolumeRecord};
+use crate::registry::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::snapshot::SnapshotRecord;
 use crate::volume::{ram_file, State, Volume};
 use std::path::Path;
 use ublkd_dataplane::{BackendSpec, DeviceSpec, IoPath, QosLimits, Toggle, Window};
@@ -40,6 +41,25 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
         poll: r.poll,
         qos: r.qos,
         ..DeviceSpec::default()
+    }
+}
+
+/// The API form of a snapshot.
+pub fn snapshot_proto(s: &SnapshotRecord) -> v1::Snapshot {
+    v1::Snapshot {
+        id: s.id.to_string(),
+        source_volume_id: s.source.to_string(),
+        size_bytes: s.size_bytes,
+        created: Some(timestamp(s.created_unix_ms)),
+        path: s.path.display().to_string(),
+        ready: true,
+    }
+}
+
+fn timestamp(unix_ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: unix_ms.div_euclid(1000),
+        nanos: (unix_ms.rem_euclid(1000) * 1_000_000) as i32,
     }
 }
 
@@ -153,6 +173,12 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             zero_copy: toggle_to_proto(r.zero_copy) as i32,
             poll: toggle_to_proto(r.poll) as i32,
             qos: (!r.qos.is_unlimited() || r.qos.burst_ms != 0).then(|| qos_to_proto(&r.qos)),
+            source: r.source.as_ref().map(|s| match s {
+                SourceRecord::Snapshot(id) => {
+                    v1::volume_spec::Source::FromSnapshot(id.as_str().to_owned())
+                }
+                SourceRecord::Volume(id) => v1::volume_spec::Source::FromVolume(id.to_string()),
+            }),
         }),
         state: state_proto(v.state) as i32,
         device_path: v
@@ -161,10 +187,7 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             .map(|d| d.block_device.display().to_string())
             .unwrap_or_default(),
         dev_id: v.device.as_ref().map_or(0, |d| d.dev_id.0),
-        created: Some(prost_types::Timestamp {
-            seconds: r.created_unix_ms.div_euclid(1000),
-            nanos: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as i32,
-        }),
+        created: Some(timestamp(r.created_unix_ms)),
         io_path_in_use: v
             .device
             .as_ref()

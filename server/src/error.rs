@@ -1,6 +1,7 @@
 //! The server's errors, and the one place where they become gRPC statuses.
 
 use crate::registry::RegistryError;
+use crate::snapshot::SnapshotId;
 use crate::volume_id::{BadVolumeId, VolumeId};
 use std::path::PathBuf;
 use tonic::{Code, Status};
@@ -77,6 +78,40 @@ pub enum VolumeError {
     JoinDataplaneTask(String),
     #[error("volume task failed: {0}")]
     JoinVolumeTask(String),
+    #[error("snapshot {0} does not exist")]
+    LookupSnapshot(SnapshotId),
+    #[error("snapshot {id} already exists, of volume {source_volume:?}")]
+    SnapshotConflict {
+        id: SnapshotId,
+        source_volume: VolumeId,
+    },
+    #[error(
+        "volume {id:?} is a {backend} volume: snapshots and clones are of file volumes only \
+         (RAM and NVMe volumes have no file to reflink)"
+    )]
+    SnapshotBackend { id: VolumeId, backend: &'static str },
+    #[error(
+        "{} is on {fs}, which cannot reflink: snapshots and clones need a file system that \
+         shares blocks (XFS made with reflink=1, btrfs) with source and copy on the same one; \
+         nothing was copied",
+        dir.display()
+    )]
+    ReflinkUnsupported {
+        dir: PathBuf,
+        fs: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("backing file {} of the clone already exists", path.display())]
+    CloneTargetExists { path: PathBuf },
+    #[error("a clone of {source_size} bytes cannot be a volume of {size} bytes (smaller)")]
+    CloneTooSmall { size: u64, source_size: u64 },
+    #[error("cannot make the copy {}", path.display())]
+    WriteSnapshot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("a deadline of {0:?} leaves no time to do the work; nothing was changed")]
     CheckDeadline(std::time::Duration),
 }
@@ -89,7 +124,15 @@ impl VolumeError {
             E::ValidateRequest(_) | E::ValidateVolumeId(_) => Code::InvalidArgument,
             E::BackingPathOutsideRoots(_) => Code::PermissionDenied,
             E::BackingPathMissing(_) | E::LookupVolume(_) | E::LookupOrphan(_) => Code::NotFound,
-            E::CreateConflict(_) | E::AdoptConflict(_) => Code::AlreadyExists,
+            E::CreateConflict(_) | E::AdoptConflict(_) | E::SnapshotConflict { .. } => {
+                Code::AlreadyExists
+            }
+            E::LookupSnapshot(_) => Code::NotFound,
+            E::CloneTooSmall { .. } => Code::InvalidArgument,
+            E::SnapshotBackend { .. }
+            | E::ReflinkUnsupported { .. }
+            | E::CloneTargetExists { .. } => Code::FailedPrecondition,
+            E::WriteSnapshot { .. } => Code::Internal,
             E::AdmitVolumeLimit(_) | E::AllocateDevId => Code::ResourceExhausted,
             E::AdmitBackingInUse { .. }
             | E::PrepareBackingFile { .. }
@@ -171,6 +214,10 @@ mod tests {
 
     fn id(s: &str) -> VolumeId {
         VolumeId::parse(s).unwrap()
+    }
+
+    fn snap(s: &str) -> SnapshotId {
+        SnapshotId::parse(s).unwrap()
     }
 
     #[test]
@@ -268,9 +315,51 @@ mod tests {
             (E::OpenDataplane("x".into()), Code::FailedPrecondition),
             (
                 E::Registry(RegistryError::Write {
-                    id: id("v"),
+                    kind: "volume",
+                    id: "v".into(),
                     source: io(),
                 }),
+                Code::Internal,
+            ),
+            (E::LookupSnapshot(snap("s")), Code::NotFound),
+            (
+                E::SnapshotConflict {
+                    id: snap("s"),
+                    source_volume: id("v"),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                E::SnapshotBackend {
+                    id: id("v"),
+                    backend: "ram",
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::ReflinkUnsupported {
+                    dir: "/srv".into(),
+                    fs: "ext4",
+                    source: io(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::CloneTargetExists { path: "/v".into() },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::CloneTooSmall {
+                    size: 1,
+                    source_size: 2,
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                E::WriteSnapshot {
+                    path: "/s".into(),
+                    source: io(),
+                },
                 Code::Internal,
             ),
             (E::JoinDataplaneTask("x".into()), Code::Internal),

@@ -14,6 +14,8 @@ mod metrics;
 mod registry;
 mod rpc_meter;
 mod service;
+mod snapshot;
+mod sys;
 mod tls;
 mod validate;
 mod volume;
@@ -315,6 +317,7 @@ async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool
 async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let stop = termination()?;
     let registry = registry::Registry::open(&settings.state_dir)?;
+    let snapshots = registry::Registry::open_dir(settings.state_dir.join("snapshots"))?;
     let handle = Handle::start(ublkd_dataplane::Config {
         cpus: settings.dataplane.cpus.clone(),
         timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
@@ -327,6 +330,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let volumes = Arc::new(volumes::Volumes::new(
         handle,
         registry,
+        snapshots,
         Arc::clone(&settings),
     ));
     volumes.load().await?;

@@ -1,10 +1,12 @@
-//! The volume registry: one JSON file per volume under `<state_dir>/registry/`, written crash-safe
-//! (temporary file, fsync, rename, fsync of the directory), so after any crash each volume's
-//! record is either the old one or the new one, never a torn mix.
+//! The registries: one JSON file per volume under `<state_dir>/registry/` (and per snapshot
+//! under `<state_dir>/snapshots/`), written crash-safe (temporary file, fsync, rename, fsync of
+//! the directory), so after any crash each record is either the old one or the new one, never
+//! a torn mix.
 //!
 //! Spec choices are the dataplane's own enums, stored by name (`"auto"`, `"per_io"`, `"on"`):
 //! the very strings releases before them wrote, so their files load unchanged.
 
+use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -55,6 +57,31 @@ pub struct VolumeRecord {
     /// I/O limits (absent: unlimited); changed live by SetVolumeQos.
     #[serde(default, skip_serializing_if = "QosLimits::is_unlimited")]
     pub qos: QosLimits,
+    /// What a cloned volume's backing file was reflinked from when it was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceRecord>,
+}
+
+/// Where a cloned volume's first contents came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "lowercase")]
+pub enum SourceRecord {
+    Snapshot(SnapshotId),
+    Volume(VolumeId),
+}
+
+/// What a registry stores: a serializable record named by its id.
+pub trait Record: Serialize + serde::de::DeserializeOwned {
+    /// What the records are, for messages ("volume", "snapshot").
+    const KIND: &'static str;
+    fn id(&self) -> &str;
+}
+
+impl Record for VolumeRecord {
+    const KIND: &'static str = "volume";
+    fn id(&self) -> &str {
+        self.id.as_str()
+    }
 }
 
 /// Errors of the registry, named for the step that failed.
@@ -66,15 +93,17 @@ pub enum RegistryError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot write the record of volume {id}")]
+    #[error("cannot write the record of {kind} {id}")]
     Write {
-        id: VolumeId,
+        kind: &'static str,
+        id: String,
         #[source]
         source: io::Error,
     },
-    #[error("cannot remove the record of volume {id}")]
+    #[error("cannot remove the record of {kind} {id}")]
     Remove {
-        id: VolumeId,
+        kind: &'static str,
+        id: String,
         #[source]
         source: io::Error,
     },
@@ -87,8 +116,9 @@ pub enum RegistryError {
 }
 
 #[derive(Debug)]
-pub struct Registry {
+pub struct Registry<R = VolumeRecord> {
     dir: PathBuf,
+    _records: std::marker::PhantomData<fn() -> R>,
 }
 
 /// What loading found besides good records.
@@ -100,14 +130,23 @@ pub struct LoadReport {
     pub stale_temp: usize,
 }
 
-impl Registry {
+impl Registry<VolumeRecord> {
+    /// The volume registry under `state_dir`.
     pub fn open(state_dir: &Path) -> Result<Self, RegistryError> {
-        let dir = state_dir.join("registry");
+        Self::open_dir(state_dir.join("registry"))
+    }
+}
+
+impl<R: Record> Registry<R> {
+    pub fn open_dir(dir: PathBuf) -> Result<Self, RegistryError> {
         fs::create_dir_all(&dir).map_err(|source| RegistryError::CreateDir {
             path: dir.clone(),
             source,
         })?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            _records: std::marker::PhantomData,
+        })
     }
 
     fn path(&self, id: &str) -> PathBuf {
@@ -115,12 +154,13 @@ impl Registry {
     }
 
     /// Writes (or replaces) `rec` atomically and durably.
-    pub fn put(&self, rec: &VolumeRecord) -> Result<(), RegistryError> {
+    pub fn put(&self, rec: &R) -> Result<(), RegistryError> {
         let err = |source| RegistryError::Write {
-            id: rec.id.clone(),
+            kind: R::KIND,
+            id: rec.id().to_owned(),
             source,
         };
-        let tmp = self.dir.join(format!(".{}.json.tmp", rec.id));
+        let tmp = self.dir.join(format!(".{}.json.tmp", rec.id()));
         let body = serde_json::to_vec_pretty(rec).map_err(|e| err(io::Error::other(e)))?;
         let mut f = OpenOptions::new()
             .write(true)
@@ -131,14 +171,15 @@ impl Registry {
         f.write_all(&body).map_err(err)?;
         f.sync_all().map_err(err)?;
         drop(f);
-        fs::rename(&tmp, self.path(&rec.id)).map_err(err)?;
+        fs::rename(&tmp, self.path(rec.id())).map_err(err)?;
         self.sync_dir().map_err(err)
     }
 
     /// Removes the record of `id` durably; a missing record is not an error.
-    pub fn remove(&self, id: &VolumeId) -> Result<(), RegistryError> {
+    pub fn remove(&self, id: &str) -> Result<(), RegistryError> {
         let err = |source| RegistryError::Remove {
-            id: id.clone(),
+            kind: R::KIND,
+            id: id.to_owned(),
             source,
         };
         match fs::remove_file(self.path(id)) {
@@ -153,7 +194,7 @@ impl Registry {
     }
 
     /// All records, sorted by id. Unparseable files are moved aside, temp files removed.
-    pub fn load(&self) -> Result<(Vec<VolumeRecord>, LoadReport), RegistryError> {
+    pub fn load(&self) -> Result<(Vec<R>, LoadReport), RegistryError> {
         let read_err = |source| RegistryError::Read {
             path: self.dir.clone(),
             source,
@@ -175,8 +216,8 @@ impl Registry {
             };
             let parsed = fs::read(&path)
                 .ok()
-                .and_then(|b| serde_json::from_slice::<VolumeRecord>(&b).ok())
-                .filter(|r| r.id == id);
+                .and_then(|b| serde_json::from_slice::<R>(&b).ok())
+                .filter(|r| r.id() == id);
             match parsed {
                 Some(r) => records.push(r),
                 None => {
@@ -186,7 +227,7 @@ impl Registry {
                 }
             }
         }
-        records.sort_by(|a, b| a.id.cmp(&b.id));
+        records.sort_by(|a, b| a.id().cmp(b.id()));
         Ok((records, report))
     }
 }
@@ -213,6 +254,7 @@ mod tests {
             dev_id: Some(DevId(3)),
             deleting: false,
             qos: QosLimits::default(),
+            source: None,
         }
     }
 

@@ -179,6 +179,64 @@ impl VolumeService for Api {
         .await
     }
 
+    async fn create_snapshot(
+        &self,
+        req: Request<v1::CreateSnapshotRequest>,
+    ) -> Result<Response<v1::Snapshot>, Status> {
+        self.metered("CreateSnapshot", async {
+            check_deadline(&req)?;
+            let req = req.into_inner();
+            let id = validate::snapshot_id(&req.id)?;
+            let source = validate::volume_id(&req.source_volume_id)?;
+            let volumes = Arc::clone(&self.volumes);
+            let snap =
+                to_completion(async move { volumes.create_snapshot(id, source).await }).await?;
+            tracing::info!(snapshot = %snap.id, volume = %snap.source, "snapshot created");
+            Ok(convert::snapshot_proto(&snap))
+        })
+        .await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<v1::DeleteSnapshotRequest>,
+    ) -> Result<Response<v1::DeleteSnapshotResponse>, Status> {
+        self.metered("DeleteSnapshot", async {
+            check_deadline(&req)?;
+            let req = req.into_inner();
+            let id = validate::snapshot_id(&req.id)?;
+            let volumes = Arc::clone(&self.volumes);
+            let allow = req.allow_missing;
+            let deleted =
+                to_completion(async move { volumes.delete_snapshot(&id, allow).await }).await?;
+            if deleted {
+                tracing::info!(snapshot = %req.id, "snapshot deleted");
+            }
+            Ok(v1::DeleteSnapshotResponse {})
+        })
+        .await
+    }
+
+    async fn list_snapshots(
+        &self,
+        req: Request<v1::ListSnapshotsRequest>,
+    ) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
+        self.metered("ListSnapshots", async {
+            let req = req.into_inner();
+            let some = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+            let (id, source) = (some(&req.id), some(&req.source_volume_id));
+            let snapshots = self
+                .volumes
+                .list_snapshots(id.as_deref(), source.as_deref())
+                .await
+                .iter()
+                .map(convert::snapshot_proto)
+                .collect();
+            Ok(v1::ListSnapshotsResponse { snapshots })
+        })
+        .await
+    }
+
     async fn get_volume_stats(
         &self,
         req: Request<v1::GetVolumeStatsRequest>,

@@ -2,7 +2,8 @@
 
 use crate::config::Settings;
 use crate::error::VolumeError;
-use crate::registry::{BackendRecord, VolumeRecord};
+use crate::registry::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
 use std::path::{Component, Path, PathBuf};
 use ublkd_dataplane::QosLimits;
@@ -86,6 +87,7 @@ pub fn spec(
     let zero_copy = toggle(spec.zero_copy, "zero_copy")?;
     let poll = toggle(spec.poll, "poll")?;
     let qos = qos(spec.qos.as_ref())?;
+    let source = source(spec.source.as_ref(), &backend)?;
     Ok(VolumeRecord {
         id,
         size_bytes: spec.size_bytes,
@@ -100,7 +102,36 @@ pub fn spec(
         zero_copy,
         poll,
         qos,
+        source,
     })
+}
+
+/// A clone's source (CreateVolume): only file volumes are made by reflink.
+fn source(
+    src: Option<&v1::volume_spec::Source>,
+    backend: &BackendRecord,
+) -> Result<Option<SourceRecord>, VolumeError> {
+    use v1::volume_spec::Source;
+    let Some(src) = src else {
+        return Ok(None);
+    };
+    if !matches!(backend, BackendRecord::File { .. }) {
+        return Err(VolumeError::ValidateRequest(
+            "a volume made from a snapshot or volume needs a file backend: its backing file is              a reflink of the source's"
+                .into(),
+        ));
+    }
+    Ok(Some(match src {
+        Source::FromSnapshot(id) => {
+            SourceRecord::Snapshot(SnapshotId::parse(id).map_err(VolumeError::ValidateRequest)?)
+        }
+        Source::FromVolume(id) => SourceRecord::Volume(volume_id(id)?),
+    }))
+}
+
+/// A snapshot id from the API.
+pub fn snapshot_id(id: &str) -> Result<SnapshotId, VolumeError> {
+    SnapshotId::parse(id).map_err(VolumeError::ValidateRequest)
 }
 
 /// Most burst a volume may ask for.

@@ -72,6 +72,12 @@ impl Control {
                 } => {
                     let _ = reply.send(self.resize(id, size));
                 }
+                Command::Drain { dev_id: id, reply } => {
+                    let _ = reply.send(self.drain(id));
+                }
+                Command::Resume { dev_id: id, reply } => {
+                    let _ = reply.send(self.resume(id));
+                }
                 Command::SetQos {
                     dev_id: id,
                     limits,
@@ -134,6 +140,43 @@ impl Control {
         }
         // Every Handle is gone: clean up as on shutdown.
         let _ = self.shutdown();
+    }
+
+    /// Asks every worker to hold the device's new requests and waits until each has none
+    /// with the backend; on a timeout the device is resumed and the drain fails.
+    pub(super) fn drain(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
+        if !self.devices.contains_key(&dev_id) {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        }
+        let mut answers = Vec::new();
+        for w in &self.workers {
+            let (reply, rx) = mpsc::sync_channel(1);
+            if w.tx.send(WorkerCmd::Drain { dev_id, reply }).is_ok() {
+                let _ = w.event.notify();
+                answers.push(rx);
+            }
+        }
+        let deadline = Instant::now() + self.timeout;
+        for rx in answers {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if rx.recv_timeout(left).is_err() {
+                let _ = self.resume(dev_id);
+                return Err(DataplaneError::DrainTimeout(dev_id));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn resume(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
+        if !self.devices.contains_key(&dev_id) {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        }
+        for w in &self.workers {
+            if w.tx.send(WorkerCmd::Resume { dev_id }).is_ok() {
+                let _ = w.event.notify();
+            }
+        }
+        Ok(())
     }
 
     /// New limits for a device, in effect for its next request. Limited to limited changes the

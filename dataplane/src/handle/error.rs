@@ -47,6 +47,8 @@ pub enum DataplaneError {
     NoSuchDevice(DevId),
     #[error("queues of device {0} did not stop within the timeout")]
     StopTimeout(DevId),
+    #[error("requests of device {0} did not finish within the timeout, so it was not drained")]
+    DrainTimeout(DevId),
     #[error("cannot start worker threads")]
     Spawn(#[source] std::io::Error),
     #[error("the dataplane has shut down")]
@@ -95,7 +97,8 @@ impl DataplaneError {
             } => ErrorKind::ResourceExhausted,
             DataplaneError::Gone
             | DataplaneError::ReleaseTimeout(_)
-            | DataplaneError::AttachTimeout { .. } => ErrorKind::Unavailable,
+            | DataplaneError::AttachTimeout { .. }
+            | DataplaneError::DrainTimeout(_) => ErrorKind::Unavailable,
             DataplaneError::RecoveryStuck(_) => ErrorKind::FailedPrecondition,
             _ => ErrorKind::Internal,
         }

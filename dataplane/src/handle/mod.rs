@@ -185,6 +185,16 @@ pub enum Command {
         size_bytes: u64,
         reply: Reply<DeviceInfo>,
     },
+    /// Hold the device's new requests and wait until none is with the backend.
+    Drain {
+        dev_id: DevId,
+        reply: Reply<()>,
+    },
+    /// Serve the device's held requests and new ones again.
+    Resume {
+        dev_id: DevId,
+        reply: Reply<()>,
+    },
     /// New I/O limits, live.
     SetQos {
         dev_id: DevId,
@@ -319,6 +329,19 @@ impl Handle {
             size_bytes,
             reply,
         })
+    }
+
+    /// Drains a device: from now on its new requests wait in the workers (the kernel keeps
+    /// them queued), and this returns once every request already started has completed, so
+    /// the backend holds exactly what was acknowledged. Undone by [`Handle::resume_device`];
+    /// a drain that times out resumes the device itself.
+    pub fn drain_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
+        self.call(|reply| Command::Drain { dev_id, reply })
+    }
+
+    /// Serves a drained device again, its held requests first.
+    pub fn resume_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
+        self.call(|reply| Command::Resume { dev_id, reply })
     }
 
     /// Changes a device's I/O limits; its next request is held to them.

@@ -18,14 +18,15 @@ use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
 use crate::stats::{OpKind, QueueStats, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
 use crate::sys::{self, ublk_batch_io, ublksrv_io_cmd};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod batch;
+mod drain;
 mod per_io;
 mod queue;
 mod request;
@@ -177,6 +178,14 @@ pub enum WorkerCmd {
         dev_id: DevId,
         throttle: Option<Arc<Throttle>>,
     },
+    /// Hold the device's new requests in the worker and reply once none of its requests is
+    /// with the backend (a snapshot is taken while it stays so).
+    Drain {
+        dev_id: DevId,
+        reply: SyncSender<()>,
+    },
+    /// Start the requests held since `Drain`, and serve the device as before.
+    Resume { dev_id: DevId },
     /// Exit once no queue is left.
     Shutdown,
     /// Stop serving at once and never release the ring: the process is about to exit and the
@@ -230,6 +239,11 @@ struct Queue {
     waiting: [VecDeque<Tag>; 2],
     /// A timer to look at `waiting` again is in flight.
     throttle_timer: bool,
+    /// Requests fetched and not yet committed (waiting, held or with the backend).
+    active: usize,
+    /// Drained: new requests are held in `held`, not started, until resumed.
+    paused: bool,
+    held: VecDeque<Tag>,
 }
 
 impl Queue {
@@ -347,6 +361,8 @@ pub struct Worker {
     dying: Vec<u16>,
     /// Queues in `queues` (attached, attaching or stopping): what the io-wq limits follow.
     live: usize,
+    /// Drains to answer once the device's requests are out of the backend.
+    drains: Vec<(DevId, SyncSender<()>)>,
     shutdown: bool,
     abandon: bool,
 }
@@ -375,6 +391,7 @@ impl Worker {
             attaching: Vec::new(),
             dying: Vec::new(),
             live: 0,
+            drains: Vec::new(),
             shutdown: false,
             abandon: false,
         })
@@ -450,6 +467,9 @@ impl Worker {
             self.cqes = cqes;
             if !self.attaching.is_empty() {
                 self.answer_attaches();
+            }
+            if !self.drains.is_empty() {
+                self.answer_drains();
             }
             self.flush_commits();
             self.stats.batch(std::mem::take(&mut self.handled));
@@ -550,6 +570,8 @@ impl Worker {
                     }
                 }
                 WorkerCmd::Throttle { dev_id, throttle } => self.set_throttle(dev_id, throttle),
+                WorkerCmd::Drain { dev_id, reply } => self.drain(dev_id, reply),
+                WorkerCmd::Resume { dev_id } => self.resume(dev_id),
                 WorkerCmd::Shutdown => self.shutdown = true,
                 WorkerCmd::Abandon => self.abandon = true,
             }

@@ -81,6 +81,9 @@ impl Worker {
             attach_reply: None,
             waiting: [VecDeque::new(), VecDeque::new()],
             throttle_timer: false,
+            active: 0,
+            paused: false,
+            held: VecDeque::new(),
         };
         if !q.setup.zero_copy {
             if let Err(e) = Self::ensure_bufs(&mut self.rings, &mut q) {

@@ -26,9 +26,24 @@ impl Worker {
             retries: 0,
         };
         q.setup.stats.started();
+        q.active += 1;
         if req.has_data() && req.len > q.setup.max_io {
             return Some(-libc::EIO);
         }
+        if q.paused {
+            q.held.push_back(tag);
+            return None;
+        }
+        Self::start_unheld(rings, q, slot, tag)
+    }
+
+    /// Starts request `tag` unless the device's limits make it wait.
+    pub(super) fn start_unheld(
+        rings: &mut Rings,
+        q: &mut Queue,
+        slot: u16,
+        tag: Tag,
+    ) -> Option<i32> {
         if q.setup.throttle.is_some() && Self::throttled(rings, q, slot, tag) {
             return None;
         }
@@ -174,6 +189,7 @@ impl Worker {
         res: i32,
     ) {
         let t = q.tags[tag.index()];
+        q.active = q.active.saturating_sub(1);
         let lat = t.started.map_or(0, |s| s.elapsed().as_nanos() as u64);
         q.setup
             .stats

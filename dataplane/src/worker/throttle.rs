@@ -66,9 +66,9 @@ impl Worker {
         Self::admit_waiting(&mut self.rings, q, &mut self.dirty, slot);
     }
 
-    /// Starts the waiters the buckets admit now (all of them with `force`) and arms the timer
+    /// Starts the waiters the buckets admit now (`resume` too) (all of them with `force`) and arms the timer
     /// for the rest; if it cannot be armed, starts them all (over the limit, never stuck).
-    fn admit_waiting(rings: &mut Rings, q: &mut Queue, dirty: &mut Vec<u16>, slot: u16) {
+    pub(super) fn admit_waiting(rings: &mut Rings, q: &mut Queue, dirty: &mut Vec<u16>, slot: u16) {
         if let Some(wait) = Self::admit_ready(rings, q, dirty, slot, false) {
             if !Self::arm_throttle_timer(rings, q, slot, wait) {
                 q.setup.stats.throttle_overrun();
@@ -85,6 +85,10 @@ impl Worker {
         slot: u16,
         force: bool,
     ) -> Option<Duration> {
+        if q.paused {
+            // Drained: nothing starts; `resume` looks at the waiters again.
+            return None;
+        }
         let now = Instant::now();
         let mut next: Option<Duration> = None;
         for dir in [Direction::Read, Direction::Write] {

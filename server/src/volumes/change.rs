@@ -35,7 +35,16 @@ impl Volumes {
             // and readers see the volume coming.
             map.insert(record.id.clone(), Volume::creating(record.clone()));
         }
-        let made = self.make(&mut record).await;
+        let made = match self.make_clone_file(&record).await {
+            Ok(clone) => {
+                let made = self.make(&mut record).await;
+                if let (Err(_), Some(path)) = (&made, clone) {
+                    let _ = std::fs::remove_file(path);
+                }
+                made
+            }
+            Err(e) => Err(e),
+        };
         self.settle(record, made).await
     }
 

@@ -9,10 +9,12 @@
 mod change;
 mod orphans;
 mod restore;
+mod snapshots;
 
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::registry::{BackendRecord, Registry, VolumeRecord};
+use crate::snapshot::{SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::{BTreeMap, HashMap};
@@ -56,6 +58,9 @@ pub struct Volumes {
     handle: Option<Handle>,
     no_ublk: String,
     registry: Registry,
+    snapshot_registry: Registry<SnapshotRecord>,
+    /// Every snapshot; its lock also orders snapshot creation and deletion.
+    snapshots: Mutex<BTreeMap<SnapshotId, SnapshotRecord>>,
     settings: Arc<Settings>,
     inner: Mutex<BTreeMap<VolumeId, Volume>>,
     /// Each volume's operation lock, while anyone holds or waits for it.
@@ -109,6 +114,7 @@ impl Volumes {
     pub fn new(
         handle: Result<Handle, DataplaneError>,
         registry: Registry,
+        snapshot_registry: Registry<SnapshotRecord>,
         settings: Arc<Settings>,
     ) -> Self {
         let (handle, no_ublk) = match handle {
@@ -119,6 +125,8 @@ impl Volumes {
             handle,
             no_ublk,
             registry,
+            snapshot_registry,
+            snapshots: Mutex::new(BTreeMap::new()),
             settings,
             inner: Mutex::new(BTreeMap::new()),
             ops: std::sync::Mutex::new(HashMap::new()),
@@ -294,6 +302,7 @@ mod tests {
         Volumes::new(
             Err(DataplaneError::Gone),
             Registry::open(dir).unwrap(),
+            Registry::open_dir(dir.join("snapshots")).unwrap(),
             Arc::new(Settings::default()),
         )
     }

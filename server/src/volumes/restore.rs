@@ -7,6 +7,7 @@ impl Volumes {
     /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
     /// clients see the whole node at once. `restore` then brings them up.
     pub async fn load(&self) -> Result<(), VolumeError> {
+        self.load_snapshots().await?;
         let (records, report) = self.registry.load()?;
         for path in &report.corrupt {
             tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
