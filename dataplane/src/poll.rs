@@ -12,10 +12,9 @@
 use crate::device::{SpecError, Toggle};
 
 /// Why polling is on or off for a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollReason {
     /// `poll = on`.
-    #[default]
     Asked,
     /// `poll = off`.
     Declined,
