@@ -16,6 +16,8 @@ use ublkd_proto::v1::{
 
 use crate::error::Error;
 use crate::profiles::{Profile, Profiles};
+use crate::qos::{QosArgs, SetQos};
+use crate::snapshot::{SnapshotCall, SourceArgs};
 use ublkd_client::{Connection, Target, TlsFiles};
 
 /// Where ublkd listens unless `--endpoint` or `UBLKCTL_ENDPOINT` says otherwise.
@@ -105,12 +107,12 @@ pub struct Cli {
     )]
     pub timeout: u64,
 
-    /// Output format of get-volume, list-volumes, create-volume, resize-volume, node-info,
-    /// orphans, adopt-device, stats
+    /// Output format of get-volume, list-volumes, create-volume, resize-volume, set-qos,
+    /// node-info, orphans, adopt-device, stats, create-snapshot, list-snapshots
     #[arg(short, long, global = true, help_heading = GLOBAL, value_enum, default_value_t = Format::Text)]
     pub output: Format,
 
-    /// Print tables (list-volumes, orphans) without their header line
+    /// Print tables (list-volumes, list-snapshots, orphans) without their header line
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub no_headers: bool,
 
@@ -144,7 +146,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum Call {
     /// Create a volume and print its block device path (-o json: the whole volume)
-    CreateVolume(CreateVolume),
+    CreateVolume(Box<CreateVolume>),
     /// Delete a volume; its block device goes away, a backing file stays unless asked
     DeleteVolume {
         /// Volume id
@@ -171,6 +173,12 @@ pub enum Call {
         #[arg(long, value_parser = parse_volume_size)]
         size: u64,
     },
+    /// Change a volume's I/O limits and show it; limits not named stay as they are
+    ///
+    /// A limit given as 0 or unlimited is removed; --clear removes them all first.
+    SetQos(SetQos),
+    #[command(flatten)]
+    Snapshot(SnapshotCall),
     /// Show what the node offers: kernel, ublk features, workers, backends, orphan devices
     NodeInfo,
     /// Show what the node can still provide for a backend: ram, file:/DIR or nvme:/dev/ngXnY
@@ -190,7 +198,7 @@ pub enum Call {
     ///
     /// The device stays, with its mounts and open files; the new volume serves its I/O from
     /// BACKEND. What is left out (size, queues, depth) is the device's.
-    AdoptDevice(AdoptDevice),
+    AdoptDevice(Box<AdoptDevice>),
     /// Delete an orphan ublk device; refused for devices of volumes
     DeleteOrphan {
         /// The orphan's ublk device id N (/dev/ublkbN)
@@ -211,6 +219,9 @@ pub struct CreateVolume {
 
     #[command(flatten)]
     pub spec: SpecArgs,
+
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 /// Arguments of `adopt-device`. The server takes unset queues and depth from the device, not from
@@ -268,6 +279,9 @@ pub struct SpecArgs {
     /// Poll for NVMe completions: auto turns it on when the controller has poll queues
     #[arg(long, value_enum, default_value_t = ToggleArg::Auto)]
     pub poll: ToggleArg,
+
+    #[command(flatten)]
+    pub qos: QosArgs,
 }
 
 /// `--zero-copy` and `--poll`, the command-line spelling of [`Toggle`].
@@ -319,6 +333,8 @@ impl SpecArgs {
             io_path: IoPath::from(self.io_path).into(),
             zero_copy: Toggle::from(self.zero_copy).into(),
             poll: Toggle::from(self.poll).into(),
+            qos: self.qos.to_limits(),
+            source: None,
         }
     }
 }
@@ -326,9 +342,11 @@ impl SpecArgs {
 impl CreateVolume {
     /// The request this command sends.
     pub fn to_request(&self) -> CreateVolumeRequest {
+        let mut spec = self.spec.to_spec(self.size);
+        spec.source = self.source.to_source();
         CreateVolumeRequest {
             id: self.name.clone(),
-            spec: Some(self.spec.to_spec(self.size)),
+            spec: Some(spec),
         }
     }
 }

@@ -13,22 +13,31 @@ use tonic::{Request, Response, Status};
 use ublkd_proto::v1::node_service_server::{NodeService, NodeServiceServer};
 use ublkd_proto::v1::volume_service_server::{VolumeService, VolumeServiceServer};
 use ublkd_proto::v1::{
-    get_capacity_request, volume_spec::Backend, AdoptDeviceRequest, Capacity, CreateVolumeRequest,
-    DeleteOrphanRequest, DeleteOrphanResponse, DeleteVolumeRequest, DeleteVolumeResponse, Extent,
-    GetCapacityRequest, GetNodeInfoRequest, GetVolumeRequest, GetVolumeStatsRequest, IoPath,
-    ListVolumesRequest, ListVolumesResponse, NodeInfo, OpStats, OrphanDevice, RamBackend,
-    ResizeVolumeRequest, Volume, VolumeState, VolumeStats,
+    get_capacity_request,
+    volume_spec::{Backend, Source},
+    AdoptDeviceRequest, Capacity, CreateSnapshotRequest, CreateVolumeRequest, DeleteOrphanRequest,
+    DeleteOrphanResponse, DeleteSnapshotRequest, DeleteSnapshotResponse, DeleteVolumeRequest,
+    DeleteVolumeResponse, Extent, GetCapacityRequest, GetNodeInfoRequest, GetVolumeRequest,
+    GetVolumeStatsRequest, IoPath, ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest,
+    ListVolumesResponse, NodeInfo, OpStats, OrphanDevice, QosLimits, RamBackend,
+    ResizeVolumeRequest, SetVolumeQosRequest, Snapshot, Volume, VolumeSpec, VolumeState,
+    VolumeStats,
 };
 
 use crate::args::{Cli, Command};
 use crate::execute;
 
-/// Holds at most one volume (the last created or adopted) and the orphan ublk devices it was
-/// given; remembers what the client sent.
+mod qos_and_snapshots;
+
+/// Holds at most one volume (the last created or adopted), the orphan ublk devices it was
+/// given and the snapshots taken; remembers what the client sent.
 #[derive(Debug, Default)]
 struct Fake {
     volume: Mutex<Option<Volume>>,
     orphans: Mutex<Vec<OrphanDevice>>,
+    snapshots: Mutex<Vec<Snapshot>>,
+    /// The last `SetVolumeQos` request.
+    qos_set: Mutex<Option<SetVolumeQosRequest>>,
     /// The `grpc-timeout` header of the last request.
     deadline_header: Mutex<Option<String>>,
     /// The last `AdoptDevice` request.
@@ -52,6 +61,42 @@ impl Fake {
             .filter(|v| v.id == id)
             .ok_or_else(|| Status::not_found(format!("volume {id:?} does not exist")))
     }
+
+    /// A new volume's source must exist, and the volume be at least its size.
+    fn check_source(&self, spec: &VolumeSpec) -> Result<(), Status> {
+        let source_size = match &spec.source {
+            None => return Ok(()),
+            Some(Source::FromVolume(id)) => self.find(id)?.spec.unwrap_or_default().size_bytes,
+            Some(Source::FromSnapshot(id)) => {
+                self.snapshots
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .find(|s| s.id == *id)
+                    .ok_or_else(|| Status::not_found(format!("snapshot {id:?} does not exist")))?
+                    .size_bytes
+            }
+        };
+        if spec.size_bytes < source_size {
+            return Err(Status::invalid_argument(format!(
+                "size_bytes {} is less than the source's {source_size}",
+                spec.size_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Limits as the daemon keeps them: the burst checked, and no limits at all reported as unset.
+fn stored_qos(qos: Option<QosLimits>) -> Result<Option<QosLimits>, Status> {
+    match qos {
+        Some(q) if q.burst_ms > 60_000 => Err(Status::invalid_argument(format!(
+            "qos burst_ms {} must be at most 60000",
+            q.burst_ms
+        ))),
+        Some(q) if q == QosLimits::default() => Ok(None),
+        q => Ok(q),
+    }
 }
 
 #[tonic::async_trait]
@@ -62,9 +107,12 @@ impl VolumeService for Fake {
     ) -> Result<Response<Volume>, Status> {
         self.saw(&request);
         let request = request.into_inner();
+        let mut spec = request.spec.unwrap_or_default();
+        self.check_source(&spec)?;
+        spec.qos = stored_qos(spec.qos)?;
         let volume = Volume {
             id: request.id,
-            spec: request.spec,
+            spec: Some(spec),
             state: VolumeState::Ready.into(),
             device_path: "/dev/ublkb0".into(),
             io_path_in_use: IoPath::Batch.into(),
@@ -126,7 +174,11 @@ impl VolumeService for Fake {
     ) -> Result<Response<VolumeStats>, Status> {
         self.saw(&request);
         let volume = self.find(&request.into_inner().id)?;
+        // Only a volume with limits is ever held back.
+        let limited = volume.spec.as_ref().is_some_and(|s| s.qos.is_some());
         Ok(Response::new(VolumeStats {
+            throttled_requests: if limited { 3 } else { 0 },
+            throttled_seconds: if limited { 0.25 } else { 0.0 },
             id: volume.id,
             ops: vec![OpStats {
                 op: "write".into(),
@@ -138,6 +190,100 @@ impl VolumeService for Fake {
             latency_mean_seconds: 0.002,
             ..VolumeStats::default()
         }))
+    }
+
+    /// Replaces the whole set, as the daemon does.
+    async fn set_volume_qos(
+        &self,
+        request: Request<SetVolumeQosRequest>,
+    ) -> Result<Response<Volume>, Status> {
+        self.saw(&request);
+        let request = request.into_inner();
+        *self.qos_set.lock().unwrap() = Some(request.clone());
+        let mut volume = self.find(&request.id)?;
+        volume.spec.get_or_insert_with(Default::default).qos = stored_qos(request.qos)?;
+        *self.volume.lock().unwrap() = Some(volume.clone());
+        Ok(Response::new(volume))
+    }
+
+    /// File volumes only; idempotent by id. The copy's path is the backing file's plus
+    /// `.snap-ID`.
+    async fn create_snapshot(
+        &self,
+        request: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<Snapshot>, Status> {
+        self.saw(&request);
+        let request = request.into_inner();
+        let volume = self.find(&request.source_volume_id)?;
+        let spec = volume.spec.unwrap_or_default();
+        let Some(Backend::File(file)) = &spec.backend else {
+            return Err(Status::failed_precondition(format!(
+                "volume {:?} is not a file volume",
+                volume.id
+            )));
+        };
+        let mut snapshots = self.snapshots.lock().unwrap();
+        if let Some(existing) = snapshots.iter().find(|s| s.id == request.id) {
+            if existing.source_volume_id != volume.id {
+                return Err(Status::already_exists(format!(
+                    "snapshot {:?} is of volume {:?}",
+                    existing.id, existing.source_volume_id
+                )));
+            }
+            return Ok(Response::new(existing.clone()));
+        }
+        let mut snapshot = Snapshot {
+            path: format!("{}.snap-{}", file.path, request.id),
+            id: request.id,
+            source_volume_id: volume.id,
+            size_bytes: spec.size_bytes,
+            created: None,
+            ready: true,
+        };
+        let taken = i64::try_from(snapshots.len()).unwrap();
+        snapshot
+            .created
+            .get_or_insert_with(Default::default)
+            .seconds = 1_700_000_000 + taken;
+        snapshots.push(snapshot.clone());
+        Ok(Response::new(snapshot))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        self.saw(&request);
+        let request = request.into_inner();
+        let mut snapshots = self.snapshots.lock().unwrap();
+        let before = snapshots.len();
+        snapshots.retain(|s| s.id != request.id);
+        if snapshots.len() == before && !request.allow_missing {
+            return Err(Status::not_found(format!(
+                "snapshot {:?} does not exist",
+                request.id
+            )));
+        }
+        Ok(Response::new(DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        self.saw(&request);
+        let filter = request.into_inner();
+        let matches = |want: &str, have: &str| want.is_empty() || want == have;
+        let snapshots = self
+            .snapshots
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| matches(&filter.id, &s.id))
+            .filter(|s| matches(&filter.source_volume_id, &s.source_volume_id))
+            .cloned()
+            .collect();
+        Ok(Response::new(ListSnapshotsResponse { snapshots }))
     }
 }
 

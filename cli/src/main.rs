@@ -11,9 +11,10 @@
 //! Exit codes: 0 success, 1 the daemon answered with an error, 2 a usage error, 3 the daemon
 //! cannot be reached (not running, or a certificate refused by either side of TLS).
 //!
-//! Modules: `args` (clap definitions and request building), `connect` (the channel),
-//! `output` (text and JSON rendering), `error` (messages and exit codes); `fake_daemon` holds
-//! the tests that run whole commands against an in-process fake ublkd.
+//! Modules: `args` (clap definitions and request building), `qos` (the I/O limit flags and
+//! `set-qos`'s merge), `snapshot` (the snapshot commands and clone sources), `output` (text and
+//! JSON rendering), `profiles` (named nodes), `error` (messages and exit codes); `fake_daemon`
+//! holds the tests that run whole commands against an in-process fake ublkd.
 
 mod args;
 mod error;
@@ -21,6 +22,8 @@ mod error;
 mod fake_daemon;
 mod output;
 mod profiles;
+mod qos;
+mod snapshot;
 
 use std::future::Future;
 use std::io::{self, Write};
@@ -38,6 +41,7 @@ use ublkd_proto::v1::{
 
 use crate::args::{delete_orphan_request, resize_request, Call, Cli, Command, Format};
 use crate::error::Error;
+use crate::snapshot::SnapshotCall;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -182,6 +186,56 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 output::volume_json(&volume)
             } else {
                 output::volume_text(&volume)
+            }
+        }
+        Call::SetQos(set) => {
+            // The API replaces the whole set: read it, change what the flags name, send it back.
+            let request = client.request(GetVolumeRequest {
+                id: set.name.clone(),
+            });
+            let volume = client.call(client.volumes().get_volume(request)).await?;
+            let current = volume.spec.and_then(|s| s.qos);
+            let request = client.request(set.to_request(current));
+            let volume = client
+                .call(client.volumes().set_volume_qos(request))
+                .await?;
+            if json {
+                output::volume_json(&volume)
+            } else {
+                output::volume_text(&volume)
+            }
+        }
+        Call::Snapshot(SnapshotCall::CreateSnapshot { id, volume }) => {
+            let request = client.request(snapshot::create_request(id, volume));
+            let snap = client
+                .call(client.volumes().create_snapshot(request))
+                .await?;
+            if json {
+                snapshot::snapshot_json(&snap)
+            } else {
+                snapshot::snapshot_text(&snap)
+            }
+        }
+        Call::Snapshot(SnapshotCall::DeleteSnapshot { id, allow_missing }) => {
+            let request = client.request(snapshot::delete_request(id, *allow_missing));
+            client
+                .call(client.volumes().delete_snapshot(request))
+                .await?;
+            if json {
+                "{}".into()
+            } else {
+                format!("deleted snapshot {id:?}")
+            }
+        }
+        Call::Snapshot(SnapshotCall::ListSnapshots { volume }) => {
+            let request = client.request(snapshot::list_request(volume.as_deref()));
+            let list = client
+                .call(client.volumes().list_snapshots(request))
+                .await?;
+            if json {
+                snapshot::snapshots_json(&list.snapshots)
+            } else {
+                snapshot::snapshots_table(&list.snapshots, !cli.no_headers)
             }
         }
         Call::Capacity { backend } => {

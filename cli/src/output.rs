@@ -6,6 +6,8 @@
 //! numbers, not strings, so `jq` can do arithmetic on them. Every function returns the text
 //! without a final newline.
 
+use crate::qos::{limits_cell, limits_json, limits_text};
+use crate::snapshot::{source_json, source_text};
 use serde_json::{json, Map, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
@@ -15,14 +17,14 @@ use ublkd_proto::v1::{
 
 /// Column alignment in [`table`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Align {
+pub enum Align {
     Left,
     Right,
 }
 
 /// Columns separated by two spaces, each as wide as its widest cell; no trailing blanks. The
 /// header line is left out unless `with_header` (`--no-headers`, for scripts).
-fn table(headers: &[(&str, Align)], rows: &[Vec<String>], with_header: bool) -> String {
+pub fn table(headers: &[(&str, Align)], rows: &[Vec<String>], with_header: bool) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|(h, _)| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -50,7 +52,7 @@ fn table(headers: &[(&str, Align)], rows: &[Vec<String>], with_header: bool) -> 
 }
 
 /// `label: value` lines with the values aligned.
-fn fields<K: AsRef<str>>(pairs: &[(K, String)]) -> String {
+pub fn fields<K: AsRef<str>>(pairs: &[(K, String)]) -> String {
     let width = pairs
         .iter()
         .map(|(k, _)| k.as_ref().chars().count() + 1)
@@ -141,7 +143,7 @@ fn yaml_value(v: &Value, indent: usize, out: &mut String) {
     }
 }
 
-fn pretty(value: &Value) -> String {
+pub fn pretty(value: &Value) -> String {
     // Serialising a `Value` cannot fail: its map keys are strings.
     serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
 }
@@ -207,7 +209,7 @@ pub fn backend_text(backend: Option<&Backend>) -> String {
     }
 }
 
-fn or_dash(s: &str) -> String {
+pub fn or_dash(s: &str) -> String {
     if s.is_empty() {
         "-".into()
     } else {
@@ -233,6 +235,7 @@ pub fn volumes_table(volumes: &[Volume], with_header: bool) -> String {
                 backend_text(spec.and_then(|s| s.backend.as_ref())),
                 or_dash(&v.device_path),
                 io_path_word(v.io_path_in_use),
+                limits_cell(spec.and_then(|s| s.qos.as_ref())),
             ]
         })
         .collect();
@@ -244,6 +247,7 @@ pub fn volumes_table(volumes: &[Volume], with_header: bool) -> String {
             ("BACKEND", Left),
             ("DEVICE", Left),
             ("IO PATH", Left),
+            ("QOS", Left),
         ],
         &rows,
         with_header,
@@ -299,6 +303,7 @@ pub fn volume_text(v: &Volume) -> String {
                 ),
             },
         ),
+        ("qos", limits_text(spec.qos.as_ref())),
         (
             "device",
             if v.device_path.is_empty() {
@@ -312,6 +317,9 @@ pub fn volume_text(v: &Volume) -> String {
             v.created.map_or_else(|| "-".into(), |t| t.to_string()),
         ),
     ];
+    if let Some(source) = &spec.source {
+        pairs.push(("source", source_text(source)));
+    }
     if !v.message.is_empty() {
         pairs.push(("message", v.message.clone()));
     }
@@ -362,6 +370,13 @@ fn spec_json(spec: &VolumeSpec) -> Value {
     map.insert("io_path".into(), io_path_json(spec.io_path));
     map.insert("zero_copy".into(), toggle_json(spec.zero_copy));
     map.insert("poll".into(), toggle_json(spec.poll));
+    if let Some(qos) = &spec.qos {
+        map.insert("qos".into(), limits_json(qos));
+    }
+    if let Some(source) = &spec.source {
+        let (field, id) = source_json(source);
+        map.insert(field.into(), id);
+    }
     Value::Object(map)
 }
 
@@ -482,8 +497,18 @@ pub fn stats_text(s: &VolumeStats) -> String {
         ("inflight", s.inflight.to_string()),
         ("memory", format_size(s.memory_bytes)),
         ("mean latency", latency_text(s.latency_mean_seconds)),
+        ("throttled", throttled_text(s)),
     ]);
     format!("volume {}\n\n{ops}\n\n{totals}", s.id)
+}
+
+/// Requests held back by the volume's limits, and how long they waited in all.
+fn throttled_text(s: &VolumeStats) -> String {
+    match s.throttled_requests {
+        0 => "0 requests".into(),
+        1 => format!("1 request, {} waited", latency_text(s.throttled_seconds)),
+        n => format!("{n} requests, {} waited", latency_text(s.throttled_seconds)),
+    }
 }
 
 /// `stats` as JSON (`VolumeStats`).
@@ -501,6 +526,8 @@ pub fn stats_json(s: &VolumeStats) -> String {
         "inflight": s.inflight,
         "memory_bytes": s.memory_bytes,
         "latency_mean_seconds": s.latency_mean_seconds,
+        "throttled_requests": s.throttled_requests,
+        "throttled_seconds": s.throttled_seconds,
     }))
 }
 
@@ -738,7 +765,7 @@ volumes:
         assert_eq!(orphans_table(&[], false), "");
     }
     use crate::args::parse_backend;
-    use ublkd_proto::v1::{FileBackend, OpStats, RamBackend};
+    use ublkd_proto::v1::{volume_spec::Source, FileBackend, OpStats, QosLimits, RamBackend};
 
     fn sample() -> Volume {
         let mut v = Volume {
@@ -755,6 +782,8 @@ volumes:
                 io_path: IoPath::Auto.into(),
                 zero_copy: Toggle::Auto.into(),
                 poll: Toggle::Off.into(),
+                qos: None,
+                source: None,
             }),
             state: VolumeState::Ready.into(),
             device_path: "/dev/ublkb0".into(),
@@ -780,10 +809,15 @@ volumes:
         ram.state = VolumeState::Creating.into();
         ram.device_path.clear();
         ram.io_path_in_use = IoPath::Auto.into();
+        ram.spec.as_mut().unwrap().qos = Some(QosLimits {
+            write_bytes_per_second: 200 << 20,
+            burst_ms: 2000,
+            ..QosLimits::default()
+        });
         let expected = "\
-ID       STATE     SIZE     BACKEND                     DEVICE       IO PATH
-vol-1    ready     10 GiB   file+create:/srv/vol-1.img  /dev/ublkb0  per-io
-scratch  creating  1.5 GiB  ram                         -            auto";
+ID       STATE     SIZE     BACKEND                     DEVICE       IO PATH  QOS
+vol-1    ready     10 GiB   file+create:/srv/vol-1.img  /dev/ublkb0  per-io   -
+scratch  creating  1.5 GiB  ram                         -            auto     write 200 MiB/s";
         assert_eq!(volumes_table(&[sample(), ram], true), expected);
     }
 
@@ -791,7 +825,7 @@ scratch  creating  1.5 GiB  ram                         -            auto";
     fn an_empty_list_is_just_the_header() {
         assert_eq!(
             volumes_table(&[], true),
-            "ID  STATE  SIZE  BACKEND  DEVICE  IO PATH"
+            "ID  STATE  SIZE  BACKEND  DEVICE  IO PATH  QOS"
         );
     }
 
@@ -808,9 +842,37 @@ queue depth: server default
 io path:     auto (in use: per-io)
 zero copy:   auto (in use: on)
 poll:        off (in use: off: declined)
+qos:         unlimited
 device:      /dev/ublkb0 (ublk id 0)
 created:     2023-11-14T22:13:20Z";
         assert_eq!(volume_text(&sample()), expected);
+    }
+
+    #[test]
+    fn volume_text_shows_limits_and_source() {
+        let mut v = sample();
+        let spec = v.spec.as_mut().unwrap();
+        spec.qos = Some(QosLimits {
+            read_iops: 5000,
+            write_bytes_per_second: 200 << 20,
+            ..QosLimits::default()
+        });
+        spec.source = Some(Source::FromSnapshot("db-monday".into()));
+        let text = volume_text(&v);
+        assert!(
+            text.contains("\nqos:         read 5000 IOPS, write 200 MiB/s, burst 100 ms\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\nsource:      snapshot db-monday"),
+            "{text}"
+        );
+        let j: Value = serde_json::from_str(&volume_json(&v)).unwrap();
+        assert_eq!(j["spec"]["qos"]["read_iops"], 5000);
+        assert_eq!(j["spec"]["qos"]["write_bytes_per_second"], 200u64 << 20);
+        assert_eq!(j["spec"]["qos"]["burst_ms"], 0);
+        assert_eq!(j["spec"]["from_snapshot"], "db-monday");
+        assert!(j["spec"].get("from_volume").is_none());
     }
 
     #[test]
@@ -901,6 +963,8 @@ created:     2023-11-14T22:13:20Z";
             inflight: 2,
             memory_bytes: 0,
             latency_mean_seconds: 0.000_042_5,
+            throttled_requests: 12,
+            throttled_seconds: 0.35,
         };
         let expected = "\
 volume vol-1
@@ -913,12 +977,27 @@ discard      0      0 B         -         -
 errors:       1
 inflight:     2
 memory:       0 B
-mean latency: 42.5 µs";
+mean latency: 42.5 µs
+throttled:    12 requests, 350.0 ms waited";
         assert_eq!(stats_text(&stats), expected);
+        let once = VolumeStats {
+            throttled_requests: 1,
+            throttled_seconds: 2.0,
+            ..stats.clone()
+        };
+        assert!(stats_text(&once).ends_with("throttled:    1 request, 2.00 s waited"));
+        let never = VolumeStats {
+            throttled_requests: 0,
+            throttled_seconds: 0.0,
+            ..stats.clone()
+        };
+        assert!(stats_text(&never).ends_with("throttled:    0 requests"));
         let j: Value = serde_json::from_str(&stats_json(&stats)).unwrap();
         assert_eq!(j["ops"][0]["bytes"], 4800 << 10);
         assert_eq!(j["ops"][0]["latency_p99_seconds"], 0.0021);
         assert_eq!(j["latency_mean_seconds"], 0.000_042_5);
+        assert_eq!(j["throttled_requests"], 12);
+        assert_eq!(j["throttled_seconds"], 0.35);
     }
 
     #[test]
