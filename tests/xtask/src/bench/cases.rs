@@ -1,6 +1,6 @@
 //! What the bench measures: the server setups (`RUNS`), the fio jobs run against each
 //! (`WORKLOADS`), the comparisons reported (`PAIRS`, `RSS_PAIRS`), and the settings of the
-//! control-plane, recovery and stall runs.
+//! control-plane, QoS, snapshot, recovery and stall runs.
 
 /// Default seconds each fio job measures (after one second of ramp).
 pub const DEFAULT_RUNTIME: u64 = 5;
@@ -53,6 +53,121 @@ pub const RECOVERY_METRICS: &str = "127.0.0.1:9582";
 /// Guest seconds budgeted for the recovery and stall runs (162 ublkctl calls, 4 daemons, 2
 /// restarts each, fio), with margin for TCG.
 pub const RECOVERY_BUDGET_SECS: u64 = 400;
+
+/// The QoS run: `ublkd --config` with one null volume per entry of `QOS_JOBS` (each limit set at
+/// CreateVolume), measured by fio and deleted before the next.
+pub const QOS_RUN: &str = "ublkd-qos";
+pub const QOS_SIZE: &str = "1GiB";
+/// fio's depth for every QoS job: enough waiters that the limit, not the client, sets the pace.
+pub const QOS_QD: u32 = 32;
+/// Seconds each QoS job measures, after one second of ramp that the burst allowance (the
+/// daemon's default, 100 ms of the limit) falls into. Fixed, unlike the fio cases' runtime, so
+/// that accuracy compares from run to run.
+pub const QOS_RUNTIME_SECS: u64 = 5;
+/// Where the QoS run's daemon serves metrics (never scraped).
+pub const QOS_METRICS: &str = "127.0.0.1:9584";
+/// Guest seconds budgeted for the QoS run: six fio jobs of 6 s, their volumes, and margin.
+pub const QOS_BUDGET_SECS: u64 = 240;
+
+/// Which limit a QoS job sets, and so which of fio's numbers it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QosLimit {
+    /// No limit: the ceiling of this setup, to read the others against.
+    Unlimited,
+    /// `--read-iops N`, measured as read IOPS.
+    ReadIops(u64),
+    /// `--write-bw N MiB/s`, measured as write MiB/s.
+    WriteMibps(u64),
+}
+
+/// One QoS job: a null volume with `limit`, fio `rw` at `bs` on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosJob {
+    pub limit: QosLimit,
+    pub rw: &'static str,
+    pub bs: &'static str,
+}
+
+impl QosJob {
+    /// Its case in `results.json`, its volume id and its files' names in the run directory.
+    pub fn id(&self) -> String {
+        match self.limit {
+            QosLimit::Unlimited => format!("qos-{}-unlimited", self.rw),
+            QosLimit::ReadIops(n) => format!("qos-read-iops-{n}"),
+            QosLimit::WriteMibps(n) => format!("qos-write-bw-{n}mibps"),
+        }
+    }
+
+    /// The `ublkctl create-volume` flags that set its limit.
+    pub fn flags(&self) -> String {
+        match self.limit {
+            QosLimit::Unlimited => String::new(),
+            QosLimit::ReadIops(n) => format!("--read-iops {n}"),
+            QosLimit::WriteMibps(n) => format!("--write-bw {n}MiB/s"),
+        }
+    }
+
+    /// The limit as a number in the unit fio's figure is read in (IOPS or MiB/s).
+    pub fn limit_value(&self) -> Option<f64> {
+        match self.limit {
+            QosLimit::Unlimited => None,
+            QosLimit::ReadIops(n) | QosLimit::WriteMibps(n) => Some(n as f64),
+        }
+    }
+}
+
+/// In the order they run: the ceiling first, then IOPS limits below and near it, then bandwidth.
+pub const QOS_JOBS: &[QosJob] = &[
+    QosJob {
+        limit: QosLimit::Unlimited,
+        rw: "randread",
+        bs: "4k",
+    },
+    QosJob {
+        limit: QosLimit::ReadIops(1000),
+        rw: "randread",
+        bs: "4k",
+    },
+    QosJob {
+        limit: QosLimit::ReadIops(5000),
+        rw: "randread",
+        bs: "4k",
+    },
+    QosJob {
+        limit: QosLimit::ReadIops(20000),
+        rw: "randread",
+        bs: "4k",
+    },
+    QosJob {
+        limit: QosLimit::WriteMibps(8),
+        rw: "randwrite",
+        bs: "64k",
+    },
+    QosJob {
+        limit: QosLimit::WriteMibps(32),
+        rw: "randwrite",
+        bs: "64k",
+    },
+];
+
+/// The snapshot run: file volumes on an XFS made with reflink=1 (a loop device over a sparse
+/// file in the guest's tmpfs), snapshotted and cloned.
+pub const SNAPSHOT_RUN: &str = "ublkd-snapshot";
+/// Sizes (GiB) of the volumes snapshotted: the times must not grow with them.
+pub const SNAPSHOT_GIB: [u64; 2] = [1, 16];
+/// Size of that XFS (GiB): room for the largest volume in full, though only `SNAPSHOT_FILL_MIB`
+/// of each is written (the image file is sparse, and tmpfs holds only what is written).
+pub const SNAPSHOT_FS_GIB: u64 = 20;
+/// MiB fio writes into each volume before its snapshots (randwrite 64 KiB across the whole
+/// volume), so that the backing file has thousands of extents for the reflink to share.
+pub const SNAPSHOT_FILL_MIB: u64 = 256;
+/// Snapshots, and clones of them, per size (each timed; the median is reported); also the
+/// `ublkctl node-info` calls timed as the floor of a call.
+pub const SNAPSHOT_REPEATS: usize = 3;
+/// Where the snapshot run's daemon serves metrics (never scraped).
+pub const SNAPSHOT_METRICS: &str = "127.0.0.1:9585";
+/// Guest seconds budgeted for the snapshot run: mkfs, 512 MiB written, 14 volumes, margin.
+pub const SNAPSHOT_BUDGET_SECS: u64 = 300;
 
 /// What serves the block device in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

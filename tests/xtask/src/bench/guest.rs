@@ -1,10 +1,13 @@
 //! The script the guest runs: a preamble naming the binaries and settings, the shell functions
-//! of `guest.sh`, `run_workloads` made from `WORKLOADS`, then one line per case.
+//! of `guest.sh`, `run_workloads` made from `WORKLOADS`, `qos_jobs` from `QOS_JOBS`, then one
+//! line per case.
 
 use super::cases::{
     recovery_run, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH, CONTROL_METRICS, CONTROL_RUN,
     CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, DEPTH,
-    NULL_BYTES, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE, RECOVERY_VOLUMES, RUNS,
+    NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN, QOS_RUNTIME_SECS, QOS_SIZE, QUEUES,
+    RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE, RECOVERY_VOLUMES, RUNS, SNAPSHOT_FILL_MIB,
+    SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS, SNAPSHOT_REPEATS, SNAPSHOT_RUN,
     STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE, WORKLOADS,
 };
 use crate::vm;
@@ -18,9 +21,9 @@ use std::path::Path;
 /// Checked by shellcheck in the host tests (`cargo xtask test`).
 const SCRIPT_LIB: &str = include_str!("guest.sh");
 
-/// The script the guest runs: every run of `RUNS`, then the control-plane run, each writing its
-/// results into the run directory. `kublk`/`ublkd`/`ublkctl` are the binaries, or why they are
-/// missing.
+/// The script the guest runs: every run of `RUNS`, then the control-plane, CSI, QoS, snapshot
+/// and recovery runs, each writing its results into the run directory. `kublk`/`ublkd`/`ublkctl`
+/// are the binaries, or why they are missing.
 pub fn guest_script(
     runtime: u64,
     kublk: Result<&Path, &str>,
@@ -45,6 +48,18 @@ pub fn guest_script(
             "    run_fio \"$1\" \"$2\" {} {} {} \"$3\" {}",
             wl.id, wl.rw, wl.qd, wl.bs
         );
+    }
+    s.push_str("}\n\n# qos_jobs: one qos_job ID RW BS [FLAGS] per limit\nqos_jobs() {\n");
+    for job in QOS_JOBS {
+        let line = format!(
+            "    qos_job {} {} {} {}",
+            job.id(),
+            job.rw,
+            job.bs,
+            job.flags()
+        );
+        s.push_str(line.trim_end());
+        s.push('\n');
     }
     s.push_str("}\n\n");
     s.push_str("echo \"bench: guest kernel $(uname -r), $(nproc) CPUs\"\n");
@@ -140,6 +155,29 @@ pub fn guest_script(
     };
     s.push_str(&line);
     s.push('\n');
+    // The features measured through the node service: QoS limits, snapshots and clones.
+    let gib: Vec<String> = SNAPSHOT_GIB.iter().map(u64::to_string).collect();
+    for (id, case) in [
+        (
+            QOS_RUN,
+            format!("qos_case {QOS_RUN} {QOS_METRICS} {QOS_SIZE} {QOS_QD} {QOS_RUNTIME_SECS}"),
+        ),
+        (
+            SNAPSHOT_RUN,
+            format!(
+                "snap_case {SNAPSHOT_RUN} {SNAPSHOT_METRICS} {SNAPSHOT_FS_GIB} {SNAPSHOT_FILL_MIB} \
+                 {SNAPSHOT_REPEATS} {}",
+                gib.join(" ")
+            ),
+        ),
+    ] {
+        let line = match (ublkd, ublkctl) {
+            (Err(e), _) | (_, Err(e)) => format!("fail_case {id} {}", vm::shell_quote(e)),
+            (Ok(_), Ok(_)) => case,
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
     // Crash recovery last: each run its own daemon, state and socket, torn down before the next.
     let mut runs: Vec<String> = RECOVERY_VOLUMES.iter().map(|&n| recovery_run(n)).collect();
     runs.push(STALL_RUN.to_owned());
@@ -212,9 +250,11 @@ mod tests {
             .find("ctl_case ublkd-control 100 64MiB 32 127.0.0.1:9581\n")
             .expect("no ctl_case line");
         assert!(s.rfind("loop_case loop-dio").is_some_and(|i| i < ctl));
-        assert!(s.rfind("umount").is_some_and(|i| i < ctl));
+        // The backing file's unmount (guest.sh has umounts of its own, in functions).
+        let umount = "then umount \"$TMPDIR/ublkd-bench\"";
+        assert!(s.rfind(umount).is_some_and(|i| i < ctl));
         // The namespace's file system is gone before anything uses the namespace itself.
-        let um = s.find("umount").expect("umount");
+        let um = s.find(umount).expect("umount");
         assert!(s.rfind("ublkd-file-copy").is_some_and(|i| i < um));
         assert!(s.find("fio-ng0n1-passthru").is_some_and(|i| i > um));
         let s = guest_script(
@@ -268,6 +308,42 @@ mod tests {
             );
         }
         assert!(!s.contains("rec_case ublkd-recovery") && !s.contains("stall_case ublkd-stall"));
+    }
+
+    #[test]
+    fn script_runs_qos_and_snapshots_before_recovery() {
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
+        );
+        let at = |line: &str| {
+            s.find(line)
+                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
+        };
+        // The jobs are a function the case calls once its daemon is up.
+        let jobs = at("qos_jobs() {\n");
+        assert!(at("    qos_job qos-randread-unlimited randread 4k\n") > jobs);
+        assert!(at("    qos_job qos-read-iops-5000 randread 4k --read-iops 5000\n") > jobs);
+        assert!(at("    qos_job qos-write-bw-8mibps randwrite 64k --write-bw 8MiB/s\n") > jobs);
+        let csi = at("csi_case ublkd-csi");
+        let qos = at("qos_case ublkd-qos 127.0.0.1:9584 1GiB 32 5\n");
+        let snap = at("snap_case ublkd-snapshot 127.0.0.1:9585 20 256 3 1 16\n");
+        let rec = at("rec_case ublkd-recovery-1 ");
+        assert!(jobs < csi && csi < qos && qos < snap && snap < rec);
+
+        let s = guest_script(
+            5,
+            Ok(Path::new("/k/kublk")),
+            Err("building ublkd failed"),
+            Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
+        );
+        assert!(s.contains("fail_case ublkd-qos 'building ublkd failed'\n"));
+        assert!(s.contains("fail_case ublkd-snapshot 'building ublkd failed'\n"));
+        assert!(!s.contains("\nqos_case ublkd-qos") && !s.contains("\nsnap_case ublkd-snapshot"));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 # The shell functions of the bench's guest script (see guest.rs, which includes this file). The
 # guest runs the script with /bin/sh (dash), so this is POSIX sh. The generated script sets, before
 # this: RUNTIME (seconds per fio job), BACKING_BYTES, KUBLK, UBLKD and UBLKCTL (binaries, empty
-# when missing), SOCK; and defines after it: run_workloads RUN DEVICE PIDS, then one line per case.
+# when missing), SOCK; and defines after it: run_workloads RUN DEVICE PIDS, qos_jobs (one qos_job
+# per limit), then one line per case.
 OUT="$UBLKD_VM_RUN"
 HZ=$(getconf CLK_TCK)
 FIO_ENGINE="--ioengine=io_uring --direct=1"
@@ -383,6 +384,179 @@ csi_down() {
     csictl unpublish "$1" "$2/pods/p/$1" &&
         csictl unstage "$1" "$2/staging/$1" &&
         csictl delete "$1"
+}
+
+# qos_case RUN METRICS SIZE QD RUNTIME: ublkd as a node service (as in ctl_case); qos_jobs
+# (generated from QOS_JOBS) runs qos_job once per limit, each on a fresh null volume of SIZE.
+# Per job ID: ID.json, ID.rc and ID.log (fio), ID.volume.json (get-volume -o json: the limits as
+# the daemon took them), ID.error (no measurement, and why). Volumes that outlive their job, or
+# a daemon that will not stop, go to teardown_error.
+qos_case() {
+    run=$1; d="$OUT/$run"; mkdir -p "$d"
+    C="$TMPDIR/$run"; SOCK="$C/ublkd.sock"
+    rm -rf "$C"; node_config "$C" "$2"
+    qsize=$3; qqd=$4; qrt=$5
+    note "$run: null volumes with I/O limits, fio $qrt s at QD$qqd on each"
+    : > "$d/volumes"
+    spawn_ublkd "$d" "$C/ublkd.toml"
+    wait_up "$run" "$d" || return
+    qos_jobs
+    rec_teardown "$d" "$C/ublkd.toml"
+}
+
+# qos_job ID RW BS [FLAGS...]: create-volume ID (null, $qsize) with FLAGS, its limits; fio RW at
+# BS and depth $qqd for $qrt s after 1 s of ramp (the burst allowance is spent in the ramp);
+# delete-volume ID. Reads $d, $qsize, $qqd and $qrt of qos_case.
+qos_job() {
+    id=$1; rw=$2; bs=$3; shift 3
+    if ! dev=$(ctl create-volume "$id" --size "$qsize" --backend null "$@" 2>> "$d/create.err"); then
+        echo "create-volume $id $* failed: $(tail_of "$d/create.err")" > "$d/$id.error"
+        note "$id: $(cat "$d/$id.error")"
+        return
+    fi
+    echo "$id $dev" >> "$d/volumes"
+    if wait_blk "$dev"; then
+        ctl get-volume "$id" -o json > "$d/$id.volume.json" 2>> "$d/create.err"
+        # shellcheck disable=SC2086 # FIO_ENGINE is several words
+        timeout -k 5 $((qrt + 60)) fio --name="$id" --filename="$dev" $FIO_ENGINE --bs="$bs" \
+            --rw="$rw" --iodepth="$qqd" --numjobs=1 --norandommap --time_based --runtime="$qrt" \
+            --ramp_time=1 --output-format=json --output="$d/$id.json" > "$d/$id.log" 2>&1
+        echo $? > "$d/$id.rc"
+        note "$id: fio exit $(cat "$d/$id.rc")"
+    else
+        echo "create-volume $id returned ${dev:-nothing}, which is no block device" > "$d/$id.error"
+    fi
+    if ! ctl delete-volume "$id" > /dev/null 2>> "$d/delete.err"; then
+        echo "delete-volume $id failed: $(tail_of "$d/delete.err")" >> "$d/teardown_error"
+    fi
+}
+
+# snap_case RUN METRICS FS_GIB FILL_MIB REPEATS GIB...: ublkd as a node service whose allowed
+# root is an XFS made with reflink=1 on a loop device over a sparse file of FS_GIB GiB in the
+# tmpfs (fs.log: how making it went; fs.txt: xfs_info). noop.ns: REPEATS `ublkctl node-info`
+# calls (NS each), the floor of any call. Then snap_size for each GIB. Snapshots, volumes, the
+# daemon, the file system and its loop device are all gone at the end (or teardown_error says).
+# The loop and xfs modules are loaded at boot (the initramfs has them; modprobe in the chroot
+# would look for the host's modules).
+snap_case() {
+    run=$1; d="$OUT/$run"; mkdir -p "$d"
+    C="$TMPDIR/$run"; SOCK="$C/ublkd.sock"
+    rm -rf "$C"; node_config "$C" "$2"
+    img="$C/xfs.img"; sdev=""; fs_gib=$3; sfill=$4; sreps=$5
+    shift 5
+    note "$run: file volumes of $* GiB on XFS (reflink=1), $sreps snapshots and clones of each"
+    : > "$d/volumes"; : > "$d/snapshots"
+    if ! { truncate -s "${fs_gib}G" "$img" && sdev=$(losetup --find --show "$img") &&
+            mkfs.xfs -q -f -m reflink=1 "$sdev" && mount "$sdev" "$C/roots"; } > "$d/fs.log" 2>&1; then
+        fail_case "$run" "no XFS with reflink for the volumes: $(tail_of "$d/fs.log")"
+        snap_fs_teardown
+        return
+    fi
+    xfs_info "$C/roots" > "$d/fs.txt" 2>&1
+    spawn_ublkd "$d" "$C/ublkd.toml"
+    if ! wait_up "$run" "$d"; then snap_fs_teardown; return; fi
+    : > "$d/noop.ns"
+    k=1
+    while [ $k -le "$sreps" ]; do
+        t0=$(date +%s%N)
+        ctl node-info > /dev/null 2>> "$d/noop.err"
+        rc=$?
+        t1=$(date +%s%N)
+        [ $rc -eq 0 ] && echo "$((t1 - t0))" >> "$d/noop.ns"
+        k=$((k + 1))
+    done
+    for gib in "$@"; do snap_size "$gib"; done
+    while read -r sid; do
+        if ! ctl delete-snapshot "$sid" > /dev/null 2>> "$d/delete.err"; then
+            echo "delete-snapshot $sid failed: $(tail_of "$d/delete.err")" >> "$d/teardown_error"
+        fi
+    done < "$d/snapshots"
+    rec_teardown "$d" "$C/ublkd.toml"
+    snap_fs_teardown
+}
+
+# snap_size GIB: create-volume src-Ng of GIB GiB on a new sparse backing file (create.Ng.ns: NS),
+# $sfill MiB written into it by fio (randwrite 64k across the whole volume, so the file has
+# thousands of extents; fill.Ng.*), synced, its extents counted (extents.Ng: filefrag). Then
+# $sreps times: create-snapshot snap-Ng-K, and create-volume clone-Ng-K --from-snapshot
+# snap-Ng-K, each timed (snapshot.Ng.ns, clone.Ng.ns: `ID NS USED_BEFORE USED_AFTER`, bytes in
+# use on the file system by df, synced, around the call). Failures: Ng.error (nothing to
+# snapshot), snapshot.Ng.error, clone.Ng.error.
+snap_size() {
+    s="${1}g"; src="src-$s"
+    t0=$(date +%s%N)
+    if ! dev=$(ctl create-volume "$src" --size "${1}GiB" --backend "file+create:$C/roots/$src.img" \
+            2>> "$d/create.err"); then
+        echo "create-volume $src failed: $(tail_of "$d/create.err")" > "$d/$s.error"
+        return
+    fi
+    t1=$(date +%s%N)
+    echo "$src $dev" >> "$d/volumes"
+    echo "$((t1 - t0))" > "$d/create.$s.ns"
+    if ! wait_blk "$dev"; then
+        echo "create-volume $src returned ${dev:-nothing}, which is no block device" > "$d/$s.error"
+        return
+    fi
+    # shellcheck disable=SC2086 # FIO_ENGINE is several words
+    timeout -k 5 180 fio --name=fill --filename="$dev" $FIO_ENGINE --bs=64k --rw=randwrite \
+        --iodepth=16 --numjobs=1 --io_size="${sfill}m" --output-format=json \
+        --output="$d/fill.$s.json" > "$d/fill.$s.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        echo "fio writing $sfill MiB into $src failed (exit $rc): $(tail_of "$d/fill.$s.log")" > "$d/$s.error"
+        return
+    fi
+    sync
+    filefrag "$C/roots/$src.img" > "$d/extents.$s" 2>&1
+    note "$run: $(cat "$d/extents.$s")"
+    : > "$d/snapshot.$s.ns"; : > "$d/clone.$s.ns"
+    k=1
+    while [ $k -le "$sreps" ]; do
+        sid="snap-$s-$k"; u0=$(fs_used)
+        t0=$(date +%s%N)
+        ctl create-snapshot "$sid" --volume "$src" > /dev/null 2>> "$d/snapshot.err"
+        rc=$?
+        t1=$(date +%s%N)
+        if [ $rc -ne 0 ]; then
+            echo "create-snapshot $sid failed (exit $rc): $(tail_of "$d/snapshot.err")" > "$d/snapshot.$s.error"
+            break
+        fi
+        echo "$sid" >> "$d/snapshots"
+        echo "$sid $((t1 - t0)) $u0 $(fs_used)" >> "$d/snapshot.$s.ns"
+        name="clone-$s-$k"; u0=$(fs_used)
+        t0=$(date +%s%N)
+        cdev=$(ctl create-volume "$name" --size "${1}GiB" --backend "file+create:$C/roots/$name.img" \
+            --from-snapshot "$sid" 2>> "$d/clone.err")
+        rc=$?
+        t1=$(date +%s%N)
+        if [ $rc -ne 0 ]; then
+            echo "create-volume $name --from-snapshot $sid failed (exit $rc): $(tail_of "$d/clone.err")" > "$d/clone.$s.error"
+            break
+        fi
+        echo "$name ${cdev:--}" >> "$d/volumes"
+        echo "$name $((t1 - t0)) $u0 $(fs_used)" >> "$d/clone.$s.ns"
+        k=$((k + 1))
+    done
+    note "$run: $s: $(wc -l < "$d/snapshot.$s.ns") snapshots, $(wc -l < "$d/clone.$s.ns") clones timed"
+}
+
+# fs_used: bytes in use on the snapshot run's file system once it is synced; - if df fails.
+fs_used() {
+    sync -f "$C/roots" 2>/dev/null
+    v=$(df -B1 --output=used "$C/roots" 2>/dev/null | awk 'NR == 2 { print $1 }')
+    echo "${v:--}"
+}
+
+# snap_fs_teardown: unmounts the snapshot run's XFS, detaches its loop device ($sdev), removes
+# its image; problems go to $d/teardown_error.
+snap_fs_teardown() {
+    if mountpoint -q "$C/roots" && ! umount "$C/roots" 2>> "$d/teardown.err"; then
+        echo "umount $C/roots failed: $(tail_of "$d/teardown.err")" >> "$d/teardown_error"
+    fi
+    if [ -n "$sdev" ] && ! losetup -d "$sdev" 2>> "$d/teardown.err"; then
+        echo "losetup -d $sdev failed: $(tail_of "$d/teardown.err")" >> "$d/teardown_error"
+    fi
+    rm -f "$img"
 }
 
 # node_config DIR METRICS: DIR/ublkd.toml, a node-service configuration keeping everything

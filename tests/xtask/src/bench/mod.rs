@@ -20,6 +20,18 @@
 //! end to end as seen by `ublkctl`, including its process start-up; they are reported as p50
 //! and p99 (nearest rank) in `results.json` with peer `none`.
 //!
+//! Then the features of the node service, each with a fresh daemon of its own. QoS: one null
+//! volume per limit (read 1000, 5000 and 20000 IOPS at 4 KiB randread QD32; write 8 and 32 MiB/s
+//! at 64 KiB randwrite QD32; and one without limits, the ceiling of that setup), set by
+//! `ublkctl create-volume`, measured by fio for 5 s after a 1 s ramp that the burst allowance
+//! falls into; each entry has peer `limit`, the limit as its value, and measured / limit as its
+//! ratio. Unthrottled speed with QoS compiled in is what the null cases above measure.
+//! Snapshots: file volumes of 1 and 16 GiB on an XFS made with reflink=1 (a loop device over a
+//! sparse file in the guest's tmpfs), each created empty, 256 MiB written by fio, then three
+//! `create-snapshot` and `create-volume --from-snapshot` calls timed (ublkctl end to end, median;
+//! `ublkctl node-info` timed as the floor) with df's used bytes before and after each; the 16 GiB
+//! times are compared with the 1 GiB ones, since they must not grow with size.
+//!
 //! Last comes crash recovery, each run with a fresh daemon (own state directory and socket) that
 //! it tears down (volumes deleted, SIGTERM) before the next: for 1, 16 and 64 null volumes, ublkd
 //! is killed with SIGKILL (the devices stay, quiesced) and started again, and the time from the
@@ -48,17 +60,21 @@ use crate::image;
 use crate::vm::{Exit, Vm};
 use anyhow::{bail, Context, Result};
 use cases::{
-    CONTROL_BUDGET_SECS, CONTROL_VOLUMES, CSI_BUDGET_SECS, DEFAULT_RUNTIME, RECOVERY_BUDGET_SECS,
-    RUNS, WORKLOADS,
+    CONTROL_BUDGET_SECS, CONTROL_VOLUMES, CSI_BUDGET_SECS, DEFAULT_RUNTIME, QOS_BUDGET_SECS,
+    RECOVERY_BUDGET_SECS, RUNS, SNAPSHOT_BUDGET_SECS, WORKLOADS,
 };
 use collect::control::collect_control;
 use collect::csi::collect_csi;
+use collect::qos::collect_qos;
 use collect::recovery::{collect_recovery, collect_stall};
+use collect::snapshot::collect_snapshots;
 use guest::guest_script;
 use peers::ensure_kublk;
 use report::control::{control_entries, control_raw_json, control_table};
 use report::csi::{csi_entries, csi_raw_json, csi_table};
+use report::qos::{qos_entries, qos_raw_json, qos_table};
 use report::recovery::{recovery_entries, recovery_raw_json, recovery_table};
+use report::snapshot::{snapshot_entries, snapshot_raw_json, snapshot_table};
 use report::{entries, entries_table, raw_json, raw_table, rss_entries, Entry};
 use serde_json::Value;
 use std::fs;
@@ -126,11 +142,13 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
             300 + jobs * (runtime + 45)
                 + CONTROL_BUDGET_SECS
                 + CSI_BUDGET_SECS
+                + QOS_BUDGET_SECS
+                + SNAPSHOT_BUDGET_SECS
                 + RECOVERY_BUDGET_SECS,
         );
     eprintln!(
         "xtask: bench: {} runs x {} fio jobs of {runtime} s, then {CONTROL_VOLUMES} volumes \
-         through ublkctl, then kill -9 recovery, in one boot of {}",
+         through ublkctl, CSI, QoS limits, snapshots, then kill -9 recovery, in one boot of {}",
         RUNS.len(),
         WORKLOADS.len(),
         kernel.kver
@@ -143,12 +161,16 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     let results = collect::collect(&run.run_dir);
     let control = collect_control(&run.run_dir);
     let csi_run = collect_csi(&run.run_dir);
+    let qos = collect_qos(&run.run_dir);
+    let snapshots = collect_snapshots(&run.run_dir);
     let recoveries = collect_recovery(&run.run_dir);
     let stall = collect_stall(&run.run_dir);
     let mut entries = entries(&results);
     entries.extend(rss_entries(&run.run_dir));
     let control_entries = control_entries(&control);
     let csi_entries = csi_entries(&csi_run);
+    let qos_entries = qos_entries(&qos);
+    let snapshot_entries = snapshot_entries(&snapshots);
     let recovery_entries = recovery_entries(&recoveries, &stall);
     println!();
     println!(
@@ -166,10 +188,18 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     println!("CSI (ublkd-csi in front of ublkd, called as the provisioner and kubelet would):");
     print!("{}", csi_table(&csi_entries, &csi_run));
     println!();
+    println!("QoS accuracy (a null volume per limit, fio against it):");
+    print!("{}", qos_table(&qos_entries, &qos));
+    println!();
+    println!("snapshots and clones (file volumes on XFS with reflink, through ublkctl):");
+    print!("{}", snapshot_table(&snapshot_entries, &snapshots));
+    println!();
     println!("recovery (ublkd --config killed with -9 and started again):");
     print!("{}", recovery_table(&recovery_entries, &recoveries, &stall));
     entries.extend(control_entries);
     entries.extend(csi_entries);
+    entries.extend(qos_entries);
+    entries.extend(snapshot_entries);
     entries.extend(recovery_entries);
 
     let out_dir = ws.join("target/bench");
@@ -183,6 +213,8 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     if let Value::Array(list) = &mut raw {
         list.push(control_raw_json(&control));
         list.push(csi_raw_json(&csi_run));
+        list.push(qos_raw_json(&qos));
+        list.push(snapshot_raw_json(&snapshots));
         list.extend(recovery_raw_json(&recoveries, &stall));
     }
     fs::write(&raw_path, serde_json::to_string_pretty(&raw)? + "\n")

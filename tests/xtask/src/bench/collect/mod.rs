@@ -1,9 +1,12 @@
 //! Reading what the guest left in the run directory: the fio runs here, the control-plane run
-//! in `control`, the recovery and stall runs in `recovery`.
+//! in `control`, the CSI run in `csi`, the QoS run in `qos`, the snapshot run in `snapshot`, the
+//! recovery and stall runs in `recovery`.
 
 pub mod control;
 pub mod csi;
+pub mod qos;
 pub mod recovery;
+pub mod snapshot;
 
 use super::cases::{Metric, Workload, RUNS, WORKLOADS};
 use serde_json::Value;

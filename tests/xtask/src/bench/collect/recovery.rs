@@ -130,7 +130,7 @@ fn span_ms(a: Option<&u64>, b: Option<&u64>) -> Option<f64> {
 }
 
 /// Reads `dir/name` trimmed, if it has anything in it.
-fn read_trimmed(dir: &Path, name: &str) -> Option<String> {
+pub fn read_trimmed(dir: &Path, name: &str) -> Option<String> {
     fs::read_to_string(dir.join(name))
         .ok()
         .map(|s| s.trim().to_owned())
@@ -138,7 +138,7 @@ fn read_trimmed(dir: &Path, name: &str) -> Option<String> {
 }
 
 /// The teardown problems of a run directory, first one and a count.
-fn teardown_of(d: &Path) -> Option<String> {
+pub fn teardown_of(d: &Path) -> Option<String> {
     read_trimmed(d, "teardown_error").map(|t| {
         let lines: Vec<&str> = t.lines().collect();
         match lines.len() {

@@ -1,10 +1,13 @@
 //! What the bench reports: the entries of `results.json` (ours against a peer, with a ratio),
 //! the raw numbers of `raw.json`, and the tables printed. The fio runs here, the control-plane
-//! run in `control`, the recovery and stall runs in `recovery`.
+//! run in `control`, the CSI run in `csi`, QoS accuracy in `qos`, snapshot and clone times in
+//! `snapshot`, the recovery and stall runs in `recovery`.
 
 pub mod control;
 pub mod csi;
+pub mod qos;
 pub mod recovery;
+pub mod snapshot;
 
 use super::cases::{Metric, CEILING_RUN, NO_PEER, OURS_NAME, PAIRS, RSS_PAIRS, RUNS, WORKLOADS};
 use super::collect::control::parse_vmrss;
@@ -24,6 +27,8 @@ pub enum Unit {
     Ms,
     MiB,
     KiB,
+    /// MiB per second (the QoS bandwidth limits).
+    MiBps,
 }
 
 impl Unit {
@@ -36,6 +41,7 @@ impl Unit {
             Unit::Ms => "ms",
             Unit::MiB => "MiB",
             Unit::KiB => "KiB",
+            Unit::MiBps => "MiB/s",
         }
     }
 
@@ -50,7 +56,8 @@ impl Unit {
             | Unit::FractionOfNullBlk
             | Unit::Ms
             | Unit::MiB
-            | Unit::KiB => (ours, peer),
+            | Unit::KiB
+            | Unit::MiBps => (ours, peer),
         };
         let r = num / den;
         (den > 0.0 && r.is_finite()).then_some(r)
@@ -60,7 +67,7 @@ impl Unit {
         match self {
             Unit::Iops | Unit::KiB => 0,
             Unit::Us | Unit::MiB => 1,
-            Unit::Ms => 2,
+            Unit::Ms | Unit::MiBps => 2,
             Unit::CpuPerMio | Unit::FractionOfNullBlk => 3,
         }
     }
