@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use tls::{ClientCertProblem, ServerCertProblem};
+pub use ublkd_proto::units;
 pub use ublkd_proto::v1;
 
 /// Why no channel was made, named for the step that failed.

@@ -1,32 +1,37 @@
-//! The CSI Controller service, run on every node (external-provisioner `--node-deployment`):
-//! it creates and deletes this node's volumes in this node's ublkd, and tells the scheduler
-//! what this node can still provide.
+//! The CSI Controller service, run on every node (external-provisioner and csi-snapshotter
+//! `--node-deployment`): it creates and deletes this node's volumes and snapshots in this
+//! node's ublkd, clones and restores them there, and tells the scheduler what this node can
+//! still provide. The central instance beside the csi-resizer changes volumes' I/O limits on
+//! whichever node holds them (`modify`).
 
 use crate::caps;
 use crate::error::CsiError;
-use crate::params::Params;
+use crate::modify::Route;
+use crate::page::page;
+use crate::params::{Backend, Params};
+use crate::qos::{self, QosChange};
+use crate::snapshot::{content_source, source_of};
 use crate::spec::{self, controller_server::Controller};
 use crate::ublkd::Ublkd;
 use crate::{Node, TOPOLOGY_KEY};
 use std::collections::HashMap;
 use tonic::{Request, Response, Status};
+use ublkd_client::v1::volume_spec::Source;
 
 /// Size of a volume whose request names none.
 pub const DEFAULT_SIZE: u64 = 1 << 30;
-
-/// What ListVolumes' tokens start with.
-const TOKEN_PREFIX: &str = "next:";
 
 #[derive(Debug, Clone)]
 pub struct ControllerService {
     pub ublkd: Ublkd,
     pub node: Node,
+    /// Where ControllerModifyVolume finds a volume's ublkd.
+    pub route: Route,
 }
 
-/// The ublkd volume id for a CSI volume name: the name itself when it is a DNS label (the
-/// provisioner's `pvc-<uid>` always is), else a stable digest of it, so a retried CreateVolume
-/// finds the volume its first try made.
-pub fn volume_id_for(name: &str) -> String {
+/// A ublkd id for a CSI name: the name itself when it is a DNS label, else `prefix` and a
+/// stable digest of it, so a retried call finds what its first try made.
+pub(crate) fn id_for(name: &str, prefix: &str) -> String {
     if crate::ublkd::is_volume_id(name) {
         return name.to_owned();
     }
@@ -34,7 +39,13 @@ pub fn volume_id_for(name: &str) -> String {
     let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    format!("csi-{hash:016x}")
+    format!("{prefix}{hash:016x}")
+}
+
+/// The ublkd volume id for a CSI volume name: the name itself when it is a DNS label (the
+/// provisioner's `pvc-<uid>` always is), else `csi-` and a stable digest of it.
+pub fn volume_id_for(name: &str) -> String {
+    id_for(name, "csi-")
 }
 
 /// The size to give a volume: the request's minimum (or the default) rounded up to the block
@@ -65,6 +76,29 @@ pub fn size_for(range: Option<&spec::CapacityRange>, block: u64) -> Result<u64, 
     Ok(size)
 }
 
+/// The size of a volume made from a source of `source` bytes: at least the source's (the spec:
+/// a volume is never smaller than its source), rounded up to the block, within the limit.
+pub fn size_with_source(
+    size: u64,
+    source: u64,
+    block: u64,
+    limit: Option<&spec::CapacityRange>,
+) -> Result<u64, CsiError> {
+    if size >= source {
+        return Ok(size);
+    }
+    let grown = source
+        .checked_next_multiple_of(block)
+        .ok_or_else(|| CsiError::OutOfRange(format!("{source} bytes")))?;
+    let limit = limit.map_or(0, |r| r.limit_bytes.max(0) as u64);
+    if limit > 0 && grown > limit {
+        return Err(CsiError::OutOfRange(format!(
+            "the source holds {source} bytes, more than the limit of {limit}"
+        )));
+    }
+    Ok(grown)
+}
+
 impl ControllerService {
     fn topology(&self) -> spec::Topology {
         spec::Topology {
@@ -81,10 +115,15 @@ impl ControllerService {
             return Err(CsiError::MissingField("name"));
         }
         let params = Params::parse(&req.parameters)?;
+        // A VolumeAttributesClass's limits win over the StorageClass's.
+        let limits = QosChange::from_mutable(&req.mutable_parameters)?.apply(&params.qos);
         caps::check_all(&req.volume_capabilities, params.fs_type)?;
-        if req.volume_content_source.is_some() {
-            return Err(CsiError::BadParameter(
-                "volume_content_source: snapshots and clones are not supported".into(),
+        let source = source_of(req.volume_content_source.as_ref())?;
+        if source.is_some() && !matches!(params.backend, Backend::File { .. }) {
+            return Err(CsiError::SourceUnsupported(
+                "a restore or a clone needs a StorageClass with backend: file (a reflink of the \
+                 source's backing file)"
+                    .into(),
             ));
         }
         if let Some(reqs) = &req.accessibility_requirements {
@@ -94,7 +133,8 @@ impl ControllerService {
                 });
             }
         }
-        let size = size_for(req.capacity_range.as_ref(), u64::from(params.block_size))?;
+        let block = u64::from(params.block_size);
+        let mut size = size_for(req.capacity_range.as_ref(), block)?;
         let id = volume_id_for(&req.name);
         if let Some(existing) = self.ublkd.get(&id).await? {
             let have = existing.spec.as_ref().map_or(0, |s| s.size_bytes);
@@ -106,11 +146,18 @@ impl ControllerService {
                     existing: have,
                 });
             }
-            return Ok(self.volume(&existing.id, have, &params));
+            if existing.spec.as_ref().and_then(|s| s.source.as_ref()) != source.as_ref() {
+                return Err(CsiError::SourceMismatch { name: req.name });
+            }
+            return Ok(self.volume(&existing.id, have, &params, source.as_ref()));
+        }
+        if let Some(src) = &source {
+            let from = self.source_size(src).await?;
+            size = size_with_source(size, from, block, req.capacity_range.as_ref())?;
         }
         let cap = self.ublkd.capacity(params.capacity_backend()).await?;
         let offset = match &params.backend {
-            crate::params::Backend::Nvme { .. } => cap
+            Backend::Nvme { .. } => cap
                 .free_extents
                 .iter()
                 .find(|e| e.length_bytes >= size)
@@ -124,11 +171,15 @@ impl ControllerService {
                 available: cap.maximum_volume_bytes,
             });
         };
-        let made = self
-            .ublkd
-            .create(&id, params.spec(&id, size, offset))
-            .await?;
-        if matches!(params.backend, crate::params::Backend::Nvme { .. }) {
+        let mut spec = params.spec(&id, size, offset);
+        spec.qos = qos::spec_limits(limits);
+        spec.source = source.clone();
+        let made = match self.ublkd.create(&id, spec).await {
+            Ok(made) => made,
+            Err(e) if source.is_some() => return Err(CsiError::from_copy(e)),
+            Err(e) => return Err(e.into()),
+        };
+        if matches!(params.backend, Backend::Nvme { .. }) {
             // A window reuses namespace blocks an earlier volume may have formatted: a stale
             // signature would make stage mount a file system that is not this volume's.
             // (File and RAM volumes start from a new, empty file.)
@@ -137,11 +188,17 @@ impl ControllerService {
                 return Err(e);
             }
         }
-        tracing::info!(volume = %made.id, name = %req.name, size, "volume created");
-        Ok(self.volume(&made.id, size, &params))
+        tracing::info!(volume = %made.id, name = %req.name, size, source = ?source, "volume created");
+        Ok(self.volume(&made.id, size, &params, source.as_ref()))
     }
 
-    fn volume(&self, id: &str, size: u64, params: &Params) -> spec::Volume {
+    fn volume(
+        &self,
+        id: &str,
+        size: u64,
+        params: &Params,
+        source: Option<&Source>,
+    ) -> spec::Volume {
         spec::Volume {
             capacity_bytes: size as i64,
             volume_id: id.to_owned(),
@@ -149,7 +206,7 @@ impl ControllerService {
                 "fsType".to_owned(),
                 params.fs_type.name().to_owned(),
             )]),
-            content_source: None,
+            content_source: source.map(content_source),
             accessible_topology: vec![self.topology()],
         }
     }
@@ -160,30 +217,24 @@ impl ControllerService {
     ) -> Result<spec::ListVolumesResponse, CsiError> {
         let mut vols = self.ublkd.list().await?;
         vols.sort_by(|a, b| a.id.cmp(&b.id));
-        // A token names the first volume of the next page (`next:<id>`), not a position: a
-        // volume deleted or added meanwhile never shifts the pages.
-        let start: usize = if req.starting_token.is_empty() {
-            0
-        } else {
-            let first = req
-                .starting_token
-                .strip_prefix(TOKEN_PREFIX)
-                .ok_or_else(|| CsiError::BadToken(req.starting_token.clone()))?;
-            vols.partition_point(|v| v.id.as_str() < first)
-        };
-        let max = usize::try_from(req.max_entries)
-            .ok()
-            .filter(|&n| n > 0)
-            .unwrap_or(usize::MAX);
-        let end = start.saturating_add(max).min(vols.len());
-        let entries = vols[start..end]
+        let (vols, next_token) = page(
+            &vols,
+            |v| v.id.as_str(),
+            &req.starting_token,
+            req.max_entries,
+        )?;
+        let entries = vols
             .iter()
             .map(|v| spec::list_volumes_response::Entry {
                 volume: Some(spec::Volume {
                     capacity_bytes: v.spec.as_ref().map_or(0, |s| s.size_bytes) as i64,
                     volume_id: v.id.clone(),
                     volume_context: HashMap::new(),
-                    content_source: None,
+                    content_source: v
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.source.as_ref())
+                        .map(content_source),
                     accessible_topology: vec![self.topology()],
                 }),
                 status: None,
@@ -191,10 +242,7 @@ impl ControllerService {
             .collect();
         Ok(spec::ListVolumesResponse {
             entries,
-            next_token: match vols.get(end) {
-                Some(v) => format!("{TOKEN_PREFIX}{}", v.id),
-                None => String::new(),
-            },
+            next_token,
         })
     }
 
@@ -317,13 +365,15 @@ impl Controller for ControllerService {
             return Err(CsiError::VolumeNotFound(req.volume_id).into());
         }
         let default_fs = crate::params::FsType::Ext4;
-        let reply = match caps::check_all(&req.volume_capabilities, default_fs) {
+        let checked = caps::check_all(&req.volume_capabilities, default_fs)
+            .and_then(|()| QosChange::from_mutable(&req.mutable_parameters).map(drop));
+        let reply = match checked {
             Ok(()) => spec::ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(spec::validate_volume_capabilities_response::Confirmed {
                     volume_context: req.volume_context,
                     volume_capabilities: req.volume_capabilities,
                     parameters: req.parameters,
-                    mutable_parameters: HashMap::new(),
+                    mutable_parameters: req.mutable_parameters,
                 }),
                 message: String::new(),
             },
@@ -360,6 +410,10 @@ impl Controller for ControllerService {
                 Type::GetCapacity,
                 Type::ListVolumes,
                 Type::SingleNodeMultiWriter,
+                Type::CreateDeleteSnapshot,
+                Type::ListSnapshots,
+                Type::CloneVolume,
+                Type::ModifyVolume,
             ]
             .into_iter()
             .map(capability)
@@ -367,32 +421,39 @@ impl Controller for ControllerService {
         }))
     }
 
+    /// A reflink copy of a file volume, taken with its queues drained (`snapshot`).
     async fn create_snapshot(
         &self,
-        _req: Request<spec::CreateSnapshotRequest>,
+        req: Request<spec::CreateSnapshotRequest>,
     ) -> Result<Response<spec::CreateSnapshotResponse>, Status> {
-        unimplemented("snapshots are not supported yet")
+        let snapshot = self.snapshot(req.into_inner()).await?;
+        Ok(Response::new(spec::CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn delete_snapshot(
         &self,
-        _req: Request<spec::DeleteSnapshotRequest>,
+        req: Request<spec::DeleteSnapshotRequest>,
     ) -> Result<Response<spec::DeleteSnapshotResponse>, Status> {
-        unimplemented("snapshots are not supported yet")
+        ControllerService::delete_snapshot(self, &req.into_inner().snapshot_id).await?;
+        Ok(Response::new(spec::DeleteSnapshotResponse {}))
     }
 
     async fn list_snapshots(
         &self,
-        _req: Request<spec::ListSnapshotsRequest>,
+        req: Request<spec::ListSnapshotsRequest>,
     ) -> Result<Response<spec::ListSnapshotsResponse>, Status> {
-        unimplemented("snapshots are not supported yet")
+        Ok(Response::new(
+            ControllerService::list_snapshots(self, req.into_inner()).await?,
+        ))
     }
 
     async fn get_snapshot(
         &self,
         _req: Request<spec::GetSnapshotRequest>,
     ) -> Result<Response<spec::GetSnapshotResponse>, Status> {
-        unimplemented("snapshots are not supported yet")
+        unimplemented("GetSnapshot (alpha): use ListSnapshots with a snapshot_id")
     }
 
     async fn controller_expand_volume(
@@ -409,11 +470,14 @@ impl Controller for ControllerService {
         unimplemented("ControllerGetVolume")
     }
 
+    /// A VolumeAttributesClass's I/O limits, live, on whichever node holds the volume
+    /// (`modify`).
     async fn controller_modify_volume(
         &self,
-        _req: Request<spec::ControllerModifyVolumeRequest>,
+        req: Request<spec::ControllerModifyVolumeRequest>,
     ) -> Result<Response<spec::ControllerModifyVolumeResponse>, Status> {
-        unimplemented("ControllerModifyVolume")
+        self.modify(req.into_inner()).await?;
+        Ok(Response::new(spec::ControllerModifyVolumeResponse {}))
     }
 }
 
@@ -445,5 +509,25 @@ mod tests {
             tonic::Code::OutOfRange
         );
         assert!(size_for(Some(&r(-1, 0)), 4096).is_err());
+    }
+
+    #[test]
+    fn a_volume_from_a_source_is_never_smaller_than_it() {
+        let r = |limit| spec::CapacityRange {
+            required_bytes: 4096,
+            limit_bytes: limit,
+        };
+        assert_eq!(size_with_source(8192, 4096, 4096, None).unwrap(), 8192);
+        assert_eq!(size_with_source(4096, 6000, 4096, None).unwrap(), 8192);
+        assert_eq!(
+            size_with_source(4096, 8192, 4096, Some(&r(8192))).unwrap(),
+            8192
+        );
+        assert_eq!(
+            size_with_source(4096, 8193, 4096, Some(&r(8192)))
+                .unwrap_err()
+                .code(),
+            tonic::Code::OutOfRange
+        );
     }
 }

@@ -61,11 +61,35 @@ pub enum Call {
         /// StorageClass parameters, KEY=VALUE.
         #[arg(long = "param", value_parser = key_value)]
         params: Vec<(String, String)>,
+        /// VolumeAttributesClass parameters (I/O limits), KEY=VALUE.
+        #[arg(long = "mutable-param", value_parser = key_value)]
+        mutable_params: Vec<(String, String)>,
+        /// Restore this snapshot into the new volume.
+        #[arg(long, conflicts_with = "from_volume")]
+        from_snapshot: Option<String>,
+        /// Clone this volume into the new volume.
+        #[arg(long)]
+        from_volume: Option<String>,
         #[command(flatten)]
         access: Access,
     },
     /// DeleteVolume
     Delete { id: String },
+    /// ControllerModifyVolume: new I/O limits, KEY=VALUE (readIops, writeBandwidth, ...)
+    Modify {
+        id: String,
+        #[arg(long = "param", value_parser = key_value, required = true)]
+        params: Vec<(String, String)>,
+    },
+    /// CreateSnapshot of a volume; prints the snapshot id
+    Snapshot {
+        name: String,
+        /// The volume to take it of.
+        #[arg(long)]
+        source: String,
+    },
+    /// DeleteSnapshot
+    DeleteSnapshot { id: String },
     /// NodeStageVolume
     Stage {
         id: String,
@@ -139,14 +163,26 @@ pub async fn run(ctl: Ctl) -> anyhow::Result<String> {
             name,
             size,
             params,
+            mutable_params,
+            from_snapshot,
+            from_volume,
             access,
         } => {
+            use spec::volume_content_source::{SnapshotSource, Type, VolumeSource};
+            let source = match (from_snapshot, from_volume) {
+                (Some(snapshot_id), _) => Some(Type::Snapshot(SnapshotSource { snapshot_id })),
+                (None, Some(volume_id)) => Some(Type::Volume(VolumeSource { volume_id })),
+                (None, None) => None,
+            };
             let v = c
                 .create_volume(spec::CreateVolumeRequest {
                     name,
                     capacity_range: range(size),
                     volume_capabilities: vec![access.capability()],
                     parameters: params.into_iter().collect(),
+                    mutable_parameters: mutable_params.into_iter().collect(),
+                    volume_content_source: source
+                        .map(|t| spec::VolumeContentSource { r#type: Some(t) }),
                     ..Default::default()
                 })
                 .await?
@@ -158,6 +194,35 @@ pub async fn run(ctl: Ctl) -> anyhow::Result<String> {
         Call::Delete { id } => {
             c.delete_volume(spec::DeleteVolumeRequest {
                 volume_id: id,
+                secrets: HashMap::new(),
+            })
+            .await?;
+            String::new()
+        }
+        Call::Modify { id, params } => {
+            c.controller_modify_volume(spec::ControllerModifyVolumeRequest {
+                volume_id: id,
+                mutable_parameters: params.into_iter().collect(),
+                secrets: HashMap::new(),
+            })
+            .await?;
+            String::new()
+        }
+        Call::Snapshot { name, source } => {
+            c.create_snapshot(spec::CreateSnapshotRequest {
+                source_volume_id: source,
+                name,
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .snapshot
+            .unwrap_or_default()
+            .snapshot_id
+        }
+        Call::DeleteSnapshot { id } => {
+            c.delete_snapshot(spec::DeleteSnapshotRequest {
+                snapshot_id: id,
                 secrets: HashMap::new(),
             })
             .await?;

@@ -62,6 +62,25 @@ pub enum CsiError {
     },
     #[error("starting token {0:?} is not one this driver gave out")]
     BadToken(String),
+    #[error(
+        "{what} {id:?} does not exist on this node (a clone or a restore is made on its \
+         source's node)"
+    )]
+    SourceNotFound { what: &'static str, id: String },
+    /// The source of a clone, a restore or a snapshot cannot be copied.
+    #[error("{0}")]
+    SourceUnsupported(String),
+    #[error("volume {name:?} exists with another content source")]
+    SourceMismatch { name: String },
+    #[error("snapshot {name:?} exists, of volume {source_volume:?}")]
+    SnapshotMismatch { name: String, source_volume: String },
+    #[error(
+        "ControllerModifyVolume cannot reach the nodes' ublkd: this ublkd-csi has no \
+         --remote-ublkd (deploy the component csi-modify-volume, deploy/csi/README.md)"
+    )]
+    ModifyUnconfigured,
+    #[error("cannot tell which node holds volume {id:?}: {why}")]
+    NodesUnreachable { id: String, why: String },
     #[error("{0}")]
     Unimplemented(&'static str),
     #[error(transparent)]
@@ -83,7 +102,14 @@ impl CsiError {
             E::VolumeFailed { .. } | E::PublishedElsewhere { .. } | E::ForeignFileSystem { .. } => {
                 Code::FailedPrecondition
             }
-            E::VolumeMismatch { .. } | E::PathTaken { .. } => Code::AlreadyExists,
+            E::VolumeMismatch { .. }
+            | E::PathTaken { .. }
+            | E::SourceMismatch { .. }
+            | E::SnapshotMismatch { .. } => Code::AlreadyExists,
+            E::SourceNotFound { .. } => Code::NotFound,
+            E::SourceUnsupported(_) => Code::InvalidArgument,
+            E::ModifyUnconfigured => Code::FailedPrecondition,
+            E::NodesUnreachable { .. } => Code::Unavailable,
             E::OperationPending(_) | E::BadToken(_) => Code::Aborted,
             E::Command { .. } | E::Io { .. } => Code::Internal,
             E::Unimplemented(_) => Code::Unimplemented,
@@ -91,6 +117,23 @@ impl CsiError {
             // ublkd that cannot be reached is UNAVAILABLE, which the sidecars retry.
             E::Ublkd(crate::ublkd::UblkdError::Call(s)) => s.code(),
             E::Ublkd(crate::ublkd::UblkdError::Connect(_)) => Code::Unavailable,
+        }
+    }
+}
+
+impl CsiError {
+    /// A ublkd error of a call that copies a source (a clone, a restore, a snapshot). ublkd's
+    /// FAILED_PRECONDITION there says the source cannot be copied (no file to reflink, a file
+    /// system that cannot reflink, or not the source's), which the CSI spec calls
+    /// INVALID_ARGUMENT ("source incompatible or not supported"): the caller must use another
+    /// source, retrying changes nothing. The driver checks first that the source is a file
+    /// volume and READY, so a transient state never lands here. Other codes stay ublkd's.
+    pub fn from_copy(e: crate::ublkd::UblkdError) -> CsiError {
+        match e {
+            crate::ublkd::UblkdError::Call(s) if s.code() == Code::FailedPrecondition => {
+                CsiError::SourceUnsupported(format!("ublkd: {}", s.message()))
+            }
+            other => CsiError::Ublkd(other),
         }
     }
 }
@@ -137,6 +180,29 @@ mod tests {
             (E::BadToken("x".into()), Code::Aborted),
             (E::OutOfRange("x".into()), Code::OutOfRange),
             (
+                E::SourceNotFound {
+                    what: "snapshot",
+                    id: "s".into(),
+                },
+                Code::NotFound,
+            ),
+            (E::SourceMismatch { name: "v".into() }, Code::AlreadyExists),
+            (
+                E::SnapshotMismatch {
+                    name: "s".into(),
+                    source_volume: "v".into(),
+                },
+                Code::AlreadyExists,
+            ),
+            (E::ModifyUnconfigured, Code::FailedPrecondition),
+            (
+                E::NodesUnreachable {
+                    id: "v".into(),
+                    why: "10.0.0.1: refused".into(),
+                },
+                Code::Unavailable,
+            ),
+            (
                 E::Ublkd(crate::ublkd::UblkdError::Call(Status::resource_exhausted(
                     "full",
                 ))),
@@ -145,6 +211,20 @@ mod tests {
         ];
         for (e, code) in table {
             assert_eq!(e.code(), code, "{e}");
+        }
+    }
+
+    #[test]
+    fn a_source_ublkd_cannot_copy_is_an_invalid_argument() {
+        use crate::ublkd::UblkdError;
+        let e = CsiError::from_copy(UblkdError::Call(Status::failed_precondition(
+            "/srv is on ext4, which cannot reflink",
+        )));
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.to_string().contains("cannot reflink"), "{e}");
+        for code in [Code::NotFound, Code::AlreadyExists, Code::ResourceExhausted] {
+            let e = CsiError::from_copy(UblkdError::Call(Status::new(code, "x")));
+            assert_eq!(e.code(), code, "other codes stay ublkd's");
         }
     }
 }

@@ -5,7 +5,9 @@
 //! Kubernetes is the distributed engine: external-provisioner in `--node-deployment` mode asks
 //! each node's driver for that node's volumes, and topology and capacity steer the scheduler.
 //! The driver keeps no volume state of its own: ublkd's registry is the truth, reached through
-//! ublkd's gRPC API (`ublkd-client`) on the node's socket.
+//! ublkd's gRPC API (`ublkd-client`) on the node's socket. Snapshots and clones stay on their
+//! node too (csi-snapshotter `--node-deployment`); only ControllerModifyVolume comes from a
+//! central sidecar, the csi-resizer, whose driver reaches the nodes' ublkd remotely (`modify`).
 
 /// The CSI v1 spec, compiled from the vendored `proto/csi/v1/csi.proto`.
 pub mod spec {
@@ -18,9 +20,13 @@ pub mod controller;
 pub mod ctl;
 pub mod error;
 pub mod identity;
+pub mod modify;
 pub mod mount;
 pub mod node;
+pub mod page;
 pub mod params;
+pub mod qos;
+pub mod snapshot;
 pub mod ublkd;
 
 /// This node's name: the value of the topology key, and the CSI node id.

@@ -1,13 +1,15 @@
 //! `ublkd-csi`: serves CSI on a unix socket (the kubelet's plugin directory) for this node, and
-//! reaches the node's ublkd on its own socket.
+//! reaches the node's ublkd on its own socket; the central instance beside the csi-resizer
+//! reaches every node's ublkd remotely for ControllerModifyVolume.
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
-use ublkd_client::Target;
+use ublkd_client::{Target, TlsFiles};
 use ublkd_csi::controller::ControllerService;
 use ublkd_csi::identity::IdentityService;
+use ublkd_csi::modify::{Remote, Route};
 use ublkd_csi::node::NodeService;
 use ublkd_csi::spec::controller_server::ControllerServer;
 use ublkd_csi::spec::identity_server::IdentityServer;
@@ -35,10 +37,32 @@ struct Args {
     /// This node's name (the topology value), from the downward API.
     #[arg(long, env = "NODE_NAME")]
     node_id: Option<String>,
-    /// Serve only what the central csi-resizer asks (Identity, and Controller capabilities);
-    /// no ublkd is needed. Volumes grow on their node (NodeExpandVolume).
+    /// Serve only what the central csi-resizer asks (Identity, Controller capabilities, and
+    /// ControllerModifyVolume through --remote-ublkd); no local ublkd is needed. Volumes grow
+    /// on their node (NodeExpandVolume).
     #[arg(long)]
     resizer_only: bool,
+    /// Every node's ublkd, for ControllerModifyVolume: https://NAME:PORT where NAME resolves to
+    /// each node's ublkd (the remote-access component's headless Service,
+    /// https://ublkd-grpc.ublkd-system.svc:7443). Each address is dialled with mutual TLS and
+    /// its certificate checked against NAME. Without it, the --resizer-only instance refuses
+    /// ControllerModifyVolume (FAILED_PRECONDITION); a node's instance changes its own volumes.
+    #[arg(
+        long,
+        env = "UBLKD_REMOTE",
+        requires_all = ["remote_tls_ca", "remote_tls_cert", "remote_tls_key"]
+    )]
+    remote_ublkd: Option<String>,
+    /// The CA that signed the nodes' ublkd server certificate.
+    #[arg(long, env = "UBLKD_REMOTE_TLS_CA")]
+    remote_tls_ca: Option<PathBuf>,
+    /// This driver's client certificate (clientAuth), from the CA ublkd admits
+    /// (grpc.tls.client_ca)...
+    #[arg(long, env = "UBLKD_REMOTE_TLS_CERT")]
+    remote_tls_cert: Option<PathBuf>,
+    /// ...and its key.
+    #[arg(long, env = "UBLKD_REMOTE_TLS_KEY")]
+    remote_tls_key: Option<PathBuf>,
     /// Seconds one call to ublkd may take.
     #[arg(long, default_value_t = 30)]
     ublkd_timeout: u64,
@@ -116,8 +140,27 @@ async fn main() -> Result<()> {
     }
     let listener = tokio::net::UnixListener::bind(&path)
         .with_context(|| format!("binding {}", path.display()))?;
-    let ublkd = Ublkd::new(args.ublkd, Duration::from_secs(args.ublkd_timeout));
-    tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = ?args.node_id, resizer_only = args.resizer_only, "serving CSI");
+    let timeout = Duration::from_secs(args.ublkd_timeout);
+    let ublkd = Ublkd::new(args.ublkd, timeout);
+    let route = match args.remote_ublkd {
+        Some(uri) => {
+            let tls = TlsFiles {
+                ca: args.remote_tls_ca,
+                cert: args.remote_tls_cert,
+                key: args.remote_tls_key,
+                domain: None,
+            };
+            Route::Remote(Remote::new(&uri, tls, timeout).map_err(anyhow::Error::msg)?)
+        }
+        None if args.resizer_only => Route::Unconfigured,
+        None => Route::Local,
+    };
+    let modify = match &route {
+        Route::Local => "this node's ublkd".to_owned(),
+        Route::Remote(r) => format!("every node's ublkd at {}", r.endpoint()),
+        Route::Unconfigured => "refused: no --remote-ublkd".to_owned(),
+    };
+    tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = ?args.node_id, resizer_only = args.resizer_only, modify_volume = %modify, "serving CSI");
     let node = Node(args.node_id.unwrap_or_default());
     let identity = IdentityService {
         ublkd: ublkd.clone(),
@@ -127,6 +170,7 @@ async fn main() -> Result<()> {
     let controller = ControllerService {
         ublkd: ublkd.clone(),
         node: node.clone(),
+        route,
     };
     let node = NodeService {
         ublkd,

@@ -380,7 +380,7 @@ fn usage(unit: spec::volume_usage::Unit, [total, available, used]: [u64; 3]) -> 
     }
 }
 
-fn state_name(s: v1::VolumeState) -> &'static str {
+pub(crate) fn state_name(s: v1::VolumeState) -> &'static str {
     match s {
         v1::VolumeState::Creating => "creating",
         v1::VolumeState::Ready => "ready",

@@ -10,11 +10,16 @@
 //! | `ioPath` | `auto`, `batch`, `per_io` | `auto` |
 //! | `zeroCopy`, `poll` | `auto`, `on`, `off` | `auto` (poll: only on CPUs dedicated to ublkd's workers) |
 //! | `fsType` | `ext4`, `xfs` | `ext4` (a capability's own fs_type wins) |
+//! | `readIops`, `writeIops` | I/Os per second (`qos`) | unlimited |
+//! | `readBandwidth`, `writeBandwidth` | bytes per second: `200Mi`, `200MiB/s` (`qos`) | unlimited |
+//! | `qosBurst` | `100ms`, `2s`, at most `60s` (`qos`) | 100 ms |
 //!
 //! Keys under `csi.storage.k8s.io/` belong to the sidecars and are ignored; any other unknown
-//! key is refused, so a typo never silently gives a default volume.
+//! key is refused, so a typo never silently gives a default volume. The I/O limits can change
+//! later through a VolumeAttributesClass (`qos`, ControllerModifyVolume).
 
 use crate::error::CsiError;
+use crate::qos::{self, QosChange};
 use std::collections::HashMap;
 use ublkd_client::v1;
 
@@ -59,7 +64,7 @@ pub enum Backend {
 }
 
 /// A StorageClass's parameters, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     pub backend: Backend,
     pub queues: Option<u32>,
@@ -69,6 +74,8 @@ pub struct Params {
     pub zero_copy: v1::Toggle,
     pub poll: v1::Toggle,
     pub fs_type: FsType,
+    /// The I/O limits a new volume starts with.
+    pub qos: v1::QosLimits,
 }
 
 fn toggle(key: &str, v: &str) -> Result<v1::Toggle, CsiError> {
@@ -107,11 +114,12 @@ impl Params {
                     | "zeroCopy"
                     | "poll"
                     | "fsType"
-            );
-            if !known && !key.starts_with("csi.storage.k8s.io/") {
+            ) || qos::KEYS.contains(&key.as_str());
+            if !known && !qos::is_sidecar_key(key) {
                 return Err(CsiError::BadParameter(format!(
                     "unknown parameter {key:?} (backend, root, namespace, queues, queueDepth, \
-                     blockSize, ioPath, zeroCopy, poll, fsType)"
+                     blockSize, ioPath, zeroCopy, poll, fsType, {})",
+                    qos::KEYS.join(", ")
                 )));
             }
         }
@@ -165,6 +173,7 @@ impl Params {
                 .unwrap_or(v1::Toggle::Auto),
             fs_type: FsType::parse(get("fsType").unwrap_or("ext4"))
                 .map_err(|_| bad("fsType", get("fsType").unwrap_or(""), "ext4 or xfs"))?,
+            qos: QosChange::from_params(map)?.apply(&v1::QosLimits::default()),
         })
     }
 
@@ -180,7 +189,8 @@ impl Params {
         }
     }
 
-    /// The ublkd spec of volume `id` of `size` bytes; `nvme_offset` places an NVMe window.
+    /// The ublkd spec of volume `id` of `size` bytes; `nvme_offset` places an NVMe window. Its
+    /// limits are these parameters' (the caller puts a class's over them) and it has no source.
     pub fn spec(&self, id: &str, size: u64, nvme_offset: u64) -> v1::VolumeSpec {
         use v1::volume_spec::Backend as B;
         let backend = match &self.backend {
@@ -204,6 +214,8 @@ impl Params {
             zero_copy: self.zero_copy as i32,
             poll: self.poll as i32,
             backend: Some(backend),
+            qos: qos::spec_limits(self.qos),
+            source: None,
         }
     }
 }
@@ -228,6 +240,8 @@ mod tests {
             ("queues", "2"),
             ("zeroCopy", "on"),
             ("fsType", "xfs"),
+            ("readIops", "5000"),
+            ("writeBandwidth", "200MiB/s"),
             ("csi.storage.k8s.io/pv/name", "pv-1"),
         ])
         .unwrap();
@@ -246,7 +260,17 @@ mod tests {
             spec.backend,
             Some(v1::volume_spec::Backend::File(ref f)) if f.path == "/srv/ublkd/pvc-1.img" && f.create
         ));
-        assert_eq!(params(&[("backend", "ram")]).unwrap().block_size, 4096);
+        assert_eq!(
+            spec.qos,
+            Some(v1::QosLimits {
+                read_iops: 5000,
+                write_bytes_per_second: 200 << 20,
+                ..Default::default()
+            })
+        );
+        let ram = params(&[("backend", "ram")]).unwrap();
+        assert_eq!(ram.block_size, 4096);
+        assert_eq!(ram.spec("r", 4096, 0).qos, None, "no limits unless asked");
         for bad in [
             &[][..],
             &[("backend", "disk")],
@@ -258,6 +282,8 @@ mod tests {
             &[("backend", "ram"), ("poll", "yes")],
             &[("backend", "ram"), ("fsType", "btrfs")],
             &[("backend", "ram"), ("queue_depth", "8")],
+            &[("backend", "ram"), ("readIops", "many")],
+            &[("backend", "ram"), ("readiops", "10")],
         ] {
             let e = params(bad).expect_err(&format!("{bad:?}"));
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e}");

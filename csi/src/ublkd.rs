@@ -1,7 +1,8 @@
-//! The node's ublkd, as the driver reaches it: one connection setting, a fresh channel per use
-//! (ublkd restarts, for upgrades or after a crash, must never leave the driver holding a dead
-//! channel), every call bounded by the same timeout. The driver keeps no volume state: each
-//! answer comes from ublkd's registry.
+//! A ublkd as the driver reaches it (the node's own; for ControllerModifyVolume, any node's
+//! over TLS): one connection setting, a fresh channel per use (ublkd restarts, for upgrades or
+//! after a crash, must never leave the driver holding a dead channel), every call bounded by
+//! the same timeout. The driver keeps no volume state: each answer comes from ublkd's
+//! registry.
 
 use std::time::Duration;
 use tonic::transport::Channel;
@@ -32,10 +33,16 @@ pub use ublkd_proto::is_volume_id;
 
 impl Ublkd {
     pub fn new(target: Target, timeout: Duration) -> Self {
+        Self::with_tls(target, TlsFiles::default(), timeout)
+    }
+
+    /// A ublkd reached over TCP with (mutual) TLS, as the central driver reaches each node's
+    /// (`modify`).
+    pub fn with_tls(target: Target, tls: TlsFiles, timeout: Duration) -> Self {
         Self {
             conn: Connection {
                 target,
-                tls: TlsFiles::default(),
+                tls,
                 timeout,
             },
         }
@@ -124,6 +131,82 @@ impl Ublkd {
         });
         self.volumes().await?.delete_volume(req).await?;
         Ok(())
+    }
+
+    /// Replaces volume `id`'s limits (all of them: merging is the caller's).
+    pub async fn set_qos(&self, id: &str, qos: v1::QosLimits) -> Result<v1::Volume, UblkdError> {
+        let req = self.request(v1::SetVolumeQosRequest {
+            id: id.into(),
+            qos: Some(qos),
+        });
+        Ok(self
+            .volumes()
+            .await?
+            .set_volume_qos(req)
+            .await?
+            .into_inner())
+    }
+
+    /// Takes snapshot `id` of volume `source` (idempotent by id).
+    pub async fn create_snapshot(
+        &self,
+        id: &str,
+        source: &str,
+    ) -> Result<v1::Snapshot, UblkdError> {
+        let req = self.request(v1::CreateSnapshotRequest {
+            id: id.into(),
+            source_volume_id: source.into(),
+        });
+        Ok(self
+            .volumes()
+            .await?
+            .create_snapshot(req)
+            .await?
+            .into_inner())
+    }
+
+    /// Deletes snapshot `id`; an absent one (or an id ublkd could never have made) is no error.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), UblkdError> {
+        if !is_volume_id(id) {
+            return Ok(());
+        }
+        let req = self.request(v1::DeleteSnapshotRequest {
+            id: id.into(),
+            allow_missing: true,
+        });
+        self.volumes().await?.delete_snapshot(req).await?;
+        Ok(())
+    }
+
+    /// The snapshots, filtered by id and by source volume (empty: any).
+    pub async fn list_snapshots(
+        &self,
+        id: &str,
+        source: &str,
+    ) -> Result<Vec<v1::Snapshot>, UblkdError> {
+        let req = self.request(v1::ListSnapshotsRequest {
+            id: id.into(),
+            source_volume_id: source.into(),
+        });
+        Ok(self
+            .volumes()
+            .await?
+            .list_snapshots(req)
+            .await?
+            .into_inner()
+            .snapshots)
+    }
+
+    /// Snapshot `id`, or None (an id ublkd could never have made included).
+    pub async fn snapshot(&self, id: &str) -> Result<Option<v1::Snapshot>, UblkdError> {
+        if !is_volume_id(id) {
+            return Ok(None);
+        }
+        Ok(self
+            .list_snapshots(id, "")
+            .await?
+            .into_iter()
+            .find(|s| s.id == id))
     }
 
     pub async fn resize(&self, id: &str, size_bytes: u64) -> Result<v1::Volume, UblkdError> {
