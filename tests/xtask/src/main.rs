@@ -35,6 +35,8 @@ commands:
                      target/image/ublkd-oci.tar; --check builds it twice and compares digests
   deb                build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb
   prepare            fetch the kernel and build the initramfs (what the others do first)
+  manifests          render deploy/kubernetes and every overlay under deploy/overlays with
+                     kubectl kustomize and check them (a part of test's host tests)
   bench              in one boot: ublkd vs kublk, loop and null_blk under fio; control-plane
                      latency and RSS; recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
                      UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a release build)
@@ -80,6 +82,11 @@ fn run(args: &[String]) -> Result<ExitCode> {
         }
         Some("image") => {
             oci::run(&ws, &args[1..])?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("manifests") => {
+            deploy::manifest_checks(&ws)?;
+            eprintln!("xtask: manifests: all render and pass their checks");
             Ok(ExitCode::SUCCESS)
         }
         Some("prepare") => {

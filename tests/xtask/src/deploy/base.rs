@@ -1,7 +1,7 @@
 //! What the base (`deploy/kubernetes`) must hold once rendered, and that it keeps gRPC on the
 //! unix socket.
 
-use super::yaml::{find, objects};
+use super::yaml::{find, items, named, objects, value, Object};
 
 /// What the rendered manifests must hold, as (kind, name, snippets that must appear).
 const EXPECTED: &[(&str, &str, &[&str])] = &[
@@ -69,7 +69,26 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     (
         "ClusterRole",
         "ublkd-csi-provisioner",
-        &["csistoragecapacities", "persistentvolumes"],
+        &[
+            "csistoragecapacities",
+            "persistentvolumes",
+            // Restores read the VolumeSnapshot and its content.
+            "volumesnapshots",
+        ],
+    ),
+    (
+        "ClusterRole",
+        "ublkd-csi-snapshotter",
+        &[
+            "volumesnapshotclasses",
+            "volumesnapshotcontents",
+            "volumesnapshotcontents/status",
+        ],
+    ),
+    (
+        "ClusterRoleBinding",
+        "ublkd-csi-snapshotter",
+        &["name: ublkd-csi-node", "name: ublkd-csi-snapshotter"],
     ),
     (
         "ClusterRole",
@@ -126,6 +145,55 @@ pub(super) fn check(rendered: &str) -> Vec<String> {
             problems.push("ublkd's DaemonSet has Bidirectional mount propagation".into());
         }
     }
+    problems.extend(check_snapshotter(&objs));
+    problems
+}
+
+/// The arguments of a container (its own `args:` items).
+pub(super) fn args(container: &[String]) -> Vec<String> {
+    items(&container.join("\n"), "args")
+        .iter()
+        .map(|i| i[0].trim().trim_matches('"').to_owned())
+        .collect()
+}
+
+/// The node plugin's csi-snapshotter: one per node (`--node-deployment`, which refuses leader
+/// election) that knows its node (NODE_NAME from the downward API: it handles the snapshots the
+/// snapshot-controller labels with that name), on the driver's socket.
+pub(super) fn check_snapshotter(objs: &[Object]) -> Vec<String> {
+    let Some(ds) = find(objs, "DaemonSet", "ublkd-csi-node") else {
+        return Vec::new(); // reported as missing above
+    };
+    let containers = items(&ds.text, "containers");
+    let Some(snap) = named(&containers, "csi-snapshotter") else {
+        return vec!["DaemonSet ublkd-csi-node has no container csi-snapshotter".into()];
+    };
+    let mut problems = Vec::new();
+    let args = args(snap);
+    if !args.iter().any(|a| a == "--node-deployment") {
+        problems.push(format!(
+            "csi-snapshotter runs without --node-deployment: {args:?}"
+        ));
+    }
+    if args.iter().any(|a| a.starts_with("--leader-election")) {
+        problems.push(
+            "csi-snapshotter asks for leader election, which --node-deployment refuses".into(),
+        );
+    }
+    if !args.iter().any(|a| a == "--csi-address=/csi/csi.sock") {
+        problems.push(format!(
+            "csi-snapshotter does not use the driver's socket: {args:?}"
+        ));
+    }
+    let env = items(&snap.join("\n"), "env");
+    let node_name = named(&env, "NODE_NAME").map(|e| e.join("\n"));
+    if !node_name.is_some_and(|e| e.contains("fieldPath: spec.nodeName")) {
+        problems.push("csi-snapshotter has no NODE_NAME from spec.nodeName".into());
+    }
+    let mounts = items(&snap.join("\n"), "volumeMounts");
+    if named(&mounts, "plugin-dir").and_then(|m| value(m, "mountPath")) != Some("/csi") {
+        problems.push("csi-snapshotter does not mount plugin-dir at /csi".into());
+    }
     problems
 }
 
@@ -143,6 +211,14 @@ pub(super) fn check_base_is_local(rendered: &str) -> Vec<String> {
     }
     for o in objs.iter().filter(|o| o.kind == "NetworkPolicy") {
         problems.push(format!("the base has NetworkPolicy {}", o.name));
+    }
+    if find(&objs, "Deployment", "ublkd-csi-resizer")
+        .is_some_and(|d| d.text.contains("UBLKD_REMOTE"))
+    {
+        problems.push(
+            "the base resizer reaches the nodes' ublkd (that is components/csi-modify-volume's)"
+                .into(),
+        );
     }
     problems
 }

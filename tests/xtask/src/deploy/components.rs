@@ -1,7 +1,7 @@
 //! What each kustomize component must add to an overlay that uses it.
 
-use super::base::check;
-use super::yaml::{find, items, leaves, named, objects, value, Object};
+use super::base::{args, check};
+use super::yaml::{find, indent, items, leaves, named, objects, value, Object};
 
 /// What the remote-access component must give: ublkd listening on its socket and on TCP 7443
 /// with mutual TLS from the Secret ublkd-grpc-tls (mounted whole, so renewals arrive), that
@@ -164,6 +164,220 @@ pub(super) fn check_cert_manager(objs: &[Object]) -> Vec<String> {
     .collect()
 }
 
+/// The snapshot component: a VolumeSnapshotClass for the driver (the per-node snapshotter it
+/// needs is the base's, checked there).
+pub(super) fn check_csi_snapshots(objs: &[Object]) -> Vec<String> {
+    let classes: Vec<&Object> = objs
+        .iter()
+        .filter(|o| o.kind == "VolumeSnapshotClass")
+        .collect();
+    if classes.is_empty() {
+        return vec!["no VolumeSnapshotClass".into()];
+    }
+    let mut problems = Vec::new();
+    for c in classes {
+        for s in ["driver: ublkd.io", "deletionPolicy: "] {
+            if !c.text.contains(s) {
+                problems.push(format!("VolumeSnapshotClass {} lacks {s:?}", c.name));
+            }
+        }
+    }
+    problems
+}
+
+/// The `key: value` leaves nested under the first line of `text` that is `key:` (any indent).
+fn under<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    let head = format!("{key}:");
+    let mut lines = text.lines().skip_while(|l| l.trim() != head);
+    let Some(h) = lines.next() else {
+        return Vec::new();
+    };
+    let at = indent(h);
+    lines
+        .take_while(|l| indent(l) > at)
+        .map(str::trim)
+        .filter(|l| !l.ends_with(':'))
+        .collect()
+}
+
+/// The keys ublkd-csi accepts in a VolumeAttributesClass (csi/src/qos.rs).
+const QOS_KEYS: [&str; 5] = [
+    "readIops",
+    "writeIops",
+    "readBandwidth",
+    "writeBandwidth",
+    "qosBurst",
+];
+
+/// The ModifyVolume component: the resizer's ublkd-csi reaches every node's ublkd through the
+/// remote-access Service with a client certificate from a whole-Secret mount, the resizer's
+/// VolumeAttributesClass gate is on (a v2 resizer, which reads the v1 API), the Service lists
+/// ublkd pods that are not ready (a silent node must fail the call, not hide its volumes), a
+/// NetworkPolicy admits the resizer's pods to the gRPC port, and the example classes name only
+/// keys the driver takes.
+pub(super) fn check_csi_modify_volume(objs: &[Object]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut problem = |p: String| problems.push(p);
+    let Some(svc) = find(objs, "Service", "ublkd-grpc") else {
+        return vec![
+            "csi-modify-volume needs components/remote-access: no Service ublkd-grpc".into(),
+        ];
+    };
+    if !svc.text.contains("publishNotReadyAddresses: true") {
+        problem("Service ublkd-grpc does not publish ublkd pods that are not ready".into());
+    }
+    let Some(dep) = find(objs, "Deployment", "ublkd-csi-resizer") else {
+        return vec!["Deployment ublkd-csi-resizer is missing".into()];
+    };
+    let containers = items(&dep.text, "containers");
+    let Some(driver) = named(&containers, "ublkd-csi") else {
+        return vec!["Deployment ublkd-csi-resizer has no container ublkd-csi".into()];
+    };
+    if !args(driver).iter().any(|a| a == "--resizer-only") {
+        problem("the resizer's ublkd-csi lost --resizer-only".into());
+    }
+    let env = items(&driver.join("\n"), "env");
+    let var = |name: &str| named(&env, name).and_then(|i| value(i, "value"));
+    // The Service's own name, which the shared server certificate holds.
+    let namespace = svc
+        .text
+        .lines()
+        .find_map(|l| l.strip_prefix("  namespace: "))
+        .unwrap_or("default");
+    let want = format!("https://ublkd-grpc.{namespace}.svc:7443");
+    if var("UBLKD_REMOTE") != Some(want.as_str()) {
+        problem(format!(
+            "the resizer's ublkd-csi has UBLKD_REMOTE {:?}, not the remote-access Service {want:?}",
+            var("UBLKD_REMOTE")
+        ));
+    }
+    if !svc.text.contains("port: 7443") {
+        problem("Service ublkd-grpc is not on port 7443".into());
+    }
+    let mounts = items(&driver.join("\n"), "volumeMounts");
+    let tls_dir = named(&mounts, "client-tls").and_then(|m| {
+        if value(m, "readOnly") != Some("true") {
+            problem("the client-tls mount is not read-only".into());
+        }
+        if value(m, "subPath").is_some() {
+            problem("the client-tls mount uses subPath, which never sees a renewed Secret".into());
+        }
+        value(m, "mountPath")
+    });
+    match tls_dir {
+        None => problem("the resizer's ublkd-csi does not mount the volume client-tls".into()),
+        Some(dir) => {
+            for (name, file) in [
+                ("UBLKD_REMOTE_TLS_CA", "ca.crt"),
+                ("UBLKD_REMOTE_TLS_CERT", "tls.crt"),
+                ("UBLKD_REMOTE_TLS_KEY", "tls.key"),
+            ] {
+                let want = format!("{dir}/{file}");
+                if var(name) != Some(want.as_str()) {
+                    problem(format!(
+                        "{name} is {:?}, not {want:?} from the Secret",
+                        var(name)
+                    ));
+                }
+            }
+        }
+    }
+    let volumes = items(&dep.text, "volumes");
+    if !named(&volumes, "client-tls")
+        .is_some_and(|v| v.join("\n").contains("secretName: ublkd-csi-resizer-tls"))
+    {
+        problem("the volume client-tls is not the Secret ublkd-csi-resizer-tls".into());
+    }
+    match named(&containers, "csi-resizer") {
+        None => problem("Deployment ublkd-csi-resizer has no container csi-resizer".into()),
+        Some(resizer) => {
+            let gate = args(resizer).iter().any(|a| {
+                a.strip_prefix("--feature-gates=")
+                    .is_some_and(|g| g.split(',').any(|f| f == "VolumeAttributesClass=true"))
+            });
+            if !gate {
+                problem(
+                    "csi-resizer runs without --feature-gates=VolumeAttributesClass=true".into(),
+                );
+            }
+            let major = value(resizer, "image")
+                .and_then(|i| i.rsplit_once(":v"))
+                .and_then(|(_, v)| v.split('.').next()?.parse::<u32>().ok());
+            if major.is_none_or(|m| m < 2) {
+                problem(format!(
+                    "csi-resizer {:?} is older than v2, which reads the v1 VolumeAttributesClass API",
+                    value(resizer, "image")
+                ));
+            }
+        }
+    }
+
+    match find(objs, "NetworkPolicy", "ublkd-grpc-csi-resizer") {
+        None => problem("NetworkPolicy ublkd-grpc-csi-resizer is missing".into()),
+        Some(np) => {
+            let selector = leaves(&np.text, "spec:", "  podSelector:");
+            let ublkd = find(objs, "DaemonSet", "ublkd")
+                .map(|ds| leaves(&ds.text, "  template:", "      labels:"))
+                .unwrap_or_default();
+            if selector.is_empty() || !selector.iter().all(|l| ublkd.contains(l)) {
+                problem(format!(
+                    "NetworkPolicy ublkd-grpc-csi-resizer's podSelector {selector:?} does not \
+                     select the ublkd pods"
+                ));
+            }
+            let resizer_labels = leaves(&dep.text, "  template:", "      labels:");
+            let admits = items(&np.text, "ingress").iter().any(|rule| {
+                let rule = rule.join("\n");
+                let ports = items(&rule, "ports");
+                let grpc = ports
+                    .iter()
+                    .any(|p| matches!(value(p, "port"), Some("grpc" | "7443")));
+                let from = items(&rule, "from").iter().any(|f| {
+                    let f = f.join("\n");
+                    let labels = under(&f, "podSelector");
+                    !f.contains("namespaceSelector:")
+                        && !labels.is_empty()
+                        && labels.iter().all(|l| resizer_labels.contains(l))
+                });
+                grpc && from
+            });
+            if !admits {
+                problem(
+                    "NetworkPolicy ublkd-grpc-csi-resizer does not admit the resizer's pods to \
+                     the gRPC port"
+                        .into(),
+                );
+            }
+        }
+    }
+
+    let classes: Vec<&Object> = objs
+        .iter()
+        .filter(|o| o.kind == "VolumeAttributesClass")
+        .collect();
+    if classes.is_empty() {
+        problem("no VolumeAttributesClass".into());
+    }
+    for c in classes {
+        if !c.text.contains("driverName: ublkd.io") {
+            problem(format!(
+                "VolumeAttributesClass {} is not ublkd.io's",
+                c.name
+            ));
+        }
+        for leaf in under(&c.text, "parameters") {
+            let key = leaf.split(':').next().unwrap_or("").trim_matches('"');
+            if !QOS_KEYS.contains(&key) {
+                problem(format!(
+                    "VolumeAttributesClass {} names {key:?}, which ublkd-csi refuses",
+                    c.name
+                ));
+            }
+        }
+    }
+    problems
+}
+
 /// Checks a rendered overlay for what one component adds; returns the problems.
 type ComponentCheck = fn(&[Object]) -> Vec<String>;
 
@@ -172,6 +386,8 @@ type ComponentCheck = fn(&[Object]) -> Vec<String>;
 const COMPONENTS: &[(&str, ComponentCheck)] = &[
     ("remote-access", check_remote_access),
     ("cert-manager-grpc-tls", check_cert_manager),
+    ("csi-snapshots", check_csi_snapshots),
+    ("csi-modify-volume", check_csi_modify_volume),
 ];
 
 /// The components an overlay's kustomization names (`.../components/NAME`).

@@ -1,7 +1,10 @@
 //! Host tests of the manifest checks, on renders written as kustomize writes them.
 
-use super::base::{check, check_base_is_local};
-use super::components::{check_overlay, check_remote_access, components_used};
+use super::base::{check, check_base_is_local, check_snapshotter};
+use super::components::{
+    check_csi_modify_volume, check_csi_snapshots, check_overlay, check_remote_access,
+    components_used,
+};
 use super::yaml::{items, leaves, named, objects, value};
 
 #[test]
@@ -278,4 +281,309 @@ fn overlays_are_checked_for_each_component_they_name() {
             .any(|p| p == "component new-one has no check in deploy.rs"),
         "{problems:?}"
     );
+}
+
+/// The parts of the csi-modify-volume overlay's render that its check reads, as kustomize
+/// writes them.
+const MODIFY: &str = "apiVersion: v1
+kind: Service
+metadata:
+  labels:
+    app.kubernetes.io/name: ublkd
+    app.kubernetes.io/part-of: ublkd
+  name: ublkd-grpc
+  namespace: ublkd-system
+spec:
+  clusterIP: None
+  ports:
+  - name: grpc
+    port: 7443
+    protocol: TCP
+    targetPort: grpc
+  publishNotReadyAddresses: true
+  selector:
+    app.kubernetes.io/name: ublkd
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: ublkd
+  namespace: ublkd-system
+spec:
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: ublkd
+        app.kubernetes.io/part-of: ublkd
+    spec:
+      containers:
+      - name: ublkd
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  labels:
+    app.kubernetes.io/name: ublkd-csi-resizer
+    app.kubernetes.io/part-of: ublkd
+  name: ublkd-csi-resizer
+  namespace: ublkd-system
+spec:
+  replicas: 1
+  selector:
+    matchLabels:
+      app.kubernetes.io/name: ublkd-csi-resizer
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: ublkd-csi-resizer
+        app.kubernetes.io/part-of: ublkd
+    spec:
+      containers:
+      - args:
+        - --csi-endpoint=unix:///csi/csi.sock
+        - --resizer-only
+        command:
+        - /usr/local/bin/ublkd-csi
+        env:
+        - name: UBLKD_REMOTE
+          value: https://ublkd-grpc.ublkd-system.svc:7443
+        - name: UBLKD_REMOTE_TLS_CA
+          value: /etc/ublkd-csi-tls/ca.crt
+        - name: UBLKD_REMOTE_TLS_CERT
+          value: /etc/ublkd-csi-tls/tls.crt
+        - name: UBLKD_REMOTE_TLS_KEY
+          value: /etc/ublkd-csi-tls/tls.key
+        image: ghcr.io/example/ublkd:VERSION
+        name: ublkd-csi
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+        volumeMounts:
+        - mountPath: /etc/ublkd-csi-tls
+          name: client-tls
+          readOnly: true
+        - mountPath: /csi
+          name: socket-dir
+      - args:
+        - --csi-address=/csi/csi.sock
+        - --leader-election
+        - --leader-election-namespace=$(NAMESPACE)
+        - --handle-volume-inuse-error=false
+        - --feature-gates=VolumeAttributesClass=true
+        env:
+        - name: NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        image: registry.k8s.io/sig-storage/csi-resizer:v2.0.0
+        name: csi-resizer
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+        volumeMounts:
+        - mountPath: /csi
+          name: socket-dir
+      serviceAccountName: ublkd-csi-resizer
+      volumes:
+      - name: client-tls
+        secret:
+          defaultMode: 256
+          secretName: ublkd-csi-resizer-tls
+      - emptyDir: {}
+        name: socket-dir
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  labels:
+    app.kubernetes.io/name: ublkd
+    app.kubernetes.io/part-of: ublkd
+  name: ublkd-grpc-csi-resizer
+  namespace: ublkd-system
+spec:
+  ingress:
+  - from:
+    - podSelector:
+        matchLabels:
+          app.kubernetes.io/name: ublkd-csi-resizer
+    ports:
+    - port: grpc
+      protocol: TCP
+  podSelector:
+    matchLabels:
+      app.kubernetes.io/name: ublkd
+  policyTypes:
+  - Ingress
+---
+apiVersion: storage.k8s.io/v1
+driverName: ublkd.io
+kind: VolumeAttributesClass
+metadata:
+  labels:
+    app.kubernetes.io/part-of: ublkd
+  name: ublkd-limited
+parameters:
+  qosBurst: 500ms
+  readBandwidth: 200Mi
+  readIops: \"5000\"
+  writeBandwidth: 100MiB/s
+  writeIops: \"2000\"
+";
+
+#[test]
+fn the_modify_volume_render_passes_and_each_loss_is_named() {
+    assert_eq!(
+        check_csi_modify_volume(&objects(MODIFY)),
+        Vec::<String>::new()
+    );
+    let cases = [
+        ("  publishNotReadyAddresses: true\n", "", "not ready"),
+        (
+            "value: https://ublkd-grpc.ublkd-system.svc:7443",
+            "value: https://10.0.0.1:7443",
+            "UBLKD_REMOTE",
+        ),
+        ("        - --resizer-only\n", "", "--resizer-only"),
+        (
+            "value: /etc/ublkd-csi-tls/tls.key",
+            "value: /etc/ublkd-tls/tls.key",
+            "UBLKD_REMOTE_TLS_KEY",
+        ),
+        (
+            "          name: client-tls\n          readOnly: true\n",
+            "          name: client-tls\n          subPath: tls.crt\n",
+            "subPath",
+        ),
+        (
+            "secretName: ublkd-csi-resizer-tls",
+            "secretName: ublkd-grpc-tls",
+            "not the Secret ublkd-csi-resizer-tls",
+        ),
+        (
+            "        - --feature-gates=VolumeAttributesClass=true\n",
+            "",
+            "VolumeAttributesClass=true",
+        ),
+        ("csi-resizer:v2.0.0", "csi-resizer:v1.13.2", "older than v2"),
+        (
+            "          app.kubernetes.io/name: ublkd-csi-resizer\n    ports:",
+            "          app.kubernetes.io/name: someone-else\n    ports:",
+            "does not admit the resizer",
+        ),
+        (
+            "    - port: grpc\n      protocol: TCP\n  podSelector:",
+            "    - port: metrics\n      protocol: TCP\n  podSelector:",
+            "does not admit the resizer",
+        ),
+        (
+            "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: ublkd\n  policyTypes:",
+            "  podSelector:\n    matchLabels:\n      app: other\n  policyTypes:",
+            "does not select the ublkd pods",
+        ),
+        (
+            "  readIops: \"5000\"\n",
+            "  readIOPS: \"5000\"\n",
+            "\"readIOPS\"",
+        ),
+        (
+            "driverName: ublkd.io",
+            "driverName: other.io",
+            "not ublkd.io's",
+        ),
+    ];
+    for (from, to, words) in cases {
+        assert!(MODIFY.contains(from), "fixture has {from:?}");
+        let problems = check_csi_modify_volume(&objects(&MODIFY.replacen(from, to, 1)));
+        assert!(
+            problems.iter().any(|p| p.contains(words)),
+            "{from:?} -> {to:?}: {problems:?}"
+        );
+    }
+    let without_service = MODIFY.split_once("\n---\n").unwrap().1;
+    assert!(check_csi_modify_volume(&objects(without_service))[0].contains("remote-access"));
+    // The base must keep the resizer off the network.
+    assert!(check_base_is_local(MODIFY)
+        .iter()
+        .any(|p| p.contains("components/csi-modify-volume")));
+}
+
+/// The node plugin's snapshotter as kustomize writes it.
+const SNAPSHOTTER: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: ublkd-csi-node
+  namespace: ublkd-system
+spec:
+  template:
+    spec:
+      containers:
+      - args:
+        - --csi-address=/csi/csi.sock
+        - --node-deployment
+        env:
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
+        image: registry.k8s.io/sig-storage/csi-snapshotter:v8.2.1
+        name: csi-snapshotter
+        volumeMounts:
+        - mountPath: /csi
+          name: plugin-dir
+      volumes:
+      - hostPath:
+          path: /var/lib/kubelet/plugins/ublkd.io
+        name: plugin-dir
+";
+
+#[test]
+fn the_node_plugin_runs_one_snapshotter_per_node() {
+    assert_eq!(
+        check_snapshotter(&objects(SNAPSHOTTER)),
+        Vec::<String>::new()
+    );
+    let cases = [
+        (
+            "        - --node-deployment\n",
+            "",
+            "without --node-deployment",
+        ),
+        (
+            "        - --node-deployment\n",
+            "        - --node-deployment\n        - --leader-election\n",
+            "leader election",
+        ),
+        (
+            "fieldPath: spec.nodeName",
+            "fieldPath: metadata.name",
+            "NODE_NAME",
+        ),
+        (
+            "- mountPath: /csi",
+            "- mountPath: /run/csi",
+            "plugin-dir at /csi",
+        ),
+        (
+            "name: csi-snapshotter",
+            "name: snapshotter",
+            "no container csi-snapshotter",
+        ),
+    ];
+    for (from, to, words) in cases {
+        assert!(SNAPSHOTTER.contains(from), "fixture has {from:?}");
+        let problems = check_snapshotter(&objects(&SNAPSHOTTER.replacen(from, to, 1)));
+        assert!(
+            problems.iter().any(|p| p.contains(words)),
+            "{from:?} -> {to:?}: {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn the_snapshot_class_names_the_driver() {
+    let class = "apiVersion: snapshot.storage.k8s.io/v1\ndeletionPolicy: Delete\ndriver: ublkd.io\nkind: VolumeSnapshotClass\nmetadata:\n  name: ublkd-file\n";
+    assert_eq!(check_csi_snapshots(&objects(class)), Vec::<String>::new());
+    let other = class.replace("driver: ublkd.io", "driver: other.io");
+    assert!(check_csi_snapshots(&objects(&other))[0].contains("driver: ublkd.io"));
+    assert_eq!(check_csi_snapshots(&[]), ["no VolumeSnapshotClass"]);
 }
