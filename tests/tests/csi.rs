@@ -1,6 +1,9 @@
 //! The CSI driver against the real kernel: `ublkd-csi` in front of a ublkd, driven by the
 //! Kubernetes conformance suite (csi-sanity, from `../shared/tools`) for every backend and
 //! access type, and by the kubelet's own sequence of calls with data checked through mounts.
+//! The suite's snapshot and clone tests run on the file backend over an XFS with reflink (a
+//! loop device the test makes, unless the guest already mounted one at the root); its
+//! ModifyVolume tests run on every backend.
 #![cfg(feature = "vm")]
 
 use anyhow::{bail, ensure, Context, Result};
@@ -98,9 +101,41 @@ fn csi_sanity() -> Result<PathBuf> {
     )
 }
 
-/// One csi-sanity run: `params` as the StorageClass, `access` mount or block, `fs` for mount.
-/// xfs refuses file systems under 300 MB; other volumes stay small.
-async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) -> Result<()> {
+/// A VolumeAttributesClass for the suite's ModifyVolume tests (and its CreateVolume with a
+/// class): I/O limits, which every backend takes.
+const MUTABLE_PARAMS: &str = "readIops: \"2000\"\nwriteBandwidth: \"200Mi\"\nqosBurst: \"200ms\"\n";
+
+/// Skipped tests allowed in every run: what the driver does not offer by design, each gated
+/// by a capability it does not advertise: attaching (volumes are local: ControllerPublish and
+/// the lifecycle built on it), controller-side expansion (volumes grow on their node), group
+/// snapshots and GetSnapshot (alpha); plus the one test the suite itself marks pending (XIt).
+const SKIPS_BY_DESIGN: &[&str] = &[
+    "group",
+    "getsnapshot",
+    "controllerpublishvolume",
+    "controllerunpublishvolume",
+    "volume lifecycle",
+    "expandvolume [controller server]",
+    "pagination should detect volumes added between pages",
+];
+
+/// What a backend without files (RAM, NVMe) cannot do: snapshots, restores and clones. The
+/// suite would take them of its test volumes, so they are skipped by name (ginkgo's regexp, and
+/// the words that name them in the report).
+const NO_SNAPSHOTS_SKIP: &str = "(?i)snapshot|source volume";
+const NO_SNAPSHOTS_WORDS: &[&str] = &["snapshot", "source volume"];
+
+/// One csi-sanity run: `params` as the StorageClass, `access` mount or block, `fs` for mount;
+/// `snapshots` when the class's volumes can be snapshotted and cloned (a file backend on a file
+/// system that can reflink), else those tests are skipped. xfs refuses file systems under
+/// 300 MB; other volumes stay small.
+async fn sanity(
+    name: &str,
+    port: u16,
+    params: &[(&str, String)],
+    access: &str,
+    snapshots: bool,
+) -> Result<()> {
     let xfs = access == "mount" && params.iter().any(|(k, v)| *k == "fsType" && v == "xfs");
     let size = if xfs { 320 * MIB } else { 64 * MIB };
     let tool = csi_sanity()?;
@@ -111,8 +146,14 @@ async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) 
         .map(|(k, v)| format!("{k}: {v:?}\n"))
         .collect();
     std::fs::write(&params_file, yaml)?;
+    let mutable_file = pair.daemon.dir.join("mutable-params.yaml");
+    std::fs::write(&mutable_file, MUTABLE_PARAMS)?;
     let junit = pair.daemon.dir.join("junit.xml");
-    let out = Command::new(&tool)
+    let mut cmd = Command::new(&tool);
+    if !snapshots {
+        cmd.arg(format!("--ginkgo.skip={NO_SNAPSHOTS_SKIP}"));
+    }
+    let out = cmd
         .arg(format!("--csi.endpoint=unix://{}", pair.socket.display()))
         .arg(format!(
             "--csi.stagingdir={}",
@@ -125,6 +166,10 @@ async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) 
         .arg(format!(
             "--csi.testvolumeparameters={}",
             params_file.display()
+        ))
+        .arg(format!(
+            "--csi.testvolumemutableparameters={}",
+            mutable_file.display()
         ))
         .arg(format!("--csi.testvolumesize={size}"))
         .arg(format!("--csi.testvolumeexpandsize={}", size + 64 * MIB))
@@ -152,24 +197,13 @@ async fn sanity(name: &str, port: u16, params: &[(&str, String)], access: &str) 
             pair.log()
         );
     }
-    // Skipped may be only what the driver does not offer by design, each gated by a capability
-    // it does not advertise: snapshots and clones (not yet), attaching (volumes are local:
-    // ControllerPublish and the lifecycle built on it), controller-side expansion (volumes
-    // grow on their node), ModifyVolume and volume attribute classes; plus the one test the
-    // suite itself marks pending (XIt).
-    let allowed = [
-        "snapshot",
-        "clone",
-        "source volume",
-        "group",
-        "controllerpublishvolume",
-        "controllerunpublishvolume",
-        "volume lifecycle",
-        "expandvolume [controller server]",
-        "modifyvolume",
-        "volume attribute class",
-        "pagination should detect volumes added between pages",
-    ];
+    // Skipped may be only what the driver does not offer by design, and snapshots and clones
+    // where the backend has no file to reflink. ModifyVolume and volume attribute classes run
+    // on every backend; snapshots, restores and clones on the file backend.
+    let mut allowed = SKIPS_BY_DESIGN.to_vec();
+    if !snapshots {
+        allowed.extend(NO_SNAPSHOTS_WORDS);
+    }
     let unexpected: Vec<&String> = skipped
         .iter()
         .filter(|t| {
@@ -211,14 +245,64 @@ fn file_params(root: &Path, fs: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A file system that can reflink at `root`, for as long as it lives: what the guest mounted
+/// there if it is XFS or btrfs, else an XFS made with reflink=1 on a loop device over a sparse
+/// file in `dir` (tmpfs; mounted with discard, so deleted volumes give their pages back).
+struct ReflinkRoot {
+    root: PathBuf,
+    loop_dev: Option<String>,
+}
+
+/// The loop file system's size: the suite's largest moment is five 320 MiB volumes and their
+/// snapshots, or one of 1 GiB, all sparse.
+const REFLINK_FS_BYTES: u64 = 4096 * MIB;
+
+impl ReflinkRoot {
+    fn at(dir: &Path, root: &Path) -> Result<ReflinkRoot> {
+        std::fs::create_dir_all(root)?;
+        let fs = guest::sh(&format!("stat -f -c %T {}", root.display()))?;
+        if matches!(fs.trim(), "xfs" | "btrfs") {
+            println!("{}: {} already, used as it is", root.display(), fs.trim());
+            return Ok(ReflinkRoot {
+                root: root.to_owned(),
+                loop_dev: None,
+            });
+        }
+        let img = guest::backing_file(dir, "reflink.fsimg", REFLINK_FS_BYTES)?;
+        guest::sh("modprobe loop 2>/dev/null || true")?;
+        let dev = guest::sh(&format!("losetup --find --show {}", img.display()))?
+            .trim()
+            .to_owned();
+        guest::sh(&format!("mkfs.xfs -q -f -m reflink=1 {dev}"))?;
+        guest::sh(&format!("mount -o discard {dev} {}", root.display()))?;
+        Ok(ReflinkRoot {
+            root: root.to_owned(),
+            loop_dev: Some(dev),
+        })
+    }
+}
+
+impl Drop for ReflinkRoot {
+    fn drop(&mut self) {
+        if let Some(dev) = &self.loop_dev {
+            let _ = guest::sh(&format!(
+                "umount {} && losetup -d {dev}",
+                self.root.display()
+            ));
+        }
+    }
+}
+
 #[tokio::test]
 async fn csi_sanity_file_backend_mount_and_block() -> Result<()> {
     for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
         let name = format!("csi-file-{access}-{fs}");
-        // The allowed root is per daemon: the params name it once the daemon exists.
+        // The allowed root is per daemon: the params name it once the daemon exists. The
+        // snapshot and clone tests run here: the root must reflink.
         let dir = guest::scratch(&name)?;
-        let root = dir.join("roots");
-        sanity(&name, 9561, &file_params(&root, fs), access).await?;
+        let root = ReflinkRoot::at(&dir, &dir.join("roots"))?;
+        // The daemon (in `sanity`) has exited before `root` is unmounted.
+        sanity(&name, 9561, &file_params(&root.root, fs), access, true).await?;
     }
     Ok(())
 }
@@ -228,7 +312,7 @@ async fn csi_sanity_ram_backend_mount_and_block() -> Result<()> {
     for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
         let name = format!("csi-ram-{access}-{fs}");
         let params = vec![("backend", "ram".to_owned()), ("fsType", fs.to_owned())];
-        sanity(&name, 9562, &params, access).await?;
+        sanity(&name, 9562, &params, access, false).await?;
     }
     Ok(())
 }
@@ -242,7 +326,7 @@ async fn csi_sanity_nvme_backend_mount_and_block() -> Result<()> {
             ("namespace", NG.to_owned()),
             ("fsType", fs.to_owned()),
         ];
-        sanity(&name, 9563, &params, access).await?;
+        sanity(&name, 9563, &params, access, false).await?;
     }
     Ok(())
 }
@@ -841,5 +925,164 @@ async fn bad_csi_requests_are_refused_and_change_nothing() -> Result<()> {
         secrets: Default::default(),
     })
     .await?;
+    Ok(())
+}
+
+/// Snapshots and clones through the driver, with the data checked through mounts: a snapshot
+/// holds what was written before it and not after, a restore and a clone hold what their
+/// source held, and each reports its content source. A VolumeAttributesClass at creation and
+/// ControllerModifyVolume later set the volume's limits in ublkd, merged key by key.
+#[tokio::test]
+async fn snapshots_restore_their_data_and_classes_change_limits_live() -> Result<()> {
+    use kubelet::*;
+    use ublkd_csi::spec::{self, volume_content_source as vcs};
+    let name = "csi-snap";
+    let dir = guest::scratch(name)?;
+    let root = ReflinkRoot::at(&dir, &dir.join("roots"))?;
+    let pair = Pair::start(name, 9568, "node-a").await?;
+    let (mut ctl, mut node) = clients(&pair).await?;
+    let params = file_params(&root.root, "ext4");
+    let cap = mount_cap("ext4");
+
+    let mut req = create("pvc-src", 64 * MIB, &params, cap.clone());
+    req.parameters.insert("readIops".into(), "4000".into());
+    req.mutable_parameters = [("writeBandwidth".to_owned(), "100Mi".to_owned())].into();
+    ctl.create_volume(req).await?;
+    let mut ublkd = pair.daemon.volumes().await?;
+    let limits = |v: ublkd_proto::v1::Volume| v.spec.and_then(|s| s.qos).unwrap_or_default();
+    let get = |id: &str| ublkd_proto::v1::GetVolumeRequest { id: id.into() };
+    let q = limits(ublkd.get_volume(get("pvc-src")).await?.into_inner());
+    ensure!(
+        q.read_iops == 4000 && q.write_bytes_per_second == 100 << 20,
+        "limits at creation: {q:?}"
+    );
+
+    // Data before the snapshot, more after it.
+    let staging = pair.kubelet.join("staging/pvc-src");
+    let target = pair.kubelet.join("pods/src/pvc-src");
+    std::fs::create_dir_all(&staging)?;
+    node.node_stage_volume(stage("pvc-src", &staging, cap.clone()))
+        .await?;
+    node.node_publish_volume(publish("pvc-src", &staging, &target, cap.clone()))
+        .await?;
+    guest::sh(&format!("echo before > {}/data && sync", target.display()))?;
+    let snap = ctl
+        .create_snapshot(spec::CreateSnapshotRequest {
+            source_volume_id: "pvc-src".into(),
+            name: "snapshot-1".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .snapshot
+        .context("no snapshot")?;
+    ensure!(
+        snap.ready_to_use && snap.snapshot_id == "snapshot-1",
+        "{snap:?}"
+    );
+    guest::sh(&format!("echo after > {}/data && sync", target.display()))?;
+
+    // ControllerModifyVolume: live, merged over what the volume has.
+    ctl.controller_modify_volume(spec::ControllerModifyVolumeRequest {
+        volume_id: "pvc-src".into(),
+        mutable_parameters: [
+            ("readIops".to_owned(), "unlimited".to_owned()),
+            ("writeIops".to_owned(), "300".to_owned()),
+        ]
+        .into(),
+        secrets: Default::default(),
+    })
+    .await?;
+    let q = limits(ublkd.get_volume(get("pvc-src")).await?.into_inner());
+    ensure!(
+        q.read_iops == 0 && q.write_iops == 300 && q.write_bytes_per_second == 100 << 20,
+        "limits after modify: {q:?}"
+    );
+    guest::sh(&format!(
+        "echo limited > {}/data2 && sync",
+        target.display()
+    ))
+    .context("I/O under the new limits")?;
+
+    // A restore holds the snapshot's data; a clone the volume's now.
+    let from = |t: vcs::Type| spec::VolumeContentSource { r#type: Some(t) };
+    let sources = [
+        (
+            "pvc-restored",
+            from(vcs::Type::Snapshot(vcs::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            })),
+            "before",
+        ),
+        (
+            "pvc-clone",
+            from(vcs::Type::Volume(vcs::VolumeSource {
+                volume_id: "pvc-src".into(),
+            })),
+            "after",
+        ),
+    ];
+    for (id, source, want) in sources {
+        let mut r = create(id, 64 * MIB, &params, cap.clone());
+        r.volume_content_source = Some(source.clone());
+        let v = ctl
+            .create_volume(r)
+            .await?
+            .into_inner()
+            .volume
+            .context("no volume")?;
+        ensure!(v.content_source == Some(source), "{id}: {v:?}");
+        let st = pair.kubelet.join(format!("staging/{id}"));
+        let t = pair.kubelet.join(format!("pods/{id}/{id}"));
+        std::fs::create_dir_all(&st)?;
+        node.node_stage_volume(stage(id, &st, cap.clone())).await?;
+        node.node_publish_volume(publish(id, &st, &t, cap.clone()))
+            .await?;
+        let got = guest::sh(&format!("cat {}/data", t.display()))?;
+        ensure!(got.trim() == want, "{id} holds {got:?}, not {want:?}");
+        node.node_unpublish_volume(unpublish(id, &t)).await?;
+        node.node_unstage_volume(unstage(id, &st)).await?;
+    }
+
+    // A RAM volume cannot be snapshotted: INVALID_ARGUMENT, nothing taken.
+    ctl.create_volume(create(
+        "pvc-ram",
+        16 * MIB,
+        &[("backend", "ram".to_owned())],
+        cap.clone(),
+    ))
+    .await?;
+    let e = ctl
+        .create_snapshot(spec::CreateSnapshotRequest {
+            source_volume_id: "pvc-ram".into(),
+            name: "snapshot-ram".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a RAM volume has no file to reflink");
+    ensure!(e.code() == tonic::Code::InvalidArgument, "{e:?}");
+
+    node.node_unpublish_volume(unpublish("pvc-src", &target))
+        .await?;
+    node.node_unstage_volume(unstage("pvc-src", &staging))
+        .await?;
+    ctl.delete_snapshot(spec::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id,
+        secrets: Default::default(),
+    })
+    .await?;
+    for id in ["pvc-restored", "pvc-clone", "pvc-src", "pvc-ram"] {
+        ctl.delete_volume(spec::DeleteVolumeRequest {
+            volume_id: id.into(),
+            secrets: Default::default(),
+        })
+        .await?;
+    }
+    let left = guest::sh(&format!(
+        "find {} -name '*.img' | wc -l",
+        root.root.display()
+    ))?;
+    ensure!(left.trim() == "0", "backing files and copies left: {left}");
+    drop(pair);
     Ok(())
 }
