@@ -1,0 +1,197 @@
+//! Per-volume QoS in the guest: limits measured by fio against real ublk devices, a neighbour
+//! that keeps its pace, live changes, and limits that survive kill -9. Every check is a ratio
+//! computed from fio's own report, never a timing threshold on the machine.
+#![cfg(feature = "vm")]
+
+use anyhow::{ensure, Context, Result};
+use std::path::Path;
+use ublkd_proto::v1;
+use ublkd_tests::api::{self, create, volume as spec};
+use ublkd_tests::daemon::{sample, Daemon};
+use ublkd_tests::guest;
+use ublkd_tests::MIB;
+
+/// fio at QD32 on `dev` for `secs` seconds after one second of ramp (which the burst allowance
+/// falls into); returns (read IOPS, write bytes per second).
+fn measure(dev: &str, rw: &str, bs: &str, secs: u32) -> Result<(f64, f64)> {
+    let runtime = format!("--runtime={secs}");
+    let bs = format!("--bs={bs}");
+    let rw = format!("--rw={rw}");
+    let r = guest::fio(
+        Path::new(dev),
+        &[
+            &rw,
+            &bs,
+            "--iodepth=32",
+            "--time_based",
+            "--ramp_time=1",
+            &runtime,
+        ],
+    )?;
+    let job = &r["jobs"][0];
+    let iops = job["read"]["iops"].as_f64().context("read iops")?;
+    let wbw = job["write"]["bw_bytes"].as_f64().context("write bw")?;
+    Ok((iops, wbw))
+}
+
+fn limits(read_iops: u64, write_bw: u64) -> v1::QosLimits {
+    v1::QosLimits {
+        read_iops,
+        write_bytes_per_second: write_bw,
+        ..Default::default()
+    }
+}
+
+fn within(measured: f64, limit: f64, what: &str) -> Result<()> {
+    let ratio = measured / limit;
+    println!("{what}: limit {limit:.0}, measured {measured:.0}, ratio {ratio:.3}");
+    ensure!(
+        (0.9..=1.1).contains(&ratio),
+        "{what}: measured {measured:.0} against a limit of {limit:.0} (ratio {ratio:.3})"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() -> Result<()> {
+    let dir = guest::scratch("qos")?;
+    let mut d = Daemon::new(&dir, 19611, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    // Two queues each, one per CPU: both volumes' queues share the two workers.
+    let mut lim_spec = spec(256 * MIB, api::ram());
+    lim_spec.queues = Some(2);
+    lim_spec.qos = Some(limits(2000, 0));
+    let mut free_spec = spec(256 * MIB, api::ram());
+    free_spec.queues = Some(2);
+    let lim = c
+        .create_volume(create("q-lim", lim_spec))
+        .await?
+        .into_inner();
+    let free = c
+        .create_volume(create("q-free", free_spec))
+        .await?
+        .into_inner();
+    assert_eq!(
+        lim.spec.as_ref().and_then(|s| s.qos).map(|q| q.read_iops),
+        Some(2000),
+        "the Volume shows its limits"
+    );
+
+    // The neighbour alone, then both at once.
+    let (alone, _) = measure(&free.device_path, "randread", "4k", 3)?;
+    let lim_dev = lim.device_path.clone();
+    let limited = std::thread::spawn(move || measure(&lim_dev, "randread", "4k", 4));
+    let (together, _) = measure(&free.device_path, "randread", "4k", 3)?;
+    let (lim_iops, _) = limited.join().expect("fio thread")?;
+    within(lim_iops, 2000.0, "read IOPS at QD32, limit 2000")?;
+    let kept = together / alone;
+    println!(
+        "neighbour: alone {alone:.0} IOPS, beside the limited volume {together:.0} ({kept:.3})"
+    );
+    ensure!(
+        kept >= 0.8,
+        "the unlimited neighbour fell to {kept:.3} of its pace alone"
+    );
+
+    // Bandwidth, for writes: 8 MiB/s in 64 KiB requests.
+    c.set_volume_qos(v1::SetVolumeQosRequest {
+        id: "q-lim".into(),
+        qos: Some(limits(2000, 8 * MIB)),
+    })
+    .await?;
+    let (_, wbw) = measure(&lim.device_path, "randwrite", "64k", 3)?;
+    within(
+        wbw,
+        (8 * MIB) as f64,
+        "write bytes/s at QD32, limit 8 MiB/s",
+    )?;
+
+    // A live change while requests wait for the old limit; measured from one second on.
+    let lim_dev = lim.device_path.clone();
+    let busy = std::thread::spawn(move || measure(&lim_dev, "randread", "4k", 2));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    c.set_volume_qos(v1::SetVolumeQosRequest {
+        id: "q-lim".into(),
+        qos: Some(limits(500, 0)),
+    })
+    .await?;
+    busy.join().expect("fio thread")?;
+    let (after, _) = measure(&lim.device_path, "randread", "4k", 3)?;
+    within(
+        after,
+        500.0,
+        "read IOPS one second after a live change to 500",
+    )?;
+
+    // Limits survive kill -9: the restarted daemon takes the device over with them.
+    d.stop_with(libc::SIGKILL)?;
+    d.start().await?;
+    d.wait_all_ready().await?;
+    let mut c = d.volumes().await?;
+    let back = c
+        .get_volume(v1::GetVolumeRequest { id: "q-lim".into() })
+        .await?
+        .into_inner();
+    assert_eq!(
+        back.spec.and_then(|s| s.qos).map(|q| q.read_iops),
+        Some(500)
+    );
+    let (recovered, _) = measure(&lim.device_path, "randread", "4k", 3)?;
+    within(
+        recovered,
+        500.0,
+        "read IOPS after kill -9 and takeover, limit 500",
+    )?;
+
+    // What was throttled is counted for the limited volume only.
+    let text = d.scrape()?;
+    let throttled = |v: &str| {
+        sample(
+            &text,
+            "ublkd_volume_throttled_requests_total",
+            &[("volume", v)],
+        )
+        .unwrap_or(0.0)
+    };
+    ensure!(
+        throttled("q-lim") > 0.0,
+        "no throttled requests counted:\n{text}"
+    );
+    assert_eq!(
+        throttled("q-free"),
+        0.0,
+        "the unlimited volume was never held"
+    );
+    let stats = c
+        .get_volume_stats(v1::GetVolumeStatsRequest { id: "q-lim".into() })
+        .await?
+        .into_inner();
+    ensure!(
+        stats.throttled_requests > 0 && stats.throttled_seconds > 0.0,
+        "{stats:?}"
+    );
+
+    // Cleared: back to the unlimited pace.
+    c.set_volume_qos(v1::SetVolumeQosRequest {
+        id: "q-lim".into(),
+        qos: None,
+    })
+    .await?;
+    let (cleared, _) = measure(&lim.device_path, "randread", "4k", 3)?;
+    println!("cleared: {cleared:.0} IOPS (unlimited neighbour alone: {alone:.0})");
+    ensure!(
+        cleared > 2.0 * 500.0,
+        "limits cleared, yet {cleared:.0} IOPS (the limit was 500)"
+    );
+    for id in ["q-lim", "q-free"] {
+        c.delete_volume(v1::DeleteVolumeRequest {
+            id: id.into(),
+            ..Default::default()
+        })
+        .await?;
+    }
+    let st = d.stop_with(libc::SIGTERM)?;
+    assert!(st.success(), "clean exit: {st}\n{}", d.log());
+    Ok(())
+}
