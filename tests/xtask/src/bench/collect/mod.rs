@@ -103,19 +103,28 @@ fn load_sample(rdir: &Path, wl: &Workload) -> Result<Sample, String> {
     })
 }
 
-/// IOPS and mean latency (µs) of the single job in fio's JSON output.
-fn parse_fio(text: &str, rw: &str) -> Result<(f64, f64), String> {
+/// The single job of fio's JSON output; an error if there is none or fio reported one.
+pub fn fio_job(text: &str) -> Result<Value, String> {
     // fio may print notes before the JSON document.
     let start = text.find('{').ok_or("no JSON in fio output")?;
-    let v: Value =
+    let mut v: Value =
         serde_json::from_str(&text[start..]).map_err(|e| format!("bad fio JSON: {e}"))?;
-    let job = &v["jobs"][0];
+    let job = v
+        .get_mut("jobs")
+        .and_then(|j| j.get_mut(0))
+        .map_or(Value::Null, Value::take);
     if job.is_null() {
         return Err("no job in fio output".into());
     }
     if let Some(err) = job["error"].as_i64().filter(|&e| e != 0) {
         return Err(format!("fio reported error {err}"));
     }
+    Ok(job)
+}
+
+/// IOPS and mean latency (µs) of the single job in fio's JSON output.
+fn parse_fio(text: &str, rw: &str) -> Result<(f64, f64), String> {
+    let job = &fio_job(text)?;
     // Mixed jobs count both directions; their latency is the reads'.
     let dirs: Vec<&Value> = match rw {
         "randrw" => vec![&job["read"], &job["write"]],

@@ -3,7 +3,6 @@
 
 use super::recovery::{read_trimmed, teardown_of};
 use crate::bench::cases::{QosJob, QosLimit, QOS_JOBS, QOS_RUN};
-use serde_json::Value;
 use std::path::Path;
 
 /// One QoS job: what fio measured, in the unit of its limit (read IOPS, or write MiB/s).
@@ -25,16 +24,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// The figure of fio's JSON report that `limit` bounds: read IOPS, or write MiB/s (from
 /// `bw_bytes`). A job that did no I/O in that direction, or reported an error, has none.
 fn parse_rate(text: &str, limit: QosLimit) -> Result<f64, String> {
-    let start = text.find('{').ok_or("no JSON in fio output")?;
-    let v: Value =
-        serde_json::from_str(&text[start..]).map_err(|e| format!("bad fio JSON: {e}"))?;
-    let job = &v["jobs"][0];
-    if job.is_null() {
-        return Err("no job in fio output".into());
-    }
-    if let Some(err) = job["error"].as_i64().filter(|&e| e != 0) {
-        return Err(format!("fio reported error {err}"));
-    }
+    let job = &super::fio_job(text)?;
     let (dir, field, scale) = match limit {
         QosLimit::Unlimited | QosLimit::ReadIops(_) => ("read", "iops", 1.0),
         QosLimit::WriteMibps(_) => ("write", "bw_bytes", MIB),
