@@ -171,12 +171,17 @@ impl Control {
         if !self.devices.contains_key(&dev_id) {
             return Err(DataplaneError::NoSuchDevice(dev_id));
         }
+        self.resume_workers(dev_id);
+        Ok(())
+    }
+
+    /// Tells every worker to serve the device's held requests (nothing to do if none are).
+    pub(super) fn resume_workers(&self, dev_id: DevId) {
         for w in &self.workers {
             if w.tx.send(WorkerCmd::Resume { dev_id }).is_ok() {
                 let _ = w.event.notify();
             }
         }
-        Ok(())
     }
 
     /// New limits for a device, in effect for its next request. Limited to limited changes the
