@@ -99,9 +99,13 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, DataplaneError> + Send + 'static,
-) -> Result<T, VolumeError> {
+/// Runs blocking work (dataplane calls, file system calls) on tokio's blocking pool.
+async fn blocking<T: Send + 'static, E: Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, VolumeError>
+where
+    VolumeError: From<E>,
+{
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?

@@ -149,7 +149,7 @@ impl Volumes {
                     .ok_or_else(|| VolumeError::LookupSnapshot(sid.clone()))?;
                 check_clone_size(record.size_bytes, snap.size_bytes)?;
                 let (from, to) = (snap.path.clone(), path.clone());
-                blocking_io(move || reflink_file(&from, &to)).await?;
+                blocking(move || reflink_file(&from, &to)).await?;
                 snap.size_bytes
             }
             SourceRecord::Volume(vid) => {
@@ -191,7 +191,7 @@ impl Volumes {
             _ => None,
         };
         let (from, to) = (backing.to_owned(), to.to_owned());
-        blocking_io(move || {
+        blocking(move || {
             let Some((h, dev)) = drain else {
                 return reflink_file(&from, &to);
             };
@@ -230,15 +230,6 @@ fn check_clone_size(size: u64, source_size: u64) -> Result<(), VolumeError> {
         return Err(VolumeError::CloneTooSmall { size, source_size });
     }
     Ok(())
-}
-
-/// Runs blocking file work (and dataplane calls) off the async threads.
-async fn blocking_io(
-    f: impl FnOnce() -> Result<(), VolumeError> + Send + 'static,
-) -> Result<(), VolumeError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?
 }
 
 /// Makes `to` (which must not exist) a reflink of `from`, durably: written under a temporary
