@@ -28,11 +28,15 @@ pub enum Fault {
     /// An NVMe command completes with a retryable path error, resends included (a path that
     /// stays down).
     NvmePathDown,
+    /// A queue's QoS timer cannot be queued: its waiting requests are served over the limit.
+    ThrottleTimer,
+    /// A worker holds a device's new requests for a drain but never confirms it drained.
+    DrainUnanswered,
 }
 
 impl Fault {
     #[cfg(feature = "test-hooks")]
-    const ALL: [Fault; 8] = [
+    const ALL: [Fault; 10] = [
         Fault::CommitBadElement,
         Fault::AttachFails,
         Fault::RecoverAfterStart,
@@ -41,6 +45,8 @@ impl Fault {
         Fault::RingTransient,
         Fault::NvmePathError,
         Fault::NvmePathDown,
+        Fault::ThrottleTimer,
+        Fault::DrainUnanswered,
     ];
 
     #[cfg(feature = "test-hooks")]
@@ -54,6 +60,8 @@ impl Fault {
             Fault::RingTransient => "ring_transient",
             Fault::NvmePathError => "nvme_path_error",
             Fault::NvmePathDown => "nvme_path_down",
+            Fault::ThrottleTimer => "throttle_timer",
+            Fault::DrainUnanswered => "drain_unanswered",
         }
     }
 }

@@ -195,3 +195,54 @@ async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() 
     assert!(st.success(), "clean exit: {st}\n{}", d.log());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttle_timer_that_cannot_be_queued_serves_requests_over_the_limit_never_stuck(
+) -> Result<()> {
+    let dir = guest::scratch("qos-timer")?;
+    let mut d = Daemon::new(&dir, 19613, "")?;
+    // The first five throttle timers cannot be queued.
+    d.env = vec![("UBLKD_TEST_FAULTS".into(), "throttle_timer=5".into())];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let mut s = spec(64 * MIB, api::ram());
+    s.qos = Some(limits(200, 0));
+    let v = c.create_volume(create("q-t", s)).await?.into_inner();
+    // A fixed number of reads: each one finishes, whether timed or served over the limit.
+    guest::fio(
+        Path::new(&v.device_path),
+        &[
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=32",
+            "--number_ios=400",
+        ],
+    )?;
+    let text = d.scrape()?;
+    let over = sample(
+        &text,
+        "ublkd_volume_throttle_overruns_total",
+        &[("volume", "q-t")],
+    )
+    .unwrap_or(0.0);
+    let held = sample(
+        &text,
+        "ublkd_volume_throttled_requests_total",
+        &[("volume", "q-t")],
+    )
+    .unwrap_or(0.0);
+    println!(
+        "400 reads at 200 IOPS, 5 timers refused: {over} served over the limit, {held} waited"
+    );
+    ensure!(
+        over >= 5.0,
+        "each refused timer serves at least one request over the limit: {over}"
+    );
+    ensure!(
+        held > 0.0,
+        "once timers could be queued again, requests waited: {held}"
+    );
+    let st = d.stop_with(libc::SIGTERM)?;
+    assert!(st.success(), "clean exit: {st}\n{}", d.log());
+    Ok(())
+}

@@ -296,3 +296,84 @@ async fn snapshots_and_clones_by_reflink_are_instant_shared_and_point_in_time() 
     ))?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_is_never_confirmed_fails_the_snapshot_and_resumes_the_volume() -> Result<()> {
+    let dir = guest::scratch("snap-drain")?;
+    let mut d = Daemon::new(&dir, 19614, "")?;
+    // The first drain a worker is asked for is never confirmed.
+    d.env = vec![("UBLKD_TEST_FAULTS".into(), "drain_unanswered=1".into())];
+    let fs = loop_fs(&dir, "xfs", "xfs", 512 * MIB, &d.root)?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let img = d.root.join("v.img");
+    c.create_volume(create("v", spec(64 * MIB, file(&img, true))))
+        .await?;
+    let dev = device_of(&mut c, "v").await?;
+    pattern(&dev, 0x5a, false)?;
+    // Writes in flight while the drain fails: the requests it held must be served.
+    let writer = dev.clone();
+    let load = std::thread::spawn(move || {
+        guest::fio(
+            Path::new(&writer),
+            &[
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=16",
+                "--size=32M",
+                "--offset=32M",
+                "--verify=crc32c",
+                "--time_based",
+                "--runtime=3",
+            ],
+        )
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let e = c
+        .create_snapshot(v1::CreateSnapshotRequest {
+            id: "s".into(),
+            source_volume_id: "v".into(),
+        })
+        .await
+        .expect_err("the drain was never confirmed");
+    println!("snapshot: {:?} {}", e.code(), e.message());
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    ensure!(e.message().contains("resumed"), "{}", e.message());
+    load.join().expect("fio thread")?;
+    // Nothing of the snapshot is left, and the volume still reads what it had.
+    let listed = c
+        .list_snapshots(v1::ListSnapshotsRequest::default())
+        .await?
+        .into_inner()
+        .snapshots;
+    assert!(listed.is_empty(), "{listed:?}");
+    let left = std::fs::read_dir(d.root.join(".ublkd-snapshots"))?.count();
+    assert_eq!(left, 0, "a failed snapshot leaves no file");
+    guest::fio(
+        Path::new(&dev),
+        &[
+            "--rw=write",
+            "--bs=1M",
+            "--size=32M",
+            "--verify=pattern",
+            "--verify_pattern=0x5a",
+            "--do_verify=0",
+            "--verify_only",
+        ],
+    )?;
+    // The next snapshot (the fault spent) is taken.
+    c.create_snapshot(v1::CreateSnapshotRequest {
+        id: "s".into(),
+        source_volume_id: "v".into(),
+    })
+    .await?;
+    c.delete_volume(v1::DeleteVolumeRequest {
+        id: "v".into(),
+        ..Default::default()
+    })
+    .await?;
+    let st = d.stop_with(libc::SIGTERM)?;
+    assert!(st.success(), "clean exit: {st}\n{}", d.log());
+    guest::sh(&format!("umount {}; losetup -d {fs}", d.root.display()))?;
+    Ok(())
+}

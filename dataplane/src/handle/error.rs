@@ -47,7 +47,7 @@ pub enum DataplaneError {
     NoSuchDevice(DevId),
     #[error("queues of device {0} did not stop within the timeout")]
     StopTimeout(DevId),
-    #[error("requests of device {0} did not finish within the timeout, so it was not drained")]
+    #[error("the workers did not confirm device {0} drained within the timeout; it was resumed")]
     DrainTimeout(DevId),
     #[error("cannot start worker threads")]
     Spawn(#[source] std::io::Error),

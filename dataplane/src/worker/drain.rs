@@ -13,6 +13,10 @@ impl Worker {
                 q.paused = true;
             }
         }
+        if crate::hooks::fire(crate::hooks::Fault::DrainUnanswered) {
+            // Test hook: the reply is dropped unanswered, as by a worker that went away.
+            return;
+        }
         self.drains.push((dev_id, reply));
         self.answer_drains();
     }

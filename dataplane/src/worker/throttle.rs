@@ -36,6 +36,9 @@ impl Worker {
         if q.throttle_timer {
             return true;
         }
+        if crate::hooks::fire(crate::hooks::Fault::ThrottleTimer) {
+            return false;
+        }
         let ns = wait.as_nanos();
         let mut ts = [0u8; 16];
         ts[0..8].copy_from_slice(&((ns / 1_000_000_000) as i64).to_ne_bytes());
@@ -71,13 +74,13 @@ impl Worker {
     pub(super) fn admit_waiting(rings: &mut Rings, q: &mut Queue, dirty: &mut Vec<u16>, slot: u16) {
         if let Some(wait) = Self::admit_ready(rings, q, dirty, slot, false) {
             if !Self::arm_throttle_timer(rings, q, slot, wait) {
-                q.setup.stats.throttle_overrun();
                 Self::admit_ready(rings, q, dirty, slot, true);
             }
         }
     }
 
-    /// Starts waiters in order while their buckets admit them; the shortest wait of those left.
+    /// Starts waiters in order while their buckets admit them (all, counted as overruns, with
+    /// `force`); the shortest wait of those left.
     fn admit_ready(
         rings: &mut Rings,
         q: &mut Queue,
@@ -103,6 +106,9 @@ impl Worker {
                     break;
                 }
                 q.waiting[dir.index()].pop_front();
+                if force {
+                    q.setup.stats.throttle_overrun();
+                }
                 let waited = t.started.map_or(Duration::ZERO, |s| now - s);
                 q.setup.stats.throttled(waited.as_nanos() as u64);
                 if let Some(r) = Self::start_admitted(rings, q, slot, tag) {
