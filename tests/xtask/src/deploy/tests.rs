@@ -7,6 +7,23 @@ use super::components::{
 };
 use super::yaml::{items, leaves, named, objects, value};
 
+/// For each `(from, to, words)`: the fixture holds `from`, and with it replaced by `to` the
+/// check reports a problem containing `words`.
+fn each_mutation_is_caught(
+    fixture: &str,
+    cases: &[(&str, &str, &str)],
+    check: impl Fn(&str) -> Vec<String>,
+) {
+    for &(from, to, words) in cases {
+        assert!(fixture.contains(from), "fixture has {from:?}");
+        let problems = check(&fixture.replacen(from, to, 1));
+        assert!(
+            problems.iter().any(|p| p.contains(words)),
+            "{from:?} -> {to:?}: {problems:?}"
+        );
+    }
+}
+
 #[test]
 fn objects_are_found_by_kind_and_name_and_missing_ones_reported() {
     let doc = "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  labels:\n    name: x\n  name: ublkd-csi-node\n  namespace: ublkd-system\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: ublkd-system\n";
@@ -220,14 +237,7 @@ fn the_remote_access_render_passes_and_each_loss_is_named() {
         ),
         ("  clusterIP: None\n", "", "headless Service"),
     ];
-    for (from, to, words) in cases {
-        assert!(REMOTE.contains(from), "fixture has {from:?}");
-        let problems = remote_problems(&REMOTE.replacen(from, to, 1));
-        assert!(
-            problems.iter().any(|p| p.contains(words)),
-            "{from:?} -> {to:?}: {problems:?}"
-        );
-    }
+    each_mutation_is_caught(REMOTE, &cases, remote_problems);
     let no_policy = REMOTE
         .split("\n---\n")
         .take(2)
@@ -491,14 +501,7 @@ fn the_modify_volume_render_passes_and_each_loss_is_named() {
             "not ublkd.io's",
         ),
     ];
-    for (from, to, words) in cases {
-        assert!(MODIFY.contains(from), "fixture has {from:?}");
-        let problems = check_csi_modify_volume(&objects(&MODIFY.replacen(from, to, 1)));
-        assert!(
-            problems.iter().any(|p| p.contains(words)),
-            "{from:?} -> {to:?}: {problems:?}"
-        );
-    }
+    each_mutation_is_caught(MODIFY, &cases, |y| check_csi_modify_volume(&objects(y)));
     let without_service = MODIFY.split_once("\n---\n").unwrap().1;
     assert!(check_csi_modify_volume(&objects(without_service))[0].contains("remote-access"));
     // The base must keep the resizer off the network.
@@ -569,14 +572,7 @@ fn the_node_plugin_runs_one_snapshotter_per_node() {
             "no container csi-snapshotter",
         ),
     ];
-    for (from, to, words) in cases {
-        assert!(SNAPSHOTTER.contains(from), "fixture has {from:?}");
-        let problems = check_snapshotter(&objects(&SNAPSHOTTER.replacen(from, to, 1)));
-        assert!(
-            problems.iter().any(|p| p.contains(words)),
-            "{from:?} -> {to:?}: {problems:?}"
-        );
-    }
+    each_mutation_is_caught(SNAPSHOTTER, &cases, |y| check_snapshotter(&objects(y)));
 }
 
 #[test]
