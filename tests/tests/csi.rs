@@ -1,5 +1,5 @@
 //! The CSI driver against the real kernel: `ublkd-csi` in front of a ublkd, driven by the
-//! Kubernetes conformance suite (csi-sanity, from `../shared/tools`) for every backend and
+//! Kubernetes conformance suite (csi-sanity, installed by the harness with `go install`) for every backend and
 //! access type, and by the kubelet's own sequence of calls with data checked through mounts.
 //! The suite's snapshot and clone tests run on the file backend over an XFS with reflink (a
 //! loop device the test makes, unless the guest already mounted one at the root); its
@@ -86,19 +86,21 @@ impl Drop for Pair {
     }
 }
 
-/// The conformance suite, or a clear failure when it is not there.
+/// The conformance suite the harness installed (`UBLKD_CSI_SANITY`, set by `cargo xtask
+/// vm-test`), or a clear failure when it is not there.
 fn csi_sanity() -> Result<PathBuf> {
-    let ws = std::env::current_dir()?;
-    for dir in ws.ancestors() {
-        let p = dir.join("shared/tools/csi-sanity");
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    bail!(
-        "csi-sanity is missing: expected shared/tools/csi-sanity next to the workspace \
-         (../shared); the CSI conformance test cannot run without it"
-    )
+    let Some(p) = std::env::var_os("UBLKD_CSI_SANITY").map(PathBuf::from) else {
+        bail!(
+            "UBLKD_CSI_SANITY is not set: run the csi tests through `cargo xtask vm-test csi`, \
+             which installs csi-sanity with go install; the conformance test cannot run without it"
+        );
+    };
+    ensure!(
+        p.is_file(),
+        "csi-sanity is missing at {} (UBLKD_CSI_SANITY)",
+        p.display()
+    );
+    Ok(p)
 }
 
 /// A VolumeAttributesClass for the suite's ModifyVolume tests (and its CreateVolume with a

@@ -11,6 +11,7 @@ mod cpio;
 mod deb;
 mod deploy;
 mod dist;
+mod gotools;
 mod image;
 mod oci;
 mod suite;

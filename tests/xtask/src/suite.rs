@@ -44,6 +44,9 @@ const MULTIPATH_FILE: &str = "multipath";
 /// The test file that installs what users install: the image and the Debian package.
 const INSTALL_FILE: &str = "install";
 
+/// The test file that drives the CSI driver with the conformance suite.
+const CSI_FILE: &str = "csi";
+
 /// What the install tests use, built on the host before the boot: the image (twice, to check it
 /// is reproducible), the package, and a Debian root to install the package into.
 fn install_artifacts(ws: &Path) -> Result<()> {
@@ -161,12 +164,19 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
     if cases.iter().any(|c| c.file == INSTALL_FILE) {
         install_artifacts(ws)?;
     }
+    // Installed whenever a csi test runs; a test that needs it fails when it is absent.
+    let csi_sanity = if cases.iter().any(|c| c.file == CSI_FILE) {
+        Some(crate::gotools::ensure(crate::gotools::CSI_SANITY)?)
+    } else {
+        None
+    };
+    let env = GuestEnv { csi_sanity };
     let mut outcome = Outcome::default();
     let (multipath, plain): (Vec<TestCase>, Vec<TestCase>) =
         cases.into_iter().partition(|c| c.multipath);
     for (boot, multipath) in [(plain, false), (multipath, true)] {
         if !boot.is_empty() {
-            run_boot(ws, &kernel, &boot, multipath, &mut outcome)?;
+            run_boot(ws, &kernel, &boot, multipath, &env, &mut outcome)?;
         }
     }
     println!(
@@ -177,12 +187,20 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
     Ok(outcome)
 }
 
+/// Paths of host-built tools the guest's tests read from their environment.
+#[derive(Debug, Default)]
+struct GuestEnv {
+    /// `UBLKD_CSI_SANITY`: the conformance suite's binary.
+    csi_sanity: Option<PathBuf>,
+}
+
 /// Runs `cases` in one boot of the guest, adding their results to `outcome`.
 fn run_boot(
     ws: &Path,
     kernel: &image::Kernel,
     cases: &[TestCase],
     multipath: bool,
+    env: &GuestEnv,
     outcome: &mut Outcome,
 ) -> Result<()> {
     eprintln!(
@@ -208,6 +226,12 @@ fn run_boot(
         ublkctl = vm::shell_quote(&target.join("ublkctl").to_string_lossy()),
         csi = vm::shell_quote(&target.join("ublkd-csi").to_string_lossy()),
     );
+    if let Some(p) = &env.csi_sanity {
+        script.push_str(&format!(
+            "export UBLKD_CSI_SANITY={}\n",
+            vm::shell_quote(&p.to_string_lossy())
+        ));
+    }
     for c in cases {
         script.push_str(&format!(
             "run_test {} {}\n",
