@@ -88,6 +88,11 @@ pub fn spec(
     let poll = toggle(spec.poll, "poll")?;
     let qos = qos(spec.qos.as_ref())?;
     let source = source(spec.source.as_ref(), &backend)?;
+    if source.as_ref() == Some(&SourceRecord::Volume(id.clone())) {
+        return invalid(format!(
+            "volume {id} cannot be cloned from itself: name another volume or a snapshot"
+        ));
+    }
     Ok(VolumeRecord {
         id,
         size_bytes: spec.size_bytes,
@@ -117,7 +122,8 @@ fn source(
     };
     if !matches!(backend, BackendRecord::File { .. }) {
         return Err(VolumeError::ValidateRequest(
-            "a volume made from a snapshot or volume needs a file backend: its backing file is              a reflink of the source's"
+            "a volume made from a snapshot or volume needs a file backend: its backing file is \
+             a reflink of the source's"
                 .into(),
         ));
     }
@@ -323,6 +329,24 @@ mod tests {
             })),
             ..Default::default()
         }
+    }
+
+    /// A clone of a volume from itself would wait for its own operation lock forever (issue 22,
+    /// item 7): it is refused before anything is taken.
+    #[test]
+    fn a_volume_cannot_be_cloned_from_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = settings(dir.path());
+        let path = dir.path().join("c.img");
+        let mut spec = file_spec(&path.to_string_lossy(), true);
+        spec.source = Some(v1::volume_spec::Source::FromVolume("c".into()));
+        match super::spec(vid("c"), Some(&spec), &s) {
+            Err(VolumeError::ValidateRequest(m)) => assert!(m.contains("itself"), "{m}"),
+            other => panic!("a clone from itself must be INVALID_ARGUMENT, got {other:?}"),
+        }
+        // From another volume it is fine.
+        spec.source = Some(v1::volume_spec::Source::FromVolume("d".into()));
+        assert!(super::spec(vid("c"), Some(&spec), &s).is_ok());
     }
 
     #[test]

@@ -153,6 +153,14 @@ impl Volumes {
                 snap.size_bytes
             }
             SourceRecord::Volume(vid) => {
+                // The create holds `record.id`'s lock already: taking it again would wait
+                // forever. validate::spec refuses this; the check here keeps the lock order
+                // safe whoever calls.
+                if *vid == record.id {
+                    return Err(VolumeError::ValidateRequest(format!(
+                        "volume {vid} cannot be cloned from itself"
+                    )));
+                }
                 let _op = self.op_lock(vid).await;
                 let vol = self.get(vid).await?;
                 let backing = file_backing(&vol)?;
