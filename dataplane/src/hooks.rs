@@ -32,11 +32,14 @@ pub enum Fault {
     ThrottleTimer,
     /// A worker holds a device's new requests for a drain but never confirms it drained.
     DrainUnanswered,
+    /// A file volume's backend read completes with -EIO (a disk that fails reads); writes
+    /// still go through.
+    FileReadEio,
 }
 
 impl Fault {
     #[cfg(feature = "test-hooks")]
-    const ALL: [Fault; 10] = [
+    const ALL: [Fault; 11] = [
         Fault::CommitBadElement,
         Fault::AttachFails,
         Fault::RecoverAfterStart,
@@ -47,6 +50,7 @@ impl Fault {
         Fault::NvmePathDown,
         Fault::ThrottleTimer,
         Fault::DrainUnanswered,
+        Fault::FileReadEio,
     ];
 
     #[cfg(feature = "test-hooks")]
@@ -62,6 +66,7 @@ impl Fault {
             Fault::NvmePathDown => "nvme_path_down",
             Fault::ThrottleTimer => "throttle_timer",
             Fault::DrainUnanswered => "drain_unanswered",
+            Fault::FileReadEio => "file_read_eio",
         }
     }
 }
@@ -111,7 +116,13 @@ mod armed {
         let Ok(spec) = std::env::var("UBLKD_TEST_FAULTS") else {
             return;
         };
-        for item in spec.split(',').filter(|s| !s.is_empty()) {
+        arm_from_spec(&spec);
+    }
+
+    /// Arms the faults `spec` names, in `UBLKD_TEST_FAULTS`'s language; `name=0` disarms.
+    /// A running daemon re-arms from a file this way (ublkd's SIGUSR2 hook).
+    pub fn arm_from_spec(spec: &str) {
+        for item in spec.trim().split(',').filter(|s| !s.is_empty()) {
             let (name, rest) = item.split_once('=').unwrap_or((item, "1"));
             let (count, skip) = rest.split_once('@').unwrap_or((rest, "0"));
             if let Some(f) = Fault::ALL.iter().find(|f| f.name() == name) {
@@ -122,7 +133,7 @@ mod armed {
 }
 
 #[cfg(feature = "test-hooks")]
-pub use armed::{arm, arm_after, arm_from_env, fire};
+pub use armed::{arm, arm_after, arm_from_env, arm_from_spec, fire};
 
 /// Without `test-hooks` no fault ever fires.
 #[cfg(not(feature = "test-hooks"))]

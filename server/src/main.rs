@@ -314,8 +314,34 @@ async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool
         .await;
 }
 
+/// Test hook: on SIGUSR2, the dataplane's faults are armed anew from the file
+/// `UBLKD_TEST_FAULTS_FILE` names (`UBLKD_TEST_FAULTS`'s language), so a test can make a running
+/// daemon's I/O fail at the moment it chooses and clear the fault again.
+#[cfg(feature = "test-hooks")]
+fn rearm_faults_on_sigusr2() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Some(file) = std::env::var_os("UBLKD_TEST_FAULTS_FILE") else {
+        return Ok(());
+    };
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    tokio::spawn(async move {
+        while usr2.recv().await.is_some() {
+            match std::fs::read_to_string(&file) {
+                Ok(spec) => {
+                    tracing::warn!(faults = %spec.trim(), "test hook: faults armed");
+                    ublkd_dataplane::hooks::arm_from_spec(&spec);
+                }
+                Err(e) => tracing::error!(error = %e, "test hook: reading the faults file"),
+            }
+        }
+    });
+    Ok(())
+}
+
 async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let stop = termination()?;
+    #[cfg(feature = "test-hooks")]
+    rearm_faults_on_sigusr2()?;
     let registry = registry::Registry::open(&settings.state_dir)?;
     let snapshots = registry::Registry::open_dir(settings.state_dir.join("snapshots"))?;
     let handle = Handle::start(ublkd_dataplane::Config {

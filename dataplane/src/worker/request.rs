@@ -215,6 +215,12 @@ impl Worker {
             && ((t.retries == 0 && fire(Fault::NvmePathError)) || fire(Fault::NvmePathDown))
         {
             0x371 // Host Aborted Command: a path-related status, DNR clear
+        } else if cfg!(feature = "test-hooks")
+            && t.req.op == crate::stats::OpKind::Read
+            && q.setup.backend.kind() == "file"
+            && fire(Fault::FileReadEio)
+        {
+            -libc::EIO
         } else {
             res
         };

@@ -87,6 +87,7 @@ impl Volumes {
             return Err(e.into());
         }
         fault_point("create:after_record");
+        delay_point("create:after_record").await;
         match self.bring_up(record).await {
             Ok(info) => {
                 fault_point("create:after_device");

@@ -78,6 +78,27 @@ fn fault_point(point: &str) {
     }
 }
 
+/// Test hook: `UBLKD_DELAY_POINT=<point>:<ms>` makes a change wait `ms` milliseconds when it
+/// reaches `<point>`, e.g. `create:after_record` for a create slower than its caller's
+/// deadline. Used by the retry tests.
+async fn delay_point(point: &str) {
+    if !cfg!(feature = "test-hooks") {
+        return;
+    }
+    let Ok(spec) = std::env::var("UBLKD_DELAY_POINT") else {
+        return;
+    };
+    let Some((p, ms)) = spec.rsplit_once(':') else {
+        return;
+    };
+    if p == point {
+        if let Ok(ms) = ms.parse::<u64>() {
+            tracing::warn!(point, ms, "test hook: delaying");
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+}
+
 /// Two records describe the same volume if everything but bookkeeping matches.
 fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
     VolumeRecord {
