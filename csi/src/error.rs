@@ -51,6 +51,12 @@ pub enum CsiError {
     PublishedElsewhere { id: String, path: PathBuf },
     #[error("{} already has {device} mounted, not this volume", path.display())]
     PathTaken { path: PathBuf, device: String },
+    #[error("cannot read {}: {source}; nothing was written to it", device.display())]
+    DeviceUnreadable {
+        device: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{command} failed: {output}")]
     Command { command: String, output: String },
     #[error("{step} {}", path.display())]
@@ -98,7 +104,7 @@ impl CsiError {
             E::OutOfRange(_) => Code::OutOfRange,
             E::TopologyExcludesNode { .. } | E::NoRoom { .. } => Code::ResourceExhausted,
             E::VolumeNotFound(_) | E::PathMissing(_) | E::VolumeNotAtPath { .. } => Code::NotFound,
-            E::VolumeNotReady { .. } => Code::Unavailable,
+            E::VolumeNotReady { .. } | E::DeviceUnreadable { .. } => Code::Unavailable,
             E::VolumeFailed { .. } | E::PublishedElsewhere { .. } | E::ForeignFileSystem { .. } => {
                 Code::FailedPrecondition
             }

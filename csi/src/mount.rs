@@ -121,8 +121,47 @@ pub fn run(program: &str, args: &[&str]) -> Result<String, CsiError> {
     })
 }
 
+/// How much of a device is read before anything decides to format it.
+const PROBE_BYTES: usize = 1 << 20;
+
+/// Reads `dev`'s first MiB with O_DIRECT (from the device, not the page cache). `blkid -p`
+/// exits 2 both for "nothing found" and for "could not read", so its "nothing" counts only
+/// between two reads that succeeded: a device that cannot be read is never formatted.
+pub fn read_head(dev: &Path) -> Result<(), CsiError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |source| CsiError::DeviceUnreadable {
+        device: dev.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .map_err(unreadable)?;
+    // O_DIRECT wants a buffer aligned to the logical block: 4 KiB inside a larger Vec.
+    const ALIGN: usize = 4096;
+    let mut raw = vec![0u8; PROBE_BYTES + ALIGN];
+    let off = raw.as_ptr().align_offset(ALIGN);
+    let buf = raw
+        .get_mut(off..off + PROBE_BYTES)
+        .ok_or_else(|| unreadable(std::io::Error::other("cannot align the read buffer")))?;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read(&mut buf[done..]) {
+            // A device smaller than a MiB: all of it was read.
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(unreadable(e)),
+        }
+    }
+    Ok(())
+}
+
 /// The file system (or other) signature on `dev`, if any: `blkid -p` probes the device itself,
-/// not a cache. Exit 2 means it found nothing.
+/// not a cache. Exit 2 means it found nothing, or could not read: callers that act on "nothing"
+/// read the device themselves around it ([`read_head`]).
 pub fn signature(dev: &Path) -> Result<Option<String>, CsiError> {
     let d = dev.to_string_lossy();
     let out = Command::new("blkid")
@@ -146,13 +185,15 @@ pub fn signature(dev: &Path) -> Result<Option<String>, CsiError> {
     }
 }
 
-/// Makes a file system on `dev` (checked blank by the caller).
+/// Makes a file system on `dev` (checked blank by the caller). Never forced: should the tool
+/// find a signature after all, it refuses (its question meets a closed stdin) rather than
+/// format over it.
 pub fn mkfs(fs: FsType, dev: &Path) -> Result<(), CsiError> {
     let d = dev.to_string_lossy();
     match fs {
         // No discard pass: a new volume holds nothing (a fresh sparse file, fresh RAM, or an
         // NVMe window just wiped), and discarding a large one costs seconds.
-        FsType::Ext4 => run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", &d]),
+        FsType::Ext4 => run("mkfs.ext4", &["-q", "-E", "nodiscard", &d]),
         FsType::Xfs => run("mkfs.xfs", &["-q", "-K", &d]),
     }
     .map(drop)

@@ -126,7 +126,14 @@ impl NodeService {
             path: staging.clone(),
             source,
         })?;
-        match mount::signature(&dev)? {
+        // A device that cannot be read right now is refused (UNAVAILABLE, the kubelet
+        // retries): blkid's "nothing found" is believed only between two good reads.
+        mount::read_head(&dev)?;
+        let found = mount::signature(&dev)?;
+        if found.is_none() {
+            mount::read_head(&dev)?;
+        }
+        match found {
             None => {
                 tracing::info!(volume = %req.volume_id, fs = fs.name(), device = %dev.display(), "making a file system");
                 mount::mkfs(fs, &dev)?;
