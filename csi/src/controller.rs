@@ -16,7 +16,30 @@ use crate::ublkd::Ublkd;
 use crate::{Node, TOPOLOGY_KEY};
 use std::collections::HashMap;
 use tonic::{Request, Response, Status};
-use ublkd_client::v1::volume_spec::Source;
+use ublkd_client::v1::{self, volume_spec::Source};
+
+/// Whether a retried CreateVolume may answer with the volume a first try made: only once it
+/// is READY. A CREATING volume's first create may still fail, and an OK now would leave a PV
+/// naming a volume that never existed: ABORTED (operation pending) makes the provisioner try
+/// again. DELETING is pending too; FAILED and RECOVERING say what the volume is.
+fn answerable(existing: &v1::Volume) -> Result<(), CsiError> {
+    match existing.state() {
+        v1::VolumeState::Ready => Ok(()),
+        v1::VolumeState::Creating | v1::VolumeState::Deleting => {
+            Err(CsiError::OperationPending(existing.id.clone()))
+        }
+        v1::VolumeState::Failed => Err(CsiError::VolumeFailed {
+            id: existing.id.clone(),
+            message: existing.message.clone(),
+        }),
+        other @ (v1::VolumeState::Recovering | v1::VolumeState::Unspecified) => {
+            Err(CsiError::VolumeNotReady {
+                id: existing.id.clone(),
+                state: crate::node::state_name(other),
+            })
+        }
+    }
+}
 
 /// Size of a volume whose request names none.
 pub const DEFAULT_SIZE: u64 = 1 << 30;
@@ -137,6 +160,7 @@ impl ControllerService {
         let mut size = size_for(req.capacity_range.as_ref(), block)?;
         let id = volume_id_for(&req.name);
         if let Some(existing) = self.ublkd.get(&id).await? {
+            answerable(&existing)?;
             let have = existing.spec.as_ref().map_or(0, |s| s.size_bytes);
             let limit = req.capacity_range.as_ref().map_or(0, |r| r.limit_bytes);
             let required = req.capacity_range.as_ref().map_or(0, |r| r.required_bytes);
@@ -484,6 +508,26 @@ impl Controller for ControllerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A retry of CreateVolume answers OK only for a READY volume (issue 22, item 2).
+    #[test]
+    fn a_retried_create_answers_ok_only_for_a_ready_volume() {
+        let vol = |state: v1::VolumeState| v1::Volume {
+            id: "pvc-1".into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        assert!(answerable(&vol(v1::VolumeState::Ready)).is_ok());
+        for (state, code) in [
+            (v1::VolumeState::Creating, tonic::Code::Aborted),
+            (v1::VolumeState::Deleting, tonic::Code::Aborted),
+            (v1::VolumeState::Failed, tonic::Code::FailedPrecondition),
+            (v1::VolumeState::Recovering, tonic::Code::Unavailable),
+        ] {
+            let e = answerable(&vol(state)).expect_err("not READY: not OK");
+            assert_eq!(e.code(), code, "{state:?}");
+        }
+    }
 
     #[test]
     fn names_map_to_stable_volume_ids() {
