@@ -32,8 +32,23 @@ impl Pair {
 
     /// With `extra` appended to ublkd's config.
     async fn start_with(name: &str, metrics_port: u16, node: &str, extra: &str) -> Result<Pair> {
+        Self::start_env(name, metrics_port, node, extra, &[]).await
+    }
+
+    /// With `extra` appended to ublkd's config and `env` in ublkd's environment (test hooks).
+    async fn start_env(
+        name: &str,
+        metrics_port: u16,
+        node: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Pair> {
         let dir = guest::scratch(name)?;
         let mut daemon = Daemon::new(&dir, metrics_port, extra)?;
+        daemon.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         daemon.start().await?;
         let kubelet = dir.join("kubelet");
         std::fs::create_dir_all(&kubelet)?;
@@ -738,6 +753,196 @@ async fn two_nodes_provision_only_their_own_volumes() -> Result<()> {
         })
         .await?;
     }
+    Ok(())
+}
+
+/// A device that fails its reads is never formatted (issue 22, item 1): an ext4 volume with
+/// files is unstaged, its backing file's reads fail (hook; writes still go through), and the
+/// next stage is refused as UNAVAILABLE with nothing written; once reads work again, stage
+/// mounts the same file system (same UUID) with the files intact.
+#[tokio::test]
+async fn stage_never_formats_a_device_it_could_not_read() -> Result<()> {
+    use kubelet::*;
+    let dir = guest::scratch("csi-stage-eio-faults")?;
+    let faults = dir.join("faults");
+    let pair = Pair::start_env(
+        "csi-stage-eio",
+        9570,
+        "node-a",
+        "",
+        &[("UBLKD_TEST_FAULTS_FILE", &faults.to_string_lossy())],
+    )
+    .await?;
+    let arm = |spec: &str| -> Result<()> {
+        std::fs::write(&faults, spec)?;
+        let pid = pair.daemon.pid().context("ublkd is not running")?;
+        guest::sh(&format!("kill -USR2 {pid}"))?;
+        Ok(())
+    };
+    let (mut ctl, mut node) = clients(&pair).await?;
+    let params = file_params(&pair.daemon.root, "ext4");
+    let cap = mount_cap("ext4");
+    let vol = ctl
+        .create_volume(create("pvc-eio", 64 * MIB, &params, cap.clone()))
+        .await?
+        .into_inner()
+        .volume
+        .context("no volume")?;
+    let id = vol.volume_id;
+    let staging = pair.kubelet.join("plugins/ublkd.io/globalmount/pvc-eio");
+    std::fs::create_dir_all(&staging)?;
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await?;
+    guest::sh(&format!(
+        "echo tenant-data > {s}/keep && dd if=/dev/urandom of={s}/blob bs=64k count=16          status=none && sync",
+        s = staging.display()
+    ))?;
+    let sum = guest::sh(&format!("md5sum < {}/blob", staging.display()))?;
+    let dev = guest::sh(&format!("findmnt -n -o SOURCE {}", staging.display()))?;
+    let dev = dev.trim().to_owned();
+    let uuid = || guest::sh(&format!("blkid -p -o value -s UUID {dev}"));
+    let before = uuid()?;
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
+
+    arm("file_read_eio=100000000")?;
+    // The fault is armed once a direct read of the device fails.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while guest::sh(&format!(
+        "dd if={dev} of=/dev/null bs=4k count=1 iflag=direct status=none"
+    ))
+    .is_ok()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the read fault never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let e = node
+        .node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await
+        .expect_err("a device that cannot be read is not staged");
+    println!("stage while reads fail: {e:?}");
+    ensure!(e.code() == tonic::Code::Unavailable, "{e:?}");
+    ensure!(!is_mountpoint(&staging), "nothing mounted");
+    arm("file_read_eio=0")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while guest::sh(&format!(
+        "dd if={dev} of=/dev/null bs=4k count=1 iflag=direct status=none"
+    ))
+    .is_err()
+    {
+        ensure!(Instant::now() < deadline, "the read fault never cleared");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        uuid()? == before,
+        "the file system was replaced while reads failed: UUID {before} became {}",
+        uuid()?
+    );
+    node.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await
+        .context("stage once reads work again")?;
+    ensure!(
+        guest::sh(&format!("cat {}/keep", staging.display()))?.trim() == "tenant-data",
+        "the tenant's file is intact"
+    );
+    ensure!(guest::sh(&format!("md5sum < {}/blob", staging.display()))? == sum);
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
+    ctl.delete_volume(ublkd_csi::spec::DeleteVolumeRequest {
+        volume_id: id,
+        secrets: Default::default(),
+    })
+    .await?;
+    Ok(())
+}
+
+/// The external-provisioner retries CreateVolume after its timeout. A retry while the first
+/// create is still running must not answer OK (the first may yet fail, and the PV would name a
+/// volume that never existed): it answers ABORTED until the volume is READY, and once a call
+/// answered OK the volume is there (issue 22, item 2). The create is made slow by a hook.
+#[tokio::test]
+async fn a_retried_create_answers_ok_only_once_the_volume_is_ready() -> Result<()> {
+    use kubelet::*;
+    use ublkd_proto::v1;
+    let pair = Pair::start_env(
+        "csi-create-retry",
+        9569,
+        "node-a",
+        "",
+        &[("UBLKD_DELAY_POINT", "create:after_record:4000")],
+    )
+    .await?;
+    let (mut c, _) = clients(&pair).await?;
+    let params = vec![("backend", "ram".to_owned())];
+    let req = || {
+        let mut r = tonic::Request::new(create("pvc-slow", 16 * MIB, &params, mount_cap("ext4")));
+        r.set_timeout(Duration::from_secs(1));
+        r
+    };
+    let state = |id: &str| {
+        let id = id.to_owned();
+        let pair = &pair;
+        async move {
+            let r = pair
+                .daemon
+                .volumes()
+                .await?
+                .get_volume(v1::GetVolumeRequest { id })
+                .await;
+            Ok::<_, anyhow::Error>(r.map(|v| v.into_inner().state()))
+        }
+    };
+    let first = c.create_volume(req()).await;
+    ensure!(
+        first.is_err(),
+        "the slow create answered within 1 s: {first:?}"
+    );
+    let started = Instant::now();
+    let mut codes = Vec::new();
+    loop {
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "no retry answered OK in 30 s: {codes:?}"
+        );
+        match c.create_volume(req()).await {
+            Ok(v) => {
+                let id = v.into_inner().volume.context("no volume")?.volume_id;
+                let s = state(&id).await?;
+                ensure!(
+                    matches!(s, Ok(v1::VolumeState::Ready)),
+                    "CreateVolume answered OK for {id} while ublkd has it {s:?} (retries: {codes:?})"
+                );
+                break;
+            }
+            Err(e) => {
+                ensure!(
+                    matches!(
+                        e.code(),
+                        tonic::Code::Aborted | tonic::Code::DeadlineExceeded
+                    ),
+                    "a retry while creating: {e:?}"
+                );
+                codes.push(e.code());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("retries before OK: {codes:?}");
+    ensure!(
+        codes.contains(&tonic::Code::Aborted),
+        "no retry saw the volume CREATING: the hook did not slow the create ({codes:?})"
+    );
+    // Once OK, the volume stays there.
+    ensure!(matches!(
+        state("pvc-slow").await?,
+        Ok(v1::VolumeState::Ready)
+    ));
+    c.delete_volume(ublkd_csi::spec::DeleteVolumeRequest {
+        volume_id: "pvc-slow".into(),
+        secrets: Default::default(),
+    })
+    .await?;
     Ok(())
 }
 
