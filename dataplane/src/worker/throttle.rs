@@ -15,7 +15,7 @@ impl Worker {
         };
         let now = t.started.unwrap_or_else(Instant::now);
         let wait = if q.waiting[dir.index()].is_empty() {
-            match throttle.admit(dir, u64::from(t.req.len), now) {
+            match throttle.admit(dir, crate::qos::charged_bytes(t.req.op, t.req.len), now) {
                 Ok(()) => return false,
                 Err(wait) => wait,
             }
@@ -98,7 +98,9 @@ impl Worker {
             while let Some(&tag) = q.waiting[dir.index()].front() {
                 let t = q.tags[tag.index()];
                 let admitted = match q.setup.throttle.as_ref() {
-                    Some(th) if !force => th.admit(dir, u64::from(t.req.len), now),
+                    Some(th) if !force => {
+                        th.admit(dir, crate::qos::charged_bytes(t.req.op, t.req.len), now)
+                    }
                     _ => Ok(()),
                 };
                 if let Err(wait) = admitted {
