@@ -246,3 +246,160 @@ async fn a_throttle_timer_that_cannot_be_queued_serves_requests_over_the_limit_n
     assert!(st.success(), "clean exit: {st}\n{}", d.log());
     Ok(())
 }
+
+async fn volume_stats(
+    c: &mut v1::volume_service_client::VolumeServiceClient<tonic::transport::Channel>,
+    id: &str,
+) -> Result<v1::VolumeStats> {
+    Ok(
+        c.get_volume_stats(v1::GetVolumeStatsRequest { id: id.into() })
+            .await?
+            .into_inner(),
+    )
+}
+
+/// A weekly fstrim on a throttled volume must not stall it (issue 22, item 10): discards cost
+/// one small I/O, as blk-throttle charges them, so at a 1 MiB/s write limit trimming a file
+/// system's free space is never held by the limit, and a write after it is not either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fstrim_on_a_throttled_volume_is_not_held_by_its_write_limit() -> Result<()> {
+    let dir = guest::scratch("qos-trim")?;
+    let mut d = Daemon::new(&dir, 19612, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let backing = d.root.join("trim.img");
+    let vol = c
+        .create_volume(create("q-trim", spec(128 * MIB, api::file(&backing, true))))
+        .await?
+        .into_inner();
+    let dev = vol.device_path.clone();
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    guest::sh(&format!("mkfs.ext4 -q -E nodiscard {dev}"))?;
+    guest::sh(&format!("mount {dev} {}", mnt.display()))?;
+    // Data written and deleted, so the trim has extents to give back.
+    guest::sh(&format!(
+        "dd if=/dev/urandom of={m}/fill bs=1M count=32 conv=fsync status=none && rm {m}/fill && sync",
+        m = mnt.display()
+    ))?;
+    c.set_volume_qos(v1::SetVolumeQosRequest {
+        id: "q-trim".into(),
+        qos: Some(limits(0, MIB)),
+    })
+    .await?;
+    let held = |s: &v1::VolumeStats| s.throttled_requests;
+    let before = volume_stats(&mut c, "q-trim").await?;
+    // Bounded so a stalled trim fails this test instead of the suite's per-test timeout.
+    let out = guest::sh(&format!("timeout 120 fstrim -v {}", mnt.display()))?;
+    println!("fstrim: {}", out.trim());
+    let after = volume_stats(&mut c, "q-trim").await?;
+    let discards = |s: &v1::VolumeStats| {
+        s.ops
+            .iter()
+            .find(|o| o.op == "discard")
+            .map_or(0, |o| o.count)
+    };
+    println!(
+        "discards {} -> {}, throttled requests {} -> {}",
+        discards(&before),
+        discards(&after),
+        held(&before),
+        held(&after)
+    );
+    ensure!(
+        discards(&after) > discards(&before),
+        "fstrim sent no discard to the volume: {after:?}"
+    );
+    ensure!(
+        held(&after) == held(&before),
+        "the throttle held {} request(s) of the trim",
+        held(&after) - held(&before)
+    );
+    guest::sh(&format!("umount {}", mnt.display()))?;
+    c.delete_volume(v1::DeleteVolumeRequest {
+        id: "q-trim".into(),
+        delete_backing: true,
+        ..Default::default()
+    })
+    .await?;
+    Ok(())
+}
+
+/// A volume in QoS debt can be deleted (issue 22, item 8): 128 writes of 1 MiB wait for a
+/// 1 MiB/s limit, two minutes of tokens, longer than the control timeout. The delete lets them
+/// go before STOP_DEV, and a second try (at worst) finds the device gone and finishes: nothing
+/// of the volume is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_deep_in_qos_debt_is_deleted_and_nothing_is_left() -> Result<()> {
+    let dir = guest::scratch("qos-debt")?;
+    let mut d = Daemon::new(&dir, 19613, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let mut s = spec(512 * MIB, api::ram());
+    s.queue_depth = Some(128);
+    s.qos = Some(limits(0, MIB));
+    let vol = c.create_volume(create("q-debt", s)).await?.into_inner();
+    let dev = vol.device_path.clone();
+    let mut fio = std::process::Command::new("fio")
+        .args([
+            "--name=debt",
+            &format!("--filename={dev}"),
+            "--rw=write",
+            "--bs=1M",
+            "--iodepth=128",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--time_based",
+            "--runtime=300",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    // Until requests wait for tokens.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let st = volume_stats(&mut c, "q-debt").await?;
+        if st.inflight >= 64 {
+            println!("in flight before the delete: {}", st.inflight);
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "fio never filled the queue: {st:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let delete = || v1::DeleteVolumeRequest {
+        id: "q-debt".into(),
+        ..Default::default()
+    };
+    let first = c.delete_volume(delete()).await;
+    println!("first delete: {first:?}");
+    if first.is_err() {
+        c.delete_volume(delete())
+            .await
+            .context("the second delete of a volume in QoS debt")?;
+    }
+    let _ = fio.kill(); // fio's writes fail once the device is gone; it may have exited.
+    let _ = fio.wait(); // Reaped either way.
+    let listed = c
+        .list_volumes(v1::ListVolumesRequest {})
+        .await?
+        .into_inner();
+    ensure!(
+        listed.volumes.iter().all(|v| v.id != "q-debt"),
+        "the volume is still listed: {listed:?}"
+    );
+    guest::wait_gone(
+        std::path::Path::new(&dev),
+        std::time::Duration::from_secs(10),
+    )?;
+    let node = d
+        .node()
+        .await?
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(node.orphans.is_empty(), "devices left: {:?}", node.orphans);
+    Ok(())
+}
