@@ -253,6 +253,35 @@ pub fn load(
     Ok(settings)
 }
 
+impl GrpcSettings {
+    /// Whether gRPC may be served on TCP address `sa` with these settings. Whoever reaches a
+    /// gRPC listener manages every volume, so each needs the client authenticated: mutual TLS
+    /// (`tls.client_ca`). TLS without it authenticates only the server; plaintext TCP, even on
+    /// loopback, bypasses the unix socket's group check (any local user connects). Either is
+    /// served only when `allow_insecure_tcp` says so explicitly.
+    pub fn check_tcp(&self, sa: std::net::SocketAddr) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        match &self.tls {
+            Some(t) if t.client_ca.is_some() => Ok(()),
+            _ if self.allow_insecure_tcp => Ok(()),
+            Some(_) => bad(format!(
+                "refusing to serve gRPC on {sa} with TLS but no client authentication: anyone \
+                 who reaches it could manage every volume; set grpc.tls.client_ca (mutual TLS), \
+                 or grpc.allow_insecure_tcp = true to accept that"
+            )),
+            None if sa.ip().is_loopback() => bad(format!(
+                "refusing to serve plaintext gRPC on {sa}: any local user could connect, \
+                 bypassing the unix socket's group; configure grpc.tls with client_ca, or set \
+                 grpc.allow_insecure_tcp = true to accept that"
+            )),
+            None => bad(format!(
+                "refusing to serve gRPC on {sa} without TLS: configure grpc.tls with \
+                 client_ca, or set grpc.allow_insecure_tcp = true"
+            )),
+        }
+    }
+}
+
 impl Settings {
     fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -293,6 +322,44 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// Network listeners need mutual TLS; TLS without a client CA, and plaintext TCP even on
+    /// loopback, only when the config says so (issue 22, item 12).
+    #[test]
+    fn tcp_listeners_need_client_authentication_unless_told_otherwise() {
+        let tls = |ca: bool| TlsSettings {
+            cert: "/c.pem".into(),
+            key: "/k.pem".into(),
+            client_ca: ca.then(|| "/ca.pem".into()),
+        };
+        let grpc = |t: Option<TlsSettings>, insecure: bool| GrpcSettings {
+            tls: t,
+            allow_insecure_tcp: insecure,
+            ..GrpcSettings::default()
+        };
+        let net: std::net::SocketAddr = "0.0.0.0:7443".parse().unwrap();
+        let lo: std::net::SocketAddr = "127.0.0.1:7443".parse().unwrap();
+        let lo6: std::net::SocketAddr = "[::1]:7443".parse().unwrap();
+        for sa in [net, lo, lo6] {
+            assert!(
+                grpc(Some(tls(true)), false).check_tcp(sa).is_ok(),
+                "{sa} mTLS"
+            );
+            assert!(
+                grpc(Some(tls(false)), true).check_tcp(sa).is_ok(),
+                "{sa} told"
+            );
+            assert!(grpc(None, true).check_tcp(sa).is_ok(), "{sa} told");
+        }
+        let refused = |g: GrpcSettings, sa| match g.check_tcp(sa) {
+            Err(ConfigError::Invalid(m)) => m,
+            other => panic!("{sa}: {other:?}"),
+        };
+        assert!(refused(grpc(Some(tls(false)), false), net).contains("client_ca"));
+        assert!(refused(grpc(None, false), net).contains("without TLS"));
+        assert!(refused(grpc(None, false), lo).contains("plaintext"));
+        assert!(refused(grpc(None, false), lo6).contains("plaintext"));
     }
 
     #[test]

@@ -435,12 +435,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
                 });
             }
             Listen::Tcp(sa) => {
-                if tls.is_none() && !sa.ip().is_loopback() && !settings.grpc.allow_insecure_tcp {
-                    bail!(
-                        "refusing to serve gRPC on {sa} without TLS: configure grpc.tls or set \
-                         grpc.allow_insecure_tcp = true"
-                    );
-                }
+                settings.grpc.check_tcp(sa)?;
                 let listener = tokio::net::TcpListener::bind(sa)
                     .await
                     .with_context(|| format!("binding gRPC on {sa}"))?;
