@@ -206,19 +206,34 @@ impl Control {
             (None, false) => Some(Some(Arc::new(Throttle::new(limits)))),
         };
         if let Some(throttle) = change {
-            for w in &self.workers {
-                let cmd = WorkerCmd::Throttle {
-                    dev_id,
-                    throttle: throttle.clone(),
-                };
-                if w.tx.send(cmd).is_ok() {
-                    let _ = w.event.notify();
-                }
-            }
+            Self::send_throttle(&self.workers, dev_id, throttle.clone());
             device.throttle = throttle;
         }
         device.info.spec.qos = limits;
         Ok(device.info.clone())
+    }
+
+    /// Tells every worker the device's new throttle (only those serving a queue of it act).
+    fn send_throttle(workers: &[WorkerThread], dev_id: DevId, throttle: Option<Arc<Throttle>>) {
+        for w in workers {
+            let cmd = WorkerCmd::Throttle {
+                dev_id,
+                throttle: throttle.clone(),
+            };
+            if w.tx.send(cmd).is_ok() {
+                // A worker that is gone has no queue of this device left to throttle.
+                let _ = w.event.notify();
+            }
+        }
+    }
+
+    /// Before a device stops: its requests waiting for QoS tokens start now, so STOP_DEV,
+    /// which waits for every request, is not held by the limit's debt (128 requests of 1 MiB
+    /// at 1 MiB/s would hold it two minutes, past the control timeout).
+    pub(super) fn drop_throttle(&self, device: &mut Device) {
+        if device.throttle.take().is_some() {
+            Self::send_throttle(&self.workers, device.info.dev_id, None);
+        }
     }
 
     pub(super) fn shutdown(&mut self) -> Result<(), DataplaneError> {

@@ -308,7 +308,9 @@ impl Control {
     /// and a stuck one cannot block the control thread.
     pub(super) fn tear_down(&mut self, device: &mut Device) -> Result<(), DataplaneError> {
         let dev_id = device.info.dev_id;
-        // Requests held by a drain must reach the backend, or STOP_DEV waits for them forever.
+        // Requests held by a drain must reach the backend, or STOP_DEV waits for them forever;
+        // requests held by QoS must not wait for their tokens either.
+        self.drop_throttle(device);
         self.resume_workers(dev_id);
         let stop = self.ctrl.stop_dev(dev_id);
         let gone = self.wait_queues_gone(device);

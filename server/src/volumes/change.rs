@@ -160,10 +160,19 @@ impl Volumes {
             record.deleting = true;
             self.registry.put(&record)?;
             fault_point("delete:after_mark");
-            if let Err(e) = blocking(move || handle.delete_device(dev_id)).await {
-                self.set_state(id, State::Failed, &crate::error::chain(&e))
-                    .await;
-                return Err(e);
+            match blocking(move || handle.delete_device(dev_id)).await {
+                Ok(()) => {}
+                // A device already gone while deleting: an earlier try took it down (its
+                // STOP_DEV outlasted the timeout, then DEL_DEV_ASYNC finished it), so this one
+                // is done. Without this a delete that failed once could never succeed.
+                Err(VolumeError::Dataplane(DataplaneError::NoSuchDevice(_))) => {
+                    tracing::info!(volume = %id, dev_id = %dev_id, "device already gone: delete finishes");
+                }
+                Err(e) => {
+                    self.set_state(id, State::Failed, &crate::error::chain(&e))
+                        .await;
+                    return Err(e);
+                }
             }
             fault_point("delete:after_device");
         }
