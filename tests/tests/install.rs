@@ -207,7 +207,12 @@ struct Ublkd {
 
 impl Ublkd {
     /// Starts it and waits until the DaemonSet's readiness probe command succeeds.
-    fn start(root: &Chroot, mut cmd: Command, log: PathBuf) -> Result<Ublkd> {
+    fn start(root: &Chroot, cmd: Command, log: PathBuf) -> Result<Ublkd> {
+        Self::start_at(root, cmd, log, "unix:///run/ublkd/ublkd.sock")
+    }
+
+    /// Starts it and waits until it answers on `endpoint`.
+    fn start_at(root: &Chroot, mut cmd: Command, log: PathBuf, endpoint: &str) -> Result<Ublkd> {
         let file = std::fs::File::create(&log)?;
         let child = Running(
             cmd.stdout(Stdio::null())
@@ -218,7 +223,14 @@ impl Ublkd {
         let ublkd = Ublkd { child, log };
         wait_until(Duration::from_secs(60), "ublkd ready", || {
             Ok(root
-                .output(&["ublkctl", "--timeout", "5", "node-info"])?
+                .output(&[
+                    "ublkctl",
+                    "--endpoint",
+                    endpoint,
+                    "--timeout",
+                    "5",
+                    "node-info",
+                ])?
                 .status
                 .success())
         })
@@ -555,7 +567,67 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
     root.run(&["ublkctl", "--timeout", "5", "get-volume", "deb-file"])
         .context("the volume still served after the refused removal")?;
 
-    root.run(&["ublkctl", "delete-volume", "--delete-backing", "deb-file"])?;
+    // The interlock fails closed (issue 22, item 11). A ublkd that does not answer (stopped
+    // with SIGSTOP) may serve volumes: the removal is refused and says why.
+    let pid = ublkd.child.0.id().to_string();
+    run(Command::new("kill").args(["-STOP", &pid]))?;
+    let remove = dpkg(&["-r", "ublkd"]);
+    run(Command::new("kill").args(["-CONT", &pid]))?;
+    let remove = remove?;
+    let said = text(&remove);
+    ensure!(
+        !remove.status.success(),
+        "removal went ahead while ublkd did not answer:\n{said}"
+    );
+    ensure!(
+        said.contains("cannot tell"),
+        "the refusal says why:\n{said}"
+    );
+    root.run(&["ublkctl", "--timeout", "5", "get-volume", "deb-file"])
+        .context("the volume still served after the removal refused for a silent ublkd")?;
+
+    // A socket the configuration moved is where the scripts ask. ublkd restarts (keeping the
+    // volume) listening only there.
+    ublkd.stop()?;
+    let conf = root.path("/etc/ublkd/ublkd.toml");
+    let text_conf = std::fs::read_to_string(&conf)?;
+    let moved = "unix:///run/ublkd-alt/api.sock";
+    let edited = text_conf.replacen(
+        "#listen = [\"unix:///run/ublkd/ublkd.sock\"]",
+        &format!("listen = [\"{moved}\"]"),
+        1,
+    );
+    ensure!(
+        edited != text_conf,
+        "the configuration has no commented grpc listen line"
+    );
+    std::fs::write(&conf, edited)?;
+    let mut cmd = Command::new("chroot");
+    cmd.arg(format!("--userspec=0:{gid}"))
+        .arg(&root.root)
+        .args(["/bin/sh", "-c", &format!("umask {umask} && exec {exec}")])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    let ublkd = Ublkd::start_at(&root, cmd, dir.join("ublkd-moved.log"), moved)?;
+    let remove = dpkg(&["-r", "ublkd"])?;
+    let said = text(&remove);
+    ensure!(
+        !remove.status.success(),
+        "removal went ahead while ublkd served a volume on a moved socket:\n{said}"
+    );
+    ensure!(
+        said.contains("refusing") && said.contains("deb-file"),
+        "the refusal names the volume:\n{said}"
+    );
+
+    root.run(&[
+        "ublkctl",
+        "--endpoint",
+        moved,
+        "delete-volume",
+        "--delete-backing",
+        "deb-file",
+    ])?;
     ublkd.stop()?;
 
     let purge = dpkg(&["--purge", "ublkd"])?;
