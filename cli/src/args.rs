@@ -554,6 +554,7 @@ pub fn parse_backend(s: &str) -> Result<Backend, String> {
             device,
             offset_bytes,
             length_bytes,
+            keep_data: false,
         }));
     }
     Err(BACKEND_HINT.to_owned())
@@ -693,6 +694,7 @@ mod tests {
                 device: "/dev/ng0n1".into(),
                 offset_bytes: 1 << 30,
                 length_bytes: 10 << 30,
+                keep_data: false,
             }))
         );
     }
@@ -787,6 +789,7 @@ mod tests {
                 device: device.into(),
                 offset_bytes,
                 length_bytes,
+                keep_data: false,
             }))
         };
         assert_eq!(parse_backend("nvme:/dev/ng0n1"), nvme("/dev/ng0n1", 0, 0));

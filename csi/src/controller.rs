@@ -203,15 +203,9 @@ impl ControllerService {
             Err(e) if source.is_some() => return Err(CsiError::from_copy(e)),
             Err(e) => return Err(e.into()),
         };
-        if matches!(params.backend, Backend::Nvme { .. }) {
-            // A window reuses namespace blocks an earlier volume may have formatted: a stale
-            // signature would make stage mount a file system that is not this volume's.
-            // (File and RAM volumes start from a new, empty file.)
-            if let Err(e) = crate::mount::run("wipefs", &["--all", &made.device_path]) {
-                let _ = self.ublkd.delete(&made.id).await;
-                return Err(e);
-            }
-        }
+        // A window reuses namespace blocks an earlier volume wrote: ublkd erases them before
+        // the device appears (a retry of this call included), so no stale file system or data
+        // is ever staged as this volume's.
         tracing::info!(volume = %made.id, name = %req.name, size, source = ?source, "volume created");
         Ok(self.volume(&made.id, size, &params, source.as_ref()))
     }

@@ -203,6 +203,7 @@ impl Params {
                 device: namespace.clone(),
                 offset_bytes: nvme_offset,
                 length_bytes: size,
+                keep_data: false,
             }),
         };
         v1::VolumeSpec {

@@ -110,6 +110,10 @@ pub struct DeviceSpec {
     /// I/O limits (all zero: unlimited), enforced by the workers; changed live by
     /// `Handle::set_qos`.
     pub qos: QosLimits,
+    /// A new volume: what an earlier user left in the backend's range (an NVMe window) is made
+    /// unreadable before the device appears (`Backend::erase`). Never for a volume that already
+    /// holds its tenant's data (a restore after a restart).
+    pub erase: bool,
 }
 
 impl Default for DeviceSpec {
@@ -127,6 +131,7 @@ impl Default for DeviceSpec {
             poll: Toggle::Auto,
             force_copy_fallback: false,
             qos: QosLimits::default(),
+            erase: false,
         }
     }
 }

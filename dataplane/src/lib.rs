@@ -29,7 +29,7 @@ pub mod stats;
 mod sys;
 mod worker;
 
-pub use backend::{identify_namespace, BackendError, BackendSpec, Namespace, Window};
+pub use backend::{identify_namespace, BackendError, BackendSpec, Erase, Namespace, Window};
 pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError, Toggle};
 pub use features::Features;

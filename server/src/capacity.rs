@@ -108,6 +108,7 @@ fn nvme_capacity(device: &Path, volumes: &[Volume]) -> Result<(u64, Vec<Extent>)
                 device: d,
                 offset,
                 length,
+                ..
             } if std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()) == real => Some(Extent {
                 offset: *offset,
                 len: *length,

@@ -27,6 +27,7 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
                 device,
                 offset,
                 length,
+                keep_data,
             } => BackendSpec::Nvme {
                 path: device.clone(),
                 window: (*offset != 0 || *length != 0).then_some(Window {
@@ -34,6 +35,7 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
                     len: *length,
                 }),
                 unchecked: false,
+                keep_data: *keep_data,
             },
         },
         dev_id: r.dev_id,
@@ -155,10 +157,12 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             device,
             offset,
             length,
+            keep_data,
         } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
             device: device.display().to_string(),
             offset_bytes: *offset,
             length_bytes: *length,
+            keep_data: *keep_data,
         }),
     };
     v1::Volume {

@@ -178,6 +178,7 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
                 path: p.into(),
                 window: None,
                 unchecked: false,
+                keep_data: false,
             },
             _ => bail!("unknown backend {other:?}: expected null, ram, file:PATH or nvme:PATH"),
         },

@@ -29,6 +29,9 @@ pub enum BackendRecord {
         device: PathBuf,
         offset: u64,
         length: u64,
+        /// Served as found: never erased at creation or growth (absent in older records).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        keep_data: bool,
     },
 }
 

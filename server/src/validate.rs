@@ -77,6 +77,7 @@ pub fn spec(
                 device,
                 offset: n.offset_bytes,
                 length: n.length_bytes,
+                keep_data: n.keep_data,
             }
         }
     };
@@ -410,6 +411,7 @@ mod tests {
                     device: d.into(),
                     offset_bytes,
                     length_bytes,
+                    keep_data: false,
                 }))
             })
         };

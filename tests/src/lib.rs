@@ -138,6 +138,7 @@ pub mod api {
             device: device.into(),
             offset_bytes,
             length_bytes,
+            keep_data: false,
         })
     }
 

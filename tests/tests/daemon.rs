@@ -967,6 +967,7 @@ async fn nvme_volumes_over_ublkctl_and_grpc() -> Result<()> {
                     device: "/dev/ng0n1".into(),
                     offset_bytes: 300 * MIB,
                     length_bytes: 16 * MIB,
+                    keep_data: false,
                 }),
             ),
         ))

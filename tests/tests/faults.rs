@@ -557,6 +557,7 @@ fn nvme_path_errors_are_retried_with_a_bound() -> Result<()> {
                         len: 32 * MIB,
                     }),
                     unchecked: false,
+                    keep_data: false,
                 },
                 32 * MIB,
                 IoPath::Batch,

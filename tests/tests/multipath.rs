@@ -93,6 +93,7 @@ fn multipath_heads_get_their_namespace_limits() -> Result<()> {
                         path: head.char_dev.clone(),
                         window: None,
                         unchecked: false,
+                        keep_data: false,
                     },
                     bytes,
                     path,

@@ -120,6 +120,7 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
             device: "/dev/ng0n1".into(),
             offset_bytes: 512 * MIB,
             length_bytes: 128 * MIB,
+            keep_data: false,
         }),
     };
     let mut vspec = spec(128 * MIB, backend);

@@ -42,7 +42,31 @@ pub enum BackendSpec {
         /// can make the device itself fail an I/O (LBA out of range).
         #[doc(hidden)]
         unchecked: bool,
+        /// Serve the window's blocks as they are: no erase when the device is created
+        /// (`DeviceSpec::erase`) or when the window grows. For adopting a window's data on
+        /// purpose; otherwise earlier tenants' blocks are made unreadable first.
+        keep_data: bool,
     },
+}
+
+/// How a range of a shared device was made unreadable before a volume served it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Erase {
+    /// NVMe Write Zeroes; `deallocate` when DEAC deallocated the blocks as well.
+    WriteZeroes { deallocate: bool },
+    /// NVMe Dataset Management deallocate, on a namespace whose deallocated blocks read as
+    /// zeroes.
+    Deallocate,
+}
+
+impl Erase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Erase::WriteZeroes { deallocate: true } => "write zeroes (deallocate)",
+            Erase::WriteZeroes { deallocate: false } => "write zeroes",
+            Erase::Deallocate => "deallocate",
+        }
+    }
 }
 
 impl BackendSpec {
@@ -100,6 +124,23 @@ pub enum BackendError {
         offset: u64,
         len: u64,
         size: u64,
+    },
+    #[error(
+        "{path} can neither write zeroes nor deallocate to zeroes, so an earlier tenant's data in \
+         window {offset}+{len} would be readable: refused (keep_data serves it as it is)"
+    )]
+    CannotErase {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
+    #[error("cannot erase window {offset}+{len} of {path}")]
+    EraseFailed {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        #[source]
+        source: io::Error,
     },
     #[error("volume block size {block_size} is smaller than the {lba} byte blocks of {path}")]
     BlockSmallerThanLba {
@@ -276,6 +317,13 @@ pub trait Backend: Send + Sync + Debug {
         let _ = size;
         Ok(())
     }
+
+    /// Makes what an earlier user left in the backend's range unreadable, before a new
+    /// volume's device appears: None when the backend starts empty by itself (a new file, new
+    /// memory) or was told to keep its data.
+    fn erase(&self) -> Result<Option<Erase>, BackendError> {
+        Ok(None)
+    }
 }
 
 /// Opens the backend `spec` for a volume of `size` bytes.
@@ -293,8 +341,9 @@ pub fn open(
             path,
             window,
             unchecked,
+            keep_data,
         } => Arc::new(NvmeBackend::open(
-            path, *window, size, block_size, *unchecked,
+            path, *window, size, block_size, *unchecked, *keep_data,
         )?),
     })
 }

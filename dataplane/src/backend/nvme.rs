@@ -8,7 +8,7 @@
 //! straight through the request's pages the kernel registered (zero copy). Completions carry
 //! NVMe status, turned into an errno here.
 
-use super::{full, Backend, BackendError, Claim, Data, IoCtx, Limits, Request, Started};
+use super::{full, Backend, BackendError, Claim, Data, Erase, IoCtx, Limits, Request, Started};
 use crate::ring::{NvmeData, Op, Region};
 use crate::stats::OpKind;
 use crate::sys::nvme::{self, NvmeCmd};
@@ -39,6 +39,9 @@ pub struct NvmeBackend {
     /// The namespace's size, which a growing window must stay inside.
     ns_bytes: u64,
     unchecked: bool,
+    /// Serve earlier content as it is (no erase at creation or growth).
+    keep_data: bool,
+    ns: nvme::NamespaceFormat,
     controller: nvme::ControllerInfo,
     max_io_bytes: u32,
     poll_queues: bool,
@@ -51,6 +54,7 @@ impl NvmeBackend {
         size: u64,
         block_size: u32,
         unchecked: bool,
+        keep_data: bool,
     ) -> Result<Self, BackendError> {
         let (file, nsid, ns, rdev) = open_namespace(path)?;
         let identify_err = |source| BackendError::Identify {
@@ -152,6 +156,8 @@ impl NvmeBackend {
             window_len: AtomicU64::new(w.len),
             ns_bytes,
             unchecked,
+            keep_data,
+            ns,
             controller,
             max_io_bytes: max_io_bytes.max(4096),
             poll_queues,
@@ -160,6 +166,62 @@ impl NvmeBackend {
 
     fn has(&self, oncs_bit: u16) -> bool {
         self.controller.oncs & oncs_bit != 0
+    }
+
+    /// Makes `len` bytes of the namespace at byte `offset` read as zeroes: Write Zeroes (with
+    /// DEAC where that deallocates, so nothing is written on controllers that thin-provision),
+    /// which the spec guarantees reads back zeroes; else Dataset Management deallocate where
+    /// Identify says deallocated blocks read as zeroes; else refused. Synchronous, on the
+    /// control thread, before the range is served.
+    fn erase_range(&self, offset: u64, len: u64) -> Result<Erase, BackendError> {
+        let failed = |source| BackendError::EraseFailed {
+            path: self.path.clone(),
+            offset,
+            len,
+            source,
+        };
+        let mut slba = offset >> self.lba_shift;
+        let mut left = len >> self.lba_shift;
+        if self.has(nvme::ONCS_WRITE_ZEROES) {
+            let deallocate = self.ns.write_zeroes_deallocates();
+            while left > 0 {
+                let n = left.min(u64::from(nvme::MAX_NLB)) as u32;
+                let mut cmd = nvme::NvmeCmd::rw(nvme::OPC_WRITE_ZEROES, self.nsid, slba, n, false);
+                if deallocate {
+                    cmd.cdw12 |= nvme::CDW12_DEAC;
+                }
+                nvme::io_cmd(&self.file, cmd, None).map_err(failed)?;
+                slba += u64::from(n);
+                left -= u64::from(n);
+            }
+            return Ok(Erase::WriteZeroes { deallocate });
+        }
+        if self.has(nvme::ONCS_DSM) && self.ns.deallocated_reads_zero() {
+            while left > 0 {
+                let mut ranges = Vec::with_capacity(nvme::MAX_DSM_RANGES * 16);
+                while left > 0 && ranges.len() < nvme::MAX_DSM_RANGES * 16 {
+                    let n = left.min(u64::from(u32::MAX)) as u32;
+                    ranges.extend_from_slice(&nvme::dsm_range(slba, n));
+                    slba += u64::from(n);
+                    left -= u64::from(n);
+                }
+                let nr = (ranges.len() / 16) as u32;
+                let cmd = nvme::NvmeCmd {
+                    opcode: nvme::OPC_DSM,
+                    nsid: self.nsid,
+                    cdw10: nr - 1,
+                    cdw11: nvme::DSM_ATTR_DEALLOCATE,
+                    ..Default::default()
+                };
+                nvme::io_cmd(&self.file, cmd, Some(&mut ranges)).map_err(failed)?;
+            }
+            return Ok(Erase::Deallocate);
+        }
+        Err(BackendError::CannotErase {
+            path: self.path.clone(),
+            offset,
+            len,
+        })
     }
 }
 
@@ -314,8 +376,21 @@ impl Backend for NvmeBackend {
                 size: self.ns_bytes,
             });
         }
+        // The blocks the window grows onto may hold a deleted volume's data.
+        if !self.keep_data {
+            self.erase_range(start + have, size - have)?;
+        }
         self.window_len.store(size, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn erase(&self) -> Result<Option<Erase>, BackendError> {
+        if self.keep_data {
+            return Ok(None);
+        }
+        let start = self.start_lba << self.lba_shift;
+        self.erase_range(start, self.window_len.load(Ordering::Relaxed))
+            .map(Some)
     }
 
     fn finish(&self, req: &Request, res: i32) -> i32 {

@@ -74,6 +74,10 @@ impl DataplaneError {
             DataplaneError::Spec(SpecError::Unsupported(_)) => ErrorKind::FailedPrecondition,
             DataplaneError::Spec(_) => ErrorKind::InvalidArgument,
             DataplaneError::Backend(BackendError::Memory { .. }) => ErrorKind::ResourceExhausted,
+            DataplaneError::Backend(BackendError::CannotErase { .. }) => {
+                ErrorKind::FailedPrecondition
+            }
+            DataplaneError::Backend(BackendError::EraseFailed { .. }) => ErrorKind::Unavailable,
             DataplaneError::Backend(BackendError::CannotGrow { .. }) => {
                 ErrorKind::FailedPrecondition
             }

@@ -61,7 +61,7 @@ impl Control {
         let Some(mine) = backend.claim() else {
             return Ok(());
         };
-        for (&id, d) in &self.devices {
+        for (&id, d) in self.devices.iter().chain(&self.recovering) {
             if Some(id) == except {
                 continue;
             }
@@ -91,6 +91,8 @@ impl Control {
         let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
         self.check_claim(backend.as_ref(), None)?;
         let (zero_copy, polled, poll_reason) = self.modes(&spec, backend.as_ref(), None)?;
+        // Only once the range is known to be nobody else's.
+        let erased = if spec.erase { backend.erase()? } else { None };
         let mut spec = spec;
         if let Some(l) = backend.limits() {
             // Passthrough is never split: requests must fit the device's transfer limit.
@@ -109,6 +111,7 @@ impl Control {
             polled,
             poll_reason,
             copy_queues: 0,
+            erased,
             block_device: block_device(dev_id),
             char_device: char_device(dev_id),
         };
@@ -344,7 +347,7 @@ impl Control {
                 c
             });
         if let Some(c) = grown {
-            for (&id, d) in &self.devices {
+            for (&id, d) in self.devices.iter().chain(&self.recovering) {
                 if let Some(theirs) = d.backend.claim().filter(|t| id != dev_id && t.overlaps(&c)) {
                     return Err(DataplaneError::Overlap {
                         path: c.path,

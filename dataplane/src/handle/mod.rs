@@ -5,7 +5,7 @@
 //! `/dev/ublk-control` commands (bounded by timeouts, never on a worker) and hands queues to the
 //! workers over their own channels, waking each through an eventfd its ring is reading.
 
-use crate::backend::{self, BackendError};
+use crate::backend::{self, BackendError, Erase};
 use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
@@ -78,6 +78,9 @@ pub struct DeviceInfo {
     /// Queues of a zero-copy device served by copy: taken over when no worker had buffer slots
     /// left for them (a new device is refused instead).
     pub copy_queues: u16,
+    /// How the backend's range was erased before the device appeared (`DeviceSpec::erase`);
+    /// None when nothing needed erasing or the device was taken over.
+    pub erased: Option<Erase>,
     pub block_device: PathBuf,
     pub char_device: PathBuf,
 }

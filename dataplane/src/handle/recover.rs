@@ -114,6 +114,7 @@ impl Control {
                 polled,
                 poll_reason,
                 copy_queues: 0,
+                erased: None,
                 block_device: block_device(dev_id),
                 char_device: char_device(dev_id),
             },

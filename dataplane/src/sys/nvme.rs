@@ -11,6 +11,9 @@ use std::os::fd::AsRawFd;
 pub const NVME_IOCTL_ID: u64 = 0x4E40;
 /// `_IOWR('N', 0x41, struct nvme_passthru_cmd)` (72 bytes).
 pub const NVME_IOCTL_ADMIN_CMD: u64 = 0xC048_4E41;
+/// `_IOWR('N', 0x43, struct nvme_passthru_cmd)`: one synchronous I/O command (used only
+/// outside the I/O path: erasing a new window before its device appears).
+pub const NVME_IOCTL_IO_CMD: u64 = 0xC048_4E43;
 /// `_IOWR('N', 0x80, struct nvme_uring_cmd)`: an I/O command sent as IORING_OP_URING_CMD.
 pub const NVME_URING_CMD_IO: u32 = 0xC048_4E80;
 
@@ -23,6 +26,10 @@ pub const OPC_ADMIN_IDENTIFY: u8 = 0x06;
 
 /// cdw12 bit 30 of Read/Write/Write Zeroes: Force Unit Access.
 pub const CDW12_FUA: u32 = 1 << 30;
+/// cdw12 bit 25 of Write Zeroes: deallocate the blocks too (DEAC).
+pub const CDW12_DEAC: u32 = 1 << 25;
+/// Most ranges one Dataset Management command carries (NR is an 8-bit, 0-based field).
+pub const MAX_DSM_RANGES: usize = 256;
 /// cdw11 bit 2 of Dataset Management: deallocate the ranges.
 pub const DSM_ATTR_DEALLOCATE: u32 = 1 << 2;
 /// Largest block count one Read/Write/Write Zeroes carries (NLB is a 16-bit, 0-based field).
@@ -151,6 +158,37 @@ pub fn identify(file: &File, nsid: u32, cns: u32) -> io::Result<Box<[u8; 4096]>>
     Ok(page)
 }
 
+/// Runs one I/O command synchronously through the I/O ioctl; `data` (when given) is the
+/// command's buffer, read or written by the controller. A positive NVMe status comes back as an
+/// `io::Error` of kind Other.
+pub fn io_cmd(file: &File, mut cmd: NvmeCmd, data: Option<&mut [u8]>) -> io::Result<()> {
+    if let Some(d) = data {
+        cmd.addr = d.as_mut_ptr() as u64;
+        cmd.data_len =
+            u32::try_from(d.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    } else {
+        cmd.addr = 0;
+        cmd.data_len = 0;
+    }
+    // SAFETY: `cmd` is a valid 72-byte passthrough command; its `addr` is null with
+    // `data_len` 0, or points at `data`, `data_len` bytes that are borrowed mutably for this
+    // synchronous ioctl and so outlive it; the kernel writes only there and into `cmd`.
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            NVME_IOCTL_IO_CMD as _,
+            &mut cmd as *mut NvmeCmd,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if rc > 0 {
+        return Err(io::Error::other(format!("NVMe status {rc:#x}")));
+    }
+    Ok(())
+}
+
 /// What Identify Namespace says about a namespace's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NamespaceFormat {
@@ -159,6 +197,21 @@ pub struct NamespaceFormat {
     pub lba_shift: u8,
     /// Metadata bytes per block in the active format (the backend needs 0).
     pub metadata: u16,
+    /// DLFEAT (byte 33): bits 2:0 say what a deallocated block reads as (1: zeroes), bit 3
+    /// that Write Zeroes with DEAC deallocates.
+    pub dlfeat: u8,
+}
+
+impl NamespaceFormat {
+    /// Deallocated blocks read as zeroes (DLFEAT bits 2:0 = 001b).
+    pub fn deallocated_reads_zero(&self) -> bool {
+        self.dlfeat & 0x7 == 1
+    }
+
+    /// Write Zeroes with DEAC set deallocates the blocks (DLFEAT bit 3).
+    pub fn write_zeroes_deallocates(&self) -> bool {
+        self.dlfeat & 0x8 != 0
+    }
 }
 
 pub fn parse_identify_ns(page: &[u8; 4096]) -> NamespaceFormat {
@@ -178,6 +231,7 @@ pub fn parse_identify_ns(page: &[u8; 4096]) -> NamespaceFormat {
         blocks: u64_at(0),
         lba_shift: page[f + 2],
         metadata: u16::from_le_bytes([page[f], page[f + 1]]),
+        dlfeat: page[33],
     }
 }
 
@@ -271,8 +325,13 @@ mod tests {
         ns[25] = 1; // two formats
         ns[26] = 1; // format 1 in use
         ns[128 + 4 + 2] = 12;
+        ns[33] = 0x9; // DLFEAT: deallocated blocks read zeroes, Write Zeroes can deallocate
         let f = parse_identify_ns(&ns);
         assert_eq!((f.blocks, f.lba_shift, f.metadata), (1000, 12, 0));
+        assert!(f.deallocated_reads_zero() && f.write_zeroes_deallocates());
+        ns[33] = 0x2; // deallocated blocks read as ones: no deallocate instead of zeroing
+        let f = parse_identify_ns(&ns);
+        assert!(!f.deallocated_reads_zero() && !f.write_zeroes_deallocates());
         let mut ctrl = [0u8; 4096];
         ctrl[77] = 7;
         ctrl[520] = (ONCS_DSM | ONCS_WRITE_ZEROES) as u8;

@@ -88,7 +88,8 @@ impl Volumes {
         }
         fault_point("create:after_record");
         delay_point("create:after_record").await;
-        match self.bring_up(record).await {
+        // A new volume: an NVMe window's earlier content is erased before its device appears.
+        match self.bring_up(record, true).await {
             Ok(info) => {
                 fault_point("create:after_device");
                 record.dev_id = Some(info.dev_id);

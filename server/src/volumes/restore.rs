@@ -144,14 +144,21 @@ impl Volumes {
                 Err(e) => return Err(e),
             }
         }
-        self.bring_up(record).await.map(|i| Some((i, false)))
+        // A restored volume holds its tenant's data: nothing is erased.
+        self.bring_up(record, false).await.map(|i| Some((i, false)))
     }
 
     /// Creates the device for `record`, with its recorded kernel id when it has one (and any
     /// free id if something else took that one meanwhile; the caller records the id it got).
-    pub(super) async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+    /// `erase` for a new volume: what an earlier one left in its range is made unreadable.
+    pub(super) async fn bring_up(
+        &self,
+        record: &VolumeRecord,
+        erase: bool,
+    ) -> Result<DeviceInfo, VolumeError> {
         let handle = self.handle()?;
-        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
+        let mut spec = crate::convert::device_spec(record, &self.settings.ram_dir);
+        spec.erase = erase;
         let h = handle.clone();
         let s = spec.clone();
         match blocking(move || h.add_device(s)).await {
