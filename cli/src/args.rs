@@ -30,7 +30,7 @@ const SIZE_HINT: &str =
     "expected a size such as 4096, 512Ki, 10Gi (binary, also 10GiB) or 10G (decimal, as \
      in Kubernetes)";
 const BACKEND_HINT: &str =
-    "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET+LEN]";
+    "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET|auto+LEN]";
 const DEV_ID_HINT: &str = "expected a ublk device id, the N of /dev/ublkbN";
 
 /// `--version`: the crate's version and the API it speaks.
@@ -252,7 +252,8 @@ pub struct AdoptDevice {
 #[derive(Debug, Args)]
 pub struct SpecArgs {
     /// file:/PATH, file+create:/PATH (create or extend the file), ram, null,
-    /// or nvme:/dev/ngXnY[@OFFSET+LEN] (a window of an NVMe namespace)
+    /// or nvme:/dev/ngXnY[@OFFSET+LEN] (a window of an NVMe namespace; @auto+LEN: ublkd
+    /// places it in the first free extent)
     #[arg(long, value_parser = parse_backend)]
     pub backend: Backend,
 
@@ -513,7 +514,8 @@ pub fn parse_capacity_backend(s: &str) -> Result<CapacityBackend, String> {
 }
 
 /// Reads `--backend`: `null`, `ram`, `file:/PATH`, `file+create:/PATH`,
-/// `nvme:/dev/ngXnY`, `nvme:/dev/ngXnY@OFFSET` (to the end) or `nvme:/dev/ngXnY@OFFSET+LEN`.
+/// `nvme:/dev/ngXnY`, `nvme:/dev/ngXnY@OFFSET` (to the end), `nvme:/dev/ngXnY@OFFSET+LEN` or
+/// `nvme:/dev/ngXnY@auto+LEN` (placed by ublkd).
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
     let s = s.trim();
     match s {
@@ -540,11 +542,17 @@ pub fn parse_backend(s: &str) -> Result<Backend, String> {
         };
         let device = absolute("nvme", device)?;
         let (offset_bytes, length_bytes) = match window {
-            None => (0, 0),
+            None => (Some(0), 0),
             Some(window) => {
                 let (offset, length) = window.split_once('+').unwrap_or((window, "0"));
-                let offset = parse_size(offset)
-                    .ok_or_else(|| format!("nvme window offset {offset:?}: {SIZE_HINT}"))?;
+                // `auto`: ublkd places the window in the first free extent that fits.
+                let offset =
+                    match offset {
+                        "auto" => None,
+                        o => Some(parse_size(o).ok_or_else(|| {
+                            format!("nvme window offset {o:?}: {SIZE_HINT} or auto")
+                        })?),
+                    };
                 let length = parse_size(length)
                     .ok_or_else(|| format!("nvme window length {length:?}: {SIZE_HINT}"))?;
                 (offset, length)
@@ -692,7 +700,7 @@ mod tests {
             spec.backend,
             Some(Backend::Nvme(NvmeBackend {
                 device: "/dev/ng0n1".into(),
-                offset_bytes: 1 << 30,
+                offset_bytes: Some(1 << 30),
                 length_bytes: 10 << 30,
                 keep_data: false,
             }))
@@ -784,7 +792,7 @@ mod tests {
 
     #[test]
     fn nvme_backend_takes_an_optional_window() {
-        let nvme = |device: &str, offset_bytes, length_bytes| {
+        let nvme = |device: &str, offset_bytes: Option<u64>, length_bytes| {
             Ok(Backend::Nvme(NvmeBackend {
                 device: device.into(),
                 offset_bytes,
@@ -792,14 +800,22 @@ mod tests {
                 keep_data: false,
             }))
         };
-        assert_eq!(parse_backend("nvme:/dev/ng0n1"), nvme("/dev/ng0n1", 0, 0));
+        assert_eq!(
+            parse_backend("nvme:/dev/ng0n1"),
+            nvme("/dev/ng0n1", Some(0), 0)
+        );
         assert_eq!(
             parse_backend("nvme:/dev/ng0n1@1GiB+10GiB"),
-            nvme("/dev/ng0n1", 1 << 30, 10 << 30)
+            nvme("/dev/ng0n1", Some(1 << 30), 10 << 30)
         );
         assert_eq!(
             parse_backend("nvme:/dev/ng1n2@4096"),
-            nvme("/dev/ng1n2", 4096, 0)
+            nvme("/dev/ng1n2", Some(4096), 0)
+        );
+        // ublkd places it.
+        assert_eq!(
+            parse_backend("nvme:/dev/ng0n1@auto+1GiB"),
+            nvme("/dev/ng0n1", None, 1 << 30)
         );
     }
 

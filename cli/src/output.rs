@@ -196,7 +196,7 @@ pub fn backend_text(backend: Option<&Backend>) -> String {
         Some(Backend::Ram(_)) => "ram".into(),
         Some(Backend::File(f)) if f.create => format!("file+create:{}", f.path),
         Some(Backend::File(f)) => format!("file:{}", f.path),
-        Some(Backend::Nvme(n)) => match (n.offset_bytes, n.length_bytes) {
+        Some(Backend::Nvme(n)) => match (n.offset_bytes.unwrap_or(0), n.length_bytes) {
             (0, 0) => format!("nvme:{}", n.device),
             (offset, 0) => format!("nvme:{}@{}", n.device, compact_size(offset)),
             (offset, len) => format!(

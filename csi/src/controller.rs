@@ -179,23 +179,21 @@ impl ControllerService {
             let from = self.source_size(src).await?;
             size = size_with_source(size, from, block, req.capacity_range.as_ref())?;
         }
+        // A first look, for a clear RESOURCE_EXHAUSTED; ublkd checks again (and places an NVMe
+        // window) under its own lock.
         let cap = self.ublkd.capacity(params.capacity_backend()).await?;
-        let offset = match &params.backend {
-            Backend::Nvme { .. } => cap
-                .free_extents
-                .iter()
-                .find(|e| e.length_bytes >= size)
-                .map(|e| e.offset_bytes),
-            _ => (cap.available_bytes >= size).then_some(0),
+        let fits = match &params.backend {
+            Backend::Nvme { .. } => cap.free_extents.iter().any(|e| e.length_bytes >= size),
+            _ => cap.available_bytes >= size,
         };
-        let Some(offset) = offset.filter(|_| cap.volumes_left > 0) else {
+        if !fits || cap.volumes_left == 0 {
             return Err(CsiError::NoRoom {
                 node: self.node.0.clone(),
                 size,
                 available: cap.maximum_volume_bytes,
             });
-        };
-        let mut spec = params.spec(&id, size, offset);
+        }
+        let mut spec = params.spec(&id, size);
         spec.qos = qos::spec_limits(limits);
         spec.source = source.clone();
         let made = match self.ublkd.create(&id, spec).await {

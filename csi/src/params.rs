@@ -189,9 +189,10 @@ impl Params {
         }
     }
 
-    /// The ublkd spec of volume `id` of `size` bytes; `nvme_offset` places an NVMe window. Its
-    /// limits are these parameters' (the caller puts a class's over them) and it has no source.
-    pub fn spec(&self, id: &str, size: u64, nvme_offset: u64) -> v1::VolumeSpec {
+    /// The ublkd spec of volume `id` of `size` bytes. An NVMe window is placed by ublkd, under
+    /// its own lock, so two creates in parallel never pick the same extent. Its limits are
+    /// these parameters' (the caller puts a class's over them) and it has no source.
+    pub fn spec(&self, id: &str, size: u64) -> v1::VolumeSpec {
         use v1::volume_spec::Backend as B;
         let backend = match &self.backend {
             Backend::File { root } => B::File(v1::FileBackend {
@@ -201,7 +202,7 @@ impl Params {
             Backend::Ram => B::Ram(v1::RamBackend {}),
             Backend::Nvme { namespace } => B::Nvme(v1::NvmeBackend {
                 device: namespace.clone(),
-                offset_bytes: nvme_offset,
+                offset_bytes: None,
                 length_bytes: size,
                 keep_data: false,
             }),
@@ -256,7 +257,7 @@ mod tests {
             (p.queues, p.zero_copy, p.fs_type),
             (Some(2), v1::Toggle::On, FsType::Xfs)
         );
-        let spec = p.spec("pvc-1", 1 << 30, 0);
+        let spec = p.spec("pvc-1", 1 << 30);
         assert!(matches!(
             spec.backend,
             Some(v1::volume_spec::Backend::File(ref f)) if f.path == "/srv/ublkd/pvc-1.img" && f.create
@@ -271,7 +272,7 @@ mod tests {
         );
         let ram = params(&[("backend", "ram")]).unwrap();
         assert_eq!(ram.block_size, 4096);
-        assert_eq!(ram.spec("r", 4096, 0).qos, None, "no limits unless asked");
+        assert_eq!(ram.spec("r", 4096).qos, None, "no limits unless asked");
         for bad in [
             &[][..],
             &[("backend", "disk")],

@@ -160,7 +160,7 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             keep_data,
         } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
             device: device.display().to_string(),
-            offset_bytes: *offset,
+            offset_bytes: Some(*offset),
             length_bytes: *length,
             keep_data: *keep_data,
         }),

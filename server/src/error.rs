@@ -35,6 +35,19 @@ pub enum VolumeError {
     AdmitVolumeLimit(usize),
     #[error("backing file {} is in use by volume {by:?}", path.display())]
     AdmitBackingInUse { path: PathBuf, by: VolumeId },
+    #[error(
+        "NVMe window {start}+{len} of {} overlaps volume {by:?}'s window (whatever its state, a \
+         volume's record owns its blocks)",
+        device.display()
+    )]
+    AdmitWindowOverlap {
+        device: PathBuf,
+        start: u64,
+        len: u64,
+        by: VolumeId,
+    },
+    #[error("no free extent of {} holds a window of {len} bytes", device.display())]
+    AdmitNoExtent { device: PathBuf, len: u64 },
     #[error("no free ublk device id")]
     AllocateDevId,
     #[error("backing file {}", path.display())]
@@ -133,8 +146,11 @@ impl VolumeError {
             | E::ReflinkUnsupported { .. }
             | E::CloneTargetExists { .. } => Code::FailedPrecondition,
             E::WriteSnapshot { .. } => Code::Internal,
-            E::AdmitVolumeLimit(_) | E::AllocateDevId => Code::ResourceExhausted,
+            E::AdmitVolumeLimit(_) | E::AllocateDevId | E::AdmitNoExtent { .. } => {
+                Code::ResourceExhausted
+            }
             E::AdmitBackingInUse { .. }
+            | E::AdmitWindowOverlap { .. }
             | E::PrepareBackingFile { .. }
             | E::GrowBackingFile { .. }
             | E::ResizeShrink { .. }

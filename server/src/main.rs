@@ -21,6 +21,7 @@ mod validate;
 mod volume;
 mod volume_id;
 mod volumes;
+mod windows;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};

@@ -85,8 +85,9 @@ impl VolumeService for Api {
             let req = req.into_inner();
             let id = validate::volume_id(&req.id)?;
             let record = validate::spec(id, req.spec.as_ref(), &self.settings)?;
+            let place = validate::places_window(req.spec.as_ref());
             let volumes = Arc::clone(&self.volumes);
-            let vol = to_completion(async move { volumes.create(record).await }).await?;
+            let vol = to_completion(async move { volumes.create(record, place).await }).await?;
             tracing::info!(volume = %vol.record.id, device = ?vol.device.as_ref().map(|d| &d.block_device), "volume created");
             Ok(convert::volume_proto(&vol))
         })

@@ -70,12 +70,17 @@ pub fn spec(
         },
         Some(v1::volume_spec::Backend::Nvme(n)) => {
             let device = nvme_device(&n.device)?;
-            if n.offset_bytes.checked_add(n.length_bytes).is_none() {
+            if n.offset_bytes
+                .unwrap_or(0)
+                .checked_add(n.length_bytes)
+                .is_none()
+            {
                 return invalid("nvme window offset + length overflows".into());
             }
             BackendRecord::Nvme {
                 device,
-                offset: n.offset_bytes,
+                // Unset: placed by the volume manager (`places_window`).
+                offset: n.offset_bytes.unwrap_or(0),
                 length: n.length_bytes,
                 keep_data: n.keep_data,
             }
@@ -110,6 +115,14 @@ pub fn spec(
         qos,
         source,
     })
+}
+
+/// Whether the request leaves an NVMe window's offset to ublkd.
+pub fn places_window(spec: Option<&v1::VolumeSpec>) -> bool {
+    matches!(
+        spec.and_then(|s| s.backend.as_ref()),
+        Some(v1::volume_spec::Backend::Nvme(n)) if n.offset_bytes.is_none()
+    )
 }
 
 /// A clone's source (CreateVolume): only file volumes are made by reflink.
@@ -405,11 +418,11 @@ mod tests {
             Some(spec)
         };
         let file = |p: &str, create| Some(file_spec(p, create));
-        let nvme = |d: &str, offset_bytes, length_bytes| {
+        let nvme = |d: &str, offset_bytes: u64, length_bytes| {
             with(&|s| {
                 s.backend = Some(v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
                     device: d.into(),
-                    offset_bytes,
+                    offset_bytes: Some(offset_bytes),
                     length_bytes,
                     keep_data: false,
                 }))

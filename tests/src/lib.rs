@@ -136,7 +136,7 @@ pub mod api {
     pub fn nvme(device: &str, offset_bytes: u64, length_bytes: u64) -> Backend {
         Backend::Nvme(v1::NvmeBackend {
             device: device.into(),
-            offset_bytes,
+            offset_bytes: Some(offset_bytes),
             length_bytes,
             keep_data: false,
         })

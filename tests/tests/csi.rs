@@ -857,6 +857,65 @@ async fn stage_never_formats_a_device_it_could_not_read() -> Result<()> {
     Ok(())
 }
 
+/// Two CreateVolume calls in parallel on one NVMe namespace both succeed with disjoint windows
+/// (issue 22, item 4): ublkd places each window under its own lock, where the driver used to
+/// pick the same free extent for both.
+#[tokio::test]
+async fn parallel_nvme_creates_get_disjoint_windows() -> Result<()> {
+    use kubelet::*;
+    use ublkd_proto::v1;
+    let pair = Pair::start("csi-nvme-parallel", 9571, "node-a").await?;
+    let params = vec![
+        ("backend", "nvme".to_owned()),
+        ("namespace", NG.to_owned()),
+        ("fsType", "ext4".to_owned()),
+    ];
+    for round in 0..3 {
+        let (mut c1, _) = clients(&pair).await?;
+        let (mut c2, _) = clients(&pair).await?;
+        let (n1, n2) = (format!("pvc-par-{round}-a"), format!("pvc-par-{round}-b"));
+        let (r1, r2) = tokio::join!(
+            c1.create_volume(create(&n1, 32 * MIB, &params, mount_cap("ext4"))),
+            c2.create_volume(create(&n2, 32 * MIB, &params, mount_cap("ext4")))
+        );
+        let (r1, r2) = (r1.context("first create")?, r2.context("second create")?);
+        let mut windows = Vec::new();
+        for r in [r1, r2] {
+            let id = r.into_inner().volume.context("no volume")?.volume_id;
+            let v = pair
+                .daemon
+                .volumes()
+                .await?
+                .get_volume(v1::GetVolumeRequest { id: id.clone() })
+                .await?
+                .into_inner();
+            match v.spec.and_then(|s| s.backend) {
+                Some(v1::volume_spec::Backend::Nvme(n)) => {
+                    windows.push((id, n.offset_bytes.unwrap_or(0), n.length_bytes))
+                }
+                other => anyhow::bail!("{id}: {other:?}"),
+            }
+        }
+        println!("round {round}: {windows:?}");
+        let (a, b) = (&windows[0], &windows[1]);
+        ensure!(
+            a.1 + a.2 <= b.1 || b.1 + b.2 <= a.1,
+            "windows overlap: {windows:?}"
+        );
+    }
+    let (mut c, _) = clients(&pair).await?;
+    for round in 0..3 {
+        for s in ["a", "b"] {
+            c.delete_volume(ublkd_csi::spec::DeleteVolumeRequest {
+                volume_id: format!("pvc-par-{round}-{s}"),
+                secrets: Default::default(),
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 /// The external-provisioner retries CreateVolume after its timeout. A retry while the first
 /// create is still running must not answer OK (the first may yet fail, and the PV would name a
 /// volume that never existed): it answers ABORTED until the volume is READY, and once a call

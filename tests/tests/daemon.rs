@@ -965,7 +965,7 @@ async fn nvme_volumes_over_ublkctl_and_grpc() -> Result<()> {
                 16 * MIB,
                 Backend::Nvme(v1::NvmeBackend {
                     device: "/dev/ng0n1".into(),
-                    offset_bytes: 300 * MIB,
+                    offset_bytes: Some(300 * MIB),
                     length_bytes: 16 * MIB,
                     keep_data: false,
                 }),

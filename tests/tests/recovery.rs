@@ -118,7 +118,7 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
         Kind::Ram => api::ram(),
         Kind::Nvme => Backend::Nvme(v1::NvmeBackend {
             device: "/dev/ng0n1".into(),
-            offset_bytes: 512 * MIB,
+            offset_bytes: Some(512 * MIB),
             length_bytes: 128 * MIB,
             keep_data: false,
         }),
@@ -502,5 +502,86 @@ async fn orphan_devices_are_reported_then_adopted_or_deleted() -> Result<()> {
         .await?
         .into_inner();
     ensure!(info.orphans.is_empty(), "{:?}", info.orphans);
+    Ok(())
+}
+
+/// A volume that is not served right now still owns its NVMe window (issue 22, item 4): after
+/// a kill -9 the takeover of "z" fails (hook), and while it is FAILED neither a resize of "a"
+/// into its window nor a new window over it is allowed: FAILED_PRECONDITION naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_neighbours_nvme_window_is_never_taken() -> Result<()> {
+    let dir = guest::scratch("recovery-window-owner")?;
+    let mut d = Daemon::new(&dir, 19615, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let window = |offset: u64, len: u64| {
+        let mut s = api::volume(len, api::nvme("/dev/ng0n1", offset, len));
+        s.queues = Some(1);
+        s
+    };
+    c.create_volume(api::create("a", window(0, 32 * MIB)))
+        .await?;
+    c.create_volume(api::create("z", window(64 * MIB, 32 * MIB)))
+        .await?;
+    d.stop_with(9)?;
+    // "a" is taken over first (ids in order) and goes through; every takeover of "z" fails.
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "recover_after_start=1000000@1".into(),
+    )];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let vols = c
+            .list_volumes(v1::ListVolumesRequest {})
+            .await?
+            .into_inner()
+            .volumes;
+        let state = |id: &str| vols.iter().find(|v| v.id == id).map(|v| v.state());
+        if state("a") == Some(v1::VolumeState::Ready) && state("z") == Some(v1::VolumeState::Failed)
+        {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "wanted a READY and z FAILED: {vols:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let e = c
+        .resize_volume(v1::ResizeVolumeRequest {
+            id: "a".into(),
+            size_bytes: 80 * MIB,
+        })
+        .await
+        .expect_err("a grows into z's window");
+    println!("resize into a FAILED neighbour: {e:?}");
+    ensure!(
+        e.code() == tonic::Code::FailedPrecondition && e.message().contains("\"z\""),
+        "{e:?}"
+    );
+    let e = c
+        .create_volume(api::create("n", window(72 * MIB, 8 * MIB)))
+        .await
+        .expect_err("a new window over z's");
+    ensure!(
+        e.code() == tonic::Code::FailedPrecondition && e.message().contains("\"z\""),
+        "{e:?}"
+    );
+    // A window placed by ublkd goes around both.
+    let mut placed = api::volume(16 * MIB, api::nvme("/dev/ng0n1", 0, 0));
+    if let Some(v1::volume_spec::Backend::Nvme(n)) = &mut placed.backend {
+        n.offset_bytes = None;
+    }
+    let p = c
+        .create_volume(api::create("p", placed))
+        .await?
+        .into_inner();
+    let at = match p.spec.and_then(|s| s.backend) {
+        Some(v1::volume_spec::Backend::Nvme(n)) => (n.offset_bytes, n.length_bytes),
+        other => anyhow::bail!("{other:?}"),
+    };
+    ensure!(at == (Some(32 * MIB), 16 * MIB), "placed at {at:?}");
     Ok(())
 }

@@ -5,16 +5,46 @@
 use super::*;
 
 impl Volumes {
-    pub async fn create(&self, mut record: VolumeRecord) -> Result<Volume, VolumeError> {
+    /// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe
+    /// window's offset (the first free extent that fits).
+    pub async fn create(
+        &self,
+        mut record: VolumeRecord,
+        place_window: bool,
+    ) -> Result<Volume, VolumeError> {
+        // The namespace's size and block size, read before any lock (an Identify ioctl).
+        let namespace = match (place_window, crate::windows::nvme_device(&record)) {
+            (true, Some(device)) => {
+                let device = device.clone();
+                Some(
+                    blocking(move || {
+                        ublkd_dataplane::identify_namespace(&device).map_err(DataplaneError::from)
+                    })
+                    .await?,
+                )
+            }
+            _ => None,
+        };
         let _op = self.op_lock(&record.id).await;
         {
             let mut map = self.inner.lock().await;
             if let Some(existing) = map.get(&record.id) {
+                if place_window {
+                    // A retry of a placed create matches the window it was given.
+                    if let (
+                        BackendRecord::Nvme { offset, .. },
+                        BackendRecord::Nvme { offset: placed, .. },
+                    ) = (&mut record.backend, &existing.record.backend)
+                    {
+                        *offset = *placed;
+                    }
+                }
                 if same_spec(&existing.record, &record) {
                     return Ok(existing.clone());
                 }
                 return Err(VolumeError::CreateConflict(record.id));
             }
+            Self::claim_window(&mut record, namespace, &map)?;
             if map.len() >= self.settings.limits.max_volumes {
                 return Err(VolumeError::AdmitVolumeLimit(map.len()));
             }
@@ -46,6 +76,50 @@ impl Volumes {
             Err(e) => Err(e),
         };
         self.settle(record, made).await
+    }
+
+    /// An NVMe record's window against every other record's on its namespace, whatever their
+    /// state: placed in the first free extent when `namespace` is given (ublkd places it),
+    /// else refused when it overlaps one. Run under the map lock.
+    fn claim_window(
+        record: &mut VolumeRecord,
+        namespace: Option<ublkd_dataplane::Namespace>,
+        map: &BTreeMap<VolumeId, Volume>,
+    ) -> Result<(), VolumeError> {
+        let size = record.size_bytes;
+        let id = record.id.clone();
+        let BackendRecord::Nvme {
+            device,
+            offset,
+            length,
+            ..
+        } = &mut record.backend
+        else {
+            return Ok(());
+        };
+        let claims = crate::windows::claims(device, map.values().map(|v| &v.record), &id);
+        if let Some(ns) = namespace {
+            let block = u64::from(ns.block_size.max(1));
+            let len = if *length == 0 { size } else { *length }.next_multiple_of(block);
+            *offset =
+                crate::windows::place(&claims, ns.size_bytes, block, len).ok_or_else(|| {
+                    VolumeError::AdmitNoExtent {
+                        device: device.clone(),
+                        len,
+                    }
+                })?;
+            *length = len;
+            return Ok(());
+        }
+        match crate::windows::overlap(&claims, *offset, *length) {
+            Some(c) => Err(VolumeError::AdmitWindowOverlap {
+                device: device.clone(),
+                start: *offset,
+                len: *length,
+                by: c.id.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Ends a create or adopt: the CREATING entry becomes the READY volume, or goes.
@@ -229,6 +303,9 @@ impl Volumes {
                 *length = size;
             }
         }
+        // Growing into any other record's window is refused, served or not (the dataplane
+        // only sees the devices it serves right now).
+        Self::claim_window(&mut record, None, &*self.inner.lock().await)?;
         self.registry.put(&record)?;
         fault_point("resize:after_record");
         match blocking(move || handle.resize_device(info.dev_id, size)).await {

@@ -1,0 +1,155 @@
+//! NVMe windows: which part of a namespace each volume's record claims, whatever the volume's
+//! state (READY, RECOVERING, FAILED: a record not served right now still owns its blocks), and
+//! where a new window goes when ublkd places it. Pure functions over the records; the volume
+//! manager calls them under its map lock, so two creates never take the same extent.
+
+use crate::capacity::{free_extents, Extent};
+use crate::registry::{BackendRecord, VolumeRecord};
+use crate::volume_id::VolumeId;
+use std::path::{Path, PathBuf};
+
+/// One record's claim on a namespace: `[start, end)`, `end` None reaching the namespace's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub id: VolumeId,
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+impl Claim {
+    fn overlaps(&self, start: u64, end: Option<u64>) -> bool {
+        let before = |a_end: Option<u64>, b_start: u64| a_end.is_some_and(|e| e <= b_start);
+        !(before(end, self.start) || before(self.end, start))
+    }
+}
+
+/// The same namespace, whatever path names it (`/dev/ng0n1` and a symlink to it).
+pub fn same_device(a: &Path, b: &Path) -> bool {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    a == b || real(a) == real(b)
+}
+
+/// The windows the records other than `except` claim on `device`.
+pub fn claims<'a>(
+    device: &Path,
+    records: impl Iterator<Item = &'a VolumeRecord>,
+    except: &VolumeId,
+) -> Vec<Claim> {
+    records
+        .filter(|r| &r.id != except)
+        .filter_map(|r| match &r.backend {
+            BackendRecord::Nvme {
+                device: d,
+                offset,
+                length,
+                ..
+            } if same_device(d, device) => Some(Claim {
+                id: r.id.clone(),
+                start: *offset,
+                end: (*length != 0).then(|| offset.saturating_add(*length)),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first claim that `[start, start + len)` (`len` 0: to the end) overlaps.
+pub fn overlap(claims: &[Claim], start: u64, len: u64) -> Option<&Claim> {
+    let end = (len != 0).then(|| start.saturating_add(len));
+    claims.iter().find(|c| c.overlaps(start, end))
+}
+
+/// Where a window of `len` bytes goes on a namespace of `ns_bytes` in blocks of `block`: the
+/// first extent no claim covers that holds it.
+pub fn place(claims: &[Claim], ns_bytes: u64, block: u64, len: u64) -> Option<u64> {
+    let used: Vec<Extent> = claims
+        .iter()
+        .map(|c| Extent {
+            offset: c.start,
+            len: c.end.map_or(0, |e| e.saturating_sub(c.start).max(1)),
+        })
+        .collect();
+    free_extents(ns_bytes, block, &used)
+        .into_iter()
+        .find(|e| e.len >= len)
+        .map(|e| e.offset)
+}
+
+/// The namespace of an NVMe record.
+pub fn nvme_device(r: &VolumeRecord) -> Option<&PathBuf> {
+    match &r.backend {
+        BackendRecord::Nvme { device, .. } => Some(device),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, offset: u64, length: u64) -> VolumeRecord {
+        VolumeRecord {
+            id: VolumeId::parse(id).unwrap(),
+            size_bytes: length.max(4096),
+            block_size: 4096,
+            backend: BackendRecord::Nvme {
+                device: "/dev/ng9n9".into(),
+                offset,
+                length,
+                keep_data: false,
+            },
+            queues: 1,
+            queue_depth: 32,
+            io_path: Default::default(),
+            created_unix_ms: 0,
+            dev_id: None,
+            deleting: false,
+            zero_copy: Default::default(),
+            poll: Default::default(),
+            qos: Default::default(),
+            source: None,
+        }
+    }
+
+    /// Every record counts, whatever its volume's state; the overlap names it (issue 22,
+    /// item 4).
+    #[test]
+    fn windows_overlap_any_record_and_new_ones_go_in_the_first_gap_that_fits() {
+        const M: u64 = 1 << 20;
+        let records = [
+            rec("a", 0, 16 * M),
+            rec("b", 32 * M, 16 * M),
+            rec("c", 96 * M, 0),
+        ];
+        let me = VolumeId::parse("new").unwrap();
+        let cl = claims(Path::new("/dev/ng9n9"), records.iter(), &me);
+        assert_eq!(cl.len(), 3);
+        assert_eq!(
+            overlap(&cl, 8 * M, 16 * M).map(|c| c.id.to_string()),
+            Some("a".into())
+        );
+        assert_eq!(
+            overlap(&cl, 16 * M, 16 * M),
+            None,
+            "touching is not overlapping"
+        );
+        assert_eq!(
+            overlap(&cl, 40 * M, 0).map(|c| c.id.to_string()),
+            Some("b".into())
+        );
+        assert_eq!(
+            overlap(&cl, 200 * M, M).map(|c| c.id.to_string()),
+            Some("c".into())
+        );
+        // Placement: first gap that holds the size.
+        assert_eq!(place(&cl, 256 * M, 4096, 16 * M), Some(16 * M));
+        assert_eq!(place(&cl, 256 * M, 4096, 17 * M), Some(48 * M));
+        assert_eq!(place(&cl, 256 * M, 4096, 49 * M), None, "c reaches the end");
+        // A record does not collide with itself (a resize of it).
+        let a = VolumeId::parse("a").unwrap();
+        let others = claims(Path::new("/dev/ng9n9"), records.iter(), &a);
+        assert_eq!(overlap(&others, 0, 32 * M), None);
+        // Another namespace's windows do not count.
+        assert!(claims(Path::new("/dev/ng8n8"), records.iter(), &me).is_empty());
+    }
+}
