@@ -34,8 +34,8 @@ pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError, Toggle};
 pub use features::Features;
 pub use handle::{
-    kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind, Handle,
-    KernelDevice, KernelState, WorkerSnapshot,
+    block_device, kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind,
+    Handle, KernelDevice, KernelState, WorkerSnapshot,
 };
 pub use ids::{DevId, QueueId, Tag};
 pub use poll::PollReason;

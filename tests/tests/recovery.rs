@@ -585,3 +585,110 @@ async fn a_failed_neighbours_nvme_window_is_never_taken() -> Result<()> {
     ensure!(at == (Some(32 * MIB), 16 * MIB), "placed at {at:?}");
     Ok(())
 }
+
+/// Deleting a volume whose device is not being served (its takeover failed after a kill -9)
+/// still checks the kernel device for holders (issue 22, item 5): while another mount
+/// namespace has it mounted the delete is FAILED_PRECONDITION and the backing file and mount
+/// stay; once unmounted, the delete removes the device and the file and leaves no orphan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_not_served_is_not_deleted_from_under_its_mount() -> Result<()> {
+    let dir = guest::scratch("recovery-delete-held")?;
+    let mut d = Daemon::new(&dir, 19616, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let backing = d.root.join("held.img");
+    let mut s = api::volume(64 * MIB, api::file(&backing, true));
+    s.queues = Some(1);
+    let vol = c.create_volume(create("held", s)).await?.into_inner();
+    let dev = vol.device_path.clone();
+    guest::sh(&format!("mkfs.ext4 -q {dev}"))?;
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    // Read-only without the journal: unmounting it later writes nothing to the device.
+    let mut holder = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t ext4 -o ro,noload {dev} {m} && echo mounted && exec sleep 600",
+            m = mnt.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::BufRead;
+        let out = holder.stdout.take().context("holder stdout")?;
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line)?;
+        ensure!(
+            line.trim() == "mounted",
+            "the other namespace did not mount: {line:?}"
+        );
+    }
+    let holder_pid = holder.id();
+    d.stop_with(9)?;
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "recover_after_start=1000000".into(),
+    )];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = c
+            .get_volume(v1::GetVolumeRequest { id: "held".into() })
+            .await?
+            .into_inner();
+        if v.state() == v1::VolumeState::Failed {
+            println!("takeover failed as forced: {}", v.message);
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the takeover never failed: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let delete = || v1::DeleteVolumeRequest {
+        id: "held".into(),
+        delete_backing: true,
+        ..Default::default()
+    };
+    let e = c
+        .delete_volume(delete())
+        .await
+        .expect_err("a mounted device is not deleted");
+    println!("delete while mounted elsewhere: {e:?}");
+    ensure!(e.code() == tonic::Code::FailedPrecondition, "{e:?}");
+    ensure!(backing.exists(), "the backing file is still there");
+    let mounts = std::fs::read_to_string(format!("/proc/{holder_pid}/mountinfo"))?;
+    ensure!(
+        mounts.contains(&mnt.display().to_string()),
+        "the other namespace's mount is still there"
+    );
+    let _ = holder.kill(); // The mount goes with its namespace; wait() reaps either way.
+    let _ = holder.wait(); // Reaped; nothing to report if it had exited.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.delete_volume(delete()).await {
+            Ok(_) => break,
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                // The namespace's unmount may take a moment after its last process.
+                ensure!(
+                    Instant::now() < deadline,
+                    "still refused once unmounted: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => bail!("delete once unmounted: {e:?}"),
+        }
+    }
+    ensure!(!backing.exists(), "the backing file was removed");
+    guest::wait_gone(Path::new(&dev), Duration::from_secs(10))?;
+    let node = d
+        .node()
+        .await?
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(node.orphans.is_empty(), "devices left: {:?}", node.orphans);
+    Ok(())
+}

@@ -444,7 +444,7 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
 }
 
 /// The block device ublk makes for device `dev_id`.
-fn block_device(dev_id: DevId) -> PathBuf {
+pub fn block_device(dev_id: DevId) -> PathBuf {
     PathBuf::from(format!("/dev/ublkb{dev_id}"))
 }
 

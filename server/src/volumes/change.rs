@@ -218,24 +218,45 @@ impl Volumes {
                 Err(VolumeError::LookupVolume(id.clone()))
             };
         };
-        if let Some(info) = &vol.device {
+        // The kernel device the record names: the one served, or one left in the kernel that
+        // is not served right now (a FAILED takeover, a RECOVERING volume), still mounted
+        // perhaps. Either is checked for holders and deleted before the record and the file.
+        let served = vol
+            .device
+            .as_ref()
+            .map(|i| (i.dev_id, i.block_device.clone()));
+        let kernel = || {
+            vol.record
+                .dev_id
+                .filter(|d| ublkd_dataplane::kernel_device_ids().contains(d))
+                .map(|d| (d, ublkd_dataplane::block_device(d)))
+        };
+        if let Some((dev_id, block_device)) = served.clone().or_else(kernel) {
             // Something holds the device exclusively: a mount in any namespace, or an
             // exclusive opener. Deleting it would pull the disk from under them.
-            if held_elsewhere(&info.block_device) {
+            if held_elsewhere(&block_device) {
                 return Err(VolumeError::DeleteBusy {
                     id: id.clone(),
-                    device: info.block_device.clone(),
+                    device: block_device,
                 });
             }
             let handle = self.handle()?;
-            let dev_id = info.dev_id;
+            let not_served = served.is_none();
             self.set_state(id, State::Deleting, "").await;
             // Persist the intent: a crash during the delete is finished by the next start.
             let mut record = vol.record.clone();
             record.deleting = true;
             self.registry.put(&record)?;
             fault_point("delete:after_mark");
-            match blocking(move || handle.delete_device(dev_id)).await {
+            let deleted = blocking(move || match handle.delete_device(dev_id) {
+                // Not the dataplane's (nor being taken over): the kernel's alone.
+                Err(DataplaneError::NoSuchDevice(_)) if not_served => {
+                    handle.delete_foreign_device(dev_id)
+                }
+                other => other,
+            })
+            .await;
+            match deleted {
                 Ok(()) => {}
                 // A device already gone while deleting: an earlier try took it down (its
                 // STOP_DEV outlasted the timeout, then DEL_DEV_ASYNC finished it), so this one
