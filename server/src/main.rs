@@ -346,6 +346,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     rearm_faults_on_sigusr2()?;
     let registry = registry::Registry::open(&settings.state_dir)?;
     let snapshots = registry::Registry::open_dir(settings.state_dir.join("snapshots"))?;
+    let intents = registry::Registry::open_dir(settings.state_dir.join("intents"))?;
     let handle = Handle::start(ublkd_dataplane::Config {
         cpus: settings.dataplane.cpus.clone(),
         timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
@@ -359,6 +360,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         handle,
         registry,
         snapshots,
+        intents,
         Arc::clone(&settings),
     ));
     volumes.load().await?;

@@ -1,5 +1,6 @@
-//! The server's only system calls that std lacks: FICLONE (reflink a whole file) and statfs
-//! (which file system a path is on, to say why a reflink was refused).
+//! The server's only system calls that std lacks: FICLONE (reflink a whole file), renameat2
+//! with RENAME_NOREPLACE (publish a file without replacing one), and statfs (which file system a
+//! path is on, to say why a reflink was refused).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -20,6 +21,32 @@ pub fn reflink(dst: &File, src: &File) -> io::Result<()> {
     // SAFETY: FICLONE takes the source descriptor by value as its argument; both descriptors
     // are open for the duration of the call (borrowed Files) and no memory is passed.
     let r = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Renames `from` to `to` unless `to` exists (EEXIST then): renameat2 with RENAME_NOREPLACE,
+/// so a file that appeared at `to` meanwhile is never replaced.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: both are NUL-terminated paths that outlive the call; AT_FDCWD resolves them as
+    // rename(2) would; no other memory is passed.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {

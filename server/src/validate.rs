@@ -264,9 +264,25 @@ pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBu
     let roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
     let inside = |p: &Path| roots.iter().any(|r| p.starts_with(r));
     let outside = || Err(VolumeError::BackingPathOutsideRoots(raw.to_owned()));
+    // Snapshots' copies live there: a volume over one would write into a snapshot.
+    let in_snapshots = |p: &Path| {
+        p.components()
+            .any(|c| c.as_os_str() == crate::snapshot::SNAPSHOT_DIR)
+    };
+    let snapshot_dir = || {
+        invalid(format!(
+            "backing path {raw:?} is inside a {} directory, which holds snapshots",
+            crate::snapshot::SNAPSHOT_DIR
+        ))
+    };
+    if in_snapshots(path) {
+        return snapshot_dir();
+    }
     match path.canonicalize() {
         Ok(real) => {
-            if inside(&real) {
+            if in_snapshots(&real) {
+                snapshot_dir()
+            } else if inside(&real) {
                 Ok(real)
             } else {
                 outside()
@@ -283,6 +299,9 @@ pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBu
             };
             if !inside(&parent) {
                 return outside();
+            }
+            if in_snapshots(&parent) {
+                return snapshot_dir();
             }
             if path.symlink_metadata().is_ok() {
                 // A dangling symlink: where it would point is unknown territory.
@@ -635,6 +654,16 @@ mod tests {
         let check = |spec: v1::VolumeSpec| super::spec(vid("v"), Some(&spec), &s);
         assert!(check(p(&root.join("ok.img"), false)).is_ok());
         assert!(check(p(&root.join("new.img"), true)).is_ok());
+        // The snapshots' directory is no place for a volume (issue 22, item 14).
+        let snaps = root.join(crate::snapshot::SNAPSHOT_DIR);
+        std::fs::create_dir(&snaps).unwrap();
+        std::fs::write(snaps.join("s.img"), b"").unwrap();
+        for (path, create) in [(snaps.join("s.img"), false), (snaps.join("n.img"), true)] {
+            match check(p(&path, create)) {
+                Err(VolumeError::ValidateRequest(m)) => assert!(m.contains("snapshots"), "{m}"),
+                other => panic!("{}: {other:?}", path.display()),
+            }
+        }
         assert!(matches!(
             check(p(&root.join("new.img"), false)),
             Err(VolumeError::BackingPathMissing(_))

@@ -552,7 +552,7 @@ async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<
     use ublkd_tests::api::{create, nvme, volume};
     use ublkd_tests::daemon::Daemon;
     let dir = guest::scratch("nvme-erase")?;
-    let mut d = Daemon::new(&dir, 19614, "")?;
+    let mut d = Daemon::new(&dir, 19617, "")?;
     d.start().await?;
     let mut c = d.volumes().await?;
     let (off, len) = (64 * MIB, 256 * MIB);

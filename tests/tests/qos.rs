@@ -264,7 +264,7 @@ async fn volume_stats(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fstrim_on_a_throttled_volume_is_not_held_by_its_write_limit() -> Result<()> {
     let dir = guest::scratch("qos-trim")?;
-    let mut d = Daemon::new(&dir, 19612, "")?;
+    let mut d = Daemon::new(&dir, 19618, "")?;
     d.start().await?;
     let mut c = d.volumes().await?;
     let backing = d.root.join("trim.img");
@@ -332,7 +332,7 @@ async fn fstrim_on_a_throttled_volume_is_not_held_by_its_write_limit() -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_deep_in_qos_debt_is_deleted_and_nothing_is_left() -> Result<()> {
     let dir = guest::scratch("qos-debt")?;
-    let mut d = Daemon::new(&dir, 19613, "")?;
+    let mut d = Daemon::new(&dir, 19620, "")?;
     d.start().await?;
     let mut c = d.volumes().await?;
     let mut s = spec(512 * MIB, api::ram());

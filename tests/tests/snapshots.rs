@@ -377,3 +377,125 @@ async fn a_drain_that_is_never_confirmed_fails_the_snapshot_and_resumes_the_volu
     guest::sh(&format!("umount {}; losetup -d {fs}", d.root.display()))?;
     Ok(())
 }
+
+/// Until ublkd, which a fault point aborted, has exited.
+async fn wait_exit(d: &mut Daemon) -> Result<()> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while d.exited()?.is_none() {
+        ensure!(
+            Instant::now() < deadline,
+            "ublkd did not exit at its fault point"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// A snapshot or a clone that dies between its reflink and its record leaves nothing that
+/// blocks a retry (issue 22, item 6): ublkd is killed at each point by a fault point, restarted,
+/// and the retry of the same id succeeds, with no stray file beside the volumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_or_clone_killed_before_its_record_is_retried_and_leaves_no_file() -> Result<()>
+{
+    let dir = guest::scratch("snap-interrupted")?;
+    let mut d = Daemon::new(&dir, 19621, "")?;
+    let fs = loop_fs(&dir, "xfs", "xfs", 512 * MIB, &d.root)?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let img = d.root.join("v.img");
+    c.create_volume(create("v", spec(64 * MIB, file(&img, true))))
+        .await?;
+    let dev = device_of(&mut c, "v").await?;
+    pattern(&dev, 0x3c, false)?;
+    let files = |root: &Path| -> Result<Vec<String>> {
+        let out = guest::sh(&format!("cd {} && find . -type f | sort", root.display()))?;
+        Ok(out.lines().map(str::to_owned).collect())
+    };
+
+    // Snapshot: dies after the reflink, before the record.
+    d.stop_with(libc::SIGTERM)?;
+    d.env = vec![("UBLKD_FAULT_POINT".into(), "snapshot:after_reflink".into())];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let died = c
+        .create_snapshot(v1::CreateSnapshotRequest {
+            id: "s1".into(),
+            source_volume_id: "v".into(),
+        })
+        .await;
+    ensure!(
+        died.is_err(),
+        "the fault point did not stop ublkd: {died:?}"
+    );
+    wait_exit(&mut d).await?;
+    println!("after the interrupted snapshot: {:?}", files(&d.root)?);
+    d.env.clear();
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let snap = c
+        .create_snapshot(v1::CreateSnapshotRequest {
+            id: "s1".into(),
+            source_volume_id: "v".into(),
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the retry of the interrupted snapshot: {e:?}"))?
+        .into_inner();
+    ensure!(snap.source_volume_id == "v", "{snap:?}");
+
+    // Clone: dies after the reflink, before the volume's record.
+    d.stop_with(libc::SIGTERM)?;
+    d.env = vec![("UBLKD_FAULT_POINT".into(), "clone:after_reflink".into())];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let clone_img = d.root.join("c.img");
+    let died = c
+        .create_volume(create(
+            "c",
+            from(Source::FromVolume("v".into()), &clone_img, 64 * MIB),
+        ))
+        .await;
+    ensure!(
+        died.is_err(),
+        "the fault point did not stop ublkd: {died:?}"
+    );
+    wait_exit(&mut d).await?;
+    println!("after the interrupted clone: {:?}", files(&d.root)?);
+    d.env.clear();
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    c.create_volume(create(
+        "c",
+        from(Source::FromVolume("v".into()), &clone_img, 64 * MIB),
+    ))
+    .await
+    .map_err(|e| anyhow::anyhow!("the retry of the interrupted clone: {e:?}"))?;
+    let clone_dev = device_of(&mut c, "c").await?;
+    pattern(&clone_dev, 0x3c, true)?;
+
+    // Only the volumes' files and the one snapshot's copy: nothing stray.
+    let left = files(&d.root)?;
+    println!("files: {left:?}");
+    let expected = vec![
+        "./.ublkd-snapshots/s1.img".to_owned(),
+        "./c.img".to_owned(),
+        "./v.img".to_owned(),
+    ];
+    ensure!(left == expected, "stray files: {left:?}");
+    for id in ["c", "v"] {
+        c.delete_volume(v1::DeleteVolumeRequest {
+            id: id.into(),
+            delete_backing: true,
+            ..Default::default()
+        })
+        .await?;
+    }
+    c.delete_snapshot(v1::DeleteSnapshotRequest {
+        id: "s1".into(),
+        ..Default::default()
+    })
+    .await?;
+    let st = d.stop_with(libc::SIGTERM)?;
+    ensure!(st.success(), "clean exit: {st}\n{}", d.log());
+    guest::sh(&format!("umount {}; losetup -d {fs}", d.root.display()))?;
+    Ok(())
+}

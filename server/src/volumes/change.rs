@@ -68,12 +68,27 @@ impl Volumes {
         let made = match self.make_clone_file(&record).await {
             Ok(clone) => {
                 let made = self.make(&mut record).await;
-                if let (Err(_), Some(path)) = (&made, clone) {
-                    let _ = std::fs::remove_file(path);
+                if let (Err(_), Some(path)) = (&made, &clone) {
+                    // The create's own error is what the caller needs; a file left behind
+                    // keeps its intent, so the next start removes it.
+                    if std::fs::remove_file(path).is_ok() {
+                        self.end_clone_intent(&record.id);
+                    }
+                } else if clone.is_some() {
+                    // The record names the file now: it is the volume's.
+                    self.end_clone_intent(&record.id);
                 }
                 made
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                // Nothing was made (or what was is removed): the intent has nothing to name.
+                if let BackendRecord::File { path, .. } = &record.backend {
+                    if record.source.is_some() && !path.exists() {
+                        self.end_clone_intent(&record.id);
+                    }
+                }
+                Err(e)
+            }
         };
         self.settle(record, made).await
     }

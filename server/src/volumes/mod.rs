@@ -14,7 +14,7 @@ mod snapshots;
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::registry::{BackendRecord, Registry, VolumeRecord};
-use crate::snapshot::{SnapshotId, SnapshotRecord};
+use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::{BTreeMap, HashMap};
@@ -59,6 +59,8 @@ pub struct Volumes {
     no_ublk: String,
     registry: Registry,
     snapshot_registry: Registry<SnapshotRecord>,
+    /// Clones whose backing file is being made (`CloneIntent`).
+    intents: Registry<CloneIntent>,
     /// Every snapshot; its lock also orders snapshot creation and deletion.
     snapshots: Mutex<BTreeMap<SnapshotId, SnapshotRecord>>,
     settings: Arc<Settings>,
@@ -140,6 +142,7 @@ impl Volumes {
         handle: Result<Handle, DataplaneError>,
         registry: Registry,
         snapshot_registry: Registry<SnapshotRecord>,
+        intents: Registry<CloneIntent>,
         settings: Arc<Settings>,
     ) -> Self {
         let (handle, no_ublk) = match handle {
@@ -151,6 +154,7 @@ impl Volumes {
             no_ublk,
             registry,
             snapshot_registry,
+            intents,
             snapshots: Mutex::new(BTreeMap::new()),
             settings,
             inner: Mutex::new(BTreeMap::new()),
@@ -328,6 +332,7 @@ mod tests {
             Err(DataplaneError::Gone),
             Registry::open(dir).unwrap(),
             Registry::open_dir(dir.join("snapshots")).unwrap(),
+            Registry::open_dir(dir.join("intents")).unwrap(),
             Arc::new(Settings::default()),
         )
     }

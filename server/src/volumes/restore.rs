@@ -24,7 +24,8 @@ impl Volumes {
                 },
             );
         }
-        Ok(())
+        drop(map);
+        self.finish_clone_intents().await
     }
 
     /// Brings every loaded volume up: takes over its kernel device when one survived (a crash

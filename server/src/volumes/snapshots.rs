@@ -62,8 +62,18 @@ impl Volumes {
                     source,
                 })?;
         }
+        if path.exists() {
+            // No record names it (checked above, under the snapshots lock): the copy of an
+            // earlier try of this id that died before its record. Only ublkd writes here.
+            std::fs::remove_file(&path).map_err(|source| VolumeError::WriteSnapshot {
+                path: path.clone(),
+                source,
+            })?;
+            tracing::warn!(snapshot = %id, path = %path.display(), "removed the copy of an interrupted snapshot");
+        }
         let started = Instant::now();
         self.reflink_drained(&vol, &backing, &path).await?;
+        fault_point("snapshot:after_reflink");
         let record = SnapshotRecord {
             id: id.clone(),
             source,
@@ -136,8 +146,20 @@ impl Volumes {
             return Ok(None);
         };
         if path.exists() {
-            return Err(VolumeError::CloneTargetExists { path: path.clone() });
+            if !self.has_clone_intent(&record.id, path) {
+                return Err(VolumeError::CloneTargetExists { path: path.clone() });
+            }
+            // Made by an earlier try of this create that died before the volume's record.
+            std::fs::remove_file(path).map_err(|source| VolumeError::PrepareBackingFile {
+                path: path.clone(),
+                source,
+            })?;
+            tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
         }
+        self.intents.put(&CloneIntent {
+            id: record.id.clone(),
+            path: path.clone(),
+        })?;
         let source_size = match src {
             SourceRecord::Snapshot(sid) => {
                 let snap = self
@@ -169,6 +191,7 @@ impl Volumes {
                 vol.record.size_bytes
             }
         };
+        fault_point("clone:after_reflink");
         if record.size_bytes > source_size {
             let grow = || {
                 let f = OpenOptions::new().write(true).open(path)?;
@@ -184,6 +207,46 @@ impl Volumes {
             }
         }
         Ok(Some(path.clone()))
+    }
+
+    /// Whether an intent of volume `id` names `path` (a file an interrupted create made).
+    fn has_clone_intent(&self, id: &VolumeId, path: &Path) -> bool {
+        self.intents
+            .load()
+            .is_ok_and(|(all, _)| all.iter().any(|i| &i.id == id && i.path == path))
+    }
+
+    /// The clone's file is the volume's now (or gone): its intent goes.
+    pub(super) fn end_clone_intent(&self, id: &VolumeId) {
+        if let Err(e) = self.intents.remove(id.as_str()) {
+            // Harmless: the next start finds the volume's record and drops the intent then.
+            tracing::warn!(volume = %id, error = %crate::error::chain(&e), "clone intent not removed");
+        }
+    }
+
+    /// At start, after the volumes' records are loaded: an intent whose volume has a record is
+    /// done; one without names the file of a clone that died before its record, removed now.
+    pub(super) async fn finish_clone_intents(&self) -> Result<(), VolumeError> {
+        let (intents, _) = self.intents.load()?;
+        let map = self.inner.lock().await;
+        for intent in intents {
+            if !map.contains_key(&intent.id) {
+                match std::fs::remove_file(&intent.path) {
+                    Ok(()) => {
+                        tracing::warn!(volume = %intent.id, path = %intent.path.display(), "removed the backing file of an interrupted clone")
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(VolumeError::PrepareBackingFile {
+                            path: intent.path,
+                            source,
+                        })
+                    }
+                }
+            }
+            self.intents.remove(intent.id.as_str())?;
+        }
+        Ok(())
     }
 
     /// Reflinks `vol`'s backing file to `to` with the volume drained for the instant of the
@@ -265,12 +328,15 @@ fn reflink_file(from: &Path, to: &Path) -> Result<(), VolumeError> {
         .map_err(|source| reflink_error(dir, source))
         .and_then(|()| dst.sync_all().map_err(write_err))
         .and_then(|()| {
-            if to.exists() {
-                return Err(VolumeError::CloneTargetExists {
-                    path: to.to_owned(),
-                });
-            }
-            std::fs::rename(&tmp, to).map_err(write_err)
+            crate::sys::rename_noreplace(&tmp, to).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    VolumeError::CloneTargetExists {
+                        path: to.to_owned(),
+                    }
+                } else {
+                    write_err(e)
+                }
+            })
         })
         .and_then(|()| {
             File::open(dir)
