@@ -56,7 +56,6 @@ pub fn free_extents(size: u64, block: u64, windows: &[Extent]) -> Vec<Extent> {
 /// the file system's available bytes less what existing volumes there may still write into
 /// their sparse backing files.
 fn file_capacity(root: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeError> {
-    use std::os::unix::fs::MetadataExt;
     let (avail, total) =
         ublkd_dataplane::fs_space(root).map_err(|source| VolumeError::ReadCapacity {
             path: root.to_owned(),
@@ -66,13 +65,24 @@ fn file_capacity(root: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeEr
         .iter()
         .filter_map(|v| match &v.record.backend {
             BackendRecord::File { path, .. } if path.starts_with(root) => {
-                let written = std::fs::metadata(path).map_or(0, |m| m.blocks() * 512);
-                Some(v.record.size_bytes.saturating_sub(written))
+                Some(v.record.size_bytes.saturating_sub(owned_bytes(path)))
             }
             _ => None,
         })
         .sum();
     Ok((avail.saturating_sub(promised), total))
+}
+
+/// Bytes of a backing file that writing over needs no new space for: the extents it alone
+/// holds. Blocks shared by reflink with a snapshot, a clone or an origin are allocated anew
+/// when written, so they are still to be promised (issue 22, item 9). Without FIEMAP (tmpfs),
+/// nothing can be shared: the allocated blocks.
+fn owned_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(f) = std::fs::File::open(path) else {
+        return 0;
+    };
+    crate::sys::exclusive_bytes(&f).unwrap_or_else(|_| f.metadata().map_or(0, |m| m.blocks() * 512))
 }
 
 /// Capacity for RAM volumes: the RAM directory's size less every RAM volume's whole size (they

@@ -371,7 +371,13 @@ impl NodeService for Api {
         self.metered("GetCapacity", async {
             let req = req.into_inner();
             let volumes = self.volumes.list().await;
-            crate::capacity::capacity(&req, &volumes, &self.settings)
+            let settings = Arc::clone(&self.settings);
+            // statfs, FIEMAP and Identify block: never on the runtime's two threads.
+            tokio::task::spawn_blocking(move || {
+                crate::capacity::capacity(&req, &volumes, &settings)
+            })
+            .await
+            .map_err(|e| VolumeError::JoinVolumeTask(e.to_string()))?
         })
         .await
     }
