@@ -27,7 +27,8 @@ usage: cargo xtask <command>
 commands:
   test               host tests (cargo test --workspace), then the whole VM suite
   vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it,
-                     or a whole test file (e.g. daemon, dataplane, kernel, nvme, recovery)
+                     or a whole test file (e.g. daemon, dataplane, kernel, nvme, recovery);
+                     several, comma-separated, select the tests any of them selects
   vm-run [--timeout SECS] [--multipath] -- CMD...
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
   demo               boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio,
