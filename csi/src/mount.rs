@@ -98,16 +98,27 @@ pub fn dev_number(dev: &Path) -> Result<String, CsiError> {
     Ok(format!("{major}:{minor}"))
 }
 
+/// Runs blocking work (a command, a read of a device that may hang) without holding up the
+/// runtime: on the multi-threaded runtime the worker hands its other tasks on first, so two
+/// slow mkfs never stop the driver's probes and other calls. Plain calls elsewhere (tests).
+fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// Runs a command; its output on success, its stderr (or stdout) in the error otherwise.
 pub fn run(program: &str, args: &[&str]) -> Result<String, CsiError> {
     let shown = || format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| CsiError::Command {
+    let out = off_runtime(|| Command::new(program).args(args).output()).map_err(|e| {
+        CsiError::Command {
             command: shown(),
             output: e.to_string(),
-        })?;
+        }
+    })?;
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
@@ -128,6 +139,10 @@ const PROBE_BYTES: usize = 1 << 20;
 /// exits 2 both for "nothing found" and for "could not read", so its "nothing" counts only
 /// between two reads that succeeded: a device that cannot be read is never formatted.
 pub fn read_head(dev: &Path) -> Result<(), CsiError> {
+    off_runtime(|| read_head_now(dev))
+}
+
+fn read_head_now(dev: &Path) -> Result<(), CsiError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let unreadable = |source| CsiError::DeviceUnreadable {
@@ -164,13 +179,15 @@ pub fn read_head(dev: &Path) -> Result<(), CsiError> {
 /// read the device themselves around it ([`read_head`]).
 pub fn signature(dev: &Path) -> Result<Option<String>, CsiError> {
     let d = dev.to_string_lossy();
-    let out = Command::new("blkid")
-        .args(["-p", "-o", "value", "-s", "TYPE", &d])
-        .output()
-        .map_err(|e| CsiError::Command {
-            command: format!("blkid -p {d}"),
-            output: e.to_string(),
-        })?;
+    let out = off_runtime(|| {
+        Command::new("blkid")
+            .args(["-p", "-o", "value", "-s", "TYPE", &d])
+            .output()
+    })
+    .map_err(|e| CsiError::Command {
+        command: format!("blkid -p {d}"),
+        output: e.to_string(),
+    })?;
     match out.status.code() {
         Some(0) => {
             let t = String::from_utf8_lossy(&out.stdout).trim().to_owned();

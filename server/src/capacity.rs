@@ -108,6 +108,7 @@ fn ram_capacity(ram_dir: &Path, volumes: &[Volume]) -> Result<(u64, u64), Volume
 
 /// The namespace behind `device`: its size, block size and the extents no volume covers.
 fn nvme_capacity(device: &Path, volumes: &[Volume]) -> Result<(u64, Vec<Extent>), VolumeError> {
+    crate::hooks::delay_point_blocking("capacity:identify");
     let ns = ublkd_dataplane::identify_namespace(device)
         .map_err(|e| VolumeError::Dataplane(DataplaneError::from(e)))?;
     let real = std::fs::canonicalize(device).unwrap_or_else(|_| device.to_owned());

@@ -10,6 +10,7 @@ mod capacity;
 mod config;
 mod convert;
 mod error;
+mod hooks;
 mod metrics;
 mod registry;
 mod rpc_meter;

@@ -980,3 +980,50 @@ async fn nvme_volumes_over_ublkctl_and_grpc() -> Result<()> {
     }
     Ok(())
 }
+
+/// Blocking work never runs on ublkd's two runtime threads (issue 22, item 13): with NVMe
+/// Identify made to take 8 s (hook), two GetCapacity calls in flight do not stop `/healthz`,
+/// which the liveness probe reads; it answers while both are still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_while_slow_capacity_calls_run() -> Result<()> {
+    use std::io::{Read, Write};
+    let dir = guest::scratch("daemon-blocking")?;
+    let mut d = Daemon::new(&dir, 19623, "")?;
+    d.env = vec![("UBLKD_DELAY_POINT".into(), "capacity:identify:8000".into())];
+    d.start().await?;
+    let call = |mut node: v1::node_service_client::NodeServiceClient<tonic::transport::Channel>| async move {
+        let req = v1::GetCapacityRequest {
+            backend: Some(v1::get_capacity_request::Backend::Nvme(v1::NvmeCapacity {
+                device: "/dev/ng0n1".into(),
+            })),
+        };
+        Ok::<_, anyhow::Error>(node.get_capacity(req).await?.into_inner())
+    };
+    let a = tokio::spawn(call(d.node().await?));
+    let b = tokio::spawn(call(d.node().await?));
+    // Both calls reach their Identify first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let metrics = d.metrics.clone();
+    let health = tokio::task::spawn_blocking(move || -> Result<String> {
+        let mut s = std::net::TcpStream::connect(&metrics)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(s, "GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    })
+    .await??;
+    let pending = (!a.is_finished(), !b.is_finished());
+    println!("healthz answered with both capacity calls pending: {pending:?}");
+    ensure!(health.contains("200") && health.contains("ok"), "{health}");
+    ensure!(
+        pending == (true, true),
+        "/healthz waited for the blocking calls to finish ({pending:?})"
+    );
+    let (ca, cb) = (a.await??, b.await??);
+    ensure!(
+        ca.total_bytes > 0 && ca.total_bytes == cb.total_bytes,
+        "{ca:?} {cb:?}"
+    );
+    Ok(())
+}

@@ -287,21 +287,27 @@ impl Volumes {
             }
             fault_point("delete:after_device");
         }
+        // The backing file goes before the record: should its removal fail, the record (and
+        // the volume, with the reason) stays, and a retry of the delete finishes it.
+        if let (true, BackendRecord::File { path, .. }) = (delete_backing, &vol.record.backend) {
+            let p = path.clone();
+            // Unlinking a large file frees its extents: seconds, on the blocking pool.
+            let removed = blocking(move || match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(VolumeError::RemoveBackingFile { path: p, source: e })
+                }
+                _ => Ok(()),
+            })
+            .await;
+            if let Err(e) = removed {
+                self.set_state(id, State::Failed, &crate::error::chain(&e))
+                    .await;
+                return Err(e);
+            }
+        }
         self.registry.remove(id)?;
         self.inner.lock().await.remove(id);
         self.remove_ram_file(&vol.record);
-        if let (true, BackendRecord::File { path, .. }) = (delete_backing, &vol.record.backend) {
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(VolumeError::RemoveBackingFile {
-                        path: path.clone(),
-                        source,
-                    })
-                }
-            }
-        }
         Ok(true)
     }
 

@@ -13,6 +13,7 @@ mod snapshots;
 
 use crate::config::Settings;
 use crate::error::VolumeError;
+use crate::hooks::{delay_point, fault_point};
 use crate::registry::{BackendRecord, Registry, VolumeRecord};
 use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
@@ -68,37 +69,6 @@ pub struct Volumes {
     /// Each volume's operation lock, while anyone holds or waits for it.
     ops: std::sync::Mutex<HashMap<VolumeId, Weak<Mutex<()>>>>,
     pub recoveries: RecoveryStats,
-}
-
-/// Test hook: `UBLKD_FAULT_POINT=<point>` makes ublkd die (abort, no cleanup, as kill -9) when it
-/// reaches `<point>`, e.g. `create:after_device`. Used by the crash-consistency tests.
-fn fault_point(point: &str) {
-    if cfg!(feature = "test-hooks") && std::env::var("UBLKD_FAULT_POINT").is_ok_and(|p| p == point)
-    {
-        eprintln!("ublkd: fault point {point} reached: aborting");
-        std::process::abort();
-    }
-}
-
-/// Test hook: `UBLKD_DELAY_POINT=<point>:<ms>` makes a change wait `ms` milliseconds when it
-/// reaches `<point>`, e.g. `create:after_record` for a create slower than its caller's
-/// deadline. Used by the retry tests.
-async fn delay_point(point: &str) {
-    if !cfg!(feature = "test-hooks") {
-        return;
-    }
-    let Ok(spec) = std::env::var("UBLKD_DELAY_POINT") else {
-        return;
-    };
-    let Some((p, ms)) = spec.rsplit_once(':') else {
-        return;
-    };
-    if p == point {
-        if let Ok(ms) = ms.parse::<u64>() {
-            tracing::warn!(point, ms, "test hook: delaying");
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
-    }
 }
 
 /// Two records describe the same volume if everything but bookkeeping matches.

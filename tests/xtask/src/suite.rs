@@ -146,8 +146,10 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             .to_owned();
         for name in list_tests(&binary)? {
             // Several filters, comma-separated: a test that matches any of them.
-            let matches =
-                |f: &str| f.split(',').any(|f| !f.is_empty() && (name.contains(f) || file == f));
+            let matches = |f: &str| {
+                f.split(',')
+                    .any(|f| !f.is_empty() && (name.contains(f) || file == f))
+            };
             if filter.is_none_or(matches) {
                 cases.push(TestCase {
                     binary: binary.clone(),
