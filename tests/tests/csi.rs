@@ -916,6 +916,149 @@ async fn parallel_nvme_creates_get_disjoint_windows() -> Result<()> {
     Ok(())
 }
 
+/// A CSI call three times in parallel, then three times in sequence, as the sidecars and the
+/// kubelet retry on every timeout: each result is the one a single call gives, or ABORTED
+/// (operation pending) while a parallel twin runs; at least one parallel call succeeds. Returns
+/// the result.
+async fn thrice<T, F, Fut>(what: &str, call: F) -> Result<T>
+where
+    T: PartialEq + std::fmt::Debug,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let (a, b, c) = tokio::join!(call(), call(), call());
+    let mut oks = Vec::new();
+    for r in [a, b, c] {
+        match r {
+            Ok(r) => oks.push(r.into_inner()),
+            Err(e) if e.code() == tonic::Code::Aborted => {}
+            Err(e) => bail!("{what} in parallel: {e:?}"),
+        }
+    }
+    ensure!(!oks.is_empty(), "{what}: every parallel call was ABORTED");
+    let first = oks.remove(0);
+    for o in &oks {
+        ensure!(
+            *o == first,
+            "{what}: parallel results differ: {first:?} / {o:?}"
+        );
+    }
+    for i in 0..3 {
+        let again = call()
+            .await
+            .map_err(|e| anyhow::anyhow!("{what}, call {} in sequence: {e:?}", i + 1))?
+            .into_inner();
+        ensure!(
+            again == first,
+            "{what}: a retry answered {again:?}, not {first:?}"
+        );
+    }
+    Ok(first)
+}
+
+/// Every Controller and Node call of a volume's life, each repeated three times in parallel
+/// and three times in sequence, gives what one call gives (issue 22): idempotency is what keeps
+/// data safe when the provisioner and the kubelet retry. The data written stays through it all.
+#[tokio::test]
+async fn every_call_retried_thrice_in_parallel_and_in_sequence_is_one_call() -> Result<()> {
+    use kubelet::*;
+    use ublkd_csi::spec;
+    let pair = Pair::start("csi-retries", 9572, "node-a").await?;
+    let (ctl, node) = clients(&pair).await?;
+    let params = file_params(&pair.daemon.root, "ext4");
+    let cap = mount_cap("ext4");
+    let vol = thrice("CreateVolume", || {
+        let mut c = ctl.clone();
+        let r = create("pvc-retry", 64 * MIB, &params, cap.clone());
+        async move { c.create_volume(r).await }
+    })
+    .await?
+    .volume
+    .context("no volume")?;
+    let id = vol.volume_id.clone();
+    thrice("ValidateVolumeCapabilities", || {
+        let mut c = ctl.clone();
+        let r = spec::ValidateVolumeCapabilitiesRequest {
+            volume_id: id.clone(),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        };
+        async move { c.validate_volume_capabilities(r).await }
+    })
+    .await?;
+    let staging = pair.kubelet.join("plugins/ublkd.io/globalmount/pvc-retry");
+    let target = pair.kubelet.join("pods/r/volumes/pvc-retry");
+    std::fs::create_dir_all(&staging)?;
+    thrice("NodeStageVolume", || {
+        let mut n = node.clone();
+        let r = stage(&id, &staging, cap.clone());
+        async move { n.node_stage_volume(r).await }
+    })
+    .await?;
+    thrice("NodePublishVolume", || {
+        let mut n = node.clone();
+        let r = publish(&id, &staging, &target, cap.clone());
+        async move { n.node_publish_volume(r).await }
+    })
+    .await?;
+    guest::sh(&format!("echo kept > {}/f && sync", target.display()))?;
+    let grown = thrice("NodeExpandVolume", || {
+        let mut n = node.clone();
+        let r = spec::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            capacity_range: Some(spec::CapacityRange {
+                required_bytes: (96 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            secrets: Default::default(),
+        };
+        async move { n.node_expand_volume(r).await }
+    })
+    .await?;
+    ensure!(grown.capacity_bytes == (96 * MIB) as i64, "{grown:?}");
+    thrice("NodeUnpublishVolume", || {
+        let mut n = node.clone();
+        let r = unpublish(&id, &target);
+        async move { n.node_unpublish_volume(r).await }
+    })
+    .await?;
+    thrice("NodeUnstageVolume", || {
+        let mut n = node.clone();
+        let r = unstage(&id, &staging);
+        async move { n.node_unstage_volume(r).await }
+    })
+    .await?;
+    // Staged again, the data is there: no retry formatted or lost anything.
+    let (_, mut n) = clients(&pair).await?;
+    n.node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await?;
+    ensure!(
+        guest::sh(&format!("cat {}/f", staging.display()))?.trim() == "kept",
+        "the data survived every retry"
+    );
+    n.node_unstage_volume(unstage(&id, &staging)).await?;
+    thrice("DeleteVolume", || {
+        let mut c = ctl.clone();
+        let r = spec::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: Default::default(),
+        };
+        async move { c.delete_volume(r).await }
+    })
+    .await?;
+    ensure!(
+        !pair
+            .daemon
+            .ublkctl_ok(&["list-volumes", "--no-headers"])?
+            .contains("pvc-retry"),
+        "the volume is gone"
+    );
+    Ok(())
+}
+
 /// The external-provisioner retries CreateVolume after its timeout. A retry while the first
 /// create is still running must not answer OK (the first may yet fail, and the PV would name a
 /// volume that never existed): it answers ABORTED until the volume is READY, and once a call
