@@ -338,8 +338,18 @@ impl Controller for ControllerService {
         if req.volume_id.is_empty() {
             return Err(CsiError::MissingField("volume_id").into());
         }
+        // Only a backing file this driver had ublkd make goes with the volume; a static volume's
+        // file (made by an operator, create unset) is theirs and stays.
+        let made_here = crate::ublkd::is_volume_id(&req.volume_id)
+            && self
+                .ublkd
+                .get(&req.volume_id)
+                .await
+                .map_err(CsiError::from)?
+                .and_then(|v| v.spec?.backend)
+                .is_some_and(|b| matches!(b, v1::volume_spec::Backend::File(f) if f.create));
         self.ublkd
-            .delete(&req.volume_id)
+            .delete(&req.volume_id, made_here)
             .await
             .map_err(CsiError::from)?;
         tracing::info!(volume = %req.volume_id, "volume deleted");

@@ -62,7 +62,8 @@ impl NodeService {
         }
         let p = PathBuf::from(raw);
         let clean = p.is_absolute() && !p.components().any(|c| c == Component::ParentDir);
-        if !clean || !p.starts_with(&self.kubelet_dir) {
+        // Strictly below it: the kubelet directory itself is never a volume's path.
+        if !clean || !p.starts_with(&self.kubelet_dir) || p == self.kubelet_dir {
             return Err(CsiError::PathOutsideKubelet {
                 path: p,
                 kubelet: self.kubelet_dir.clone(),
@@ -286,7 +287,7 @@ impl NodeService {
         if req.volume_path.is_empty() {
             return Err(CsiError::MissingField("volume_path"));
         }
-        let path = PathBuf::from(&req.volume_path);
+        let path = self.path(&req.volume_path, "volume_path")?;
         if !path.exists() {
             return Err(CsiError::PathMissing(path));
         }
@@ -342,7 +343,7 @@ impl NodeService {
         if req.volume_path.is_empty() {
             return Err(CsiError::MissingField("volume_path"));
         }
-        let path = PathBuf::from(&req.volume_path);
+        let path = self.path(&req.volume_path, "volume_path")?;
         let _busy = self.begin(&req.volume_id)?;
         let (v, dev) = self.device(&req.volume_id).await?;
         if !path.exists() {
@@ -350,7 +351,12 @@ impl NodeService {
         }
         let spec = v.spec.unwrap_or_default();
         let block = u64::from(spec.block_size.unwrap_or(4096));
-        let size = crate::controller::size_for(req.capacity_range.as_ref(), block)?;
+        // Without a range the volume keeps its size (the file system grows to the device),
+        // never the size a new volume would get.
+        let size = match req.capacity_range.as_ref() {
+            None => spec.size_bytes,
+            Some(r) => crate::controller::size_for(Some(r), block)?,
+        };
         let size = if size > spec.size_bytes {
             self.ublkd.resize(&req.volume_id, size).await?;
             size

@@ -120,14 +120,16 @@ impl Ublkd {
     }
 
     /// Deletes volume `id` and a file volume's backing file; an absent volume is no error.
-    pub async fn delete(&self, id: &str) -> Result<(), UblkdError> {
+    /// Deletes volume `id` (a missing one is done), with its backing file when
+    /// `delete_backing`.
+    pub async fn delete(&self, id: &str, delete_backing: bool) -> Result<(), UblkdError> {
         if !is_volume_id(id) {
             return Ok(());
         }
         let req = self.request(v1::DeleteVolumeRequest {
             id: id.into(),
             allow_missing: true,
-            delete_backing: true,
+            delete_backing,
         });
         self.volumes().await?.delete_volume(req).await?;
         Ok(())

@@ -315,6 +315,19 @@ async fn fstrim_on_a_throttled_volume_is_not_held_by_its_write_limit() -> Result
         "the throttle held {} request(s) of the trim",
         held(&after) - held(&before)
     );
+    // The trim put the volume in no debt: a small write right after it is not held either
+    // (charged by length, 100 MiB of discards would hold it for 100 s at 1 MiB/s).
+    guest::sh(&format!(
+        "timeout 60 dd if=/dev/zero of={m}/after bs=4k count=1 oflag=direct,sync status=none",
+        m = mnt.display()
+    ))
+    .context("a write after the trim")?;
+    let written = volume_stats(&mut c, "q-trim").await?;
+    println!("throttled requests after a write: {}", held(&written));
+    ensure!(
+        held(&written) == held(&before),
+        "the write after the trim waited for the limit: the trim left the volume in debt"
+    );
     guest::sh(&format!("umount {}", mnt.display()))?;
     c.delete_volume(v1::DeleteVolumeRequest {
         id: "q-trim".into(),

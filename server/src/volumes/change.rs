@@ -50,7 +50,7 @@ impl Volumes {
             }
             if let BackendRecord::File { path, .. } = &record.backend {
                 if let Some(other) = map.values().find(
-                    |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if p == path),
+                    |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),
                 ) {
                     return Err(VolumeError::AdmitBackingInUse {
                         path: path.clone(),
@@ -416,6 +416,19 @@ impl Volumes {
 
 /// Makes a file volume's backing file hold at least `size` bytes (only a file ublkd may size:
 /// one created with `create`).
+/// The same file, whatever path names it: equal paths, or one device and inode (a hard link,
+/// a bind mount).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if a == b {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
 fn grow_backing_file(path: &std::path::Path, create: bool, size: u64) -> Result<(), VolumeError> {
     let io = |source| VolumeError::PrepareBackingFile {
         path: path.to_owned(),
@@ -452,5 +465,28 @@ fn held_elsewhere(dev: &std::path::Path) -> bool {
     {
         Ok(_) => false,
         Err(e) => e.raw_os_error() == Some(libc::EBUSY),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// Two records may not share a backing file under two names (issue 22, item 14).
+    #[test]
+    fn a_hard_link_is_the_same_backing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            dir.path().join("a.img"),
+            dir.path().join("b.img"),
+            dir.path().join("c.img"),
+        );
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::hard_link(&a, &b).unwrap();
+        std::fs::write(&c, b"x").unwrap();
+        assert!(super::same_file(&a, &a));
+        assert!(super::same_file(&a, &b), "a hard link names the same file");
+        assert!(!super::same_file(&a, &c));
+        assert!(!super::same_file(&a, &dir.path().join("missing.img")));
     }
 }
