@@ -586,6 +586,17 @@ async fn a_failed_neighbours_nvme_window_is_never_taken() -> Result<()> {
     Ok(())
 }
 
+/// The process whose mount namespace holds a mount: killed (and the mount with it) when dropped,
+/// also when the test fails half way.
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill(); // It may have exited already; wait() reaps it either way.
+        let _ = self.0.wait(); // Nothing to report about a sleep that was killed.
+    }
+}
+
 /// Deleting a volume whose device is not being served (its takeover failed after a kill -9)
 /// still checks the kernel device for holders (issue 22, item 5): while another mount
 /// namespace has it mounted the delete is FAILED_PRECONDITION and the backing file and mount
@@ -605,17 +616,19 @@ async fn a_volume_not_served_is_not_deleted_from_under_its_mount() -> Result<()>
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt)?;
     // Read-only without the journal: unmounting it later writes nothing to the device.
-    let mut holder = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(format!(
-            "mount -t ext4 -o ro,noload {dev} {m} && echo mounted && exec sleep 600",
-            m = mnt.display()
-        ))
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let mut holder = Holder(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount -t ext4 -o ro,noload {dev} {m} && echo mounted && exec sleep 600",
+                m = mnt.display()
+            ))
+            .stdout(Stdio::piped())
+            .spawn()?,
+    );
     {
         use std::io::BufRead;
-        let out = holder.stdout.take().context("holder stdout")?;
+        let out = holder.0.stdout.take().context("holder stdout")?;
         let mut line = String::new();
         std::io::BufReader::new(out).read_line(&mut line)?;
         ensure!(
@@ -623,7 +636,7 @@ async fn a_volume_not_served_is_not_deleted_from_under_its_mount() -> Result<()>
             "the other namespace did not mount: {line:?}"
         );
     }
-    let holder_pid = holder.id();
+    let holder_pid = holder.0.id();
     d.stop_with(9)?;
     d.env = vec![(
         "UBLKD_TEST_FAULTS".into(),
@@ -664,8 +677,7 @@ async fn a_volume_not_served_is_not_deleted_from_under_its_mount() -> Result<()>
         mounts.contains(&mnt.display().to_string()),
         "the other namespace's mount is still there"
     );
-    let _ = holder.kill(); // The mount goes with its namespace; wait() reaps either way.
-    let _ = holder.wait(); // Reaped; nothing to report if it had exited.
+    drop(holder);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match c.delete_volume(delete()).await {
