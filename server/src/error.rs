@@ -36,14 +36,14 @@ pub enum VolumeError {
     #[error("backing file {} is in use by volume {by:?}", path.display())]
     AdmitBackingInUse { path: PathBuf, by: VolumeId },
     #[error(
-        "NVMe window {start}+{len} of {} overlaps volume {by:?}'s window (whatever its state, a \
-         volume's record owns its blocks)",
+        "bytes {start}..{end} of {} are already used by volume {by:?} (its record owns them, \
+         whatever its state)",
         device.display()
     )]
     AdmitWindowOverlap {
         device: PathBuf,
         start: u64,
-        len: u64,
+        end: u64,
         by: VolumeId,
     },
     #[error("no free extent of {} holds a window of {len} bytes", device.display())]

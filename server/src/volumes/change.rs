@@ -129,8 +129,13 @@ impl Volumes {
         match crate::windows::overlap(&claims, *offset, *length) {
             Some(c) => Err(VolumeError::AdmitWindowOverlap {
                 device: device.clone(),
-                start: *offset,
-                len: *length,
+                start: c.start.max(*offset),
+                end: match (c.end, *length) {
+                    (Some(e), 0) => e,
+                    (Some(e), len) => e.min(offset.saturating_add(len)),
+                    (None, 0) => u64::MAX,
+                    (None, len) => offset.saturating_add(len),
+                },
                 by: c.id.clone(),
             }),
             None => Ok(()),
