@@ -287,10 +287,12 @@ impl NodeService {
         if req.volume_path.is_empty() {
             return Err(CsiError::MissingField("volume_path"));
         }
-        let path = self.path(&req.volume_path, "volume_path")?;
+        let path = PathBuf::from(&req.volume_path);
         if !path.exists() {
             return Err(CsiError::PathMissing(path));
         }
+        // As for expand: confined once it is known to exist.
+        let path = self.path(&req.volume_path, "volume_path")?;
         let v = self
             .ublkd
             .get(&req.volume_id)
@@ -343,12 +345,15 @@ impl NodeService {
         if req.volume_path.is_empty() {
             return Err(CsiError::MissingField("volume_path"));
         }
-        let path = self.path(&req.volume_path, "volume_path")?;
+        let path = PathBuf::from(&req.volume_path);
         let _busy = self.begin(&req.volume_id)?;
         let (v, dev) = self.device(&req.volume_id).await?;
         if !path.exists() {
             return Err(CsiError::PathMissing(path));
         }
+        // An existing path must lie under the kubelet directory (a missing one is NOT_FOUND
+        // first, as the spec and csi-sanity expect).
+        let path = self.path(&req.volume_path, "volume_path")?;
         let spec = v.spec.unwrap_or_default();
         let block = u64::from(spec.block_size.unwrap_or(4096));
         // Without a range the volume keeps its size (the file system grows to the device),
