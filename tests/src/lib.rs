@@ -517,6 +517,17 @@ pub mod daemon {
         }
 
         /// Fetches /metrics.
+        /// The kernel's ublk devices that no volume of this ublkd owns (NodeInfo.orphans).
+        pub async fn orphans(&self) -> Result<Vec<ublkd_proto::v1::OrphanDevice>> {
+            Ok(self
+                .node()
+                .await?
+                .get_node_info(ublkd_proto::v1::GetNodeInfoRequest {})
+                .await?
+                .into_inner()
+                .orphans)
+        }
+
         pub fn scrape(&self) -> Result<String> {
             use std::io::{Read, Write};
             let mut s = std::net::TcpStream::connect(&self.metrics)?;

@@ -500,13 +500,17 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
     let umask = unit_value(&root.root, "UMask")?.context("the unit sets no UMask")?;
     std::fs::create_dir_all(root.path("/run/ublkd"))?;
     std::fs::create_dir_all(root.path("/var/lib/ublkd"))?;
-    let mut cmd = Command::new("chroot");
-    cmd.arg(format!("--userspec=0:{gid}"))
-        .arg(&root.root)
-        .args(["/bin/sh", "-c", &format!("umask {umask} && exec {exec}")])
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    let ublkd = Ublkd::start(&root, cmd, dir.join("ublkd.log"))?;
+    // As systemd runs the unit: root in the ublkd group, its umask, a clean environment.
+    let unit_command = || {
+        let mut cmd = Command::new("chroot");
+        cmd.arg(format!("--userspec=0:{gid}"))
+            .arg(&root.root)
+            .args(["/bin/sh", "-c", &format!("umask {umask} && exec {exec}")])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        cmd
+    };
+    let ublkd = Ublkd::start(&root, unit_command(), dir.join("ublkd.log"))?;
 
     // The socket belongs to the ublkd group: a member who is not root may use ublkctl, others
     // may not.
@@ -602,13 +606,7 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
         "the configuration has no commented grpc listen line"
     );
     std::fs::write(&conf, edited)?;
-    let mut cmd = Command::new("chroot");
-    cmd.arg(format!("--userspec=0:{gid}"))
-        .arg(&root.root)
-        .args(["/bin/sh", "-c", &format!("umask {umask} && exec {exec}")])
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    let ublkd = Ublkd::start_at(&root, cmd, dir.join("ublkd-moved.log"), moved)?;
+    let ublkd = Ublkd::start_at(&root, unit_command(), dir.join("ublkd-moved.log"), moved)?;
     let remove = dpkg(&["-r", "ublkd"])?;
     let said = text(&remove);
     ensure!(

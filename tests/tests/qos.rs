@@ -407,12 +407,7 @@ async fn a_volume_deep_in_qos_debt_is_deleted_and_nothing_is_left() -> Result<()
         std::path::Path::new(&dev),
         std::time::Duration::from_secs(10),
     )?;
-    let node = d
-        .node()
-        .await?
-        .get_node_info(v1::GetNodeInfoRequest {})
-        .await?
-        .into_inner();
-    ensure!(node.orphans.is_empty(), "devices left: {:?}", node.orphans);
+    let orphans = d.orphans().await?;
+    ensure!(orphans.is_empty(), "devices left: {orphans:?}");
     Ok(())
 }

@@ -695,12 +695,7 @@ async fn a_volume_not_served_is_not_deleted_from_under_its_mount() -> Result<()>
     }
     ensure!(!backing.exists(), "the backing file was removed");
     guest::wait_gone(Path::new(&dev), Duration::from_secs(10))?;
-    let node = d
-        .node()
-        .await?
-        .get_node_info(v1::GetNodeInfoRequest {})
-        .await?
-        .into_inner();
-    ensure!(node.orphans.is_empty(), "devices left: {:?}", node.orphans);
+    let orphans = d.orphans().await?;
+    ensure!(orphans.is_empty(), "devices left: {orphans:?}");
     Ok(())
 }

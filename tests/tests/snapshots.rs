@@ -378,6 +378,36 @@ async fn a_drain_that_is_never_confirmed_fails_the_snapshot_and_resumes_the_volu
     Ok(())
 }
 
+/// Deletes `volumes` (with their files) and `snapshots`, stops ublkd cleanly and takes the loop
+/// file system `fs` at its root away.
+async fn tear_down(
+    d: &mut Daemon,
+    c: &mut Client,
+    volumes: &[&str],
+    snapshots: &[&str],
+    fs: &str,
+) -> Result<()> {
+    for id in volumes {
+        c.delete_volume(v1::DeleteVolumeRequest {
+            id: (*id).into(),
+            delete_backing: true,
+            ..Default::default()
+        })
+        .await?;
+    }
+    for id in snapshots {
+        c.delete_snapshot(v1::DeleteSnapshotRequest {
+            id: (*id).into(),
+            ..Default::default()
+        })
+        .await?;
+    }
+    let st = d.stop_with(libc::SIGTERM)?;
+    ensure!(st.success(), "clean exit: {st}\n{}", d.log());
+    guest::sh(&format!("umount {}; losetup -d {fs}", d.root.display()))?;
+    Ok(())
+}
+
 /// Until ublkd, which a fault point aborted, has exited.
 async fn wait_exit(d: &mut Daemon) -> Result<()> {
     let deadline = Instant::now() + std::time::Duration::from_secs(10);
@@ -481,23 +511,7 @@ async fn a_snapshot_or_clone_killed_before_its_record_is_retried_and_leaves_no_f
         "./v.img".to_owned(),
     ];
     ensure!(left == expected, "stray files: {left:?}");
-    for id in ["c", "v"] {
-        c.delete_volume(v1::DeleteVolumeRequest {
-            id: id.into(),
-            delete_backing: true,
-            ..Default::default()
-        })
-        .await?;
-    }
-    c.delete_snapshot(v1::DeleteSnapshotRequest {
-        id: "s1".into(),
-        ..Default::default()
-    })
-    .await?;
-    let st = d.stop_with(libc::SIGTERM)?;
-    ensure!(st.success(), "clean exit: {st}\n{}", d.log());
-    guest::sh(&format!("umount {}; losetup -d {fs}", d.root.display()))?;
-    Ok(())
+    tear_down(&mut d, &mut c, &["c", "v"], &["s1"], &fs).await
 }
 
 /// What GetCapacity says is available under `root`.
@@ -574,21 +588,5 @@ async fn capacity_counts_blocks_shared_with_snapshots_and_clones() -> Result<()>
         mib(after_clone),
         mib(after_snapshot)
     );
-    for id in ["c", "v"] {
-        c.delete_volume(v1::DeleteVolumeRequest {
-            id: id.into(),
-            delete_backing: true,
-            ..Default::default()
-        })
-        .await?;
-    }
-    c.delete_snapshot(v1::DeleteSnapshotRequest {
-        id: "s".into(),
-        ..Default::default()
-    })
-    .await?;
-    let st = d.stop_with(libc::SIGTERM)?;
-    ensure!(st.success(), "clean exit: {st}\n{}", d.log());
-    guest::sh(&format!("umount {}; losetup -d {fs}", d.root.display()))?;
-    Ok(())
+    tear_down(&mut d, &mut c, &["c", "v"], &["s"], &fs).await
 }

@@ -100,6 +100,17 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "ublkd-csi-provisioner",
         &["name: ublkd-csi-node"],
     ),
+    // Its pod's owner, for capacity objects, is read in its own namespace only.
+    (
+        "Role",
+        "ublkd-csi-provisioner-owner",
+        &["daemonsets", "namespace: ublkd-system"],
+    ),
+    (
+        "RoleBinding",
+        "ublkd-csi-provisioner-owner",
+        &["name: ublkd-csi-node", "kind: Role"],
+    ),
     (
         "ClusterRoleBinding",
         "ublkd-csi-resizer",
