@@ -51,7 +51,7 @@ pub enum CsiError {
     PublishedElsewhere { id: String, path: PathBuf },
     #[error("{} already has {device} mounted, not this volume", path.display())]
     PathTaken { path: PathBuf, device: String },
-    #[error("cannot read {}: {source}; nothing was written to it", device.display())]
+    #[error("cannot read {} (nothing was written to it)", device.display())]
     DeviceUnreadable {
         device: PathBuf,
         #[source]

@@ -185,6 +185,9 @@ impl Volumes {
         // A new volume: an NVMe window's earlier content is erased before its device appears.
         match self.bring_up(record, true).await {
             Ok(info) => {
+                if let Some(how) = info.erased {
+                    tracing::info!(volume = %record.id, erase = how.name(), "earlier content of the window erased before use");
+                }
                 fault_point("create:after_device");
                 record.dev_id = Some(info.dev_id);
                 self.registry.put(record)?;
