@@ -7,6 +7,7 @@
 
 mod apt;
 mod bench;
+mod compare;
 mod cpio;
 mod deb;
 mod deploy;
@@ -36,6 +37,10 @@ commands:
   image [--check]    build the container image (OCI layout, no daemon, no base pulled):
                      target/image/ublkd-oci.tar; --check builds it twice and compares digests
   deb                build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb
+  compare [--runtime S] REV REV...
+                     ublkd at several commits (or `work`, the working tree) against each other
+                     in one boot: fio 4 KiB QD32 on a null volume, builds interleaved;
+                     target/compare/results.json
   prepare            fetch the kernel and build the initramfs (what the others do first)
   manifests          render deploy/kubernetes and every overlay under deploy/overlays with
                      kubectl kustomize and check them (a part of test's host tests)
@@ -78,6 +83,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         Some("vm-run") => vm_run(&ws, &args[1..]),
         Some("demo") => demo(&ws),
         Some("bench") => bench::run(&ws),
+        Some("compare") => compare::run(&ws, &args[1..]),
         Some("deb") => {
             deb::run(&ws)?;
             Ok(ExitCode::SUCCESS)
