@@ -9,49 +9,6 @@ use std::path::Path;
 use ublkd_dataplane::DataplaneError;
 use ublkd_proto::v1;
 
-/// A byte range of a namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Extent {
-    pub offset: u64,
-    pub len: u64,
-}
-
-/// The ranges of `0..size` that no window covers, each cut to whole blocks of `block` bytes
-/// (a window's edges may fall mid-block only if its volume was made unchecked). Windows of
-/// length 0 reach the end.
-pub fn free_extents(size: u64, block: u64, windows: &[Extent]) -> Vec<Extent> {
-    let block = block.max(1);
-    let mut used: Vec<(u64, u64)> = windows
-        .iter()
-        .map(|w| {
-            let end = if w.len == 0 {
-                size
-            } else {
-                w.offset.saturating_add(w.len).min(size)
-            };
-            (w.offset.min(size), end)
-        })
-        .filter(|(a, b)| a < b)
-        .collect();
-    used.sort_unstable();
-    let mut free = Vec::new();
-    let mut at = 0u64;
-    for (a, b) in used.into_iter().chain([(size, size)]) {
-        if a > at {
-            let start = at.next_multiple_of(block);
-            let end = a - a % block;
-            if end > start {
-                free.push(Extent {
-                    offset: start,
-                    len: end - start,
-                });
-            }
-        }
-        at = at.max(b);
-    }
-    free
-}
-
 /// Capacity for a file backend under `root` (already resolved inside the allowed roots):
 /// the file system's available bytes less what existing volumes there may still write into
 /// their sparse backing files.
@@ -107,29 +64,18 @@ fn ram_capacity(ram_dir: &Path, volumes: &[Volume]) -> Result<(u64, u64), Volume
 }
 
 /// The namespace behind `device`: its size, block size and the extents no volume covers.
-fn nvme_capacity(device: &Path, volumes: &[Volume]) -> Result<(u64, Vec<Extent>), VolumeError> {
+fn nvme_capacity(
+    device: &Path,
+    volumes: &[Volume],
+) -> Result<(u64, Vec<crate::windows::Extent>), VolumeError> {
     crate::hooks::delay_point_blocking("capacity:identify");
     let ns = ublkd_dataplane::identify_namespace(device)
         .map_err(|e| VolumeError::Dataplane(DataplaneError::from(e)))?;
-    let real = std::fs::canonicalize(device).unwrap_or_else(|_| device.to_owned());
-    let windows: Vec<Extent> = volumes
-        .iter()
-        .filter_map(|v| match &v.record.backend {
-            BackendRecord::Nvme {
-                device: d,
-                offset,
-                length,
-                ..
-            } if std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()) == real => Some(Extent {
-                offset: *offset,
-                len: *length,
-            }),
-            _ => None,
-        })
-        .collect();
+    let records = volumes.iter().map(|v| &v.record);
+    let claims = crate::windows::claims(device, records, None);
     Ok((
         ns.size_bytes,
-        free_extents(ns.size_bytes, u64::from(ns.block_size), &windows),
+        crate::windows::free(&claims, ns.size_bytes, u64::from(ns.block_size)),
     ))
 }
 
@@ -185,32 +131,6 @@ pub fn capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn x(offset: u64, len: u64) -> Extent {
-        Extent { offset, len }
-    }
-
-    #[test]
-    fn free_extents_are_the_gaps_between_windows_in_whole_blocks() {
-        assert_eq!(free_extents(100, 1, &[]), vec![x(0, 100)]);
-        assert_eq!(
-            free_extents(100, 1, &[x(10, 20), x(50, 10)]),
-            vec![x(0, 10), x(30, 20), x(60, 40)]
-        );
-        // Overlapping and unsorted windows, one reaching the end (length 0).
-        assert_eq!(
-            free_extents(100, 1, &[x(70, 0), x(20, 30), x(10, 20)]),
-            vec![x(0, 10), x(50, 20)]
-        );
-        // Whole blocks only.
-        assert_eq!(
-            free_extents(4096 * 4, 4096, &[x(4096, 100)]),
-            vec![x(0, 4096), x(8192, 8192)]
-        );
-        // Full, and windows past the end.
-        assert!(free_extents(100, 1, &[x(0, 0)]).is_empty());
-        assert_eq!(free_extents(100, 1, &[x(200, 10)]), vec![x(0, 100)]);
-    }
 
     fn file_volume(id: &str, path: &Path, size: u64) -> Volume {
         Volume {

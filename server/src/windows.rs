@@ -3,10 +3,52 @@
 //! where a new window goes when ublkd places it. Pure functions over the records; the volume
 //! manager calls them under its map lock, so two creates never take the same extent.
 
-use crate::capacity::{free_extents, Extent};
 use crate::registry::{BackendRecord, VolumeRecord};
 use crate::volume_id::VolumeId;
 use std::path::{Path, PathBuf};
+
+/// A byte range of a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// The ranges of `0..size` that no window covers, each cut to whole blocks of `block` bytes
+/// (a window's edges may fall mid-block only if its volume was made unchecked). Windows of
+/// length 0 reach the end.
+pub fn free_extents(size: u64, block: u64, windows: &[Extent]) -> Vec<Extent> {
+    let block = block.max(1);
+    let mut used: Vec<(u64, u64)> = windows
+        .iter()
+        .map(|w| {
+            let end = if w.len == 0 {
+                size
+            } else {
+                w.offset.saturating_add(w.len).min(size)
+            };
+            (w.offset.min(size), end)
+        })
+        .filter(|(a, b)| a < b)
+        .collect();
+    used.sort_unstable();
+    let mut free = Vec::new();
+    let mut at = 0u64;
+    for (a, b) in used.into_iter().chain([(size, size)]) {
+        if a > at {
+            let start = at.next_multiple_of(block);
+            let end = a - a % block;
+            if end > start {
+                free.push(Extent {
+                    offset: start,
+                    len: end - start,
+                });
+            }
+        }
+        at = at.max(b);
+    }
+    free
+}
 
 /// One record's claim on a namespace: `[start, end)`, `end` None reaching the namespace's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,14 +71,14 @@ pub fn same_device(a: &Path, b: &Path) -> bool {
     a == b || real(a) == real(b)
 }
 
-/// The windows the records other than `except` claim on `device`.
+/// The windows the records (other than `except`) claim on `device`.
 pub fn claims<'a>(
     device: &Path,
     records: impl Iterator<Item = &'a VolumeRecord>,
-    except: &VolumeId,
+    except: Option<&VolumeId>,
 ) -> Vec<Claim> {
     records
-        .filter(|r| &r.id != except)
+        .filter(|r| Some(&r.id) != except)
         .filter_map(|r| match &r.backend {
             BackendRecord::Nvme {
                 device: d,
@@ -59,9 +101,9 @@ pub fn overlap(claims: &[Claim], start: u64, len: u64) -> Option<&Claim> {
     claims.iter().find(|c| c.overlaps(start, end))
 }
 
-/// Where a window of `len` bytes goes on a namespace of `ns_bytes` in blocks of `block`: the
-/// first extent no claim covers that holds it.
-pub fn place(claims: &[Claim], ns_bytes: u64, block: u64, len: u64) -> Option<u64> {
+/// The extents of a namespace of `ns_bytes` in blocks of `block` that no claim covers: what
+/// GetCapacity reports, and where new windows go.
+pub fn free(claims: &[Claim], ns_bytes: u64, block: u64) -> Vec<Extent> {
     let used: Vec<Extent> = claims
         .iter()
         .map(|c| Extent {
@@ -70,6 +112,11 @@ pub fn place(claims: &[Claim], ns_bytes: u64, block: u64, len: u64) -> Option<u6
         })
         .collect();
     free_extents(ns_bytes, block, &used)
+}
+
+/// Where a window of `len` bytes goes: the first free extent that holds it.
+pub fn place(claims: &[Claim], ns_bytes: u64, block: u64, len: u64) -> Option<u64> {
+    free(claims, ns_bytes, block)
         .into_iter()
         .find(|e| e.len >= len)
         .map(|e| e.offset)
@@ -86,6 +133,32 @@ pub fn nvme_device(r: &VolumeRecord) -> Option<&PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn x(offset: u64, len: u64) -> Extent {
+        Extent { offset, len }
+    }
+
+    #[test]
+    fn free_extents_are_the_gaps_between_windows_in_whole_blocks() {
+        assert_eq!(free_extents(100, 1, &[]), vec![x(0, 100)]);
+        assert_eq!(
+            free_extents(100, 1, &[x(10, 20), x(50, 10)]),
+            vec![x(0, 10), x(30, 20), x(60, 40)]
+        );
+        // Overlapping and unsorted windows, one reaching the end (length 0).
+        assert_eq!(
+            free_extents(100, 1, &[x(70, 0), x(20, 30), x(10, 20)]),
+            vec![x(0, 10), x(50, 20)]
+        );
+        // Whole blocks only.
+        assert_eq!(
+            free_extents(4096 * 4, 4096, &[x(4096, 100)]),
+            vec![x(0, 4096), x(8192, 8192)]
+        );
+        // Full, and windows past the end.
+        assert!(free_extents(100, 1, &[x(0, 0)]).is_empty());
+        assert_eq!(free_extents(100, 1, &[x(200, 10)]), vec![x(0, 100)]);
+    }
 
     fn rec(id: &str, offset: u64, length: u64) -> VolumeRecord {
         VolumeRecord {
@@ -122,7 +195,7 @@ mod tests {
             rec("c", 96 * M, 0),
         ];
         let me = VolumeId::parse("new").unwrap();
-        let cl = claims(Path::new("/dev/ng9n9"), records.iter(), &me);
+        let cl = claims(Path::new("/dev/ng9n9"), records.iter(), Some(&me));
         assert_eq!(cl.len(), 3);
         assert_eq!(
             overlap(&cl, 8 * M, 16 * M).map(|c| c.id.to_string()),
@@ -147,9 +220,9 @@ mod tests {
         assert_eq!(place(&cl, 256 * M, 4096, 49 * M), None, "c reaches the end");
         // A record does not collide with itself (a resize of it).
         let a = VolumeId::parse("a").unwrap();
-        let others = claims(Path::new("/dev/ng9n9"), records.iter(), &a);
+        let others = claims(Path::new("/dev/ng9n9"), records.iter(), Some(&a));
         assert_eq!(overlap(&others, 0, 32 * M), None);
         // Another namespace's windows do not count.
-        assert!(claims(Path::new("/dev/ng8n8"), records.iter(), &me).is_empty());
+        assert!(claims(Path::new("/dev/ng8n8"), records.iter(), Some(&me)).is_empty());
     }
 }

@@ -112,7 +112,7 @@ impl Volumes {
         else {
             return Ok(());
         };
-        let claims = crate::windows::claims(device, map.values().map(|v| &v.record), &id);
+        let claims = crate::windows::claims(device, map.values().map(|v| &v.record), Some(&id));
         if let Some(ns) = namespace {
             let block = u64::from(ns.block_size.max(1));
             let len = if *length == 0 { size } else { *length }.next_multiple_of(block);
