@@ -9,7 +9,7 @@
 //! node too (csi-snapshotter `--node-deployment`); only ControllerModifyVolume comes from a
 //! central sidecar, the csi-resizer, whose driver reaches the nodes' ublkd remotely (`modify`).
 
-/// The CSI v1 spec, compiled from the vendored `proto/csi/v1/csi.proto`.
+/// The CSI v1 wire format, compiled from the project's own declaration `proto/csi_v1.proto`.
 pub mod spec {
     #![allow(missing_docs, clippy::all, missing_debug_implementations)]
     tonic::include_proto!("csi.v1");
