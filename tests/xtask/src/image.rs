@@ -29,6 +29,8 @@ const MODULES: &[&str] = &[
     "ext4",
     // The CSI driver makes and grows xfs as well as ext4.
     "xfs",
+    // The writable root of the Kubernetes tier (`ublkd.overlay=1`).
+    "overlay",
 ];
 const RESOLVE_EVERY: Duration = Duration::from_secs(7 * 24 * 3600);
 const INIT: &str = include_str!("init.sh");

@@ -2,8 +2,10 @@
 # shellcheck shell=sh
 # /init of the ublkd test VM. Loads the kernel modules the tests need (with their parameters from
 # the kernel command line, which busybox insmod does not read by itself), mounts the host's root
-# read-only over 9p, mounts the run directory writable at its own host path, chroots and runs the
-# command, records its exit status and powers off.
+# read-only over 9p (with `ublkd.overlay=1`, under a tmpfs overlay instead, so that the guest may
+# write anywhere: the Kubernetes tier installs nothing on the host), mounts the run directory
+# writable at its own host path, chroots and runs the command, records its exit status and powers
+# off.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -26,10 +28,12 @@ for m in $(cat /modules.order); do
     insmod "/lib/modules/$m" $params || echo "ublkd-vm: insmod $m failed"
 done
 run_dir=""
+overlay=0
 # shellcheck disable=SC2013 # the words of the kernel command line, as above
 for word in $(cat /proc/cmdline); do
     case "$word" in
         ublkd.run=*) run_dir="${word#ublkd.run=}" ;;
+        ublkd.overlay=1) overlay=1 ;;
     esac
 done
 
@@ -43,7 +47,15 @@ fail() {
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
 mkdir -p /newroot
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot || fail "cannot mount host root"
+if [ "$overlay" = 1 ]; then
+    mkdir -p /lower /rw
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /lower || fail "cannot mount host root"
+    mount -t tmpfs -o mode=0755 rw /rw || fail "cannot mount the overlay's tmpfs"
+    mkdir -p /rw/upper /rw/work
+    mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work root /newroot || fail "cannot mount the writable root overlay"
+else
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot || fail "cannot mount host root"
+fi
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev

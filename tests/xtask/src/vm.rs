@@ -69,6 +69,8 @@ pub struct Vm {
     echo: bool,
     accel: Option<String>,
     multipath: bool,
+    writable_root: bool,
+    memory_mib: u32,
 }
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -91,6 +93,8 @@ impl Vm {
             echo: std::env::var("UBLKD_VM_VERBOSE").is_ok_and(|v| v == "1"),
             accel: None,
             multipath: false,
+            writable_root: false,
+            memory_mib: 4096,
         })
     }
 
@@ -112,6 +116,19 @@ impl Vm {
     /// devices by serial run in such a boot.
     pub fn multipath(mut self, on: bool) -> Self {
         self.multipath = on;
+        self
+    }
+
+    /// The host root under a tmpfs overlay, so the guest may write anywhere (the Kubernetes
+    /// tier: containerd, the kubelet and etcd keep their state where they expect it). Writes stay
+    /// in the guest's memory and go with it.
+    pub fn writable_root(mut self, on: bool) -> Self {
+        self.writable_root = on;
+        self
+    }
+
+    pub fn memory_mib(mut self, mib: u32) -> Self {
+        self.memory_mib = mib;
         self
     }
 
@@ -152,7 +169,8 @@ impl Vm {
         let qemu = apt::which("qemu-system-x86_64").context("qemu-system-x86_64 not found")?;
         let mut cmd = Command::new(qemu);
         cmd.args(["-nodefaults", "-display", "none", "-no-reboot"])
-            .args(["-serial", "stdio", "-smp", "2", "-m", "4G"]);
+            .args(["-serial", "stdio", "-smp", "2", "-m"])
+            .arg(format!("{}M", self.memory_mib));
         if accel == "kvm" {
             cmd.args(["-accel", "kvm", "-cpu", "host"]);
         } else {
@@ -164,8 +182,13 @@ impl Vm {
             .arg(&self.kernel.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={}",
-                rd.display()
+                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={}{}",
+                rd.display(),
+                if self.writable_root {
+                    " ublkd.overlay=1"
+                } else {
+                    ""
+                }
             ))
             .arg("-virtfs")
             .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
