@@ -26,6 +26,7 @@ pub mod node;
 pub mod page;
 pub mod params;
 pub mod qos;
+pub mod resizer;
 pub mod snapshot;
 pub mod ublkd;
 

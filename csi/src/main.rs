@@ -184,7 +184,7 @@ async fn main() -> Result<()> {
         .add_service(IdentityServer::new(identity))
         .add_service(ControllerServer::new(controller));
     let router = if args.resizer_only {
-        router
+        router.add_service(NodeServer::new(ublkd_csi::resizer::ResizerNode))
     } else {
         router.add_service(NodeServer::new(node))
     };

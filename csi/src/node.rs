@@ -425,6 +425,24 @@ fn node_capability(t: spec::node_service_capability::rpc::Type) -> spec::NodeSer
     }
 }
 
+/// What the node plugin offers; the --resizer-only instance answers the same (the resizer asks
+/// it whether volumes grow on the node).
+pub fn capabilities() -> spec::NodeGetCapabilitiesResponse {
+    use spec::node_service_capability::rpc::Type;
+    spec::NodeGetCapabilitiesResponse {
+        capabilities: [
+            Type::StageUnstageVolume,
+            Type::ExpandVolume,
+            Type::GetVolumeStats,
+            Type::VolumeCondition,
+            Type::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(node_capability)
+        .collect(),
+    }
+}
+
 #[tonic::async_trait]
 impl NodeApi for NodeService {
     async fn node_stage_volume(
@@ -477,19 +495,7 @@ impl NodeApi for NodeService {
         &self,
         _req: Request<spec::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<spec::NodeGetCapabilitiesResponse>, Status> {
-        use spec::node_service_capability::rpc::Type;
-        Ok(Response::new(spec::NodeGetCapabilitiesResponse {
-            capabilities: [
-                Type::StageUnstageVolume,
-                Type::ExpandVolume,
-                Type::GetVolumeStats,
-                Type::VolumeCondition,
-                Type::SingleNodeMultiWriter,
-            ]
-            .into_iter()
-            .map(node_capability)
-            .collect(),
-        }))
+        Ok(Response::new(capabilities()))
     }
 
     /// The node's id (its name), its topology, and how many volumes it takes in all.
