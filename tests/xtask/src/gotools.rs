@@ -40,7 +40,7 @@ impl GoTool {
 }
 
 /// The `go` command: on PATH, or where the Go distribution installs itself.
-fn go() -> Result<PathBuf> {
+pub fn go() -> Result<PathBuf> {
     if let Some(p) = apt::which("go") {
         return Ok(p);
     }

@@ -14,6 +14,7 @@ mod deploy;
 mod dist;
 mod gotools;
 mod image;
+mod k8s;
 mod oci;
 mod suite;
 mod vm;
@@ -30,8 +31,11 @@ commands:
   vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it,
                      or a whole test file (e.g. daemon, dataplane, kernel, nvme, recovery);
                      several, comma-separated, select the tests any of them selects
-  vm-run [--timeout SECS] [--multipath] -- CMD...
+  vm-run [--timeout SECS] [--multipath] [--writable-root] -- CMD...
                      boot the VM, run CMD inside (host root read-only, chroot), return its exit code
+  k8s-test [SCENARIO...]
+                     a one-node Kubernetes 1.35 cluster in the VM (built from its Go modules),
+                     deploy/kubernetes applied as a user would, then the scenarios (all by default)
   demo               boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio,
                      resize, stats, metrics
   image [--check]    build the container image (OCI layout, no daemon, no base pulled):
@@ -81,6 +85,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             Ok(outcome.exit_code())
         }
         Some("vm-run") => vm_run(&ws, &args[1..]),
+        Some("k8s-test") => k8s::run(&ws, &args[1..]),
         Some("demo") => demo(&ws),
         Some("bench") => bench::run(&ws),
         Some("compare") => compare::run(&ws, &args[1..]),
@@ -274,6 +279,7 @@ fn shebang_names_shell(head: &[u8]) -> bool {
 fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     let mut timeout = 600u64;
     let mut multipath = false;
+    let mut writable_root = false;
     let mut rest = args;
     while let Some(first) = rest.first() {
         match first.as_str() {
@@ -284,6 +290,10 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
             }
             "--multipath" => {
                 multipath = true;
+                rest = &rest[1..];
+            }
+            "--writable-root" => {
+                writable_root = true;
                 rest = &rest[1..];
             }
             "--" => {
@@ -305,6 +315,7 @@ fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     let run = vm::Vm::new(ws, &kernel)?
         .timeout_secs(timeout)
         .multipath(multipath)
+        .writable_root(writable_root)
         .echo(true)
         .run(&script)?;
     match &run.exit {

@@ -71,6 +71,7 @@ pub struct Vm {
     multipath: bool,
     writable_root: bool,
     memory_mib: u32,
+    tcg_single_thread: bool,
 }
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -95,6 +96,7 @@ impl Vm {
             multipath: false,
             writable_root: false,
             memory_mib: 4096,
+            tcg_single_thread: false,
         })
     }
 
@@ -124,6 +126,14 @@ impl Vm {
     /// in the guest's memory and go with it.
     pub fn writable_root(mut self, on: bool) -> Self {
         self.writable_root = on;
+        self
+    }
+
+    /// Under TCG, one host thread for all vCPUs. Multi-threaded TCG has oopsed the guest kernel
+    /// (int3 in kmalloc: a static key patched on one vCPU while another ran the code) when
+    /// the Kubernetes tier's daemons start; one thread makes cross-vCPU code patching safe.
+    pub fn tcg_single_thread(mut self, on: bool) -> Self {
+        self.tcg_single_thread = on;
         self
     }
 
@@ -174,7 +184,12 @@ impl Vm {
         if accel == "kvm" {
             cmd.args(["-accel", "kvm", "-cpu", "host"]);
         } else {
-            cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max"]);
+            let thread = if self.tcg_single_thread {
+                "single"
+            } else {
+                "multi"
+            };
+            cmd.args(["-accel", &format!("tcg,thread={thread}"), "-cpu", "max"]);
         }
         cmd.arg("-kernel")
             .arg(&self.kernel.vmlinuz)

@@ -1,0 +1,362 @@
+# shellcheck shell=sh
+# The Kubernetes tier inside the guest (writable root, `cargo xtask k8s-test`): boots a one-node
+# cluster from the binaries the harness built (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, containerd, the kubelet, kube-proxy), imports the offline images, installs
+# deploy/kubernetes with `kubectl apply -k` through the test overlay (image names only), and
+# runs the scenarios. Everything stays on the guest's loopback, a dummy node address and the
+# pods' bridge.
+#
+# From the harness, in the environment: K8S_BIN (kube binaries), K8S_DEBS (extracted Debian
+# packages: etcd, containerd, CNI plugins), K8S_IMAGES (a file: "reference archive" per line),
+# K8S_OVERLAY (the kustomization to apply), K8S_MODULES (the guest kernel's module tree),
+# K8S_SCENARIOS (space-separated names, or "all"), UBLKD_VM_RUN (the shared run directory).
+# Each scenario prints "SCENARIO <name> ok|FAILED <seconds>"; the exit status is the number
+# that failed (or 100 when the cluster never came up).
+# Functions here are called through run, wait_for and check, which shellcheck cannot follow.
+# shellcheck disable=SC2317
+set -u
+B=$K8S_BIN
+D=$K8S_DEBS
+L=$UBLKD_VM_RUN/logs
+mkdir -p "$L"
+NODE=ublkd-vm
+NODE_IP=10.10.0.1
+t0=$(cut -d' ' -f1 /proc/uptime)
+now() { awk -v t0="$t0" '{printf "%.1f", $1 - t0}' /proc/uptime; }
+say() { echo "k8s [$(now)] $*"; }
+kubectl() { "$B/kubectl" "$@"; }
+uptime_s() { cut -d. -f1 /proc/uptime; }
+# waits up to $1 seconds (by the clock, whatever each try takes) for the command after it
+wait_for() {
+    deadline=$(($(uptime_s) + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$(uptime_s)" -ge "$deadline" ] && return 1
+        sleep 1
+    done
+}
+die() {
+    say "cluster: $*"
+    cp -r /var/log/pods "$L/pods" 2>/dev/null
+    for f in "$L"/*.log; do
+        echo "--- tail of $f"
+        tail -15 "$f"
+    done
+    exit 100
+}
+
+# --- the node -------------------------------------------------------------------------------
+K=$(uname -r)
+mkdir -p "/usr/lib/modules/$K"
+mount --bind "$K8S_MODULES" "/usr/lib/modules/$K" || die "cannot bind the kernel's modules"
+# An overlay cannot be the upper layer of containerd's overlays, and the kubelet's and ublkd's
+# state wants a plain file system: each gets a tmpfs of its own.
+for d in /var/lib/containerd /var/lib/kubelet /var/lib/ublkd /var/lib/etcd; do
+    mkdir -p "$d"
+    mount -t tmpfs -o mode=0755 state "$d" || die "cannot mount a tmpfs on $d"
+done
+mount --make-rshared /
+# All of them now, before anything runs in parallel: a module load patches kernel text (static
+# keys), and under TCG that has oopsed a guest once (int3 in kmem_cache_alloc, from ip6tables).
+for m in bridge veth br_netfilter dummy overlay nf_conntrack nf_nat nf_tables nft_compat \
+    nft_chain_nat xt_MASQUERADE xt_comment xt_mark xt_addrtype xt_conntrack xt_nat \
+    xt_statistic xt_multiport xt_tcpudp xt_physdev xt_limit ipt_REJECT nf_reject_ipv4 \
+    iptable_nat iptable_filter iptable_mangle ip_tables ip6_tables ip6table_nat \
+    ip6table_filter ip6table_mangle ip6t_REJECT nf_reject_ipv6; do
+    modprobe "$m" 2>>"$L/modprobe.log" || echo "modprobe $m failed" >>"$L/modprobe.log"
+done
+sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 || die "sysctl"
+if ! { ip link add node0 type dummy && ip addr add "$NODE_IP/24" dev node0 && ip link set node0 up; }; then
+    die "cannot make the node's address"
+fi
+hostname "$NODE"
+echo "127.0.0.1 localhost $NODE" >/etc/hosts
+[ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup ||
+    die "no cgroup v2"
+# Delegate every controller to the kubelet's hierarchy.
+# shellcheck disable=SC2013 # one line of space-separated names
+for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+    echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+done
+
+# --- PKI: one CA, a certificate per component (EC P-256: fast under emulation) ----------------
+P=/etc/kubernetes/pki
+mkdir -p "$P"
+key() { openssl ecparam -name prime256v1 -genkey -noout -out "$P/$1.key" 2>/dev/null; }
+cert() {
+    key "$1"
+    openssl req -new -key "$P/$1.key" -subj "$2" -out "$P/$1.csr"
+    {
+        echo "basicConstraints=CA:FALSE"
+        echo "keyUsage=digitalSignature,keyEncipherment"
+        echo "extendedKeyUsage=serverAuth,clientAuth"
+        [ -n "${3:-}" ] && echo "subjectAltName=$3"
+    } >"$P/$1.ext"
+    openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
+        -days 7 -sha256 -extfile "$P/$1.ext" -out "$P/$1.crt" 2>/dev/null
+}
+key ca
+openssl req -x509 -new -key "$P/ca.key" -sha256 -days 7 -subj "/CN=ublkd-test-ca" -out "$P/ca.crt"
+cert apiserver "/CN=kube-apiserver" \
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP"
+cert admin "/O=system:masters/CN=kubernetes-admin"
+cert controller-manager "/CN=system:kube-controller-manager"
+cert scheduler "/CN=system:kube-scheduler"
+cert kubelet "/O=system:nodes/CN=system:node:$NODE"
+cert kube-proxy "/CN=system:kube-proxy"
+cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+key sa
+openssl ec -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
+kubeconfig() {
+    f=/etc/kubernetes/$1.conf
+    kubectl config --kubeconfig="$f" set-cluster test --server="https://$NODE_IP:6443" \
+        --certificate-authority="$P/ca.crt" --embed-certs >/dev/null
+    kubectl config --kubeconfig="$f" set-credentials "$1" --client-certificate="$P/$1.crt" \
+        --client-key="$P/$1.key" --embed-certs >/dev/null
+    kubectl config --kubeconfig="$f" set-context test --cluster=test --user="$1" >/dev/null
+    kubectl config --kubeconfig="$f" use-context test >/dev/null
+}
+for c in admin controller-manager scheduler kubelet kube-proxy; do kubeconfig "$c"; done
+export KUBECONFIG=/etc/kubernetes/admin.conf
+say "node and PKI ready"
+
+# --- control plane ----------------------------------------------------------------------------
+"$D/usr/bin/etcd" --data-dir /var/lib/etcd --listen-client-urls http://127.0.0.1:2379 \
+    --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 \
+    >"$L/etcd.log" 2>&1 &
+"$B/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 --advertise-address="$NODE_IP" \
+    --secure-port=6443 --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
+    --client-ca-file="$P/ca.crt" --service-account-key-file="$P/sa.pub" \
+    --service-account-signing-key-file="$P/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC \
+    --enable-admission-plugins=NodeRestriction --allow-privileged=true \
+    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$P/apiserver-kubelet-client.key" \
+    --runtime-config=storage.k8s.io/v1beta1=true \
+    >"$L/kube-apiserver.log" 2>&1 &
+wait_for 240 kubectl get --raw /readyz || die "the API server never became ready"
+say "API server ready"
+"$B/kube-controller-manager" --kubeconfig=/etc/kubernetes/controller-manager.conf \
+    --use-service-account-credentials --service-account-private-key-file="$P/sa.key" \
+    --root-ca-file="$P/ca.crt" --cluster-signing-cert-file="$P/ca.crt" \
+    --cluster-signing-key-file="$P/ca.key" --controllers='*,-nodeipam' \
+    >"$L/kube-controller-manager.log" 2>&1 &
+"$B/kube-scheduler" --kubeconfig=/etc/kubernetes/scheduler.conf >"$L/kube-scheduler.log" 2>&1 &
+
+# --- containerd, CNI, the kubelet, kube-proxy --------------------------------------------------
+mkdir -p /etc/containerd /etc/cni/net.d
+cat >/etc/containerd/config.toml <<EOC
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "ublkd.test/pause:test"
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "$D/usr/lib/cni"
+  conf_dir = "/etc/cni/net.d"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  BinaryName = "/usr/sbin/runc"
+EOC
+cat >/etc/cni/net.d/10-pods.conflist <<EOC
+{"cniVersion": "0.4.0", "name": "pods", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "loopback"}]}
+EOC
+PATH="$D/usr/bin:$PATH" "$D/usr/bin/containerd" >"$L/containerd.log" 2>&1 &
+wait_for 60 "$D/usr/bin/ctr" version || die "containerd never answered"
+while read -r ref archive; do
+    out=$("$D/usr/bin/ctr" -n k8s.io images import --base-name "${ref%:*}" "$archive" 2>&1) ||
+        die "importing $archive: $out"
+    got=$(echo "$out" | sed -n 's/^unpacking \([^ ]*\) .*/\1/p' | head -1)
+    [ -n "$got" ] && [ "$got" != "$ref" ] && "$D/usr/bin/ctr" -n k8s.io images tag "$got" "$ref" >/dev/null
+    "$D/usr/bin/ctr" -n k8s.io images ls -q | grep -qx "$ref" || die "image $ref missing after import: $out"
+done <"$K8S_IMAGES"
+say "images imported: $(wc -l <"$K8S_IMAGES")"
+mkdir -p /var/lib/kubelet
+cat >/var/lib/kubelet/config.yaml <<EOC
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication: {x509: {clientCAFile: $P/ca.crt}, webhook: {enabled: true}, anonymous: {enabled: false}}
+authorization: {mode: Webhook}
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+failSwapOn: false
+resolvConf: /etc/resolv.conf
+imageGCHighThresholdPercent: 100
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+EOC
+start_kubelet() {
+    "$B/kubelet" --config=/var/lib/kubelet/config.yaml --kubeconfig=/etc/kubernetes/kubelet.conf \
+        --hostname-override="$NODE" --node-ip="$NODE_IP" >>"$L/kubelet.log" 2>&1 &
+    echo $! >/run/kubelet.pid
+}
+start_kubelet
+"$B/kube-proxy" --kubeconfig=/etc/kubernetes/kube-proxy.conf --hostname-override="$NODE" \
+    --cluster-cidr=10.88.0.0/16 --proxy-mode=iptables >"$L/kube-proxy.log" 2>&1 &
+node_ready() { kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+wait_for 240 node_ready || die "the node never became Ready"
+say "node Ready"
+# Pods reach the API server through the kubernetes Service (kube-proxy's rules).
+wait_for 120 sh -c "iptables-save -t nat | grep -q KUBE-SVC" || die "kube-proxy wrote no Service rules"
+
+# --- install as a user would -------------------------------------------------------------------
+kubectl apply -k "$K8S_OVERLAY" >"$L/apply.log" 2>&1 || die "kubectl apply -k failed: $(cat "$L/apply.log")"
+say "applied deploy/kubernetes"
+all_ready() {
+    kubectl -n ublkd-system wait --for=condition=Ready pod --all --timeout=5s &&
+        [ "$(kubectl -n ublkd-system get pods --no-headers | wc -l)" -ge 3 ]
+}
+if ! wait_for 300 all_ready; then
+    kubectl -n ublkd-system get pods -o wide
+    for c in ublkd:ublkd ublkd-csi-node:ublkd-csi; do
+        echo "--- exec into $c"
+        kubectl -n ublkd-system exec "ds/${c%:*}" -c "${c#*:}" -- /usr/local/bin/ublkctl --version 2>&1 | tail -3
+        kubectl -n ublkd-system exec "ds/${c%:*}" -c "${c#*:}" -- /usr/local/bin/ublkd --version 2>&1 | tail -3
+    done
+    p=$(pidof ublkd | cut -d' ' -f1)
+    echo "--- the ublkd process's mount namespace (pid $p)"
+    nsenter -t "$p" -m ls -la /usr/local/bin 2>&1 | tail -5
+    grep -c . "/proc/$p/mountinfo"
+    grep -E " / | /usr" "/proc/$p/mountinfo" | head -5
+    kubectl -n ublkd-system describe pods | tail -60
+    kubectl get events -A --field-selector type=Warning | tail -30
+    die "the driver's pods never became Ready"
+fi
+say "every pod Ready"
+kubectl -n ublkd-system get pods -o wide
+
+# --- scenarios ---------------------------------------------------------------------------------
+failed=0
+wanted() { [ "$K8S_SCENARIOS" = all ] || echo " $K8S_SCENARIOS " | grep -q " $1 "; }
+run() {
+    name=$1
+    shift
+    wanted "$name" || return 0
+    s=$(now)
+    say "scenario $name"
+    # set -e holds inside the subshell only because its status is not tested right here.
+    (
+        set -e
+        "$@"
+    ) >"$L/scenario-$name.log" 2>&1
+    rc=$?
+    if [ "$rc" = 0 ]; then
+        echo "SCENARIO $name ok $(awk -v a="$s" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')"
+    else
+        failed=$((failed + 1))
+        echo "SCENARIO $name FAILED $(awk -v a="$s" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')"
+        tail -40 "$L/scenario-$name.log"
+    fi
+}
+fail() {
+    echo "check failed: $*"
+    return 1
+}
+ublkctl() { kubectl -n ublkd-system exec ds/ublkd -c ublkd -- /usr/local/bin/ublkctl "$@"; }
+
+# The driver as the cluster sees it: CSINode with the topology key and a volume limit, and
+# capacity objects for every class.
+s_driver() {
+    keys=$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="ublkd.io")].topologyKeys}')
+    echo "topology keys: $keys"
+    { [ -n "$keys" ] && [ "$keys" != "[]" ]; } || fail "CSINode lists ublkd.io with a topology key"
+    count=$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="ublkd.io")].allocatable.count}')
+    echo "volume limit: $count"
+    [ "${count:-0}" -gt 0 ] || fail "CSINode gives ublkd.io a volume limit"
+    wait_for 120 sh -c "[ \$($B/kubectl get csistoragecapacities -A --no-headers 2>/dev/null | wc -l) -ge 3 ]" ||
+        { kubectl get csistoragecapacities -A; echo "fewer than 3 CSIStorageCapacity objects"; return 1; }
+    kubectl get csistoragecapacities -A -o custom-columns=CLASS:.storageClassName,CAPACITY:.capacity,NODE:.nodeTopology.matchLabels
+    for sc in ublkd-file ublkd-ram ublkd-nvme; do
+        n=$(kubectl get csistoragecapacities -A -o jsonpath="{.items[?(@.storageClassName==\"$sc\")].capacity}")
+        [ -n "$n" ] || fail "a CSIStorageCapacity for $sc"
+    done
+}
+
+# pod NAME CLAIM [block]: a pod that keeps the claim mounted at /data (or as /dev/xvda)
+pod() {
+    if [ "${3:-}" = block ]; then
+        mnt="volumeDevices: [{name: v, devicePath: /dev/xvda}]"
+    else
+        mnt="volumeMounts: [{name: v, mountPath: /data}]"
+    fi
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: Pod
+metadata: {name: $1}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: ublkd.test/busybox:test
+      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+      $mnt
+  volumes: [{name: v, persistentVolumeClaim: {claimName: $2}}]
+EOP
+    kubectl wait --for=condition=Ready "pod/$1" --timeout=240s
+}
+pvc() { # NAME CLASS SIZE [block]
+    mode=Filesystem
+    [ "${4:-}" = block ] && mode=Block
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: $2
+  volumeMode: $mode
+  resources: {requests: {storage: $3}}
+EOP
+}
+in_pod() { kubectl exec "$1" -- /bin/sh -c "$2"; }
+
+# A filesystem class: data written survives the pod, online expansion reaches df, and the
+# claim's deletion takes the ublkd volume (and its backing file) with it.
+s_filesystem() { # CLASS
+    c=$1
+    pvc "d-$c" "$c" 64Mi
+    phase=$(kubectl get pvc "d-$c" -o jsonpath='{.status.phase}')
+    echo "before a consumer: $phase"
+    [ "$phase" = Pending ] || fail "WaitForFirstConsumer leaves the claim Pending until a pod"
+    pod "p-$c" "d-$c"
+    in_pod "p-$c" 'echo ublkd-k8s-data >/data/f && sync'
+    kubectl delete pod "p-$c" --wait=true
+    pod "p-$c" "d-$c"
+    got=$(in_pod "p-$c" 'cat /data/f')
+    [ "$got" = ublkd-k8s-data ] || fail "the data is there after the pod is recreated ($got)"
+    before=$(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}')
+    kubectl patch pvc "d-$c" -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}'
+    grown() { [ "$(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}')" -gt $((before + 32768)) ]; }
+    wait_for 180 grown || { kubectl describe pvc "d-$c" | tail -15; echo "df never grew from ${before} KiB"; return 1; }
+    echo "df: ${before} KiB, then $(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}') KiB"
+    pv=$(kubectl get pvc "d-$c" -o jsonpath='{.spec.volumeName}')
+    vol=$(kubectl get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
+    echo "volume $vol"
+    ublkctl list-volumes | grep -q "$vol" || { ublkctl list-volumes; echo "ublkd does not list $vol"; return 1; }
+    kubectl delete pod "p-$c" --wait=true
+    kubectl delete pvc "d-$c" --wait=true
+    gone() { ! kubectl get pv "$pv" >/dev/null 2>&1 && ! ublkctl list-volumes | grep -q "$vol"; }
+    wait_for 120 gone || { ublkctl list-volumes; echo "$vol outlived its claim"; return 1; }
+    if [ "$c" = ublkd-file ]; then
+        left=$(kubectl -n ublkd-system exec ds/ublkd -c ublkd -- /bin/sh -c "ls /var/lib/ublkd/volumes" | grep -c "$vol" || true)
+        [ "$left" = 0 ] || fail "the backing file of $vol is gone"
+    fi
+}
+
+s_file_ext4() { s_filesystem ublkd-file; }
+s_ram() { s_filesystem ublkd-ram; }
+s_nvme_xfs() { s_filesystem ublkd-nvme; }
+
+run driver s_driver
+run file-ext4 s_file_ext4
+run ram s_ram
+run nvme-xfs s_nvme_xfs
+
+warnings=$(kubectl get events -A --field-selector type=Warning --no-headers 2>/dev/null | grep -c . || true)
+echo "warning events in the cluster: $warnings"
+kubectl get events -A --field-selector type=Warning 2>/dev/null | tail -20
+say "done: $failed failed"
+exit "$failed"
