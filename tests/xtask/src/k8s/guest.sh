@@ -350,10 +350,51 @@ s_file_ext4() { s_filesystem ublkd-file; }
 s_ram() { s_filesystem ublkd-ram; }
 s_nvme_xfs() { s_filesystem ublkd-nvme; }
 
+# A raw-block claim: the device itself in the pod, its bytes kept across pods.
+s_block() {
+    pvc d-block ublkd-ram 64Mi block
+    pod p-block d-block block
+    in_pod p-block 'echo ublkd-k8s-block | dd of=/dev/xvda bs=512 count=1 conv=fsync'
+    kubectl delete pod p-block --wait=true
+    pod p-block d-block block
+    got=$(in_pod p-block 'dd if=/dev/xvda bs=15 count=1 2>/dev/null')
+    [ "$got" = ublkd-k8s-block ] || fail "the block device kept its bytes across pods ($got)"
+    kubectl delete pod p-block --wait=true
+    kubectl delete pvc d-block --wait=true
+}
+
+# A claim larger than the node can hold: the pod stays Pending, and the scheduler says why.
+s_pending() {
+    pvc d-huge ublkd-ram 100Ti
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: Pod
+metadata: {name: p-huge}
+spec:
+  containers:
+    - {name: app, image: ublkd.test/busybox:test, command: ["/bin/sh", "-c", "sleep 3600"],
+       volumeMounts: [{name: v, mountPath: /data}]}
+  volumes: [{name: v, persistentVolumeClaim: {claimName: d-huge}}]
+EOP
+    why() {
+        kubectl get events --field-selector involvedObject.name=p-huge,reason=FailedScheduling \
+            -o jsonpath='{.items[*].message}' | grep -qi storage
+    }
+    wait_for 120 why || { kubectl describe pod p-huge | tail -10; fail "no FailedScheduling event naming storage"; }
+    kubectl get events --field-selector involvedObject.name=p-huge -o jsonpath='{.items[*].message}'
+    echo
+    [ "$(kubectl get pod p-huge -o jsonpath='{.status.phase}')" = Pending ] || fail "p-huge left Pending"
+    [ "$(kubectl get pvc d-huge -o jsonpath='{.status.phase}')" = Pending ] || fail "d-huge left Pending"
+    kubectl delete pod p-huge --wait=true
+    kubectl delete pvc d-huge --wait=true
+}
+
 run driver s_driver
 run file-ext4 s_file_ext4
 run ram s_ram
 run nvme-xfs s_nvme_xfs
+run block s_block
+run pending s_pending
 
 warnings=$(kubectl get events -A --field-selector type=Warning --no-headers 2>/dev/null | grep -c . || true)
 echo "warning events in the cluster: $warnings"

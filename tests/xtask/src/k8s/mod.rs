@@ -27,7 +27,7 @@ mod images;
 const GUEST: &str = include_str!("guest.sh");
 
 /// The scenarios, in the order the guest runs them.
-pub const SCENARIOS: &[&str] = &["driver", "file-ext4", "ram", "nvme-xfs"];
+pub const SCENARIOS: &[&str] = &["driver", "file-ext4", "ram", "nvme-xfs", "block", "pending"];
 
 /// Debian packages unpacked for the guest, each from the suite named (containerd 1.7 is
 /// trixie's; sid has 2.x, which Kubernetes 1.35 would take too, but the brief pins 1.x).
