@@ -221,6 +221,13 @@ if ! wait_for 300 all_ready; then
     nsenter -t "$p" -m ls -la /usr/local/bin 2>&1 | tail -5
     grep -c . "/proc/$p/mountinfo"
     grep -E " / | /usr" "/proc/$p/mountinfo" | head -5
+    echo "--- through /proc/$p/root, and in each snapshot"
+    # shellcheck disable=SC2012 # names to read, not to parse
+    ls -la "/proc/$p/root/usr/local/bin" 2>&1 | head -5
+    # shellcheck disable=SC2012 # names to read, not to parse
+    for d in /var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs; do
+        echo "$d: $(ls "$d" | tr '\n' ' ' | cut -c1-120) | usr/local/bin: $(ls "$d/usr/local/bin" 2>/dev/null | tr '\n' ' ')"
+    done | head -12
     kubectl -n ublkd-system describe pods | tail -60
     kubectl get events -A --field-selector type=Warning | tail -30
     die "the driver's pods never became Ready"
