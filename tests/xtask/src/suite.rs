@@ -16,6 +16,9 @@ const PER_TEST_SECS: u64 = 300;
 pub struct Outcome {
     pub passed: Vec<String>,
     pub failed: Vec<String>,
+    /// Each failed test's name and the lines of its output that say why, printed again after
+    /// the closing count so that a log's tail (all CI keeps) shows the cause.
+    pub reasons: Vec<(String, String)>,
 }
 
 impl Outcome {
@@ -184,12 +187,55 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             run_boot(ws, &kernel, &boot, multipath, &env, &mut outcome)?;
         }
     }
+    for (name, why) in &outcome.reasons {
+        println!("\n--- why {name} failed ---\n{why}");
+    }
     println!(
         "{} passed, {} failed",
         outcome.passed.len(),
         outcome.failed.len()
     );
     Ok(outcome)
+}
+
+/// Lines of one test's console section worth repeating: every line that names an error or a
+/// failed check, and its last lines; bounded so that one verbose test cannot bury the others.
+fn failure_excerpt(console: &[String], name: &str) -> String {
+    const MARKS: &[&str] = &[
+        "Error",
+        "error:",
+        "panicked",
+        "[FAIL]",
+        "FAIL!",
+        "TIMEOUT",
+        "Expected",
+        "rpc error",
+    ];
+    const TAIL: usize = 25;
+    const MAX_MARKED: usize = 40;
+    let start = console
+        .iter()
+        .position(|l| l.ends_with(&format!("=== RUN  {name}")));
+    let Some(start) = start else {
+        return "(its output is not in the console log: the guest stopped before it ran)".into();
+    };
+    let end = console[start..]
+        .iter()
+        .position(|l| l.contains(&format!("=== END  {name} ")))
+        .map_or(console.len(), |e| start + e + 1);
+    let section = &console[start..end];
+    let tail_from = section.len().saturating_sub(TAIL);
+    let mut out: Vec<&str> = section[..tail_from]
+        .iter()
+        .filter(|l| MARKS.iter().any(|m| l.contains(m)))
+        .take(MAX_MARKED)
+        .map(String::as_str)
+        .collect();
+    if !out.is_empty() {
+        out.push("  ...");
+    }
+    out.extend(section[tail_from..].iter().map(String::as_str));
+    out.join("\n")
 }
 
 /// Paths of host-built tools the guest's tests read from their environment.
@@ -258,6 +304,10 @@ fn run_boot(
 
     let results = fs::read_to_string(run.run_dir.join("results")).unwrap_or_default();
     let mut boot = Outcome::default();
+    // The whole log, not the bounded tail kept in memory: a failure early in a long boot.
+    let console: Vec<String> = fs::read_to_string(run.run_dir.join("console.log"))
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_else(|_| run.console.clone());
     for c in cases {
         let rc = results.lines().find_map(|l| {
             let (rc, name) = l.split_once(' ')?;
@@ -265,7 +315,11 @@ fn run_boot(
         });
         match rc {
             Some(0) => boot.passed.push(c.name.clone()),
-            _ => boot.failed.push(c.name.clone()),
+            _ => {
+                boot.failed.push(c.name.clone());
+                boot.reasons
+                    .push((c.name.clone(), failure_excerpt(&console, &c.name)));
+            }
         }
     }
     println!();
@@ -294,5 +348,33 @@ fn run_boot(
     }
     outcome.passed.append(&mut boot.passed);
     outcome.failed.append(&mut boot.failed);
+    outcome.reasons.append(&mut boot.reasons);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failure_excerpt;
+
+    fn lines(s: &str) -> Vec<String> {
+        s.lines().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_failures_excerpt_holds_its_error_and_not_its_neighbours_output() {
+        let mut console = lines("=== RUN  a\nok\n=== END  a rc=0\n=== RUN  b\n");
+        console.push("Error: csi-sanity failed for csi-ram-mount-xfs".into());
+        console.extend((0..40).map(|i| format!("line {i}")));
+        console.extend(lines("=== END  b rc=1\n=== RUN  c\nlater\n"));
+        let why = failure_excerpt(&console, "b");
+        assert!(why.starts_with("Error: csi-sanity failed"), "{why}");
+        assert!(
+            why.contains("line 39") && why.ends_with("=== END  b rc=1"),
+            "{why}"
+        );
+        assert!(!why.contains("line 5\n"), "the middle is left out: {why}");
+        assert!(!why.contains("later") && !why.contains("ok\n"), "{why}");
+        let missing = failure_excerpt(&console, "z");
+        assert!(missing.contains("not in the console log"), "{missing}");
+    }
 }
