@@ -60,6 +60,18 @@ pub fn check_all(caps: &[VolumeCapability], default_fs: FsType) -> Result<(), Cs
     caps.iter().try_for_each(|c| check(c, default_fs).map(drop))
 }
 
+/// The smallest volume every capability can be served on: the largest floor of a file system
+/// they ask for (a block capability has none). Checked capabilities only.
+pub fn size_floor(caps: &[VolumeCapability], default_fs: FsType) -> u64 {
+    caps.iter()
+        .filter_map(|c| match check(c, default_fs) {
+            Ok((Access::Mount { fs, .. }, _)) => Some(fs.min_bytes()),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +126,16 @@ mod tests {
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
         }
         assert!(check_all(&[], FsType::Ext4).is_err());
+    }
+
+    #[test]
+    fn an_xfs_capability_sets_the_smallest_volume() {
+        let w = Mode::SingleNodeWriter;
+        let block = Some(AccessType::Block(BlockVolume {}));
+        assert_eq!(size_floor(&[cap(w, block.clone())], FsType::Xfs), 0);
+        assert_eq!(size_floor(&[cap(w, mount("ext4"))], FsType::Xfs), 0);
+        assert_eq!(size_floor(&[cap(w, mount(""))], FsType::Xfs), 300 << 20);
+        let both = [cap(w, mount("ext4")), cap(w, mount("xfs"))];
+        assert_eq!(size_floor(&both, FsType::Ext4), 300 << 20);
     }
 }

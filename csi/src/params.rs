@@ -47,6 +47,15 @@ impl FsType {
             FsType::Xfs => "xfs",
         }
     }
+
+    /// The smallest device `mkfs` makes this file system on: mkfs.xfs refuses one under
+    /// 300 MiB ("Filesystem must be larger than 300MB"); ext4 has no floor that matters here.
+    pub fn min_bytes(self) -> u64 {
+        match self {
+            FsType::Ext4 => 0,
+            FsType::Xfs => 300 << 20,
+        }
+    }
 }
 
 /// Where a volume's bytes live.

@@ -302,7 +302,12 @@ spec:
       $mnt
   volumes: [{name: v, persistentVolumeClaim: {claimName: $2}}]
 EOP
-    kubectl wait --for=condition=Ready "pod/$1" --timeout=240s
+    kubectl wait --for=condition=Ready "pod/$1" --timeout=240s || {
+        kubectl describe pod "$1" | tail -25
+        kubectl describe pvc "$2" | tail -15
+        kubectl -n ublkd-system logs ds/ublkd-csi-node -c ublkd-csi --tail=30 || true
+        return 1
+    }
 }
 pvc() { # NAME CLASS SIZE [block]
     mode=Filesystem
@@ -317,6 +322,14 @@ spec:
   volumeMode: $mode
   resources: {requests: {storage: $3}}
 EOP
+}
+# mib QUANTITY: a Kubernetes quantity in Mi or Gi (what capacities are written in), in MiB.
+mib() {
+    case $1 in
+        *Gi) echo $((${1%Gi} * 1024)) ;;
+        *Mi) echo "${1%Mi}" ;;
+        *) echo $(($1 / 1048576)) ;;
+    esac
 }
 in_pod() { kubectl exec "$1" -- /bin/sh -c "$2"; }
 
@@ -335,7 +348,12 @@ s_filesystem() { # CLASS
     got=$(in_pod "p-$c" 'cat /data/f')
     [ "$got" = ublkd-k8s-data ] || fail "the data is there after the pod is recreated ($got)"
     before=$(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}')
-    kubectl patch pvc "d-$c" -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}'
+    # What the driver gave (an xfs class rounds a claim up to xfs's smallest, 300 MiB), and
+    # 64 MiB more of it.
+    have=$(mib "$(kubectl get pvc "d-$c" -o jsonpath='{.status.capacity.storage}')")
+    echo "claimed 64 MiB, got $have MiB"
+    [ "$have" -ge 64 ] || fail "the claim got at least what it asked for"
+    kubectl patch pvc "d-$c" -p "{\"spec\":{\"resources\":{\"requests\":{\"storage\":\"$((have + 64))Mi\"}}}}"
     grown() { [ "$(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}')" -gt $((before + 32768)) ]; }
     wait_for 180 grown || { kubectl describe pvc "d-$c" | tail -15; echo "df never grew from ${before} KiB"; return 1; }
     echo "df: ${before} KiB, then $(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}') KiB"
