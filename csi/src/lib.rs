@@ -28,6 +28,7 @@ pub mod params;
 pub mod qos;
 pub mod resizer;
 pub mod snapshot;
+pub mod sys;
 pub mod ublkd;
 
 /// This node's name: the value of the topology key, and the CSI node id.

@@ -219,12 +219,26 @@ pub fn mkfs(fs: FsType, dev: &Path) -> Result<(), CsiError> {
 pub fn mount(dev: &Path, target: &Path, fs: FsType, flags: &[String]) -> Result<(), CsiError> {
     let (d, t) = (dev.to_string_lossy(), target.to_string_lossy());
     let mut args = vec!["-t", fs.name()];
-    let opts = flags.join(",");
+    let opts = mount_options(fs, flags).join(",");
     if !opts.is_empty() {
         args.extend(["-o", &opts]);
     }
     args.extend([&*d, &*t]);
     run("mount", &args).map(drop)
+}
+
+/// The options a volume's file system is mounted with: the capability's flags, and for XFS
+/// `nouuid`. A restore or a clone is a reflink of its source's file, so its XFS has the
+/// source's UUID, and the kernel refuses a second XFS with a mounted one's UUID (the first
+/// real cluster's restore never mounted: "wrong fs type, bad option, bad superblock"). The
+/// UUID cannot be changed instead: a snapshot taken under a live mount has a dirty log, which
+/// `xfs_admin -U` refuses. ext4 mounts duplicates as they are.
+pub fn mount_options(fs: FsType, flags: &[String]) -> Vec<String> {
+    let mut opts = flags.to_vec();
+    if fs == FsType::Xfs && !opts.iter().any(|o| o == "nouuid") {
+        opts.push("nouuid".into());
+    }
+    opts
 }
 
 /// Bind-mounts `source` on `target`, read-only when asked (a second remount: the kernel
@@ -252,27 +266,23 @@ pub fn unmount_all(target: &Path) -> Result<(), CsiError> {
 /// Bytes and inodes of the file system at `path`: (total, available, used) bytes and (total,
 /// free, used) inodes.
 pub fn fs_usage(path: &Path) -> Result<([u64; 3], [u64; 3]), CsiError> {
-    let out = run(
-        "stat",
-        &["-f", "-c", "%S %b %f %a %c %d", &path.to_string_lossy()],
-    )?;
-    let n: Vec<u64> = out
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let [bsize, blocks, free, avail, inodes, ifree] = n[..] else {
-        return Err(CsiError::Command {
-            command: format!("stat -f {}", path.display()),
-            output: out,
-        });
-    };
+    let st = crate::sys::statvfs(path).map_err(|source| CsiError::Io {
+        step: "statvfs of",
+        path: path.to_owned(),
+        source,
+    })?;
+    let unit = st.fragment_bytes;
     Ok((
         [
-            blocks * bsize,
-            avail * bsize,
-            blocks.saturating_sub(free) * bsize,
+            st.blocks * unit,
+            st.blocks_available * unit,
+            st.blocks.saturating_sub(st.blocks_free) * unit,
         ],
-        [inodes, ifree, inodes.saturating_sub(ifree)],
+        [
+            st.inodes,
+            st.inodes_free,
+            st.inodes.saturating_sub(st.inodes_free),
+        ],
     ))
 }
 
@@ -299,6 +309,15 @@ pub fn grow(fs_type: &str, dev: &Path, mount: &Path) -> Result<(), CsiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xfs_is_mounted_with_nouuid_once_and_ext4_as_asked() {
+        let flags = vec!["noatime".to_owned()];
+        assert_eq!(mount_options(FsType::Xfs, &flags), ["noatime", "nouuid"]);
+        assert_eq!(mount_options(FsType::Xfs, &["nouuid".into()]), ["nouuid"]);
+        assert_eq!(mount_options(FsType::Ext4, &flags), ["noatime"]);
+        assert!(mount_options(FsType::Ext4, &[]).is_empty());
+    }
 
     #[test]
     fn mountinfo_lines_are_read_with_their_escapes() {

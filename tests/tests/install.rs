@@ -383,6 +383,20 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
             "{name}: mounted as {line}"
         );
         fio_verify(&target_abs.join("data"), "32M").with_context(|| name.to_owned())?;
+        // NodeGetVolumeStats, which the kubelet asks of every mounted volume each minute: the
+        // image has no coreutils, so it must need no `stat` (the first real cluster found it
+        // failing on every call).
+        let stats = ctl(&["stats", &id, &target])?;
+        let used: u64 = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("bytes: "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("{name}: stats printed {stats:?}"))?;
+        ensure!(
+            used >= 32 * MIB,
+            "{name}: the 32 MiB written show as {used} bytes used: {stats}"
+        );
         let capacity = ctl(&["expand", &id, &target, "--size", &grown])?;
         ensure!(
             capacity.trim().parse::<u64>().ok() >= Some(384 * MIB),
