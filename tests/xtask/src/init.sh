@@ -73,11 +73,13 @@ if [ "$overlay" = 1 ]; then
     # switch_root, not chroot: container runtimes pivot_root into a container and exec into it
     # through its mount namespace's root, which under a chroot stays the initramfs (the first
     # real cluster had every exec fail with "no such file" for binaries that were there).
-    # Nothing of the initramfs is left to power off with, so the command's shell does it.
+    # Nothing of the initramfs is left to power off with, so the command's shell does it, then
+    # spins in a builtin until the power goes: a `sleep` binary, loaded from the root being
+    # shut down, failed and ended init (a panic after the exit status).
     # shellcheck disable=SC2016 # expanded by that shell, in the new root
     exec switch_root /newroot /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root TMPDIR="$scratch" TERM=dumb UBLKD_VM=1 UBLKD_VM_RUN="$run_dir" \
-        /bin/sh -c '/bin/sh "$UBLKD_VM_RUN/cmd.sh"; rc=$?; echo "$rc" > "$UBLKD_VM_RUN/rc"; sync; echo "UBLKD-VM-EXIT=$rc"; echo o > /proc/sysrq-trigger; sleep 60'
+        /bin/sh -c '/bin/sh "$UBLKD_VM_RUN/cmd.sh"; rc=$?; echo "$rc" > "$UBLKD_VM_RUN/rc"; sync; echo "UBLKD-VM-EXIT=$rc"; echo o > /proc/sysrq-trigger; while :; do :; done'
 fi
 chroot /newroot /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/root TMPDIR="$scratch" TERM=dumb UBLKD_VM=1 UBLKD_VM_RUN="$run_dir" \

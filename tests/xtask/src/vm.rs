@@ -281,7 +281,12 @@ impl Vm {
                         .and_then(|v| v.trim().parse().ok())
                 })
             });
-        let panicked = console.iter().any(|l| l.contains("Kernel panic"));
+        // A panic counts until the guest reported its status; what the kernel does while it
+        // powers off after that changes nothing the command did.
+        let panicked = console
+            .iter()
+            .take_while(|l| !l.contains("UBLKD-VM-EXIT="))
+            .any(|l| l.contains("Kernel panic"));
         let exit = match (rc, timed_out, panicked) {
             (_, _, true) => Exit::Panic,
             (Some(rc), _, false) => Exit::Code(rc),
