@@ -99,12 +99,21 @@ pub fn size_for(range: Option<&spec::CapacityRange>, block: u64) -> Result<u64, 
     Ok(size)
 }
 
-/// `size`, raised to `floor` (the smallest device its file system is made on: a claim of
-/// 64 MiB in an xfs class gets 300 MiB, as cloud drivers round up to their smallest disk),
-/// rounded up to the block, within the limit.
+/// The floors a volume's size is raised to, each saying why in a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Floor {
+    /// The smallest device its file system is made on: a claim of 64 MiB in an xfs class gets
+    /// 300 MiB, as cloud drivers round up to their smallest disk.
+    FileSystem,
+    /// The size of its source (the spec: a volume is never smaller than its source).
+    Source,
+}
+
+/// `size`, raised to `floor` bytes rounded up to the block, within the limit.
 pub fn at_least(
     size: u64,
     floor: u64,
+    why: Floor,
     block: u64,
     limit: Option<&spec::CapacityRange>,
 ) -> Result<u64, CsiError> {
@@ -116,34 +125,15 @@ pub fn at_least(
         .ok_or_else(|| CsiError::OutOfRange(format!("{floor} bytes")))?;
     let limit = limit.map_or(0, |r| r.limit_bytes.max(0) as u64);
     if limit > 0 && raised > limit {
+        let needs = match why {
+            Floor::FileSystem => format!("its file system needs at least {raised} bytes"),
+            Floor::Source => format!("the source holds {floor} bytes"),
+        };
         return Err(CsiError::OutOfRange(format!(
-            "its file system needs at least {raised} bytes, more than the limit of {limit}"
+            "{needs}, more than the limit of {limit}"
         )));
     }
     Ok(raised)
-}
-
-/// The size of a volume made from a source of `source` bytes: at least the source's (the spec:
-/// a volume is never smaller than its source), rounded up to the block, within the limit.
-pub fn size_with_source(
-    size: u64,
-    source: u64,
-    block: u64,
-    limit: Option<&spec::CapacityRange>,
-) -> Result<u64, CsiError> {
-    if size >= source {
-        return Ok(size);
-    }
-    let grown = source
-        .checked_next_multiple_of(block)
-        .ok_or_else(|| CsiError::OutOfRange(format!("{source} bytes")))?;
-    let limit = limit.map_or(0, |r| r.limit_bytes.max(0) as u64);
-    if limit > 0 && grown > limit {
-        return Err(CsiError::OutOfRange(format!(
-            "the source holds {source} bytes, more than the limit of {limit}"
-        )));
-    }
-    Ok(grown)
 }
 
 impl ControllerService {
@@ -185,6 +175,7 @@ impl ControllerService {
         let mut size = at_least(
             size_for(req.capacity_range.as_ref(), block)?,
             floor,
+            Floor::FileSystem,
             block,
             req.capacity_range.as_ref(),
         )?;
@@ -207,7 +198,13 @@ impl ControllerService {
         }
         if let Some(src) = &source {
             let from = self.source_size(src).await?;
-            size = size_with_source(size, from, block, req.capacity_range.as_ref())?;
+            size = at_least(
+                size,
+                from,
+                Floor::Source,
+                block,
+                req.capacity_range.as_ref(),
+            )?;
         }
         // A first look, for a clear RESOURCE_EXHAUSTED; ublkd checks again (and places an NVMe
         // window) under its own lock.
@@ -587,12 +584,32 @@ mod tests {
         assert!(size_for(Some(&r(-1, 0)), 4096).is_err());
         let xfs = 300 << 20;
         assert_eq!(
-            at_least(64 << 20, xfs, 4096, Some(&r(64 << 20, 0))).unwrap(),
+            at_least(
+                64 << 20,
+                xfs,
+                Floor::FileSystem,
+                4096,
+                Some(&r(64 << 20, 0))
+            )
+            .unwrap(),
             xfs
         );
-        assert_eq!(at_least(1 << 30, xfs, 4096, None).unwrap(), 1 << 30);
-        assert_eq!(at_least(4096, 0, 4096, None).unwrap(), 4096);
-        let e = at_least(64 << 20, xfs, 4096, Some(&r(0, 128 << 20))).unwrap_err();
+        assert_eq!(
+            at_least(1 << 30, xfs, Floor::FileSystem, 4096, None).unwrap(),
+            1 << 30
+        );
+        assert_eq!(
+            at_least(4096, 0, Floor::FileSystem, 4096, None).unwrap(),
+            4096
+        );
+        let e = at_least(
+            64 << 20,
+            xfs,
+            Floor::FileSystem,
+            4096,
+            Some(&r(0, 128 << 20)),
+        )
+        .unwrap_err();
         assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
     }
 
@@ -602,14 +619,20 @@ mod tests {
             required_bytes: 4096,
             limit_bytes: limit,
         };
-        assert_eq!(size_with_source(8192, 4096, 4096, None).unwrap(), 8192);
-        assert_eq!(size_with_source(4096, 6000, 4096, None).unwrap(), 8192);
         assert_eq!(
-            size_with_source(4096, 8192, 4096, Some(&r(8192))).unwrap(),
+            at_least(8192, 4096, Floor::Source, 4096, None).unwrap(),
             8192
         );
         assert_eq!(
-            size_with_source(4096, 8193, 4096, Some(&r(8192)))
+            at_least(4096, 6000, Floor::Source, 4096, None).unwrap(),
+            8192
+        );
+        assert_eq!(
+            at_least(4096, 8192, Floor::Source, 4096, Some(&r(8192))).unwrap(),
+            8192
+        );
+        assert_eq!(
+            at_least(4096, 8193, Floor::Source, 4096, Some(&r(8192)))
                 .unwrap_err()
                 .code(),
             tonic::Code::OutOfRange

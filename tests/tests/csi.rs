@@ -209,9 +209,18 @@ async fn sanity(
     let report = std::fs::read_to_string(&junit).unwrap_or_default();
     let skipped = skipped_tests(&report);
     if !out.status.success() {
+        // What the node had when it failed: a flaky failure in CI must say enough by itself.
+        let tail = |s: String, n: usize| {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        };
+        let memory =
+            guest::sh("grep -E 'MemAvailable|Shmem:' /proc/meminfo; df -h /dev/shm /run /tmp")
+                .unwrap_or_else(|e| format!("(unreadable: {e})"));
         bail!(
-            "csi-sanity failed for {name}:\n{stdout}\n--- ublkd-csi log ---\n{}",
-            pair.log()
+            "csi-sanity failed for {name}:\n{stdout}\n--- ublkd log (tail) ---\n{}\n--- ublkd-csi log (tail) ---\n{}\n--- memory ---\n{memory}",
+            tail(pair.daemon.log(), 40),
+            tail(pair.log(), 40)
         );
     }
     // Skipped may be only what the driver does not offer by design, and snapshots and clones

@@ -27,7 +27,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  test               host tests (cargo test --workspace), then the whole VM suite
+  test               host tests (cargo test --workspace), the whole VM suite, then the
+                     Kubernetes tier (every k8s-test scenario)
   vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it,
                      or a whole test file (e.g. daemon, dataplane, kernel, nvme, recovery);
                      several, comma-separated, select the tests any of them selects
@@ -77,7 +78,27 @@ fn run(args: &[String]) -> Result<ExitCode> {
         Some("test") => {
             host_tests(&ws)?;
             let outcome = suite::run(&ws, None)?;
-            Ok(outcome.exit_code())
+            let tier = k8s::run_tier(&ws, &[])?;
+            // Both summaries last, the VM suite's failures with their reasons: all a CI log's
+            // tail keeps.
+            for (name, why) in &outcome.reasons {
+                println!("\n--- why {name} failed ---\n{why}");
+            }
+            println!(
+                "\nVM suite: {} passed, {} failed",
+                outcome.passed.len(),
+                outcome.failed.len()
+            );
+            println!("{}", tier.summary);
+            let ok = outcome.failed.is_empty()
+                && !outcome.passed.is_empty()
+                && tier.failed == 0
+                && tier.passed > 0;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Some("vm-test") => {
             let filter = args.get(1).map(String::as_str);

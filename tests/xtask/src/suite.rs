@@ -204,6 +204,8 @@ fn failure_excerpt(console: &[String], name: &str) -> String {
     const MARKS: &[&str] = &[
         "Error",
         "error:",
+        "ERROR",
+        "WARN",
         "panicked",
         "[FAIL]",
         "FAIL!",

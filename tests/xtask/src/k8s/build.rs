@@ -94,6 +94,19 @@ fn download(module: &str, version: &str) -> Result<(PathBuf, PathBuf)> {
     Ok((field("GoMod")?, field("Dir")?))
 }
 
+/// The snapshot CRDs: external-snapshotter's client module, at the version its v8.2.1
+/// requires (`config/crd` in it).
+pub const SNAPSHOT_CLIENT: (&str, &str) = (
+    "github.com/kubernetes-csi/external-snapshotter/client/v8",
+    "v8.2.0",
+);
+
+/// A module's source directory in the module cache, downloaded first when it is not there:
+/// the cluster add-ons' manifests are read from it, as a user reads them from the release.
+pub fn module_dir(module: &str, version: &str) -> Result<PathBuf> {
+    Ok(download(module, version)?.1)
+}
+
 /// The `go` line and the replace directives of a go.mod, each replace as `old => new`.
 fn parse_go_mod(text: &str) -> (Option<String>, Vec<String>) {
     let mut go_line = None;

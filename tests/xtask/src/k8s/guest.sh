@@ -55,6 +55,16 @@ for d in /var/lib/containerd /var/lib/kubelet /var/lib/ublkd /var/lib/etcd; do
     mkdir -p "$d"
     mount -t tmpfs -o mode=0755 state "$d" || die "cannot mount a tmpfs on $d"
 done
+# The file classes' root on a file system that can reflink (snapshots, restores and clones are
+# reflinks of a backing file): XFS with reflink=1 on a loop device over a sparse file, as an
+# admin gives a node a disk for it.
+mkdir -p /var/lib/node-disk /var/lib/ublkd/volumes
+mount -t tmpfs -o mode=0755 disk /var/lib/node-disk || die "cannot mount a tmpfs for the node's disk"
+truncate -s 4G /var/lib/node-disk/volumes.img
+modprobe loop 2>>"$L/modprobe.log"
+disk=$(losetup --find --show /var/lib/node-disk/volumes.img) || die "no loop device for the node's disk"
+mkfs.xfs -q -m reflink=1 "$disk" >>"$L/node-disk.log" 2>&1 || die "mkfs.xfs on $disk"
+mount -o discard "$disk" /var/lib/ublkd/volumes || die "cannot mount the node's disk"
 mount --make-rshared /
 # All of them now, before anything runs in parallel: a module load patches kernel text (static
 # keys), and under TCG that has oopsed a guest once (int3 in kmem_cache_alloc, from ip6tables).
@@ -201,6 +211,42 @@ wait_for 240 node_ready || die "the node never became Ready"
 say "node Ready"
 # Pods reach the API server through the kubernetes Service (kube-proxy's rules).
 wait_for 120 sh -c "iptables-save -t nat | grep -q KUBE-SVC" || die "kube-proxy wrote no Service rules"
+
+# --- cluster add-ons: what deploy/csi/README.md ("Snapshots") has an admin install once --------
+# The snapshot CRDs, and the snapshot-controller from its release's manifests with the two
+# changes the README names (--enable-distributed-snapshotting, the rule on nodes); one replica,
+# the image name of the offline build.
+snapshot_addons() {
+    kubectl apply -k "$K8S_SNAPSHOT_CRDS" &&
+        kubectl wait --for=condition=Established --timeout=60s \
+            crd/volumesnapshots.snapshot.storage.k8s.io \
+            crd/volumesnapshotcontents.snapshot.storage.k8s.io \
+            crd/volumesnapshotclasses.snapshot.storage.k8s.io || return 1
+    w=/tmp/snapshot-controller
+    mkdir -p "$w"
+    cp "$K8S_SNAPSHOT_CONTROLLER/rbac-snapshot-controller.yaml" \
+        "$K8S_SNAPSHOT_CONTROLLER/setup-snapshot-controller.yaml" "$w/" || return 1
+    cat >"$w/kustomization.yaml" <<EOK
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [rbac-snapshot-controller.yaml, setup-snapshot-controller.yaml]
+replicas: [{name: snapshot-controller, count: 1}]
+images:
+  - name: registry.k8s.io/sig-storage/snapshot-controller
+    newName: ublkd.test/snapshot-controller
+    newTag: $K8S_SNAPSHOTTER_VERSION
+patches:
+  - target: {kind: Deployment, name: snapshot-controller}
+    patch: |-
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --enable-distributed-snapshotting}
+  - target: {kind: ClusterRole, name: snapshot-controller-runner}
+    patch: |-
+      - {op: add, path: /rules/-, value: {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}}
+EOK
+    kubectl apply -k "$w"
+}
+snapshot_addons >"$L/snapshot-addons.log" 2>&1 || die "the snapshot add-ons: $(tail -5 "$L/snapshot-addons.log")"
+say "snapshot CRDs and controller applied"
 
 # --- install as a user would -------------------------------------------------------------------
 kubectl apply -k "$K8S_OVERLAY" >"$L/apply.log" 2>&1 || die "kubectl apply -k failed: $(cat "$L/apply.log")"
@@ -417,15 +463,192 @@ EOP
     kubectl delete pvc d-huge --wait=true
 }
 
+# pvc_from NAME CLASS SIZE KIND SOURCE: a claim made from a VolumeSnapshot or another claim.
+pvc_from() {
+    group=
+    [ "$4" = VolumeSnapshot ] && group="apiGroup: snapshot.storage.k8s.io, "
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: $2
+  dataSource: {${group}kind: $4, name: $5}
+  resources: {requests: {storage: $3}}
+EOP
+}
+volume_of() { kubectl get pv "$(kubectl get pvc "$1" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}'; }
+
+# A VolumeSnapshot of a file-xfs claim, a claim restored from it and a clone of the claim, on
+# the node's reflink XFS: each holds the data of its moment, and deleting them leaves no file.
+s_snapshots() {
+    kubectl apply -k "$K8S_SNAPSHOTS_OVERLAY"
+    kubectl -n kube-system rollout status deploy/snapshot-controller --timeout=240s
+    pvc s-src ublkd-file-xfs 300Mi
+    pod p-src s-src
+    in_pod p-src 'echo at-the-snapshot >/data/f && sync'
+    kubectl apply -f - <<EOP
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap1}
+spec:
+  volumeSnapshotClassName: ublkd-file
+  source: {persistentVolumeClaimName: s-src}
+EOP
+    ready() { [ "$(kubectl get volumesnapshot snap1 -o jsonpath='{.status.readyToUse}')" = true ]; }
+    wait_for 180 ready || {
+        kubectl describe volumesnapshot snap1 | tail -20
+        kubectl get volumesnapshotcontents -o yaml | tail -30
+        kubectl -n kube-system logs deploy/snapshot-controller --tail=20
+        kubectl -n ublkd-system logs ds/ublkd-csi-node -c csi-snapshotter --tail=20
+        fail "snap1 never became readyToUse"
+    }
+    echo "snapshot: $(kubectl get volumesnapshot snap1 -o jsonpath='{.status.restoreSize} {.status.boundVolumeSnapshotContentName}')"
+    in_pod p-src 'echo after-the-snapshot >/data/f && sync'
+    pvc_from s-restore ublkd-file-xfs 300Mi VolumeSnapshot snap1
+    pod p-restore s-restore
+    got=$(in_pod p-restore 'cat /data/f')
+    [ "$got" = at-the-snapshot ] || fail "the restore holds the snapshot's data ($got)"
+    pvc_from s-clone ublkd-file-xfs 300Mi PersistentVolumeClaim s-src
+    pod p-clone s-clone
+    got=$(in_pod p-clone 'cat /data/f')
+    [ "$got" = after-the-snapshot ] || fail "the clone holds its source's data ($got)"
+    in_pod p-restore 'echo the-restore-wrote >/data/f && sync'
+    got=$(in_pod p-src 'cat /data/f')
+    [ "$got" = after-the-snapshot ] || fail "a write to the restore stays out of its source ($got)"
+    vols="$(volume_of s-src) $(volume_of s-restore) $(volume_of s-clone)"
+    echo "volumes: $vols"
+    kubectl delete pod p-src p-restore p-clone --wait=true
+    kubectl delete volumesnapshot snap1 --wait=true
+    kubectl delete pvc s-src s-restore s-clone --wait=true
+    gone() {
+        [ -z "$(kubectl get volumesnapshotcontents --no-headers 2>/dev/null)" ] || return 1
+        for v in $vols; do ublkctl list-volumes | grep -q "$v" && return 1; done
+        [ -z "$(find /var/lib/ublkd/volumes -name '*.img')" ]
+    }
+    wait_for 180 gone || {
+        kubectl get volumesnapshotcontents
+        ublkctl list-volumes
+        find /var/lib/ublkd/volumes
+        fail "a snapshot, a volume or a file outlived its object"
+    }
+}
+
+ublkd_pod() { kubectl -n ublkd-system get pod -l app.kubernetes.io/name=ublkd -o jsonpath='{.items[0].metadata.name}'; }
+ublkd_restarts() { kubectl -n ublkd-system get pod "$(ublkd_pod)" -o jsonpath='{.status.containerStatuses[?(@.name=="ublkd")].restartCount}'; }
+ublkd_ready() { kubectl -n ublkd-system wait --for=condition=Ready pod -l app.kubernetes.io/name=ublkd --timeout=5s; }
+
+# A pod writes with fsync (each write a new block, each checked) while ublkd is killed with
+# SIGKILL and then rolled to a new image the way daemonset.yaml says (set the image, delete the
+# pod: OnDelete). The devices wait for the next ublkd; the writer ends with no I/O error.
+s_ublkd_restart() {
+    pvc w-data ublkd-file 64Mi
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: Pod
+metadata: {name: p-writer}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: ublkd.test/busybox:test
+      command:
+        - /bin/sh
+        - -c
+        - |
+          i=0
+          while [ ! -e /data/stop ]; do
+            echo "block \$i" | dd of=/data/log bs=4096 seek=\$((i % 8192)) conv=fsync,notrunc 2>/tmp/err ||
+              { echo "write \$i failed: \$(cat /tmp/err)"; exit 1; }
+            i=\$((i + 1))
+          done
+          echo "wrote \$i blocks with fsync, none failed"
+      volumeMounts: [{name: v, mountPath: /data}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: w-data}}]
+EOP
+    kubectl wait --for=condition=Ready pod/p-writer --timeout=240s
+    sleep 5
+    before=$(ublkd_restarts)
+    pid=$(pidof ublkd | cut -d' ' -f1)
+    [ -n "$pid" ] || fail "no ublkd process on the node"
+    kill -9 "$pid"
+    echo "SIGKILL to ublkd (pid $pid); restarts were $before"
+    restarted() { [ "$(ublkd_restarts)" -gt "$before" ] && ublkd_ready; }
+    wait_for 240 restarted || { kubectl -n ublkd-system describe pod "$(ublkd_pod)" | tail -20; fail "ublkd did not come back after SIGKILL"; }
+    echo "ublkd back after SIGKILL; the writer: $(kubectl get pod p-writer -o jsonpath='{.status.phase}')"
+    # The roll: a new image name for the same build (imported like any other), then the pod.
+    "$D/usr/bin/ctr" -n k8s.io images tag ublkd.test/ublkd:test ublkd.test/ublkd:roll >/dev/null 2>&1 || true
+    old=$(ublkd_pod)
+    kubectl -n ublkd-system set image ds/ublkd ublkd=ublkd.test/ublkd:roll
+    kubectl -n ublkd-system delete pod "$old" --wait=true
+    rolled() { [ "$(ublkd_pod)" != "$old" ] && ublkd_ready &&
+        kubectl -n ublkd-system get pod "$(ublkd_pod)" -o jsonpath='{.spec.containers[?(@.name=="ublkd")].image}' | grep -q ':roll$'; }
+    wait_for 300 rolled || { kubectl -n ublkd-system get pods -o wide; fail "the rolled ublkd pod never became Ready"; }
+    echo "rolled to $(ublkd_pod)"
+    sleep 5
+    in_pod p-writer 'touch /data/stop'
+    done_ok() { [ "$(kubectl get pod p-writer -o jsonpath='{.status.phase}')" = Succeeded ]; }
+    wait_for 120 done_ok || { kubectl logs p-writer | tail -5; kubectl describe pod p-writer | tail -10; fail "the writer did not finish cleanly"; }
+    kubectl logs p-writer
+    kubectl delete pod p-writer --wait=true
+    kubectl delete pvc w-data --wait=true
+}
+
+# The kubelet restarted: the mounted volume stays mounted and keeps its data, the registrar
+# registers the driver again, and a new pod still gets a new volume.
+s_kubelet_restart() {
+    pvc k-data ublkd-ram 64Mi
+    pod p-keep k-data
+    in_pod p-keep 'echo kept >/data/f && sync'
+    kill "$(cat /run/kubelet.pid)"
+    wait_for 30 sh -c "! kill -0 $(cat /run/kubelet.pid)" || fail "the kubelet did not stop"
+    start_kubelet
+    wait_for 240 node_ready || fail "the node never became Ready again"
+    # The new kubelet takes the running pods back before it answers for them.
+    wait_for 120 in_pod p-keep true || fail "the kubelet never took p-keep back"
+    echo "kubelet restarted; the node Ready, p-keep taken back"
+    registered() { kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw ublkd.io; }
+    wait_for 120 registered || fail "the driver is not registered after the restart"
+    got=$(in_pod p-keep 'cat /data/f')
+    [ "$got" = kept ] || fail "the mounted volume kept its data ($got)"
+    pvc k-new ublkd-ram 64Mi
+    pod p-new k-new
+    in_pod p-new 'echo new >/data/f && sync'
+    echo "a new pod got a volume after the restart"
+    kubectl delete pod p-keep p-new --wait=true
+    kubectl delete pvc k-data k-new --wait=true
+}
+
+# No warning events from the driver's objects: anything in ublkd-system, on a storage object,
+# or about a volume on a pod (mount, map, resize, provisioning, snapshot). Run after the
+# scenarios that use the driver and before those that break it on purpose. MissingClusterDNS is
+# the test cluster's own (it runs no DNS server: there is no image of one) and is left out by
+# name; the pending scenario's FailedScheduling is the scheduler saying what it must.
+s_warnings() {
+    kubectl get events -A --field-selector type=Warning --no-headers \
+        -o custom-columns=NS:.metadata.namespace,KIND:.involvedObject.kind,NAME:.involvedObject.name,REASON:.reason,FROM:.source.component,MESSAGE:.message \
+        >/tmp/warnings
+    echo "warning events: $(grep -c . /tmp/warnings)"
+    cut -c1-220 /tmp/warnings
+    bad=$(grep -v MissingClusterDNS /tmp/warnings |
+        awk '$1 == "ublkd-system" ||
+             $2 ~ /^(PersistentVolumeClaim|PersistentVolume|VolumeSnapshot|VolumeSnapshotContent|CSINode|CSIStorageCapacity|StorageClass)$/ ||
+             $4 ~ /Mount|Volume|Provision|Resiz|Snapshot/' || true)
+    [ -z "$bad" ] || { echo "from the driver's objects:"; echo "$bad" | cut -c1-300; fail "warning events from the driver's objects"; }
+}
+
 run driver s_driver
 run file-ext4 s_file_ext4
 run ram s_ram
 run nvme-xfs s_nvme_xfs
 run block s_block
 run pending s_pending
+run snapshots s_snapshots
+run warnings s_warnings
+run ublkd-restart s_ublkd_restart
+run kubelet-restart s_kubelet_restart
 
-warnings=$(kubectl get events -A --field-selector type=Warning --no-headers 2>/dev/null | grep -c . || true)
-echo "warning events in the cluster: $warnings"
-kubectl get events -A --field-selector type=Warning 2>/dev/null | tail -20
 say "done: $failed failed"
 exit "$failed"

@@ -27,7 +27,18 @@ mod images;
 const GUEST: &str = include_str!("guest.sh");
 
 /// The scenarios, in the order the guest runs them.
-pub const SCENARIOS: &[&str] = &["driver", "file-ext4", "ram", "nvme-xfs", "block", "pending"];
+pub const SCENARIOS: &[&str] = &[
+    "driver",
+    "file-ext4",
+    "ram",
+    "nvme-xfs",
+    "block",
+    "pending",
+    "snapshots",
+    "warnings",
+    "ublkd-restart",
+    "kubelet-restart",
+];
 
 /// Debian packages unpacked for the guest, each from the suite named (containerd 1.7 is
 /// trixie's; sid has 2.x, which Kubernetes 1.35 would take too, but the brief pins 1.x).
@@ -135,7 +146,47 @@ fn all_images(ws: &Path, out: &Path) -> Result<Vec<images::Image>> {
     Ok(list)
 }
 
+/// What the tier found: counts, and a summary to print last (each scenario with its time, and
+/// what each failed one printed), so that a log's tail shows it.
+#[derive(Debug)]
+pub struct Tier {
+    pub passed: usize,
+    pub failed: usize,
+    pub summary: String,
+}
+
+impl Tier {
+    pub fn exit_code(&self) -> ExitCode {
+        if self.failed == 0 && self.passed > 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cargo xtask k8s-test`: the tier, its summary printed last.
 pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
+    let tier = run_tier(ws, args)?;
+    println!("{}", tier.summary);
+    Ok(tier.exit_code())
+}
+
+/// The lines a failed scenario printed after its FAILED line (the tail of its log), up to the
+/// next line of the guest's own progress.
+fn failure_lines(console: &[String], name: &str) -> String {
+    let mark = format!("SCENARIO {name} FAILED");
+    let Some(at) = console.iter().position(|l| l.contains(&mark)) else {
+        return String::new();
+    };
+    console[at + 1..]
+        .iter()
+        .take_while(|l| !l.contains("k8s [") && !l.contains("SCENARIO "))
+        .map(|l| format!("    {l}\n"))
+        .collect()
+}
+
+pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     for a in args {
         if !SCENARIOS.contains(&a.as_str()) {
             bail!(
@@ -183,15 +234,29 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     } else {
         args.join(" ")
     };
+    // The snapshot add-ons a cluster admin installs once (deploy/csi/README.md, "Snapshots"):
+    // the CRDs and the snapshot-controller's manifests, from the modules of their release.
+    let snapshotter = build::SIDECARS
+        .iter()
+        .find(|b| b.name == "external-snapshotter")
+        .context("no external-snapshotter build")?;
+    let snap_dir = build::module_dir(snapshotter.module, snapshotter.version)?;
+    let crd_dir = build::module_dir(build::SNAPSHOT_CLIENT.0, build::SNAPSHOT_CLIENT.1)?;
     let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
     let script = format!(
-        "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_OVERLAY={} K8S_MODULES={} K8S_SCENARIOS={}\n{GUEST}",
+        "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_OVERLAY={} K8S_SNAPSHOTS_OVERLAY={} \
+         K8S_MODULES={} K8S_SCENARIOS={} K8S_SNAPSHOT_CRDS={} K8S_SNAPSHOT_CONTROLLER={} \
+         K8S_SNAPSHOTTER_VERSION={}\n{GUEST}",
         q(&kube),
         q(&debs),
         q(&list),
         q(&ws.join("tests/k8s/overlay")),
+        q(&ws.join("tests/k8s/snapshots")),
         q(&modules),
         vm::shell_quote(&scenarios),
+        q(&crd_dir.join("config/crd")),
+        q(&snap_dir.join("deploy/kubernetes/snapshot-controller")),
+        snapshotter.version,
     );
     eprintln!(
         "xtask: k8s-test: Kubernetes binaries {kube_secs:.0} s, images {image_secs:.0} s; booting the cluster"
@@ -219,19 +284,20 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     let vm_secs = t.elapsed().as_secs_f64();
     let mut passed = 0;
     let mut failed = 0;
-    println!(
-        "\nKubernetes tier ({vm_secs:.0} s in the VM, {:.0} s in all):",
+    let mut summary = format!(
+        "\nKubernetes tier ({vm_secs:.0} s in the VM, {:.0} s in all):\n",
         started.elapsed().as_secs_f64()
     );
     for line in &run.console {
         if let Some(rest) = line.split("SCENARIO ").nth(1) {
             let f: Vec<&str> = rest.split_whitespace().collect();
             if let [name, result, secs] = f.as_slice() {
-                println!("  {result:<7} {name} ({secs} s)");
+                summary.push_str(&format!("  {result:<7} {name} ({secs} s)\n"));
                 if *result == "ok" {
                     passed += 1;
                 } else {
                     failed += 1;
+                    summary.push_str(&failure_lines(&run.console, name));
                 }
             }
         }
@@ -242,18 +308,23 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
         args.len()
     };
     if passed + failed < expected {
-        println!(
-            "  {} scenario(s) never ran (the cluster did not come up: {}); logs in {}",
+        summary.push_str(&format!(
+            "  {} scenario(s) never ran (the cluster did not come up: {}); logs in {}\n{}\n",
             expected - passed - failed,
             run.exit,
-            run.run_dir.join("logs").display()
-        );
+            run.run_dir.join("logs").display(),
+            run.console_tail(15)
+        ));
         failed = expected - passed;
     }
-    println!("{passed} passed, {failed} failed");
-    Ok(if failed == 0 && run.exit == vm::Exit::Code(0) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    if failed == 0 && run.exit != vm::Exit::Code(0) {
+        summary.push_str(&format!("  the guest {}\n", run.exit));
+        failed = 1;
+    }
+    summary.push_str(&format!("{passed} passed, {failed} failed"));
+    Ok(Tier {
+        passed,
+        failed,
+        summary,
     })
 }
