@@ -273,7 +273,10 @@ fn run_boot(
          echo \"ublkd-vm: guest kernel $(uname -r)\"\n\
          run_test() {{\n  echo \"=== RUN  $2\"\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
          [ $rc -eq 124 ] && echo \"=== TIMEOUT $2 after {PER_TEST_SECS} s\"\n  \
-         echo \"$rc $2\" >> \"$UBLKD_VM_RUN/results\"\n  echo \"=== END  $2 rc=$rc\"\n}}\n",
+         echo \"$rc $2\" >> \"$UBLKD_VM_RUN/results\"\n  \
+         left=$(du -sm \"${{TMPDIR:-/tmp}}\" 2>/dev/null | cut -f1)\n  \
+         find \"${{TMPDIR:-/tmp}}\" -mindepth 1 -maxdepth 1 -exec rm -rf --one-file-system {{}} + 2>/dev/null\n  \
+         echo \"=== END  $2 rc=$rc (left ${{left:-?}} MiB in ${{TMPDIR:-/tmp}}, removed)\"\n}}\n",
         ws = vm::shell_quote(&ws.to_string_lossy()),
         ublkd = vm::shell_quote(&target.join("ublkd").to_string_lossy()),
         ublkctl = vm::shell_quote(&target.join("ublkctl").to_string_lossy()),
