@@ -650,5 +650,8 @@ run warnings s_warnings
 run ublkd-restart s_ublkd_restart
 run kubelet-restart s_kubelet_restart
 
+# The pods' own logs, kept on every run (the registrar's or a sidecar's restart says why only
+# there); the run directory is the host's.
+cp -r /var/log/pods "$L/pods" 2>/dev/null || say "the pods' logs could not be kept"
 say "done: $failed failed"
 exit "$failed"
