@@ -81,19 +81,9 @@ fn run(args: &[String]) -> Result<ExitCode> {
             let tier = k8s::run_tier(&ws, &[])?;
             // Both summaries last, the VM suite's failures with their reasons: all a CI log's
             // tail keeps.
-            for (name, why) in &outcome.reasons {
-                println!("\n--- why {name} failed ---\n{why}");
-            }
-            println!(
-                "\nVM suite: {} passed, {} failed",
-                outcome.passed.len(),
-                outcome.failed.len()
-            );
+            println!("\nVM suite:\n{}", outcome.summary());
             println!("{}", tier.summary);
-            let ok = outcome.failed.is_empty()
-                && !outcome.passed.is_empty()
-                && tier.failed == 0
-                && tier.passed > 0;
+            let ok = outcome.ok() && tier.ok();
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {

@@ -22,12 +22,31 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.failed.is_empty() && !self.passed.is_empty()
+    }
+
     pub fn exit_code(&self) -> ExitCode {
-        if self.failed.is_empty() && !self.passed.is_empty() {
+        if self.ok() {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
         }
+    }
+
+    /// Why each failed test failed, then the count: what the log's tail must hold.
+    pub fn summary(&self) -> String {
+        let mut out: String = self
+            .reasons
+            .iter()
+            .map(|(name, why)| format!("\n--- why {name} failed ---\n{why}\n"))
+            .collect();
+        out.push_str(&format!(
+            "{} passed, {} failed",
+            self.passed.len(),
+            self.failed.len()
+        ));
+        out
     }
 }
 
@@ -187,14 +206,7 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             run_boot(ws, &kernel, &boot, multipath, &env, &mut outcome)?;
         }
     }
-    for (name, why) in &outcome.reasons {
-        println!("\n--- why {name} failed ---\n{why}");
-    }
-    println!(
-        "{} passed, {} failed",
-        outcome.passed.len(),
-        outcome.failed.len()
-    );
+    println!("{}", outcome.summary());
     Ok(outcome)
 }
 

@@ -355,9 +355,8 @@ EOP
         return 1
     }
 }
-pvc() { # NAME CLASS SIZE [block]
-    mode=Filesystem
-    [ "${4:-}" = block ] && mode=Block
+# claim NAME CLASS SIZE LINE: a ReadWriteOnce claim, LINE one more field of its spec.
+claim() {
     kubectl apply -f - <<EOP
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -365,9 +364,14 @@ metadata: {name: $1}
 spec:
   accessModes: [ReadWriteOnce]
   storageClassName: $2
-  volumeMode: $mode
+  $4
   resources: {requests: {storage: $3}}
 EOP
+}
+pvc() { # NAME CLASS SIZE [block]
+    mode=Filesystem
+    [ "${4:-}" = block ] && mode=Block
+    claim "$1" "$2" "$3" "volumeMode: $mode"
 }
 # mib QUANTITY: a Kubernetes quantity in Mi or Gi (what capacities are written in), in MiB.
 mib() {
@@ -467,16 +471,7 @@ EOP
 pvc_from() {
     group=
     [ "$4" = VolumeSnapshot ] && group="apiGroup: snapshot.storage.k8s.io, "
-    kubectl apply -f - <<EOP
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: $1}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: $2
-  dataSource: {${group}kind: $4, name: $5}
-  resources: {requests: {storage: $3}}
-EOP
+    claim "$1" "$2" "$3" "dataSource: {${group}kind: $4, name: $5}"
 }
 volume_of() { kubectl get pv "$(kubectl get pvc "$1" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}'; }
 

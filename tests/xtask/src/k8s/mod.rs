@@ -156,8 +156,12 @@ pub struct Tier {
 }
 
 impl Tier {
+    pub fn ok(&self) -> bool {
+        self.failed == 0 && self.passed > 0
+    }
+
     pub fn exit_code(&self) -> ExitCode {
-        if self.failed == 0 && self.passed > 0 {
+        if self.ok() {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
