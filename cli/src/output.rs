@@ -11,8 +11,8 @@ use crate::snapshot::{source_json, source_text};
 use serde_json::{json, Map, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
-    volume_spec::Backend, Capacity, IoPath, NodeInfo, OrphanDevice, PollReason, Toggle, Volume,
-    VolumeSpec, VolumeState, VolumeStats,
+    volume_spec::Backend, Capacity, IoPath, NodeInfo, OrphanDevice, PlacementReason, PollReason,
+    QueuePlacement, Toggle, Volume, VolumeSpec, VolumeState, VolumeStats,
 };
 
 /// Column alignment in [`table`].
@@ -303,6 +303,7 @@ pub fn volume_text(v: &Volume) -> String {
                 ),
             },
         ),
+        ("placement", placement_text(v)),
         ("qos", limits_text(spec.qos.as_ref())),
         (
             "device",
@@ -401,6 +402,36 @@ fn poll_reason_words(r: i32) -> Option<&'static str> {
     })
 }
 
+/// Where the queues are served and why (`Volume.placement`), while the volume has a device:
+/// `other-cpu (queue CPUs 1,0: why)`, the CPU serving each queue by queue number.
+fn placement_text(v: &Volume) -> String {
+    let Ok(p) = QueuePlacement::try_from(v.placement) else {
+        return format!("unknown ({})", v.placement);
+    };
+    if v.device_path.is_empty() || p == QueuePlacement::Unspecified {
+        return "-".into();
+    }
+    let word = p
+        .as_str_name()
+        .trim_start_matches("QUEUE_PLACEMENT_")
+        .to_lowercase()
+        .replace('_', "-");
+    let cpus: Vec<String> = v.queue_cpus.iter().map(u32::to_string).collect();
+    let why = match PlacementReason::try_from(v.placement_reason) {
+        Ok(PlacementReason::Asked) => "asked for",
+        Ok(PlacementReason::SharedCpus) => "the workers' CPUs also run applications",
+        Ok(PlacementReason::DedicatedCpus) => "the workers have CPUs to themselves",
+        Ok(PlacementReason::NoWorkerFits) => "no worker fitted every queue",
+        Ok(PlacementReason::Unspecified) | Err(_) => "",
+    };
+    match (cpus.is_empty(), why.is_empty()) {
+        (true, true) => word,
+        (true, false) => format!("{word} ({why})"),
+        (false, true) => format!("{word} (queue CPUs {})", cpus.join(",")),
+        (false, false) => format!("{word} (queue CPUs {}: {why})", cpus.join(",")),
+    }
+}
+
 fn in_use(v: &Volume, on: bool) -> &'static str {
     match (v.device_path.is_empty(), on) {
         (true, _) => "-",
@@ -429,6 +460,9 @@ fn volume_value(v: &Volume) -> Value {
         "zero_copy_in_use": v.zero_copy_in_use,
         "polled": v.polled,
         "poll_reason": enum_json(PollReason::try_from(v.poll_reason).ok().map(|r| r.as_str_name()), v.poll_reason),
+        "placement": enum_json(QueuePlacement::try_from(v.placement).ok().map(|p| p.as_str_name()), v.placement),
+        "placement_reason": enum_json(PlacementReason::try_from(v.placement_reason).ok().map(|r| r.as_str_name()), v.placement_reason),
+        "queue_cpus": v.queue_cpus,
         "message": v.message,
     })
 }
@@ -794,6 +828,9 @@ volumes:
             zero_copy_in_use: true,
             polled: false,
             poll_reason: PollReason::Declined.into(),
+            placement: QueuePlacement::OtherCpu.into(),
+            placement_reason: PlacementReason::SharedCpus.into(),
+            queue_cpus: vec![1, 0, 1, 0],
         };
         // The cli does not depend on prost-types; reach the Timestamp through the field.
         v.created.get_or_insert_with(Default::default).seconds = 1_700_000_000;
@@ -842,6 +879,7 @@ queue depth: server default
 io path:     auto (in use: per-io)
 zero copy:   auto (in use: on)
 poll:        off (in use: off: declined)
+placement:   other-cpu (queue CPUs 1,0,1,0: the workers' CPUs also run applications)
 qos:         unlimited
 device:      /dev/ublkb0 (ublk id 0)
 created:     2023-11-14T22:13:20Z";
@@ -899,6 +937,9 @@ created:     2023-11-14T22:13:20Z";
                 "zero_copy_in_use": true,
                 "polled": false,
                 "poll_reason": "POLL_REASON_DECLINED",
+                "placement": "QUEUE_PLACEMENT_OTHER_CPU",
+                "placement_reason": "PLACEMENT_REASON_SHARED_CPUS",
+                "queue_cpus": [1, 0, 1, 0],
                 "message": "",
             })
         );

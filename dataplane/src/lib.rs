@@ -22,6 +22,7 @@ mod ids;
 pub mod hooks;
 #[cfg(not(feature = "test-hooks"))]
 mod hooks;
+mod placement;
 mod poll;
 mod qos;
 mod ring;
@@ -38,6 +39,7 @@ pub use handle::{
     Handle, KernelDevice, KernelState, WorkerSnapshot,
 };
 pub use ids::{DevId, QueueId, Tag};
+pub use placement::{PlacementPolicy, PlacementReason, QueuePlacement};
 pub use poll::PollReason;
 pub use qos::QosLimits;
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};

@@ -68,6 +68,33 @@ pub struct DataplaneSettings {
     /// manager): `poll = auto` then polls NVMe volumes. CPUs the kernel isolates count as
     /// dedicated without it.
     pub dedicated_cpus: bool,
+    /// Which worker serves each queue of a volume: `auto` (on another CPU than the ones that
+    /// submit to the queue where the workers share CPUs with applications; spread over the
+    /// workers on dedicated CPUs), `same-cpu`, `other-cpu` or `spread`.
+    pub queue_placement: QueuePlacementSetting,
+}
+
+/// `dataplane.queue_placement` and `ublkd run --placement`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueuePlacementSetting {
+    #[default]
+    Auto,
+    SameCpu,
+    OtherCpu,
+    Spread,
+}
+
+impl QueuePlacementSetting {
+    pub fn policy(self) -> ublkd_dataplane::PlacementPolicy {
+        use ublkd_dataplane::PlacementPolicy as P;
+        match self {
+            QueuePlacementSetting::Auto => P::Auto,
+            QueuePlacementSetting::SameCpu => P::SameCpu,
+            QueuePlacementSetting::OtherCpu => P::OtherCpu,
+            QueuePlacementSetting::Spread => P::Spread,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -152,6 +179,7 @@ impl Default for DataplaneSettings {
             cpus: Vec::new(),
             control_timeout_secs: 10,
             dedicated_cpus: false,
+            queue_placement: QueuePlacementSetting::Auto,
         }
     }
 }
@@ -387,6 +415,8 @@ queue_depth = 64
 queues = 2
 [limits]
 max_volumes = 7
+[dataplane]
+queue_placement = "same-cpu"
 "#,
         )
         .unwrap();
@@ -410,6 +440,11 @@ max_volumes = 7
         assert_eq!(s.grpc.listen, vec!["unix:///a.sock", "127.0.0.1:7000"]);
         assert_eq!(s.log.format, LogFormat::Json);
         assert_eq!(s.limits.max_volumes, 9, "flag beats file");
+        assert_eq!(
+            s.dataplane.queue_placement,
+            QueuePlacementSetting::SameCpu,
+            "kebab-case names"
+        );
     }
 
     #[test]

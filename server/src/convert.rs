@@ -203,6 +203,43 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
         poll_reason: v.device.as_ref().map_or(v1::PollReason::Unspecified, |d| {
             poll_reason_to_proto(d.poll_reason)
         }) as i32,
+        placement: v
+            .device
+            .as_ref()
+            .map_or(v1::QueuePlacement::Unspecified, |d| {
+                placement_to_proto(d.placement)
+            }) as i32,
+        placement_reason: v
+            .device
+            .as_ref()
+            .map_or(v1::PlacementReason::Unspecified, |d| {
+                placement_reason_to_proto(d.placement_reason)
+            }) as i32,
+        queue_cpus: v.device.as_ref().map_or_else(Vec::new, |d| {
+            d.queue_cpus
+                .iter()
+                .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
+                .collect()
+        }),
+    }
+}
+
+pub fn placement_to_proto(p: ublkd_dataplane::QueuePlacement) -> v1::QueuePlacement {
+    use ublkd_dataplane::QueuePlacement as P;
+    match p {
+        P::SameCpu => v1::QueuePlacement::SameCpu,
+        P::OtherCpu => v1::QueuePlacement::OtherCpu,
+        P::Spread => v1::QueuePlacement::Spread,
+    }
+}
+
+pub fn placement_reason_to_proto(r: ublkd_dataplane::PlacementReason) -> v1::PlacementReason {
+    use ublkd_dataplane::PlacementReason as R;
+    match r {
+        R::Asked => v1::PlacementReason::Asked,
+        R::SharedCpus => v1::PlacementReason::SharedCpus,
+        R::DedicatedCpus => v1::PlacementReason::DedicatedCpus,
+        R::NoWorkerFits => v1::PlacementReason::NoWorkerFits,
     }
 }
 

@@ -108,6 +108,9 @@ struct RunArgs {
     poll: String,
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// Which worker serves each queue: auto, same-cpu, other-cpu or spread.
+    #[arg(long, value_enum, default_value = "auto")]
+    placement: config::QueuePlacementSetting,
 }
 
 fn parse_toggle(flag: &str, v: &str) -> anyhow::Result<Toggle> {
@@ -207,19 +210,23 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
     let stop = rt.block_on(async { termination() })?;
     let handle = Handle::start(ublkd_dataplane::Config {
         cpus: args.cpus,
+        placement: args.placement.policy(),
         ..Default::default()
     })
     .context("starting the dataplane")?;
     let info = handle.add_device(spec).context("creating the volume")?;
     println!("READY {}", info.block_device.display());
     eprintln!(
-        "ublkd: serving {} ({} path, zero copy {}, polled {} ({}), {} queue(s), {} worker(s)); \
-         SIGINT/SIGTERM to stop",
+        "ublkd: serving {} ({} path, zero copy {}, polled {} ({}), queues on {:?} ({:?}: {}), \
+         {} queue(s), {} worker(s)); SIGINT/SIGTERM to stop",
         info.block_device.display(),
         info.io_path.name(),
         info.zero_copy,
         info.polled,
         info.poll_reason.describe(),
+        info.queue_cpus,
+        info.placement,
+        info.placement_reason.describe(),
         info.spec.queues,
         handle.worker_count()
     );
@@ -353,6 +360,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
         iopoll_shared: None,
         dedicated_cpus: settings.dataplane.dedicated_cpus,
+        placement: settings.dataplane.queue_placement.policy(),
     });
     if let Err(e) = &handle {
         tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");

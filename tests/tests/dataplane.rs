@@ -635,39 +635,126 @@ fn backend_errors_reach_the_client_and_the_queue_keeps_serving() -> Result<()> {
     result
 }
 
-/// Each queue is served by a worker pinned to a CPU that blk-mq maps to it
-/// (GET_QUEUE_AFFINITY), so a request submitted on CPU c is started by the worker on CPU c and
-/// never crosses to the other one.
+/// A kernel CPU list (`0-1,3`).
+fn cpu_list(s: &str) -> Vec<usize> {
+    s.trim()
+        .split(',')
+        .filter_map(|p| match p.split_once('-') {
+            Some((a, b)) => Some((a.parse().ok()?..=b.parse().ok()?).collect::<Vec<usize>>()),
+            None => p.parse().ok().map(|c| vec![c]),
+        })
+        .flatten()
+        .collect()
+}
+
+/// The placement a device reports is the one in force, for each policy: fio pinned to CPU c
+/// submits to the queue blk-mq maps c to (sysfs `mq/*/cpu_list`), and the worker on the CPU
+/// the device reports for that queue starts those requests, the other worker none. Same CPU:
+/// each queue's worker is on a CPU that submits to it; other CPU: on one that does not; auto
+/// (the workers share their CPUs with fio here) is other CPU; spread: by number.
 #[test]
-fn requests_are_served_by_the_worker_on_the_submitting_cpu() -> Result<()> {
-    let dp = guest::dataplane()?;
-    let info = dp.add_device(DeviceSpec {
-        queues: 2,
-        ..guest::spec(BackendSpec::Null, 64 * MIB, IoPath::Auto)
-    })?;
-    const IOS: u64 = 4096;
-    for cpu in [0usize, 1] {
-        let served = |stats: &[ublkd_dataplane::WorkerSnapshot]| -> Result<(u64, u64)> {
-            let mine = stats.iter().find(|w| w.cpu == cpu).context("no worker")?;
-            let other = stats.iter().find(|w| w.cpu != cpu).context("one worker")?;
-            Ok((mine.batch_sum, other.batch_sum))
-        };
-        let before = served(&dp.worker_stats()?)?;
-        let pin = format!("--cpus_allowed={cpu}");
-        let ios = format!("--number_ios={IOS}");
-        guest::fio(
-            &info.block_device,
-            &["--rw=randread", "--bs=4k", "--iodepth=8", &pin, &ios],
-        )?;
-        let after = served(&dp.worker_stats()?)?;
-        let (mine, other) = (after.0 - before.0, after.1 - before.1);
-        println!("fio on CPU {cpu}: its worker started {mine} requests, the other {other}");
+fn each_placement_serves_a_queue_on_the_cpu_the_volume_reports() -> Result<()> {
+    use ublkd_dataplane::{Config, Handle, PlacementPolicy, PlacementReason, QueuePlacement};
+    for (policy, want, reason) in [
+        (
+            PlacementPolicy::SameCpu,
+            QueuePlacement::SameCpu,
+            PlacementReason::Asked,
+        ),
+        (
+            PlacementPolicy::OtherCpu,
+            QueuePlacement::OtherCpu,
+            PlacementReason::Asked,
+        ),
+        (
+            PlacementPolicy::Auto,
+            QueuePlacement::OtherCpu,
+            PlacementReason::SharedCpus,
+        ),
+        (
+            PlacementPolicy::Spread,
+            QueuePlacement::Spread,
+            PlacementReason::Asked,
+        ),
+    ] {
+        let dp = Handle::start(Config {
+            cpus: vec![0, 1],
+            placement: policy,
+            ..Config::default()
+        })?;
+        let info = dp.add_device(DeviceSpec {
+            queues: 2,
+            ..guest::spec(BackendSpec::Null, 64 * MIB, IoPath::Auto)
+        })?;
         ensure!(
-            mine >= IOS && other <= IOS / 100,
-            "fio on CPU {cpu}: its worker started {mine} of {IOS} requests, the other worker {other}"
+            (info.placement, info.placement_reason) == (want, reason),
+            "{policy:?}: the device reports {:?} ({:?})",
+            info.placement,
+            info.placement_reason
         );
+        ensure!(
+            info.queue_cpus.len() == 2,
+            "{policy:?}: a CPU per queue: {:?}",
+            info.queue_cpus
+        );
+        let name = info
+            .block_device
+            .file_name()
+            .context("device name")?
+            .to_string_lossy()
+            .into_owned();
+        for cpu in [0usize, 1] {
+            // The queue CPU `cpu` submits to.
+            let q = (0..2usize)
+                .find(|q| {
+                    guest::sh(&format!("cat /sys/block/{name}/mq/{q}/cpu_list"))
+                        .map(|l| cpu_list(&l).contains(&cpu))
+                        .unwrap_or(false)
+                })
+                .context("no queue lists the CPU")?;
+            let server = info.queue_cpus[q];
+            match want {
+                QueuePlacement::SameCpu => ensure!(
+                    server == cpu,
+                    "{policy:?}: queue {q} of CPU {cpu} served on {server}"
+                ),
+                QueuePlacement::OtherCpu => ensure!(
+                    server != cpu,
+                    "{policy:?}: queue {q} of CPU {cpu} served on {server}"
+                ),
+                QueuePlacement::Spread => {}
+            }
+            let served = |stats: &[ublkd_dataplane::WorkerSnapshot]| -> Result<(u64, u64)> {
+                let on = stats
+                    .iter()
+                    .find(|w| w.cpu == server)
+                    .context("no worker")?;
+                let off = stats
+                    .iter()
+                    .find(|w| w.cpu != server)
+                    .context("one worker")?;
+                Ok((on.batch_sum, off.batch_sum))
+            };
+            const IOS: u64 = 4096;
+            let before = served(&dp.worker_stats()?)?;
+            let pin = format!("--cpus_allowed={cpu}");
+            let ios = format!("--number_ios={IOS}");
+            guest::fio(
+                &info.block_device,
+                &["--rw=randread", "--bs=4k", "--iodepth=8", &pin, &ios],
+            )?;
+            let after = served(&dp.worker_stats()?)?;
+            let (on, off) = (after.0 - before.0, after.1 - before.1);
+            println!(
+                "{policy:?}: fio on CPU {cpu} -> queue {q}, reported on CPU {server}: that worker started {on} requests, the other {off}"
+            );
+            ensure!(
+                on >= IOS && off <= IOS / 100,
+                "{policy:?}: fio on CPU {cpu}: the worker on CPU {server} started {on} of {IOS} requests, the other {off}"
+            );
+        }
+        dp.delete_device(info.dev_id)?;
+        dp.shutdown()?;
     }
-    dp.delete_device(info.dev_id)?;
-    dp.shutdown()?;
     Ok(())
 }

@@ -45,6 +45,8 @@ pub(super) struct Control {
     pub(super) iopoll_shared: bool,
     /// `poll = auto` polls (the workers' CPUs run nothing else).
     pub(super) dedicated_cpus: bool,
+    /// Which worker serves each queue.
+    pub(super) placement: PlacementPolicy,
     pub(super) workers: Vec<WorkerThread>,
     pub(super) devices: BTreeMap<DevId, Device>,
     /// Devices whose takeover started (START_USER_RECOVERY) but did not finish: quiesced in the

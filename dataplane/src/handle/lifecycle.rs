@@ -91,6 +91,7 @@ impl Control {
         let backend = backend::open(&spec.backend, spec.size_bytes, spec.block_size)?;
         self.check_claim(backend.as_ref(), None)?;
         let (zero_copy, polled, poll_reason) = self.modes(&spec, backend.as_ref(), None)?;
+        let (placement, placement_reason) = placement::decide(self.placement, self.dedicated_cpus);
         // Only once the range is known to be nobody else's.
         let erased = if spec.erase { backend.erase()? } else { None };
         let mut spec = spec;
@@ -102,7 +103,7 @@ impl Control {
         let wanted = spec.wanted_flags(self.features, path, zero_copy);
         let granted = self.ctrl.add_dev(&spec.dev_info(wanted))?;
         let dev_id = DevId(granted.dev_id);
-        let info = DeviceInfo {
+        let mut info = DeviceInfo {
             dev_id,
             spec: spec.clone(),
             io_path: path,
@@ -111,6 +112,9 @@ impl Control {
             polled,
             poll_reason,
             copy_queues: 0,
+            placement,
+            placement_reason,
+            queue_cpus: Vec::new(),
             erased,
             block_device: block_device(dev_id),
             char_device: char_device(dev_id),
@@ -118,6 +122,8 @@ impl Control {
         let mut device = Device::new(info.clone(), backend);
         match self.bring_up(&mut device, &granted, wanted) {
             Ok(()) => {
+                // With the CPU each queue got, and the placement as it came out.
+                info = device.info.clone();
                 self.devices.insert(dev_id, device);
                 Ok(info)
             }
@@ -172,7 +178,8 @@ impl Control {
             }
         };
         let queues = device.info.spec.queues;
-        let placement = self.placement(device.info.polled);
+        let rings = self.placement(device.info.polled);
+        let worker_cpus: Vec<usize> = self.workers.iter().map(|w| w.cpu).collect();
         // Queues 0..len are attached (a resumed takeover starts after them).
         let first = u16::try_from(device.queues.len()).unwrap_or(queues);
         for q in (first..queues).map(QueueId) {
@@ -182,9 +189,20 @@ impl Control {
                     source: WorkerError::Injected,
                 });
             }
-            let home = self
-                .affine_worker(dev_id, q)
-                .unwrap_or((dev_id.0 as usize + q.index()) % self.workers.len());
+            let queue_cpus = self.ctrl.queue_affinity(dev_id, q).ok();
+            let (dev, qi) = (dev_id.0 as usize, q.index());
+            let home = placement::home(
+                device.info.placement,
+                dev,
+                qi,
+                queue_cpus.as_deref(),
+                &worker_cpus,
+            )
+            .unwrap_or_else(|| {
+                device.info.placement = QueuePlacement::Spread;
+                device.info.placement_reason = PlacementReason::NoWorkerFits;
+                placement::spread(dev, qi, worker_cpus.len())
+            });
             // Zero copy takes one buffer slot per tag on the worker's ring: a worker whose
             // table is full refuses, and the queue goes to the next one that has room. A new
             // device none can take is refused (RESOURCE_EXHAUSTED); a device being taken over
@@ -198,11 +216,17 @@ impl Control {
             }
             let mut last = None;
             for (w, copy) in tries {
-                match self.attach_queue(device, &cdev, q, w, placement, copy) {
+                match self.attach_queue(device, &cdev, q, w, rings, copy) {
                     Ok(()) => {
                         if copy {
                             device.info.copy_queues += 1;
                         }
+                        if w != home && device.info.placement != QueuePlacement::Spread {
+                            device.info.placement = QueuePlacement::Spread;
+                            device.info.placement_reason = PlacementReason::NoWorkerFits;
+                        }
+                        device.info.queue_cpus.truncate(q.index());
+                        device.info.queue_cpus.push(worker_cpus[w]);
                         last = None;
                         break;
                     }
@@ -223,23 +247,6 @@ impl Control {
             }
         }
         Ok(())
-    }
-
-    /// The worker whose CPU blk-mq maps to queue `q` (GET_QUEUE_AFFINITY), so a request is
-    /// served, and completes, on the CPU that submitted it; devices spread over the workers
-    /// when several CPUs share a queue. None when no worker runs on one of those CPUs.
-    pub(super) fn affine_worker(&mut self, dev_id: DevId, q: QueueId) -> Option<usize> {
-        let cpus = self.ctrl.queue_affinity(dev_id, q).ok()?;
-        let matching: Vec<usize> = self
-            .workers
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| cpus.contains(&w.cpu))
-            .map(|(i, _)| i)
-            .collect();
-        matching
-            .get(dev_id.0 as usize % matching.len().max(1))
-            .copied()
     }
 
     /// Hands queue `q` to worker `w` and waits for its answer.

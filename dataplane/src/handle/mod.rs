@@ -11,6 +11,7 @@ use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
 use crate::features::Features;
 use crate::hooks::{self, Fault};
 use crate::ids::{DevId, QueueId};
+use crate::placement::{self, PlacementPolicy, PlacementReason, QueuePlacement};
 use crate::poll::PollReason;
 use crate::qos::{QosLimits, Throttle};
 use crate::ring::RingError;
@@ -47,6 +48,8 @@ pub struct Config {
     /// Kubernetes static CPU manager), so `poll = auto` polls. CPUs the kernel isolates
     /// (`isolcpus=`, `nohz_full=`) count as dedicated without it.
     pub dedicated_cpus: bool,
+    /// Which worker serves each queue (`crate::placement`).
+    pub placement: PlacementPolicy,
 }
 
 impl Default for Config {
@@ -56,6 +59,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             iopoll_shared: None,
             dedicated_cpus: false,
+            placement: PlacementPolicy::Auto,
         }
     }
 }
@@ -78,6 +82,11 @@ pub struct DeviceInfo {
     /// Queues of a zero-copy device served by copy: taken over when no worker had buffer slots
     /// left for them (a new device is refused instead).
     pub copy_queues: u16,
+    /// Where the queues went (`crate::placement`), and why.
+    pub placement: QueuePlacement,
+    pub placement_reason: PlacementReason,
+    /// The CPU of the worker serving each queue, by queue number (filled as queues attach).
+    pub queue_cpus: Vec<usize>,
     /// How the backend's range was erased before the device appeared (`DeviceSpec::erase`);
     /// None when nothing needed erasing or the device was taken over.
     pub erased: Option<Erase>,
@@ -268,6 +277,7 @@ impl Handle {
             features,
             iopoll_shared,
             dedicated_cpus,
+            placement: config.placement,
             workers,
             devices: BTreeMap::new(),
             recovering: BTreeMap::new(),

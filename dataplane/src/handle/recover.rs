@@ -89,6 +89,7 @@ impl Control {
         let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
         let (zero_copy, polled, poll_reason) =
             self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
+        let (placement, placement_reason) = placement::decide(self.placement, self.dedicated_cpus);
         // A zero-copy device whose new backend must copy (an orphan adopted as a RAM volume):
         // every request takes the fallback, served by copy, which needs USER_COPY.
         let copy_only = zero_copy && !backend.zero_copy();
@@ -114,6 +115,9 @@ impl Control {
                 polled,
                 poll_reason,
                 copy_queues: 0,
+                placement,
+                placement_reason,
+                queue_cpus: Vec::new(),
                 erased: None,
                 block_device: block_device(dev_id),
                 char_device: char_device(dev_id),

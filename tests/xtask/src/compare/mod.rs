@@ -1,12 +1,14 @@
-//! `cargo xtask compare REV...`: ublkd builds of several commits against each other in ONE boot,
+//! `cargo xtask compare REV[+FLAG...]...`: ublkd builds of several commits against each other in ONE boot,
 //! the only comparison that means anything here (runs from different boots move by ±30 %).
 //!
 //! Each REV (a commit, or `work` for the working tree) is built in release mode once and cached
 //! by commit: a detached worktree under `target/compare/src/<sha>`, one shared target directory
 //! (`target/compare/target`, so dependencies build once), the binary kept at
-//! `target/compare/bin/<sha>/ublkd`. The guest (`guest.sh`) runs fio against `ublkd run` for
-//! every build in turn, forward then backward, twice, recording IOPS, blk-mq's queue-to-CPU map
-//! and each CPU's busy share. The host prints a table, each build against the first named, and
+//! `target/compare/bin/<sha>/ublkd`. Flags after a `+` go to that build's `ublkd run` (e.g.
+//! `work+--placement=same-cpu`): one build can be compared with itself under another setting.
+//! The guest (`guest.sh`) runs fio against `ublkd run` for every build in turn, forward then
+//! backward, twice, recording IOPS (randread and randwrite at QD32) and the mean latency
+//! (randread at QD1), blk-mq's queue-to-CPU map and each CPU's busy share. The host prints a table, each build against the first named, and
 //! writes `target/compare/results.json`. Until `cargo xtask bench --baseline` exists this is how
 //! a change is judged against an earlier one.
 
@@ -43,39 +45,49 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
         bail!("compare needs two builds or more: cargo xtask compare fdc00eb work");
     }
     let mut builds = Vec::new();
-    for rev in &revs {
-        let (label, bin) = build(ws, rev)?;
-        if builds.iter().any(|(l, _): &(String, PathBuf)| *l == label) {
-            bail!("{rev} names a build already in the list ({label})");
+    for arg in &revs {
+        let mut parts = arg.split('+');
+        let rev = parts.next().unwrap_or_default();
+        let flags: Vec<&str> = parts.collect();
+        let (sha, bin) = build(ws, rev)?;
+        let label = std::iter::once(sha.as_str())
+            .chain(flags.iter().copied())
+            .collect::<Vec<_>>()
+            .join("+");
+        if builds
+            .iter()
+            .any(|(l, _, _): &(String, PathBuf, String)| *l == label)
+        {
+            bail!("{arg} names a build already in the list ({label})");
         }
-        builds.push((label, bin));
+        builds.push((label, bin, flags.join(",")));
     }
     let kernel = image::prepare(ws)?;
     let script_path = ws.join("target/compare/guest.sh");
     fs::write(&script_path, GUEST).with_context(|| format!("writing {}", script_path.display()))?;
     let pairs: Vec<String> = builds
         .iter()
-        .map(|(l, b)| vm::shell_quote(&format!("{l}={}", b.display())))
+        .map(|(l, b, f)| vm::shell_quote(&format!("{l}|{}|{f}", b.display())))
         .collect();
     let script = format!(
         "sh {} {runtime} \"$UBLKD_VM_RUN/compare.txt\" {}\n",
         vm::shell_quote(&script_path.to_string_lossy()),
         pairs.join(" ")
     );
-    // 4 passes x 2 jobs per build, each its runtime, a ramp second and about 5 s of set-up.
-    let timeout = 180 + builds.len() as u64 * 8 * (runtime + 6);
+    // 4 passes x 3 jobs per build, each its runtime, a ramp second and about 5 s of set-up.
+    let timeout = 180 + builds.len() as u64 * 12 * (runtime + 6);
     eprintln!(
-        "xtask: compare: {} builds x 2 jobs x 4 passes of {runtime} s, in one boot of {}",
+        "xtask: compare: {} builds x 3 jobs x 4 passes of {runtime} s, in one boot of {}",
         builds.len(),
         kernel.kver
     );
     let run = Vm::new(ws, &kernel)?.timeout_secs(timeout).run(&script)?;
     let text = fs::read_to_string(run.run_dir.join("compare.txt")).unwrap_or_default();
     let rows = parse(&text);
-    let labels: Vec<&str> = builds.iter().map(|(l, _)| l.as_str()).collect();
+    let labels: Vec<&str> = builds.iter().map(|(l, _, _)| l.as_str()).collect();
     print!("{}", table(&rows, &labels));
     let json = serde_json::json!({
-        "builds": builds.iter().map(|(l, b)| serde_json::json!({"label": l, "binary": b})).collect::<Vec<_>>(),
+        "builds": builds.iter().map(|(l, b, f)| serde_json::json!({"label": l, "binary": b, "flags": f})).collect::<Vec<_>>(),
         "runtime_s": runtime,
         "runs": rows.iter().map(|r| serde_json::json!({
             "build": r.label, "rw": r.rw, "iops": r.iops, "queue_cpus": r.map, "cpu_busy": r.busy,
@@ -89,7 +101,7 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
         rows.iter()
             .filter(|r| r.label == *l && r.iops.is_some())
             .count()
-            == 8
+            == 12
     });
     if run.exit != vm::Exit::Code(0) || !complete {
         println!(
@@ -218,12 +230,14 @@ fn table(rows: &[Row], labels: &[&str]) -> String {
         }
     }
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    let mut out = String::from("build       job        mean IOPS  ratio  CPUs busy  runs\n");
-    for rw in ["randread", "randwrite"] {
+    let mut out = String::from(
+        "build       job          mean  ratio  CPUs busy  runs (IOPS; randread-qd1: latency in us)\n",
+    );
+    for rw in ["randread", "randwrite", "randread-qd1"] {
         let base = stats.get(&(labels[0], rw)).and_then(|s| mean(&s.iops));
         for l in labels {
             let Some(Runs { iops, busy }) = stats.get(&(*l, rw)) else {
-                out.push_str(&format!("{l:<11} {rw:<10} no runs\n"));
+                out.push_str(&format!("{l:<11} {rw:<12} no runs\n"));
                 continue;
             };
             let m = mean(iops);
@@ -233,7 +247,7 @@ fn table(rows: &[Row], labels: &[&str]) -> String {
             };
             let runs: Vec<String> = iops.iter().map(|i| format!("{i:.0}")).collect();
             out.push_str(&format!(
-                "{l:<11} {rw:<10} {:>9}  {ratio:>5}  {:>8}  {}\n",
+                "{l:<11} {rw:<12} {:>7}  {ratio:>5}  {:>8}  {}\n",
                 m.map_or("-".into(), |m| format!("{m:.0}")),
                 mean(busy).map_or("-".into(), |b| format!("{b:.0} %")),
                 runs.join(" ")
@@ -266,6 +280,6 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("a           randwrite          -      -"), "{t}");
-        assert!(t.contains("b           randwrite  no runs"), "{t}");
+        assert!(t.contains("b           randwrite    no runs"), "{t}");
     }
 }
