@@ -42,9 +42,10 @@ commands:
   image [--check]    build the container image (OCI layout, no daemon, no base pulled):
                      target/image/ublkd-oci.tar; --check builds it twice and compares digests
   deb                build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb
-  compare [--runtime S] REV REV...
+  compare [--runtime S] REV[+FLAG...] REV[+FLAG...]...
                      ublkd at several commits (or `work`, the working tree) against each other
-                     in one boot: fio 4 KiB QD32 on a null volume, builds interleaved;
+                     in one boot: fio 4 KiB QD32 and QD1 on a null volume, builds interleaved;
+                     FLAGs go to that build's `ublkd run` (work+--placement=same-cpu);
                      target/compare/results.json
   prepare            fetch the kernel and build the initramfs (what the others do first)
   manifests          render deploy/kubernetes and every overlay under deploy/overlays with

@@ -261,14 +261,26 @@ pub fn ensure(b: &GoBuild) -> Result<PathBuf> {
 /// registrar and livenessprobe sidecars the module proxy does not serve. Go's build cache makes
 /// a rebuild cheap, so they are built on every run, into `out`.
 pub fn standins(ws: &Path, out: &Path) -> Result<PathBuf> {
+    local_module(&ws.join("tests/k8s/standins"), "./cmd/...", out)
+}
+
+/// The test cluster's DNS server (tests/k8s/coredns: CoreDNS from its module with the plugins a
+/// cluster's DNS needs), built like the stand-ins; the path of the binary.
+pub fn coredns(ws: &Path, out: &Path) -> Result<PathBuf> {
+    local_module(&ws.join("tests/k8s/coredns"), ".", out)?;
+    Ok(out.join("coredns"))
+}
+
+/// `go build` of `packages` in the project's module `dir`, static, into `out`.
+fn local_module(dir: &Path, packages: &str, out: &Path) -> Result<PathBuf> {
     fs::create_dir_all(out)?;
     let mut cmd = Command::new(go()?);
-    cmd.current_dir(ws.join("tests/k8s/standins"))
+    cmd.current_dir(dir)
         .env("CGO_ENABLED", "0")
         .args(["build", "-trimpath", "-ldflags", "-s -w", "-o"])
         .arg(format!("{}/", out.display()))
-        .arg("./cmd/...");
-    apt::run_ok(&mut cmd).context("building the stand-ins (tests/k8s/standins)")?;
+        .arg(packages);
+    apt::run_ok(&mut cmd).with_context(|| format!("building {}", dir.display()))?;
     Ok(out.to_owned())
 }
 

@@ -4,7 +4,8 @@
 //! Everything comes from the registries the machine has, built or unpacked here and cached by
 //! version (the guest sees the cache through the host root):
 //! - Kubernetes (API server, controller manager, scheduler, kubelet, kube-proxy, kubectl) and
-//!   the kubernetes-csi sidecars, from their Go modules (`build`);
+//!   the kubernetes-csi sidecars, from their Go modules (`build`); the cluster's DNS server,
+//!   CoreDNS, from its module with a trimmed plugin list (`tests/k8s/coredns`);
 //! - etcd, containerd 1.7 and the CNI plugins, from Debian trixie's packages (runc and iptables
 //!   from the host's own suite: trixie's runc needs a newer glibc than the host root has);
 //! - every image, packed offline (`images`), ublkd's own from `cargo xtask image`.
@@ -35,6 +36,7 @@ pub const SCENARIOS: &[&str] = &[
     "block",
     "pending",
     "snapshots",
+    "modify",
     "warnings",
     "ublkd-restart",
     "kubelet-restart",
@@ -215,6 +217,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let t = Instant::now();
     let imgs = all_images(ws, &out.join("images"))?;
     let image_secs = t.elapsed().as_secs_f64();
+    let coredns = build::coredns(ws, &out.join("coredns"))?;
     let list = out.join("images.txt");
     let text: String = imgs
         .iter()
@@ -250,7 +253,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let script = format!(
         "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_OVERLAY={} K8S_SNAPSHOTS_OVERLAY={} \
          K8S_MODULES={} K8S_SCENARIOS={} K8S_SNAPSHOT_CRDS={} K8S_SNAPSHOT_CONTROLLER={} \
-         K8S_SNAPSHOTTER_VERSION={}\n{GUEST}",
+         K8S_SNAPSHOTTER_VERSION={} K8S_COREDNS={} K8S_MODIFY_OVERLAY={}\n{GUEST}",
         q(&kube),
         q(&debs),
         q(&list),
@@ -261,6 +264,8 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         q(&crd_dir.join("config/crd")),
         q(&snap_dir.join("deploy/kubernetes/snapshot-controller")),
         snapshotter.version,
+        q(&coredns),
+        q(&ws.join("tests/k8s/modify")),
     );
     eprintln!(
         "xtask: k8s-test: Kubernetes binaries {kube_secs:.0} s, images {image_secs:.0} s; booting the cluster"
