@@ -88,18 +88,19 @@ pub fn home(
     if worker_cpus.is_empty() {
         return None;
     }
-    let fits = |submits: bool| -> Vec<usize> {
-        let cpus = queue_cpus.unwrap_or(&[]);
-        (0..worker_cpus.len())
+    // The workers that do (or do not) run on a CPU submitting to the queue; the n-th of them.
+    let pick = |submits: bool, n: usize| -> Option<usize> {
+        let cpus = queue_cpus?;
+        let fit: Vec<usize> = (0..worker_cpus.len())
             .filter(|&i| cpus.contains(&worker_cpus[i]) == submits)
-            .collect()
+            .collect();
+        fit.get(n % fit.len().max(1)).copied()
     };
-    let pick = |c: Vec<usize>, n: usize| c.get(n % c.len().max(1)).copied();
     match want {
         QueuePlacement::Spread => Some(spread(dev, q, worker_cpus.len())),
         // Devices that share a queue's CPUs take turns over its workers.
-        QueuePlacement::SameCpu => pick(fits(true), dev).filter(|_| queue_cpus.is_some()),
-        QueuePlacement::OtherCpu => pick(fits(false), dev + q).filter(|_| queue_cpus.is_some()),
+        QueuePlacement::SameCpu => pick(true, dev),
+        QueuePlacement::OtherCpu => pick(false, dev + q),
     }
 }
 

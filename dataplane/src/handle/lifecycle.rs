@@ -199,8 +199,7 @@ impl Control {
                 &worker_cpus,
             )
             .unwrap_or_else(|| {
-                device.info.placement = QueuePlacement::Spread;
-                device.info.placement_reason = PlacementReason::NoWorkerFits;
+                spread_instead(&mut device.info);
                 placement::spread(dev, qi, worker_cpus.len())
             });
             // Zero copy takes one buffer slot per tag on the worker's ring: a worker whose
@@ -221,9 +220,8 @@ impl Control {
                         if copy {
                             device.info.copy_queues += 1;
                         }
-                        if w != home && device.info.placement != QueuePlacement::Spread {
-                            device.info.placement = QueuePlacement::Spread;
-                            device.info.placement_reason = PlacementReason::NoWorkerFits;
+                        if w != home {
+                            spread_instead(&mut device.info);
                         }
                         device.info.queue_cpus.truncate(q.index());
                         device.info.queue_cpus.push(worker_cpus[w]);
@@ -388,6 +386,15 @@ impl Control {
 pub(super) fn copy_max_io(depth: u16) -> u32 {
     let per_tag = (1u32 << 30) / u32::from(depth.max(1));
     (per_tag & !4095).max(4096)
+}
+
+/// A queue could not go where the device's placement wanted: the device reports its queues as
+/// spread, and why (a device already spread keeps its own reason).
+fn spread_instead(info: &mut DeviceInfo) {
+    if info.placement != QueuePlacement::Spread {
+        info.placement = QueuePlacement::Spread;
+        info.placement_reason = PlacementReason::NoWorkerFits;
+    }
 }
 
 #[cfg(test)]
