@@ -42,6 +42,12 @@ fn limits(read_iops: u64, write_bw: u64) -> v1::QosLimits {
     }
 }
 
+/// A quarter of `pace`, rounded down to a multiple of `unit` and at least one unit.
+fn quarter(pace: f64, unit: f64) -> u64 {
+    // Saturating float-to-int: a pace is finite and far below u64::MAX.
+    ((pace / 4.0 / unit).floor().max(1.0) * unit) as u64
+}
+
 fn within(measured: f64, limit: f64, what: &str) -> Result<()> {
     let ratio = measured / limit;
     println!("{what}: limit {limit:.0}, measured {measured:.0}, ratio {ratio:.3}");
@@ -59,38 +65,54 @@ async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() 
     d.start().await?;
     let mut c = d.volumes().await?;
     // Two queues each, one per CPU: both volumes' queues share the two workers.
-    let mut lim_spec = spec(256 * MIB, api::ram());
-    lim_spec.queues = Some(2);
-    lim_spec.qos = Some(limits(2000, 0));
     let mut free_spec = spec(256 * MIB, api::ram());
     free_spec.queues = Some(2);
-    let lim = c
-        .create_volume(create("q-lim", lim_spec))
-        .await?
-        .into_inner();
     let free = c
         .create_volume(create("q-free", free_spec))
         .await?
         .into_inner();
+    // The limits are a quarter of what this guest does unlimited, so that they bind on a fast
+    // host and a slow one alike: a fixed 2000 IOPS is above a slow emulated guest's whole pace,
+    // and then no throttle is measured at all.
+    let (alone, _) = measure(&free.device_path, "randread", "4k", 3)?;
+    let (_, free_wbw) = measure(&free.device_path, "randwrite", "64k", 3)?;
+    let read_limit = quarter(alone, 100.0);
+    let write_limit = quarter(free_wbw, MIB as f64);
+    let low_limit = quarter(read_limit as f64, 25.0);
+    println!(
+        "unlimited here: {alone:.0} read IOPS, {free_wbw:.0} B/s written; limits {read_limit} IOPS, \
+         {write_limit} B/s, then {low_limit} IOPS"
+    );
+    let mut lim_spec = spec(256 * MIB, api::ram());
+    lim_spec.queues = Some(2);
+    lim_spec.qos = Some(limits(read_limit, 0));
+    let lim = c
+        .create_volume(create("q-lim", lim_spec))
+        .await?
+        .into_inner();
     assert_eq!(
         lim.spec.as_ref().and_then(|s| s.qos).map(|q| q.read_iops),
-        Some(2000),
+        Some(read_limit),
         "the Volume shows its limits"
     );
 
     // The limited volume alone reaches its limit and no more.
     let (lim_alone, _) = measure(&lim.device_path, "randread", "4k", 3)?;
-    within(lim_alone, 2000.0, "read IOPS at QD32, limit 2000")?;
+    let read_limit_f = read_limit as f64;
+    within(
+        lim_alone,
+        read_limit_f,
+        "read IOPS at QD32, a quarter of the unlimited pace",
+    )?;
     // The neighbour alone, then both at once. With both guest CPUs saturated by the
     // neighbour, how far the limited volume's own fio falls short of its limit is the
     // scheduler's doing (a run on a loaded host saw 0.81), not the throttle's; what the throttle owes here is
     // never to let it past its limit.
-    let (alone, _) = measure(&free.device_path, "randread", "4k", 3)?;
     let lim_dev = lim.device_path.clone();
     let limited = std::thread::spawn(move || measure(&lim_dev, "randread", "4k", 4));
     let (together, _) = measure(&free.device_path, "randread", "4k", 3)?;
     let (lim_iops, _) = limited.join().expect("fio thread")?;
-    let lim_ratio = lim_iops / 2000.0;
+    let lim_ratio = lim_iops / read_limit_f;
     println!(
         "limited volume beside the neighbour: {lim_iops:.0} IOPS ({lim_ratio:.3} of its limit)"
     );
@@ -112,17 +134,17 @@ async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() 
         "the unlimited neighbour fell to {kept:.3} of its pace alone"
     );
 
-    // Bandwidth, for writes: 8 MiB/s in 64 KiB requests.
+    // Bandwidth, for writes in 64 KiB requests: a quarter of the unlimited pace.
     c.set_volume_qos(v1::SetVolumeQosRequest {
         id: "q-lim".into(),
-        qos: Some(limits(2000, 8 * MIB)),
+        qos: Some(limits(read_limit, write_limit)),
     })
     .await?;
     let (_, wbw) = measure(&lim.device_path, "randwrite", "64k", 3)?;
     within(
         wbw,
-        (8 * MIB) as f64,
-        "write bytes/s at QD32, limit 8 MiB/s",
+        write_limit as f64,
+        "write bytes/s at QD32, a quarter of the unlimited pace",
     )?;
 
     // A live change while requests wait for the old limit; measured from one second on.
@@ -131,15 +153,15 @@ async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() 
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     c.set_volume_qos(v1::SetVolumeQosRequest {
         id: "q-lim".into(),
-        qos: Some(limits(500, 0)),
+        qos: Some(limits(low_limit, 0)),
     })
     .await?;
     busy.join().expect("fio thread")?;
     let (after, _) = measure(&lim.device_path, "randread", "4k", 3)?;
     within(
         after,
-        500.0,
-        "read IOPS one second after a live change to 500",
+        low_limit as f64,
+        "read IOPS one second after a live change to a quarter of the limit",
     )?;
 
     // Limits survive kill -9: the restarted daemon takes the device over with them.
@@ -153,13 +175,13 @@ async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() 
         .into_inner();
     assert_eq!(
         back.spec.and_then(|s| s.qos).map(|q| q.read_iops),
-        Some(500)
+        Some(low_limit)
     );
     let (recovered, _) = measure(&lim.device_path, "randread", "4k", 3)?;
     within(
         recovered,
-        500.0,
-        "read IOPS after kill -9 and takeover, limit 500",
+        low_limit as f64,
+        "read IOPS after kill -9 and takeover, the lowered limit",
     )?;
 
     // What was throttled is counted for the limited volume only.
@@ -199,8 +221,8 @@ async fn limits_hold_neighbours_keep_pace_changes_are_live_and_survive_kill_9() 
     let (cleared, _) = measure(&lim.device_path, "randread", "4k", 3)?;
     println!("cleared: {cleared:.0} IOPS (unlimited neighbour alone: {alone:.0})");
     ensure!(
-        cleared > 2.0 * 500.0,
-        "limits cleared, yet {cleared:.0} IOPS (the limit was 500)"
+        cleared > 2.0 * low_limit as f64,
+        "limits cleared, yet {cleared:.0} IOPS (the limit was {low_limit})"
     );
     for id in ["q-lim", "q-free"] {
         c.delete_volume(v1::DeleteVolumeRequest {
