@@ -104,6 +104,54 @@ fn finish_fio(fio: Child, deadline: Instant) -> Result<serde_json::Value> {
     Ok(report)
 }
 
+/// Seconds each fio of a `Writer` runs. Short, so that the writer outlasts any number of
+/// restarts on a slow guest and still ends soon after it is told to.
+const SEGMENT_SECS: u32 = 10;
+
+/// fio writing with verification in the background for as long as the restarts last: one
+/// time-based fio after another (each ending by itself: no signal, see `finish_fio`), until told
+/// to stop; the first that fails ends it.
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<Vec<serde_json::Value>>>,
+}
+
+impl Writer {
+    fn start(dir: &Path) -> Writer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let dir = dir.to_owned();
+        let thread = std::thread::spawn(move || {
+            let mut reports = Vec::new();
+            loop {
+                let fio = start_fio(&dir, SEGMENT_SECS)?;
+                let deadline = Instant::now() + Duration::from_secs(u64::from(SEGMENT_SECS) + 60);
+                let report = finish_fio(fio, deadline)
+                    .with_context(|| format!("fio run {} of the writer", reports.len() + 1))?;
+                reports.push(report);
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(reports);
+                }
+            }
+        });
+        Writer { stop, thread }
+    }
+
+    /// Whether the writer has ended (only a failed fio ends it before `finish`).
+    fn ended(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Lets the running fio end by itself and returns every report.
+    fn finish(self) -> Result<Vec<serde_json::Value>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.thread.join() {
+            Ok(r) => r,
+            Err(_) => bail!("the fio writer thread panicked"),
+        }
+    }
+}
+
 /// Restarts ublkd `CYCLES` times under fio (by kill -9, or SIGTERM with devices kept), then
 /// checks fio saw no error and no verify failure, and the file system is clean.
 async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()> {
@@ -135,16 +183,16 @@ async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()
         .await?
         .into_inner();
     let mnt = guest::scratch(&format!("{name}-mnt"))?;
-    let mut fio = None;
-    let result = torture_cycles(&mut d, &vol.device_path, &mnt, graceful, &mut fio).await;
+    let mut writer = None;
+    let result = torture_cycles(&mut d, &vol.device_path, &mnt, graceful, &mut writer).await;
     if let Err(e) = &result {
         // Said at once: the cleanup below may fail too, and must not hide why.
         eprintln!("torture failed: {e:#}");
     }
     // Whatever happened, leave nothing behind for the next test: no fio, no mount, no device.
-    if let Some(mut f) = fio {
-        let _ = f.kill();
-        let _ = f.wait();
+    if let Some(w) = writer {
+        // Its verdict no longer counts: the test failed already; it must only end.
+        let _ = w.finish();
     }
     let _ = guest::sh(&format!(
         "umount {0} 2>/dev/null || umount -l {0}",
@@ -195,19 +243,16 @@ async fn torture_cycles(
     dev: &str,
     mnt: &Path,
     graceful: bool,
-    fio: &mut Option<Child>,
+    writer: &mut Option<Writer>,
 ) -> Result<()> {
     const CYCLES: usize = 20;
     guest::sh(&format!(
         "mkfs.ext4 -q -F {dev} && mount {dev} {}",
         mnt.display()
     ))?;
-    // fio runs a fixed time, longer than the restarts take (20 × 0.7 s apart plus at most
-    // 1.6 s each seen, about 45 s), and ends by itself; a run where the restarts outlast it
-    // fails ("fio ended early") rather than passing with fewer restarts under load.
-    const FIO_SECS: u32 = 60;
-    let fio_deadline = Instant::now() + Duration::from_secs(u64::from(FIO_SECS) + 60);
-    *fio = Some(start_fio(mnt, FIO_SECS)?);
+    // fio writes and verifies for as long as the cycles take, however slow the guest: one
+    // short time-based run after another (`Writer`). Only a failed fio ends it early.
+    *writer = Some(Writer::start(mnt));
     let mut longest = Duration::ZERO;
     for cycle in 0..CYCLES {
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -233,20 +278,29 @@ async fn torture_cycles(
             vols.len() == 1 && vols[0].device_path == dev,
             "cycle {cycle}: the volume keeps its device: {vols:?}"
         );
-        if let Some(f) = fio.as_mut() {
-            if let Some(st) = f.try_wait()? {
-                bail!("cycle {cycle}: fio ended early ({st})");
-            }
+        if writer.as_ref().is_some_and(Writer::ended) {
+            let w = writer.take().context("writer")?;
+            let why = match w.finish() {
+                Err(e) => format!("{e:#}"),
+                Ok(_) => "it stopped unasked".into(),
+            };
+            bail!("cycle {cycle}: fio ended early: {why}");
         }
     }
     let how = if graceful { "SIGTERM" } else { "kill -9" };
     println!("{CYCLES} restarts ({how}), longest until serving again: {longest:?}");
-    // fio finishes on the final daemon; then its verdict.
-    let f = fio.take().context("fio")?;
-    let report = finish_fio(f, fio_deadline)?;
-    let errors = ublkd_tests::fio_errors(&report);
+    // The last fio ends on the final daemon; then the verdict of every one.
+    let reports = writer.take().context("writer")?.finish()?;
+    let errors: u64 = reports.iter().map(ublkd_tests::fio_errors).sum();
     ensure!(errors == 0, "fio saw {errors} errors");
-    let written = report["jobs"][0]["write"]["io_bytes"].as_u64().unwrap_or(0);
+    let written: u64 = reports
+        .iter()
+        .map(|r| r["jobs"][0]["write"]["io_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    println!(
+        "{} fio runs wrote {written} bytes across the restarts",
+        reports.len()
+    );
     ensure!(
         written > 8 * MIB,
         "fio made progress across the restarts: {written} bytes"
