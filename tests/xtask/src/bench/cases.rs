@@ -206,6 +206,53 @@ pub struct Run {
     pub server: Server,
 }
 
+impl Run {
+    /// A run of ublkd's, which `--baseline` repeats with the baseline's binary.
+    pub fn is_ublkd(&self) -> bool {
+        matches!(self.server, Server::Ublkd { .. })
+    }
+}
+
+/// Which ublkd binary served a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// The one measured: the working tree's release build (or `UBLKD_BENCH_UBLKD`).
+    New,
+    /// `--baseline REV`'s.
+    Baseline,
+}
+
+/// With `--baseline`, every ublkd run happens four times in a row, A B B A, so that a drift
+/// over the boot falls on both builds alike: each entry is the suffix of that run's directory
+/// (the run's id, then the suffix) and the build that served it.
+pub const ABBA: [(&str, Build); 4] = [
+    ("", Build::New),
+    ("~base", Build::Baseline),
+    ("~base2", Build::Baseline),
+    ("~2", Build::New),
+];
+
+/// What one `cargo xtask bench` covers beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// `--only SUBSTR`: only the fio runs whose id contains it, and none of the sections after
+    /// them (control plane, CSI, QoS, snapshots, recovery).
+    pub only: Option<String>,
+    /// `--baseline REV`: the baseline's label (its commit) and its ublkd binary.
+    pub baseline: Option<(String, std::path::PathBuf)>,
+}
+
+impl Plan {
+    pub fn selected(&self, run_id: &str) -> bool {
+        self.only.as_deref().is_none_or(|s| run_id.contains(s))
+    }
+
+    /// Whether the sections after the fio runs happen.
+    pub fn sections(&self) -> bool {
+        self.only.is_none()
+    }
+}
+
 const fn ublkd(backend: UBackend, io_path: &'static str, zero_copy: bool, poll: bool) -> Server {
     Server::Ublkd {
         backend,
@@ -311,7 +358,10 @@ pub struct Workload {
     pub rw: &'static str,
     /// fio's `bs`.
     pub bs: &'static str,
+    /// Depth per fio job.
     pub qd: u32,
+    /// fio jobs (processes), reported together (`--group_reporting`).
+    pub jobs: u32,
     pub metric: Metric,
 }
 
@@ -322,6 +372,17 @@ pub const WORKLOADS: &[Workload] = &[
         label: "randread qd32",
         rw: "randread",
         qd: 32,
+        jobs: 1,
+        metric: Metric::Iops,
+    },
+    // More submitters than CPUs on one 2-queue device: the shape of a busy node.
+    Workload {
+        id: "randread-qd32-4jobs",
+        bs: "4k",
+        label: "randread qd32 x4 jobs",
+        rw: "randread",
+        qd: 32,
+        jobs: 4,
         metric: Metric::Iops,
     },
     Workload {
@@ -330,6 +391,7 @@ pub const WORKLOADS: &[Workload] = &[
         label: "randwrite qd32",
         rw: "randwrite",
         qd: 32,
+        jobs: 1,
         metric: Metric::Iops,
     },
     Workload {
@@ -338,6 +400,7 @@ pub const WORKLOADS: &[Workload] = &[
         label: "randread qd1",
         rw: "randread",
         qd: 1,
+        jobs: 1,
         metric: Metric::LatencyUs,
     },
     // Beyond 4 KiB: where the kernel's copy, not the server's work per request, is the cost.
@@ -347,6 +410,7 @@ pub const WORKLOADS: &[Workload] = &[
         label: "randread 128k qd32",
         rw: "randread",
         qd: 32,
+        jobs: 1,
         metric: Metric::Iops,
     },
     Workload {
@@ -355,6 +419,7 @@ pub const WORKLOADS: &[Workload] = &[
         label: "randrw 70/30 64k qd32",
         rw: "randrw",
         qd: 32,
+        jobs: 1,
         metric: Metric::Iops,
     },
 ];

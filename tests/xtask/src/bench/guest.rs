@@ -3,12 +3,13 @@
 //! line per case.
 
 use super::cases::{
-    recovery_run, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH, CONTROL_METRICS, CONTROL_RUN,
-    CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, DEPTH,
-    NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN, QOS_RUNTIME_SECS, QOS_SIZE, QUEUES,
-    RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE, RECOVERY_VOLUMES, RUNS, SNAPSHOT_FILL_MIB,
-    SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS, SNAPSHOT_REPEATS, SNAPSHOT_RUN,
-    STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE, WORKLOADS,
+    recovery_run, Build, Plan, Server, UBackend, ABBA, BACKING_BYTES, CONTROL_DEPTH,
+    CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL,
+    CSI_RUN, CSI_VOLUMES, DEPTH, NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN,
+    QOS_RUNTIME_SECS, QOS_SIZE, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE,
+    RECOVERY_VOLUMES, RUNS, SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS,
+    SNAPSHOT_REPEATS, SNAPSHOT_RUN, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE,
+    WORKLOADS,
 };
 use crate::vm;
 use std::fmt::Write as _;
@@ -23,9 +24,11 @@ const SCRIPT_LIB: &str = include_str!("guest.sh");
 
 /// The script the guest runs: every run of `RUNS`, then the control-plane, CSI, QoS, snapshot
 /// and recovery runs, each writing its results into the run directory. `kublk`/`ublkd`/`ublkctl`
-/// are the binaries, or why they are missing.
+/// are the binaries, or why they are missing. `plan` narrows the fio runs (`--only`) and adds the
+/// baseline's runs of every ublkd case (`--baseline`, A B B A).
 pub fn guest_script(
     runtime: u64,
+    plan: &Plan,
     kublk: Result<&Path, &str>,
     ublkd: Result<&Path, &str>,
     ublkctl: Result<&Path, &str>,
@@ -37,6 +40,10 @@ pub fn guest_script(
     let _ = writeln!(s, "BACKING_BYTES={BACKING_BYTES}");
     let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
     let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
+    s.push_str("UBLKD_NEW=$UBLKD\n");
+    if let Some((_, base)) = &plan.baseline {
+        let _ = writeln!(s, "UBLKD_BASE={}", q(base));
+    }
     let _ = writeln!(s, "UBLKCTL={}", ublkctl.map(q).unwrap_or_default());
     let _ = writeln!(s, "UBLKD_CSI={}", csi.map(q).unwrap_or_default());
     s.push_str("SOCK=\"\"\n");
@@ -45,8 +52,8 @@ pub fn guest_script(
     for wl in WORKLOADS {
         let _ = writeln!(
             s,
-            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\" {}",
-            wl.id, wl.rw, wl.qd, wl.bs
+            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\" {} {}",
+            wl.id, wl.rw, wl.qd, wl.bs, wl.jobs
         );
     }
     s.push_str("}\n\n# qos_jobs: one qos_job ID RW BS [FLAGS] per limit\nqos_jobs() {\n");
@@ -72,7 +79,7 @@ pub fn guest_script(
     // run that uses the namespace itself.
     let mut unmounted = false;
     let umount = "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; BACKING=\"\"; fi\n";
-    for run in RUNS {
+    for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
         let id = run.id;
         let on_namespace = matches!(
             run.server,
@@ -130,11 +137,34 @@ pub fn guest_script(
                 }
             }
         };
-        s.push_str(&line);
-        s.push('\n');
+        match (&plan.baseline, ublkd) {
+            (Some(_), Ok(_)) if run.is_ublkd() => {
+                // A B B A: the same case line, each time with its build's binary and directory.
+                let case = format!("ublkd_case {id} ");
+                for (suffix, build) in ABBA {
+                    let bin = match build {
+                        Build::New => "$UBLKD_NEW",
+                        Build::Baseline => "$UBLKD_BASE",
+                    };
+                    let one =
+                        line.replace(&case, &format!("UBLKD=\"{bin}\"; ublkd_case {id}{suffix} "));
+                    s.push_str(&one);
+                    s.push('\n');
+                }
+                s.push_str("UBLKD=\"$UBLKD_NEW\"\n");
+            }
+            _ => {
+                s.push_str(&line);
+                s.push('\n');
+            }
+        }
     }
     if !unmounted {
         s.push_str(umount);
+    }
+    if !plan.sections() {
+        s.push_str("note done\nexit 0\n");
+        return s;
     }
     let line = match (ublkd, ublkctl) {
         (Err(e), _) | (_, Err(e)) => format!("fail_case {CONTROL_RUN} {}", vm::shell_quote(e)),
@@ -211,6 +241,7 @@ mod tests {
     fn script_runs_every_case_and_reports_missing_binaries() {
         let s = guest_script(
             5,
+            &Plan::default(),
             Ok(Path::new("/cache/kublk")),
             Err("building ublkd failed"),
             Ok(Path::new("/t/ublkctl")),
@@ -227,6 +258,7 @@ mod tests {
         assert!(s.contains("fail_case ublkd-control 'building ublkd failed'\n"));
         let s = guest_script(
             5,
+            &Plan::default(),
             Err("no kublk"),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),
@@ -259,6 +291,7 @@ mod tests {
         assert!(s.find("fio-ng0n1-passthru").is_some_and(|i| i > um));
         let s = guest_script(
             5,
+            &Plan::default(),
             Err("no kublk"),
             Ok(Path::new("/t/ublkd")),
             Err("building ublkctl failed"),
@@ -272,6 +305,7 @@ mod tests {
     fn script_runs_the_recovery_cases_last() {
         let s = guest_script(
             5,
+            &Plan::default(),
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),
@@ -291,6 +325,7 @@ mod tests {
 
         let s = guest_script(
             5,
+            &Plan::default(),
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Err("building ublkctl failed"),
@@ -314,6 +349,7 @@ mod tests {
     fn script_runs_qos_and_snapshots_before_recovery() {
         let s = guest_script(
             5,
+            &Plan::default(),
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),
@@ -336,6 +372,7 @@ mod tests {
 
         let s = guest_script(
             5,
+            &Plan::default(),
             Ok(Path::new("/k/kublk")),
             Err("building ublkd failed"),
             Ok(Path::new("/t/ublkctl")),
@@ -347,9 +384,55 @@ mod tests {
     }
 
     #[test]
+    fn a_baseline_runs_each_selected_ublkd_case_a_b_b_a_with_its_binary() {
+        let plan = Plan {
+            only: Some("null-batch".into()),
+            baseline: Some(("fdc00eb".into(), "/c/bin/fdc00eb/ublkd".into())),
+        };
+        let s = guest_script(
+            5,
+            &plan,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
+        );
+        let at = |line: &str| {
+            s.find(line)
+                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
+        };
+        assert!(s.contains("UBLKD_BASE=/c/bin/fdc00eb/ublkd\n"));
+        let args = " --backend null --size 1073741824 --queues 2 --depth 128 --io-path batch \
+                    --zero-copy off --poll off\n";
+        let a1 = at(&format!(
+            "UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch{args}"
+        ));
+        let b1 = at(&format!(
+            "UBLKD=\"$UBLKD_BASE\"; ublkd_case ublkd-null-batch~base{args}"
+        ));
+        let b2 = at(&format!(
+            "UBLKD=\"$UBLKD_BASE\"; ublkd_case ublkd-null-batch~base2{args}"
+        ));
+        let a2 = at(&format!(
+            "UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch~2{args}"
+        ));
+        assert!(a1 < b1 && b1 < b2 && b2 < a2);
+        // The selected peers run once; what --only leaves out, and the sections, do not run.
+        assert_eq!(s.matches("kublk_case kublk-null-batch -t null").count(), 1);
+        assert!(s.contains("ublkd_case ublkd-null-batch-zc~base2 "));
+        assert!(
+            !s.contains("\nkublk_case kublk-null -t") && !s.contains("\nnullblk_case null_blk")
+        );
+        assert!(!s.contains("ublkd_case ublkd-file") && !s.contains("\nctl_case "));
+        assert!(!s.contains("\nrec_case ") && !s.contains("\nqos_case "));
+        assert!(at("note done") > a2);
+    }
+
+    #[test]
     fn script_parses_as_posix_sh() {
         let s = guest_script(
             5,
+            &Plan::default(),
             Ok(Path::new("/k/kublk")),
             Ok(Path::new("/t/ublkd")),
             Ok(Path::new("/t/ublkctl")),

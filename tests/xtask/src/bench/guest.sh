@@ -15,6 +15,12 @@ dev_ios() {
     awk '{ print $1 + $5 }' "/sys/block/$1/stat" 2>/dev/null || echo -
 }
 
+# Every CPU's busy time (user, nice, system, irq, softirq), in clock ticks: fio, the server
+# and the kernel together, so that each case has a CPU cost per I/O, the kernel's peers too.
+sys_ticks() {
+    awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat
+}
+
 # utime + stime, in clock ticks, summed over the processes $1 (space-separated pids).
 cpu_ticks() {
     [ -n "$1" ] || { echo none; return; }
@@ -27,21 +33,22 @@ cpu_ticks() {
     echo "$total"
 }
 
-# run_fio RUN DEVICE WORKLOAD RW QD PIDS BS (RW randrw: 70 % reads)
+# run_fio RUN DEVICE WORKLOAD RW QD PIDS BS JOBS (RW randrw: 70 % reads; JOBS reported together)
 run_fio() {
     d="$OUT/$1"
     mix=""
     [ "$4" = randrw ] && mix="--rwmixread=70"
     blk=$(basename "$(readlink -f "$2")")
-    ios0=$(dev_ios "$blk"); t0=$(cpu_ticks "$6")
+    ios0=$(dev_ios "$blk"); t0=$(cpu_ticks "$6"); s0=$(sys_ticks)
     # shellcheck disable=SC2086
-    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" $FIO_ENGINE --bs="$7" --rw="$4" $mix --iodepth="$5" --numjobs=1 --norandommap --time_based \
+    timeout -k 5 $((RUNTIME + 60)) fio --name="$3" --filename="$2" $FIO_ENGINE --bs="$7" --rw="$4" $mix --iodepth="$5" --numjobs="$8" --group_reporting --norandommap --time_based \
         --runtime="$RUNTIME" --ramp_time=1 --output-format=json --output="$d/$3.json" \
         > "$d/$3.log" 2>&1
     rc=$?
-    t1=$(cpu_ticks "$6"); ios1=$(dev_ios "$blk")
+    s1=$(sys_ticks); t1=$(cpu_ticks "$6"); ios1=$(dev_ios "$blk")
     echo "$rc" > "$d/$3.rc"
     echo "$t0 $t1 $HZ $ios0 $ios1" > "$d/$3.counters"
+    echo "$s0 $s1 $HZ $ios0 $ios1" > "$d/$3.syscounters"
     note "$1 $3: fio exit $rc, $(awk -v a="$ios0" -v b="$ios1" 'BEGIN { print b - a }') I/Os"
 }
 

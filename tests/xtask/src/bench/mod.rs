@@ -41,6 +41,15 @@
 //! latency from the log as the I/O stall, and fails the case if fio saw an error. Both are `ms`
 //! entries with peer `none`.
 //!
+//! `--baseline REV` measures REV's ublkd beside this one in the same boot, the only comparison
+//! that means anything here (runs from different boots move by ±30 %): REV is built in release
+//! mode once per commit (a worktree, the cache `cargo xtask compare` keeps under
+//! `target/compare`), and every ublkd run happens four times in a row, A B B A (new, baseline,
+//! baseline, new), so that a drift over the boot falls on both alike. Each case and workload is
+//! then reported as new against baseline, each side the mean of its two runs, in the table and
+//! in `results.json` (peer `baseline <sha>`); `raw.json` keeps every run. `--only SUBSTR` runs
+//! just the fio runs whose name contains SUBSTR, and none of the sections after them.
+//!
 //! `UBLKD_BENCH_RUNTIME` sets the seconds each fio job measures (default 5);
 //! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's
 //! (ublkctl is still built). The binary must live outside `/tmp` (the guest mounts a tmpfs there).
@@ -60,8 +69,8 @@ use crate::image;
 use crate::vm::{Exit, Vm};
 use anyhow::{bail, Context, Result};
 use cases::{
-    CONTROL_BUDGET_SECS, CONTROL_VOLUMES, CSI_BUDGET_SECS, DEFAULT_RUNTIME, QOS_BUDGET_SECS,
-    RECOVERY_BUDGET_SECS, RUNS, SNAPSHOT_BUDGET_SECS, WORKLOADS,
+    Plan, ABBA, CONTROL_BUDGET_SECS, CONTROL_VOLUMES, CSI_BUDGET_SECS, DEFAULT_RUNTIME,
+    QOS_BUDGET_SECS, RECOVERY_BUDGET_SECS, RUNS, SNAPSHOT_BUDGET_SECS, WORKLOADS,
 };
 use collect::control::collect_control;
 use collect::csi::collect_csi;
@@ -75,14 +84,38 @@ use report::csi::{csi_entries, csi_raw_json, csi_table};
 use report::qos::{qos_entries, qos_raw_json, qos_table};
 use report::recovery::{recovery_entries, recovery_raw_json, recovery_table};
 use report::snapshot::{snapshot_entries, snapshot_raw_json, snapshot_table};
-use report::{entries, entries_table, raw_json, raw_table, rss_entries, Entry};
+use report::{
+    baseline_entries, baseline_raw_json, baseline_runs_table, entries, entries_table, raw_json,
+    raw_table, rss_entries, Entry,
+};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// `cargo xtask bench`.
-pub fn run(ws: &Path) -> Result<ExitCode> {
+/// `cargo xtask bench [--baseline REV] [--only SUBSTR]`.
+pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
+    let mut plan = Plan::default();
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match a.as_str() {
+            "--baseline" => {
+                let rev = rest.next().context("--baseline needs a commit")?;
+                let (label, bin) = crate::compare::build(ws, rev)?;
+                plan.baseline = Some((label, bin));
+            }
+            "--only" => {
+                let s = rest.next().context("--only needs a part of a run's name")?;
+                if !RUNS.iter().any(|r| r.id.contains(s.as_str())) {
+                    bail!("--only {s:?} names no run; the runs: {}", run_names());
+                }
+                plan.only = Some(s.clone());
+            }
+            other => {
+                bail!("unknown bench argument {other:?}: expected --baseline REV or --only SUBSTR")
+            }
+        }
+    }
     let runtime = match std::env::var("UBLKD_BENCH_RUNTIME") {
         Ok(v) => v
             .parse::<u64>()
@@ -129,49 +162,70 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
 
     let script = guest_script(
         runtime,
+        &plan,
         kublk.as_deref().map_err(String::as_str),
         ublkd.as_deref().map_err(String::as_str),
         ublkctl.as_deref().map_err(String::as_str),
         csi.as_deref().map_err(String::as_str),
     );
-    let jobs = (RUNS.len() * WORKLOADS.len()) as u64;
+    let selected = RUNS.iter().filter(|r| plan.selected(r.id));
+    let runs: usize = selected
+        .map(|r| {
+            if plan.baseline.is_some() && r.is_ublkd() {
+                ABBA.len()
+            } else {
+                1
+            }
+        })
+        .sum();
+    let jobs = (runs * WORKLOADS.len()) as u64;
+    let sections = if plan.sections() {
+        CONTROL_BUDGET_SECS
+            + CSI_BUDGET_SECS
+            + QOS_BUDGET_SECS
+            + SNAPSHOT_BUDGET_SECS
+            + RECOVERY_BUDGET_SECS
+    } else {
+        0
+    };
     let timeout = std::env::var("UBLKD_VM_TIMEOUT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(
-            300 + jobs * (runtime + 45)
-                + CONTROL_BUDGET_SECS
-                + CSI_BUDGET_SECS
-                + QOS_BUDGET_SECS
-                + SNAPSHOT_BUDGET_SECS
-                + RECOVERY_BUDGET_SECS,
-        );
-    eprintln!(
-        "xtask: bench: {} runs x {} fio jobs of {runtime} s, then {CONTROL_VOLUMES} volumes \
-         through ublkctl, CSI, QoS limits, snapshots, then kill -9 recovery, in one boot of {}",
-        RUNS.len(),
-        WORKLOADS.len(),
-        kernel.kver
-    );
+        .unwrap_or(300 + jobs * (runtime + 45) + sections);
+    match &plan.baseline {
+        Some((label, _)) => eprintln!(
+            "xtask: bench: {runs} runs (each ublkd run A B B A against {label}) x {} fio jobs \
+             of {runtime} s{}, in one boot of {}",
+            WORKLOADS.len(),
+            if plan.sections() {
+                ", then the node service's sections"
+            } else {
+                ""
+            },
+            kernel.kver
+        ),
+        None => eprintln!(
+            "xtask: bench: {runs} runs x {} fio jobs of {runtime} s{}, in one boot of {}",
+            WORKLOADS.len(),
+            if plan.sections() {
+                format!(
+                    ", then {CONTROL_VOLUMES} volumes through ublkctl, CSI, QoS limits, \
+                         snapshots, then kill -9 recovery"
+                )
+            } else {
+                String::new()
+            },
+            kernel.kver
+        ),
+    }
     let run = Vm::new(ws, &kernel)?
         .timeout_secs(timeout)
         .echo(true)
         .run(&script)?;
 
-    let results = collect::collect(&run.run_dir);
-    let control = collect_control(&run.run_dir);
-    let csi_run = collect_csi(&run.run_dir);
-    let qos = collect_qos(&run.run_dir);
-    let snapshots = collect_snapshots(&run.run_dir);
-    let recoveries = collect_recovery(&run.run_dir);
-    let stall = collect_stall(&run.run_dir);
-    let mut entries = entries(&results);
-    entries.extend(rss_entries(&run.run_dir));
-    let control_entries = control_entries(&control);
-    let csi_entries = csi_entries(&csi_run);
-    let qos_entries = qos_entries(&qos);
-    let snapshot_entries = snapshot_entries(&snapshots);
-    let recovery_entries = recovery_entries(&recoveries, &stall);
+    let results = collect::collect(&run.run_dir, &plan);
+    let mut entries = entries(&results, &plan);
+    entries.extend(rss_entries(&run.run_dir, &plan));
     println!();
     println!(
         "bench ({}, fio {runtime} s per job, {:.0} s in the guest):",
@@ -181,27 +235,25 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     print!("{}", raw_table(&results));
     println!();
     print!("{}", entries_table(&entries));
-    println!();
-    println!("control plane (ublkd --config, driven by ublkctl):");
-    print!("{}", control_table(&control_entries));
-    println!();
-    println!("CSI (ublkd-csi in front of ublkd, called as the provisioner and kubelet would):");
-    print!("{}", csi_table(&csi_entries, &csi_run));
-    println!();
-    println!("QoS accuracy (a null volume per limit, fio against it):");
-    print!("{}", qos_table(&qos_entries, &qos));
-    println!();
-    println!("snapshots and clones (file volumes on XFS with reflink, through ublkctl):");
-    print!("{}", snapshot_table(&snapshot_entries, &snapshots));
-    println!();
-    println!("recovery (ublkd --config killed with -9 and started again):");
-    print!("{}", recovery_table(&recovery_entries, &recoveries, &stall));
-    entries.extend(control_entries);
-    entries.extend(csi_entries);
-    entries.extend(qos_entries);
-    entries.extend(snapshot_entries);
-    entries.extend(recovery_entries);
-
+    let mut raw = raw_json(&results);
+    if let Some((label, _)) = &plan.baseline {
+        let against = baseline_entries(&results, label);
+        println!();
+        println!(
+            "against the baseline {label}, same boot, A B B A (each side the mean of its two \
+             runs; ratio above 1 is better for this build, latency too; cpu: below 1 is better):"
+        );
+        print!("{}", entries_table(&against));
+        println!();
+        print!("{}", baseline_runs_table(&results));
+        entries.extend(against);
+        if let Value::Array(list) = &mut raw {
+            list.push(baseline_raw_json(&results, label));
+        }
+    }
+    if plan.sections() {
+        sections_report(&run.run_dir, &mut entries, &mut raw);
+    }
     let out_dir = ws.join("target/bench");
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let json = Value::Array(entries.iter().map(Entry::to_json).collect());
@@ -209,14 +261,6 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
     fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
     let raw_path = out_dir.join("raw.json");
-    let mut raw = raw_json(&results);
-    if let Value::Array(list) = &mut raw {
-        list.push(control_raw_json(&control));
-        list.push(csi_raw_json(&csi_run));
-        list.push(qos_raw_json(&qos));
-        list.push(snapshot_raw_json(&snapshots));
-        list.extend(recovery_raw_json(&recoveries, &stall));
-    }
     fs::write(&raw_path, serde_json::to_string_pretty(&raw)? + "\n")
         .with_context(|| format!("writing {}", raw_path.display()))?;
     println!();
@@ -242,6 +286,53 @@ pub fn run(ws: &Path) -> Result<ExitCode> {
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// The control-plane, CSI, QoS, snapshot and recovery sections: read, printed, and added to
+/// the entries and the raw list.
+fn sections_report(dir: &Path, entries: &mut Vec<Entry>, raw: &mut Value) {
+    let control = collect_control(dir);
+    let csi_run = collect_csi(dir);
+    let qos = collect_qos(dir);
+    let snapshots = collect_snapshots(dir);
+    let recoveries = collect_recovery(dir);
+    let stall = collect_stall(dir);
+    let control_entries = control_entries(&control);
+    let csi_entries = csi_entries(&csi_run);
+    let qos_entries = qos_entries(&qos);
+    let snapshot_entries = snapshot_entries(&snapshots);
+    let recovery_entries = recovery_entries(&recoveries, &stall);
+    println!();
+    println!("control plane (ublkd --config, driven by ublkctl):");
+    print!("{}", control_table(&control_entries));
+    println!();
+    println!("CSI (ublkd-csi in front of ublkd, called as the provisioner and kubelet would):");
+    print!("{}", csi_table(&csi_entries, &csi_run));
+    println!();
+    println!("QoS accuracy (a null volume per limit, fio against it):");
+    print!("{}", qos_table(&qos_entries, &qos));
+    println!();
+    println!("snapshots and clones (file volumes on XFS with reflink, through ublkctl):");
+    print!("{}", snapshot_table(&snapshot_entries, &snapshots));
+    println!();
+    println!("recovery (ublkd --config killed with -9 and started again):");
+    print!("{}", recovery_table(&recovery_entries, &recoveries, &stall));
+    entries.extend(control_entries);
+    entries.extend(csi_entries);
+    entries.extend(qos_entries);
+    entries.extend(snapshot_entries);
+    entries.extend(recovery_entries);
+    if let Value::Array(list) = raw {
+        list.push(control_raw_json(&control));
+        list.push(csi_raw_json(&csi_run));
+        list.push(qos_raw_json(&qos));
+        list.push(snapshot_raw_json(&snapshots));
+        list.extend(recovery_raw_json(&recoveries, &stall));
+    }
+}
+
+fn run_names() -> String {
+    RUNS.iter().map(|r| r.id).collect::<Vec<_>>().join(", ")
 }
 
 /// `path` made absolute (the guest runs the script elsewhere), if it is a file.

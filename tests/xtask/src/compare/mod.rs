@@ -91,6 +91,7 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
         "runtime_s": runtime,
         "runs": rows.iter().map(|r| serde_json::json!({
             "build": r.label, "rw": r.rw, "iops": r.iops, "queue_cpus": r.map, "cpu_busy": r.busy,
+            "per_io": r.trace,
         })).collect::<Vec<_>>(),
     });
     let out = ws.join("target/compare/results.json");
@@ -117,7 +118,8 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
 }
 
 /// The label and binary of `rev`, built once per commit (`work`: the working tree, rebuilt).
-fn build(ws: &Path, rev: &str) -> Result<(String, PathBuf)> {
+/// `cargo xtask bench --baseline` builds its baseline here too, into the same cache.
+pub(crate) fn build(ws: &Path, rev: &str) -> Result<(String, PathBuf)> {
     let root = ws.join("target/compare");
     if rev == "work" {
         let status = crate::cargo()
@@ -184,9 +186,12 @@ struct Row {
     iops: Option<f64>,
     map: String,
     busy: String,
+    /// `ctx=..,ipi=..,enter=..,enter_ublkd=..` per I/O, or `-`.
+    trace: String,
 }
 
-/// The guest's lines: `LABEL RW IOPS MAP BUSY` (IOPS `failed` when the run did not happen).
+/// The guest's lines: `LABEL RW IOPS MAP BUSY [TRACE]` (IOPS `failed` when the run did not
+/// happen).
 fn parse(text: &str) -> Vec<Row> {
     text.lines()
         .filter_map(|l| {
@@ -197,6 +202,7 @@ fn parse(text: &str) -> Vec<Row> {
                 iops: f[2].parse().ok(),
                 map: f[3].trim_end_matches(',').to_owned(),
                 busy: f[4].trim_end_matches(',').to_owned(),
+                trace: f.get(5).copied().unwrap_or("-").to_owned(),
             })
         })
         .collect()
@@ -209,11 +215,23 @@ fn busy_total(busy: &str) -> Option<f64> {
         .sum()
 }
 
-/// Per build and job: the IOPS of each run and the CPUs' busy total of each.
+/// One figure of a trace field (`enter=0.512` in `ctx=1.2,enter=0.512`).
+fn trace_field(trace: &str, key: &str) -> Option<f64> {
+    trace
+        .split(',')
+        .find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == key))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// The per-I/O figures the table shows, in its order.
+const TRACE_KEYS: [&str; 4] = ["ctx", "ipi", "enter", "enter_ublkd"];
+
+/// Per build and job: the IOPS of each run, the CPUs' busy total of each, and each trace figure.
 #[derive(Debug, Default)]
 struct Runs {
     iops: Vec<f64>,
     busy: Vec<f64>,
+    trace: BTreeMap<&'static str, Vec<f64>>,
 }
 
 /// Per build and job: mean IOPS, every run, the mean of all CPUs' busy share, and the ratio of
@@ -228,15 +246,20 @@ fn table(rows: &[Row], labels: &[&str]) -> String {
         if let Some(b) = busy_total(&r.busy) {
             e.busy.push(b);
         }
+        for k in TRACE_KEYS {
+            if let Some(v) = trace_field(&r.trace, k) {
+                e.trace.entry(k).or_default().push(v);
+            }
+        }
     }
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     let mut out = String::from(
-        "build       job          mean  ratio  CPUs busy  runs (IOPS; randread-qd1: latency in us)\n",
+        "build       job          mean  ratio  CPUs busy  per I/O: ctx   IPIs  enters (ublkd)  runs (IOPS; randread-qd1: latency in us)\n",
     );
     for rw in ["randread", "randwrite", "randread-qd1"] {
         let base = stats.get(&(labels[0], rw)).and_then(|s| mean(&s.iops));
         for l in labels {
-            let Some(Runs { iops, busy }) = stats.get(&(*l, rw)) else {
+            let Some(Runs { iops, busy, trace }) = stats.get(&(*l, rw)) else {
                 out.push_str(&format!("{l:<11} {rw:<12} no runs\n"));
                 continue;
             };
@@ -246,10 +269,20 @@ fn table(rows: &[Row], labels: &[&str]) -> String {
                 _ => "-".into(),
             };
             let runs: Vec<String> = iops.iter().map(|i| format!("{i:.0}")).collect();
+            let t = |k: &str| {
+                trace
+                    .get(k)
+                    .and_then(|v| mean(v))
+                    .map_or("-".into(), |v| format!("{v:.2}"))
+            };
             out.push_str(&format!(
-                "{l:<11} {rw:<12} {:>7}  {ratio:>5}  {:>8}  {}\n",
+                "{l:<11} {rw:<12} {:>7}  {ratio:>5}  {:>8}  {:>12} {:>6} {:>7} {:>7}  {}\n",
                 m.map_or("-".into(), |m| format!("{m:.0}")),
                 mean(busy).map_or("-".into(), |b| format!("{b:.0} %")),
+                t("ctx"),
+                t("ipi"),
+                t("enter"),
+                format!("({})", t("enter_ublkd")),
                 runs.join(" ")
             ));
         }
@@ -264,7 +297,7 @@ mod tests {
     #[test]
     fn the_guests_lines_become_a_table_against_the_first_build() {
         let text = "a randread 100 0:1,1:0, cpu0=50,cpu1=50,\n\
-                    b randread 250 0:1,1:0, cpu0=80,cpu1=70,\n\
+                    b randread 250 0:1,1:0, cpu0=80,cpu1=70, ctx=1.5,ipi=0.5,enter=2.0,enter_ublkd=1.0\n\
                     b randread 150 0:1,1:0, cpu0=80,cpu1=70,\n\
                     a randwrite failed - -\n\
                     junk\n";
@@ -276,9 +309,11 @@ mod tests {
         assert_eq!(busy_total("-"), None);
         let t = table(&rows, &["a", "b"]);
         assert!(
-            t.contains("b           randread         200   2.00     150 %  250 150"),
+            t.contains("b           randread         200   2.00     150 %          1.50   0.50    2.00  (1.00)  250 150"),
             "{t}"
         );
+        assert_eq!(trace_field(&rows[1].trace, "ipi"), Some(0.5));
+        assert_eq!(trace_field(&rows[0].trace, "ipi"), None);
         assert!(t.contains("a           randwrite          -      -"), "{t}");
         assert!(t.contains("b           randwrite    no runs"), "{t}");
     }

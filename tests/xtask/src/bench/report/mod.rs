@@ -9,7 +9,9 @@ pub mod qos;
 pub mod recovery;
 pub mod snapshot;
 
-use super::cases::{Metric, CEILING_RUN, NO_PEER, OURS_NAME, PAIRS, RSS_PAIRS, RUNS, WORKLOADS};
+use super::cases::{
+    Metric, Plan, CEILING_RUN, NO_PEER, OURS_NAME, PAIRS, RSS_PAIRS, RUNS, WORKLOADS,
+};
 use super::collect::control::parse_vmrss;
 use super::collect::Results;
 use serde_json::{json, Value};
@@ -172,15 +174,18 @@ pub fn round(x: f64, decimals: usize) -> f64 {
     (x * f).round() / f
 }
 
-/// Every comparison the bench reports, in table order.
-pub fn entries(results: &Results) -> Vec<Entry> {
+/// Every comparison the bench reports whose runs `plan` selected, in table order.
+pub fn entries(results: &Results, plan: &Plan) -> Vec<Entry> {
     let side = |name: &'static str, run: &'static str, value: Result<f64, String>| Side {
         name,
         value,
         teardown: results.teardown.get(run).map(String::as_str),
     };
     let mut out = Vec::new();
-    for pair in PAIRS {
+    for pair in PAIRS
+        .iter()
+        .filter(|p| plan.selected(p.ours) && plan.selected(p.peer))
+    {
         for wl in WORKLOADS {
             let value = |run| results.get(run, wl.id).map(|s| s.metric(wl.metric));
             out.push(Entry::compare(
@@ -201,7 +206,7 @@ pub fn entries(results: &Results) -> Vec<Entry> {
                 ));
             }
         }
-        if pair.ceiling {
+        if pair.ceiling && plan.selected(CEILING_RUN) {
             for wl in WORKLOADS.iter().filter(|w| w.metric == Metric::Iops) {
                 let ceiling = results
                     .get(CEILING_RUN, wl.id)
@@ -228,7 +233,103 @@ pub fn entries(results: &Results) -> Vec<Entry> {
     out
 }
 
-pub fn rss_entries(dir: &Path) -> Vec<Entry> {
+/// `--baseline`: every selected ublkd run against the baseline's, per workload, each side the
+/// mean of its two runs (A B B A); the ratio points the bench's way (above 1 is better for the
+/// new build, for latency too), and CPU per I/O is new / baseline (below 1 is better).
+pub fn baseline_entries(results: &Results, label: &str) -> Vec<Entry> {
+    let peer = format!("baseline {label}");
+    let mut out = Vec::new();
+    for run in RUNS.iter().filter(|r| r.is_ublkd()) {
+        for wl in WORKLOADS {
+            let Some(ab) = results.ab.get(&(run.id.to_owned(), wl.id.to_owned())) else {
+                continue;
+            };
+            let (new, base) = (ab.new_mean(), ab.base_mean());
+            let side = |name, value| Side {
+                name,
+                value,
+                teardown: None,
+            };
+            let metric = |s: &Result<crate::bench::collect::Sample, String>| {
+                s.as_ref()
+                    .map(|s| s.metric(wl.metric))
+                    .map_err(Clone::clone)
+            };
+            out.push(Entry::compare(
+                format!("{} {}", run.id, wl.label),
+                side(OURS_NAME, metric(&new)),
+                side(&peer, metric(&base)),
+                wl.metric.into(),
+            ));
+            let cpu = |s: &Result<crate::bench::collect::Sample, String>| {
+                s.as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|s| s.cpu_s_per_mio.clone())
+            };
+            out.push(Entry::compare(
+                format!("{} {} cpu", run.id, wl.label),
+                side(OURS_NAME, cpu(&new)),
+                side(&peer, cpu(&base)),
+                Unit::CpuPerMio,
+            ));
+        }
+    }
+    out
+}
+
+/// The runs behind `baseline_entries`, one line per ublkd run and workload: each build's runs
+/// in the order they ran (A B B A), so that a drift within the boot is visible.
+pub fn baseline_runs_table(results: &Results) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<22} {:<20} {:>18} {:>18}  (IOPS; qd1: mean latency us)",
+        "run", "workload", "new A1 A2", "baseline B1 B2"
+    );
+    for ((run, wl), ab) in &results.ab {
+        let Some(w) = WORKLOADS.iter().find(|w| w.id == wl) else {
+            continue;
+        };
+        let fmt = |v: &[Result<crate::bench::collect::Sample, String>]| {
+            v.iter()
+                .map(|r| {
+                    r.as_ref().map_or("failed".to_owned(), |s| {
+                        format!("{:.0}", s.metric(w.metric))
+                    })
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let _ = writeln!(
+            s,
+            "{run:<22} {wl:<20} {:>18} {:>18}",
+            fmt(&ab.new),
+            fmt(&ab.base)
+        );
+    }
+    s
+}
+
+/// The raw runs behind `baseline_entries`, for `raw.json`.
+pub fn baseline_raw_json(results: &Results, label: &str) -> Value {
+    let runs = |v: &[Result<crate::bench::collect::Sample, String>]| -> Vec<Value> {
+        v.iter()
+            .map(|r| match r {
+                Ok(s) => json!({"iops": round(s.iops, 1), "lat_us": round(s.lat_us, 2),
+                                "cpu_s_per_mio": s.cpu_s_per_mio.as_ref().ok().map(|x| round(*x, 4))}),
+                Err(e) => json!({"error": e}),
+            })
+            .collect()
+    };
+    let list: Vec<Value> = results
+        .ab
+        .iter()
+        .map(|((run, wl), ab)| json!({"run": run, "workload": wl, "new": runs(&ab.new), "baseline": runs(&ab.base)}))
+        .collect();
+    json!({"baseline": label, "order": "A B B A", "runs": list})
+}
+
+pub fn rss_entries(dir: &Path, plan: &Plan) -> Vec<Entry> {
     let rss = |run: &str| -> Result<f64, String> {
         let text = fs::read_to_string(dir.join(run).join("status.idle"))
             .map_err(|_| format!("{run}: no /proc status (the run failed?)"))?;
@@ -236,6 +337,7 @@ pub fn rss_entries(dir: &Path) -> Vec<Entry> {
     };
     RSS_PAIRS
         .iter()
+        .filter(|(_, ours, peer)| plan.selected(ours) && plan.selected(peer))
         .map(|&(case, ours, peer)| {
             Entry::compare(
                 case.to_owned(),
@@ -322,25 +424,32 @@ pub fn raw_table(results: &Results) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<20} {:<16} {:>10} {:>12} {:>14}",
-        "run", "workload", "IOPS", "mean lat us", "cpu s/M I/O"
+        "{:<20} {:<20} {:>10} {:>12} {:>14} {:>14}",
+        "run", "workload", "IOPS", "mean lat us", "cpu s/M I/O", "all CPUs us/IO"
     );
     for run in RUNS {
         for wl in WORKLOADS {
+            if !results
+                .samples
+                .contains_key(&(run.id.to_owned(), wl.id.to_owned()))
+            {
+                continue;
+            }
             match results.get(run.id, wl.id) {
                 Ok(sample) => {
                     let _ = writeln!(
                         s,
-                        "{:<20} {:<16} {:>10.0} {:>12.1} {:>14}",
+                        "{:<20} {:<20} {:>10.0} {:>12.1} {:>14} {:>14}",
                         run.id,
                         wl.id,
                         sample.iops,
                         sample.lat_us,
-                        fmt_value(sample.cpu_s_per_mio.ok(), 3)
+                        fmt_value(sample.cpu_s_per_mio.ok(), 3),
+                        fmt_value(sample.sys_us_per_io.ok(), 1)
                     );
                 }
                 Err(e) => {
-                    let _ = writeln!(s, "{:<20} {:<16} FAILED: {e}", run.id, wl.id);
+                    let _ = writeln!(s, "{:<20} {:<20} FAILED: {e}", run.id, wl.id);
                 }
             }
         }
@@ -355,12 +464,19 @@ pub fn raw_json(results: &Results) -> Value {
     let mut list = Vec::new();
     for run in RUNS {
         for wl in WORKLOADS {
+            if !results
+                .samples
+                .contains_key(&(run.id.to_owned(), wl.id.to_owned()))
+            {
+                continue;
+            }
             let mut v = json!({ "run": run.id, "workload": wl.id });
             match results.get(run.id, wl.id) {
                 Ok(sample) => {
                     v["iops"] = json!(round(sample.iops, 1));
                     v["lat_us"] = json!(round(sample.lat_us, 2));
                     v["cpu_s_per_mio"] = json!(sample.cpu_s_per_mio.ok().map(|x| round(x, 4)));
+                    v["all_cpus_us_per_io"] = json!(sample.sys_us_per_io.ok().map(|x| round(x, 2)));
                 }
                 Err(e) => v["error"] = Value::from(e),
             }
@@ -383,6 +499,7 @@ mod tests {
             iops,
             lat_us,
             cpu_s_per_mio: Ok(cpu),
+            sys_us_per_io: Ok(cpu * 2.0),
         })
     }
 
@@ -421,9 +538,9 @@ mod tests {
             r if r.starts_with("ublkd") => sample(10000.0, 100.0, 2.0),
             _ => sample(8000.0, 125.0, 4.0),
         });
-        let entries = entries(&results);
-        // 9 pairs x 5 workloads, CPU for 6 pairs x 5, 4 IOPS workloads x 4 ceilings.
-        assert_eq!(entries.len(), 45 + 30 + 16);
+        let entries = entries(&results, &Plan::default());
+        // 9 pairs x 6 workloads, CPU for 6 pairs x 6, 5 IOPS workloads x 4 ceilings.
+        assert_eq!(entries.len(), 54 + 36 + 20);
         assert!(entries.iter().all(|e| e.error.is_none()));
 
         let e = find(&entries, "null per-io randread qd32");
@@ -453,6 +570,52 @@ mod tests {
     }
 
     #[test]
+    fn a_baseline_is_compared_case_by_case_from_both_builds_runs() {
+        use crate::bench::collect::Ab;
+        let mut results = Results::default();
+        let key = |wl: &str| ("ublkd-null-batch".to_owned(), wl.to_owned());
+        results.ab.insert(
+            key("randread-qd32"),
+            Ab {
+                new: vec![sample(150.0, 200.0, 1.0), sample(250.0, 200.0, 3.0)],
+                base: vec![sample(100.0, 400.0, 4.0), sample(100.0, 400.0, 4.0)],
+            },
+        );
+        results.ab.insert(
+            key("randread-qd1"),
+            Ab {
+                new: vec![
+                    sample(10.0, 50.0, 1.0),
+                    Err("fio exited with status 1".into()),
+                ],
+                base: vec![sample(10.0, 100.0, 1.0), sample(10.0, 100.0, 1.0)],
+            },
+        );
+        let e = baseline_entries(&results, "fdc00eb");
+        assert_eq!(e.len(), 4, "{e:?}");
+        let read = find(&e, "ublkd-null-batch randread qd32");
+        assert_eq!(read.peer, "baseline fdc00eb");
+        assert_eq!(
+            (read.ours, read.peer_value, read.ratio),
+            (Some(200.0), Some(100.0), Some(2.0))
+        );
+        let cpu = find(&e, "ublkd-null-batch randread qd32 cpu");
+        assert_eq!(cpu.ratio, Some(0.5));
+        // A failed run of either build fails the comparison, never a mean of what is left.
+        let qd1 = find(&e, "ublkd-null-batch randread qd1");
+        assert!(
+            qd1.ratio.is_none() && qd1.error.as_deref().is_some_and(|x| x.contains("status 1"))
+        );
+        let t = baseline_runs_table(&results);
+        assert!(
+            t.contains("150 250") && t.contains("100 100") && t.contains("failed"),
+            "{t}"
+        );
+        let raw = baseline_raw_json(&results, "fdc00eb");
+        assert_eq!(raw["runs"][1]["new"][0]["iops"], 150.0, "{raw}");
+    }
+
+    #[test]
     fn failed_runs_give_null_values_and_an_error() {
         let mut results = results_with(|run, _| {
             if run.starts_with("ublkd") {
@@ -464,7 +627,7 @@ mod tests {
         results
             .teardown
             .insert("kublk-null".into(), "kublk del failed".into());
-        let entries = entries(&results);
+        let entries = entries(&results, &Plan::default());
         let e = find(&entries, "null per-io randread qd32");
         assert_eq!((e.ours, e.peer_value, e.ratio), (None, Some(8000.0), None));
         let err = e.error.as_deref().unwrap_or_default();
