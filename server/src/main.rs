@@ -108,6 +108,10 @@ struct RunArgs {
     poll: String,
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// The worker CPUs are the dataplane's alone, no application submits from them (as
+    /// `dataplane.dedicated_cpus`): auto placement spreads there, and auto polling polls.
+    #[arg(long)]
+    dedicated_cpus: bool,
     /// Which worker serves each queue: auto, same-cpu, other-cpu or spread.
     #[arg(long, value_enum, default_value = "auto")]
     placement: config::QueuePlacementSetting,
@@ -211,6 +215,7 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
     let handle = Handle::start(ublkd_dataplane::Config {
         cpus: args.cpus,
         placement: args.placement.policy(),
+        dedicated_cpus: args.dedicated_cpus,
         ..Default::default()
     })
     .context("starting the dataplane")?;

@@ -50,15 +50,21 @@ commands:
   prepare            fetch the kernel and build the initramfs (what the others do first)
   manifests          render deploy/kubernetes and every overlay under deploy/overlays with
                      kubectl kustomize and check them (a part of test's host tests)
-  bench              in one boot: ublkd vs kublk, loop and null_blk under fio; control-plane
+  bench [--baseline REV] [--only SUBSTR]
+                     in one boot: ublkd vs kublk, loop and null_blk under fio; control-plane
                      latency and RSS; recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
-                     UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a release build)
+                     UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a release build);
+                     --baseline REV also runs every ublkd case with REV's ublkd (built and cached
+                     as compare does), interleaved A B B A, and reports new/baseline per case;
+                     --only SUBSTR runs only the fio cases whose name contains SUBSTR (and
+                     skips the control-plane, CSI, QoS, snapshot and recovery sections)
 
 environment:
   UBLKD_VM_CACHE     cache directory (default ~/.cache/ublkd-vm)
   UBLKD_VM_REFRESH=1 look for a newer kernel now instead of using the one resolved this week
   UBLKD_VM_KVER      pin the guest kernel version (e.g. 7.3.4+deb13-amd64)
   UBLKD_VM_ACCEL     kvm or tcg (default: kvm when a probe boot works, else tcg)
+  UBLKD_VM_CPU       QEMU's -cpu model under TCG (default: max)
   UBLKD_VM_VERBOSE=1 echo the guest console while it runs
 ";
 
@@ -99,7 +105,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         Some("vm-run") => vm_run(&ws, &args[1..]),
         Some("k8s-test") => k8s::run(&ws, &args[1..]),
         Some("demo") => demo(&ws),
-        Some("bench") => bench::run(&ws),
+        Some("bench") => bench::run(&ws, &args[1..]),
         Some("compare") => compare::run(&ws, &args[1..]),
         Some("deb") => {
             deb::run(&ws)?;

@@ -189,7 +189,8 @@ impl Vm {
             } else {
                 "multi"
             };
-            cmd.args(["-accel", &format!("tcg,thread={thread}"), "-cpu", "max"]);
+            let cpu = std::env::var("UBLKD_VM_CPU").unwrap_or_else(|_| "max".into());
+            cmd.args(["-accel", &format!("tcg,thread={thread}"), "-cpu", &cpu]);
         }
         cmd.arg("-kernel")
             .arg(&self.kernel.vmlinuz)
