@@ -44,6 +44,11 @@ busy() {
 }
 
 one() { # LABEL BINARY FLAGS JOB
+    # Emptied here, not by the background job's own redirection: that happens in the child,
+    # later, and the wait below then read the previous run's READY line (dev empty, and the
+    # new ublkd killed: the lost "no_device_after_0_tries:exit_143" runs).
+    : >"$work/out"
+    : >"$work/err"
     # shellcheck disable=SC2046 # the flags are words, split on purpose
     "$2" run --size 1GiB --backend null --queues 2 --depth 128 $(echo "$3" | tr ',' ' ') \
         >"$work/out" 2>"$work/err" &
@@ -99,6 +104,12 @@ one() { # LABEL BINARY FLAGS JOB
     echo "$1 $4 ${iops:-failed} ${map:-none} ${share:-none} ${trace:--}" >>"$out"
 }
 
+# Who sends SIGTERM, and to whom (a lost run's ublkd has died of it before its handler was
+# installed): the kernel's signal_generate event, kept beside OUT.
+if [ -d "$T/events/signal/signal_generate" ]; then
+    echo 'sig == 15' >"$T/events/signal/signal_generate/filter"
+    echo 1 >"$T/events/signal/signal_generate/enable"
+fi
 reverse=""
 for a in "$@"; do
     reverse="$a $reverse"
@@ -111,4 +122,5 @@ for order in "$*" "$reverse" "$*" "$reverse"; do
         done
     done
 done
+[ -r "$T/trace" ] && grep signal_generate "$T/trace" >"$out.signals" 2>/dev/null
 rm -rf "$work"
