@@ -237,6 +237,18 @@ mod tests {
     use std::fs;
     use std::process::Command;
 
+    /// The script of a bench whose every binary was built.
+    fn all_binaries(plan: &Plan) -> String {
+        guest_script(
+            5,
+            plan,
+            Ok(Path::new("/k/kublk")),
+            Ok(Path::new("/t/ublkd")),
+            Ok(Path::new("/t/ublkctl")),
+            Ok(Path::new("/t/ublkd-csi")),
+        )
+    }
+
     #[test]
     fn script_runs_every_case_and_reports_missing_binaries() {
         let s = guest_script(
@@ -303,14 +315,7 @@ mod tests {
 
     #[test]
     fn script_runs_the_recovery_cases_last() {
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Ok(Path::new("/k/kublk")),
-            Ok(Path::new("/t/ublkd")),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
+        let s = all_binaries(&Plan::default());
         let at = |line: &str| {
             s.find(line)
                 .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
@@ -347,14 +352,7 @@ mod tests {
 
     #[test]
     fn script_runs_qos_and_snapshots_before_recovery() {
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Ok(Path::new("/k/kublk")),
-            Ok(Path::new("/t/ublkd")),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
+        let s = all_binaries(&Plan::default());
         let at = |line: &str| {
             s.find(line)
                 .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
@@ -389,14 +387,7 @@ mod tests {
             only: Some("null-batch".into()),
             baseline: Some(("fdc00eb".into(), "/c/bin/fdc00eb/ublkd".into())),
         };
-        let s = guest_script(
-            5,
-            &plan,
-            Ok(Path::new("/k/kublk")),
-            Ok(Path::new("/t/ublkd")),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
+        let s = all_binaries(&plan);
         let at = |line: &str| {
             s.find(line)
                 .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
@@ -430,14 +421,7 @@ mod tests {
 
     #[test]
     fn script_parses_as_posix_sh() {
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Ok(Path::new("/k/kublk")),
-            Ok(Path::new("/t/ublkd")),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
+        let s = all_binaries(&Plan::default());
         let path = std::env::temp_dir().join(format!("ublkd-bench-{}.sh", std::process::id()));
         fs::write(&path, &s).expect("writing the script");
         let out = Command::new("sh").arg("-n").arg(&path).output();

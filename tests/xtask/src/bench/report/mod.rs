@@ -13,7 +13,7 @@ use super::cases::{
     Metric, Plan, CEILING_RUN, NO_PEER, OURS_NAME, PAIRS, RSS_PAIRS, RUNS, WORKLOADS,
 };
 use super::collect::control::parse_vmrss;
-use super::collect::Results;
+use super::collect::{Results, Sample};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::fs;
@@ -250,7 +250,7 @@ pub fn baseline_entries(results: &Results, label: &str) -> Vec<Entry> {
                 value,
                 teardown: None,
             };
-            let metric = |s: &Result<crate::bench::collect::Sample, String>| {
+            let metric = |s: &Result<Sample, String>| {
                 s.as_ref()
                     .map(|s| s.metric(wl.metric))
                     .map_err(Clone::clone)
@@ -261,7 +261,7 @@ pub fn baseline_entries(results: &Results, label: &str) -> Vec<Entry> {
                 side(&peer, metric(&base)),
                 wl.metric.into(),
             ));
-            let cpu = |s: &Result<crate::bench::collect::Sample, String>| {
+            let cpu = |s: &Result<Sample, String>| {
                 s.as_ref()
                     .map_err(Clone::clone)
                     .and_then(|s| s.cpu_s_per_mio.clone())
@@ -290,7 +290,7 @@ pub fn baseline_runs_table(results: &Results) -> String {
         let Some(w) = WORKLOADS.iter().find(|w| w.id == wl) else {
             continue;
         };
-        let fmt = |v: &[Result<crate::bench::collect::Sample, String>]| {
+        let fmt = |v: &[Result<Sample, String>]| {
             v.iter()
                 .map(|r| {
                     r.as_ref().map_or("failed".to_owned(), |s| {
@@ -312,7 +312,7 @@ pub fn baseline_runs_table(results: &Results) -> String {
 
 /// The raw runs behind `baseline_entries`, for `raw.json`.
 pub fn baseline_raw_json(results: &Results, label: &str) -> Value {
-    let runs = |v: &[Result<crate::bench::collect::Sample, String>]| -> Vec<Value> {
+    let runs = |v: &[Result<Sample, String>]| -> Vec<Value> {
         v.iter()
             .map(|r| match r {
                 Ok(s) => json!({"iops": round(s.iops, 1), "lat_us": round(s.lat_us, 2),
@@ -492,7 +492,6 @@ pub fn raw_json(results: &Results) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::collect::Sample;
 
     fn sample(iops: f64, lat_us: f64, cpu: f64) -> Result<Sample, String> {
         Ok(Sample {
