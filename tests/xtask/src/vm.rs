@@ -72,6 +72,18 @@ pub struct Vm {
     writable_root: bool,
     memory_mib: u32,
     tcg_single_thread: bool,
+    network: Option<Network>,
+}
+
+/// A network for the guest: QEMU's user network (the host at 10.0.2.2, the guest 10.0.2.15),
+/// with QEMU itself run in a network namespace of the host's, so that what the guest reaches
+/// and what is forwarded into it stay in that namespace.
+#[derive(Debug, Clone)]
+pub struct Network {
+    /// The namespace (`ip netns`) QEMU runs in.
+    pub netns: String,
+    /// `hostfwd` rules, each `tcp:ADDR:PORT-:GUESTPORT`.
+    pub forwards: Vec<String>,
 }
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -97,6 +109,7 @@ impl Vm {
             writable_root: false,
             memory_mib: 4096,
             tcg_single_thread: false,
+            network: None,
         })
     }
 
@@ -135,6 +148,17 @@ impl Vm {
     pub fn tcg_single_thread(mut self, on: bool) -> Self {
         self.tcg_single_thread = on;
         self
+    }
+
+    /// A NIC on QEMU's user network, QEMU in the namespace given (`Network`).
+    pub fn network(mut self, net: Network) -> Self {
+        self.network = Some(net);
+        self
+    }
+
+    /// Where this run's files are (shared with the guest as `UBLKD_VM_RUN`).
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
     }
 
     pub fn memory_mib(mut self, mib: u32) -> Self {
@@ -177,7 +201,22 @@ impl Vm {
         let image = rd.join("nvme.img");
         fs::File::create(&image)?.set_len(NVME_BYTES)?;
         let qemu = apt::which("qemu-system-x86_64").context("qemu-system-x86_64 not found")?;
-        let mut cmd = Command::new(qemu);
+        let mut cmd = match &self.network {
+            Some(net) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &net.netns]).arg(&qemu);
+                c
+            }
+            None => Command::new(&qemu),
+        };
+        if let Some(net) = &self.network {
+            let mut user = "user,id=net0,net=10.0.2.0/24".to_owned();
+            for f in &net.forwards {
+                user.push_str(",hostfwd=");
+                user.push_str(f);
+            }
+            cmd.args(["-netdev", &user, "-device", "virtio-net-pci,netdev=net0"]);
+        }
         cmd.args(["-nodefaults", "-display", "none", "-no-reboot"])
             .args(["-serial", "stdio", "-smp", "2", "-m"])
             .arg(format!("{}M", self.memory_mib));

@@ -1,17 +1,18 @@
 # shellcheck shell=sh
-# The Kubernetes tier inside the guest (writable root, `cargo xtask k8s-test`): boots a one-node
-# cluster from the binaries the harness built (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, containerd, the kubelet, kube-proxy, CoreDNS), imports the offline images, installs
+# The Kubernetes tier's node, inside the guest (writable root, `cargo xtask k8s-test`): the one
+# node of a cluster whose control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, CoreDNS) runs on the host (`control.sh`). Here: containerd, the kubelet and
+# kube-proxy from the binaries the harness built; it imports the offline images, installs
 # deploy/kubernetes with `kubectl apply -k` through the test overlay (image names only), and
-# runs the scenarios. Everything stays on the guest's loopback, a dummy node address and the
-# pods' bridge.
+# runs the scenarios. The guest reaches the control plane at 10.0.2.2 (QEMU's user network),
+# and the API server reaches the kubelet at the node's address, 10.10.0.1, which QEMU forwards.
 #
 # From the harness, in the environment: K8S_BIN (kube binaries), K8S_DEBS (extracted Debian
-# packages: etcd, containerd, CNI plugins), K8S_IMAGES (a file: "reference archive" per line),
+# packages: containerd, CNI plugins), K8S_IMAGES (a file: "reference archive" per line),
 # K8S_OVERLAY (the kustomization to apply), K8S_MODULES (the guest kernel's module tree),
-# K8S_SCENARIOS (space-separated names, or "all"), K8S_COREDNS (the DNS server's binary),
-# K8S_SNAPSHOTS_OVERLAY and K8S_MODIFY_OVERLAY (the installs with those components),
-# UBLKD_VM_RUN (the shared run directory).
+# K8S_SCENARIOS (space-separated names, or "all"), K8S_PKI (the certificates and kubeconfigs
+# control.sh made), K8S_SNAPSHOTS_OVERLAY and K8S_MODIFY_OVERLAY (the installs with those
+# components), UBLKD_VM_RUN (the shared run directory).
 # Each scenario prints "SCENARIO <name> ok|FAILED <seconds>"; the exit status is the number
 # that failed (or 100 when the cluster never came up).
 # Functions here are called through run, wait_for and check, which shellcheck cannot follow.
@@ -23,10 +24,25 @@ L=$UBLKD_VM_RUN/logs
 mkdir -p "$L"
 NODE=ublkd-vm
 NODE_IP=10.10.0.1
+HOST_IP=10.0.2.2
 t0=$(cut -d' ' -f1 /proc/uptime)
 now() { awk -v t0="$t0" '{printf "%.1f", $1 - t0}' /proc/uptime; }
 say() { echo "k8s [$(now)] $*"; }
-kubectl() { "$B/kubectl" "$@"; }
+# kubectl runs on the host (control.sh's serve_kubectl), natively: a request file in the shared
+# run directory, the answer read back. Only `-f -` reads standard input.
+KQ=$UBLKD_VM_RUN/kubectl
+mkdir -p "$KQ"
+kubectl() {
+    r=$(mktemp "$KQ/req.XXXXXXXX") || return 1
+    case " $* " in *" -f - "*) cat >"$r.stdin" ;; esac
+    printf '%s\0' "$@" >"$r.tmp" && mv "$r.tmp" "$r.args" || return 1
+    until [ -e "$r.rc" ]; do sleep 0.1; done
+    cat "$r.out"
+    cat "$r.err" >&2
+    rc=$(cat "$r.rc")
+    rm -f "$r" "$r".*
+    return "$rc"
+}
 uptime_s() { cut -d. -f1 /proc/uptime; }
 # waits up to $1 seconds (by the clock, whatever each try takes) for the command after it
 wait_for() {
@@ -81,7 +97,7 @@ mount -o discard "$disk" /var/lib/ublkd/volumes || die "cannot mount the node's 
 mount --make-rshared /
 # All of them now, before anything runs in parallel: a module load patches kernel text (static
 # keys), and under TCG that has oopsed a guest once (int3 in kmem_cache_alloc, from ip6tables).
-for m in bridge veth br_netfilter dummy overlay nf_conntrack nf_nat nf_tables nft_compat \
+for m in virtio_net bridge veth br_netfilter dummy overlay nf_conntrack nf_nat nf_tables nft_compat \
     nft_chain_nat xt_MASQUERADE xt_comment xt_mark xt_addrtype xt_conntrack xt_nat \
     xt_statistic xt_multiport xt_tcpudp xt_physdev xt_limit ipt_REJECT nf_reject_ipv4 \
     iptable_nat iptable_filter iptable_mangle ip_tables ip6_tables ip6table_nat \
@@ -91,6 +107,12 @@ done
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 || die "sysctl"
 if ! { ip link add node0 type dummy && ip addr add "$NODE_IP/24" dev node0 && ip link set node0 up; }; then
     die "cannot make the node's address"
+fi
+# The link to the control plane: QEMU's user network, its host at $HOST_IP.
+nic=$(for n in /sys/class/net/*; do [ -e "$n/device" ] && basename "$n"; done | head -1)
+if ! { [ -n "$nic" ] && ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" &&
+    ip route add default via "$HOST_IP" dev "$nic"; }; then
+    die "cannot bring up the network to the control plane (${nic:-no NIC})"
 fi
 hostname "$NODE"
 echo "127.0.0.1 localhost $NODE" >/etc/hosts
@@ -102,46 +124,23 @@ for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
     echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
 done
 
-# --- PKI: one CA, a certificate per component (EC P-256: fast under emulation) ----------------
+# --- the certificates and kubeconfigs the host made (control.sh) -------------------------------
 P=/etc/kubernetes/pki
 mkdir -p "$P"
-key() { openssl ecparam -name prime256v1 -genkey -noout -out "$P/$1.key" 2>/dev/null; }
-cert() {
-    key "$1"
-    openssl req -new -key "$P/$1.key" -subj "$2" -out "$P/$1.csr"
-    {
-        echo "basicConstraints=CA:FALSE"
-        echo "keyUsage=digitalSignature,keyEncipherment"
-        echo "extendedKeyUsage=serverAuth,clientAuth"
-        [ -n "${3:-}" ] && echo "subjectAltName=$3"
-    } >"$P/$1.ext"
-    openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
-        -days 7 -sha256 -extfile "$P/$1.ext" -out "$P/$1.crt" 2>/dev/null
-}
-key ca
-openssl req -x509 -new -key "$P/ca.key" -sha256 -days 7 -subj "/CN=ublkd-test-ca" -out "$P/ca.crt"
-cert apiserver "/CN=kube-apiserver" \
-    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP"
-cert admin "/O=system:masters/CN=kubernetes-admin"
-cert controller-manager "/CN=system:kube-controller-manager"
-cert scheduler "/CN=system:kube-scheduler"
-cert kubelet "/O=system:nodes/CN=system:node:$NODE"
-cert kube-proxy "/CN=system:kube-proxy"
-cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
-key sa
-openssl ec -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
-kubeconfig() {
-    f=/etc/kubernetes/$1.conf
-    kubectl config --kubeconfig="$f" set-cluster test --server="https://$NODE_IP:6443" \
-        --certificate-authority="$P/ca.crt" --embed-certs >/dev/null
-    kubectl config --kubeconfig="$f" set-credentials "$1" --client-certificate="$P/$1.crt" \
-        --client-key="$P/$1.key" --embed-certs >/dev/null
-    kubectl config --kubeconfig="$f" set-context test --cluster=test --user="$1" >/dev/null
-    kubectl config --kubeconfig="$f" use-context test >/dev/null
-}
-for c in admin controller-manager scheduler kubelet kube-proxy; do kubeconfig "$c"; done
+cp "$K8S_PKI"/*.crt "$K8S_PKI"/*.key "$P/" || die "no certificates in $K8S_PKI"
+for c in admin kubelet kube-proxy; do
+    cp "$K8S_PKI/$c.conf" "/etc/kubernetes/$c.conf" || die "no kubeconfig for $c"
+done
 export KUBECONFIG=/etc/kubernetes/admin.conf
-say "node and PKI ready"
+# Where the node's CPU goes: every process's CPU time, every two minutes (logs/cpu.log).
+(
+    while :; do
+        echo "--- k8s [$(now)]"
+        ps -eo pid,rss,time,comm --sort=-time | head -25
+        sleep 120
+    done
+) >"$L/cpu.log" 2>&1 &
+say "node ready, certificates in place"
 
 # --- containerd and the images, before the control plane ---------------------------------------
 # The import is the longest step of the boot under emulation (unpacking every layer), and the
@@ -198,66 +197,9 @@ while read -r ref archive; do
     "$D/usr/bin/ctr" -n k8s.io images ls -q | grep -qx "$ref" || die "image $ref missing after importing $archive: $(tail -3 "$L/images.log")"
 done <"$K8S_IMAGES"
 say "images imported: $(wc -l <"$K8S_IMAGES")"
-# --- control plane ----------------------------------------------------------------------------
-# Under emulation on a slow host the control plane is what keeps both vCPUs busy, until the API
-# server misses its clients' 10 s timeouts and the kubelet cannot report the node. So it does
-# less of what a one-node test cluster does not use: Go's collector runs a quarter as often
-# (each process under a soft 1 GiB limit; the guest has 6), the API server queues no requests
-# by priority, and the controllers of objects nothing here makes (jobs, cron jobs, stateful
-# sets, autoscalers, budgets, quotas, replication controllers, bootstrap tokens, aggregated
-# roles, ...) are off.
-export GOGC=400 GOMEMLIMIT=1GiB
-"$D/usr/bin/etcd" --data-dir /var/lib/etcd --listen-client-urls http://127.0.0.1:2379 \
-    --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 \
-    >"$L/etcd.log" 2>&1 &
-"$B/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 --advertise-address="$NODE_IP" \
-    --secure-port=6443 --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
-    --client-ca-file="$P/ca.crt" --service-account-key-file="$P/sa.pub" \
-    --service-account-signing-key-file="$P/sa.key" \
-    --service-account-issuer=https://kubernetes.default.svc \
-    --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC \
-    --enable-admission-plugins=NodeRestriction --allow-privileged=true \
-    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" \
-    --kubelet-client-key="$P/apiserver-kubelet-client.key" \
-    --runtime-config=storage.k8s.io/v1beta1=true --enable-priority-and-fairness=false \
-    >"$L/kube-apiserver.log" 2>&1 &
-wait_for 600 kubectl get --raw /readyz || die "the API server never became ready"
+# --- the control plane, on the host ---------------------------------------------------------
+wait_for 600 kubectl get --raw /readyz || die "the API server (on the host, $HOST_IP) never answered"
 say "API server ready"
-# Every controller but those of objects no scenario makes (names from
-# cmd/kube-controller-manager/names; node-ipam: the pod subnet is the CNI's).
-UNUSED_CONTROLLERS='*,-nodeipam'
-for c in horizontal-pod-autoscaler cronjob job ttl-after-finished disruption statefulset \
-    resourcequota replicationcontroller bootstrap-signer token-cleaner ttl \
-    certificatesigningrequest-cleaner podcertificaterequest-cleaner clusterrole-aggregation \
-    legacy-serviceaccount-token-cleaner storageversion-garbage-collector \
-    validatingadmissionpolicy-status endpointslice-mirroring selinux-warning \
-    storage-version-migrator resourceclaim device-taint-eviction; do
-    UNUSED_CONTROLLERS="$UNUSED_CONTROLLERS,-$c-controller"
-done
-# One of each on one node: no leader election, whose lease a loaded emulated guest can miss
-# (the controller manager exits when it does, and nothing here would restart it).
-"$B/kube-controller-manager" --kubeconfig=/etc/kubernetes/controller-manager.conf --leader-elect=false \
-    --use-service-account-credentials --service-account-private-key-file="$P/sa.key" \
-    --root-ca-file="$P/ca.crt" --cluster-signing-cert-file="$P/ca.crt" \
-    --cluster-signing-key-file="$P/ca.key" --controllers="$UNUSED_CONTROLLERS" \
-    >"$L/kube-controller-manager.log" 2>&1 &
-"$B/kube-scheduler" --kubeconfig=/etc/kubernetes/scheduler.conf --leader-elect=false >"$L/kube-scheduler.log" 2>&1 &
-# The cluster's DNS, on the node's address (the kubelet's clusterDNS): Service and pod names
-# from the API, nothing forwarded (no traffic leaves the guest). A process of the node like the
-# control plane, so it needs no image and no Service address.
-mkdir -p /etc/coredns
-cat >/etc/coredns/Corefile <<EOC
-cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
-    bind $NODE_IP
-    errors
-    cache 30
-    kubernetes cluster.local in-addr.arpa ip6.arpa {
-        kubeconfig /etc/kubernetes/admin.conf test
-        pods insecure
-    }
-}
-EOC
-"$K8S_COREDNS" -conf /etc/coredns/Corefile >"$L/coredns.log" 2>&1 &
 
 mkdir -p /var/lib/kubelet
 cat >/var/lib/kubelet/config.yaml <<EOC
@@ -269,10 +211,17 @@ cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 failSwapOn: false
 resolvConf: /etc/resolv.conf
-clusterDNS: [$NODE_IP]
+clusterDNS: [$HOST_IP]
 clusterDomain: cluster.local
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+# No QoS and pod cgroup levels: walking them on every housekeeping pass was a fifth of the
+# kubelet's CPU in a profile of this guest (GetAllPodsFromCgroups), and the kubelet took two
+# thirds of an emulated vCPU. The containers keep their own limits.
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+tlsCertFile: $P/kubelet-serving.crt
+tlsPrivateKeyFile: $P/kubelet-serving.key
 EOC
 # The kubelet runs as a node's systemd runs it (Restart=always, RestartSec=5): under emulation
 # its first start can find containerd too busy to answer the CRI within its timeout ("error
@@ -290,7 +239,8 @@ kubelet_service() {
 }
 kubelet_service &
 "$B/kube-proxy" --kubeconfig=/etc/kubernetes/kube-proxy.conf --hostname-override="$NODE" \
-    --cluster-cidr=10.88.0.0/16 --proxy-mode=iptables >"$L/kube-proxy.log" 2>&1 &
+    --cluster-cidr=10.88.0.0/16 --proxy-mode=iptables \
+    --iptables-sync-period=5m >"$L/kube-proxy.log" 2>&1 &
 node_ready() { kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
 wait_for 600 node_ready || die "the node never became Ready"
 say "node Ready"
@@ -307,7 +257,7 @@ snapshot_addons() {
             crd/volumesnapshots.snapshot.storage.k8s.io \
             crd/volumesnapshotcontents.snapshot.storage.k8s.io \
             crd/volumesnapshotclasses.snapshot.storage.k8s.io || return 1
-    w=/tmp/snapshot-controller
+    w=$UBLKD_VM_RUN/snapshot-controller  # where the host's kubectl reads it
     mkdir -p "$w"
     cp "$K8S_SNAPSHOT_CONTROLLER/rbac-snapshot-controller.yaml" \
         "$K8S_SNAPSHOT_CONTROLLER/setup-snapshot-controller.yaml" "$w/" || return 1
@@ -404,7 +354,9 @@ s_driver() {
     count=$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="ublkd.io")].allocatable.count}')
     echo "volume limit: $count"
     [ "${count:-0}" -gt 0 ] || fail "CSINode gives ublkd.io a volume limit"
-    wait_for 120 sh -c "[ \$($B/kubectl get csistoragecapacities -A --no-headers 2>/dev/null | wc -l) -ge 3 ]" ||
+    capacities() { [ "$(kubectl get csistoragecapacities -A --no-headers 2>/dev/null | wc -l)" -ge 3 ]; }
+    # the provisioner publishes them once it has synced; a slow emulated node takes minutes
+    wait_for 420 capacities ||
         { kubectl get csistoragecapacities -A; echo "fewer than 3 CSIStorageCapacity objects"; return 1; }
     kubectl get csistoragecapacities -A -o custom-columns=CLASS:.storageClassName,CAPACITY:.capacity,NODE:.nodeTopology.matchLabels
     for sc in ublkd-file ublkd-ram ublkd-nvme; do
@@ -433,7 +385,7 @@ spec:
       $mnt
   volumes: [{name: v, persistentVolumeClaim: {claimName: $2}}]
 EOP
-    kubectl wait --for=condition=Ready "pod/$1" --timeout=240s || {
+    kubectl wait --for=condition=Ready "pod/$1" --timeout=600s || {
         kubectl describe pod "$1" | tail -25
         kubectl describe pvc "$2" | tail -15
         kubectl -n ublkd-system logs ds/ublkd-csi-node -c ublkd-csi --tail=30 || true
@@ -490,7 +442,7 @@ s_filesystem() { # CLASS
     [ "$have" -ge 64 ] || fail "the claim got at least what it asked for"
     kubectl patch pvc "d-$c" -p "{\"spec\":{\"resources\":{\"requests\":{\"storage\":\"$((have + 64))Mi\"}}}}"
     grown() { [ "$(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}')" -gt $((before + 32768)) ]; }
-    wait_for 180 grown || { kubectl describe pvc "d-$c" | tail -15; echo "df never grew from ${before} KiB"; return 1; }
+    wait_for 420 grown || { kubectl describe pvc "d-$c" | tail -15; echo "df never grew from ${before} KiB"; return 1; }
     echo "df: ${before} KiB, then $(in_pod "p-$c" "df -k /data | tail -1" | awk '{print $2}') KiB"
     pv=$(kubectl get pvc "d-$c" -o jsonpath='{.spec.volumeName}')
     vol=$(kubectl get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
@@ -503,7 +455,7 @@ s_filesystem() { # CLASS
     kubectl delete pod "p-$c" --wait=true
     kubectl delete pvc "d-$c" --wait=true
     gone() { ! kubectl get pv "$pv" >/dev/null 2>&1 && ! ublkctl list-volumes | grep -q "$vol"; }
-    wait_for 120 gone || { ublkctl list-volumes; echo "$vol outlived its claim"; return 1; }
+    wait_for 300 gone || { ublkctl list-volumes; echo "$vol outlived its claim"; return 1; }
     if [ "$c" = ublkd-file ]; then
         [ -z "$(find /var/lib/ublkd/volumes -name "*$vol*")" ] || fail "the backing file of $vol outlived its claim"
     fi
@@ -543,7 +495,7 @@ EOP
         kubectl get events --field-selector involvedObject.name=p-huge,reason=FailedScheduling \
             -o jsonpath='{.items[*].message}' | grep -qi storage
     }
-    wait_for 120 why || { kubectl describe pod p-huge | tail -10; fail "no FailedScheduling event naming storage"; }
+    wait_for 300 why || { kubectl describe pod p-huge | tail -10; fail "no FailedScheduling event naming storage"; }
     kubectl get events --field-selector involvedObject.name=p-huge -o jsonpath='{.items[*].message}'
     echo
     [ "$(kubectl get pod p-huge -o jsonpath='{.status.phase}')" = Pending ] || fail "p-huge left Pending"
@@ -564,7 +516,7 @@ volume_of() { kubectl get pv "$(kubectl get pvc "$1" -o jsonpath='{.spec.volumeN
 # the node's reflink XFS: each holds the data of its moment, and deleting them leaves no file.
 s_snapshots() {
     kubectl apply -k "$K8S_SNAPSHOTS_OVERLAY"
-    kubectl -n kube-system rollout status deploy/snapshot-controller --timeout=240s
+    kubectl -n kube-system rollout status deploy/snapshot-controller --timeout=600s
     pvc s-src ublkd-file-xfs 300Mi
     pod p-src s-src
     in_pod p-src 'echo at-the-snapshot >/data/f && sync'
@@ -577,7 +529,7 @@ spec:
   source: {persistentVolumeClaimName: s-src}
 EOP
     ready() { [ "$(kubectl get volumesnapshot snap1 -o jsonpath='{.status.readyToUse}')" = true ]; }
-    wait_for 180 ready || {
+    wait_for 420 ready || {
         kubectl describe volumesnapshot snap1 | tail -20
         kubectl get volumesnapshotcontents -o yaml | tail -30
         kubectl -n kube-system logs deploy/snapshot-controller --tail=20
@@ -607,7 +559,7 @@ EOP
         for v in $vols; do ublkctl list-volumes | grep -q "$v" && return 1; done
         [ -z "$(find /var/lib/ublkd/volumes -name '*.img')" ]
     }
-    wait_for 180 gone || {
+    wait_for 420 gone || {
         kubectl get volumesnapshotcontents
         ublkctl list-volumes
         find /var/lib/ublkd/volumes
@@ -621,23 +573,21 @@ ublkd_ready() { kubectl -n ublkd-system wait --for=condition=Ready pod -l app.ku
 
 # A VolumeAttributesClass reaching ublkd's limits, installed as deploy/csi/README.md says
 # ("Changing a volume's limits"): the Secrets for remote access made by hand with openssl (one
-# CA: ublkd's server certificate for the Service's name, the resizer's client certificate),
+# CA: ublkd's server certificate for the Service's name, the resizer's client certificate; made
+# with the cluster's in control.sh),
 # the install with the two components, the ublkd pod deleted to take them (OnDelete); then a
 # claim's class changed twice, each time checked in the claim's status and in ublkd.
 s_modify() {
-    cert ublkd-grpc "/CN=ublkd-grpc.ublkd-system.svc" \
-        "DNS:ublkd-grpc.ublkd-system.svc,DNS:ublkd-grpc.ublkd-system.svc.cluster.local"
-    cert ublkd-csi-resizer "/CN=ublkd-csi-resizer"
     for s in ublkd-grpc ublkd-csi-resizer; do
-        kubectl -n ublkd-system create secret generic "$s-tls" --from-file=tls.crt="$P/$s.crt" \
-            --from-file=tls.key="$P/$s.key" --from-file=ca.crt="$P/ca.crt"
+        kubectl -n ublkd-system create secret generic "$s-tls" --from-file=tls.crt="$K8S_PKI/$s.crt" \
+            --from-file=tls.key="$K8S_PKI/$s.key" --from-file=ca.crt="$K8S_PKI/ca.crt"
     done
     kubectl apply -k "$K8S_MODIFY_OVERLAY"
     old=$(ublkd_pod)
     kubectl -n ublkd-system delete pod "$old" --wait=true
     rolled() { [ "$(ublkd_pod)" != "$old" ] && ublkd_ready; }
-    wait_for 300 rolled || { kubectl -n ublkd-system get pods -o wide; fail "the ublkd pod with remote access never became Ready"; }
-    kubectl -n ublkd-system rollout status deploy/ublkd-csi-resizer --timeout=240s
+    wait_for 600 rolled || { kubectl -n ublkd-system get pods -o wide; fail "the ublkd pod with remote access never became Ready"; }
+    kubectl -n ublkd-system rollout status deploy/ublkd-csi-resizer --timeout=600s
     kubectl -n ublkd-system logs deploy/ublkd-csi-resizer -c ublkd-csi | grep modify_volume
     pvc m-data ublkd-ram 64Mi
     pod p-m m-data
@@ -649,7 +599,7 @@ s_modify() {
     echo "volume $vol, qos: $(qos)"
     class() { [ "$(kubectl get pvc m-data -o jsonpath='{.status.currentVolumeAttributesClassName}')" = "$1" ]; }
     applied() {
-        wait_for 180 class "$1" || {
+        wait_for 420 class "$1" || {
             kubectl describe pvc m-data | tail -15
             kubectl -n ublkd-system logs deploy/ublkd-csi-resizer -c csi-resizer --tail=20
             kubectl -n ublkd-system logs deploy/ublkd-csi-resizer -c ublkd-csi --tail=20
@@ -699,7 +649,7 @@ spec:
       volumeMounts: [{name: v, mountPath: /data}]
   volumes: [{name: v, persistentVolumeClaim: {claimName: w-data}}]
 EOP
-    kubectl wait --for=condition=Ready pod/p-writer --timeout=240s
+    kubectl wait --for=condition=Ready pod/p-writer --timeout=600s
     sleep 5
     before=$(ublkd_restarts)
     pid=$(pidof ublkd | cut -d' ' -f1)
@@ -707,7 +657,7 @@ EOP
     kill -9 "$pid"
     echo "SIGKILL to ublkd (pid $pid); restarts were $before"
     restarted() { [ "$(ublkd_restarts)" -gt "$before" ] && ublkd_ready; }
-    wait_for 240 restarted || { kubectl -n ublkd-system describe pod "$(ublkd_pod)" | tail -20; fail "ublkd did not come back after SIGKILL"; }
+    wait_for 600 restarted || { kubectl -n ublkd-system describe pod "$(ublkd_pod)" | tail -20; fail "ublkd did not come back after SIGKILL"; }
     echo "ublkd back after SIGKILL; the writer: $(kubectl get pod p-writer -o jsonpath='{.status.phase}')"
     # The roll: a new image name for the same build (imported like any other), then the pod.
     "$D/usr/bin/ctr" -n k8s.io images tag ublkd.test/ublkd:test ublkd.test/ublkd:roll >/dev/null 2>&1 || true
@@ -716,12 +666,12 @@ EOP
     kubectl -n ublkd-system delete pod "$old" --wait=true
     rolled() { [ "$(ublkd_pod)" != "$old" ] && ublkd_ready &&
         kubectl -n ublkd-system get pod "$(ublkd_pod)" -o jsonpath='{.spec.containers[?(@.name=="ublkd")].image}' | grep -q ':roll$'; }
-    wait_for 300 rolled || { kubectl -n ublkd-system get pods -o wide; fail "the rolled ublkd pod never became Ready"; }
+    wait_for 600 rolled || { kubectl -n ublkd-system get pods -o wide; fail "the rolled ublkd pod never became Ready"; }
     echo "rolled to $(ublkd_pod)"
     sleep 5
     in_pod p-writer 'touch /data/stop'
     done_ok() { [ "$(kubectl get pod p-writer -o jsonpath='{.status.phase}')" = Succeeded ]; }
-    wait_for 120 done_ok || { kubectl logs p-writer | tail -5; kubectl describe pod p-writer | tail -10; fail "the writer did not finish cleanly"; }
+    wait_for 300 done_ok || { kubectl logs p-writer | tail -5; kubectl describe pod p-writer | tail -10; fail "the writer did not finish cleanly"; }
     kubectl logs p-writer
     kubectl delete pod p-writer --wait=true
     kubectl delete pvc w-data --wait=true
@@ -739,12 +689,12 @@ s_kubelet_restart() {
     # kubelet_service starts it again, as systemd would.
     wait_for 60 sh -c "[ \"\$(cat /run/kubelet.pid)\" != $old ] && kill -0 \$(cat /run/kubelet.pid)" ||
         fail "the kubelet was not started again"
-    wait_for 240 node_ready || fail "the node never became Ready again"
+    wait_for 600 node_ready || fail "the node never became Ready again"
     # The new kubelet takes the running pods back before it answers for them.
-    wait_for 120 in_pod p-keep true || fail "the kubelet never took p-keep back"
+    wait_for 300 in_pod p-keep true || fail "the kubelet never took p-keep back"
     echo "kubelet restarted; the node Ready, p-keep taken back"
     registered() { kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw ublkd.io; }
-    wait_for 120 registered || fail "the driver is not registered after the restart"
+    wait_for 300 registered || fail "the driver is not registered after the restart"
     got=$(in_pod p-keep 'cat /data/f')
     [ "$got" = kept ] || fail "the mounted volume kept its data ($got)"
     pvc k-new ublkd-ram 64Mi

@@ -10,9 +10,14 @@
 //!   from the host's own suite: trixie's runc needs a newer glibc than the host root has);
 //! - every image, packed offline (`images`), ublkd's own from `cargo xtask image`.
 //!
-//! The guest (`guest.sh`) runs with a writable root (a tmpfs overlay over the host root), boots
-//! the cluster, applies `tests/k8s/overlay` (deploy/kubernetes with image names changed and
-//! nothing else) and runs the scenarios.
+//! The control plane (etcd, API server, controller manager, scheduler, CoreDNS: `control.sh`)
+//! runs on the host, natively, in a network namespace of the tier's own, with QEMU in it too.
+//! The guest (`guest.sh`) is the cluster's one node, with a writable root (a tmpfs overlay over
+//! the host root): containerd, the kubelet, kube-proxy and the driver's pods on the real kernel
+//! driver. It applies `tests/k8s/overlay` (deploy/kubernetes with image names changed and
+//! nothing else) and runs the scenarios. Under emulation on a 2-core host, a control plane in
+//! the guest kept its vCPUs so busy that the API server missed its clients' timeouts and the
+//! node never became Ready (CI, stop 29).
 
 use crate::apt::{self, PrivateApt};
 use crate::{image, oci, vm};
@@ -26,6 +31,11 @@ pub mod build;
 mod images;
 
 const GUEST: &str = include_str!("guest.sh");
+const CONTROL: &str = include_str!("control.sh");
+
+/// The node's address, where the API server reaches the kubelet: the control plane's
+/// namespace holds it on its loopback and QEMU forwards the kubelet's port into the guest.
+const KUBELET_FORWARD: &str = "tcp:10.10.0.1:10250-:10250";
 
 /// The scenarios, in the order the guest runs them.
 pub const SCENARIOS: &[&str] = &[
@@ -65,6 +75,7 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("iptables", "iptables"),
     ("umoci", "umoci"),
     ("openssl", "openssl"),
+    ("ip", "iproute2"),
 ];
 
 /// The trixie packages, extracted into one tree (cached: the set of .deb file names is the key).
@@ -264,10 +275,10 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let snap_dir = build::module_dir(snapshotter.module, snapshotter.version)?;
     let crd_dir = build::module_dir(build::SNAPSHOT_CLIENT.0, build::SNAPSHOT_CLIENT.1)?;
     let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
-    let script = format!(
+    let guest_env = format!(
         "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_OVERLAY={} K8S_SNAPSHOTS_OVERLAY={} \
          K8S_MODULES={} K8S_SCENARIOS={} K8S_SNAPSHOT_CRDS={} K8S_SNAPSHOT_CONTROLLER={} \
-         K8S_SNAPSHOTTER_VERSION={} K8S_COREDNS={} K8S_MODIFY_OVERLAY={}\n{GUEST}",
+         K8S_SNAPSHOTTER_VERSION={} K8S_MODIFY_OVERLAY={}",
         q(&kube),
         q(&debs),
         q(&list),
@@ -278,7 +289,6 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         q(&crd_dir.join("config/crd")),
         q(&snap_dir.join("deploy/kubernetes/snapshot-controller")),
         snapshotter.version,
-        q(&coredns),
         q(&ws.join("tests/k8s/modify")),
     );
     eprintln!(
@@ -286,18 +296,31 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     );
     let t = Instant::now();
     let boot = || -> Result<vm::RunResult> {
-        vm::Vm::new(ws, &kernel)?
+        let vm = vm::Vm::new(ws, &kernel)?;
+        let control = ControlPlane::start(vm.run_dir(), &kube, &debs, &coredns)?;
+        let script = format!("{guest_env} K8S_PKI={}\n{GUEST}", q(&control.pki));
+        let run = vm
+            .network(vm::Network {
+                netns: control.netns.clone(),
+                forwards: vec![KUBELET_FORWARD.to_owned()],
+            })
             .writable_root(true)
-            .tcg_single_thread(true)
+            // Both vCPUs on host threads of their own: with one TCG thread for both, the
+            // kubelet and containerd alone kept it busy and a pod took minutes to start, while
+            // the host's other core idled. The guest loads every module before anything runs
+            // in parallel (guest.sh), which is when multi-threaded TCG once oopsed it.
+            .tcg_single_thread(false)
             .memory_mib(6144)
             .timeout_secs(2400)
             .echo(true)
-            .run(&script)
+            .run(&script);
+        drop(control);
+        run
     };
     let mut run = boot()?;
     if run.exit == vm::Exit::Panic && !run.console.iter().any(|l| l.contains("SCENARIO ")) {
         // The emulator, not the cluster: multi-threaded TCG has oopsed the guest kernel while
-        // it patched its own text (hence one TCG thread). Said, and tried once more.
+        // it patched its own text. Said, and tried once more.
         eprintln!(
             "xtask: k8s-test: the guest kernel panicked before any scenario ran; booting once more\n{}",
             run.console_tail(12)
@@ -353,4 +376,97 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         failed,
         summary,
     })
+}
+
+/// The cluster's control plane on the host for one boot (`control.sh`): its certificates made,
+/// its components running in a network namespace of their own until this is dropped, when
+/// they are stopped and the namespace removed.
+struct ControlPlane {
+    netns: String,
+    pki: PathBuf,
+    child: std::process::Child,
+}
+
+impl ControlPlane {
+    fn start(run_dir: &Path, kube: &Path, debs: &Path, coredns: &Path) -> Result<Self> {
+        use std::os::unix::process::CommandExt;
+        use std::process::Command;
+        let script = run_dir.join("control.sh");
+        fs::write(&script, CONTROL)?;
+        let pki = run_dir.join("pki");
+        let logs = run_dir.join("logs");
+        fs::create_dir_all(&logs)?;
+        let env = |c: &mut Command| {
+            c.env("K8S_BIN", kube)
+                .env("K8S_DEBS", debs)
+                .env("K8S_COREDNS", coredns)
+                .env("K8S_PKI", &pki)
+                .env("K8S_LOGS", &logs)
+                .env("K8S_KUBECTL", run_dir.join("kubectl"));
+        };
+        let mut c = Command::new("sh");
+        c.arg(&script).arg("pki");
+        env(&mut c);
+        let out = c.output().context("running control.sh pki")?;
+        if !out.status.success() {
+            bail!(
+                "control.sh pki failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let netns = format!(
+            "ublkd-k8s-{}-{}",
+            std::process::id(),
+            run_dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.rsplit('-').next())
+                .unwrap_or("0")
+        );
+        apt::run_ok(Command::new("ip").args(["netns", "add", &netns]))
+            .context("making the control plane's network namespace")?;
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &netns, "sh"])
+            .arg(&script)
+            .arg("start")
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(fs::File::create(logs.join("control.log"))?)
+            .stderr(fs::File::create(logs.join("control.stderr"))?);
+        env(&mut c);
+        let child = match c.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                remove_netns(&netns);
+                return Err(e).context("starting control.sh");
+            }
+        };
+        Ok(Self { netns, pki, child })
+    }
+}
+
+fn remove_netns(netns: &str) {
+    if let Err(e) = apt::run_ok(std::process::Command::new("ip").args(["netns", "del", netns])) {
+        eprintln!("xtask: k8s-test: could not remove the network namespace {netns}: {e:#}");
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // The whole group: control.sh and every component it started. TERM first, so that
+        // each flushes its log; then KILL whatever is left.
+        let group = format!("-{}", self.child.id());
+        for (signal, pause) in [("-TERM", 3), ("-KILL", 0)] {
+            // A group already gone is what this wants: kill's status says nothing more.
+            let _ = std::process::Command::new("kill")
+                .args([signal, "--", &group])
+                .status();
+            std::thread::sleep(std::time::Duration::from_secs(pause));
+        }
+        if let Err(e) = self.child.wait() {
+            eprintln!("xtask: k8s-test: waiting for control.sh: {e}");
+        }
+        remove_netns(&self.netns);
+    }
 }
