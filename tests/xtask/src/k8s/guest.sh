@@ -707,7 +707,9 @@ s_kubelet_restart() {
 
 # No warning events from the driver's objects: anything in ublkd-system, on a storage object,
 # or about a volume on a pod (mount, map, resize, provisioning, snapshot). Run after the
-# scenarios that use the driver and before those that break it on purpose. The pending
+# scenarios that use the driver and before those that restart ublkd on purpose (modify takes
+# its new configuration by a restart): while ublkd is down, the kubelet reports the driver's
+# probes failing, as it should. The pending
 # scenario's FailedScheduling is the scheduler saying what it must.
 s_warnings() {
     kubectl get events -A --field-selector type=Warning --no-headers \
@@ -728,8 +730,8 @@ run nvme-xfs s_nvme_xfs
 run block s_block
 run pending s_pending
 run snapshots s_snapshots
-run modify s_modify
 run warnings s_warnings
+run modify s_modify
 run ublkd-restart s_ublkd_restart
 run kubelet-restart s_kubelet_restart
 
