@@ -46,8 +46,8 @@ cert() { # NAME SUBJECT [SUBJECT-ALT-NAMES]
     openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
         -days 7 -sha256 -extfile "$P/$1.ext" -out "$P/$1.crt" 2>/dev/null
 }
-kubeconfig() { # NAME SERVER-ADDRESS
-    f=$P/$1.conf
+kubeconfig() { # NAME SERVER-ADDRESS [FILE-NAME: NAME's certificate under another name]
+    f=$P/${3:-$1}.conf
     "$B/kubectl" config --kubeconfig="$f" set-cluster test --server="https://$2:6443" \
         --certificate-authority="$P/ca.crt" --embed-certs >/dev/null &&
         "$B/kubectl" config --kubeconfig="$f" set-credentials "$1" --client-certificate="$P/$1.crt" \
@@ -79,8 +79,7 @@ pki() {
     openssl ec -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null || return 1
     # this side's components on the loopback; the node's through QEMU's address for the host
     for c in controller-manager scheduler; do kubeconfig "$c" 127.0.0.1 || return 1; done
-    cp "$P/admin.key" "$P/admin-host.key" && cp "$P/admin.crt" "$P/admin-host.crt" &&
-        kubeconfig admin-host 127.0.0.1 || return 1
+    kubeconfig admin 127.0.0.1 admin-host || return 1
     for c in admin kubelet kube-proxy; do kubeconfig "$c" "$HOST_IP" || return 1; done
 }
 
