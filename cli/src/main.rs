@@ -15,6 +15,7 @@
 //! `set-qos`'s merge), `snapshot` (the snapshot commands and clone sources), `output` (text and
 //! JSON rendering), `profiles` (named nodes), `error` (messages and exit codes); `fake_daemon`
 //! holds the tests that run whole commands against an in-process fake ublkd.
+#![forbid(unsafe_code)]
 
 mod args;
 mod error;
@@ -24,6 +25,7 @@ mod output;
 mod profiles;
 mod qos;
 mod snapshot;
+mod writer;
 
 use std::future::Future;
 use std::io::{self, Write};
@@ -298,7 +300,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
         }
     };
     Ok(if cli.output == Format::Yaml {
-        output::json_to_yaml(&text)
+        writer::json_to_yaml(&text)
     } else {
         text
     })

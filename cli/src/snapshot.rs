@@ -10,7 +10,7 @@ use ublkd_proto::v1::{
     Snapshot,
 };
 
-use crate::output::{fields, or_dash, pretty, table, Align};
+use crate::writer::{fields, or_dash, pretty, table, Align};
 
 /// The snapshot commands, one call each.
 #[derive(Debug, Subcommand)]
