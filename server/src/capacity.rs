@@ -3,7 +3,7 @@
 //! it fits on.
 
 use crate::error::VolumeError;
-use crate::registry::BackendRecord;
+use crate::record::BackendRecord;
 use crate::volume::Volume;
 use std::path::Path;
 use ublkd_dataplane::DataplaneError;
@@ -134,7 +134,7 @@ mod tests {
 
     fn file_volume(id: &str, path: &Path, size: u64) -> Volume {
         Volume {
-            record: crate::registry::VolumeRecord {
+            record: crate::record::VolumeRecord {
                 id: crate::volume_id::VolumeId::parse(id).unwrap(),
                 size_bytes: size,
                 block_size: 4096,

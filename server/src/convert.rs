@@ -2,7 +2,7 @@
 //! The registry stores the dataplane's own spec enums (`IoPath`, `Toggle`), so only the API's
 //! numbered enums need converting, both ways, here.
 
-use crate::registry::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
 use crate::snapshot::SnapshotRecord;
 use crate::volume::{ram_file, State, Volume};
 use std::path::Path;

@@ -12,6 +12,7 @@ mod convert;
 mod error;
 mod hooks;
 mod metrics;
+mod record;
 mod registry;
 mod rpc_meter;
 mod service;
@@ -357,7 +358,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let stop = termination()?;
     #[cfg(feature = "test-hooks")]
     rearm_faults_on_sigusr2()?;
-    let registry = registry::Registry::open(&settings.state_dir)?;
+    let registry = record::volume_registry(&settings.state_dir)?;
     let snapshots = registry::Registry::open_dir(settings.state_dir.join("snapshots"))?;
     let intents = registry::Registry::open_dir(settings.state_dir.join("intents"))?;
     let handle = Handle::start(ublkd_dataplane::Config {

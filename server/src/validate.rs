@@ -2,7 +2,7 @@
 
 use crate::config::Settings;
 use crate::error::VolumeError;
-use crate::registry::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
 use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
 use std::path::{Component, Path, PathBuf};

@@ -1,7 +1,7 @@
 //! A volume as the manager knows it: its record, its lifecycle state and the device serving
 //! it. Plain data, shared by the manager (`volumes`), the API conversions and the metrics.
 
-use crate::registry::VolumeRecord;
+use crate::record::VolumeRecord;
 use crate::volume_id::VolumeId;
 use std::path::{Path, PathBuf};
 use ublkd_dataplane::DeviceInfo;

@@ -3,7 +3,7 @@
 //! where a new window goes when ublkd places it. Pure functions over the records; the volume
 //! manager calls them under its map lock, so two creates never take the same extent.
 
-use crate::registry::{BackendRecord, VolumeRecord};
+use crate::record::{BackendRecord, VolumeRecord};
 use crate::volume_id::VolumeId;
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! statistics (one round trip for every device, one for the workers).
 
 use super::text::{family, Kind};
-use crate::registry::BackendRecord;
+use crate::record::BackendRecord;
 use crate::volume::{State, Volume};
 use crate::volumes::Volumes;
 use std::sync::atomic::Ordering::Relaxed;

@@ -14,7 +14,8 @@ mod snapshots;
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point};
-use crate::registry::{BackendRecord, Registry, VolumeRecord};
+use crate::record::{BackendRecord, VolumeRecord};
+use crate::registry::Registry;
 use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
@@ -58,7 +59,7 @@ impl RecoveryStats {
 pub struct Volumes {
     handle: Option<Handle>,
     no_ublk: String,
-    registry: Registry,
+    registry: Registry<VolumeRecord>,
     snapshot_registry: Registry<SnapshotRecord>,
     /// Clones whose backing file is being made (`CloneIntent`).
     intents: Registry<CloneIntent>,
@@ -110,7 +111,7 @@ impl Volumes {
     /// fails with FAILED_PRECONDITION, but the daemon still answers).
     pub fn new(
         handle: Result<Handle, DataplaneError>,
-        registry: Registry,
+        registry: Registry<VolumeRecord>,
         snapshot_registry: Registry<SnapshotRecord>,
         intents: Registry<CloneIntent>,
         settings: Arc<Settings>,
@@ -300,7 +301,7 @@ mod tests {
     fn volumes(dir: &std::path::Path) -> Volumes {
         Volumes::new(
             Err(DataplaneError::Gone),
-            Registry::open(dir).unwrap(),
+            crate::record::volume_registry(dir).unwrap(),
             Registry::open_dir(dir.join("snapshots")).unwrap(),
             Registry::open_dir(dir.join("intents")).unwrap(),
             Arc::new(Settings::default()),

@@ -10,7 +10,7 @@
 //! both inodes, so it is one point in time against the backend's own writes too.
 
 use super::*;
-use crate::registry::SourceRecord;
+use crate::record::SourceRecord;
 use crate::snapshot::snapshot_path;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt};

@@ -1,0 +1,177 @@
+//! A volume as the server keeps it across restarts: the record in the volume registry
+//! (`<state_dir>/registry/`, one JSON file per volume), from which a restart brings it back.
+//!
+//! Spec choices are the dataplane's own enums, stored by name (`"auto"`, `"per_io"`, `"on"`):
+//! the very strings releases before them wrote, so their files load unchanged.
+
+use crate::registry::{Record, Registry, RegistryError};
+use crate::snapshot::SnapshotId;
+use crate::volume_id::VolumeId;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use ublkd_dataplane::{DevId, IoPath, QosLimits, Toggle};
+
+/// A volume's backend as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum BackendRecord {
+    Null,
+    Ram,
+    File {
+        path: PathBuf,
+        create: bool,
+    },
+    /// An NVMe namespace char device; `length` 0 means to the end of the namespace.
+    Nvme {
+        device: PathBuf,
+        offset: u64,
+        length: u64,
+        /// Served as found: never erased at creation or growth (absent in older records).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        keep_data: bool,
+    },
+}
+
+/// Everything needed to bring a volume back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: VolumeId,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub backend: BackendRecord,
+    pub queues: u16,
+    pub queue_depth: u16,
+    pub io_path: IoPath,
+    pub created_unix_ms: i64,
+    /// The kernel device id: chosen before the device is created, so after a crash at any
+    /// point the next start finds (and takes over) the device this record made.
+    pub dev_id: Option<DevId>,
+    /// A delete was started: the next start finishes it.
+    #[serde(default)]
+    pub deleting: bool,
+    /// Absent in records written before zero copy could be chosen: auto.
+    #[serde(default)]
+    pub zero_copy: Toggle,
+    #[serde(default)]
+    pub poll: Toggle,
+    /// I/O limits (absent: unlimited); changed live by SetVolumeQos.
+    #[serde(default, skip_serializing_if = "QosLimits::is_unlimited")]
+    pub qos: QosLimits,
+    /// What a cloned volume's backing file was reflinked from when it was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceRecord>,
+}
+
+/// Where a cloned volume's first contents came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "lowercase")]
+pub enum SourceRecord {
+    Snapshot(SnapshotId),
+    Volume(VolumeId),
+}
+
+impl Record for VolumeRecord {
+    const KIND: &'static str = "volume";
+    fn id(&self) -> &str {
+        self.id.as_str()
+    }
+}
+
+/// The volume registry under `state_dir`.
+pub fn volume_registry(state_dir: &Path) -> Result<Registry<VolumeRecord>, RegistryError> {
+    Registry::open_dir(state_dir.join("registry"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// Records as the releases that stored these choices as strings wrote them (copied from a
+    /// registry directory of that release), and one from before zero copy and polling existed.
+    const OLD_RECORDS: [(&str, &str); 3] = [
+        (
+            "f1",
+            r#"{
+  "id": "f1",
+  "size_bytes": 16777216,
+  "block_size": 4096,
+  "backend": {
+    "kind": "file",
+    "path": "/srv/roots/f1.img",
+    "create": true
+  },
+  "queues": 2,
+  "queue_depth": 128,
+  "io_path": "per_io",
+  "created_unix_ms": 1764500000000,
+  "dev_id": 4,
+  "deleting": false,
+  "zero_copy": "off",
+  "poll": "auto"
+}"#,
+        ),
+        (
+            "n1",
+            r#"{
+  "id": "n1",
+  "size_bytes": 1073741824,
+  "block_size": 512,
+  "backend": {
+    "kind": "nvme",
+    "device": "/dev/ng0n1",
+    "offset": 1048576,
+    "length": 0
+  },
+  "queues": 1,
+  "queue_depth": 64,
+  "io_path": "batch",
+  "created_unix_ms": 1764500000001,
+  "dev_id": null,
+  "deleting": true,
+  "zero_copy": "on",
+  "poll": "on"
+}"#,
+        ),
+        (
+            "r1",
+            r#"{"id":"r1","size_bytes":4096,"block_size":4096,"backend":{"kind":"ram"},"queues":1,"queue_depth":128,"io_path":"auto","created_unix_ms":5,"dev_id":0}"#,
+        ),
+    ];
+
+    #[test]
+    fn records_of_earlier_releases_load_as_typed_choices() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = volume_registry(dir.path()).unwrap();
+        for (id, body) in OLD_RECORDS {
+            fs::write(dir.path().join("registry").join(format!("{id}.json")), body).unwrap();
+        }
+        let (all, report) = reg.load().unwrap();
+        assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
+        let got: Vec<_> = all
+            .iter()
+            .map(|r| (r.id.as_str(), r.io_path, r.zero_copy, r.poll, r.deleting))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("f1", IoPath::PerIo, Toggle::Off, Toggle::Auto, false),
+                ("n1", IoPath::Batch, Toggle::On, Toggle::On, true),
+                ("r1", IoPath::Auto, Toggle::Auto, Toggle::Auto, false),
+            ]
+        );
+        // Written back, a record reads the same to the release before: same names.
+        reg.put(&all[0]).unwrap();
+        let again: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.path().join("registry/f1.json")).unwrap())
+                .unwrap();
+        let before: serde_json::Value = serde_json::from_str(OLD_RECORDS[0].1).unwrap();
+        assert_eq!(again, before);
+        // A choice no release wrote is a corrupt record, moved aside, not a guess.
+        let bad = OLD_RECORDS[2].1.replace("\"auto\"", "\"sideways\"");
+        fs::write(dir.path().join("registry/r1.json"), bad).unwrap();
+        let (all, report) = reg.load().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(report.corrupt.len(), 1);
+    }
+}
