@@ -6,11 +6,13 @@
 
 use crate::caps;
 use crate::error::CsiError;
-use crate::modify::Route;
+use crate::modify::{self, Route};
+use crate::naming::volume_id_for;
 use crate::page::page;
 use crate::params::{Backend, Params};
 use crate::qos::{self, QosChange};
-use crate::snapshot::{content_source, source_of};
+use crate::size::{at_least, size_for, Floor};
+use crate::snapshot::{self, content_source, source_of};
 use crate::spec::{self, controller_server::Controller};
 use crate::ublkd::Ublkd;
 use crate::{Node, TOPOLOGY_KEY};
@@ -35,14 +37,11 @@ fn answerable(existing: &v1::Volume) -> Result<(), CsiError> {
         other @ (v1::VolumeState::Recovering | v1::VolumeState::Unspecified) => {
             Err(CsiError::VolumeNotReady {
                 id: existing.id.clone(),
-                state: crate::node::state_name(other),
+                state: crate::naming::state_name(other),
             })
         }
     }
 }
-
-/// Size of a volume whose request names none.
-pub const DEFAULT_SIZE: u64 = 1 << 30;
 
 #[derive(Debug, Clone)]
 pub struct ControllerService {
@@ -50,90 +49,6 @@ pub struct ControllerService {
     pub node: Node,
     /// Where ControllerModifyVolume finds a volume's ublkd.
     pub route: Route,
-}
-
-/// A ublkd id for a CSI name: the name itself when it is a DNS label, else `prefix` and a
-/// stable digest of it, so a retried call finds what its first try made.
-pub(crate) fn id_for(name: &str, prefix: &str) -> String {
-    if crate::ublkd::is_volume_id(name) {
-        return name.to_owned();
-    }
-    // FNV-1a, 64 bits: stable across releases and platforms, which a std hasher is not.
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{prefix}{hash:016x}")
-}
-
-/// The ublkd volume id for a CSI volume name: the name itself when it is a DNS label (the
-/// provisioner's `pvc-<uid>` always is), else `csi-` and a stable digest of it.
-pub fn volume_id_for(name: &str) -> String {
-    id_for(name, "csi-")
-}
-
-/// The size to give a volume: the request's minimum (or the default) rounded up to the block
-/// size, within its limit.
-pub fn size_for(range: Option<&spec::CapacityRange>, block: u64) -> Result<u64, CsiError> {
-    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
-    if required < 0 || limit < 0 {
-        return Err(CsiError::OutOfRange("capacity range is negative".into()));
-    }
-    let (required, limit) = (required as u64, limit as u64);
-    let want = if required == 0 {
-        if limit > 0 {
-            DEFAULT_SIZE.min(limit)
-        } else {
-            DEFAULT_SIZE
-        }
-    } else {
-        required
-    };
-    let size = want
-        .checked_next_multiple_of(block)
-        .ok_or_else(|| CsiError::OutOfRange(format!("{want} bytes")))?;
-    if limit > 0 && size > limit {
-        return Err(CsiError::OutOfRange(format!(
-            "{required} bytes rounded up to the block size ({size}) exceed the limit of {limit}"
-        )));
-    }
-    Ok(size)
-}
-
-/// The floors a volume's size is raised to, each saying why in a refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Floor {
-    /// The smallest device its file system is made on: a claim of 64 MiB in an xfs class gets
-    /// 300 MiB, as cloud drivers round up to their smallest disk.
-    FileSystem,
-    /// The size of its source (the spec: a volume is never smaller than its source).
-    Source,
-}
-
-/// `size`, raised to `floor` bytes rounded up to the block, within the limit.
-pub fn at_least(
-    size: u64,
-    floor: u64,
-    why: Floor,
-    block: u64,
-    limit: Option<&spec::CapacityRange>,
-) -> Result<u64, CsiError> {
-    if size >= floor {
-        return Ok(size);
-    }
-    let raised = floor
-        .checked_next_multiple_of(block)
-        .ok_or_else(|| CsiError::OutOfRange(format!("{floor} bytes")))?;
-    let limit = limit.map_or(0, |r| r.limit_bytes.max(0) as u64);
-    if limit > 0 && raised > limit {
-        let needs = match why {
-            Floor::FileSystem => format!("its file system needs at least {raised} bytes"),
-            Floor::Source => format!("the source holds {floor} bytes"),
-        };
-        return Err(CsiError::OutOfRange(format!(
-            "{needs}, more than the limit of {limit}"
-        )));
-    }
-    Ok(raised)
 }
 
 impl ControllerService {
@@ -197,7 +112,7 @@ impl ControllerService {
             return Ok(self.volume(&existing.id, have, &params, source.as_ref()));
         }
         if let Some(src) = &source {
-            let from = self.source_size(src).await?;
+            let from = snapshot::source_size(&self.ublkd, src).await?;
             size = at_least(
                 size,
                 from,
@@ -479,7 +394,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<spec::CreateSnapshotRequest>,
     ) -> Result<Response<spec::CreateSnapshotResponse>, Status> {
-        let snapshot = self.snapshot(req.into_inner()).await?;
+        let snapshot = snapshot::create(&self.ublkd, req.into_inner()).await?;
         Ok(Response::new(spec::CreateSnapshotResponse {
             snapshot: Some(snapshot),
         }))
@@ -489,7 +404,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<spec::DeleteSnapshotRequest>,
     ) -> Result<Response<spec::DeleteSnapshotResponse>, Status> {
-        ControllerService::delete_snapshot(self, &req.into_inner().snapshot_id).await?;
+        snapshot::delete(&self.ublkd, &req.into_inner().snapshot_id).await?;
         Ok(Response::new(spec::DeleteSnapshotResponse {}))
     }
 
@@ -498,7 +413,7 @@ impl Controller for ControllerService {
         req: Request<spec::ListSnapshotsRequest>,
     ) -> Result<Response<spec::ListSnapshotsResponse>, Status> {
         Ok(Response::new(
-            ControllerService::list_snapshots(self, req.into_inner()).await?,
+            snapshot::list(&self.ublkd, req.into_inner()).await?,
         ))
     }
 
@@ -529,7 +444,7 @@ impl Controller for ControllerService {
         &self,
         req: Request<spec::ControllerModifyVolumeRequest>,
     ) -> Result<Response<spec::ControllerModifyVolumeResponse>, Status> {
-        self.modify(req.into_inner()).await?;
+        modify::modify(&self.ublkd, &self.route, req.into_inner()).await?;
         Ok(Response::new(spec::ControllerModifyVolumeResponse {}))
     }
 }
@@ -556,86 +471,5 @@ mod tests {
             let e = answerable(&vol(state)).expect_err("not READY: not OK");
             assert_eq!(e.code(), code, "{state:?}");
         }
-    }
-
-    #[test]
-    fn names_map_to_stable_volume_ids() {
-        assert_eq!(volume_id_for("pvc-0a1b"), "pvc-0a1b");
-        let odd = volume_id_for("Sanity Volume 1");
-        assert!(odd.starts_with("csi-") && odd.len() == 20, "{odd}");
-        assert_eq!(odd, volume_id_for("Sanity Volume 1"), "stable");
-        assert_ne!(odd, volume_id_for("Sanity Volume 2"));
-    }
-
-    #[test]
-    fn sizes_round_up_to_the_block_and_respect_the_limit() {
-        let r = |required, limit| spec::CapacityRange {
-            required_bytes: required,
-            limit_bytes: limit,
-        };
-        assert_eq!(size_for(None, 4096).unwrap(), DEFAULT_SIZE);
-        assert_eq!(size_for(Some(&r(1, 0)), 4096).unwrap(), 4096);
-        assert_eq!(size_for(Some(&r(4097, 8192)), 4096).unwrap(), 8192);
-        assert_eq!(size_for(Some(&r(0, 8192)), 512).unwrap(), 8192);
-        assert_eq!(
-            size_for(Some(&r(4097, 5000)), 4096).unwrap_err().code(),
-            tonic::Code::OutOfRange
-        );
-        assert!(size_for(Some(&r(-1, 0)), 4096).is_err());
-        let xfs = 300 << 20;
-        assert_eq!(
-            at_least(
-                64 << 20,
-                xfs,
-                Floor::FileSystem,
-                4096,
-                Some(&r(64 << 20, 0))
-            )
-            .unwrap(),
-            xfs
-        );
-        assert_eq!(
-            at_least(1 << 30, xfs, Floor::FileSystem, 4096, None).unwrap(),
-            1 << 30
-        );
-        assert_eq!(
-            at_least(4096, 0, Floor::FileSystem, 4096, None).unwrap(),
-            4096
-        );
-        let e = at_least(
-            64 << 20,
-            xfs,
-            Floor::FileSystem,
-            4096,
-            Some(&r(0, 128 << 20)),
-        )
-        .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
-    }
-
-    #[test]
-    fn a_volume_from_a_source_is_never_smaller_than_it() {
-        let r = |limit| spec::CapacityRange {
-            required_bytes: 4096,
-            limit_bytes: limit,
-        };
-        assert_eq!(
-            at_least(8192, 4096, Floor::Source, 4096, None).unwrap(),
-            8192
-        );
-        assert_eq!(
-            at_least(4096, 6000, Floor::Source, 4096, None).unwrap(),
-            8192
-        );
-        assert_eq!(
-            at_least(4096, 8192, Floor::Source, 4096, Some(&r(8192))).unwrap(),
-            8192
-        );
-        assert_eq!(
-            at_least(4096, 8193, Floor::Source, 4096, Some(&r(8192)))
-                .unwrap_err()
-                .code(),
-            tonic::Code::OutOfRange
-        );
     }
 }

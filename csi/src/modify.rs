@@ -15,7 +15,6 @@
 //! retries), and a driver with no way to the nodes answers FAILED_PRECONDITION naming what to
 //! deploy.
 
-use crate::controller::ControllerService;
 use crate::error::CsiError;
 use crate::qos::QosChange;
 use crate::spec;
@@ -153,39 +152,37 @@ pub fn not_held(id: &str, silent: Vec<String>) -> CsiError {
     }
 }
 
-impl ControllerService {
-    /// Applies the mutable parameters' limits over the volume's; the parameters are checked
-    /// before anything is asked of any ublkd, so a refused call changed nothing.
-    pub(crate) async fn modify(
-        &self,
-        req: spec::ControllerModifyVolumeRequest,
-    ) -> Result<(), CsiError> {
-        if req.volume_id.is_empty() {
-            return Err(CsiError::MissingField("volume_id"));
-        }
-        let change = QosChange::from_mutable(&req.mutable_parameters)?;
-        let id = req.volume_id;
-        let (ublkd, volume) = match &self.route {
-            Route::Local => {
-                let v = self
-                    .ublkd
-                    .get(&id)
-                    .await?
-                    .ok_or_else(|| CsiError::VolumeNotFound(id.clone()))?;
-                (self.ublkd.clone(), v)
-            }
-            Route::Remote(remote) => remote.find(&id).await?,
-            Route::Unconfigured => return Err(CsiError::ModifyUnconfigured),
-        };
-        let current = volume.spec.and_then(|s| s.qos).unwrap_or_default();
-        let wanted = change.apply(&current);
-        if wanted == current {
-            return Ok(());
-        }
-        ublkd.set_qos(&id, wanted).await?;
-        tracing::info!(volume = %id, ublkd = %ublkd.endpoint(), ?wanted, "volume limits changed");
-        Ok(())
+/// Applies the mutable parameters' limits over the volume's; the parameters are checked
+/// before anything is asked of any ublkd, so a refused call changed nothing.
+pub async fn modify(
+    local: &Ublkd,
+    route: &Route,
+    req: spec::ControllerModifyVolumeRequest,
+) -> Result<(), CsiError> {
+    if req.volume_id.is_empty() {
+        return Err(CsiError::MissingField("volume_id"));
     }
+    let change = QosChange::from_mutable(&req.mutable_parameters)?;
+    let id = req.volume_id;
+    let (ublkd, volume) = match route {
+        Route::Local => {
+            let v = local
+                .get(&id)
+                .await?
+                .ok_or_else(|| CsiError::VolumeNotFound(id.clone()))?;
+            (local.clone(), v)
+        }
+        Route::Remote(remote) => remote.find(&id).await?,
+        Route::Unconfigured => return Err(CsiError::ModifyUnconfigured),
+    };
+    let current = volume.spec.and_then(|s| s.qos).unwrap_or_default();
+    let wanted = change.apply(&current);
+    if wanted == current {
+        return Ok(());
+    }
+    ublkd.set_qos(&id, wanted).await?;
+    tracing::info!(volume = %id, ublkd = %ublkd.endpoint(), ?wanted, "volume limits changed");
+    Ok(())
 }
 
 #[cfg(test)]

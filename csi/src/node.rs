@@ -6,7 +6,9 @@
 use crate::caps::{self, Access};
 use crate::error::CsiError;
 use crate::mount;
+use crate::naming;
 use crate::params::FsType;
+use crate::size;
 use crate::spec::volume_capability::access_mode::Mode;
 use crate::spec::{self, node_server::Node as NodeApi};
 use crate::ublkd::Ublkd;
@@ -91,7 +93,7 @@ impl NodeService {
             v1::VolumeState::Deleting => Err(CsiError::VolumeNotFound(id.to_owned())),
             other => Err(CsiError::VolumeNotReady {
                 id: id.to_owned(),
-                state: state_name(other),
+                state: naming::state_name(other),
             }),
         }
     }
@@ -314,7 +316,7 @@ impl NodeService {
             message: match v.state() {
                 v1::VolumeState::Ready => "ready".into(),
                 v1::VolumeState::Failed => format!("failed: {}", v.message),
-                other => state_name(other).into(),
+                other => naming::state_name(other).into(),
             },
         };
         use spec::volume_usage::Unit;
@@ -360,7 +362,7 @@ impl NodeService {
         // never the size a new volume would get.
         let size = match req.capacity_range.as_ref() {
             None => spec.size_bytes,
-            Some(r) => crate::controller::size_for(Some(r), block)?,
+            Some(r) => size::size_for(Some(r), block)?,
         };
         let size = if size > spec.size_bytes {
             self.ublkd.resize(&req.volume_id, size).await?;
@@ -395,17 +397,6 @@ fn usage(unit: spec::volume_usage::Unit, [total, available, used]: [u64; 3]) -> 
         total: i(total),
         used: i(used),
         unit: unit as i32,
-    }
-}
-
-pub(crate) fn state_name(s: v1::VolumeState) -> &'static str {
-    match s {
-        v1::VolumeState::Creating => "creating",
-        v1::VolumeState::Ready => "ready",
-        v1::VolumeState::Recovering => "recovering",
-        v1::VolumeState::Failed => "failed",
-        v1::VolumeState::Deleting => "deleting",
-        v1::VolumeState::Unspecified => "unknown",
     }
 }
 

@@ -8,20 +8,12 @@
 //! for the snapshots of that node's volumes. RAM and NVMe volumes have no file to reflink: a
 //! snapshot or a clone of one is INVALID_ARGUMENT.
 
-use crate::controller::{id_for, ControllerService};
 use crate::error::CsiError;
-use crate::node::state_name;
+use crate::naming::{snapshot_id_for, state_name};
 use crate::page::page;
 use crate::spec;
+use crate::ublkd::Ublkd;
 use ublkd_client::v1::{self, volume_spec::Source};
-
-/// The ublkd snapshot id for a CSI snapshot name, as [`crate::controller::volume_id_for`] makes
-/// volume ids: the name itself when it is a DNS label (the snapshotter's `snapshot-<uid>`
-/// always is), else `snap-` and a stable digest of it, so a retried CreateSnapshot finds the
-/// snapshot its first try took.
-pub fn snapshot_id_for(name: &str) -> String {
-    id_for(name, "snap-")
-}
 
 /// The CSI form of a ublkd snapshot. ublkd answers once the reflink is complete, so it is
 /// ready to use as soon as it exists.
@@ -101,147 +93,125 @@ fn check_copyable(v: &v1::Volume) -> Result<(), CsiError> {
     }
 }
 
-impl ControllerService {
-    /// The size of a content source on this node, once it is known to be there and copyable.
-    pub(crate) async fn source_size(&self, source: &Source) -> Result<u64, CsiError> {
-        match source {
-            Source::FromSnapshot(id) => Ok(self
-                .ublkd
-                .snapshot(id)
-                .await?
-                .ok_or_else(|| CsiError::SourceNotFound {
-                    what: "snapshot",
-                    id: id.clone(),
-                })?
-                .size_bytes),
-            Source::FromVolume(id) => {
-                let v = self
-                    .ublkd
-                    .get(id)
-                    .await?
-                    .ok_or_else(|| CsiError::SourceNotFound {
-                        what: "volume",
-                        id: id.clone(),
-                    })?;
-                check_copyable(&v)?;
-                Ok(v.spec.map_or(0, |s| s.size_bytes))
-            }
-        }
-    }
-
-    pub(crate) async fn snapshot(
-        &self,
-        req: spec::CreateSnapshotRequest,
-    ) -> Result<spec::Snapshot, CsiError> {
-        if req.name.is_empty() {
-            return Err(CsiError::MissingField("name"));
-        }
-        if req.source_volume_id.is_empty() {
-            return Err(CsiError::MissingField("source_volume_id"));
-        }
-        if let Some(k) = req
-            .parameters
-            .keys()
-            .find(|k| !crate::qos::is_sidecar_key(k))
-        {
-            return Err(CsiError::BadParameter(format!(
-                "unknown VolumeSnapshotClass parameter {k:?}: snapshots take none"
-            )));
-        }
-        let id = snapshot_id_for(&req.name);
-        // A retry finds the snapshot its first try took, even if the volume is gone since.
-        if let Some(s) = self.ublkd.snapshot(&id).await? {
-            if s.source_volume_id != req.source_volume_id {
-                return Err(CsiError::SnapshotMismatch {
-                    name: req.name,
-                    source_volume: s.source_volume_id,
-                });
-            }
-            return Ok(to_csi(&s));
-        }
-        let v = self
-            .ublkd
-            .get(&req.source_volume_id)
+/// The size of a content source on this node, once it is known to be there and copyable.
+pub async fn source_size(ublkd: &Ublkd, source: &Source) -> Result<u64, CsiError> {
+    match source {
+        Source::FromSnapshot(id) => Ok(ublkd
+            .snapshot(id)
             .await?
             .ok_or_else(|| CsiError::SourceNotFound {
-                what: "volume",
-                id: req.source_volume_id.clone(),
-            })?;
-        check_copyable(&v)?;
-        let s = self
-            .ublkd
-            .create_snapshot(&id, &v.id)
-            .await
-            .map_err(CsiError::from_copy)?;
-        tracing::info!(snapshot = %s.id, volume = %v.id, name = %req.name, "snapshot created");
-        Ok(to_csi(&s))
-    }
-
-    /// Deletes a snapshot's copy; an absent one is done. Volumes restored from it keep their
-    /// data (a reflink shares blocks, it does not depend on the copy).
-    pub(crate) async fn delete_snapshot(&self, id: &str) -> Result<(), CsiError> {
-        if id.is_empty() {
-            return Err(CsiError::MissingField("snapshot_id"));
+                what: "snapshot",
+                id: id.clone(),
+            })?
+            .size_bytes),
+        Source::FromVolume(id) => {
+            let v = ublkd
+                .get(id)
+                .await?
+                .ok_or_else(|| CsiError::SourceNotFound {
+                    what: "volume",
+                    id: id.clone(),
+                })?;
+            check_copyable(&v)?;
+            Ok(v.spec.map_or(0, |s| s.size_bytes))
         }
-        self.ublkd.delete_snapshot(id).await?;
-        tracing::info!(snapshot = %id, "snapshot deleted");
-        Ok(())
     }
+}
 
-    pub(crate) async fn list_snapshots(
-        &self,
-        req: spec::ListSnapshotsRequest,
-    ) -> Result<spec::ListSnapshotsResponse, CsiError> {
-        // An id ublkd could never have made matches nothing; ublkd would refuse it.
-        let matches_nothing = |id: &str| !id.is_empty() && !crate::ublkd::is_volume_id(id);
-        let mut snaps =
-            if matches_nothing(&req.snapshot_id) || matches_nothing(&req.source_volume_id) {
-                Vec::new()
-            } else {
-                self.ublkd
-                    .list_snapshots(&req.snapshot_id, &req.source_volume_id)
-                    .await?
-            };
-        snaps.sort_by(|a, b| a.id.cmp(&b.id));
-        let (entries, next_token) = page(
-            &snaps,
-            |s| s.id.as_str(),
-            &req.starting_token,
-            req.max_entries,
-        )?;
-        Ok(spec::ListSnapshotsResponse {
-            entries: entries
-                .iter()
-                .map(|s| spec::list_snapshots_response::Entry {
-                    snapshot: Some(to_csi(s)),
-                })
-                .collect(),
-            next_token,
-        })
+/// CreateSnapshot: a reflink copy of a READY file volume; a retry finds its first try's.
+pub async fn create(
+    ublkd: &Ublkd,
+    req: spec::CreateSnapshotRequest,
+) -> Result<spec::Snapshot, CsiError> {
+    if req.name.is_empty() {
+        return Err(CsiError::MissingField("name"));
     }
+    if req.source_volume_id.is_empty() {
+        return Err(CsiError::MissingField("source_volume_id"));
+    }
+    if let Some(k) = req
+        .parameters
+        .keys()
+        .find(|k| !crate::qos::is_sidecar_key(k))
+    {
+        return Err(CsiError::BadParameter(format!(
+            "unknown VolumeSnapshotClass parameter {k:?}: snapshots take none"
+        )));
+    }
+    let id = snapshot_id_for(&req.name);
+    // A retry finds the snapshot its first try took, even if the volume is gone since.
+    if let Some(s) = ublkd.snapshot(&id).await? {
+        if s.source_volume_id != req.source_volume_id {
+            return Err(CsiError::SnapshotMismatch {
+                name: req.name,
+                source_volume: s.source_volume_id,
+            });
+        }
+        return Ok(to_csi(&s));
+    }
+    let v = ublkd
+        .get(&req.source_volume_id)
+        .await?
+        .ok_or_else(|| CsiError::SourceNotFound {
+            what: "volume",
+            id: req.source_volume_id.clone(),
+        })?;
+    check_copyable(&v)?;
+    let s = ublkd
+        .create_snapshot(&id, &v.id)
+        .await
+        .map_err(CsiError::from_copy)?;
+    tracing::info!(snapshot = %s.id, volume = %v.id, name = %req.name, "snapshot created");
+    Ok(to_csi(&s))
+}
+
+/// Deletes a snapshot's copy; an absent one is done. Volumes restored from it keep their
+/// data (a reflink shares blocks, it does not depend on the copy).
+pub async fn delete(ublkd: &Ublkd, id: &str) -> Result<(), CsiError> {
+    if id.is_empty() {
+        return Err(CsiError::MissingField("snapshot_id"));
+    }
+    ublkd.delete_snapshot(id).await?;
+    tracing::info!(snapshot = %id, "snapshot deleted");
+    Ok(())
+}
+
+/// ListSnapshots, by id or by source volume, a page at a time.
+pub async fn list(
+    ublkd: &Ublkd,
+    req: spec::ListSnapshotsRequest,
+) -> Result<spec::ListSnapshotsResponse, CsiError> {
+    // An id ublkd could never have made matches nothing; ublkd would refuse it.
+    let matches_nothing = |id: &str| !id.is_empty() && !crate::ublkd::is_volume_id(id);
+    let mut snaps = if matches_nothing(&req.snapshot_id) || matches_nothing(&req.source_volume_id) {
+        Vec::new()
+    } else {
+        ublkd
+            .list_snapshots(&req.snapshot_id, &req.source_volume_id)
+            .await?
+    };
+    snaps.sort_by(|a, b| a.id.cmp(&b.id));
+    let (entries, next_token) = page(
+        &snaps,
+        |s| s.id.as_str(),
+        &req.starting_token,
+        req.max_entries,
+    )?;
+    Ok(spec::ListSnapshotsResponse {
+        entries: entries
+            .iter()
+            .map(|s| spec::list_snapshots_response::Entry {
+                snapshot: Some(to_csi(s)),
+            })
+            .collect(),
+        next_token,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use spec::volume_content_source::{SnapshotSource, Type, VolumeSource};
-
-    #[test]
-    fn snapshot_names_map_to_stable_ids_apart_from_volume_ids() {
-        assert_eq!(snapshot_id_for("snapshot-0a1b"), "snapshot-0a1b");
-        let odd = snapshot_id_for("CreateSnapshot-snapshot-1");
-        assert!(odd.starts_with("snap-") && odd.len() == 21, "{odd}");
-        assert!(crate::ublkd::is_volume_id(&odd), "{odd}");
-        assert_eq!(odd, snapshot_id_for("CreateSnapshot-snapshot-1"), "stable");
-        assert_ne!(odd, snapshot_id_for("CreateSnapshot-snapshot-2"));
-        let long = "s".repeat(128);
-        assert!(crate::ublkd::is_volume_id(&snapshot_id_for(&long)));
-        assert_eq!(
-            &snapshot_id_for("Sanity 1")[5..],
-            &crate::controller::volume_id_for("Sanity 1")[4..],
-            "the same digest as volume ids, another prefix"
-        );
-    }
 
     #[test]
     fn content_sources_map_to_ublkd_sources_and_back() {
