@@ -5,6 +5,7 @@
 //! [`ConnectError::Unreachable`], before any request is sent; so do certificates that either
 //! side refuses ([`ConnectError::ServerCertificate`], [`ConnectError::ClientCertificateRefused`]),
 //! worded as what happened and what to do (`tls`).
+#![forbid(unsafe_code)]
 
 mod tls;
 

@@ -8,6 +8,8 @@
 //! ublkd's gRPC API (`ublkd-client`) on the node's socket. Snapshots and clones stay on their
 //! node too (csi-snapshotter `--node-deployment`); only ControllerModifyVolume comes from a
 //! central sidecar, the csi-resizer, whose driver reaches the nodes' ublkd remotely (`modify`).
+// Unsafe code only in the `sys` module, each block with its SAFETY comment.
+#![deny(unsafe_code)]
 
 /// The CSI v1 wire format, compiled from the project's own declaration `proto/csi_v1.proto`.
 pub mod spec {
@@ -30,6 +32,7 @@ pub mod qos;
 pub mod resizer;
 pub mod size;
 pub mod snapshot;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod ublkd;
 

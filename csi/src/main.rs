@@ -1,6 +1,7 @@
 //! `ublkd-csi`: serves CSI on a unix socket (the kubelet's plugin directory) for this node, and
 //! reaches the node's ublkd on its own socket; the central instance beside the csi-resizer
 //! reaches every node's ublkd remotely for ControllerModifyVolume.
+#![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
 use clap::Parser;

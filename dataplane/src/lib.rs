@@ -9,6 +9,8 @@
 //!
 //! `unsafe` lives only in [`sys`] (kernel UAPI layouts and thin syscall wrappers) and the ring
 //! module; every other module is safe code.
+// Unsafe code only in the `sys` and `ring` modules, each block with its SAFETY comment.
+#![deny(unsafe_code)]
 
 mod backend;
 mod ctrl;
@@ -25,8 +27,10 @@ mod hooks;
 mod placement;
 mod poll;
 mod qos;
+#[allow(unsafe_code)]
 mod ring;
 pub mod stats;
+#[allow(unsafe_code)]
 mod sys;
 mod worker;
 

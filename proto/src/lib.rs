@@ -5,6 +5,7 @@
 //! (`cli/`), plus the encoded file descriptor set for gRPC reflection.
 //! What it is not: no I/O, and no validation beyond the API's own rules (`units` reads and
 //! prints sizes, `is_volume_id` is the id rule). Both sides convert to their own types.
+#![forbid(unsafe_code)]
 
 pub mod units;
 

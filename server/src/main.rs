@@ -5,6 +5,8 @@
 //! flags. It keeps a crash-safe registry of volumes and brings them back on start.
 //! What it is not: it never touches an io_uring or calls libc for I/O; that is the dataplane's
 //! job, reached only through `ublkd_dataplane::Handle`.
+// Unsafe code only in the `sys` module, each block with its SAFETY comment.
+#![deny(unsafe_code)]
 
 mod capacity;
 mod config;
@@ -17,6 +19,7 @@ mod registry;
 mod rpc_meter;
 mod service;
 mod snapshot;
+#[allow(unsafe_code)]
 mod sys;
 mod tls;
 mod validate;

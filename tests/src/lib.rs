@@ -4,6 +4,7 @@
 //! guest tools such as fio and mkfs, finding the project's binaries). What it is not: a fake
 //! kernel. Tests that need `ublk_drv` are built only with the `vm` feature and run against the
 //! real driver inside QEMU (`cargo xtask vm-test`).
+#![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
 use std::path::Path;

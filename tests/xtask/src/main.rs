@@ -4,6 +4,7 @@
 //! initramfs, boot QEMU with an emulated NVMe controller, run commands and test binaries inside)
 //! and the project's top-level commands: `test`, `vm-test`, `vm-run`, `demo`, `bench`.
 //! What it is not: shipped code. Nothing here is linked into ublkd.
+#![forbid(unsafe_code)]
 
 mod apt;
 mod bench;
@@ -14,6 +15,8 @@ mod deploy;
 mod dist;
 mod gotools;
 mod image;
+#[cfg(test)]
+mod imports;
 mod k8s;
 mod oci;
 mod suite;
