@@ -4,17 +4,12 @@ use crate::spec::{
     identity_server::Identity, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
     GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };
-use crate::ublkd::Ublkd;
 use tonic::{Request, Response, Status};
 
 #[derive(Debug, Clone)]
 pub struct IdentityService {
-    pub ublkd: Ublkd,
     /// Plugin capabilities of the services this process actually serves.
     pub capabilities: Vec<PluginCapability>,
-    /// Whether readiness needs the node's ublkd (false for the central instance that only
-    /// answers the resizer's capability questions).
-    pub needs_ublkd: bool,
 }
 
 #[tonic::async_trait]
@@ -39,20 +34,14 @@ impl Identity for IdentityService {
         }))
     }
 
-    /// Ready when the node's ublkd answers: without it the driver can do nothing. An unreachable
-    /// ublkd is FAILED_PRECONDITION (the spec's "plugin unhealthy"), so the livenessprobe
-    /// sidecar reports the reason.
+    /// Ready once this process serves, whether or not the node's ublkd answers. The
+    /// livenessprobe sidecar turns a failed Probe into a restart of this container, which
+    /// cannot bring ublkd back: the first real cluster showed every ublkd restart (a
+    /// configuration change, a rolled image) reported as this driver's liveness failing, and a
+    /// ublkd away for more than 5 × 30 s would have had a healthy driver restarted. ublkd's own
+    /// health is its pod's readiness; each call that needs it fails UNAVAILABLE meanwhile, and
+    /// the sidecars retry.
     async fn probe(&self, _req: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        if !self.needs_ublkd {
-            return Ok(Response::new(ProbeResponse { ready: Some(true) }));
-        }
-        match self.ublkd.node_info().await {
-            Ok(_) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
-            Err(e) => Err(Status::failed_precondition(format!(
-                "ublkd at {} does not answer: {}",
-                self.ublkd.endpoint(),
-                ublkd_client::cause_chain(&e)
-            ))),
-        }
+        Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }

@@ -164,9 +164,7 @@ async fn main() -> Result<()> {
     tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = ?args.node_id, resizer_only = args.resizer_only, modify_volume = %modify, "serving CSI");
     let node = Node(args.node_id.unwrap_or_default());
     let identity = IdentityService {
-        ublkd: ublkd.clone(),
         capabilities: plugin_capabilities(),
-        needs_ublkd: !args.resizer_only,
     };
     let controller = ControllerService {
         ublkd: ublkd.clone(),

@@ -708,8 +708,8 @@ s_kubelet_restart() {
 # No warning events from the driver's objects: anything in ublkd-system, on a storage object,
 # or about a volume on a pod (mount, map, resize, provisioning, snapshot). Run after the
 # scenarios that use the driver and before those that restart ublkd on purpose (modify takes
-# its new configuration by a restart): while ublkd is down, the kubelet reports the driver's
-# probes failing, as it should. The pending
+# its new configuration by a restart): while ublkd is down, the kubelet reports ublkd's
+# readiness probe failing, as it should. The pending
 # scenario's FailedScheduling is the scheduler saying what it must.
 s_warnings() {
     kubectl get events -A --field-selector type=Warning --no-headers \
