@@ -27,6 +27,7 @@ mod hooks;
 mod placement;
 mod poll;
 mod qos;
+mod reply;
 #[allow(unsafe_code)]
 mod ring;
 pub mod stats;

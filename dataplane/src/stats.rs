@@ -4,7 +4,7 @@
 //! no read-modify-write) and read by anyone holding the `Arc` (the server's collector at scrape
 //! time). Nothing here locks or allocates on the I/O path.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Request kinds counted separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -387,6 +387,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cleanup_failures_are_counted_per_step_under_distinct_names() {
+        let c = CleanupErrors::default();
+        c.failed(CleanupStep::Wake);
+        c.failed(CleanupStep::Wake);
+        c.failed(CleanupStep::DelDevAsync);
+        let counts = c.counts();
+        assert_eq!(counts.len(), CleanupStep::ALL.len());
+        let of = |step| counts.iter().find(|(s, _)| *s == step).map(|&(_, n)| n);
+        assert_eq!(of(CleanupStep::Wake), Some(2));
+        assert_eq!(of(CleanupStep::DelDevAsync), Some(1));
+        assert_eq!(of(CleanupStep::FetchRearm), Some(0));
+        let names: std::collections::BTreeSet<_> =
+            CleanupStep::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names.len(), CleanupStep::ALL.len());
+        for (i, s) in CleanupStep::ALL.iter().enumerate() {
+            assert_eq!(s.index(), i, "ALL is in declaration order");
+        }
+    }
+
+    #[test]
     fn counts_bytes_errors_latency_and_batches() {
         let s = QueueStats::default();
         s.started();
@@ -445,6 +465,92 @@ mod tests {
     }
 }
 
+/// A step that tidies up after another, or keeps a worker in step with the control thread,
+/// whose failure no caller can act on: the work it belongs to has already succeeded or failed
+/// on its own. It is never silent for that: each failure is counted here, per worker (the
+/// control thread's own under `control`), as `ublkd_worker_cleanup_errors_total{worker,
+/// step}`, and the server logs every rise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupStep {
+    /// A batch queue's fetch, ended by the kernel, could not be armed again: the queue stops
+    /// serving (also counted as its protocol error).
+    FetchRearm,
+    /// A queue's char device could not join the ring's registered files: its commands go by
+    /// descriptor, which works as well.
+    RegisterFile,
+    /// A queue's registered buffer could not be released at teardown: the slot stays taken.
+    UnregisterBuffer,
+    /// A batch queue's provided-buffer ring could not be unregistered at teardown.
+    UnregisterBufRing,
+    /// A worker's eventfd could not be written: it sees the command at its next completion.
+    Wake,
+    /// A worker thread panicked (seen when it was joined at shutdown).
+    WorkerPanicked,
+    /// After a drain that timed out, a worker could not be told to resume the device.
+    ResumeAfterDrainTimeout,
+    /// A device whose creation failed could not be torn down in full.
+    UndoFailedAdd,
+    /// DEL_DEV_ASYNC of a device whose queues are held by a failed worker: the next start
+    /// deletes it.
+    DelDevAsync,
+    /// The shutdown that follows the last handle's drop did not finish cleanly.
+    ShutdownWithoutHandles,
+}
+
+impl CleanupStep {
+    pub const ALL: [CleanupStep; 10] = [
+        CleanupStep::FetchRearm,
+        CleanupStep::RegisterFile,
+        CleanupStep::UnregisterBuffer,
+        CleanupStep::UnregisterBufRing,
+        CleanupStep::Wake,
+        CleanupStep::WorkerPanicked,
+        CleanupStep::ResumeAfterDrainTimeout,
+        CleanupStep::UndoFailedAdd,
+        CleanupStep::DelDevAsync,
+        CleanupStep::ShutdownWithoutHandles,
+    ];
+
+    /// Its `step` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            CleanupStep::FetchRearm => "fetch_rearm",
+            CleanupStep::RegisterFile => "register_file",
+            CleanupStep::UnregisterBuffer => "unregister_buffer",
+            CleanupStep::UnregisterBufRing => "unregister_buf_ring",
+            CleanupStep::Wake => "wake",
+            CleanupStep::WorkerPanicked => "worker_panicked",
+            CleanupStep::ResumeAfterDrainTimeout => "resume_after_drain_timeout",
+            CleanupStep::UndoFailedAdd => "undo_failed_add",
+            CleanupStep::DelDevAsync => "del_dev_async",
+            CleanupStep::ShutdownWithoutHandles => "shutdown_without_handles",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Failures of [`CleanupStep`]s. Written by the worker and by the control thread (a wake, a
+/// join), so counted with a read-modify-write; none of them is on the I/O path.
+#[derive(Debug, Default)]
+pub struct CleanupErrors([AtomicU64; CleanupStep::ALL.len()]);
+
+impl CleanupErrors {
+    pub fn failed(&self, step: CleanupStep) {
+        self.0[step.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every step with its count so far, in [`CleanupStep::ALL`]'s order.
+    pub fn counts(&self) -> Vec<(CleanupStep, u64)> {
+        CleanupStep::ALL
+            .iter()
+            .map(|&s| (s, self.0[s.index()].load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
 /// Per-worker counters: time spent handling completions vs. sleeping in the kernel.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
@@ -458,9 +564,30 @@ pub struct WorkerStats {
     /// The io-wq thread limits in force, bounded in the high half, unbounded in the low
     /// (`ring::iowq_limits`); a failed update leaves the previous ones here.
     iowq_limits: AtomicU64,
+    /// Whether the worker's thread runs pinned to its CPU (set once, at its start).
+    pinned: AtomicBool,
+    cleanup: CleanupErrors,
 }
 
 impl WorkerStats {
+    /// Whether pinning the worker to its CPU worked: without it the worker still serves, but
+    /// the placement it reports is not the one in force.
+    pub fn set_pinned(&self, pinned: bool) {
+        self.pinned.store(pinned, Ordering::Relaxed);
+    }
+
+    pub fn pinned(&self) -> bool {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    pub fn cleanup_failed(&self, step: CleanupStep) {
+        self.cleanup.failed(step);
+    }
+
+    pub fn cleanup_errors(&self) -> Vec<(CleanupStep, u64)> {
+        self.cleanup.counts()
+    }
+
     pub fn ring_retry(&self) {
         bump(&self.ring_retries, 1);
     }

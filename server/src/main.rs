@@ -495,6 +495,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         loop {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             v.check_workers().await;
+            v.check_cleanup().await;
         }
     });
     // Volumes come back while the API already answers (they show as RECOVERING meanwhile).

@@ -312,9 +312,9 @@ pub trait Backend: Send + Sync + Debug {
         None
     }
 
-    /// Prepares for the volume to become `size` bytes (before the kernel is told).
-    fn resize(&self, size: u64) -> Result<(), BackendError> {
-        let _ = size;
+    /// Prepares for the volume to become `size` bytes (before the kernel is told); nothing to
+    /// prepare unless the backend says otherwise.
+    fn resize(&self, _size: u64) -> Result<(), BackendError> {
         Ok(())
     }
 

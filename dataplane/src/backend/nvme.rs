@@ -502,6 +502,7 @@ mod tests {
 
     fn tmpdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("ublkd-nvme-{tag}-{}", std::process::id()));
+        // Left by an earlier run, or absent: either way it is made afresh next.
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -531,6 +532,7 @@ mod tests {
             "resolved by nsid through the controller"
         );
         assert_eq!(namespace_sysfs(&sys, &dev, 3), None, "no such namespace");
+        // Tidying a test's scratch directory; the next run removes it if this fails.
         let _ = std::fs::remove_dir_all(&root);
     }
 }

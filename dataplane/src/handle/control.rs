@@ -11,6 +11,36 @@ pub(super) struct WorkerThread {
     pub(super) join: Option<JoinHandle<()>>,
 }
 
+impl WorkerThread {
+    /// Sends `cmd` and wakes the worker for it; false when the worker's thread has ended (it
+    /// holds no queue then, so there is nothing left for the command to do).
+    pub(super) fn tell(&self, cmd: WorkerCmd) -> bool {
+        if self.tx.send(cmd).is_err() {
+            return false;
+        }
+        self.wake();
+        true
+    }
+
+    /// Wakes the worker through its eventfd. A failed write is counted (`Wake`); the worker
+    /// still finds the command at its next completion.
+    pub(super) fn wake(&self) {
+        if self.event.notify().is_err() {
+            self.stats.cleanup_failed(CleanupStep::Wake);
+        }
+    }
+
+    /// Waits for the worker's thread to end; a thread that panicked is counted
+    /// (`WorkerPanicked`).
+    pub(super) fn join(&mut self) {
+        if let Some(j) = self.join.take() {
+            if j.join().is_err() {
+                self.stats.cleanup_failed(CleanupStep::WorkerPanicked);
+            }
+        }
+    }
+}
+
 pub(super) struct Device {
     pub(super) info: DeviceInfo,
     pub(super) backend: Arc<dyn backend::Backend>,
@@ -55,6 +85,8 @@ pub(super) struct Control {
     pub(super) gone_tx: Sender<(DevId, QueueId)>,
     pub(super) gone_rx: Receiver<(DevId, QueueId)>,
     pub(super) timeout: Duration,
+    /// Failures of the control thread's own clean-up steps.
+    pub(super) cleanup: CleanupErrors,
 }
 
 impl Control {
@@ -62,33 +94,33 @@ impl Control {
         while let Ok(cmd) = rx.recv() {
             match cmd {
                 Command::Add { spec, reply } => {
-                    let _ = reply.send(self.add(spec));
+                    reply.answer(self.add(spec));
                 }
                 Command::Delete { dev_id: id, reply } => {
-                    let _ = reply.send(self.delete(id));
+                    reply.answer(self.delete(id));
                 }
                 Command::Resize {
                     dev_id: id,
                     size_bytes: size,
                     reply,
                 } => {
-                    let _ = reply.send(self.resize(id, size));
+                    reply.answer(self.resize(id, size));
                 }
                 Command::Drain { dev_id: id, reply } => {
-                    let _ = reply.send(self.drain(id));
+                    reply.answer(self.drain(id));
                 }
                 Command::Resume { dev_id: id, reply } => {
-                    let _ = reply.send(self.resume(id));
+                    reply.answer(self.resume(id));
                 }
                 Command::SetQos {
                     dev_id: id,
                     limits,
                     reply,
                 } => {
-                    let _ = reply.send(self.set_qos(id, limits));
+                    reply.answer(self.set_qos(id, limits));
                 }
                 Command::Stats { dev_id: id, reply } => {
-                    let _ = reply.send(self.stats(id));
+                    reply.answer(self.stats(id));
                 }
                 Command::StatsAll(reply) => {
                     let all = self
@@ -96,13 +128,13 @@ impl Control {
                         .keys()
                         .filter_map(|&id| self.stats(id).ok())
                         .collect();
-                    let _ = reply.send(Ok(all));
+                    reply.answer(Ok(all));
                 }
                 Command::List(reply) => {
-                    let _ = reply.send(Ok(self.devices.values().map(|d| d.info.clone()).collect()));
+                    reply.answer(Ok(self.devices.values().map(|d| d.info.clone()).collect()));
                 }
                 Command::Workers(reply) => {
-                    let _ = reply.send(Ok(self
+                    reply.answer(Ok(self
                         .workers
                         .iter()
                         .map(|w| {
@@ -117,31 +149,39 @@ impl Control {
                                 down_errno: w.stats.down_errno(),
                                 ring_retries: w.stats.ring_retries(),
                                 iowq_limits: w.stats.iowq_limits(),
+                                pinned: w.stats.pinned(),
+                                cleanup_errors: w.stats.cleanup_errors(),
                             }
                         })
                         .collect()));
                 }
+                Command::ControlCleanup(reply) => {
+                    reply.answer(Ok(self.cleanup.counts()));
+                }
                 Command::Shutdown(reply) => {
-                    let _ = reply.send(self.shutdown());
+                    reply.answer(self.shutdown());
                     return;
                 }
                 Command::Recover { spec, reply } => {
-                    let _ = reply.send(self.recover(spec));
+                    reply.answer(self.recover(spec));
                 }
                 Command::KernelDevices(reply) => {
-                    let _ = reply.send(self.kernel_devices());
+                    reply.answer(self.kernel_devices());
                 }
                 Command::DeleteForeign { dev_id: id, reply } => {
-                    let _ = reply.send(self.delete_foreign(id));
+                    reply.answer(self.delete_foreign(id));
                 }
                 Command::ShutdownKeep(reply) => {
-                    let _ = reply.send(self.shutdown_keep());
+                    reply.answer(self.shutdown_keep());
                     return;
                 }
             }
         }
-        // Every Handle is gone: clean up as on shutdown.
-        let _ = self.shutdown();
+        // Every Handle is gone: clean up as on shutdown. Nobody is left to tell of a failure
+        // but the count (the process is exiting, or its server dropped the dataplane).
+        if self.shutdown().is_err() {
+            self.cleanup.failed(CleanupStep::ShutdownWithoutHandles);
+        }
     }
 
     /// Asks every worker to hold the device's new requests and waits until each has none
@@ -153,8 +193,7 @@ impl Control {
         let mut answers = Vec::new();
         for w in &self.workers {
             let (reply, rx) = mpsc::sync_channel(1);
-            if w.tx.send(WorkerCmd::Drain { dev_id, reply }).is_ok() {
-                let _ = w.event.notify();
+            if w.tell(WorkerCmd::Drain { dev_id, reply }) {
                 answers.push(rx);
             }
         }
@@ -162,7 +201,11 @@ impl Control {
         for rx in answers {
             let left = deadline.saturating_duration_since(Instant::now());
             if rx.recv_timeout(left).is_err() {
-                let _ = self.resume(dev_id);
+                // The drain's own error is what the caller gets; a resume that fails too leaves
+                // the device held, which the count says.
+                if self.resume(dev_id).is_err() {
+                    self.cleanup.failed(CleanupStep::ResumeAfterDrainTimeout);
+                }
                 return Err(DataplaneError::DrainTimeout(dev_id));
             }
         }
@@ -180,9 +223,8 @@ impl Control {
     /// Tells every worker to serve the device's held requests (nothing to do if none are).
     pub(super) fn resume_workers(&self, dev_id: DevId) {
         for w in &self.workers {
-            if w.tx.send(WorkerCmd::Resume { dev_id }).is_ok() {
-                let _ = w.event.notify();
-            }
+            // A worker that is gone holds none of the device's requests.
+            w.tell(WorkerCmd::Resume { dev_id });
         }
     }
 
@@ -222,10 +264,8 @@ impl Control {
                 dev_id,
                 throttle: throttle.clone(),
             };
-            if w.tx.send(cmd).is_ok() {
-                // A worker that is gone has no queue of this device left to throttle.
-                let _ = w.event.notify();
-            }
+            // A worker that is gone has no queue of this device left to throttle.
+            w.tell(cmd);
         }
     }
 
@@ -252,15 +292,13 @@ impl Control {
             }
         }
         for w in &mut self.workers {
-            let _ = w.tx.send(WorkerCmd::Shutdown);
-            let _ = w.event.notify();
+            // A worker whose thread has ended is already shut down.
+            w.tell(WorkerCmd::Shutdown);
             // A worker that stopped on a fatal error stays parked until the process exits.
             if w.stats.down_errno().is_some() {
                 continue;
             }
-            if let Some(j) = w.join.take() {
-                let _ = j.join();
-            }
+            w.join();
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -328,7 +366,8 @@ impl Control {
                 pid: info.ublksrv_pid,
             });
         }
-        // A device without a server may refuse STOP_DEV (already stopped); DEL_DEV decides.
+        // A device without a server may refuse STOP_DEV (already stopped): expected, so not
+        // counted; DEL_DEV decides, and its error is the caller's.
         let _ = self.ctrl.stop_dev(dev_id);
         self.ctrl.del_dev(dev_id)?;
         Ok(())
@@ -369,12 +408,10 @@ impl Control {
             } else {
                 WorkerCmd::Abandon
             };
-            let _ = w.tx.send(cmd);
-            let _ = w.event.notify();
+            // A worker whose thread has ended is already shut down.
+            w.tell(cmd);
             if quiesced && w.stats.down_errno().is_none() {
-                if let Some(j) = w.join.take() {
-                    let _ = j.join();
-                }
+                w.join();
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -436,5 +473,44 @@ pub(super) fn open_char_device(path: &PathBuf, timeout: Duration) -> Result<File
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn count(w: &WorkerThread, step: CleanupStep) -> u64 {
+        w.stats
+            .cleanup_errors()
+            .into_iter()
+            .find(|&(s, _)| s == step)
+            .map_or(0, |(_, n)| n)
+    }
+
+    #[test]
+    fn a_worker_thread_that_panicked_is_counted_and_told_nothing_more() {
+        let (tx, rx) = mpsc::channel::<WorkerCmd>();
+        let join = std::thread::spawn(move || {
+            drop(rx);
+            panic!("a worker thread panics (test)");
+        });
+        let mut w = WorkerThread {
+            cpu: 0,
+            tx,
+            event: Arc::new(os::EventFd::new().unwrap()),
+            stats: Arc::new(WorkerStats::default()),
+            join: Some(join),
+        };
+        w.join();
+        assert_eq!(count(&w, CleanupStep::WorkerPanicked), 1);
+        // Its receiver is gone: a command has nobody to reach, and no wake is tried.
+        assert!(!w.tell(WorkerCmd::Shutdown));
+        assert_eq!(count(&w, CleanupStep::Wake), 0);
+        // Joined once: a second join has no thread left to wait for.
+        w.join();
+        assert_eq!(count(&w, CleanupStep::WorkerPanicked), 1);
     }
 }

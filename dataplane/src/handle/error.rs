@@ -104,7 +104,15 @@ impl DataplaneError {
             | DataplaneError::AttachTimeout { .. }
             | DataplaneError::DrainTimeout(_) => ErrorKind::Unavailable,
             DataplaneError::RecoveryStuck(_) => ErrorKind::FailedPrecondition,
-            _ => ErrorKind::Internal,
+            // What no caller can correct: the kernel or this process went wrong.
+            DataplaneError::Ctrl(
+                CtrlError::Ring(_) | CtrlError::Command { .. } | CtrlError::ShortReply { .. },
+            )
+            | DataplaneError::FlagsRefused { .. }
+            | DataplaneError::OpenCharDevice { .. }
+            | DataplaneError::Attach { .. }
+            | DataplaneError::StopTimeout(_)
+            | DataplaneError::Spawn(_) => ErrorKind::Internal,
         }
     }
 }

@@ -128,8 +128,11 @@ impl Control {
                 Ok(info)
             }
             Err(e) => {
-                // Undo: whatever exists of the device goes; the original error is what counts.
-                let _ = self.tear_down(&mut device);
+                // Undo: whatever exists of the device goes; the original error is what the
+                // caller gets, and an undo that fails too is counted.
+                if self.tear_down(&mut device).is_err() {
+                    self.cleanup.failed(CleanupStep::UndoFailedAdd);
+                }
                 Err(e)
             }
         }
@@ -278,9 +281,9 @@ impl Control {
         });
         let w = &self.workers[w];
         let (reply, rx) = mpsc::sync_channel(1);
-        w.tx.send(WorkerCmd::Attach { setup, reply })
-            .map_err(|_| DataplaneError::Gone)?;
-        let _ = w.event.notify();
+        if !w.tell(WorkerCmd::Attach { setup, reply }) {
+            return Err(DataplaneError::Gone);
+        }
         // Counted until told otherwise: the worker reports every queue it holds commands of
         // when the kernel lets go of them.
         device.queues.push(stats);
@@ -326,7 +329,11 @@ impl Control {
         // A failed worker keeps its queues' files open until the process exits.
         let held = device.queues.iter().any(|q| q.is_worker_failed());
         if gone.is_err() || held {
-            let _ = self.ctrl.del_dev_async(dev_id);
+            // The wait's error is the caller's; a device left behind is counted, and the next
+            // start deletes it.
+            if self.ctrl.del_dev_async(dev_id).is_err() {
+                self.cleanup.failed(CleanupStep::DelDevAsync);
+            }
             return gone;
         }
         stop?;

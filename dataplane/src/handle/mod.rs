@@ -14,8 +14,9 @@ use crate::ids::{DevId, QueueId};
 use crate::placement::{self, PlacementPolicy, PlacementReason, QueuePlacement};
 use crate::poll::PollReason;
 use crate::qos::{QosLimits, Throttle};
+use crate::reply::Answer;
 use crate::ring::RingError;
-use crate::stats::{QueueStats, StatsSnapshot, WorkerStats};
+use crate::stats::{CleanupErrors, CleanupStep, QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
 use crate::worker::{AttachError, Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
 use std::collections::BTreeMap;
@@ -125,6 +126,10 @@ pub struct WorkerSnapshot {
     pub ring_retries: u64,
     /// io-wq threads the worker may have now, `[bounded, unbounded]` (`ring::iowq_limits`).
     pub iowq_limits: [u32; 2],
+    /// Whether its thread runs pinned to `cpu`.
+    pub pinned: bool,
+    /// Failures of its clean-up steps so far (`stats::CleanupStep`).
+    pub cleanup_errors: Vec<(CleanupStep, u64)>,
 }
 
 /// The state of a ublk device as the kernel reports it.
@@ -221,6 +226,8 @@ pub enum Command {
     StatsAll(Reply<Vec<DeviceStats>>),
     List(Reply<Vec<DeviceInfo>>),
     Workers(Reply<Vec<WorkerSnapshot>>),
+    /// Failures of the control thread's own clean-up steps.
+    ControlCleanup(Reply<Vec<(CleanupStep, u64)>>),
     /// Take over a device whose server is gone (START/END_USER_RECOVERY); the spec's `dev_id`
     /// names it.
     Recover {
@@ -284,6 +291,7 @@ impl Handle {
             gone_tx,
             gone_rx,
             timeout: config.timeout,
+            cleanup: CleanupErrors::default(),
         };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -384,6 +392,12 @@ impl Handle {
         self.call(Command::Workers)
     }
 
+    /// Failures of the control thread's clean-up steps so far (the workers' are in
+    /// [`WorkerSnapshot::cleanup_errors`]).
+    pub fn control_cleanup_errors(&self) -> Result<Vec<(CleanupStep, u64)>, DataplaneError> {
+        self.call(Command::ControlCleanup)
+    }
+
     /// Deletes every device and stops all dataplane threads.
     pub fn shutdown(&self) -> Result<(), DataplaneError> {
         self.call(Command::Shutdown)
@@ -421,15 +435,16 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
     let join = std::thread::Builder::new()
         .name(format!("ublkd-w{cpu}"))
         .spawn(move || {
-            // Pinning is best effort: a CPU outside our cgroup's set still gets a worker.
-            let _ = os::pin_current_thread(cpu);
+            // Pinning is best effort: a CPU outside our cgroup's set still gets a worker, and
+            // its snapshot (`ublkd_worker_pinned`) says it runs unpinned.
+            st.set_pinned(os::pin_current_thread(cpu).is_ok());
             match Worker::new(rx, ev, st) {
                 Ok(w) => {
-                    let _ = ready_tx.send(Ok(()));
+                    ready_tx.answer(Ok(()));
                     w.run();
                 }
                 Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+                    ready_tx.answer(Err(e));
                 }
             }
         })

@@ -135,7 +135,7 @@ impl Worker {
             } else {
                 Ok(())
             };
-            let _ = reply.send(answer);
+            reply.answer(answer);
         }
     }
 
@@ -186,7 +186,18 @@ impl Worker {
             b.scratch = tags;
         }
         if verdict.rearm && !q.life.stopping() {
-            let _ = self.arm_fetch_slot(slot, k);
+            // The queue stops without its fetch (`arm_fetch_slot`); the volume's statistics
+            // count it as a protocol error, the worker's as a clean-up step that failed.
+            if let Err(e) = self.arm_fetch_slot(slot, k) {
+                self.stats.cleanup_failed(CleanupStep::FetchRearm);
+                if let Some(Some(q)) = self.queues.get(usize::from(slot)) {
+                    let errno = match &e {
+                        WorkerError::Ring(r) => r.errno(),
+                        _ => libc::EIO,
+                    };
+                    q.setup.stats.protocol_error(errno);
+                }
+            }
         }
     }
 

@@ -32,7 +32,7 @@ impl Worker {
                     && q.active > q.held.len() + q.waiting[0].len() + q.waiting[1].len()
             });
             if !busy {
-                let _ = reply.send(());
+                reply.answer(());
             }
             busy
         });

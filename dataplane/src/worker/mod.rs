@@ -14,8 +14,9 @@ use crate::backend::{Backend, Data, IoCtx, Request, Started};
 use crate::device::IoPath;
 use crate::ids::{DevId, QueueId, Tag};
 use crate::qos::{Direction, Throttle};
+use crate::reply::Answer;
 use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
-use crate::stats::{OpKind, QueueStats, WorkerStats};
+use crate::stats::{CleanupStep, OpKind, QueueStats, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
 use crate::sys::{self, ublk_batch_io, ublksrv_io_cmd};
 use std::collections::VecDeque;
@@ -410,7 +411,7 @@ impl Worker {
             for q in self.queues.iter_mut().flatten() {
                 q.setup.stats.worker_failed(errno);
                 if let Some(reply) = q.attach_reply.take() {
-                    let _ = reply.send(Err(AttachError {
+                    reply.answer(Err(AttachError {
                         source: WorkerError::Stopped,
                         held: true,
                     }));
@@ -419,7 +420,7 @@ impl Worker {
             // Attaches still coming get an answer; nothing else is served.
             while let Ok(cmd) = self.rx.recv() {
                 if let WorkerCmd::Attach { reply, .. } = cmd {
-                    let _ = reply.send(Err(AttachError {
+                    reply.answer(Err(AttachError {
                         source: WorkerError::Stopped,
                         held: false,
                     }));
@@ -566,7 +567,7 @@ impl Worker {
             match cmd {
                 WorkerCmd::Attach { setup, reply } => {
                     if let Err(e) = self.attach(setup, reply.clone()) {
-                        let _ = reply.send(Err(e));
+                        reply.answer(Err(e));
                     }
                 }
                 WorkerCmd::Throttle { dev_id, throttle } => self.set_throttle(dev_id, throttle),

@@ -123,10 +123,13 @@ impl Worker {
     /// lookup. Commands already pushed went by descriptor, which is as good; a refusal leaves
     /// them so. Backend descriptors stay unregistered: measured, it bought nothing there.
     pub(super) fn register_files(&mut self, q: &Queue) {
-        let _ = self
+        let r = self
             .rings
             .get(q.setup.placement.ublk_on_poll())
             .register_file(q.setup.cdev.as_raw_fd());
+        if r.is_err() {
+            self.stats.cleanup_failed(CleanupStep::RegisterFile);
+        }
     }
 
     pub(super) fn unregister_files(&mut self, q: &Queue) {
@@ -157,7 +160,7 @@ impl Worker {
                 return false;
             };
             if q.life.stopping() {
-                let _ = reply.send(Err(AttachError {
+                reply.answer(Err(AttachError {
                     source: WorkerError::Stopped,
                     held: true,
                 }));
@@ -171,7 +174,7 @@ impl Worker {
             if self.rings.get(on_poll).has_completions() {
                 return true;
             }
-            let _ = reply.send(Ok(()));
+            reply.answer(Ok(()));
             q.attach_reply = None;
             false
         });
@@ -224,29 +227,34 @@ impl Worker {
             }
             if let Some(q) = self.queues[slot].take() {
                 if let Some(reply) = &q.attach_reply {
-                    let _ = reply.send(Err(AttachError {
+                    reply.answer(Err(AttachError {
                         source: WorkerError::Stopped,
                         held: true,
                     }));
                 }
                 if let Some(index) = q.buf_index {
-                    let _ = self
+                    let r = self
                         .rings
                         .get(q.setup.placement.backend_on_poll())
                         .unregister_fixed(index);
+                    if r.is_err() {
+                        self.stats.cleanup_failed(CleanupStep::UnregisterBuffer);
+                    }
                 }
                 self.release_slots(&q);
                 self.unregister_files(&q);
                 if let Some(b) = &q.batch {
                     let ring = self.rings.get(q.setup.placement.ublk_on_poll());
                     for g in &b.groups {
-                        let _ = ring.unregister_buf_ring(g.group());
+                        if ring.unregister_buf_ring(g.group()).is_err() {
+                            self.stats.cleanup_failed(CleanupStep::UnregisterBufRing);
+                        }
                     }
                 }
                 // Limits first, so that whoever waits for `gone` sees them follow.
                 self.live -= 1;
                 self.fit_iowq();
-                let _ = q.setup.gone.send((q.setup.dev_id, q.setup.q_id));
+                q.setup.gone.answer((q.setup.dev_id, q.setup.q_id));
             }
         }
         dying.clear();

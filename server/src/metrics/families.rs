@@ -6,7 +6,7 @@ use crate::record::BackendRecord;
 use crate::volume::{State, Volume};
 use crate::volumes::Volumes;
 use std::sync::atomic::Ordering::Relaxed;
-use ublkd_dataplane::stats::{BATCH_BOUNDS, LATENCY_BOUNDS};
+use ublkd_dataplane::stats::{CleanupStep, BATCH_BOUNDS, LATENCY_BOUNDS};
 use ublkd_dataplane::{DeviceStats, OpKind};
 
 /// Appends every volume and worker family to `out`.
@@ -14,6 +14,7 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
     let orphans = volumes.orphans().await.len();
     let all = volumes.all_stats().await;
     let workers = volumes.workers().await;
+    let control_cleanup = volumes.control_cleanup_errors().await;
     write_volumes(&all, out);
     let with_stats = || {
         all.iter()
@@ -151,7 +152,7 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
         Kind::Gauge,
         |f, l, st| f.gauge(l, st.memory_bytes as f64),
     );
-    write_workers(&workers, out);
+    write_workers(&workers, &control_cleanup, out);
     family(
         out,
         "ublkd_volumes",
@@ -275,7 +276,11 @@ fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
     );
 }
 
-fn write_workers(workers: &[ublkd_dataplane::WorkerSnapshot], out: &mut String) {
+fn write_workers(
+    workers: &[ublkd_dataplane::WorkerSnapshot],
+    control_cleanup: &[(CleanupStep, u64)],
+    out: &mut String,
+) {
     let cpus: Vec<String> = workers.iter().map(|w| w.cpu.to_string()).collect();
     let each = || workers.iter().zip(cpus.iter().map(String::as_str));
     let bounds: Vec<f64> = BATCH_BOUNDS.iter().map(|&b| b as f64).collect();
@@ -328,6 +333,33 @@ fn write_workers(workers: &[ublkd_dataplane::WorkerSnapshot], out: &mut String) 
                     &[("worker", cpu)],
                     if w.down_errno.is_none() { 1.0 } else { 0.0 },
                 );
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_pinned",
+        "1 while the worker's thread runs pinned to its CPU; 0 when pinning failed",
+        Kind::Gauge,
+        |f| {
+            for (w, cpu) in each() {
+                f.gauge(&[("worker", cpu)], if w.pinned { 1.0 } else { 0.0 });
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_cleanup_errors_total",
+        "Clean-up steps of the dataplane that failed, by worker (its CPU, or control) and step",
+        Kind::Counter,
+        |f| {
+            for (w, cpu) in each() {
+                for (step, n) in &w.cleanup_errors {
+                    f.counter(&[("worker", cpu), ("step", step.name())], *n as f64);
+                }
+            }
+            for (step, n) in control_cleanup {
+                f.counter(&[("worker", "control"), ("step", step.name())], *n as f64);
             }
         },
     );

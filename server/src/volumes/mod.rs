@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, OwnedMutexGuard};
+use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
     QosLimits, WorkerSnapshot,
@@ -70,6 +71,9 @@ pub struct Volumes {
     /// Each volume's operation lock, while anyone holds or waits for it.
     ops: std::sync::Mutex<HashMap<VolumeId, Weak<Mutex<()>>>>,
     pub recoveries: RecoveryStats,
+    /// The dataplane's clean-up failures and unpinned workers as last logged, by worker (its
+    /// CPU, or `control`) and step: `check_workers` logs what rose since.
+    cleanup_seen: std::sync::Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 /// Two records describe the same volume if everything but bookkeeping matches.
@@ -131,6 +135,7 @@ impl Volumes {
             inner: Mutex::new(BTreeMap::new()),
             ops: std::sync::Mutex::new(HashMap::new()),
             recoveries: RecoveryStats::default(),
+            cleanup_seen: std::sync::Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -251,6 +256,64 @@ impl Volumes {
             );
             tracing::error!(volume = %v.record.id, errno, "a dataplane worker stopped: volume FAILED");
         }
+    }
+
+    /// Logs every dataplane clean-up step that failed since the last call (each failure is
+    /// also in `ublkd_worker_cleanup_errors_total`), and once each worker that runs unpinned.
+    /// Run periodically, with `check_workers`.
+    pub async fn check_cleanup(&self) {
+        let workers = self.workers().await;
+        let control = self.control_cleanup_errors().await;
+        let counts = workers
+            .iter()
+            .flat_map(|w| {
+                let cpu = w.cpu.to_string();
+                let unpinned = u64::from(!w.pinned);
+                std::iter::once((cpu.clone(), "unpinned", unpinned)).chain(
+                    w.cleanup_errors
+                        .iter()
+                        .map(move |&(step, n)| (cpu.clone(), step.name(), n)),
+                )
+            })
+            .chain(
+                control
+                    .iter()
+                    .map(|&(step, n)| ("control".to_owned(), step.name(), n)),
+            );
+        let mut seen = self
+            .cleanup_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (worker, step, n) in counts {
+            let last = seen.insert((worker.clone(), step), n).unwrap_or(0);
+            if n <= last {
+                continue;
+            }
+            if step == "unpinned" {
+                tracing::warn!(
+                    worker = %worker,
+                    "a dataplane worker could not be pinned to its CPU: it serves, but the \
+                     placement its volumes report is not the one in force"
+                );
+            } else {
+                tracing::warn!(
+                    worker = %worker,
+                    step,
+                    failures = n - last,
+                    total = n,
+                    "a dataplane clean-up step failed"
+                );
+            }
+        }
+    }
+
+    pub async fn control_cleanup_errors(&self) -> Vec<(CleanupStep, u64)> {
+        let Some(handle) = self.handle.clone() else {
+            return Vec::new();
+        };
+        tokio::task::spawn_blocking(move || handle.control_cleanup_errors().unwrap_or_default())
+            .await
+            .unwrap_or_default()
     }
 
     pub async fn workers(&self) -> Vec<WorkerSnapshot> {
