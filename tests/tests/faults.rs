@@ -439,6 +439,24 @@ async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it()
         up.contains(&Some(0.0)) && up.contains(&Some(1.0)),
         "one worker down, one up: {up:?}"
     );
+    // Each worker runs pinned to its CPU, and the clean-up counters are there to be read
+    // (the control thread's too), at zero: nothing here failed to tidy up.
+    for w in ["0", "1"] {
+        let pinned = sample(&text, "ublkd_worker_pinned", &[("worker", w)]);
+        ensure!(pinned == Some(1.0), "worker {w} pinned: {pinned:?}");
+    }
+    for (w, step) in [
+        ("0", "wake"),
+        ("1", "fetch_rearm"),
+        ("control", "del_dev_async"),
+    ] {
+        let n = sample(
+            &text,
+            "ublkd_worker_cleanup_errors_total",
+            &[("worker", w), ("step", step)],
+        );
+        ensure!(n == Some(0.0), "clean-up errors of {w}, {step}: {n:?}");
+    }
     ensure!(d.exited()?.is_none(), "ublkd is alive");
     // The requests the dead worker held wait in the kernel; a restart takes the device over
     // and the kernel reissues them: fio finishes with its data verified.
