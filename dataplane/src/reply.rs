@@ -5,7 +5,8 @@
 //! and it already returned an error of its own (a timeout, `Gone`), or the process is shutting
 //! down. The answer then has nowhere to go, and nothing is lost by dropping it: the outcome it
 //! carries is also in the device table, the volume's state and the statistics. So an answer is
-//! sent through [`Answer::answer`], which says so once, instead of a `let _ =` at every reply.
+//! sent through [`Answer::answer`], which says so once, instead of a discarded result at every
+//! reply.
 
 use std::sync::mpsc::{Sender, SyncSender};
 
