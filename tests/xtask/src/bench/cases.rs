@@ -222,15 +222,31 @@ pub enum Build {
     Baseline,
 }
 
-/// With `--baseline`, every ublkd run happens four times in a row, A B B A, so that a drift
-/// over the boot falls on both builds alike: each entry is the suffix of that run's directory
-/// (the run's id, then the suffix) and the build that served it.
+/// With `--baseline`, every ublkd run happens four times in a row, so that a drift over the boot
+/// falls on both builds alike: each entry is the suffix of that run's directory (the run's id,
+/// then the suffix) and the build that served it. The order is A B B A for the even-numbered
+/// ublkd cases and B A A B for the odd ones ([`ab_order`]), and a short discarded warm-up
+/// ([`WARMUP_SUFFIX`]) comes before each group: an A/A run (the same binary on both sides)
+/// read the first run of a group 13-17 % slow, which A B B A alone puts on A every time.
 pub const ABBA: [(&str, Build); 4] = [
     ("", Build::New),
     ("~base", Build::Baseline),
     ("~base2", Build::Baseline),
     ("~2", Build::New),
 ];
+
+/// The suffix of the warm-up run before each A/B group: one fio job, never collected.
+pub const WARMUP_SUFFIX: &str = "~warm";
+
+/// The order the `n`th ublkd case (counted from 0) runs its builds in: [`ABBA`] when `n` is even,
+/// B A A B when it is odd.
+pub fn ab_order(n: usize) -> [(&'static str, Build); 4] {
+    if n % 2 == 0 {
+        ABBA
+    } else {
+        [ABBA[1], ABBA[0], ABBA[3], ABBA[2]]
+    }
+}
 
 /// What one `cargo xtask bench` covers beyond the defaults.
 #[derive(Debug, Clone, Default)]

@@ -3,13 +3,13 @@
 //! line per case.
 
 use super::cases::{
-    recovery_run, Build, Plan, Server, UBackend, ABBA, BACKING_BYTES, CONTROL_DEPTH,
+    ab_order, recovery_run, Build, Plan, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH,
     CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL,
     CSI_RUN, CSI_VOLUMES, DEPTH, NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN,
     QOS_RUNTIME_SECS, QOS_SIZE, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE,
     RECOVERY_VOLUMES, RUNS, SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS,
     SNAPSHOT_REPEATS, SNAPSHOT_RUN, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE,
-    WORKLOADS,
+    WARMUP_SUFFIX, WORKLOADS,
 };
 use crate::vm;
 use std::fmt::Write as _;
@@ -25,7 +25,7 @@ const SCRIPT_LIB: &str = include_str!("guest.sh");
 /// The script the guest runs: every run of `RUNS`, then the control-plane, CSI, QoS, snapshot
 /// and recovery runs, each writing its results into the run directory. `kublk`/`ublkd`/`ublkctl`
 /// are the binaries, or why they are missing. `plan` narrows the fio runs (`--only`) and adds the
-/// baseline's runs of every ublkd case (`--baseline`, A B B A).
+/// baseline's runs of every ublkd case (`--baseline`, after a warm-up, A B B A or B A A B).
 pub fn guest_script(
     runtime: u64,
     plan: &Plan,
@@ -78,6 +78,8 @@ pub fn guest_script(
     // The backing file's file system lives on the NVMe namespace: unmount it before the first
     // run that uses the namespace itself.
     let mut unmounted = false;
+    // How many ublkd cases have run A/B so far: their order alternates.
+    let mut ab_cases = 0;
     let umount = "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; BACKING=\"\"; fi\n";
     for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
         let id = run.id;
@@ -139,15 +141,29 @@ pub fn guest_script(
         };
         match (&plan.baseline, ublkd) {
             (Some(_), Ok(_)) if run.is_ublkd() => {
-                // A B B A: the same case line, each time with its build's binary and directory.
+                // A warm-up, discarded, then A B B A (or B A A B): the same case line, each
+                // time with its build's binary and directory.
                 let case = format!("ublkd_case {id} ");
-                for (suffix, build) in ABBA {
-                    let bin = match build {
-                        Build::New => "$UBLKD_NEW",
-                        Build::Baseline => "$UBLKD_BASE",
-                    };
-                    let one =
-                        line.replace(&case, &format!("UBLKD=\"{bin}\"; ublkd_case {id}{suffix} "));
+                let order = ab_order(ab_cases);
+                ab_cases += 1;
+                let bin = |build: Build| match build {
+                    Build::New => "$UBLKD_NEW",
+                    Build::Baseline => "$UBLKD_BASE",
+                };
+                let warm = line.replace(
+                    &case,
+                    &format!(
+                        "WARMUP=1; UBLKD=\"{}\"; ublkd_case {id}{WARMUP_SUFFIX} ",
+                        bin(order[0].1)
+                    ),
+                );
+                s.push_str(&warm);
+                s.push_str("\nWARMUP=0\n");
+                for (suffix, build) in order {
+                    let one = line.replace(
+                        &case,
+                        &format!("UBLKD=\"{}\"; ublkd_case {id}{suffix} ", bin(build)),
+                    );
                     s.push_str(&one);
                     s.push('\n');
                 }
@@ -408,6 +424,26 @@ mod tests {
             "UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch~2{args}"
         ));
         assert!(a1 < b1 && b1 < b2 && b2 < a2);
+        // A discarded warm-up with the first build comes before the group.
+        let warm = at(&format!(
+            "WARMUP=1; UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch~warm{args}WARMUP=0\n"
+        ));
+        assert!(warm < a1);
+        // The next ublkd case runs B A A B, its warm-up with the baseline.
+        let zc = |suffix: &str, bin: &str| {
+            at(&format!(
+                "UBLKD=\"{bin}\"; ublkd_case ublkd-null-batch-zc{suffix} --backend null"
+            ))
+        };
+        let (w, b1, a1, a2, b2) = (
+            s.find("WARMUP=1; UBLKD=\"$UBLKD_BASE\"; ublkd_case ublkd-null-batch-zc~warm ")
+                .expect("the second case's warm-up"),
+            zc("~base", "$UBLKD_BASE"),
+            zc("", "$UBLKD_NEW"),
+            zc("~2", "$UBLKD_NEW"),
+            zc("~base2", "$UBLKD_BASE"),
+        );
+        assert!(w < b1 && b1 < a1 && a1 < a2 && a2 < b2);
         // The selected peers run once; what --only leaves out, and the sections, do not run.
         assert_eq!(s.matches("kublk_case kublk-null-batch -t null").count(), 1);
         assert!(s.contains("ublkd_case ublkd-null-batch-zc~base2 "));

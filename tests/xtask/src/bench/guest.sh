@@ -7,6 +7,8 @@
 OUT="$UBLKD_VM_RUN"
 HZ=$(getconf CLK_TCK)
 FIO_ENGINE="--ioengine=io_uring --direct=1"
+# 1 while ublkd_case runs the warm-up before an A/B group instead of the workloads.
+WARMUP=0
 note() { echo "bench: $*"; }
 tail_of() { tail -n 5 "$1" 2>/dev/null | tr '\n' ' '; }
 
@@ -123,7 +125,16 @@ ublkd_case() {
     fi
     sleep 1
     cat "/proc/$pid/status" > "$d/status.idle" 2>/dev/null
-    run_workloads "$run" "$dev" "$pid"
+    if [ "$WARMUP" = 1 ]; then
+        # A warm-up before an A/B group: one job of randread QD32, measured by nobody.
+        # shellcheck disable=SC2086
+        timeout -k 5 $((RUNTIME + 60)) fio --name=warmup --filename="$dev" $FIO_ENGINE --bs=4k \
+            --rw=randread --iodepth=32 --norandommap --time_based --runtime="$RUNTIME" \
+            > "$d/warmup.log" 2>&1
+        note "$run: warm-up fio exit $?"
+    else
+        run_workloads "$run" "$dev" "$pid"
+    fi
     stop_ublkd "$d" "$pid" "$dev"
 }
 
@@ -171,6 +182,8 @@ raw_nvme_case() {
         run_workloads "$1" /dev/nvme0n1 ""
     fi
     FIO_ENGINE="--ioengine=io_uring --direct=1"
+# 1 while ublkd_case runs the warm-up before an A/B group instead of the workloads.
+WARMUP=0
 }
 
 # loop_case RUN FILE: a loop device with direct I/O on FILE.

@@ -44,8 +44,9 @@
 //! `--baseline REV` measures REV's ublkd beside this one in the same boot, the only comparison
 //! that means anything here (runs from different boots move by ±30 %): REV is built in release
 //! mode once per commit (a worktree, the cache `cargo xtask compare` keeps under
-//! `target/compare`), and every ublkd run happens four times in a row, A B B A (new, baseline,
-//! baseline, new), so that a drift over the boot falls on both alike. Each case and workload is
+//! `target/compare`), and every ublkd run happens four times in a row after a discarded warm-up,
+//! A B B A (new, baseline, baseline, new) for every other case and B A A B for the rest, so that
+//! a drift over the boot, and the first run's own handicap, fall on both alike. Each case and workload is
 //! then reported as new against baseline, each side the mean of its two runs, in the table and
 //! in `results.json` (peer `baseline <sha>`); `raw.json` keeps every run. `--only SUBSTR` runs
 //! just the fio runs whose name contains SUBSTR, and none of the sections after them.
@@ -178,7 +179,15 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
             }
         })
         .sum();
-    let jobs = (runs * WORKLOADS.len()) as u64;
+    // One warm-up job before each A/B group.
+    let warmups = match plan.baseline {
+        Some(_) => RUNS
+            .iter()
+            .filter(|r| plan.selected(r.id) && r.is_ublkd())
+            .count(),
+        None => 0,
+    };
+    let jobs = (runs * WORKLOADS.len() + warmups) as u64;
     let sections = if plan.sections() {
         CONTROL_BUDGET_SECS
             + CSI_BUDGET_SECS
@@ -194,7 +203,7 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
         .unwrap_or(300 + jobs * (runtime + 45) + sections);
     match &plan.baseline {
         Some((label, _)) => eprintln!(
-            "xtask: bench: {runs} runs (each ublkd run A B B A against {label}) x {} fio jobs \
+            "xtask: bench: {runs} runs (each ublkd run A B B A or B A A B against {label}, after a warm-up) x {} fio jobs \
              of {runtime} s{}, in one boot of {}",
             WORKLOADS.len(),
             if plan.sections() {
@@ -240,7 +249,7 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
         let against = baseline_entries(&results, label);
         println!();
         println!(
-            "against the baseline {label}, same boot, A B B A (each side the mean of its two \
+            "against the baseline {label}, same boot, A B B A / B A A B after a warm-up (each side the mean of its two \
              runs; ratio above 1 is better for this build, latency too; cpu: below 1 is better):"
         );
         print!("{}", entries_table(&against));

@@ -278,7 +278,7 @@ pub fn baseline_entries(results: &Results, label: &str) -> Vec<Entry> {
 }
 
 /// The runs behind `baseline_entries`, one line per ublkd run and workload: each build's runs
-/// in the order they ran (A B B A), so that a drift within the boot is visible.
+/// in the order they ran, so that a drift within the boot is visible.
 pub fn baseline_runs_table(results: &Results) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -326,7 +326,7 @@ pub fn baseline_raw_json(results: &Results, label: &str) -> Value {
         .iter()
         .map(|((run, wl), ab)| json!({"run": run, "workload": wl, "new": runs(&ab.new), "baseline": runs(&ab.base)}))
         .collect();
-    json!({"baseline": label, "order": "A B B A", "runs": list})
+    json!({"baseline": label, "order": "A B B A for even cases, B A A B for odd ones, after a discarded warm-up", "runs": list})
 }
 
 pub fn rss_entries(dir: &Path, plan: &Plan) -> Vec<Entry> {
