@@ -48,7 +48,7 @@ impl Worker {
                 ),
                 bufs: q.cmd_buf(Tag(0)).map(|(b, _)| b),
             },
-            ud(K_PREP, slot, 0),
+            Token::Prep { slot }.encode(),
         )?;
         q.life.pushed();
         for g in &groups {
@@ -111,7 +111,7 @@ impl Worker {
                 },
                 group,
             },
-            ud(K_FETCH, slot, k),
+            Token::Fetch { slot, group: k }.encode(),
         )?;
         q.life.pushed();
         Ok(())
@@ -316,7 +316,11 @@ impl Worker {
                 ),
                 bufs: q.cmd_buf(Tag(0)).map(|(m, _)| m),
             },
-            ud(K_COMMIT, slot, i as u16),
+            Token::Commit {
+                slot,
+                buf: i as u16,
+            }
+            .encode(),
         );
         match pushed {
             Ok(()) => {

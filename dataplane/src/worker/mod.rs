@@ -33,32 +33,15 @@ mod queue;
 mod request;
 mod state;
 mod throttle;
+mod token;
 
 use state::{Commits, Life, COMMIT_BUFS};
-
-const K_EVENT: u64 = 1;
-const K_IO: u64 = 2;
-const K_BACKEND: u64 = 3;
-const K_PREP: u64 = 4;
-const K_FETCH: u64 = 5;
-const K_COMMIT: u64 = 6;
-const K_COPY_IN: u64 = 7;
-const K_COPY_OUT: u64 = 8;
-const K_RETRY: u64 = 9;
-const K_THROTTLE: u64 = 10;
+use token::Token;
 
 /// Times a backend operation that failed for a passing reason is sent again, and the first
 /// back-off (doubled each time: 1, 2, 4, 8, 16 ms).
 const MAX_RETRIES: u8 = 5;
 const FIRST_BACKOFF_NS: i64 = 1_000_000;
-
-fn ud(kind: u64, slot: u16, low: u16) -> u64 {
-    (kind << 56) | (u64::from(slot) << 32) | u64::from(low)
-}
-
-fn ud_parts(ud: u64) -> (u64, u16, u16) {
-    (ud >> 56, (ud >> 32) as u16, ud as u16)
-}
 
 /// Fixed-buffer slots per worker ring: the kernel's maximum, since zero copy takes one per tag.
 const FIXED_BUFFERS: u32 = 16384;
@@ -149,6 +132,8 @@ pub enum WorkerError {
     Stopped,
     #[error("fault injected by a test hook")]
     Injected,
+    #[error("a completion carried user_data {0:#x}, which no token of this worker makes")]
+    UnknownToken(u64),
 }
 
 /// A failed attach. `held`: the worker still holds commands of the queue in the kernel and
@@ -405,7 +390,14 @@ impl Worker {
         if let Err(e) = self.serve() {
             let errno = match &e {
                 WorkerError::Ring(r) => r.errno(),
-                _ => libc::EIO,
+                WorkerError::MapDescriptors(e) | WorkerError::Buffers(e) => {
+                    e.raw_os_error().unwrap_or(libc::EIO)
+                }
+                WorkerError::Refused(errno) => errno.abs(),
+                WorkerError::Full
+                | WorkerError::Stopped
+                | WorkerError::Injected
+                | WorkerError::UnknownToken(_) => libc::EIO,
             };
             self.stats.down(errno);
             for q in self.queues.iter_mut().flatten() {
@@ -458,7 +450,9 @@ impl Worker {
                 for c in &cqes {
                     self.dispatch(*c, on_poll)?;
                     // Only a queue that just had a completion can have become dead.
-                    let (_, slot, _) = ud_parts(c.user_data);
+                    let Some(slot) = Token::decode(c.user_data).and_then(Token::slot) else {
+                        continue;
+                    };
                     if matches!(self.queues.get(usize::from(slot)), Some(Some(q)) if q.life.stopping())
                     {
                         self.dying.push(slot);
@@ -531,33 +525,36 @@ impl Worker {
                 buf: &self.event_buf,
                 offset: 0,
             },
-            ud(K_EVENT, 0, 0),
+            Token::Event.encode(),
         )?;
         Ok(())
     }
 
     fn dispatch(&mut self, c: Completion, on_poll: bool) -> Result<(), WorkerError> {
-        let (kind, slot, low) = ud_parts(c.user_data);
-        match kind {
-            K_EVENT => {
+        let Some(token) = Token::decode(c.user_data) else {
+            // Every SQE of this ring carries a token `encode` made: other bits are a bug, and
+            // its worker stops like one whose ring failed (each volume's state says so).
+            return Err(WorkerError::UnknownToken(c.user_data));
+        };
+        match token {
+            Token::Event => {
                 self.commands();
                 self.arm_event()?;
             }
-            K_IO => self.on_io_cmd(slot, Tag(low), c.result),
-            K_BACKEND => {
+            Token::Io { slot, tag } => self.on_io_cmd(slot, tag, c.result),
+            Token::Backend { slot, tag } => {
                 if on_poll {
                     self.rings.polled = self.rings.polled.saturating_sub(1);
                 }
-                self.on_backend(slot, Tag(low), c.result)
+                self.on_backend(slot, tag, c.result)
             }
-            K_PREP => self.on_prep(slot, c.result),
-            K_FETCH => self.on_fetch(slot, low, c),
-            K_COMMIT => self.on_commit(slot, low, c.result),
-            K_COPY_IN => self.on_copy_in(slot, Tag(low), c.result),
-            K_COPY_OUT => self.on_copy_out(slot, Tag(low), c.result),
-            K_RETRY => self.on_retry(slot, Tag(low)),
-            K_THROTTLE => self.on_throttle_timer(slot),
-            _ => {}
+            Token::Prep { slot } => self.on_prep(slot, c.result),
+            Token::Fetch { slot, group } => self.on_fetch(slot, group, c),
+            Token::Commit { slot, buf } => self.on_commit(slot, buf, c.result),
+            Token::CopyIn { slot, tag } => self.on_copy_in(slot, tag, c.result),
+            Token::CopyOut { slot, tag } => self.on_copy_out(slot, tag, c.result),
+            Token::Retry { slot, tag } => self.on_retry(slot, tag),
+            Token::Throttle { slot } => self.on_throttle_timer(slot),
         }
         Ok(())
     }
@@ -577,16 +574,5 @@ impl Worker {
                 WorkerCmd::Abandon => self.abandon = true,
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn user_data_round_trips() {
-        let u = ud(K_COMMIT, 0xbeef, 0x1234);
-        assert_eq!(ud_parts(u), (K_COMMIT, 0xbeef, 0x1234));
     }
 }

@@ -19,7 +19,7 @@ impl Worker {
                     buf: q.cmd_buf(tag),
                     auto_buf: q.auto_buf(tag),
                 },
-                ud(K_IO, slot, tag.0),
+                Token::Io { slot, tag }.encode(),
             )?;
             q.life.pushed();
         }
@@ -63,7 +63,7 @@ impl Worker {
                 buf: q.cmd_buf(tag),
                 auto_buf: q.auto_buf(tag),
             },
-            ud(K_IO, slot, tag.0),
+            Token::Io { slot, tag }.encode(),
         );
         match pushed {
             Ok(()) => q.life.pushed(),

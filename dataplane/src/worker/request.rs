@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Which way the copy fallback moves a request's data through `/dev/ublkcN`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum UserCopy {
+    /// A write's data, from the kernel into the copy buffer.
+    In,
+    /// A read's data, from the copy buffer back to the kernel.
+    Out,
+}
+
 impl Worker {
     /// Starts request `tag`; returns its result if it finished at once. A zero-copy request
     /// whose pages the kernel could not lend (fallback) is served by copy: a write's data is
@@ -65,7 +74,7 @@ impl Worker {
                 return Some(-libc::ENOMEM);
             }
             if req.op == OpKind::Write && req.len > 0 {
-                return Self::copy_user(rings, q, slot, tag, K_COPY_IN, req.len as usize);
+                return Self::copy_user(rings, q, slot, tag, UserCopy::In, req.len as usize);
             }
         }
         Self::start_backend(rings, q, slot, tag)
@@ -73,13 +82,13 @@ impl Worker {
 
     /// Copies `len` bytes of `tag`'s data between its copy buffer and the kernel's request
     /// (user copy through `/dev/ublkcN`, on the main ring: never a blocking call on the
-    /// worker). `kind` K_COPY_IN reads the request's data, K_COPY_OUT writes it.
+    /// worker), in the direction `dir` names.
     pub(super) fn copy_user(
         rings: &mut Rings,
         q: &mut Queue,
         slot: u16,
         tag: Tag,
-        kind: u64,
+        dir: UserCopy,
         len: usize,
     ) -> Option<i32> {
         let Some(buf) = q.bufs.as_ref() else {
@@ -91,22 +100,27 @@ impl Worker {
         };
         let file_offset = sys::user_copy_offset(q.setup.q_id.0, tag.0);
         let fd = q.fd();
-        let op = if kind == K_COPY_IN {
-            Op::Read {
-                fd,
-                buf,
-                region,
-                file_offset,
-            }
-        } else {
-            Op::Write {
-                fd,
-                buf,
-                region,
-                file_offset,
-            }
+        let (op, token) = match dir {
+            UserCopy::In => (
+                Op::Read {
+                    fd,
+                    buf,
+                    region,
+                    file_offset,
+                },
+                Token::CopyIn { slot, tag },
+            ),
+            UserCopy::Out => (
+                Op::Write {
+                    fd,
+                    buf,
+                    region,
+                    file_offset,
+                },
+                Token::CopyOut { slot, tag },
+            ),
         };
-        match rings.main.push(op, ud(kind, slot, tag.0)) {
+        match rings.main.push(op, token.encode()) {
             Ok(()) => {
                 q.life.pushed();
                 None
@@ -141,7 +155,7 @@ impl Worker {
         let on_poll = q.setup.placement.backend_on_poll();
         let ctx = IoCtx {
             ring: rings.get(on_poll),
-            user_data: ud(K_BACKEND, slot, tag.0),
+            user_data: Token::Backend { slot, tag }.encode(),
             data,
             scratch: (&q.scratch, q.scratch_region(tag)),
         };
@@ -170,7 +184,7 @@ impl Worker {
         let t = q.tags[tag.index()];
         if t.fallback && t.req.op == OpKind::Read && res > 0 {
             q.tags[tag.index()].result = res;
-            match Self::copy_user(rings, q, slot, tag, K_COPY_OUT, res as usize) {
+            match Self::copy_user(rings, q, slot, tag, UserCopy::Out, res as usize) {
                 None => return,
                 Some(err) => return Self::commit(rings, q, dirty, slot, tag, err),
             }
@@ -250,7 +264,7 @@ impl Worker {
             Op::Timeout {
                 ts: (&q.scratch, region),
             },
-            ud(K_RETRY, slot, tag.0),
+            Token::Retry { slot, tag }.encode(),
         );
         if pushed.is_err() {
             return false;

@@ -50,7 +50,11 @@ impl Worker {
         let op = Op::Timeout {
             ts: (&q.scratch, region),
         };
-        if rings.main.push(op, ud(K_THROTTLE, slot, 0)).is_err() {
+        if rings
+            .main
+            .push(op, Token::Throttle { slot }.encode())
+            .is_err()
+        {
             return false;
         }
         q.life.pushed();
