@@ -1,7 +1,28 @@
 //! The control thread: its state (workers, devices, devices being taken over), its command
 //! loop, and the commands that span every device (shutdown, listing, stats).
 
-use super::*;
+use super::{
+    kernel_device_ids, Command, DataplaneError, DeviceInfo, DeviceStats, KernelDevice, KernelState,
+    WorkerSnapshot,
+};
+use crate::backend;
+use crate::ctrl::{ControlDevice, CtrlError};
+use crate::device::IoPath;
+use crate::features::Features;
+use crate::ids::{DevId, QueueId};
+use crate::placement::PlacementPolicy;
+use crate::qos::{QosLimits, Throttle};
+use crate::reply::Answer;
+use crate::stats::{CleanupErrors, CleanupStep, QueueStats, StatsSnapshot, WorkerStats};
+use crate::sys::{self, os};
+use crate::worker::WorkerCmd;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub(super) struct WorkerThread {
     pub(super) cpu: usize,

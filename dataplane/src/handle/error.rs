@@ -1,6 +1,12 @@
 //! The dataplane's errors, named for the step that failed, and the classes callers act on.
 
-use super::*;
+use crate::backend::BackendError;
+use crate::ctrl::CtrlError;
+use crate::device::SpecError;
+use crate::ids::{DevId, QueueId};
+use crate::ring::RingError;
+use crate::worker::WorkerError;
+use std::path::PathBuf;
 
 /// The error classes callers act on; the server maps them to gRPC codes in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,21 @@
 //! Bringing a device up (ADD_DEV, SET_PARAMS, queues to workers, START_DEV), resizing it and
 //! tearing it down.
 
-use super::control::{open_char_device, Device};
-use super::*;
-use crate::poll;
+use super::control::{open_char_device, Control, Device};
+use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo};
+use crate::backend;
+use crate::device::{DeviceSpec, SpecError, Toggle};
+use crate::features::Features;
+use crate::hooks::{self, Fault};
+use crate::ids::{DevId, QueueId};
+use crate::placement::{self, PlacementReason, QueuePlacement};
+use crate::poll::{self, PollReason};
+use crate::ring::RingError;
+use crate::stats::{CleanupStep, QueueStats};
+use crate::sys;
+use crate::worker::{AttachError, Placement, QueueSetup, WorkerCmd, WorkerError};
+use std::fs::File;
+use std::sync::{mpsc, Arc};
 
 impl Control {
     /// Resolves zero copy and polling for `spec` on `backend`. `kernel_zc` is the kernel

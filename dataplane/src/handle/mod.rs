@@ -5,27 +5,23 @@
 //! `/dev/ublk-control` commands (bounded by timeouts, never on a worker) and hands queues to the
 //! workers over their own channels, waking each through an eventfd its ring is reading.
 
-use crate::backend::{self, BackendError, Erase};
-use crate::ctrl::{ControlDevice, CtrlError};
-use crate::device::{DeviceSpec, IoPath, SpecError, Toggle};
+use crate::backend::Erase;
+use crate::ctrl::ControlDevice;
+use crate::device::{DeviceSpec, IoPath};
 use crate::features::Features;
-use crate::hooks::{self, Fault};
 use crate::ids::{DevId, QueueId};
-use crate::placement::{self, PlacementPolicy, PlacementReason, QueuePlacement};
+use crate::placement::{PlacementPolicy, PlacementReason, QueuePlacement};
 use crate::poll::PollReason;
-use crate::qos::{QosLimits, Throttle};
+use crate::qos::QosLimits;
 use crate::reply::Answer;
-use crate::ring::RingError;
-use crate::stats::{CleanupErrors, CleanupStep, QueueStats, StatsSnapshot, WorkerStats};
+use crate::stats::{CleanupErrors, CleanupStep, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
-use crate::worker::{AttachError, Placement, QueueSetup, Worker, WorkerCmd, WorkerError};
+use crate::worker::Worker;
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod control;
 mod error;

@@ -1,8 +1,16 @@
 //! Taking over a device a previous ublkd left (START/END_USER_RECOVERY), resumable when an
 //! attempt fails part way.
 
-use super::control::Device;
-use super::*;
+use super::control::{Control, Device};
+use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo, KernelState};
+use crate::backend;
+use crate::ctrl::CtrlError;
+use crate::device::{DeviceSpec, IoPath};
+use crate::hooks::{self, Fault};
+use crate::ids::DevId;
+use crate::placement;
+use crate::sys::{self, os};
+use std::time::{Duration, Instant};
 
 impl Control {
     /// Waits until the device's previous server has let go (the kernel releases its queues

@@ -1,8 +1,18 @@
 //! The batch path (UBLK_F_BATCH_IO): PREP of every tag, multishot FETCH into provided
 //! buffers, and COMMIT of many results per command, with partial commits resent.
 
+use super::state::Commits;
 use super::state::{self, CommitOutcome};
-use super::*;
+use super::token::Token;
+use super::{AttachError, Batch, Queue, Worker, WorkerError, MAX_FETCH_BUFS};
+use crate::ids::Tag;
+use crate::reply::Answer;
+use crate::ring::{BufRing, Completion, Op, Region, WorkerRing};
+use crate::stats::CleanupStep;
+use crate::sys::os::Mapping;
+use crate::sys::{self, ublk_batch_io};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 impl Worker {
     pub(super) fn arm_batch(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {

@@ -2,7 +2,10 @@
 //! (the kernel keeps waiting for them), the ones already with the backend finish, and the
 //! control thread is told once none is left; `resume` starts the held requests in order.
 
-use super::*;
+use super::Worker;
+use crate::ids::DevId;
+use crate::reply::Answer;
+use std::sync::mpsc::SyncSender;
 
 impl Worker {
     /// Holds the device's new requests from now on; replies once its requests on this worker

@@ -10,21 +10,21 @@
 //! use). While passthrough I/O is in flight there, the worker spins on it; when none is, it
 //! sleeps on the main ring, which the poll ring wakes through the same eventfd.
 
-use crate::backend::{Backend, Data, IoCtx, Request, Started};
+use crate::backend::{Backend, Request};
 use crate::device::IoPath;
 use crate::ids::{DevId, QueueId, Tag};
-use crate::qos::{Direction, Throttle};
+use crate::qos::Throttle;
 use crate::reply::Answer;
 use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
-use crate::stats::{CleanupStep, OpKind, QueueStats, WorkerStats};
+use crate::stats::{QueueStats, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
-use crate::sys::{self, ublk_batch_io, ublksrv_io_cmd};
+use crate::sys::{self};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 mod batch;
 mod drain;

@@ -1,6 +1,11 @@
 //! The per-IO path (every ublk kernel): FETCH_REQ, then COMMIT_AND_FETCH_REQ, one tag each.
 
-use super::*;
+use super::token::Token;
+use super::{Queue, Rings, Worker, WorkerError};
+use crate::ids::Tag;
+use crate::ring::Op;
+use crate::sys::{self, ublksrv_io_cmd};
+use std::os::fd::AsRawFd;
 
 impl Worker {
     pub(super) fn arm_per_io(&mut self, q: &mut Queue, slot: u16) -> Result<(), WorkerError> {

@@ -1,7 +1,20 @@
 //! A queue's life on its worker: attach (mapping, buffers, slots, first commands), the
 //! answer once the kernel accepted them, and teardown once the kernel gave every command back.
 
-use super::*;
+use super::state::Life;
+use super::{
+    AttachError, AttachReply, Placement, Queue, QueueSetup, Rings, TagState, Worker, WorkerError,
+    NO_SLOT, POLL_CQ_ENTRIES, POLL_FIXED_BUFFERS, SCRATCH_BYTES,
+};
+use crate::backend::Request;
+use crate::device::IoPath;
+use crate::reply::Answer;
+use crate::ring::{RingError, WorkerRing};
+use crate::stats::CleanupStep;
+use crate::sys::{self, os::DescMap, os::Mapping};
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 impl Worker {
     /// Maps the queue and arms its commands. On success the reply is sent once the kernel has

@@ -1,7 +1,14 @@
 //! One request from fetch to completion, whichever path fetched it: copy-in, the backend
 //! operation (and its bounded retries), copy-out, and the commit its result is queued for.
 
-use super::*;
+use super::token::Token;
+use super::{Queue, Rings, TagState, Worker, FIRST_BACKOFF_NS, MAX_RETRIES};
+use crate::backend::{Data, IoCtx, Request, Started};
+use crate::ids::Tag;
+use crate::ring::{Op, Region};
+use crate::stats::OpKind;
+use crate::sys;
+use std::time::Instant;
 
 /// Which way the copy fallback moves a request's data through `/dev/ublkcN`.
 #[derive(Debug, Clone, Copy)]

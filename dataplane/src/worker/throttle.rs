@@ -2,7 +2,13 @@
 //! per direction) and a timer on the main ring looks at them again. Only queues with a
 //! throttle come here; others never touch a clock or lock for limits.
 
-use super::*;
+use super::token::Token;
+use super::{Queue, Rings, Worker};
+use crate::ids::{DevId, Tag};
+use crate::qos::{Direction, Throttle};
+use crate::ring::Op;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 impl Worker {
     /// Whether request `tag` must wait: its direction already has waiters (order is kept),

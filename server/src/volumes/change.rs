@@ -2,7 +2,15 @@
 //! (changes of one volume one at a time, of different volumes in parallel) and holds the map
 //! lock only to check and record, never across a registry write or a ublk control command.
 
-use super::*;
+use super::{blocking, now_ms, same_spec, Volumes};
+use crate::error::VolumeError;
+use crate::hooks::{delay_point, fault_point};
+use crate::record::{BackendRecord, VolumeRecord};
+use crate::volume::{State, Volume};
+use crate::volume_id::VolumeId;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use ublkd_dataplane::{DataplaneError, DeviceInfo, QosLimits};
 
 impl Volumes {
     /// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe

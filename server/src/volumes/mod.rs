@@ -13,23 +13,18 @@ mod snapshots;
 
 use crate::config::Settings;
 use crate::error::VolumeError;
-use crate::hooks::{delay_point, fault_point};
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::registry::Registry;
 use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use ublkd_dataplane::stats::CleanupStep;
-use ublkd_dataplane::{
-    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
-    QosLimits, WorkerSnapshot,
-};
+use ublkd_dataplane::{DataplaneError, DevId, DeviceStats, Features, Handle, WorkerSnapshot};
 
 /// Upper bounds (seconds) of the recovery-duration histogram.
 pub const RECOVERY_BOUNDS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];

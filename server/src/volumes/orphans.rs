@@ -1,6 +1,11 @@
 //! ublk devices in the kernel that no registered volume owns: listing, adopting, deleting.
 
-use super::*;
+use super::{blocking, now_ms, Volumes};
+use crate::error::VolumeError;
+use crate::record::VolumeRecord;
+use crate::volume::Volume;
+use std::time::Instant;
+use ublkd_dataplane::{DevId, DeviceInfo, KernelDevice};
 
 impl Volumes {
     /// ublk devices in the kernel that no registered volume owns.

@@ -1,7 +1,14 @@
 //! Bringing the registry's volumes back at start: take over the devices that survived, create
 //! the others again, finish interrupted deletes.
 
-use super::*;
+use super::{blocking, is_id_taken, Volumes};
+use crate::error::VolumeError;
+use crate::record::VolumeRecord;
+use crate::volume::{State, Volume};
+use crate::volume_id::VolumeId;
+use std::collections::BTreeMap;
+use std::time::Instant;
+use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, DeviceSpec, KernelDevice};
 
 impl Volumes {
     /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so

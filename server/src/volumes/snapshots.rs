@@ -9,12 +9,20 @@
 //! own time and touches no kernel state. FICLONE flushes the source's dirty pages and locks
 //! both inodes, so it is one point in time against the backend's own writes too.
 
-use super::*;
+use super::{blocking, now_ms, Volumes};
+use crate::error::VolumeError;
+use crate::hooks::fault_point;
 use crate::record::SourceRecord;
+use crate::record::{BackendRecord, VolumeRecord};
 use crate::snapshot::snapshot_path;
+use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
+use crate::volume::Volume;
+use crate::volume_id::VolumeId;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
 use std::path::Path;
+use std::path::PathBuf;
+use std::time::Instant;
 
 impl Volumes {
     /// Loads the snapshot registry (at start, before volumes are restored).

@@ -19,6 +19,27 @@ pub const CRATES: &[&str] = &[
     "tests/xtask/src",
 ];
 
+/// The files under `src` that glob-import their parent (`use super::*;`) outside their tests,
+/// relative to `src`: such a file reaches everything its parent can, so what it depends on
+/// is written nowhere.
+pub fn parent_globs(src: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    sources(src, &mut files)?;
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        if without_tests(&text)
+            .lines()
+            .any(|l| l.trim() == "use super::*;")
+        {
+            found.push(file.strip_prefix(src).unwrap_or(&file).to_path_buf());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
 /// Module path (`worker::queue`; the crate root is empty) to the modules it imports.
 pub type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -49,12 +70,14 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// The text of a file before its test module (`#[cfg(test)]` followed by `mod`).
+/// The text of a file before its test module (`#[cfg(test)]`, or `#[cfg(all(test, ...))]`,
+/// followed by `mod`).
 fn without_tests(text: &str) -> &str {
     let mut offset = 0;
     let mut lines = text.split_inclusive('\n').peekable();
     while let Some(line) = lines.next() {
-        if line.trim() == "#[cfg(test)]"
+        let attr = line.trim();
+        if (attr == "#[cfg(test)]" || attr.starts_with("#[cfg(all(test,"))
             && lines
                 .peek()
                 .is_some_and(|next| next.trim_start().starts_with("mod "))
@@ -195,6 +218,39 @@ mod tests {
             g.entry(a.into()).or_default().insert(b.into());
         }
         assert_eq!(circles(&g), vec![vec!["a", "b", "c"]]);
+    }
+
+    #[test]
+    fn a_parent_glob_is_found_outside_tests_only() {
+        let dir = std::env::temp_dir().join(format!("xtask-globs-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("m")).unwrap();
+        std::fs::write(dir.join("m/a.rs"), "use super::*;\nfn f() {}\n").unwrap();
+        std::fs::write(
+            dir.join("m/b.rs"),
+            "use super::Thing;\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
+        )
+        .unwrap();
+        let found = parent_globs(&dir).unwrap();
+        // The scratch directory goes whether or not the assertion holds: nothing to report.
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(found, vec![PathBuf::from("m/a.rs")]);
+    }
+
+    /// Every module names what it takes from its parent: no `use super::*;` outside tests.
+    #[test]
+    fn no_module_glob_imports_its_parent() {
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut all = Vec::new();
+        for krate in CRATES {
+            for f in parent_globs(&ws.join(krate)).unwrap() {
+                all.push(format!("{krate}/{}", f.display()));
+            }
+        }
+        assert!(
+            all.is_empty(),
+            "use super::* outside tests:\n{}",
+            all.join("\n")
+        );
     }
 
     /// No module of any crate imports another that imports it back, through any loop.
