@@ -9,7 +9,7 @@ mod sqe;
 mod worker;
 
 pub use buf_ring::BufRing;
-pub use op::{Completion, NvmeData, Op, Region};
+pub use op::{kernel_timespec, Completion, NvmeData, Op, Region};
 pub use worker::{iowq_limits, WorkerRing, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 
 use crate::sys::ublksrv_ctrl_cmd;

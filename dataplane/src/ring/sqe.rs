@@ -67,6 +67,13 @@ pub(super) fn patch_sqe(
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
+/// The 128 bytes of `e`, as the kernel will read them.
+#[cfg(test)]
+pub(super) fn sqe_bytes(e: squeue::Entry128) -> [u8; 128] {
+    // SAFETY: as in `patch_sqe`: a byte view of the kernel's SQE layout.
+    unsafe { std::mem::transmute(e) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

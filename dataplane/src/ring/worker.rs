@@ -7,13 +7,12 @@
 //! mapping, so every push is safe to call.
 
 use super::files::{Added, FileTable};
-use super::sqe::{
-    batch_cmd_bytes, io_cmd_bytes, patch_sqe, use_fixed_file, IORING_URING_CMD_MULTISHOT,
-};
+use super::op::{FixedTable, Pins};
+use super::sqe::use_fixed_file;
 use super::RingError;
-use super::{BufRing, Completion, NvmeData, Op, Region};
+use super::{BufRing, Completion, Op};
 use crate::sys::os::Mapping;
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{cqueue, squeue, IoUring};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -51,7 +50,7 @@ enum Fixed {
 struct Slot {
     user_data: u64,
     /// Held, never read: keeps the memory the kernel uses alive until the last completion.
-    _pins: [Option<Arc<Mapping>>; 2],
+    _pins: Pins,
 }
 
 /// The worker's ring.
@@ -66,6 +65,16 @@ pub struct WorkerRing {
     in_flight: usize,
 }
 
+impl FixedTable for WorkerRing {
+    fn holds(&self, index: u16, buf: &Arc<Mapping>) -> bool {
+        matches!(self.fixed.get(usize::from(index)), Some(Fixed::User(m)) if Arc::ptr_eq(m, buf))
+    }
+
+    fn is_kernel(&self, index: u16) -> bool {
+        matches!(self.fixed.get(usize::from(index)), Some(Fixed::Kernel))
+    }
+}
+
 /// Slots in each ring's registered-file table (one per ublk char device served), at most.
 const FIXED_FILES: u32 = 4096;
 
@@ -74,13 +83,6 @@ impl std::fmt::Debug for WorkerRing {
         f.debug_struct("WorkerRing")
             .field("in_flight", &self.in_flight)
             .finish()
-    }
-}
-
-fn check(map: &Mapping, r: Region) -> Result<(), RingError> {
-    match r.offset.checked_add(r.len) {
-        Some(end) if end <= map.len() => Ok(()),
-        _ => Err(RingError::BadRegion),
     }
 }
 
@@ -318,238 +320,7 @@ impl WorkerRing {
     /// Pushes `op`; its completion(s) will carry `user_data`.
     pub fn push(&mut self, op: Op<'_>, user_data: u64) -> Result<(), RingError> {
         let fixed_file = op.fd().and_then(|fd| self.files.slot(fd));
-        let mut pins: [Option<Arc<Mapping>>; 2] = [None, None];
-        let entry: squeue::Entry128 = match op {
-            Op::UblkIo {
-                fd,
-                cmd_op,
-                mut cmd,
-                buf,
-                auto_buf,
-            } => {
-                if let Some((map, r)) = buf {
-                    check(map, r)?;
-                    cmd.addr = map.addr(r.offset);
-                    pins[0] = Some(Arc::clone(map));
-                }
-                opcode::UringCmd80::new(types::Fd(fd), cmd_op)
-                    .cmd(io_cmd_bytes(&cmd))
-                    .addr(auto_buf)
-                    .build()
-            }
-            Op::UblkBatch {
-                fd,
-                cmd_op,
-                cmd,
-                elems: (map, r),
-                bufs,
-            } => {
-                check(map, r)?;
-                if usize::from(cmd.nr_elem) * usize::from(cmd.elem_bytes) > r.len {
-                    return Err(RingError::BadRegion);
-                }
-                pins[0] = Some(Arc::clone(map));
-                pins[1] = bufs.map(Arc::clone);
-                let e = opcode::UringCmd80::new(types::Fd(fd), cmd_op)
-                    .cmd(batch_cmd_bytes(&cmd))
-                    .addr(Some(map.addr(r.offset)))
-                    .build();
-                let len = u32::from(cmd.nr_elem) * u32::from(cmd.elem_bytes);
-                patch_sqe(e, 0, None, Some(len))
-            }
-            Op::UblkFetchMultishot {
-                fd,
-                cmd_op,
-                cmd,
-                group,
-            } => {
-                pins[0] = Some(Arc::clone(&group.ring));
-                pins[1] = Some(Arc::clone(&group.bufs));
-                let e = opcode::UringCmd80::new(types::Fd(fd), cmd_op)
-                    .cmd(batch_cmd_bytes(&cmd))
-                    .addr(Some(0))
-                    .build()
-                    .flags(squeue::Flags::BUFFER_SELECT);
-                patch_sqe(e, IORING_URING_CMD_MULTISHOT, Some(group.group), None)
-            }
-            Op::Read {
-                fd,
-                buf,
-                region,
-                file_offset,
-            } => {
-                check(buf, region)?;
-                pins[0] = Some(Arc::clone(buf));
-                squeue::Entry128::from(
-                    opcode::Read::new(
-                        types::Fd(fd),
-                        buf.addr(region.offset) as *mut u8,
-                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
-                    )
-                    .offset(file_offset)
-                    .build(),
-                )
-            }
-            Op::Write {
-                fd,
-                buf,
-                region,
-                file_offset,
-            } => {
-                check(buf, region)?;
-                pins[0] = Some(Arc::clone(buf));
-                squeue::Entry128::from(
-                    opcode::Write::new(
-                        types::Fd(fd),
-                        buf.addr(region.offset) as *const u8,
-                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
-                    )
-                    .offset(file_offset)
-                    .build(),
-                )
-            }
-            Op::ReadFixed {
-                fd,
-                buf,
-                index,
-                region,
-                file_offset,
-            } => {
-                check(buf, region)?;
-                self.check_fixed(buf, index)?;
-                pins[0] = Some(Arc::clone(buf));
-                squeue::Entry128::from(
-                    opcode::ReadFixed::new(
-                        types::Fd(fd),
-                        buf.addr(region.offset) as *mut u8,
-                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
-                        index,
-                    )
-                    .offset(file_offset)
-                    .build(),
-                )
-            }
-            Op::WriteFixed {
-                fd,
-                buf,
-                index,
-                region,
-                file_offset,
-                rw_flags,
-            } => {
-                check(buf, region)?;
-                self.check_fixed(buf, index)?;
-                pins[0] = Some(Arc::clone(buf));
-                squeue::Entry128::from(
-                    opcode::WriteFixed::new(
-                        types::Fd(fd),
-                        buf.addr(region.offset) as *const u8,
-                        u32::try_from(region.len).map_err(|_| RingError::BadRegion)?,
-                        index,
-                    )
-                    .offset(file_offset)
-                    .rw_flags(rw_flags)
-                    .build(),
-                )
-            }
-            Op::ReadKernelBuf {
-                fd,
-                index,
-                len,
-                file_offset,
-            } => {
-                self.check_kernel_slot(index)?;
-                // Address 0 is offset 0 of the kernel's buffer, not a pointer into our memory.
-                squeue::Entry128::from(
-                    opcode::ReadFixed::new(types::Fd(fd), std::ptr::null_mut(), len, index)
-                        .offset(file_offset)
-                        .build(),
-                )
-            }
-            Op::WriteKernelBuf {
-                fd,
-                index,
-                len,
-                file_offset,
-                rw_flags,
-            } => {
-                self.check_kernel_slot(index)?;
-                squeue::Entry128::from(
-                    opcode::WriteFixed::new(types::Fd(fd), std::ptr::null(), len, index)
-                        .offset(file_offset)
-                        .rw_flags(rw_flags)
-                        .build(),
-                )
-            }
-            Op::Nvme { fd, mut cmd, data } => {
-                let mut index = None;
-                match data {
-                    NvmeData::None => {
-                        cmd.addr = 0;
-                        cmd.data_len = 0;
-                    }
-                    NvmeData::User(map, r) => {
-                        check(map, r)?;
-                        cmd.addr = map.addr(r.offset);
-                        cmd.data_len = u32::try_from(r.len).map_err(|_| RingError::BadRegion)?;
-                        pins[0] = Some(Arc::clone(map));
-                    }
-                    NvmeData::Fixed(map, r, i) => {
-                        check(map, r)?;
-                        self.check_fixed(map, i)?;
-                        cmd.addr = map.addr(r.offset);
-                        cmd.data_len = u32::try_from(r.len).map_err(|_| RingError::BadRegion)?;
-                        pins[0] = Some(Arc::clone(map));
-                        index = Some(i);
-                    }
-                    NvmeData::Kernel { index: i, len } => {
-                        self.check_kernel_slot(i)?;
-                        cmd.addr = 0;
-                        cmd.data_len = len;
-                        index = Some(i);
-                    }
-                }
-                opcode::UringCmd80::new(types::Fd(fd), crate::sys::nvme::NVME_URING_CMD_IO)
-                    .cmd(cmd.to_sqe_cmd())
-                    .buf_index(index)
-                    .build()
-            }
-            Op::Timeout { ts: (buf, region) } => {
-                if region.len < std::mem::size_of::<types::Timespec>() {
-                    return Err(RingError::BadRegion);
-                }
-                check(buf, region)?;
-                pins[0] = Some(Arc::clone(buf));
-                squeue::Entry128::from(
-                    opcode::Timeout::new(buf.addr(region.offset) as *const types::Timespec).build(),
-                )
-            }
-            Op::Fsync { fd, datasync } => {
-                let mut o = opcode::Fsync::new(types::Fd(fd));
-                if datasync {
-                    o = o.flags(types::FsyncFlags::DATASYNC);
-                }
-                squeue::Entry128::from(o.build())
-            }
-            Op::Fallocate {
-                fd,
-                mode,
-                offset,
-                len,
-            } => squeue::Entry128::from(
-                opcode::Fallocate::new(types::Fd(fd), len)
-                    .offset(offset)
-                    .mode(mode)
-                    .build(),
-            ),
-            Op::Read8 { fd, buf, offset } => {
-                check(buf, Region { offset, len: 8 })?;
-                pins[0] = Some(Arc::clone(buf));
-                squeue::Entry128::from(
-                    opcode::Read::new(types::Fd(fd), buf.addr(offset) as *mut u8, 8).build(),
-                )
-            }
-        };
+        let (entry, pins) = op.encode(&*self)?;
         let slot = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -564,8 +335,8 @@ impl WorkerRing {
         if self.ring.submission().is_full() {
             self.submit()?;
         }
-        // SAFETY: every address in `entry` lies inside a mapping checked above whose Arc is
-        // stored in `self.slots[slot]` until the final completion for `slot` is reaped, or is an
+        // SAFETY: every address in `entry` lies inside a mapping that `Op::encode` checked and
+        // returned in `pins`, stored in `self.slots[slot]` until the final completion for `slot` is reaped, or is an
         // offset into a kernel-owned buffer in a slot reserved for the kernel (the kernel checks
         // it against that buffer's length); fds are the kernel's business (a closed fd fails the
         // op, it does not touch memory).
@@ -580,20 +351,6 @@ impl WorkerRing {
         });
         self.in_flight += 1;
         Ok(())
-    }
-
-    fn check_fixed(&self, buf: &Arc<Mapping>, index: u16) -> Result<(), RingError> {
-        match self.fixed.get(usize::from(index)) {
-            Some(Fixed::User(m)) if Arc::ptr_eq(m, buf) => Ok(()),
-            _ => Err(RingError::BadRegion),
-        }
-    }
-
-    fn check_kernel_slot(&self, index: u16) -> Result<(), RingError> {
-        match self.fixed.get(usize::from(index)) {
-            Some(Fixed::Kernel) => Ok(()),
-            _ => Err(RingError::BadRegion),
-        }
     }
 
     /// Submits pending SQEs without waiting.

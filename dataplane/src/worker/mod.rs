@@ -41,7 +41,7 @@ use token::Token;
 /// Times a backend operation that failed for a passing reason is sent again, and the first
 /// back-off (doubled each time: 1, 2, 4, 8, 16 ms).
 const MAX_RETRIES: u8 = 5;
-const FIRST_BACKOFF_NS: i64 = 1_000_000;
+const FIRST_BACKOFF_NS: u64 = 1_000_000;
 
 /// Fixed-buffer slots per worker ring: the kernel's maximum, since zero copy takes one per tag.
 const FIXED_BUFFERS: u32 = 16384;

@@ -5,10 +5,10 @@ use super::token::Token;
 use super::{Queue, Rings, TagState, Worker, FIRST_BACKOFF_NS, MAX_RETRIES};
 use crate::backend::{Data, IoCtx, Request, Started};
 use crate::ids::Tag;
-use crate::ring::{Op, Region};
+use crate::ring::{kernel_timespec, Op, Region};
 use crate::stats::OpKind;
 use crate::sys;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Which way the copy fallback moves a request's data through `/dev/ublkcN`.
 #[derive(Debug, Clone, Copy)]
@@ -259,10 +259,7 @@ impl Worker {
     /// ring; its completion resends). False if the timeout could not be queued.
     pub(super) fn retry_later(rings: &mut Rings, q: &mut Queue, slot: u16, tag: Tag) -> bool {
         let n = q.tags[tag.index()].retries;
-        let ns = FIRST_BACKOFF_NS << n;
-        let mut ts = [0u8; 16];
-        ts[0..8].copy_from_slice(&(ns / 1_000_000_000).to_ne_bytes());
-        ts[8..16].copy_from_slice(&(ns % 1_000_000_000).to_ne_bytes());
+        let ts = kernel_timespec(Duration::from_nanos(FIRST_BACKOFF_NS << n));
         let region = q.timespec_region(tag);
         if !q.scratch.write_at(region.offset, &ts) {
             return false;

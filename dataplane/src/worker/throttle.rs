@@ -6,7 +6,7 @@ use super::token::Token;
 use super::{Queue, Rings, Worker};
 use crate::ids::{DevId, Tag};
 use crate::qos::{Direction, Throttle};
-use crate::ring::Op;
+use crate::ring::{kernel_timespec, Op};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,10 +45,7 @@ impl Worker {
         if crate::hooks::fire(crate::hooks::Fault::ThrottleTimer) {
             return false;
         }
-        let ns = wait.as_nanos();
-        let mut ts = [0u8; 16];
-        ts[0..8].copy_from_slice(&((ns / 1_000_000_000) as i64).to_ne_bytes());
-        ts[8..16].copy_from_slice(&((ns % 1_000_000_000) as i64).to_ne_bytes());
+        let ts = kernel_timespec(wait);
         let region = q.throttle_timespec();
         if !q.scratch.write_at(region.offset, &ts) {
             return false;
