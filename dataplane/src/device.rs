@@ -103,10 +103,6 @@ pub struct DeviceSpec {
     pub zero_copy: Toggle,
     /// Poll for NVMe completions (IORING_SETUP_IOPOLL on the controller's poll queues).
     pub poll: Toggle,
-    /// Test hook: hand the kernel a buffer slot it cannot use, so that every request takes the
-    /// zero-copy fallback (UBLK_IO_F_NEED_REG_BUF, served by copy).
-    #[doc(hidden)]
-    pub force_copy_fallback: bool,
     /// I/O limits (all zero: unlimited), enforced by the workers; changed live by
     /// `Handle::set_qos`.
     pub qos: QosLimits,
@@ -129,7 +125,6 @@ impl Default for DeviceSpec {
             dev_id: None,
             zero_copy: Toggle::Auto,
             poll: Toggle::Auto,
-            force_copy_fallback: false,
             qos: QosLimits::default(),
             erase: false,
         }

@@ -35,11 +35,17 @@ pub enum Fault {
     /// A file volume's backend read completes with -EIO (a disk that fails reads); writes
     /// still go through.
     FileReadEio,
+    /// The next zero-copy device created hands the kernel a buffer slot it cannot use, so that
+    /// every request takes the zero-copy fallback (UBLK_IO_F_NEED_REG_BUF, served by copy).
+    EveryRequestByCopy,
+    /// The next NVMe backend opened skips the check that its window lies inside the
+    /// namespace, so that the device itself can be made to fail an I/O (LBA out of range).
+    NvmeWindowUnchecked,
 }
 
 impl Fault {
     #[cfg(feature = "test-hooks")]
-    const ALL: [Fault; 11] = [
+    const ALL: [Fault; 13] = [
         Fault::CommitBadElement,
         Fault::AttachFails,
         Fault::RecoverAfterStart,
@@ -51,6 +57,8 @@ impl Fault {
         Fault::ThrottleTimer,
         Fault::DrainUnanswered,
         Fault::FileReadEio,
+        Fault::EveryRequestByCopy,
+        Fault::NvmeWindowUnchecked,
     ];
 
     #[cfg(feature = "test-hooks")]
@@ -67,6 +75,8 @@ impl Fault {
             Fault::ThrottleTimer => "throttle_timer",
             Fault::DrainUnanswered => "drain_unanswered",
             Fault::FileReadEio => "file_read_eio",
+            Fault::EveryRequestByCopy => "every_request_by_copy",
+            Fault::NvmeWindowUnchecked => "nvme_window_unchecked",
         }
     }
 }
@@ -120,7 +130,8 @@ mod armed {
     }
 
     /// Arms the faults `spec` names, in `UBLKD_TEST_FAULTS`'s language; `name=0` disarms.
-    /// A running daemon re-arms from a file this way (ublkd's SIGUSR2 hook).
+    /// A running daemon re-arms from a file this way (ublkd's SIGUSR2 hook). Entries this
+    /// layer does not name (the server's `abort_at=`, `delay_at=`) are the server's to read.
     pub fn arm_from_spec(spec: &str) {
         for item in spec.trim().split(',').filter(|s| !s.is_empty()) {
             let (name, rest) = item.split_once('=').unwrap_or((item, "1"));

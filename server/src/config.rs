@@ -426,7 +426,7 @@ queue_placement = "same-cpu"
                 ("UBLKD_DEFAULTS__QUEUE_DEPTH", "32"),
                 ("UBLKD_GRPC__LISTEN", "unix:///a.sock,127.0.0.1:7000"),
                 ("UBLKD_LOG__FORMAT", "json"),
-                ("UBLKD_FAULT_POINT", "create:after_record"),
+                ("UBLKD_TEST_FAULTS", "abort_at=create:after_record"),
                 ("UBLKD_VM_RUN", "/x"),
                 ("HOME", "/root"),
             ]),

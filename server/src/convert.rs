@@ -34,7 +34,6 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
                     offset: *offset,
                     len: *length,
                 }),
-                unchecked: false,
                 keep_data: *keep_data,
             },
         },

@@ -190,7 +190,6 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
             (_, Some(p)) if !p.is_empty() => BackendSpec::Nvme {
                 path: p.into(),
                 window: None,
-                unchecked: false,
                 keep_data: false,
             },
             _ => bail!("unknown backend {other:?}: expected null, ram, file:PATH or nvme:PATH"),

@@ -1081,7 +1081,7 @@ async fn a_retried_create_answers_ok_only_once_the_volume_is_ready() -> Result<(
         9569,
         "node-a",
         "",
-        &[("UBLKD_DELAY_POINT", "create:after_record:4000")],
+        &[("UBLKD_TEST_FAULTS", "delay_at=create:after_record:4000")],
     )
     .await?;
     let (mut c, _) = clients(&pair).await?;

@@ -989,7 +989,10 @@ async fn healthz_answers_while_slow_capacity_calls_run() -> Result<()> {
     use std::io::{Read, Write};
     let dir = guest::scratch("daemon-blocking")?;
     let mut d = Daemon::new(&dir, 19623, "")?;
-    d.env = vec![("UBLKD_DELAY_POINT".into(), "capacity:identify:8000".into())];
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "delay_at=capacity:identify:8000".into(),
+    )];
     d.start().await?;
     let call = |mut node: v1::node_service_client::NodeServiceClient<tonic::transport::Channel>| async move {
         let req = v1::GetCapacityRequest {

@@ -8,6 +8,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
+use ublkd_dataplane::hooks::{self, Fault};
 use ublkd_dataplane::{
     BackendSpec, DataplaneError, DevId, DeviceSpec, ErrorKind, IoPath, OpKind, SpecError, Toggle,
 };
@@ -121,12 +122,13 @@ fn zero_copy_fallback_serves_requests_by_copy() -> Result<()> {
     for (i, path) in PATHS.into_iter().enumerate() {
         let size = 32 * MIB;
         let backing = guest::backing_file(&dir, &format!("fb{i}.img"), size)?;
+        hooks::arm(Fault::EveryRequestByCopy, 1);
         let info = dp.add_device(DeviceSpec {
             zero_copy: Toggle::On,
-            force_copy_fallback: true,
             ..guest::spec(BackendSpec::File { path: backing }, size, path)
         })?;
-        assert!(info.zero_copy);
+        assert!(info.zero_copy && info.every_request_by_copy, "{info:?}");
+        assert!(!info.zero_copy_in_use(), "{info:?}");
         guest::fio(
             &info.block_device,
             &[

@@ -574,7 +574,6 @@ fn nvme_path_errors_are_retried_with_a_bound() -> Result<()> {
                         offset: 0,
                         len: 32 * MIB,
                     }),
-                    unchecked: false,
                     keep_data: false,
                 },
                 32 * MIB,

@@ -92,7 +92,6 @@ fn multipath_heads_get_their_namespace_limits() -> Result<()> {
                     BackendSpec::Nvme {
                         path: head.char_dev.clone(),
                         window: None,
-                        unchecked: false,
                         keep_data: false,
                     },
                     bytes,

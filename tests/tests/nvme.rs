@@ -9,6 +9,7 @@ use anyhow::{ensure, Context, Result};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use ublkd_dataplane::hooks::{self, Fault};
 use ublkd_dataplane::{
     BackendSpec, Config, DataplaneError, DeviceSpec, ErrorKind, Handle, IoPath, OpKind, Toggle,
     Window,
@@ -38,7 +39,6 @@ fn window(offset: u64, len: u64) -> BackendSpec {
     BackendSpec::Nvme {
         path: PathBuf::from(NG),
         window: Some(Window { offset, len }),
-        unchecked: false,
         keep_data: false,
     }
 }
@@ -98,7 +98,6 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
     let whole = BackendSpec::Nvme {
         path: PathBuf::from(NG),
         window: None,
-        unchecked: false,
         keep_data: false,
     };
     let run = |dp: &Handle, path: IoPath, zc: Toggle, poll: Toggle| -> Result<(bool, bool)> {
@@ -244,7 +243,6 @@ fn windows_keep_their_data_apart() -> Result<()> {
     let nvme = |path: &str| BackendSpec::Nvme {
         path: path.into(),
         window: None,
-        unchecked: false,
         keep_data: false,
     };
     assert_eq!(
@@ -359,6 +357,8 @@ fn nvme_errors_reach_the_client_as_eio() -> Result<()> {
     let dp = dataplane(None)?;
     for (zc, poll) in [(Toggle::On, Toggle::On), (Toggle::Off, Toggle::Off)] {
         for path in PATHS {
+            // The window reaches past the namespace's end, so its last blocks fail in the device.
+            hooks::arm(Fault::NvmeWindowUnchecked, 1);
             let info = dp.add_device(DeviceSpec {
                 zero_copy: zc,
                 poll,
@@ -369,7 +369,6 @@ fn nvme_errors_reach_the_client_as_eio() -> Result<()> {
                             offset: ns - 4 * MIB,
                             len: 8 * MIB,
                         }),
-                        unchecked: true,
                         keep_data: false,
                     },
                     8 * MIB,

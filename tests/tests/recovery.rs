@@ -400,7 +400,7 @@ async fn crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agree
                 .await?;
         }
         d.stop_with(libc::SIGTERM)?;
-        d.env = vec![("UBLKD_FAULT_POINT".into(), (*point).into())];
+        d.env = vec![("UBLKD_TEST_FAULTS".into(), format!("abort_at={point}"))];
         d.start().await?;
         d.wait_all_ready().await?;
         let mut c = d.volumes().await?;

@@ -444,7 +444,10 @@ async fn a_snapshot_or_clone_killed_before_its_record_is_retried_and_leaves_no_f
 
     // Snapshot: dies after the reflink, before the record.
     d.stop_with(libc::SIGTERM)?;
-    d.env = vec![("UBLKD_FAULT_POINT".into(), "snapshot:after_reflink".into())];
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "abort_at=snapshot:after_reflink".into(),
+    )];
     d.start().await?;
     let mut c = d.volumes().await?;
     let died = c
@@ -474,7 +477,10 @@ async fn a_snapshot_or_clone_killed_before_its_record_is_retried_and_leaves_no_f
 
     // Clone: dies after the reflink, before the volume's record.
     d.stop_with(libc::SIGTERM)?;
-    d.env = vec![("UBLKD_FAULT_POINT".into(), "clone:after_reflink".into())];
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "abort_at=clone:after_reflink".into(),
+    )];
     d.start().await?;
     let mut c = d.volumes().await?;
     let clone_img = d.root.join("c.img");

@@ -38,10 +38,6 @@ pub enum BackendSpec {
     Nvme {
         path: PathBuf,
         window: Option<Window>,
-        /// Test hook: skip the check that the window lies inside the namespace, so that a test
-        /// can make the device itself fail an I/O (LBA out of range).
-        #[doc(hidden)]
-        unchecked: bool,
         /// Serve the window's blocks as they are: no erase when the device is created
         /// (`DeviceSpec::erase`) or when the window grows. For adopting a window's data on
         /// purpose; otherwise earlier tenants' blocks are made unreadable first.
@@ -340,11 +336,15 @@ pub fn open(
         BackendSpec::Nvme {
             path,
             window,
-            unchecked,
             keep_data,
-        } => Arc::new(NvmeBackend::open(
-            path, *window, size, block_size, *unchecked, *keep_data,
-        )?),
+        } => {
+            // Test hook: a window past the namespace's end, so that the device itself fails
+            // an I/O (LBA out of range).
+            let unchecked = crate::hooks::fire(crate::hooks::Fault::NvmeWindowUnchecked);
+            Arc::new(NvmeBackend::open(
+                path, *window, size, block_size, unchecked, *keep_data,
+            )?)
+        }
     })
 }
 

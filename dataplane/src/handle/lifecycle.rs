@@ -124,6 +124,9 @@ impl Control {
             polled,
             poll_reason,
             copy_queues: 0,
+            // Test hook: a new zero-copy device made to take the fallback on every request.
+            every_request_by_copy: zero_copy
+                && crate::hooks::fire(crate::hooks::Fault::EveryRequestByCopy),
             placement,
             placement_reason,
             queue_cpus: Vec::new(),
@@ -282,7 +285,7 @@ impl Control {
             path: device.info.io_path,
             zero_copy: device.info.zero_copy,
             user_copy: device.info.flags & sys::UBLK_F_USER_COPY != 0,
-            force_fallback: spec.force_copy_fallback,
+            force_fallback: device.info.every_request_by_copy,
             copy_if_no_slots,
             placement,
             cdev: Arc::clone(cdev),

@@ -79,6 +79,10 @@ pub struct DeviceInfo {
     /// Queues of a zero-copy device served by copy: taken over when no worker had buffer slots
     /// left for them (a new device is refused instead).
     pub copy_queues: u16,
+    /// A zero-copy device all of whose requests are served by copy (the kernel is handed a
+    /// buffer slot it cannot use, so each comes with UBLK_IO_F_NEED_REG_BUF): one taken over by
+    /// a backend that copies, such as an orphan adopted as a RAM volume.
+    pub every_request_by_copy: bool,
     /// Where the queues went (`crate::placement`), and why.
     pub placement: QueuePlacement,
     pub placement_reason: PlacementReason,
@@ -94,7 +98,7 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     /// Whether every request's pages are lent by the kernel (zero copy on, no queue copying).
     pub fn zero_copy_in_use(&self) -> bool {
-        self.zero_copy && self.copy_queues == 0
+        self.zero_copy && self.copy_queues == 0 && !self.every_request_by_copy
     }
 }
 

@@ -112,7 +112,6 @@ impl Control {
                 dev_id,
                 spec: DeviceSpec {
                     max_io_bytes: info.max_io_buf_bytes,
-                    force_copy_fallback: spec.force_copy_fallback || copy_only,
                     // Never shrink a device on takeover; a larger recorded size is applied below.
                     size_bytes: kernel_size,
                     ..spec.clone()
@@ -123,6 +122,7 @@ impl Control {
                 polled,
                 poll_reason,
                 copy_queues: 0,
+                every_request_by_copy: copy_only,
                 placement,
                 placement_reason,
                 queue_cpus: Vec::new(),
