@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
+use ublkd_proto::notation::{parse_backend, parse_capacity_backend, parse_io_path};
 use ublkd_proto::units::parse_size;
 pub use ublkd_proto::v1::get_capacity_request::Backend as CapacityBackend;
 use ublkd_proto::v1::{
-    volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest,
-    FileBackend, FileCapacity, IoPath, NullBackend, NvmeBackend, NvmeCapacity, RamBackend,
+    volume_spec::Backend, AdoptDeviceRequest, CreateVolumeRequest, DeleteOrphanRequest, IoPath,
     ResizeVolumeRequest, Toggle, VolumeSpec,
 };
 
@@ -29,8 +29,6 @@ const GLOBAL: &str = "Global options";
 const SIZE_HINT: &str =
     "expected a size such as 4096, 512Ki, 10Gi (binary, also 10GiB) or 10G (decimal, as \
      in Kubernetes)";
-const BACKEND_HINT: &str =
-    "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET|auto+LEN]";
 const DEV_ID_HINT: &str = "expected a ublk device id, the N of /dev/ublkbN";
 
 /// `--version`: the crate's version and the API it speaks.
@@ -270,8 +268,8 @@ pub struct SpecArgs {
     pub block_size: Option<u32>,
 
     /// I/O path: auto takes BATCH_IO when the kernel offers it
-    #[arg(long, value_enum, default_value_t = IoPathArg::Auto)]
-    pub io_path: IoPathArg,
+    #[arg(long, value_parser = parse_io_path, default_value = "auto")]
+    pub io_path: IoPath,
 
     /// Zero copy (UBLK_F_AUTO_BUF_REG): auto turns it on when the kernel and backend allow
     #[arg(long, value_enum, default_value_t = ToggleArg::Auto)]
@@ -303,24 +301,6 @@ impl From<ToggleArg> for Toggle {
     }
 }
 
-/// `--io-path`, the command-line spelling of [`IoPath`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IoPathArg {
-    Auto,
-    Batch,
-    PerIo,
-}
-
-impl From<IoPathArg> for IoPath {
-    fn from(arg: IoPathArg) -> Self {
-        match arg {
-            IoPathArg::Auto => IoPath::Auto,
-            IoPathArg::Batch => IoPath::Batch,
-            IoPathArg::PerIo => IoPath::PerIo,
-        }
-    }
-}
-
 impl SpecArgs {
     /// The spec of `size_bytes` with these options; absent options stay unset, the API's
     /// "server default".
@@ -331,7 +311,7 @@ impl SpecArgs {
             backend: Some(self.backend.clone()),
             queues: self.queues,
             queue_depth: self.depth,
-            io_path: IoPath::from(self.io_path).into(),
+            io_path: self.io_path.into(),
             zero_copy: Toggle::from(self.zero_copy).into(),
             poll: Toggle::from(self.poll).into(),
             qos: self.qos.to_limits(),
@@ -494,99 +474,14 @@ pub fn parse_block_size(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Reads what `capacity` asks about: `ram`, `file:/DIR` or `nvme:/dev/ngXnY`.
-pub fn parse_capacity_backend(s: &str) -> Result<CapacityBackend, String> {
-    let s = s.trim();
-    if s == "ram" {
-        return Ok(CapacityBackend::Ram(RamBackend {}));
-    }
-    if let Some(root) = s.strip_prefix("file:") {
-        return Ok(CapacityBackend::File(FileCapacity {
-            root: absolute("file", root)?,
-        }));
-    }
-    if let Some(device) = s.strip_prefix("nvme:") {
-        return Ok(CapacityBackend::Nvme(NvmeCapacity {
-            device: absolute("nvme", device)?,
-        }));
-    }
-    Err("expected ram, file:/DIR or nvme:/dev/ngXnY".into())
-}
-
-/// Reads `--backend`: `null`, `ram`, `file:/PATH`, `file+create:/PATH`,
-/// `nvme:/dev/ngXnY`, `nvme:/dev/ngXnY@OFFSET` (to the end), `nvme:/dev/ngXnY@OFFSET+LEN` or
-/// `nvme:/dev/ngXnY@auto+LEN` (placed by ublkd).
-pub fn parse_backend(s: &str) -> Result<Backend, String> {
-    let s = s.trim();
-    match s {
-        "null" => return Ok(Backend::Null(NullBackend {})),
-        "ram" => return Ok(Backend::Ram(RamBackend {})),
-        _ => {}
-    }
-    if let Some(path) = s.strip_prefix("file+create:") {
-        return Ok(Backend::File(FileBackend {
-            path: absolute("file", path)?,
-            create: true,
-        }));
-    }
-    if let Some(path) = s.strip_prefix("file:") {
-        return Ok(Backend::File(FileBackend {
-            path: absolute("file", path)?,
-            create: false,
-        }));
-    }
-    if let Some(rest) = s.strip_prefix("nvme:") {
-        let (device, window) = match rest.rsplit_once('@') {
-            Some((device, window)) => (device, Some(window)),
-            None => (rest, None),
-        };
-        let device = absolute("nvme", device)?;
-        let (offset_bytes, length_bytes) = match window {
-            None => (Some(0), 0),
-            Some(window) => {
-                let (offset, length) = window.split_once('+').unwrap_or((window, "0"));
-                // `auto`: ublkd places the window in the first free extent that fits.
-                let offset =
-                    match offset {
-                        "auto" => None,
-                        o => Some(parse_size(o).ok_or_else(|| {
-                            format!("nvme window offset {o:?}: {SIZE_HINT} or auto")
-                        })?),
-                    };
-                let length = parse_size(length)
-                    .ok_or_else(|| format!("nvme window length {length:?}: {SIZE_HINT}"))?;
-                (offset, length)
-            }
-        };
-        return Ok(Backend::Nvme(NvmeBackend {
-            device,
-            offset_bytes,
-            length_bytes,
-            keep_data: false,
-        }));
-    }
-    Err(BACKEND_HINT.to_owned())
-}
-
-/// The daemon may run on another host, so a relative path has nothing to be relative to.
-fn absolute(kind: &str, path: &str) -> Result<String, String> {
-    if path.starts_with('/') {
-        Ok(path.to_owned())
-    } else if path.is_empty() {
-        Err(format!(
-            "the {kind} backend needs a path, e.g. {kind}:/ABSOLUTE/PATH"
-        ))
-    } else {
-        Err(format!("the {kind} backend path {path:?} is not absolute"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
     use clap::CommandFactory;
+    use ublkd_proto::notation::BACKEND_HINT;
+    use ublkd_proto::v1::{FileBackend, NvmeBackend, RamBackend};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("ublkctl").chain(args.iter().copied()))
@@ -768,72 +663,6 @@ mod tests {
         assert!(matches!(cli.command, Command::Call(Call::Orphans)));
         assert_eq!(cli.output, Format::Json);
         assert!(parse(&["orphans", "3"]).is_err());
-    }
-
-    #[test]
-    fn backends_parse() {
-        assert_eq!(parse_backend("null"), Ok(Backend::Null(NullBackend {})));
-        assert_eq!(parse_backend("ram"), Ok(Backend::Ram(RamBackend {})));
-        assert_eq!(
-            parse_backend("file:/srv/a.img"),
-            Ok(Backend::File(FileBackend {
-                path: "/srv/a.img".into(),
-                create: false
-            }))
-        );
-        assert_eq!(
-            parse_backend("file+create:/srv/a.img"),
-            Ok(Backend::File(FileBackend {
-                path: "/srv/a.img".into(),
-                create: true
-            }))
-        );
-    }
-
-    #[test]
-    fn nvme_backend_takes_an_optional_window() {
-        let nvme = |device: &str, offset_bytes: Option<u64>, length_bytes| {
-            Ok(Backend::Nvme(NvmeBackend {
-                device: device.into(),
-                offset_bytes,
-                length_bytes,
-                keep_data: false,
-            }))
-        };
-        assert_eq!(
-            parse_backend("nvme:/dev/ng0n1"),
-            nvme("/dev/ng0n1", Some(0), 0)
-        );
-        assert_eq!(
-            parse_backend("nvme:/dev/ng0n1@1GiB+10GiB"),
-            nvme("/dev/ng0n1", Some(1 << 30), 10 << 30)
-        );
-        assert_eq!(
-            parse_backend("nvme:/dev/ng1n2@4096"),
-            nvme("/dev/ng1n2", Some(4096), 0)
-        );
-        // ublkd places it.
-        assert_eq!(
-            parse_backend("nvme:/dev/ng0n1@auto+1GiB"),
-            nvme("/dev/ng0n1", None, 1 << 30)
-        );
-    }
-
-    #[test]
-    fn bad_backends_say_what_is_expected() {
-        assert_eq!(parse_backend("disk:/x"), Err(BACKEND_HINT.to_owned()));
-        assert!(parse_backend("file:relative.img")
-            .unwrap_err()
-            .contains("not absolute"));
-        assert!(parse_backend("file+create:")
-            .unwrap_err()
-            .contains("needs a path"));
-        assert!(parse_backend("nvme:/dev/ng0n1@1GiB+lots")
-            .unwrap_err()
-            .contains("nvme window length \"lots\""));
-        assert!(parse_backend("nvme:/dev/ng0n1@x+1G")
-            .unwrap_err()
-            .contains("nvme window offset \"x\""));
     }
 
     #[test]

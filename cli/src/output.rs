@@ -10,7 +10,8 @@ use crate::qos::{limits_cell, limits_json, limits_text};
 use crate::snapshot::{source_json, source_text};
 use crate::writer::{fields, or_dash, pretty, table, Align};
 use serde_json::{json, Map, Value};
-use ublkd_proto::units::format_size;
+use ublkd_proto::notation::{backend_text, io_path_text};
+use ublkd_proto::units::{compact_size, format_size};
 use ublkd_proto::v1::{
     volume_spec::Backend, Capacity, IoPath, NodeInfo, OrphanDevice, PlacementReason, PollReason,
     QueuePlacement, Toggle, Volume, VolumeSpec, VolumeState, VolumeStats,
@@ -28,53 +29,14 @@ fn state_word(state: i32) -> String {
     )
 }
 
-/// `IO_PATH_PER_IO` -> `per-io`, the `--io-path` spelling.
+/// An I/O path as `--io-path` spells it (its number when this client does not know it).
 fn io_path_word(path: i32) -> String {
-    IoPath::try_from(path).map_or_else(
-        |_| path.to_string(),
-        |p| {
-            p.as_str_name()
-                .trim_start_matches("IO_PATH_")
-                .to_ascii_lowercase()
-                .replace('_', "-")
-        },
-    )
+    IoPath::try_from(path).map_or_else(|_| path.to_string(), |p| io_path_text(p).to_owned())
 }
 
 /// A proto enum as JSON: its value name, or its number when this client does not know it.
 fn enum_json(name: Option<&str>, value: i32) -> Value {
     name.map_or_else(|| json!(value), |n| json!(n))
-}
-
-/// A size as `--backend` windows take it: `1GiB` when exact, else bytes.
-fn compact_size(bytes: u64) -> String {
-    let text = format_size(bytes);
-    if text.contains('.') {
-        bytes.to_string()
-    } else {
-        text.replace(' ', "")
-    }
-}
-
-/// A backend in the `--backend` syntax, so what `list-volumes` shows can be pasted back.
-pub fn backend_text(backend: Option<&Backend>) -> String {
-    match backend {
-        None => "-".into(),
-        Some(Backend::Null(_)) => "null".into(),
-        Some(Backend::Ram(_)) => "ram".into(),
-        Some(Backend::File(f)) if f.create => format!("file+create:{}", f.path),
-        Some(Backend::File(f)) => format!("file:{}", f.path),
-        Some(Backend::Nvme(n)) => match (n.offset_bytes.unwrap_or(0), n.length_bytes) {
-            (0, 0) => format!("nvme:{}", n.device),
-            (offset, 0) => format!("nvme:{}@{}", n.device, compact_size(offset)),
-            (offset, len) => format!(
-                "nvme:{}@{}+{}",
-                n.device,
-                compact_size(offset),
-                compact_size(len)
-            ),
-        },
-    }
 }
 
 fn or_default(n: Option<u32>) -> String {
@@ -630,7 +592,6 @@ mod tests {
         assert!(with.starts_with("ID"));
         assert_eq!(orphans_table(&[], false), "");
     }
-    use crate::args::parse_backend;
     use ublkd_proto::v1::{volume_spec::Source, FileBackend, OpStats, QosLimits, RamBackend};
 
     fn sample() -> Volume {
@@ -786,23 +747,6 @@ created:     2023-11-14T22:13:20Z";
         assert!(volumes_table(&[v.clone()], true).contains(" 42 "));
         let j: Value = serde_json::from_str(&volume_json(&v)).unwrap();
         assert_eq!(j["state"], 42);
-    }
-
-    #[test]
-    fn backend_text_round_trips_through_the_parser() {
-        for s in [
-            "null",
-            "ram",
-            "file:/a",
-            "file+create:/b c",
-            "nvme:/dev/ng0n1",
-            "nvme:/dev/ng0n1@1GiB",
-            "nvme:/dev/ng0n1@0B+10GiB",
-            "nvme:/dev/ng0n1@4097+1536",
-        ] {
-            let backend = parse_backend(s).unwrap();
-            assert_eq!(backend_text(Some(&backend)), s);
-        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! | `namespace` | (nvme) the namespace's char device, `/dev/ngXnY` | required for nvme |
 //! | `queues`, `queueDepth` | numbers | ublkd's defaults |
 //! | `blockSize` | `512`, `4096` | `4096` |
-//! | `ioPath` | `auto`, `batch`, `per_io` | `auto` |
+//! | `ioPath` | `auto`, `batch`, `per-io` (`per_io` is read too) | `auto` |
 //! | `zeroCopy`, `poll` | `auto`, `on`, `off` | `auto` (poll: only on CPUs dedicated to ublkd's workers) |
 //! | `fsType` | `ext4`, `xfs` | `ext4` (a capability's own fs_type wins) |
 //! | `readIops`, `writeIops` | I/Os per second (`qos`) | unlimited |
@@ -22,6 +22,7 @@ use crate::error::CsiError;
 use crate::qos::{self, QosChange};
 use std::collections::HashMap;
 use ublkd_client::v1;
+use ublkd_proto::notation;
 
 /// The file systems the driver makes and grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,10 +160,10 @@ impl Params {
             Some(other) => return Err(bad("blockSize", other, "512 or 4096")),
         };
         let io_path = match get("ioPath") {
-            None | Some("auto") => v1::IoPath::Auto,
-            Some("batch") => v1::IoPath::Batch,
-            Some("per_io") => v1::IoPath::PerIo,
-            Some(other) => return Err(bad("ioPath", other, "auto, batch or per_io")),
+            None => v1::IoPath::Auto,
+            Some(p) => {
+                notation::parse_io_path(p).map_err(|_| bad("ioPath", p, "auto, batch or per-io"))?
+            }
         };
         Ok(Params {
             backend,
@@ -281,6 +282,11 @@ mod tests {
         );
         let ram = params(&[("backend", "ram")]).unwrap();
         assert_eq!(ram.block_size, 4096);
+        // ublkctl's spelling, and the one this table first documented.
+        for p in ["per-io", "per_io"] {
+            let got = params(&[("backend", "ram"), ("ioPath", p)]).unwrap();
+            assert_eq!(got.io_path, v1::IoPath::PerIo, "{p}");
+        }
         assert_eq!(ram.spec("r", 4096).qos, None, "no limits unless asked");
         for bad in [
             &[][..],
@@ -291,6 +297,7 @@ mod tests {
             &[("backend", "ram"), ("blockSize", "1024")],
             &[("backend", "ram"), ("queues", "0")],
             &[("backend", "ram"), ("poll", "yes")],
+            &[("backend", "ram"), ("ioPath", "perio")],
             &[("backend", "ram"), ("fsType", "btrfs")],
             &[("backend", "ram"), ("queue_depth", "8")],
             &[("backend", "ram"), ("readIops", "many")],

@@ -23,6 +23,8 @@ pub enum IoPath {
     /// PREP / multishot FETCH / COMMIT of many tags per command (UBLK_F_BATCH_IO).
     Batch,
     /// FETCH_REQ / COMMIT_AND_FETCH_REQ per tag (every ublk kernel).
+    /// Named `per-io` (logs, metric labels, `ublkd run`). The registry keeps storing
+    /// `per_io`, which every release reads (older ones would refuse `per-io`), and reads both.
     #[cfg_attr(feature = "serde", serde(alias = "per-io"))]
     PerIo,
 }
@@ -32,7 +34,7 @@ impl IoPath {
         match self {
             IoPath::Auto => "auto",
             IoPath::Batch => "batch",
-            IoPath::PerIo => "per_io",
+            IoPath::PerIo => "per-io",
         }
     }
 

@@ -7,6 +7,7 @@
 //! prints sizes, `is_volume_id` is the id rule). Both sides convert to their own types.
 #![forbid(unsafe_code)]
 
+pub mod notation;
 pub mod units;
 
 /// Whether `id` is a valid volume id: a DNS label, 1-63 of `[a-z0-9-]`, starting and ending

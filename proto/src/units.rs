@@ -45,6 +45,17 @@ pub fn parse_rate(s: &str) -> Option<u64> {
     parse_size(s.strip_suffix("/s").unwrap_or(s))
 }
 
+/// A size as short as it can be written exactly, with no space (`1GiB`, `512KiB`), else its
+/// bytes (`4097`): what a notation that is parsed back needs.
+pub fn compact_size(bytes: u64) -> String {
+    let text = format_size(bytes);
+    if text.contains('.') {
+        bytes.to_string()
+    } else {
+        text.replace(' ', "")
+    }
+}
+
 /// Formats `bytes` with the largest binary unit that divides it exactly, else one decimal.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

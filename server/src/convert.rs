@@ -118,13 +118,6 @@ pub fn toggle_to_proto(t: Toggle) -> v1::Toggle {
     }
 }
 
-/// `auto`, `batch` or `per-io` (also `per_io`), as `ublkd run` takes them.
-pub fn io_path_from_name(s: &str) -> Option<IoPath> {
-    [IoPath::Auto, IoPath::Batch, IoPath::PerIo]
-        .into_iter()
-        .find(|p| p.name() == s || (*p == IoPath::PerIo && s == "per-io"))
-}
-
 /// `auto`, `on` or `off`.
 pub fn toggle_from_name(s: &str) -> Option<Toggle> {
     [Toggle::Auto, Toggle::On, Toggle::Off]
@@ -256,19 +249,22 @@ pub fn poll_reason_to_proto(r: ublkd_dataplane::PollReason) -> v1::PollReason {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
     fn api_enums_round_trip_and_unknown_numbers_are_none() {
         for p in [IoPath::Auto, IoPath::Batch, IoPath::PerIo] {
             assert_eq!(io_path_from_proto(io_path_to_proto(p) as i32), Some(p));
-            assert_eq!(io_path_from_name(p.name()), Some(p));
+            // The dataplane's name (logs, metric labels, records) is the API notation's.
+            let api = ublkd_proto::notation::parse_io_path(p.name()).unwrap();
+            assert_eq!(io_path_from_proto(api as i32), Some(p));
         }
         for t in [Toggle::Auto, Toggle::On, Toggle::Off] {
             assert_eq!(toggle_from_proto(toggle_to_proto(t) as i32), Some(t));
             assert_eq!(toggle_from_name(t.name()), Some(t));
         }
-        assert_eq!(io_path_from_name("per-io"), Some(IoPath::PerIo));
         assert_eq!(io_path_from_proto(99), None);
         assert_eq!(toggle_from_proto(-1), None);
         assert_eq!(toggle_from_name("yes"), None);

@@ -36,8 +36,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tokio::sync::watch;
 use ublkd_dataplane::{BackendSpec, DeviceSpec, Handle, Toggle};
+use ublkd_proto::notation;
 use ublkd_proto::v1::{
-    node_service_server::NodeServiceServer, volume_service_server::VolumeServiceServer,
+    self as v1, node_service_server::NodeServiceServer, volume_service_server::VolumeServiceServer,
 };
 
 /// Largest request ublkd decodes: volume specs are tiny, anything bigger is refused.
@@ -92,9 +93,10 @@ struct RunArgs {
     /// Size: 1Gi or 1GiB (binary), 1G (decimal); rounded up to whole blocks
     #[arg(long)]
     size: String,
-    /// null, ram, file:PATH or nvme:/dev/ngXnY (the whole namespace).
-    #[arg(long, default_value = "null")]
-    backend: String,
+    /// null, ram, file:/PATH, file+create:/PATH, nvme:/dev/ngXnY[@OFFSET[+LEN]]: ublkctl's
+    /// notation (`auto` windows need ublkd's registry and are refused here).
+    #[arg(long, default_value = "null", value_parser = notation::parse_backend)]
+    backend: v1::volume_spec::Backend,
     #[arg(long, default_value_t = 1)]
     queues: u16,
     #[arg(long, default_value_t = 128)]
@@ -102,8 +104,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 4096)]
     block_size: u32,
     /// auto, batch or per-io.
-    #[arg(long, default_value = "auto")]
-    io_path: String,
+    #[arg(long, default_value = "auto", value_parser = notation::parse_io_path)]
+    io_path: v1::IoPath,
     /// Zero copy: auto, on or off.
     #[arg(long, default_value = "auto")]
     zero_copy: String,
@@ -177,30 +179,58 @@ fn termination() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     })
 }
 
+/// What `ublkd run` serves for `--backend` (read in ublkctl's notation): the dataplane's spec.
+/// A `file+create:` file is made or extended to `size`.
+fn run_backend(b: &v1::volume_spec::Backend, size: u64) -> anyhow::Result<BackendSpec> {
+    use v1::volume_spec::Backend as B;
+    Ok(match b {
+        B::Null(_) => BackendSpec::Null,
+        B::Ram(_) => BackendSpec::Ram { path: None },
+        B::File(f) => {
+            if f.create {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&f.path)
+                    .with_context(|| format!("creating {}", f.path))?;
+                if file.metadata()?.len() < size {
+                    file.set_len(size)
+                        .with_context(|| format!("extending {}", f.path))?;
+                }
+            }
+            BackendSpec::File {
+                path: f.path.clone().into(),
+            }
+        }
+        B::Nvme(n) => {
+            let window = match (n.offset_bytes, n.length_bytes) {
+                (Some(0), 0) => None,
+                (Some(offset), len) => Some(ublkd_dataplane::Window {
+                    offset,
+                    len: if len == 0 { size } else { len },
+                }),
+                (None, _) => {
+                    bail!("ublkd run has no registry to place an `auto` window in: give its offset")
+                }
+            };
+            BackendSpec::Nvme {
+                path: n.device.clone().into(),
+                window,
+                keep_data: false,
+            }
+        }
+    })
+}
+
 fn run_one(args: RunArgs) -> anyhow::Result<()> {
     // Rounded up to whole blocks, as ublkctl does: `--size 1G` is 10^9 bytes, then some.
     let size = ublkd_proto::units::parse_size(&args.size)
         .and_then(|n| n.checked_next_multiple_of(u64::from(args.block_size.max(1))))
         .with_context(|| format!("bad --size {:?}", args.size))?;
-    let backend = match args.backend.as_str() {
-        "null" => BackendSpec::Null,
-        "ram" => BackendSpec::Ram { path: None },
-        other => match (other.strip_prefix("file:"), other.strip_prefix("nvme:")) {
-            (Some(p), _) if !p.is_empty() => BackendSpec::File { path: p.into() },
-            (_, Some(p)) if !p.is_empty() => BackendSpec::Nvme {
-                path: p.into(),
-                window: None,
-                keep_data: false,
-            },
-            _ => bail!("unknown backend {other:?}: expected null, ram, file:PATH or nvme:PATH"),
-        },
-    };
-    let io_path = convert::io_path_from_name(&args.io_path).with_context(|| {
-        format!(
-            "unknown --io-path {:?}: expected auto, batch or per-io",
-            args.io_path
-        )
-    })?;
+    let backend = run_backend(&args.backend, size)?;
+    let io_path =
+        convert::io_path_from_proto(args.io_path.into()).context("--io-path names no I/O path")?;
     let spec = DeviceSpec {
         size_bytes: size,
         backend,

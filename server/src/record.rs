@@ -1,7 +1,8 @@
 //! A volume as the server keeps it across restarts: the record in the volume registry
 //! (`<state_dir>/registry/`, one JSON file per volume), from which a restart brings it back.
 //!
-//! Spec choices are the dataplane's own enums, stored by name (`"auto"`, `"per_io"`, `"on"`):
+//! Spec choices are the dataplane's own enums, stored by name (`"auto"`, `"per_io"`, `"on"`;
+//! `"per-io"`, the notation's spelling, is read too):
 //! the very strings releases before them wrote, so their files load unchanged.
 
 use crate::registry::{Record, Registry, RegistryError};
