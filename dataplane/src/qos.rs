@@ -2,16 +2,25 @@
 //! device's queues (which may sit on different workers), refilled from the caller's clock.
 //!
 //! Only limited devices have a [`Throttle`]: an unlimited device's queues hold `None` and their
-//! requests pay one branch, no clock read, no lock. A limited device's requests take a mutex
-//! that is uncontended unless two of its queues admit at the same instant.
+//! requests pay one branch, no clock read. A limited device's queues, which may be served by
+//! different workers, share its buckets without a lock: each bucket is one atomic word, so no
+//! worker ever waits for another to admit a request.
+//!
+//! Each bucket is kept as its theoretical arrival time (GCRA): the instant `tat` at which it
+//! would be full again if nothing more were taken. A bucket of rate `r` holding `burst` of it
+//! has `(now + burst - tat) * r` tokens, so it is not empty while `tat < now + burst`, and
+//! taking `cost` tokens moves `tat` to `max(tat, now) + cost / r` (the `max` is the cap at a
+//! full bucket). Taking is one compare-and-swap, and the one word is the whole state.
 //!
 //! Buckets allow debt: a request is admitted when its buckets are not empty and then takes its
 //! whole cost, so a request larger than the bucket still goes (and the next ones wait longer).
+//! Two workers admitting at the same instant may both see the last token and both take it:
+//! debt again, repaid by the next requests' waits, so the rate over time holds.
 //! Requests the buckets refuse wait in their worker ([`Throttle::admit`] says how long); a
 //! queue has at most its depth of them, so the wait is bounded by the queue depth.
 
 use crate::stats::OpKind;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The bucket never holds less than this much of its rate, so a worker woken a little late
@@ -98,120 +107,135 @@ pub fn charged_bytes(op: OpKind, len: u32) -> u64 {
     }
 }
 
-/// One token bucket. `rate` 0: unlimited.
-#[derive(Debug, Clone, Copy, Default)]
+const NANOS: f64 = 1e9;
+
+/// One token bucket: its rate (per second; 0, unlimited) and its theoretical arrival time (ns
+/// after the throttle's epoch).
+#[derive(Debug, Default)]
 struct Bucket {
-    rate: f64,
-    depth: f64,
-    tokens: f64,
+    rate: AtomicU64,
+    tat: AtomicU64,
 }
 
 impl Bucket {
-    fn new(rate: u64, burst: Duration) -> Self {
-        let rate = rate as f64;
-        let depth = rate * burst.max(MIN_DEPTH).as_secs_f64();
-        Self {
-            rate,
-            depth,
-            tokens: depth,
-        }
+    /// Sets the rate and fills the bucket (`tat` at the epoch is at or before any `now`).
+    fn reset(&self, rate: u64) {
+        self.rate.store(rate, Ordering::Relaxed);
+        self.tat.store(0, Ordering::Relaxed);
     }
 
-    fn refill(&mut self, secs: f64) {
-        if self.rate > 0.0 {
-            self.tokens = (self.tokens + self.rate * secs).min(self.depth);
+    /// The nanoseconds until the bucket holds a whole token, if it is empty at `now`; `None`
+    /// when it is not empty (or unlimited).
+    fn wait(&self, now: u64, burst: u64) -> Option<f64> {
+        let rate = self.rate.load(Ordering::Relaxed);
+        let tat = self.tat.load(Ordering::Relaxed);
+        if rate == 0 || tat < now.saturating_add(burst) {
+            return None;
         }
+        // One token is there at `tat - burst + 1/r`.
+        Some((tat - burst) as f64 + NANOS / rate as f64 - now as f64)
     }
 
-    /// How long until the bucket is not empty (zero: now).
-    fn wait(&self) -> f64 {
-        if self.rate == 0.0 || self.tokens > 0.0 {
-            0.0
-        } else {
-            (1.0 - self.tokens) / self.rate
+    fn take(&self, now: u64, cost: u64) {
+        let rate = self.rate.load(Ordering::Relaxed);
+        if rate == 0 {
+            return;
         }
-    }
-
-    fn take(&mut self, cost: f64) {
-        if self.rate > 0.0 {
-            self.tokens -= cost;
-        }
-    }
-}
-
-#[derive(Debug)]
-struct State {
-    limits: QosLimits,
-    /// `[read, write]` × `[iops, bytes]`.
-    buckets: [[Bucket; 2]; 2],
-    last: Instant,
-}
-
-impl State {
-    fn new(limits: QosLimits, now: Instant) -> Self {
-        let b = limits.burst();
-        Self {
-            limits,
-            buckets: [
-                [
-                    Bucket::new(limits.read_iops, b),
-                    Bucket::new(limits.read_bytes_per_sec, b),
-                ],
-                [
-                    Bucket::new(limits.write_iops, b),
-                    Bucket::new(limits.write_bytes_per_sec, b),
-                ],
-            ],
-            last: now,
+        let span = (cost as f64 * NANOS / rate as f64) as u64;
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let next = tat.max(now).saturating_add(span);
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(seen) => tat = seen,
+            }
         }
     }
 }
 
-/// The shared buckets of one limited device.
+/// The shared buckets of one limited device: `[read, write]` × `[iops, bytes]`.
 #[derive(Debug)]
 pub struct Throttle {
-    state: Mutex<State>,
+    /// The zero of every bucket's `tat`.
+    epoch: Instant,
+    /// What a full bucket holds, as time at its rate (the burst, at least [`MIN_DEPTH`]).
+    burst_ns: AtomicU64,
+    /// The limits in force, to tell a change from a repeat (`set_limits`).
+    limits: [AtomicU64; 4],
+    burst_ms: AtomicU32,
+    buckets: [[Bucket; 2]; 2],
 }
 
 impl Throttle {
     pub fn new(limits: QosLimits) -> Self {
-        Self {
-            state: Mutex::new(State::new(limits, Instant::now())),
+        let t = Self {
+            epoch: Instant::now(),
+            burst_ns: AtomicU64::new(0),
+            limits: Default::default(),
+            burst_ms: AtomicU32::new(0),
+            buckets: Default::default(),
+        };
+        t.install(limits);
+        t
+    }
+
+    fn install(&self, l: QosLimits) {
+        let burst = l.burst().max(MIN_DEPTH).as_nanos();
+        self.burst_ns
+            .store(u64::try_from(burst).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let rates = [
+            l.read_iops,
+            l.read_bytes_per_sec,
+            l.write_iops,
+            l.write_bytes_per_sec,
+        ];
+        for (i, rate) in rates.into_iter().enumerate() {
+            self.limits[i].store(rate, Ordering::Relaxed);
+            self.buckets[i / 2][i % 2].reset(rate);
+        }
+        self.burst_ms.store(l.burst_ms, Ordering::Relaxed);
+    }
+
+    fn current(&self) -> QosLimits {
+        let rate = |i: usize| self.limits[i].load(Ordering::Relaxed);
+        QosLimits {
+            read_iops: rate(0),
+            read_bytes_per_sec: rate(1),
+            write_iops: rate(2),
+            write_bytes_per_sec: rate(3),
+            burst_ms: self.burst_ms.load(Ordering::Relaxed),
         }
     }
 
-    /// New limits, in effect for the next request; the buckets start full.
+    /// New limits, in effect for the next request; the buckets start full. Called by one
+    /// thread at a time (the control thread); a request admitted meanwhile is charged at the
+    /// old rates or the new.
     pub fn set_limits(&self, limits: QosLimits) {
-        let mut s = self.lock();
-        if s.limits != limits {
-            *s = State::new(limits, Instant::now());
+        if self.current() != limits {
+            self.install(limits);
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A worker that panicked holding the lock left the buckets consistent (plain numbers).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Admits a request of `bytes` in direction `dir` at `now` (taking its tokens), or says
     /// how long to wait before asking again (at most [`MAX_WAIT`]).
     pub fn admit(&self, dir: Direction, bytes: u64, now: Instant) -> Result<(), Duration> {
-        let mut s = self.lock();
-        let secs = now.saturating_duration_since(s.last).as_secs_f64();
-        if secs > 0.0 {
-            for b in s.buckets.iter_mut().flatten() {
-                b.refill(secs);
-            }
-            s.last = now;
-        }
-        let pair = &mut s.buckets[dir.index()];
-        let wait = pair[0].wait().max(pair[1].wait());
-        if wait > 0.0 {
-            let d = Duration::from_secs_f64(wait);
+        let now =
+            u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        let burst = self.burst_ns.load(Ordering::Relaxed);
+        let [iops, data] = &self.buckets[dir.index()];
+        let wait = match (iops.wait(now, burst), data.wait(now, burst)) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
+        };
+        if let Some(ns) = wait {
+            let d = Duration::from_nanos(ns.max(0.0) as u64);
             return Err(d.clamp(MIN_WAIT, MAX_WAIT));
         }
-        pair[0].take(1.0);
-        pair[1].take(bytes as f64);
+        iops.take(now, 1);
+        data.take(now, bytes);
         Ok(())
     }
 }
@@ -319,6 +343,40 @@ mod tests {
         assert_eq!(t.admit(Direction::Read, 0, now), Err(MAX_WAIT));
         t.set_limits(limits(1_000_000, 0));
         assert!(t.admit(Direction::Read, 0, now).is_ok());
+    }
+
+    /// Four workers admitting from one full bucket at the same instant: the bucket's 100
+    /// tokens go, no more than one extra per other worker (the documented debt), none lost.
+    #[test]
+    fn workers_share_the_buckets_without_a_lock() {
+        let t = std::sync::Arc::new(Throttle::new(QosLimits {
+            read_iops: 1000,
+            burst_ms: 100,
+            ..QosLimits::default()
+        }));
+        let now = Instant::now();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let t = std::sync::Arc::clone(&t);
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while t.admit(Direction::Read, 4096, now).is_ok() {
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .map(|h| h.join().unwrap_or(0))
+            .collect();
+        let n: u64 = threads.iter().sum();
+        assert!((100..=103).contains(&n), "admitted {n} ({threads:?})");
+        // And the debt is repaid: 100 ms later about 100 more, not 200.
+        let later = now + Duration::from_millis(100);
+        let mut more = 0;
+        while t.admit(Direction::Read, 4096, later).is_ok() {
+            more += 1;
+        }
+        assert!((97..=100).contains(&more), "then {more}");
     }
 
     #[test]
