@@ -94,10 +94,14 @@ fn bump(c: &AtomicU64, n: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
-/// A single-writer histogram: a count per upper bound, one for larger values (`N` = bounds + 1),
-/// and the sum of the observed values.
+/// The one histogram of ublkd: a count per upper bound, one for larger values (`N` = bounds +
+/// 1), and the sum of the observed values, all relaxed atomics that any thread may read.
+///
+/// Two ways to write it: `observe` for a histogram only one thread writes (a queue's, on its
+/// worker: a load and a store, no locked instruction on the I/O path), `observe_shared` for
+/// one that several threads write (an atomic add each).
 #[derive(Debug)]
-struct Histogram<const N: usize> {
+pub struct Histogram<const N: usize> {
     counts: [AtomicU64; N],
     sum: AtomicU64,
 }
@@ -112,18 +116,28 @@ impl<const N: usize> Default for Histogram<N> {
 }
 
 impl<const N: usize> Histogram<N> {
-    fn observe(&self, bounds: &[u64], v: u64) {
-        let b = bounds
+    fn bucket(bounds: &[u64], v: u64) -> usize {
+        bounds
             .iter()
             .position(|&ub| v <= ub)
             .unwrap_or(bounds.len())
-            .min(N - 1);
-        bump(&self.counts[b], 1);
+            .min(N - 1)
+    }
+
+    /// Counts `v` against `bounds`; only ever called from one thread.
+    pub fn observe(&self, bounds: &[u64], v: u64) {
+        bump(&self.counts[Self::bucket(bounds, v)], 1);
         bump(&self.sum, v);
     }
 
+    /// Counts `v` against `bounds`, from any thread.
+    pub fn observe_shared(&self, bounds: &[u64], v: u64) {
+        self.counts[Self::bucket(bounds, v)].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(v, Ordering::Relaxed);
+    }
+
     /// Non-cumulative counts and the sum.
-    fn load(&self) -> (Vec<u64>, u64) {
+    pub fn load(&self) -> (Vec<u64>, u64) {
         (
             self.counts
                 .iter()
@@ -385,6 +399,32 @@ impl Latency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_counts_each_value_under_its_first_bound_and_larger_ones_last() {
+        const BOUNDS: [u64; 3] = [10, 100, 1000];
+        let h = Histogram::<4>::default();
+        for v in [0, 10, 11, 100, 5000] {
+            h.observe(&BOUNDS, v);
+        }
+        assert_eq!(h.load(), (vec![2, 2, 0, 1], 5121));
+        // Written from several threads at once, nothing is lost.
+        let shared = std::sync::Arc::new(Histogram::<4>::default());
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let h = std::sync::Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        h.observe_shared(&BOUNDS, 50);
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            assert!(w.join().is_ok());
+        }
+        assert_eq!(shared.load(), (vec![0, 40_000, 0, 0], 2_000_000));
+    }
 
     #[test]
     fn cleanup_failures_are_counted_per_step_under_distinct_names() {

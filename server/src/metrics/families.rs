@@ -5,7 +5,6 @@ use super::text::{family, Kind};
 use crate::record::BackendRecord;
 use crate::volume::{State, Volume};
 use crate::volumes::Volumes;
-use std::sync::atomic::Ordering::Relaxed;
 use ublkd_dataplane::stats::{CleanupStep, BATCH_BOUNDS, LATENCY_BOUNDS};
 use ublkd_dataplane::{DeviceStats, OpKind};
 
@@ -160,28 +159,21 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
         Kind::Gauge,
         |f| f.gauge(&[], all.len() as f64),
     );
-    let r = &volumes.recoveries;
+    let (counts, sum_ns) = volumes.recoveries.durations.load();
     family(
         out,
         "ublkd_volume_recoveries_total",
         "Kernel devices taken over from a previous ublkd (after a crash or an upgrade)",
         Kind::Counter,
-        |f| f.counter(&[], r.total.load(Relaxed) as f64),
+        |f| f.counter(&[], counts.iter().sum::<u64>() as f64),
     );
-    let counts: Vec<u64> = r.buckets.iter().map(|b| b.load(Relaxed)).collect();
+    let bounds = crate::volumes::RECOVERY_BOUNDS_NS.map(|ns| ns as f64 / 1e9);
     family(
         out,
         "ublkd_volume_recovery_duration_seconds",
         "Time to take over one device: start of recovery to I/O flowing",
         Kind::Histogram,
-        |f| {
-            f.histogram(
-                &[],
-                &crate::volumes::RECOVERY_BOUNDS,
-                &counts,
-                r.sum_ns.load(Relaxed) as f64 / 1e9,
-            )
-        },
+        |f| f.histogram(&[], &bounds, &counts, sum_ns as f64 / 1e9),
     );
     family(
         out,

@@ -19,35 +19,38 @@ use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
-use ublkd_dataplane::stats::CleanupStep;
+use ublkd_dataplane::stats::{CleanupStep, Histogram};
 use ublkd_dataplane::{DataplaneError, DevId, DeviceStats, Features, Handle, WorkerSnapshot};
 
-/// Upper bounds (seconds) of the recovery-duration histogram.
-pub const RECOVERY_BOUNDS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Upper bounds (nanoseconds) of the recovery-duration histogram: 10 ms to 10 s.
+pub const RECOVERY_BOUNDS_NS: [u64; 10] = [
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
 
-/// Counters of device take-overs after a restart or crash.
+/// Device take-overs after a restart or crash, and how long each took (several restores may
+/// record at once).
 #[derive(Debug, Default)]
 pub struct RecoveryStats {
-    pub total: AtomicU64,
-    pub buckets: [AtomicU64; 11],
-    pub sum_ns: AtomicU64,
+    pub durations: Histogram<11>,
 }
 
 impl RecoveryStats {
     fn record(&self, took: Duration) {
-        self.total.fetch_add(1, Ordering::Relaxed);
-        let secs = took.as_secs_f64();
-        let b = RECOVERY_BOUNDS
-            .iter()
-            .position(|&ub| secs <= ub)
-            .unwrap_or(RECOVERY_BOUNDS.len());
-        self.buckets[b].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns
-            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.durations.observe_shared(&RECOVERY_BOUNDS_NS, ns);
     }
 }
 
