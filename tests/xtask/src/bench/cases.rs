@@ -22,8 +22,11 @@ pub const CONTROL_SIZE: &str = "64MiB";
 pub const CONTROL_DEPTH: u32 = 32;
 /// Where the control-plane daemon serves metrics (the bench never scrapes them).
 pub const CONTROL_METRICS: &str = "127.0.0.1:9581";
-/// Guest seconds budgeted for the control-plane run (200 ublkctl calls under TCG, with margin).
-pub const CONTROL_BUDGET_SECS: u64 = 300;
+/// Creates and deletes timed again while fio keeps the workers busy (a command's round trip to
+/// a loaded worker).
+pub const CONTROL_LOAD_CALLS: usize = 20;
+/// Guest seconds budgeted for the control-plane run (240 ublkctl calls under TCG, with margin).
+pub const CONTROL_BUDGET_SECS: u64 = 360;
 
 /// The CSI run: `ublkd-csi` in front of a ublkd, driven as the provisioner and kubelet would.
 pub const CSI_RUN: &str = "ublkd-csi";

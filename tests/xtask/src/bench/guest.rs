@@ -4,8 +4,8 @@
 
 use super::cases::{
     ab_order, recovery_run, Build, Plan, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH,
-    CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL,
-    CSI_RUN, CSI_VOLUMES, DEPTH, NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN,
+    CONTROL_LOAD_CALLS, CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS,
+    CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, DEPTH, NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN,
     QOS_RUNTIME_SECS, QOS_SIZE, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE,
     RECOVERY_VOLUMES, RUNS, SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS,
     SNAPSHOT_REPEATS, SNAPSHOT_RUN, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE,
@@ -38,6 +38,7 @@ pub fn guest_script(
     let mut s = String::from("set -u\n");
     let _ = writeln!(s, "RUNTIME={runtime}");
     let _ = writeln!(s, "BACKING_BYTES={BACKING_BYTES}");
+    let _ = writeln!(s, "LOAD_CALLS={CONTROL_LOAD_CALLS}");
     let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
     let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
     s.push_str("UBLKD_NEW=$UBLKD\n");

@@ -1,7 +1,7 @@
 # shellcheck shell=sh
 # The shell functions of the bench's guest script (see guest.rs, which includes this file). The
 # guest runs the script with /bin/sh (dash), so this is POSIX sh. The generated script sets, before
-# this: RUNTIME (seconds per fio job), BACKING_BYTES, KUBLK, UBLKD and UBLKCTL (binaries, empty
+# this: RUNTIME (seconds per fio job), BACKING_BYTES, LOAD_CALLS, KUBLK, UBLKD and UBLKCTL (binaries, empty
 # when missing), SOCK; and defines after it: run_workloads RUN DEVICE PIDS, qos_jobs (one qos_job
 # per limit), then one line per case.
 OUT="$UBLKD_VM_RUN"
@@ -273,6 +273,44 @@ for _ in range(10):
     print(t1 - t0)
 PY
     [ -s "$d/scrape_error" ] || rm -f "$d/scrape_error"
+
+    # Round trips to busy workers: a create hands the new queue to a worker and waits for its
+    # answer (the worker reads commands between completions), a delete tears the queue down
+    # through it. Timed again while fio keeps the workers busy on the first two volumes
+    # (load_create.ns, load_delete.ns: NAME NS; load.json: fio's report of the load).
+    # shellcheck disable=SC2046
+    set -- $(awk 'NR <= 2 { print $2 }' "$d/create.ns")
+    if [ $# -eq 2 ]; then
+        # shellcheck disable=SC2086
+        fio $FIO_ENGINE --bs=4k --rw=randread --iodepth=32 --norandommap --time_based \
+            --runtime=300 --output-format=json --output="$d/load.json" \
+            --name=load0 --filename="$1" --name=load1 --filename="$2" > "$d/load.log" 2>&1 &
+        fio_pid=$!
+        sleep 2
+        : > "$d/load_create.ns"; : > "$d/load_delete.ns"
+        k=1
+        while [ $k -le "$LOAD_CALLS" ] && kill -0 "$fio_pid" 2> /dev/null; do
+            name=$(printf 'l%03d' "$k")
+            t0=$(date +%s%N)
+            ctl create-volume "$name" --size 64MiB --backend null --depth 32 \
+                > /dev/null 2>> "$d/load.err" || { echo "create-volume $name failed under load: $(tail_of "$d/load.err")" > "$d/load_error"; break; }
+            t1=$(date +%s%N)
+            ctl delete-volume "$name" > /dev/null 2>> "$d/load.err" ||
+                { echo "delete-volume $name failed under load: $(tail_of "$d/load.err")" > "$d/load_error"; break; }
+            t2=$(date +%s%N)
+            echo "$name $((t1 - t0))" >> "$d/load_create.ns"
+            echo "$name $((t2 - t1))" >> "$d/load_delete.ns"
+            k=$((k + 1))
+        done
+        if [ ! -e "$d/load_error" ] && ! kill -0 "$fio_pid" 2> /dev/null; then
+            echo "the fio load ended before the timed calls did: $(tail_of "$d/load.log")" > "$d/load_error"
+        fi
+        kill -INT "$fio_pid" 2> /dev/null
+        wait "$fio_pid"
+        note "$run: $(wc -l < "$d/load_create.ns") creates and deletes timed under load"
+    else
+        echo "fewer than 2 volumes to load" > "$d/load_error"
+    fi
 
     : > "$d/delete.ns"
     # ns: the rest of the line, so that dev is the device alone.

@@ -1,6 +1,7 @@
 //! Reading what the control-plane run left: daemon RSS and per-call latencies.
 
-use crate::bench::cases::{CONTROL_RUN, CONTROL_VOLUMES};
+use crate::bench::cases::{CONTROL_LOAD_CALLS, CONTROL_RUN, CONTROL_VOLUMES};
+use serde_json::Value;
 use std::fs;
 use std::path::Path;
 
@@ -17,6 +18,11 @@ pub struct Control {
     pub delete_ms: Result<Vec<f64>, String>,
     /// Each `GET /metrics` with all volumes present, in ms.
     pub scrape_ms: Result<Vec<f64>, String>,
+    /// The same creates and deletes (`CONTROL_LOAD_CALLS` of each) while fio kept the workers
+    /// busy, in ms, and the IOPS that load ran at: a command's round trip to a loaded worker.
+    pub load_create_ms: Result<Vec<f64>, String>,
+    pub load_delete_ms: Result<Vec<f64>, String>,
+    pub load_iops: Result<f64, String>,
     /// The daemon did not exit 0 within 30 s of SIGTERM.
     pub teardown: Option<String>,
 }
@@ -30,8 +36,38 @@ impl Control {
             create_ms: Err(why.to_owned()),
             delete_ms: Err(why.to_owned()),
             scrape_ms: Err(why.to_owned()),
+            load_create_ms: Err(why.to_owned()),
+            load_delete_ms: Err(why.to_owned()),
+            load_iops: Err(why.to_owned()),
             teardown,
         }
+    }
+}
+
+/// The IOPS of every job in fio's JSON report together (reads, writes and trims).
+pub fn parse_load_iops(text: &str) -> Result<f64, String> {
+    let start = text
+        .find('{')
+        .ok_or("no JSON in fio's report of the load")?;
+    let v: Value = serde_json::from_str(&text[start..])
+        .map_err(|e| format!("bad JSON in fio's report of the load: {e}"))?;
+    let jobs = v["jobs"]
+        .as_array()
+        .filter(|j| !j.is_empty())
+        .ok_or("no job in fio's report of the load")?;
+    let mut iops = 0.0;
+    for job in jobs {
+        if let Some(err) = job["error"].as_i64().filter(|&e| e != 0) {
+            return Err(format!("the fio load reported error {err}"));
+        }
+        for dir in ["read", "write", "trim"] {
+            iops += job[dir]["iops"].as_f64().unwrap_or(0.0);
+        }
+    }
+    if iops > 0.0 {
+        Ok(iops)
+    } else {
+        Err("the fio load did no I/O".into())
     }
 }
 
@@ -126,12 +162,25 @@ pub fn collect_control(dir: &Path) -> Control {
         Some(e) => Err(e),
         None => parse_latencies(&read("scrape.ns").unwrap_or_default(), CONTROL_SCRAPES),
     };
+    let loaded = |name: &str| match read("load_error") {
+        Some(e) => Err(e),
+        None => parse_latencies(&read(name).unwrap_or_default(), CONTROL_LOAD_CALLS),
+    };
+    let load_iops = match read("load_error") {
+        Some(e) => Err(e),
+        None => read("load.json")
+            .ok_or_else(|| "no fio report of the load".to_owned())
+            .and_then(|t| parse_load_iops(&t)),
+    };
     Control {
         rss_empty_kib: rss("status.0", "0 volumes"),
         rss_full_kib,
         create_ms,
         delete_ms,
         scrape_ms,
+        load_create_ms: loaded("load_create.ns"),
+        load_delete_ms: loaded("load_delete.ns"),
+        load_iops,
         teardown,
     }
 }
@@ -179,7 +228,18 @@ mod tests {
         write("status.full", "VmRSS:\t 13192 kB\n");
         write("create.ns", &creates);
         write("delete.ns", &deletes);
+        let loaded: String = (1..=CONTROL_LOAD_CALLS)
+            .map(|k| format!("l{k:03} {}\n", k * 2_000_000))
+            .collect();
+        write("load_create.ns", &loaded);
+        write("load_delete.ns", &loaded);
+        write(
+            "load.json",
+            r#"{"jobs":[{"error":0,"read":{"iops":9000.5}},{"error":0,"read":{"iops":8000.5}}]}"#,
+        );
         let c = collect_control(&dir);
+        assert_eq!(c.load_create_ms.as_ref().map(|v| v[0]), Ok(2.0));
+        assert_eq!(c.load_iops, Ok(17001.0));
         assert_eq!(c.rss_empty_kib, Ok(8192.0));
         assert_eq!(c.rss_full_kib, Ok(13192.0));
         assert_eq!(c.create_ms.as_ref().map(Vec::len), Ok(CONTROL_VOLUMES));
@@ -201,6 +261,18 @@ mod tests {
             .delete_ms
             .is_err_and(|e| e.contains("v004 returned (and 1 more)")));
         assert!(c.teardown.is_some_and(|t| t.contains("SIGTERM")));
+
+        write(
+            "load_error",
+            "the fio load ended before the timed calls did: no such device\n",
+        );
+        let c = collect_control(&dir);
+        assert!(c
+            .load_delete_ms
+            .is_err_and(|e| e.contains("fio load ended")));
+        assert!(c.load_iops.is_err());
+        assert!(parse_load_iops(r#"{"jobs":[{"error":5}]}"#).is_err_and(|e| e.contains("error 5")));
+        assert!(parse_load_iops(r#"{"jobs":[]}"#).is_err());
 
         write(
             "create_error",

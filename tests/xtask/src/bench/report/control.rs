@@ -1,7 +1,9 @@
 //! The control-plane run in the report: its `results.json` entries, table and raw numbers.
 
 use super::{alone_table, percentile, round, Entry, Side, Unit};
-use crate::bench::cases::{CONTROL_DEPTH, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, OURS_NAME};
+use crate::bench::cases::{
+    CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, OURS_NAME,
+};
 use crate::bench::collect::control::Control;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -59,6 +61,23 @@ pub fn control_entries(c: &Control) -> Vec<Entry> {
             Unit::Ms,
         ));
     }
+    for (call, ms) in [
+        ("ublkctl create-volume", &c.load_create_ms),
+        ("ublkctl delete-volume", &c.load_delete_ms),
+    ] {
+        for p in [50, 99] {
+            out.push(entry(
+                format!("{call} under load p{p}"),
+                pct(ms, p),
+                Unit::Ms,
+            ));
+        }
+    }
+    out.push(entry(
+        "fio load during those calls".into(),
+        c.load_iops.clone(),
+        Unit::Iops,
+    ));
     out
 }
 
@@ -69,7 +88,10 @@ pub fn control_table(entries: &[Entry]) -> String {
         s,
         "note: create/delete latencies are as seen by ublkctl, including its start-up (one \
          process per call); create-volume returns when /dev/ublkbN serves I/O. {CONTROL_VOLUMES} \
-         null volumes of {CONTROL_SIZE}, 1 queue of depth {CONTROL_DEPTH}; p50/p99 by nearest rank."
+         null volumes of {CONTROL_SIZE}, 1 queue of depth {CONTROL_DEPTH}; p50/p99 by nearest rank. \
+         Under load: {CONTROL_LOAD_CALLS} more creates and deletes while fio (4 KiB randread, QD32) \
+         runs on two of the volumes, so each attach and teardown waits for a busy worker to read \
+         its command between completions; compare them with the idle ones above."
     );
     s
 }
@@ -88,6 +110,12 @@ pub fn control_raw_json(c: &Control) -> Value {
     let ms_list = |ms: &Vec<f64>| json!(ms.iter().map(|x| round(*x, 3)).collect::<Vec<_>>());
     put("create_ms", c.create_ms.as_ref().map(ms_list));
     put("delete_ms", c.delete_ms.as_ref().map(ms_list));
+    put("load_create_ms", c.load_create_ms.as_ref().map(ms_list));
+    put("load_delete_ms", c.load_delete_ms.as_ref().map(ms_list));
+    put(
+        "load_iops",
+        c.load_iops.as_ref().map(|x| json!(round(*x, 1))),
+    );
     put(
         "rss_kib_no_volumes",
         c.rss_empty_kib.as_ref().map(|k| json!(k)),
@@ -116,6 +144,9 @@ mod tests {
             create_ms: Ok((1..=100).map(f64::from).collect()),
             delete_ms: Ok((1..=100).map(|x| f64::from(x) / 2.0).collect()),
             scrape_ms: Ok((1..=10).map(f64::from).collect()),
+            load_create_ms: Ok((1..=20).map(f64::from).collect()),
+            load_delete_ms: Ok((1..=20).map(|x| f64::from(x) * 2.0).collect()),
+            load_iops: Ok(15000.0),
             teardown: None,
         }
     }
@@ -139,6 +170,11 @@ mod tests {
                 ("ublkd RSS per idle volume", Some(48.0), "KiB"),
                 ("GET /metrics, 100 volumes, p50", Some(5.0), "ms"),
                 ("GET /metrics, 100 volumes, p100", Some(10.0), "ms"),
+                ("ublkctl create-volume under load p50", Some(10.0), "ms"),
+                ("ublkctl create-volume under load p99", Some(20.0), "ms"),
+                ("ublkctl delete-volume under load p50", Some(20.0), "ms"),
+                ("ublkctl delete-volume under load p99", Some(40.0), "ms"),
+                ("fio load during those calls", Some(15000.0), "IOPS"),
             ]
         );
         for e in &entries {
@@ -164,6 +200,8 @@ mod tests {
         assert_eq!(raw["volumes"], 100);
         assert_eq!(raw["create_ms"].as_array().map(Vec::len), Some(100));
         assert_eq!(raw["rss_kib_all_volumes"], 15040.0);
+        assert_eq!(raw["load_delete_ms"].as_array().map(Vec::len), Some(20));
+        assert_eq!(raw["load_iops"], 15000.0);
         assert!(raw.get("errors").is_none() && raw.get("teardown_error").is_none());
     }
 
