@@ -11,6 +11,7 @@
 mod capacity;
 mod config;
 mod convert;
+mod devices;
 mod error;
 mod hooks;
 mod metrics;
@@ -404,7 +405,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");
     }
     let volumes = Arc::new(volumes::Volumes::new(
-        handle,
+        handle.map(|h| Arc::new(h) as Arc<dyn devices::Devices>),
         registry,
         snapshots,
         intents,

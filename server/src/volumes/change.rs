@@ -256,22 +256,28 @@ impl Volumes {
             .device
             .as_ref()
             .map(|i| (i.dev_id, i.block_device.clone()));
+        // Without a dataplane the kernel is still asked: a device it has cannot be deleted
+        // then, and the delete fails rather than leave it behind.
         let kernel = || {
+            let ids = match &self.handle {
+                Some(devices) => devices.kernel_device_ids(),
+                None => ublkd_dataplane::kernel_device_ids(),
+            };
             vol.record
                 .dev_id
-                .filter(|d| ublkd_dataplane::kernel_device_ids().contains(d))
+                .filter(|d| ids.contains(d))
                 .map(|d| (d, ublkd_dataplane::block_device(d)))
         };
         if let Some((dev_id, block_device)) = served.clone().or_else(kernel) {
+            let handle = self.handle()?;
             // Something holds the device exclusively: a mount in any namespace, or an
             // exclusive opener. Deleting it would pull the disk from under them.
-            if held_elsewhere(&block_device) {
+            if handle.held_elsewhere(&block_device) {
                 return Err(VolumeError::DeleteBusy {
                     id: id.clone(),
                     device: block_device,
                 });
             }
-            let handle = self.handle()?;
             let not_served = served.is_none();
             self.set_state(id, State::Deleting, "").await;
             // Persist the intent: a crash during the delete is finished by the next start.
@@ -466,22 +472,6 @@ fn grow_backing_file(path: &std::path::Path, create: bool, size: u64) -> Result<
         .open(path)
         .and_then(|f| f.set_len(size).and_then(|()| f.sync_all()))
         .map_err(io)
-}
-
-/// Whether something holds block device `dev` exclusively: a mount in any mount namespace, a
-/// device-mapper or md holder, or an exclusive opener. Tried with an exclusive open of our
-/// own, closed at once; reading our own mountinfo would miss mounts in other namespaces (the
-/// CSI driver's pod, a container's).
-fn held_elsewhere(dev: &std::path::Path) -> bool {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_EXCL)
-        .open(dev)
-    {
-        Ok(_) => false,
-        Err(e) => e.raw_os_error() == Some(libc::EBUSY),
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,11 @@ mod orphans;
 mod restore;
 mod snapshots;
 
+#[cfg(test)]
+mod ordering;
+
 use crate::config::Settings;
+use crate::devices::Devices;
 use crate::error::VolumeError;
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::registry::Registry;
@@ -24,7 +28,7 @@ use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use ublkd_dataplane::stats::{CleanupStep, Histogram};
-use ublkd_dataplane::{DataplaneError, DevId, DeviceStats, Features, Handle, WorkerSnapshot};
+use ublkd_dataplane::{DataplaneError, DevId, DeviceStats, Features, WorkerSnapshot};
 
 /// Upper bounds (nanoseconds) of the recovery-duration histogram: 10 ms to 10 s.
 pub const RECOVERY_BOUNDS_NS: [u64; 10] = [
@@ -56,7 +60,8 @@ impl RecoveryStats {
 
 #[derive(Debug)]
 pub struct Volumes {
-    handle: Option<Handle>,
+    /// The kernel's devices (the dataplane in ublkd); None when the kernel has no ublk.
+    handle: Option<Arc<dyn Devices>>,
     no_ublk: String,
     registry: Registry<VolumeRecord>,
     snapshot_registry: Registry<SnapshotRecord>,
@@ -112,7 +117,7 @@ impl Volumes {
     /// Starts over the given dataplane (None when the kernel has no ublk: every volume call then
     /// fails with FAILED_PRECONDITION, but the daemon still answers).
     pub fn new(
-        handle: Result<Handle, DataplaneError>,
+        handle: Result<Arc<dyn Devices>, DataplaneError>,
         registry: Registry<VolumeRecord>,
         snapshot_registry: Registry<SnapshotRecord>,
         intents: Registry<CloneIntent>,
@@ -155,20 +160,21 @@ impl Volumes {
         lock.lock_owned().await
     }
 
-    fn handle(&self) -> Result<Handle, VolumeError> {
+    fn handle(&self) -> Result<Arc<dyn Devices>, VolumeError> {
         self.handle
             .clone()
             .ok_or_else(|| VolumeError::OpenDataplane(self.no_ublk.clone()))
     }
 
     pub fn features(&self) -> Option<Features> {
-        self.handle.as_ref().map(Handle::features)
+        self.handle.as_ref().map(|h| h.features())
     }
 
     /// The lowest ublk device id that neither the kernel nor any record uses.
     fn free_dev_id(&self, map: &BTreeMap<VolumeId, Volume>) -> Result<DevId, VolumeError> {
-        self.handle()?;
-        let used: std::collections::BTreeSet<DevId> = ublkd_dataplane::kernel_device_ids()
+        let used: std::collections::BTreeSet<DevId> = self
+            .handle()?
+            .kernel_device_ids()
             .into_iter()
             .chain(map.values().filter_map(|v| v.record.dev_id))
             .collect();
