@@ -324,6 +324,19 @@ fn on_disk(dir: &Path) -> Vec<VolumeRecord> {
         .unwrap_or_else(|e| panic!("loading the registry: {e}"))
 }
 
+/// A manager over a fresh kernel and state directory, serving one 64 MiB volume `a` on device
+/// 0, with the kernel's log emptied.
+async fn with_volume_a() -> (tempfile::TempDir, Arc<FakeKernel>, Volumes) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let kernel = FakeKernel::new(dir.path());
+    let v = volumes(dir.path(), &kernel);
+    v.create(record("a", 64 * MIB), false)
+        .await
+        .unwrap_or_else(|e| panic!("create: {e}"));
+    kernel.log();
+    (dir, kernel, v)
+}
+
 #[tokio::test]
 async fn a_create_records_its_volume_before_the_device_and_a_failed_one_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -349,13 +362,7 @@ async fn a_create_records_its_volume_before_the_device_and_a_failed_one_leaves_n
 
 #[tokio::test]
 async fn a_delete_marks_the_record_before_the_device_goes_and_a_failed_one_can_be_retried() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kernel = FakeKernel::new(dir.path());
-    let v = volumes(dir.path(), &kernel);
-    v.create(record("a", 64 * MIB), false)
-        .await
-        .unwrap_or_else(|e| panic!("create: {e}"));
-    kernel.log();
+    let (dir, kernel, v) = with_volume_a().await;
 
     kernel.kernel().fail.insert(Call::Delete);
     assert!(v.delete(&id("a"), false, false).await.is_err());
@@ -375,13 +382,7 @@ async fn a_delete_marks_the_record_before_the_device_goes_and_a_failed_one_can_b
 
 #[tokio::test]
 async fn a_held_device_is_not_deleted_from_under_its_holder() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kernel = FakeKernel::new(dir.path());
-    let v = volumes(dir.path(), &kernel);
-    v.create(record("a", 64 * MIB), false)
-        .await
-        .unwrap_or_else(|e| panic!("create: {e}"));
-    kernel.log();
+    let (dir, kernel, v) = with_volume_a().await;
     kernel.kernel().held.insert(DevId(0));
     let refused = v.delete(&id("a"), false, false).await;
     assert!(
@@ -398,13 +399,7 @@ async fn a_held_device_is_not_deleted_from_under_its_holder() {
 
 #[tokio::test]
 async fn a_resize_records_the_new_size_first_and_a_failed_one_puts_the_old_back() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kernel = FakeKernel::new(dir.path());
-    let v = volumes(dir.path(), &kernel);
-    v.create(record("a", 64 * MIB), false)
-        .await
-        .unwrap_or_else(|e| panic!("create: {e}"));
-    kernel.log();
+    let (dir, kernel, v) = with_volume_a().await;
 
     let grown = v.resize(&id("a"), 128 * MIB).await;
     assert_eq!(grown.map(|g| g.record.size_bytes).ok(), Some(128 * MIB));
