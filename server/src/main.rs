@@ -412,6 +412,25 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         Arc::clone(&settings),
     ));
     volumes.load().await?;
+    let served = serve_api(&settings, &volumes, stop).await;
+    if let Err(e) = &served {
+        // Whatever stopped the daemon (a listener that could not start, one that failed), the
+        // dataplane's threads stop before the process exits, as on a clean exit: none of them
+        // is still tearing down its rings while the process goes.
+        tracing::error!(error = %format!("{e:#}"), "ublkd stops");
+        if let Err(e) = volumes.shutdown().await {
+            tracing::warn!(error = %error::chain(&e), "stopping the dataplane");
+        }
+    }
+    served
+}
+
+/// Serves the API and `/metrics` over `volumes` until `stop` or a listener fails.
+async fn serve_api(
+    settings: &Arc<config::Settings>,
+    volumes: &Arc<volumes::Volumes>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::new(&settings.metrics.node)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -424,7 +443,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding metrics on {}", settings.metrics.listen))?;
         tracing::info!(address = %settings.metrics.listen, "metrics on /metrics");
-        let (m, v) = (metrics.clone(), Arc::clone(&volumes));
+        let (m, v) = (metrics.clone(), Arc::clone(volumes));
         let s = stopped(stop_rx.clone());
         tasks.spawn(async move {
             metrics::serve(listener, m, v, s)
@@ -444,8 +463,8 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         .build_v1()
         .context("building the reflection service")?;
     let api = service::Api {
-        volumes: Arc::clone(&volumes),
-        settings: Arc::clone(&settings),
+        volumes: Arc::clone(volumes),
+        settings: Arc::clone(settings),
     };
     // The certificate and key are read again whenever their files change (tls.rs).
     let tls = match &settings.grpc.tls {
@@ -520,7 +539,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         "ublkd listening; restoring volumes"
     );
     // A dataplane worker that stops on a fatal error fails its volumes visibly.
-    let v = Arc::clone(&volumes);
+    let v = Arc::clone(volumes);
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -529,7 +548,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         }
     });
     // Volumes come back while the API already answers (they show as RECOVERING meanwhile).
-    let v = Arc::clone(&volumes);
+    let v = Arc::clone(volumes);
     let restored = health.clone();
     tokio::spawn(async move {
         let started = std::time::Instant::now();
