@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
-use ublkd_proto::notation::{parse_backend, parse_capacity_backend, parse_io_path};
+use ublkd_proto::notation::{parse_backend, parse_capacity_backend, parse_io_path, SIZE_HINT};
 use ublkd_proto::units::parse_size;
 pub use ublkd_proto::v1::get_capacity_request::Backend as CapacityBackend;
 use ublkd_proto::v1::{
@@ -26,9 +26,6 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/ublkd/ublkd.sock";
 /// Where `--help` lists the options every command takes.
 const GLOBAL: &str = "Global options";
 
-const SIZE_HINT: &str =
-    "expected a size such as 4096, 512Ki, 10Gi (binary, also 10GiB) or 10G (decimal, as \
-     in Kubernetes)";
 const DEV_ID_HINT: &str = "expected a ublk device id, the N of /dev/ublkbN";
 
 /// `--version`: the crate's version and the API it speaks.

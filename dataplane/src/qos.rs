@@ -163,8 +163,8 @@ pub struct Throttle {
     epoch: Instant,
     /// What a full bucket holds, as time at its rate (the burst, at least [`MIN_DEPTH`]).
     burst_ns: AtomicU64,
-    /// The limits in force, to tell a change from a repeat (`set_limits`).
-    limits: [AtomicU64; 4],
+    /// The burst as asked (0: the default), to tell a change from a repeat (`set_limits`);
+    /// the rates asked are the buckets' own.
     burst_ms: AtomicU32,
     buckets: [[Bucket; 2]; 2],
 }
@@ -174,7 +174,6 @@ impl Throttle {
         let t = Self {
             epoch: Instant::now(),
             burst_ns: AtomicU64::new(0),
-            limits: Default::default(),
             burst_ms: AtomicU32::new(0),
             buckets: Default::default(),
         };
@@ -193,14 +192,13 @@ impl Throttle {
             l.write_bytes_per_sec,
         ];
         for (i, rate) in rates.into_iter().enumerate() {
-            self.limits[i].store(rate, Ordering::Relaxed);
             self.buckets[i / 2][i % 2].reset(rate);
         }
         self.burst_ms.store(l.burst_ms, Ordering::Relaxed);
     }
 
     fn current(&self) -> QosLimits {
-        let rate = |i: usize| self.limits[i].load(Ordering::Relaxed);
+        let rate = |i: usize| self.buckets[i / 2][i % 2].rate.load(Ordering::Relaxed);
         QosLimits {
             read_iops: rate(0),
             read_bytes_per_sec: rate(1),

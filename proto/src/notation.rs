@@ -19,7 +19,8 @@ pub const BACKEND_HINT: &str =
     "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET|auto+LEN]";
 /// What a bad I/O path is told.
 pub const IO_PATH_HINT: &str = "expected auto, batch or per-io";
-const SIZE_HINT: &str =
+/// What a bad size is told.
+pub const SIZE_HINT: &str =
     "expected a size such as 4096, 512Ki, 10Gi (binary, also 10GiB) or 10G (decimal, as \
      in Kubernetes)";
 

@@ -413,11 +413,10 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     ));
     volumes.load().await?;
     let served = serve_api(&settings, &volumes, stop).await;
-    if let Err(e) = &served {
+    if served.is_err() {
         // Whatever stopped the daemon (a listener that could not start, one that failed), the
         // dataplane's threads stop before the process exits, as on a clean exit: none of them
-        // is still tearing down its rings while the process goes.
-        tracing::error!(error = %format!("{e:#}"), "ublkd stops");
+        // is still tearing down its rings while the process goes. (`main` prints the error.)
         if let Err(e) = volumes.shutdown().await {
             tracing::warn!(error = %error::chain(&e), "stopping the dataplane");
         }
