@@ -391,6 +391,11 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let stop = termination()?;
     #[cfg(feature = "test-hooks")]
     rearm_faults_on_sigusr2()?;
+    // The metrics listener (and its /healthz, the kubelet's startup and liveness probe) is bound
+    // before anything slow: from here on a probe's connection waits in the backlog until the
+    // listener is served, below, instead of being refused while the dataplane starts and the
+    // registry loads (a refused probe is a warning event on the pod).
+    let metrics_listener = bind_metrics(&settings).await?;
     let registry = record::volume_registry(&settings.state_dir)?;
     let snapshots = registry::Registry::open_dir(settings.state_dir.join("snapshots"))?;
     let intents = registry::Registry::open_dir(settings.state_dir.join("intents"))?;
@@ -412,7 +417,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         Arc::clone(&settings),
     ));
     volumes.load().await?;
-    let served = serve_api(&settings, &volumes, stop).await;
+    let served = serve_api(&settings, &volumes, metrics_listener, stop).await;
     if served.is_err() {
         // Whatever stopped the daemon (a listener that could not start, one that failed), the
         // dataplane's threads stop before the process exits, as on a clean exit: none of them
@@ -424,10 +429,26 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     served
 }
 
-/// Serves the API and `/metrics` over `volumes` until `stop` or a listener fails.
+/// The metrics listener `settings.metrics.listen` names, bound; `None` when it names none.
+async fn bind_metrics(
+    settings: &config::Settings,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    if settings.metrics.listen.is_empty() {
+        return Ok(None);
+    }
+    let listener = tokio::net::TcpListener::bind(&settings.metrics.listen)
+        .await
+        .with_context(|| format!("binding metrics on {}", settings.metrics.listen))?;
+    tracing::info!(address = %settings.metrics.listen, "metrics on /metrics");
+    Ok(Some(listener))
+}
+
+/// Serves the API, and `/metrics` on `metrics_listener`, over `volumes` until `stop` or a
+/// listener fails.
 async fn serve_api(
     settings: &Arc<config::Settings>,
     volumes: &Arc<volumes::Volumes>,
+    metrics_listener: Option<tokio::net::TcpListener>,
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::new(&settings.metrics.node)?;
@@ -437,11 +458,7 @@ async fn serve_api(
     };
 
     let mut tasks = tokio::task::JoinSet::new();
-    if !settings.metrics.listen.is_empty() {
-        let listener = tokio::net::TcpListener::bind(&settings.metrics.listen)
-            .await
-            .with_context(|| format!("binding metrics on {}", settings.metrics.listen))?;
-        tracing::info!(address = %settings.metrics.listen, "metrics on /metrics");
+    if let Some(listener) = metrics_listener {
         let (m, v) = (metrics.clone(), Arc::clone(volumes));
         let s = stopped(stop_rx.clone());
         tasks.spawn(async move {

@@ -348,6 +348,12 @@ ublkctl() { kubectl -n ublkd-system exec ds/ublkd -c ublkd -- /usr/local/bin/ubl
 # The driver as the cluster sees it: CSINode with the topology key and a volume limit, and
 # capacity objects for every class.
 s_driver() {
+    # How long ublkd took from its container's start to binding the listener of its startup
+    # probe (printed for the record: a probe before that bind is a warning event, s_warnings).
+    started=$(kubectl -n ublkd-system get pod -l app.kubernetes.io/name=ublkd \
+        -o jsonpath='{.items[0].status.containerStatuses[?(@.name=="ublkd")].state.running.startedAt}')
+    bound=$(kubectl -n ublkd-system logs ds/ublkd -c ublkd --timestamps | grep -m1 'metrics on' | cut -d' ' -f1)
+    echo "ublkd container started $started; metrics listener bound $bound"
     keys=$(kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[?(@.name=="ublkd.io")].topologyKeys}')
     echo "topology keys: $keys"
     { [ -n "$keys" ] && [ "$keys" != "[]" ]; } || fail "CSINode lists ublkd.io with a topology key"
