@@ -21,13 +21,21 @@ use ublkd_dataplane::{
     KernelState, PlacementReason, PollReason, QosLimits, QueuePlacement, Toggle, WorkerSnapshot,
 };
 
-/// A device call that can be made to fail once.
+/// A device call that can be made to fail once, or to be where the process dies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Call {
     Add,
     Recover,
     Delete,
     Resize,
+}
+
+/// Where in a device call the process dies: before the kernel acts, or after it has acted
+/// and before the caller hears of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    Before,
+    After,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +48,8 @@ struct Kernel {
     fail: BTreeSet<Call>,
     /// Devices a take-over refuses (`NotRecoverable`): they must be made again.
     not_recoverable: BTreeSet<DevId>,
+    /// The call at which the process dies, before or after its effect (see `FakeKernel::dies`).
+    dies: Option<(Call, When)>,
     /// Each call as it was made, with what the registry said of its device then.
     log: Vec<String>,
 }
@@ -50,6 +60,8 @@ struct Kernel {
 struct FakeKernel {
     registry: PathBuf,
     k: Mutex<Kernel>,
+    /// Told when the call armed in `Kernel::dies` is reached.
+    died: tokio::sync::Notify,
 }
 
 impl FakeKernel {
@@ -57,7 +69,34 @@ impl FakeKernel {
         Arc::new(FakeKernel {
             registry: state_dir.join("registry"),
             k: Mutex::new(Kernel::default()),
+            died: tokio::sync::Notify::new(),
         })
+    }
+
+    /// A kill -9 at `call` (`when`): the calling thread stops there for good, so nothing of the
+    /// change after that point ever runs; the test then starts a new manager over what is left.
+    fn dies(&self, call: Call, when: When) {
+        let armed = {
+            let mut k = self.kernel();
+            let hit = k.dies == Some((call, when));
+            if hit {
+                k.dies = None;
+            }
+            hit
+        };
+        if armed {
+            self.died.notify_one();
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+
+    /// What the kernel keeps of a dead process's devices: each stays, quiesced, nobody's.
+    fn process_died(&self) {
+        for (_, owned) in self.kernel().devices.values_mut() {
+            *owned = false;
+        }
     }
 
     fn kernel(&self) -> std::sync::MutexGuard<'_, Kernel> {
@@ -166,8 +205,10 @@ impl Devices for FakeKernel {
         let dev_id = spec.dev_id.unwrap_or(DevId(0));
         self.note("add", dev_id);
         self.failing(Call::Add)?;
+        self.dies(Call::Add, When::Before);
         let i = info(dev_id, &spec);
         self.kernel().devices.insert(dev_id, (i.clone(), true));
+        self.dies(Call::Add, When::After);
         Ok(i)
     }
 
@@ -195,7 +236,10 @@ impl Devices for FakeKernel {
     fn delete_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
         self.note("delete", dev_id);
         self.failing(Call::Delete)?;
-        match self.kernel().devices.remove(&dev_id) {
+        self.dies(Call::Delete, When::Before);
+        let removed = self.kernel().devices.remove(&dev_id);
+        self.dies(Call::Delete, When::After);
+        match removed {
             Some((_, true)) => Ok(()),
             Some(other) => {
                 self.kernel().devices.insert(dev_id, other);
@@ -216,13 +260,18 @@ impl Devices for FakeKernel {
     fn resize_device(&self, dev_id: DevId, size: u64) -> Result<DeviceInfo, DataplaneError> {
         self.note("resize", dev_id);
         self.failing(Call::Resize)?;
-        let mut k = self.kernel();
-        let (i, _) = k
-            .devices
-            .get_mut(&dev_id)
-            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
-        i.spec.size_bytes = size;
-        Ok(i.clone())
+        self.dies(Call::Resize, When::Before);
+        let resized = {
+            let mut k = self.kernel();
+            let (i, _) = k
+                .devices
+                .get_mut(&dev_id)
+                .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+            i.spec.size_bytes = size;
+            i.clone()
+        };
+        self.dies(Call::Resize, When::After);
+        Ok(resized)
     }
 
     fn set_qos(&self, dev_id: DevId, limits: QosLimits) -> Result<DeviceInfo, DataplaneError> {
@@ -441,10 +490,8 @@ async fn a_restart_takes_over_what_survived_recreates_the_rest_and_finishes_dele
     {
         // The dying process's devices are nobody's now; a reboot-like loss took "lost"'s,
         // "stuck"'s cannot be taken over, and the first device made again fails.
+        kernel.process_died();
         let mut k = kernel.kernel();
-        for (_, owned) in k.devices.values_mut() {
-            *owned = false;
-        }
         k.devices.remove(&DevId(1));
         k.not_recoverable.insert(DevId(3));
         k.fail.insert(Call::Add);
@@ -495,4 +542,151 @@ async fn a_restart_takes_over_what_survived_recreates_the_rest_and_finishes_dele
         .map(|r| r.id.as_str().to_owned())
         .collect();
     assert_eq!(records, ["kept", "lost", "stuck"]);
+}
+
+/// What a kill -9 inside a change leaves, once the next start has restored it: the same set of
+/// devices in the kernel as records name, each serving at its recorded size, no record still
+/// marked for deletion; and the change itself either done or never begun, as its point says.
+/// The VM test `crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agreeing`
+/// kills a real ublkd at the same points (its `abort_at` names in the comments).
+#[test]
+fn a_kill_at_any_step_of_a_change_leaves_registry_and_kernel_agreeing_after_the_restart() {
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Create,
+        Resize,
+        Delete,
+    }
+    let points = [
+        ("create:after_record", Op::Create, Call::Add, When::Before),
+        ("create:after_device", Op::Create, Call::Add, When::After),
+        (
+            "resize:after_record",
+            Op::Resize,
+            Call::Resize,
+            When::Before,
+        ),
+        ("resize:after_device", Op::Resize, Call::Resize, When::After),
+        ("delete:after_mark", Op::Delete, Call::Delete, When::Before),
+        ("delete:after_device", Op::Delete, Call::Delete, When::After),
+    ];
+    for (point, op, call, when) in points {
+        // A runtime per kill, let go of without waiting: the dead change's thread never returns.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        // A failed assertion must not leave the runtime to a drop that waits for the dead
+        // change's thread: it is let go of either way, then the panic goes on.
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(async {
+                let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+                let kernel = FakeKernel::new(dir.path());
+                let dying = Arc::new(volumes(dir.path(), &kernel));
+                // A bystander that no change touches, and the volume the change is about.
+                for name in ["other", "a"] {
+                    if matches!(op, Op::Create) && name == "a" {
+                        continue;
+                    }
+                    dying
+                        .create(record(name, 64 * MIB), false)
+                        .await
+                        .unwrap_or_else(|e| panic!("{point}: create {name}: {e}"));
+                }
+                kernel.kernel().dies = Some((call, when));
+                let v = Arc::clone(&dying);
+                let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let told = Arc::clone(&answered);
+                tokio::spawn(async move {
+                    // Whatever it would answer, it must never get to: the process dies inside it.
+                    let _unreachable = match op {
+                        Op::Create => v.create(record("a", 64 * MIB), false).await.map(drop),
+                        Op::Resize => v.resize(&id("a"), 96 * MIB).await.map(drop),
+                        Op::Delete => v.delete(&id("a"), false, false).await.map(drop),
+                    };
+                    told.store(true, std::sync::atomic::Ordering::SeqCst);
+                });
+                tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
+                    .await
+                    .unwrap_or_else(|_| panic!("{point}: the change never reached its kill point"));
+                drop(dying);
+                kernel.process_died();
+
+                let v = volumes(dir.path(), &kernel);
+                v.load()
+                    .await
+                    .unwrap_or_else(|e| panic!("{point}: load: {e}"));
+                let failed = v.restore().await;
+                assert!(failed.is_empty(), "{point}: {failed:?} did not come back");
+
+                let records = on_disk(dir.path());
+                let recorded: BTreeSet<DevId> = records.iter().filter_map(|r| r.dev_id).collect();
+                let devices: BTreeSet<DevId> = kernel.kernel_device_ids().into_iter().collect();
+                assert_eq!(
+                    recorded, devices,
+                    "{point}: one device per record, no other"
+                );
+                assert_eq!(
+                    recorded.len(),
+                    records.len(),
+                    "{point}: every record has a device"
+                );
+                for r in &records {
+                    assert!(
+                        !r.deleting,
+                        "{point}: {} is still marked for deletion",
+                        r.id
+                    );
+                    let vol = v
+                        .get(&r.id)
+                        .await
+                        .unwrap_or_else(|e| panic!("{point}: {e}"));
+                    assert_eq!(
+                        vol.state,
+                        State::Ready,
+                        "{point}: {}: {}",
+                        r.id,
+                        vol.message
+                    );
+                    let served = kernel
+                        .kernel()
+                        .devices
+                        .get(&r.dev_id.unwrap_or(DevId(u32::MAX)))
+                        .map(|(i, owned)| (i.spec.size_bytes, *owned));
+                    assert_eq!(
+                        served,
+                        Some((r.size_bytes, true)),
+                        "{point}: {} served at its recorded size",
+                        r.id
+                    );
+                }
+                let sizes: BTreeMap<String, u64> = records
+                    .iter()
+                    .map(|r| (r.id.as_str().to_owned(), r.size_bytes))
+                    .collect();
+                let expected: &[(&str, u64)] = match op {
+                    // Recorded before its device: the volume exists after the restart.
+                    Op::Create => &[("a", 64 * MIB), ("other", 64 * MIB)],
+                    // Recorded before it was applied: the new size holds.
+                    Op::Resize => &[("a", 96 * MIB), ("other", 64 * MIB)],
+                    // Marked before the device went: the restart finishes it.
+                    Op::Delete => &[("other", 64 * MIB)],
+                };
+                let expected: BTreeMap<String, u64> = expected
+                    .iter()
+                    .map(|(n, s)| ((*n).to_owned(), *s))
+                    .collect();
+                assert_eq!(sizes, expected, "{point}");
+                assert!(
+                    !answered.load(std::sync::atomic::Ordering::SeqCst),
+                    "{point}: the change went on after the process died"
+                );
+            })
+        }));
+        rt.shutdown_background();
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
+        }
+    }
 }
