@@ -1,59 +1,57 @@
-//! Prometheus metrics. gRPC and build metrics are ordinary registered collectors; volume and
-//! worker metrics are built at scrape time from the dataplane's statistics, so the I/O path
-//! never touches Prometheus. Labels come from bounded sets only (volume id, op, state, worker).
-//! `text` writes the exposition format into pooled buffers; `families` writes the volume and
-//! worker families.
+//! Prometheus metrics. The build, the node and the process are the prometheus crate's
+//! registered collectors; the API's calls (`rpcs`), the volumes and the workers (`families`)
+//! are written at scrape time from atomic counters and the dataplane's statistics, so neither
+//! the I/O path nor an RPC touches Prometheus. Labels come from bounded sets only (API method,
+//! code, volume id, op, state, worker). `text` writes the exposition format into pooled
+//! buffers.
 
 mod families;
+mod rpcs;
 mod text;
 
 use crate::volumes::Volumes;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{IntGaugeVec, Opts, Registry, TextEncoder};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What can fail in setting up or writing the metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("registering a collector: {0}")]
+    RegisterCollector(#[source] prometheus::Error),
+    #[error(transparent)]
+    ReadApiMethods(#[from] rpcs::DecodeDescriptors),
+    #[error("encoding the registered collectors: {0}")]
+    EncodeCollectors(#[source] prometheus::Error),
+}
+
 #[derive(Debug, Clone)]
 pub struct Metrics {
+    /// The build, the node and the process (prometheus's own collector).
     registry: Registry,
-    grpc_requests: IntCounterVec,
-    grpc_duration: HistogramVec,
+    rpcs: Arc<rpcs::Rpcs>,
     buffers: text::Pool,
 }
 
 impl Metrics {
     /// Metrics for the node named `node` (empty: the host name).
-    pub fn new(node: &str) -> Result<Self, prometheus::Error> {
+    pub fn new(node: &str) -> Result<Self, MetricsError> {
         let registry = Registry::new();
-        let grpc_requests = IntCounterVec::new(
-            Opts::new(
-                "ublkd_grpc_requests_total",
-                "gRPC requests by method and status code",
-            ),
-            &["method", "code"],
-        )?;
-        let grpc_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "ublkd_grpc_request_duration_seconds",
-                "gRPC request handling time by method",
-            )
-            .buckets(vec![
-                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0,
-            ]),
-            &["method"],
-        )?;
-        let build = prometheus::IntGaugeVec::new(
+        let build = IntGaugeVec::new(
             Opts::new("ublkd_build_info", "ublkd build; the value is always 1"),
             &["version"],
-        )?;
+        )
+        .map_err(MetricsError::RegisterCollector)?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        let node_info = prometheus::IntGaugeVec::new(
+        let node_info = IntGaugeVec::new(
             Opts::new(
                 "ublkd_node_info",
                 "The node this ublkd serves, to join its series with node_exporter's by \
                  instance; the value is always 1",
             ),
             &["node"],
-        )?;
+        )
+        .map_err(MetricsError::RegisterCollector)?;
         let node = if node.is_empty() {
             std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
@@ -62,62 +60,39 @@ impl Metrics {
             node.to_owned()
         };
         node_info.with_label_values(&[node.as_str()]).set(1);
-        registry.register(Box::new(grpc_requests.clone()))?;
-        registry.register(Box::new(grpc_duration.clone()))?;
-        registry.register(Box::new(build))?;
-        registry.register(Box::new(node_info))?;
+        let register = |c: Box<dyn prometheus::core::Collector>| {
+            registry
+                .register(c)
+                .map_err(MetricsError::RegisterCollector)
+        };
+        register(Box::new(build))?;
+        register(Box::new(node_info))?;
         // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
-        registry.register(Box::new(
+        register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
         Ok(Self {
             registry,
-            grpc_requests,
-            grpc_duration,
+            rpcs: Arc::new(rpcs::Rpcs::new(ublkd_proto::FILE_DESCRIPTOR_SET)?),
             buffers: text::Pool::default(),
         })
     }
 
     /// Records one finished RPC.
     pub fn rpc(&self, method: &str, code: tonic::Code, took: Duration) {
-        self.grpc_requests
-            .with_label_values(&[method, code_name(code)])
-            .inc();
-        self.grpc_duration
-            .with_label_values(&[method])
-            .observe(took.as_secs_f64());
+        self.rpcs.record(method, code, took);
     }
 
     /// The text exposition of every metric, volume stats read now, as a response body (whose
     /// buffer serves the next scrape once sent).
-    pub async fn render(&self, volumes: &Volumes) -> Result<bytes::Bytes, prometheus::Error> {
+    pub async fn render(&self, volumes: &Volumes) -> Result<bytes::Bytes, MetricsError> {
         let mut text = self.buffers.take();
-        TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text)?;
+        TextEncoder::new()
+            .encode_utf8(&self.registry.gather(), &mut text)
+            .map_err(MetricsError::EncodeCollectors)?;
+        self.rpcs.write(&mut text);
         families::write(volumes, &mut text).await;
         Ok(self.buffers.body(text))
-    }
-}
-
-fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
