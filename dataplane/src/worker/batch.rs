@@ -22,7 +22,7 @@ impl Worker {
         let alloc = |len| Mapping::anonymous(len).map(Arc::new);
         let prep = alloc(elems).map_err(WorkerError::Buffers)?;
         for tag in (0..q.setup.depth).map(Tag) {
-            let e = Self::elem_for(q, tag, 0);
+            let e = q.elem_for(tag, 0);
             prep.write_at(tag.index() * usize::from(eb), &e[..usize::from(eb)]);
         }
         let fetch_len = u32::try_from((depth * 2).next_multiple_of(64)).unwrap_or(u32::MAX);
@@ -44,7 +44,7 @@ impl Worker {
                 cmd_op: sys::UBLK_U_IO_PREP_IO_CMDS,
                 cmd: ublk_batch_io {
                     q_id: q.setup.q_id.0,
-                    flags: Self::batch_flags(q),
+                    flags: q.batch_flags(),
                     nr_elem: q.setup.depth,
                     elem_bytes: eb,
                     ..Default::default()
@@ -74,28 +74,6 @@ impl Worker {
             self.arm_fetch(q, slot, k)?;
         }
         Ok(())
-    }
-
-    /// Batch flags for PREP and COMMIT: buffer addresses in copy mode; with zero copy, the
-    /// fallback when the device can copy.
-    pub(super) fn batch_flags(q: &Queue) -> u16 {
-        if !q.setup.zero_copy {
-            sys::UBLK_BATCH_F_HAS_BUF_ADDR
-        } else if q.setup.user_copy {
-            sys::UBLK_BATCH_F_AUTO_BUF_REG_FALLBACK
-        } else {
-            0
-        }
-    }
-
-    /// The batch element for `tag`: header (tag, buffer slot, result), plus the tag's buffer
-    /// address in copy mode. Only the first `elem_bytes()` bytes are sent.
-    pub(super) fn elem_for(q: &Queue, tag: Tag, result: i32) -> [u8; 16] {
-        let addr = match q.cmd_buf(tag) {
-            Some((b, r)) => b.addr(r.offset),
-            None => 0,
-        };
-        elem(tag, q.zc_slot(tag), result, addr)
     }
 
     pub(super) fn arm_fetch(
@@ -186,8 +164,8 @@ impl Worker {
                 if tag.0 >= q.setup.depth {
                     continue;
                 }
-                if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
-                    Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+                if let Some(r) = q.start_request(&mut self.rings, slot, tag) {
+                    q.done(&mut self.rings, &mut self.dirty, slot, tag, r);
                 }
             }
             self.dirty.push(slot);
@@ -267,7 +245,7 @@ impl Worker {
                 continue;
             };
             let ring = self.rings.get(q.setup.placement.ublk_on_poll());
-            if Self::commit_batch(ring, q, &mut b, slot) {
+            if q.commit_batch(ring, &mut b, slot) {
                 self.dirty.push(slot);
             }
             q.batch = Some(b);
@@ -277,22 +255,41 @@ impl Worker {
             self.dirty = dirty;
         }
     }
+}
+
+impl Queue {
+    /// Batch flags for PREP and COMMIT: buffer addresses in copy mode; with zero copy, the
+    /// fallback when the device can copy.
+    pub(super) fn batch_flags(&self) -> u16 {
+        if !self.setup.zero_copy {
+            sys::UBLK_BATCH_F_HAS_BUF_ADDR
+        } else if self.setup.user_copy {
+            sys::UBLK_BATCH_F_AUTO_BUF_REG_FALLBACK
+        } else {
+            0
+        }
+    }
+
+    /// The batch element for `tag`: header (tag, buffer slot, result), plus the tag's buffer
+    /// address in copy mode. Only the first `elem_bytes()` bytes are sent.
+    pub(super) fn elem_for(&self, tag: Tag, result: i32) -> [u8; 16] {
+        let addr = match self.cmd_buf(tag) {
+            Some((b, r)) => b.addr(r.offset),
+            None => 0,
+        };
+        elem(tag, self.zc_slot(tag), result, addr)
+    }
 
     /// Sends up to `depth` of the queue's finished tags in one COMMIT_IO_CMDS, when a commit
     /// buffer is free. Returns whether tags are left for the next iteration.
-    pub(super) fn commit_batch(
-        ring: &mut WorkerRing,
-        q: &mut Queue,
-        b: &mut Batch,
-        slot: u16,
-    ) -> bool {
-        let n_max = usize::from(q.setup.depth);
+    pub(super) fn commit_batch(&mut self, ring: &mut WorkerRing, b: &mut Batch, slot: u16) -> bool {
+        let n_max = usize::from(self.setup.depth);
         let Some(i) = b.commits.take(n_max) else {
             // Nothing pending, or both commit buffers are in flight (their completions flush
             // again).
             return b.commits.has_pending();
         };
-        let eb = q.elem_bytes();
+        let eb = self.elem_bytes();
         let sent = b.commits.committing_mut(i);
         if (2..n_max).contains(&sent.len())
             && crate::hooks::fire(crate::hooks::Fault::CommitBadElement)
@@ -303,16 +300,16 @@ impl Worker {
         let sent = b.commits.committing(i);
         let n = sent.len();
         for (j, &(tag, res)) in sent.iter().enumerate() {
-            let e = Self::elem_for(q, tag, res);
+            let e = self.elem_for(tag, res);
             b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);
         }
         let pushed = ring.push(
             Op::UblkBatch {
-                fd: q.fd(),
+                fd: self.fd(),
                 cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,
                 cmd: ublk_batch_io {
-                    q_id: q.setup.q_id.0,
-                    flags: Self::batch_flags(q),
+                    q_id: self.setup.q_id.0,
+                    flags: self.batch_flags(),
                     nr_elem: n as u16,
                     elem_bytes: eb,
                     ..Default::default()
@@ -324,7 +321,7 @@ impl Worker {
                         len: n * usize::from(eb),
                     },
                 ),
-                bufs: q.cmd_buf(Tag(0)).map(|(m, _)| m),
+                bufs: self.cmd_buf(Tag(0)).map(|(m, _)| m),
             },
             Token::Commit {
                 slot,
@@ -335,11 +332,11 @@ impl Worker {
         match pushed {
             Ok(()) => {
                 b.commits.sent(i);
-                q.life.pushed();
+                self.life.pushed();
             }
             Err(_) => {
                 b.commits.unsent(i);
-                q.life.stop();
+                self.life.stop();
             }
         }
         b.commits.has_pending()

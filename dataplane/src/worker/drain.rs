@@ -53,10 +53,10 @@ impl Worker {
             }
             q.paused = false;
             let slot = slot as u16;
-            Self::admit_waiting(&mut self.rings, q, &mut self.dirty, slot);
+            q.admit_waiting(&mut self.rings, &mut self.dirty, slot);
             while let Some(tag) = q.held.pop_front() {
-                if let Some(r) = Self::start_unheld(&mut self.rings, q, slot, tag) {
-                    Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+                if let Some(r) = q.start_unheld(&mut self.rings, slot, tag) {
+                    q.done(&mut self.rings, &mut self.dirty, slot, tag, r);
                 }
             }
         }

@@ -48,31 +48,33 @@ impl Worker {
         }
         q.setup.stats.batch(1);
         self.handled += 1;
-        if let Some(r) = Self::start_request(&mut self.rings, q, slot, tag) {
-            Self::done(&mut self.rings, q, &mut self.dirty, slot, tag, r);
+        if let Some(r) = q.start_request(&mut self.rings, slot, tag) {
+            q.done(&mut self.rings, &mut self.dirty, slot, tag, r);
         }
     }
+}
 
-    pub(super) fn commit_one(rings: &mut Rings, q: &mut Queue, slot: u16, tag: Tag, res: i32) {
+impl Queue {
+    pub(super) fn commit_one(&mut self, rings: &mut Rings, slot: u16, tag: Tag, res: i32) {
         let cmd = ublksrv_io_cmd {
-            q_id: q.setup.q_id.0,
+            q_id: self.setup.q_id.0,
             tag: tag.0,
             result: res,
             addr: 0,
         };
-        let pushed = rings.get(q.setup.placement.ublk_on_poll()).push(
+        let pushed = rings.get(self.setup.placement.ublk_on_poll()).push(
             Op::UblkIo {
-                fd: q.setup.cdev.as_raw_fd(),
+                fd: self.setup.cdev.as_raw_fd(),
                 cmd_op: sys::UBLK_U_IO_COMMIT_AND_FETCH_REQ,
                 cmd,
-                buf: q.cmd_buf(tag),
-                auto_buf: q.auto_buf(tag),
+                buf: self.cmd_buf(tag),
+                auto_buf: self.auto_buf(tag),
             },
             Token::Io { slot, tag }.encode(),
         );
         match pushed {
-            Ok(()) => q.life.pushed(),
-            Err(_) => q.life.stop(),
+            Ok(()) => self.life.pushed(),
+            Err(_) => self.life.stop(),
         }
     }
 }

@@ -99,7 +99,7 @@ impl Worker {
             held: VecDeque::new(),
         };
         if !q.setup.zero_copy {
-            if let Err(e) = Self::ensure_bufs(&mut self.rings, &mut q) {
+            if let Err(e) = q.ensure_bufs(&mut self.rings) {
                 self.release_slots(&q);
                 return Err(clean(e));
             }
@@ -194,25 +194,6 @@ impl Worker {
         self.attaching = waiting;
     }
 
-    /// Allocates the queue's copy buffers (and registers them with the backend's ring) unless
-    /// they exist.
-    pub(super) fn ensure_bufs(rings: &mut Rings, q: &mut Queue) -> Result<(), WorkerError> {
-        if q.bufs.is_some() {
-            return Ok(());
-        }
-        let bufs = Arc::new(
-            Mapping::anonymous(usize::from(q.setup.depth) * q.setup.max_io as usize)
-                .map_err(WorkerError::Buffers)?,
-        );
-        if q.setup.backend.uses_fixed_buffers() {
-            let ring = rings.get(q.setup.placement.backend_on_poll());
-            q.buf_index = Some(ring.register_fixed(&bufs)?);
-        }
-        q.setup.stats.copy_buffers(bufs.len() as u64);
-        q.bufs = Some(bufs);
-        Ok(())
-    }
-
     pub(super) fn release_slots(&mut self, q: &Queue) {
         self.release_zc_slots(&q.setup, &q.zc_slots);
     }
@@ -274,5 +255,26 @@ impl Worker {
         if self.dying.is_empty() {
             self.dying = dying;
         }
+    }
+}
+
+impl Queue {
+    /// Allocates the queue's copy buffers (and registers them with the backend's ring) unless
+    /// they exist.
+    pub(super) fn ensure_bufs(&mut self, rings: &mut Rings) -> Result<(), WorkerError> {
+        if self.bufs.is_some() {
+            return Ok(());
+        }
+        let bufs = Arc::new(
+            Mapping::anonymous(usize::from(self.setup.depth) * self.setup.max_io as usize)
+                .map_err(WorkerError::Buffers)?,
+        );
+        if self.setup.backend.uses_fixed_buffers() {
+            let ring = rings.get(self.setup.placement.backend_on_poll());
+            self.buf_index = Some(ring.register_fixed(&bufs)?);
+        }
+        self.setup.stats.copy_buffers(bufs.len() as u64);
+        self.bufs = Some(bufs);
+        Ok(())
     }
 }
