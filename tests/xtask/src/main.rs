@@ -23,57 +23,95 @@ mod suite;
 mod vm;
 
 use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "\
-usage: cargo xtask <command>
-
-commands:
-  test               host tests (cargo test --workspace), the whole VM suite, then the
-                     Kubernetes tier (every k8s-test scenario)
-  vm-test [FILTER]   the VM suite alone; FILTER selects tests whose name contains it,
-                     or a whole test file (e.g. daemon, dataplane, kernel, nvme, recovery);
-                     several, comma-separated, select the tests any of them selects
-  vm-run [--timeout SECS] [--multipath] [--writable-root] -- CMD...
-                     boot the VM, run CMD inside (host root read-only, chroot), return its exit code
-  k8s-test [SCENARIO...]
-                     a one-node Kubernetes 1.35 cluster in the VM (built from its Go modules),
-                     deploy/kubernetes applied as a user would, then the scenarios (all by default)
-  demo               boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio,
-                     resize, stats, metrics
-  image [--check]    build the container image (OCI layout, no daemon, no base pulled):
-                     target/image/ublkd-oci.tar; --check builds it twice and compares digests
-  deb                build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb
-  compare [--runtime S] REV[+FLAG...] REV[+FLAG...]...
-                     ublkd at several commits (or `work`, the working tree) against each other
-                     in one boot: fio 4 KiB QD32 and QD1 on a null volume, builds interleaved;
-                     FLAGs go to that build's `ublkd run` (work+--placement=same-cpu);
-                     target/compare/results.json
-  prepare            fetch the kernel and build the initramfs (what the others do first)
-  manifests          render deploy/kubernetes and every overlay under deploy/overlays with
-                     kubectl kustomize and check them (a part of test's host tests)
-  bench [--baseline REV] [--only SUBSTR]
-                     in one boot: ublkd vs kublk, loop and null_blk under fio; control-plane
-                     latency and RSS; recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME: seconds per job, default 5;
-                     UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a release build);
-                     --baseline REV also runs every ublkd case with REV's ublkd (built and cached
-                     as compare does), interleaved A B B A, and reports new/baseline per case;
-                     --only SUBSTR runs only the fio cases whose name contains SUBSTR (and
-                     skips the control-plane, CSI, QoS, snapshot and recovery sections)
-
+/// What `--help` adds below the commands: the environment every VM command reads.
+const ENVIRONMENT: &str = "\
 environment:
   UBLKD_VM_CACHE     cache directory (default ~/.cache/ublkd-vm)
   UBLKD_VM_REFRESH=1 look for a newer kernel now instead of using the one resolved this week
   UBLKD_VM_KVER      pin the guest kernel version (e.g. 7.3.4+deb13-amd64)
   UBLKD_VM_ACCEL     kvm or tcg (default: kvm when a probe boot works, else tcg)
   UBLKD_VM_CPU       QEMU's -cpu model under TCG (default: max)
-  UBLKD_VM_VERBOSE=1 echo the guest console while it runs
-";
+  UBLKD_VM_VERBOSE=1 echo the guest console while it runs";
+
+/// ublkd's task runner: the VM harness, the test suites, the demo, the bench, packaging.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", after_help = ENVIRONMENT)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Host tests (cargo test --workspace), the whole VM suite, then the Kubernetes tier (every
+    /// k8s-test scenario).
+    Test,
+    /// The VM suite alone.
+    VmTest {
+        /// Selects tests whose name contains it, or a whole test file (e.g. daemon, dataplane,
+        /// kernel, nvme, recovery); several, comma-separated, select the tests any of them
+        /// selects.
+        filter: Option<String>,
+    },
+    /// Boot the VM, run CMD inside (host root read-only, chroot), return its exit code.
+    VmRun(VmRunArgs),
+    /// A one-node Kubernetes 1.35 cluster in the VM (built from its Go modules), deploy/kubernetes
+    /// applied as a user would, then the scenarios (all by default).
+    K8sTest {
+        /// Scenarios to run, by name.
+        scenarios: Vec<String>,
+    },
+    /// Boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio, resize, stats,
+    /// metrics.
+    Demo,
+    /// Build the container image (OCI layout, no daemon, no base pulled):
+    /// target/image/ublkd-oci.tar.
+    Image {
+        /// Build it twice and compare the layers' digests.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb.
+    Deb,
+    /// ublkd at several commits (or `work`, the working tree) against each other in one boot:
+    /// fio 4 KiB QD32 and QD1 on a null volume, builds interleaved; target/compare/results.json.
+    Compare(compare::Args),
+    /// Fetch the kernel and build the initramfs (what the others do first).
+    Prepare,
+    /// Render deploy/kubernetes and every overlay under deploy/overlays with kubectl kustomize
+    /// and check them (a part of test's host tests).
+    Manifests,
+    /// In one boot: ublkd vs kublk, loop and null_blk under fio; control-plane latency and RSS;
+    /// recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME:
+    /// seconds per job, default 5; UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a
+    /// release build).
+    Bench(bench::Args),
+}
+
+/// `cargo xtask vm-run`'s arguments.
+#[derive(Debug, clap::Args)]
+struct VmRunArgs {
+    /// Seconds before the guest is killed.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// A second NVMe subsystem with two controllers, the topology of native multipath.
+    #[arg(long)]
+    multipath: bool,
+    /// The host root writable in the guest.
+    #[arg(long)]
+    writable_root: bool,
+    /// The command and its arguments (after `--` when they start with a dash).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    cmd: Vec<String>,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
+    let cli = Cli::parse();
+    match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("xtask: error: {e:#}");
@@ -82,10 +120,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &[String]) -> Result<ExitCode> {
+fn run(command: Task) -> Result<ExitCode> {
     let ws = workspace_root()?;
-    match args.first().map(String::as_str) {
-        Some("test") => {
+    match command {
+        Task::Test => {
             host_tests(&ws)?;
             let outcome = suite::run(&ws, None)?;
             let tier = k8s::run_tier(&ws, &[])?;
@@ -100,42 +138,33 @@ fn run(args: &[String]) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Some("vm-test") => {
-            let filter = args.get(1).map(String::as_str);
-            let outcome = suite::run(&ws, filter)?;
+        Task::VmTest { filter } => {
+            let outcome = suite::run(&ws, filter.as_deref())?;
             Ok(outcome.exit_code())
         }
-        Some("vm-run") => vm_run(&ws, &args[1..]),
-        Some("k8s-test") => k8s::run(&ws, &args[1..]),
-        Some("demo") => demo(&ws),
-        Some("bench") => bench::run(&ws, &args[1..]),
-        Some("compare") => compare::run(&ws, &args[1..]),
-        Some("deb") => {
+        Task::VmRun(args) => vm_run(&ws, &args),
+        Task::K8sTest { scenarios } => k8s::run(&ws, &scenarios),
+        Task::Demo => demo(&ws),
+        Task::Bench(args) => bench::run(&ws, &args),
+        Task::Compare(args) => compare::run(&ws, &args),
+        Task::Deb => {
             deb::run(&ws)?;
             Ok(ExitCode::SUCCESS)
         }
-        Some("image") => {
-            oci::run(&ws, &args[1..])?;
+        Task::Image { check } => {
+            oci::run(&ws, check)?;
             Ok(ExitCode::SUCCESS)
         }
-        Some("manifests") => {
+        Task::Manifests => {
             deploy::manifest_checks(&ws)?;
             eprintln!("xtask: manifests: all render and pass their checks");
             Ok(ExitCode::SUCCESS)
         }
-        Some("prepare") => {
+        Task::Prepare => {
             let kernel = image::prepare(&ws)?;
             println!("kernel {} ready: {}", kernel.kver, kernel.vmlinuz.display());
             println!("initramfs: {}", kernel.initramfs.display());
             Ok(ExitCode::SUCCESS)
-        }
-        Some("-h") | Some("--help") | Some("help") => {
-            print!("{USAGE}");
-            Ok(ExitCode::SUCCESS)
-        }
-        _ => {
-            eprint!("{USAGE}");
-            Ok(ExitCode::from(2))
         }
     }
 }
@@ -297,46 +326,23 @@ fn shebang_names_shell(head: &[u8]) -> bool {
     matches!(program, Some("sh" | "ash" | "dash" | "bash" | "ksh"))
 }
 
-fn vm_run(ws: &Path, args: &[String]) -> Result<ExitCode> {
-    let mut timeout = 600u64;
-    let mut multipath = false;
-    let mut writable_root = false;
-    let mut rest = args;
-    while let Some(first) = rest.first() {
-        match first.as_str() {
-            "--timeout" => {
-                let v = rest.get(1).context("--timeout needs a number of seconds")?;
-                timeout = v.parse().with_context(|| format!("bad --timeout {v:?}"))?;
-                rest = &rest[2..];
-            }
-            "--multipath" => {
-                multipath = true;
-                rest = &rest[1..];
-            }
-            "--writable-root" => {
-                writable_root = true;
-                rest = &rest[1..];
-            }
-            "--" => {
-                rest = &rest[1..];
-                break;
-            }
-            _ => break,
-        }
-    }
-    if rest.is_empty() {
-        bail!("vm-run needs a command: cargo xtask vm-run -- CMD...");
-    }
-    let script = rest
+fn vm_run(ws: &Path, args: &VmRunArgs) -> Result<ExitCode> {
+    let VmRunArgs {
+        timeout,
+        multipath,
+        writable_root,
+        cmd,
+    } = args;
+    let script = cmd
         .iter()
         .map(|a| vm::shell_quote(a))
         .collect::<Vec<_>>()
         .join(" ");
     let kernel = image::prepare(ws)?;
     let run = vm::Vm::new(ws, &kernel)?
-        .timeout_secs(timeout)
-        .multipath(multipath)
-        .writable_root(writable_root)
+        .timeout_secs(*timeout)
+        .multipath(*multipath)
+        .writable_root(*writable_root)
         .echo(true)
         .run(&script)?;
     match &run.exit {
@@ -427,5 +433,56 @@ mod tests {
             assert!(!p.starts_with("target"), "{}", p.display());
             assert!(p.extension().is_none_or(|e| e == "sh"), "{}", p.display());
         }
+    }
+
+    fn parse(args: &[&str]) -> Result<Task, clap::Error> {
+        Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied())).map(|c| c.command)
+    }
+
+    #[test]
+    fn the_command_line_is_read_as_documented() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        // vm-run: its options, then the command, with or without `--`, dashes and all.
+        match parse(&["vm-run", "--timeout", "30", "--", "ls", "-l"]) {
+            Ok(Task::VmRun(a)) => {
+                assert_eq!((a.timeout, a.multipath), (30, false));
+                assert_eq!(a.cmd, ["ls", "-l"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["vm-run", "--multipath", "sh", "-c", "true"]) {
+            Ok(Task::VmRun(a)) => assert_eq!((a.timeout, a.multipath, a.cmd.len()), (600, true, 3)),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["vm-run"]).is_err(), "vm-run needs a command");
+        assert!(parse(&["vm-run", "--timeout", "soon", "ls"]).is_err());
+        match parse(&["vm-test", "qos,nvme"]) {
+            Ok(Task::VmTest { filter }) => assert_eq!(filter.as_deref(), Some("qos,nvme")),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["k8s-test", "driver", "warnings"]) {
+            Ok(Task::K8sTest { scenarios }) => assert_eq!(scenarios, ["driver", "warnings"]),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["image", "--check"]),
+            Ok(Task::Image { check: true })
+        ));
+        assert!(parse(&["image", "--push"]).is_err(), "no such option");
+        // compare: two builds or more, a runtime of at least a second; a build's flags may
+        // start with dashes.
+        assert!(parse(&["compare", "fdc00eb"]).is_err());
+        assert!(parse(&["compare", "--runtime", "0", "a", "b"]).is_err());
+        assert!(matches!(
+            parse(&["compare", "fdc00eb", "work+--placement=same-cpu"]),
+            Ok(Task::Compare(_))
+        ));
+        assert!(matches!(
+            parse(&["bench", "--baseline", "e3edd49", "--only", "null"]),
+            Ok(Task::Bench(_))
+        ));
+        assert!(parse(&["bench", "--fast"]).is_err());
+        assert!(parse(&["no-such-task"]).is_err());
     }
 }

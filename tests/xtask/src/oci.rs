@@ -20,7 +20,7 @@
 
 use crate::apt;
 use crate::dist::{self, Release};
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -92,12 +92,9 @@ pub struct Built {
 }
 
 /// `cargo xtask image [--check]`.
-pub fn run(ws: &Path, args: &[String]) -> Result<()> {
-    let check = match args {
-        [] => false,
-        [a] if a == "--check" => true,
-        _ => bail!("usage: cargo xtask image [--check]"),
-    };
+/// `cargo xtask image [--check]`: with `check`, a second build from nothing must give the same
+/// layers.
+pub fn run(ws: &Path, check: bool) -> Result<()> {
     let built = build(ws, &ws.join("target/image"))?;
     report(&built);
     if check {

@@ -94,28 +94,31 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// `cargo xtask bench`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Also run every ublkd case with REV's ublkd (built and cached as compare does),
+    /// interleaved A B B A, and report new/baseline per case.
+    #[arg(long, value_name = "REV")]
+    baseline: Option<String>,
+    /// Run only the fio cases whose name contains SUBSTR (and skip the control-plane, CSI, QoS,
+    /// snapshot and recovery sections).
+    #[arg(long, value_name = "SUBSTR")]
+    only: Option<String>,
+}
+
 /// `cargo xtask bench [--baseline REV] [--only SUBSTR]`.
-pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
+pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
     let mut plan = Plan::default();
-    let mut rest = args.iter();
-    while let Some(a) = rest.next() {
-        match a.as_str() {
-            "--baseline" => {
-                let rev = rest.next().context("--baseline needs a commit")?;
-                let (label, bin) = crate::compare::build(ws, rev)?;
-                plan.baseline = Some((label, bin));
-            }
-            "--only" => {
-                let s = rest.next().context("--only needs a part of a run's name")?;
-                if !RUNS.iter().any(|r| r.id.contains(s.as_str())) {
-                    bail!("--only {s:?} names no run; the runs: {}", run_names());
-                }
-                plan.only = Some(s.clone());
-            }
-            other => {
-                bail!("unknown bench argument {other:?}: expected --baseline REV or --only SUBSTR")
-            }
+    if let Some(s) = &args.only {
+        if !RUNS.iter().any(|r| r.id.contains(s.as_str())) {
+            bail!("--only {s:?} names no run; the runs: {}", run_names());
         }
+        plan.only = Some(s.clone());
+    }
+    if let Some(rev) = &args.baseline {
+        let (label, bin) = crate::compare::build(ws, rev)?;
+        plan.baseline = Some((label, bin));
     }
     let runtime = match std::env::var("UBLKD_BENCH_RUNTIME") {
         Ok(v) => v

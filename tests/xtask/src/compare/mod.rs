@@ -25,27 +25,23 @@ const GUEST: &str = include_str!("guest.sh");
 const DEFAULT_RUNTIME: u64 = 8;
 
 /// `cargo xtask compare [--runtime S] REV...`.
-pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
-    let mut runtime = DEFAULT_RUNTIME;
-    let mut revs = Vec::new();
-    let mut rest = args.iter();
-    while let Some(a) = rest.next() {
-        if a == "--runtime" {
-            let v = rest.next().context("--runtime needs a number of seconds")?;
-            runtime = v
-                .parse()
-                .ok()
-                .filter(|&s| s > 0)
-                .with_context(|| format!("bad --runtime {v:?}"))?;
-        } else {
-            revs.push(a.clone());
-        }
-    }
-    if revs.len() < 2 {
-        bail!("compare needs two builds or more: cargo xtask compare fdc00eb work");
-    }
+/// `cargo xtask compare`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Seconds per fio job.
+    #[arg(long, default_value_t = DEFAULT_RUNTIME, value_parser = clap::value_parser!(u64).range(1..))]
+    runtime: u64,
+    /// The builds: REV[+FLAG...], a commit or `work` (the working tree); each FLAG goes to that
+    /// build's `ublkd run` (work+--placement=same-cpu).
+    #[arg(required = true, num_args = 2.., value_name = "REV[+FLAG...]", allow_hyphen_values = true)]
+    builds: Vec<String>,
+}
+
+pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
+    let runtime = args.runtime;
+    let revs = &args.builds;
     let mut builds = Vec::new();
-    for arg in &revs {
+    for arg in revs {
         let mut parts = arg.split('+');
         let rev = parts.next().unwrap_or_default();
         let flags: Vec<&str> = parts.collect();
