@@ -90,6 +90,12 @@ enum Task {
     /// seconds per job, default 5; UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a
     /// release build).
     Bench(bench::Args),
+    /// The bench's guest side, run by `bench` inside the VM on the input it wrote.
+    #[command(hide = true)]
+    BenchGuest {
+        /// The input `bench` wrote into the run directory.
+        input: PathBuf,
+    },
 }
 
 /// `cargo xtask vm-run`'s arguments.
@@ -146,6 +152,10 @@ fn run(command: Task) -> Result<ExitCode> {
         Task::K8sTest { scenarios } => k8s::run(&ws, &scenarios),
         Task::Demo => demo(&ws),
         Task::Bench(args) => bench::run(&ws, &args),
+        Task::BenchGuest { input } => {
+            bench::guest::main(&input)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Task::Compare(args) => compare::run(&ws, &args),
         Task::Deb => {
             deb::run(&ws)?;

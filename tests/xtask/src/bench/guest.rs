@@ -1,89 +1,153 @@
-//! The script the guest runs: a preamble naming the binaries and settings, the shell functions
-//! of `guest.sh`, `run_workloads` made from `WORKLOADS`, `qos_jobs` from `QOS_JOBS`, then one
-//! line per case.
+//! The bench's guest side. The host writes what the guest needs to know ([`Input`]: seconds per
+//! fio job, the `--only`/`--baseline` plan, where each binary is or why it is missing) into the
+//! run directory, and the guest runs this same xtask binary (`xtask bench-guest INPUT`) over the
+//! host's root. [`steps`] turns the input into the ordered list of cases, one [`Step`] each, and
+//! [`main`] runs them: the fio cases in `devices`, the node service's sections in `service`
+//! (control plane, CSI), `features` (QoS, snapshots) and `recovery` (kill -9, I/O stall), all on
+//! the helpers of `proc`. Every case writes its raw results into `<run dir>/<case>/`, which
+//! `collect` reads on the host.
+
+mod devices;
+mod features;
+mod proc;
+mod recovery;
+mod service;
 
 use super::cases::{
-    ab_order, recovery_run, Build, Plan, Server, UBackend, BACKING_BYTES, CONTROL_DEPTH,
-    CONTROL_LOAD_CALLS, CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES, CSI_METRICS,
-    CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, DEPTH, NULL_BYTES, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN,
-    QOS_RUNTIME_SECS, QOS_SIZE, QUEUES, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE,
-    RECOVERY_VOLUMES, RUNS, SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS,
-    SNAPSHOT_REPEATS, SNAPSHOT_RUN, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE,
-    WARMUP_SUFFIX, WORKLOADS,
+    ab_order, recovery_run, Build, Plan, Server, UBackend, CONTROL_RUN, CSI_RUN, DEPTH, QOS_RUN,
+    QUEUES, RECOVERY_VOLUMES, RUNS, SNAPSHOT_RUN, STALL_RUN, WARMUP_SUFFIX,
 };
-use crate::vm;
-use std::fmt::Write as _;
-use std::path::Path;
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
-/// Shell functions the generated script uses. Each run writes into `$OUT/<run>/`:
-/// `error` (setup failed; no numbers), `teardown_error`, and per workload `<wl>.json` (fio),
-/// `<wl>.rc` and `<wl>.counters` (`cpu_ticks_before cpu_ticks_after hz ios_before ios_after`,
-/// where a tick count is `none` without a server process and `-` when it could not be read).
-/// Checked by shellcheck in the host tests (`cargo xtask test`).
-const SCRIPT_LIB: &str = include_str!("guest.sh");
+/// A binary the guest runs, or why there is none.
+pub type Bin = Result<PathBuf, String>;
 
-/// The script the guest runs: every run of `RUNS`, then the control-plane, CSI, QoS, snapshot
-/// and recovery runs, each writing its results into the run directory. `kublk`/`ublkd`/`ublkctl`
-/// are the binaries, or why they are missing. `plan` narrows the fio runs (`--only`) and adds the
-/// baseline's runs of every ublkd case (`--baseline`, after a warm-up, A B B A or B A A B).
-pub fn guest_script(
-    runtime: u64,
-    plan: &Plan,
-    kublk: Result<&Path, &str>,
-    ublkd: Result<&Path, &str>,
-    ublkctl: Result<&Path, &str>,
-    csi: Result<&Path, &str>,
-) -> String {
-    let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
-    let mut s = String::from("set -u\n");
-    let _ = writeln!(s, "RUNTIME={runtime}");
-    let _ = writeln!(s, "BACKING_BYTES={BACKING_BYTES}");
-    let _ = writeln!(s, "LOAD_CALLS={CONTROL_LOAD_CALLS}");
-    let _ = writeln!(s, "KUBLK={}", kublk.map(q).unwrap_or_default());
-    let _ = writeln!(s, "UBLKD={}", ublkd.map(q).unwrap_or_default());
-    s.push_str("UBLKD_NEW=$UBLKD\n");
-    if let Some((_, base)) = &plan.baseline {
-        let _ = writeln!(s, "UBLKD_BASE={}", q(base));
+/// What the host tells the guest.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// Seconds each fio job measures.
+    pub runtime: u64,
+    pub plan: Plan,
+    pub kublk: Bin,
+    pub ublkd: Bin,
+    pub ublkctl: Bin,
+    pub csi: Bin,
+}
+
+impl Input {
+    pub fn to_json(&self) -> Value {
+        let bin = |b: &Bin| match b {
+            Ok(p) => json!({ "path": p }),
+            Err(e) => json!({ "missing": e }),
+        };
+        json!({
+            "runtime": self.runtime,
+            "only": self.plan.only,
+            "baseline": self.plan.baseline.as_ref().map(|(label, bin)| json!({ "label": label, "bin": bin })),
+            "kublk": bin(&self.kublk),
+            "ublkd": bin(&self.ublkd),
+            "ublkctl": bin(&self.ublkctl),
+            "csi": bin(&self.csi),
+        })
     }
-    let _ = writeln!(s, "UBLKCTL={}", ublkctl.map(q).unwrap_or_default());
-    let _ = writeln!(s, "UBLKD_CSI={}", csi.map(q).unwrap_or_default());
-    s.push_str("SOCK=\"\"\n");
-    s.push_str(SCRIPT_LIB);
-    s.push_str("\n# run_workloads RUN DEVICE PIDS\nrun_workloads() {\n");
-    for wl in WORKLOADS {
-        let _ = writeln!(
-            s,
-            "    run_fio \"$1\" \"$2\" {} {} {} \"$3\" {} {}",
-            wl.id, wl.rw, wl.qd, wl.bs, wl.jobs
-        );
+
+    pub fn from_json(v: &Value) -> Result<Self> {
+        let bin = |key: &str| -> Result<Bin> {
+            let b = &v[key];
+            match (b["path"].as_str(), b["missing"].as_str()) {
+                (Some(p), _) => Ok(Ok(PathBuf::from(p))),
+                (None, Some(e)) => Ok(Err(e.to_owned())),
+                _ => anyhow::bail!("no path and no reason for {key} in {b}"),
+            }
+        };
+        let baseline = match &v["baseline"] {
+            Value::Null => None,
+            b => Some((
+                b["label"]
+                    .as_str()
+                    .context("baseline without a label")?
+                    .to_owned(),
+                PathBuf::from(b["bin"].as_str().context("baseline without a binary")?),
+            )),
+        };
+        Ok(Self {
+            runtime: v["runtime"].as_u64().context("no runtime")?,
+            plan: Plan {
+                only: v["only"].as_str().map(str::to_owned),
+                baseline,
+            },
+            kublk: bin("kublk")?,
+            ublkd: bin("ublkd")?,
+            ublkctl: bin("ublkctl")?,
+            csi: bin("csi")?,
+        })
     }
-    s.push_str("}\n\n# qos_jobs: one qos_job ID RW BS [FLAGS] per limit\nqos_jobs() {\n");
-    for job in QOS_JOBS {
-        let line = format!(
-            "    qos_job {} {} {} {}",
-            job.id(),
-            job.rw,
-            job.bs,
-            job.flags()
-        );
-        s.push_str(line.trim_end());
-        s.push('\n');
-    }
-    s.push_str("}\n\n");
-    s.push_str("echo \"bench: guest kernel $(uname -r), $(nproc) CPUs\"\n");
-    s.push_str(
-        "BACKING=\"\"\nif prepare_backing > \"$OUT/backing.log\" 2>&1; then\n    \
-         note \"backing file $BACKING ready\"\nelse\n    \
-         note \"backing file failed: $(tail_of \"$OUT/backing.log\")\"\nfi\n",
-    );
-    // The backing file's file system lives on the NVMe namespace: unmount it before the first
-    // run that uses the namespace itself.
+}
+
+/// One thing the guest does, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// ext4 on the NVMe namespace with the backing file of the file cases, written in full.
+    PrepareBacking,
+    /// That file system unmounted, before anything uses the namespace itself.
+    UnmountBacking,
+    /// A case that cannot run: its directory gets `error` with `why`.
+    Fail {
+        run: String,
+        why: String,
+    },
+    NullBlk {
+        run: String,
+    },
+    /// A loop device with direct I/O on the backing file.
+    Loop {
+        run: String,
+    },
+    /// `kublk add ARGS`.
+    Kublk {
+        run: String,
+        args: Vec<String>,
+    },
+    /// fio on the namespace itself: passthrough on `/dev/ng0n1`, or io_uring on `/dev/nvme0n1`.
+    RawNvme {
+        run: String,
+        passthru: bool,
+    },
+    /// `ublkd run` with `backend` and `args`, by `build`'s binary; a `warmup` runs one discarded
+    /// job instead of the workloads.
+    Ublkd {
+        run: String,
+        build: Build,
+        backend: UBackend,
+        args: Vec<String>,
+        warmup: bool,
+    },
+    /// The node service's sections: control plane, CSI, QoS, snapshots, recovery of N volumes,
+    /// the I/O stall.
+    Control,
+    Csi,
+    Qos,
+    Snapshot,
+    Recovery(usize),
+    Stall,
+}
+
+/// What the guest does for `input`: every selected fio run (each ublkd run four times after a
+/// warm-up with a baseline), then, without `--only`, the node service's sections. A case whose
+/// binary is missing is a [`Step::Fail`] saying why.
+pub fn steps(input: &Input) -> Vec<Step> {
+    let plan = &input.plan;
+    let fail = |run: &str, why: &str| Step::Fail {
+        run: run.to_owned(),
+        why: why.to_owned(),
+    };
+    let mut out = vec![Step::PrepareBacking];
     let mut unmounted = false;
-    // How many ublkd cases have run A/B so far: their order alternates.
     let mut ab_cases = 0;
-    let umount = "if [ -n \"$BACKING\" ]; then umount \"$TMPDIR/ublkd-bench\"; BACKING=\"\"; fi\n";
     for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
-        let id = run.id;
+        let id = run.id.to_owned();
         let on_namespace = matches!(
             run.server,
             Server::RawNvme { .. }
@@ -93,381 +157,399 @@ pub fn guest_script(
                 }
         );
         if on_namespace && !unmounted {
-            s.push_str(umount);
+            out.push(Step::UnmountBacking);
             unmounted = true;
         }
-        let line = match run.server {
-            Server::NullBlk => format!("nullblk_case {id}"),
-            Server::Loop => format!(
-                "if [ -n \"$BACKING\" ]; then loop_case {id} \"$BACKING\"; \
-                 else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
-            ),
-            Server::Kublk { batch, auto_zc } => match kublk {
-                Ok(_) => format!(
-                    "kublk_case {id} -t null -q {QUEUES} -d {DEPTH}{}{}",
-                    if batch { " -b" } else { "" },
-                    if auto_zc { " --auto_zc" } else { "" }
-                ),
-                Err(e) => format!("fail_case {id} {}", vm::shell_quote(e)),
+        match run.server {
+            Server::NullBlk => out.push(Step::NullBlk { run: id }),
+            Server::Loop => out.push(Step::Loop { run: id }),
+            Server::RawNvme { passthru } => out.push(Step::RawNvme { run: id, passthru }),
+            Server::Kublk { batch, auto_zc } => match &input.kublk {
+                Err(e) => out.push(fail(&id, e)),
+                Ok(_) => {
+                    let mut args: Vec<String> = ["-t", "null", "-q", &QUEUES.to_string()]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                    args.extend(["-d".to_owned(), DEPTH.to_string()]);
+                    if batch {
+                        args.push("-b".into());
+                    }
+                    if auto_zc {
+                        args.push("--auto_zc".into());
+                    }
+                    out.push(Step::Kublk { run: id, args });
+                }
             },
-            Server::RawNvme { passthru } => format!("raw_nvme_case {id} {passthru}"),
             Server::Ublkd {
                 backend,
                 io_path,
                 zero_copy,
                 poll,
             } => {
+                if let Err(e) = &input.ublkd {
+                    out.push(fail(&id, e));
+                    continue;
+                }
                 let on = |b: bool| if b { "on" } else { "off" };
-                let common = format!(
-                    "--queues {QUEUES} --depth {DEPTH} --io-path {io_path} --zero-copy {} --poll {}",
+                let args: Vec<String> = [
+                    "--queues",
+                    &QUEUES.to_string(),
+                    "--depth",
+                    &DEPTH.to_string(),
+                    "--io-path",
+                    io_path,
+                    "--zero-copy",
                     on(zero_copy),
-                    on(poll)
-                );
-                match (ublkd, backend) {
-                    (Err(e), _) => format!("fail_case {id} {}", vm::shell_quote(e)),
-                    (Ok(_), UBackend::Null) => format!(
-                        "ublkd_case {id} --backend null --size {NULL_BYTES} {common}"
-                    ),
-                    (Ok(_), UBackend::File) => format!(
-                        "if [ -n \"$BACKING\" ]; then \
-                         ublkd_case {id} --backend \"file:$BACKING\" --size {BACKING_BYTES} {common}; \
-                         else fail_case {id} \"no backing file: $(tail_of \"$OUT/backing.log\")\"; fi"
-                    ),
-                    (Ok(_), UBackend::Nvme) => format!(
-                        "ublkd_case {id} --backend nvme:/dev/ng0n1 \
-                         --size $(( $(cat /sys/block/nvme0n1/size) * 512 )) {common}"
-                    ),
-                }
-            }
-        };
-        match (&plan.baseline, ublkd) {
-            (Some(_), Ok(_)) if run.is_ublkd() => {
-                // A warm-up, discarded, then A B B A (or B A A B): the same case line, each
-                // time with its build's binary and directory.
-                let case = format!("ublkd_case {id} ");
-                let order = ab_order(ab_cases);
-                ab_cases += 1;
-                let bin = |build: Build| match build {
-                    Build::New => "$UBLKD_NEW",
-                    Build::Baseline => "$UBLKD_BASE",
+                    "--poll",
+                    on(poll),
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let one = |suffix: &str, build: Build, warmup: bool| Step::Ublkd {
+                    run: format!("{id}{suffix}"),
+                    build,
+                    backend,
+                    args: args.clone(),
+                    warmup,
                 };
-                let warm = line.replace(
-                    &case,
-                    &format!(
-                        "WARMUP=1; UBLKD=\"{}\"; ublkd_case {id}{WARMUP_SUFFIX} ",
-                        bin(order[0].1)
-                    ),
-                );
-                s.push_str(&warm);
-                s.push_str("\nWARMUP=0\n");
-                for (suffix, build) in order {
-                    let one = line.replace(
-                        &case,
-                        &format!("UBLKD=\"{}\"; ublkd_case {id}{suffix} ", bin(build)),
-                    );
-                    s.push_str(&one);
-                    s.push('\n');
+                if plan.baseline.is_some() {
+                    // A discarded warm-up, then A B B A (or B A A B).
+                    let order = ab_order(ab_cases);
+                    ab_cases += 1;
+                    out.push(one(WARMUP_SUFFIX, order[0].1, true));
+                    for (suffix, build) in order {
+                        out.push(one(suffix, build, false));
+                    }
+                } else {
+                    out.push(one("", Build::New, false));
                 }
-                s.push_str("UBLKD=\"$UBLKD_NEW\"\n");
-            }
-            _ => {
-                s.push_str(&line);
-                s.push('\n');
             }
         }
     }
     if !unmounted {
-        s.push_str(umount);
+        out.push(Step::UnmountBacking);
     }
     if !plan.sections() {
-        s.push_str("note done\nexit 0\n");
-        return s;
+        return out;
     }
-    let line = match (ublkd, ublkctl) {
-        (Err(e), _) | (_, Err(e)) => format!("fail_case {CONTROL_RUN} {}", vm::shell_quote(e)),
-        (Ok(_), Ok(_)) => format!(
-            "ctl_case {CONTROL_RUN} {CONTROL_VOLUMES} {CONTROL_SIZE} {CONTROL_DEPTH} \
-             {CONTROL_METRICS}"
-        ),
+    let node = input.ublkd.as_ref().and(input.ublkctl.as_ref());
+    let section = |run: &str, step: Step, also: Option<&Bin>| match (node, also) {
+        (Err(e), _) | (_, Some(Err(e))) => fail(run, e),
+        _ => step,
     };
-    s.push_str(&line);
-    s.push('\n');
-    let line = match (ublkd, ublkctl, csi) {
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-            format!("fail_case {CSI_RUN} {}", vm::shell_quote(e))
-        }
-        (Ok(_), Ok(_), Ok(_)) => {
-            format!("csi_case {CSI_RUN} {CSI_VOLUMES} {CSI_PARALLEL} {CSI_METRICS}")
-        }
-    };
-    s.push_str(&line);
-    s.push('\n');
-    // The features measured through the node service: QoS limits, snapshots and clones.
-    let gib: Vec<String> = SNAPSHOT_GIB.iter().map(u64::to_string).collect();
-    for (id, case) in [
-        (
-            QOS_RUN,
-            format!("qos_case {QOS_RUN} {QOS_METRICS} {QOS_SIZE} {QOS_QD} {QOS_RUNTIME_SECS}"),
-        ),
-        (
-            SNAPSHOT_RUN,
-            format!(
-                "snap_case {SNAPSHOT_RUN} {SNAPSHOT_METRICS} {SNAPSHOT_FS_GIB} {SNAPSHOT_FILL_MIB} \
-                 {SNAPSHOT_REPEATS} {}",
-                gib.join(" ")
-            ),
-        ),
-    ] {
-        let line = match (ublkd, ublkctl) {
-            (Err(e), _) | (_, Err(e)) => format!("fail_case {id} {}", vm::shell_quote(e)),
-            (Ok(_), Ok(_)) => case,
-        };
-        s.push_str(&line);
-        s.push('\n');
-    }
+    out.push(section(CONTROL_RUN, Step::Control, None));
+    out.push(section(CSI_RUN, Step::Csi, Some(&input.csi)));
+    out.push(section(QOS_RUN, Step::Qos, None));
+    out.push(section(SNAPSHOT_RUN, Step::Snapshot, None));
     // Crash recovery last: each run its own daemon, state and socket, torn down before the next.
-    let mut runs: Vec<String> = RECOVERY_VOLUMES.iter().map(|&n| recovery_run(n)).collect();
-    runs.push(STALL_RUN.to_owned());
-    for (i, id) in runs.iter().enumerate() {
-        let line = match (ublkd, ublkctl) {
-            (Err(e), _) | (_, Err(e)) => format!("fail_case {id} {}", vm::shell_quote(e)),
-            (Ok(_), Ok(_)) => match RECOVERY_VOLUMES.get(i) {
-                Some(n) => {
-                    format!("rec_case {id} {n} {RECOVERY_SIZE} {RECOVERY_DEPTH} {RECOVERY_METRICS}")
-                }
-                None => format!(
-                    "stall_case {id} {STALL_SIZE} {STALL_RUNTIME_SECS} {STALL_KILL_AT_SECS} \
-                     {RECOVERY_METRICS}"
-                ),
-            },
-        };
-        s.push_str(&line);
-        s.push('\n');
+    for n in RECOVERY_VOLUMES {
+        out.push(section(&recovery_run(n), Step::Recovery(n), None));
     }
-    s.push_str("note done\nexit 0\n");
-    s
+    out.push(section(STALL_RUN, Step::Stall, None));
+    out
+}
+
+/// The script the guest's init runs: this binary, over the host's root, on `input` (a file in
+/// the run directory).
+pub fn script(xtask: &Path, input: &Path) -> String {
+    format!(
+        "exec {} bench-guest {}\n",
+        crate::vm::shell_quote(&xtask.to_string_lossy()),
+        crate::vm::shell_quote(&input.to_string_lossy())
+    )
+}
+
+/// `xtask bench-guest INPUT`, in the guest: every step, each case's outcome in its directory.
+/// Fails only when the input cannot be read; a case that fails says so in its own files.
+pub fn main(input: &Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let input = Input::from_json(&serde_json::from_str(&text)?)?;
+    let out = PathBuf::from(std::env::var_os("UBLKD_VM_RUN").context("UBLKD_VM_RUN is not set")?);
+    let g = proc::Guest::new(&input, out);
+    proc::note(&format!(
+        "guest kernel {}, {} CPUs",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        std::thread::available_parallelism().map_or(0, usize::from)
+    ));
+    let mut backing: Option<PathBuf> = None;
+    for step in steps(&input) {
+        match step {
+            Step::PrepareBacking => backing = devices::prepare_backing(&g),
+            Step::UnmountBacking => {
+                if backing.take().is_some() {
+                    devices::unmount_backing(&g);
+                }
+            }
+            Step::Fail { run, why } => g.fail_case(&run, &why),
+            Step::NullBlk { run } => devices::nullblk_case(&g, &run),
+            Step::Loop { run } => match &backing {
+                Some(file) => devices::loop_case(&g, &run, file),
+                None => g.fail_case(&run, &g.no_backing()),
+            },
+            Step::Kublk { run, args } => devices::kublk_case(&g, &run, &args),
+            Step::RawNvme { run, passthru } => devices::raw_nvme_case(&g, &run, passthru),
+            Step::Ublkd {
+                run,
+                build,
+                backend,
+                args,
+                warmup,
+            } => devices::ublkd_case(&g, &run, build, backend, &args, warmup, backing.as_deref()),
+            Step::Control => service::control_case(&g),
+            Step::Csi => service::csi_case(&g),
+            Step::Qos => features::qos_case(&g),
+            Step::Snapshot => features::snapshot_case(&g),
+            Step::Recovery(n) => recovery::recovery_case(&g, n),
+            Step::Stall => recovery::stall_case(&g),
+        }
+    }
+    proc::note("done");
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
-    use std::process::Command;
 
-    /// The script of a bench whose every binary was built.
-    fn all_binaries(plan: &Plan) -> String {
-        guest_script(
-            5,
+    fn input(plan: Plan, kublk: Bin, ublkd: Bin, ublkctl: Bin) -> Input {
+        Input {
+            runtime: 5,
             plan,
-            Ok(Path::new("/k/kublk")),
-            Ok(Path::new("/t/ublkd")),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
+            kublk,
+            ublkd,
+            ublkctl,
+            csi: Ok("/t/ublkd-csi".into()),
+        }
+    }
+
+    fn all_binaries(plan: Plan) -> Input {
+        input(
+            plan,
+            Ok("/k/kublk".into()),
+            Ok("/t/ublkd".into()),
+            Ok("/t/ublkctl".into()),
         )
     }
 
-    #[test]
-    fn script_runs_every_case_and_reports_missing_binaries() {
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Ok(Path::new("/cache/kublk")),
-            Err("building ublkd failed"),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
-        assert!(s.contains("RUNTIME=5\n"));
-        assert!(s.contains("kublk_case kublk-null -t null -q 2 -d 128\n"));
-        assert!(s.contains("kublk_case kublk-null-batch -t null -q 2 -d 128 -b\n"));
-        assert!(s.contains("kublk_case kublk-null-batch-zc -t null -q 2 -d 128 -b --auto_zc\n"));
-        assert!(s.contains("fail_case ublkd-null-per-io 'building ublkd failed'\n"));
-        assert!(s.contains("nullblk_case null_blk\n"));
-        assert!(s.contains("loop_case loop-dio"));
-        assert!(s.contains("UBLKCTL=/t/ublkctl\n"));
-        assert!(s.contains("fail_case ublkd-control 'building ublkd failed'\n"));
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Err("no kublk"),
-            Ok(Path::new("/t/ublkd")),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
-        assert!(s.contains(
-            "ublkd_case ublkd-null-batch --backend null --size 1073741824 \
-             --queues 2 --depth 128 --io-path batch --zero-copy off --poll off\n"
-        ));
-        assert!(s.contains(
-            "ublkd_case ublkd-null-batch-zc --backend null --size 1073741824 \
-             --queues 2 --depth 128 --io-path batch --zero-copy on --poll off\n"
-        ));
-        assert!(s.contains("raw_nvme_case fio-ng0n1-passthru true\n"));
-        assert!(s.contains("ublkd_case ublkd-nvme-poll --backend nvme:/dev/ng0n1"));
-        assert!(s.contains("fail_case kublk-null 'no kublk'\n"));
-        assert!(s.contains("csi_case ublkd-csi 50 20 127.0.0.1:9583\n"));
-        assert!(s.contains("UBLKD_CSI=/t/ublkd-csi\n"));
-        // The control plane runs last, after the fio cases and the backing file's unmount.
-        let ctl = s
-            .find("ctl_case ublkd-control 100 64MiB 32 127.0.0.1:9581\n")
-            .expect("no ctl_case line");
-        assert!(s.rfind("loop_case loop-dio").is_some_and(|i| i < ctl));
-        // The backing file's unmount (guest.sh has umounts of its own, in functions).
-        let umount = "then umount \"$TMPDIR/ublkd-bench\"";
-        assert!(s.rfind(umount).is_some_and(|i| i < ctl));
-        // The namespace's file system is gone before anything uses the namespace itself.
-        let um = s.find(umount).expect("umount");
-        assert!(s.rfind("ublkd-file-copy").is_some_and(|i| i < um));
-        assert!(s.find("fio-ng0n1-passthru").is_some_and(|i| i > um));
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Err("no kublk"),
-            Ok(Path::new("/t/ublkd")),
-            Err("building ublkctl failed"),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
-        assert!(s.contains("fail_case ublkd-control 'building ublkctl failed'\n"));
-        assert!(!s.contains("ctl_case ublkd-control"));
+    fn at(steps: &[Step], step: &Step) -> usize {
+        steps
+            .iter()
+            .position(|s| s == step)
+            .unwrap_or_else(|| panic!("no {step:?} in {steps:#?}"))
     }
 
-    #[test]
-    fn script_runs_the_recovery_cases_last() {
-        let s = all_binaries(&Plan::default());
-        let at = |line: &str| {
-            s.find(line)
-                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
-        };
-        let ctl = at("ctl_case ublkd-control 100");
-        let r1 = at("rec_case ublkd-recovery-1 1 64MiB 32 127.0.0.1:9582\n");
-        let r16 = at("rec_case ublkd-recovery-16 16 64MiB 32 127.0.0.1:9582\n");
-        let r64 = at("rec_case ublkd-recovery-64 64 64MiB 32 127.0.0.1:9582\n");
-        let stall = at("stall_case ublkd-stall 128MiB 8 3 127.0.0.1:9582\n");
-        assert!(ctl < r1 && r1 < r16 && r16 < r64 && r64 < stall);
-        assert!(at("note done") > stall);
-
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Ok(Path::new("/k/kublk")),
-            Ok(Path::new("/t/ublkd")),
-            Err("building ublkctl failed"),
-            Ok(Path::new("/t/ublkd-csi")),
-        );
-        for run in [
-            "ublkd-recovery-1",
-            "ublkd-recovery-16",
-            "ublkd-recovery-64",
-            "ublkd-stall",
-        ] {
-            assert!(
-                s.contains(&format!("fail_case {run} 'building ublkctl failed'\n")),
-                "{run}"
-            );
+    fn ublkd(run: &str, build: Build, io_path: &str, zc: &str, warmup: bool) -> Step {
+        Step::Ublkd {
+            run: run.into(),
+            build,
+            backend: UBackend::Null,
+            args: [
+                "--queues",
+                "2",
+                "--depth",
+                "128",
+                "--io-path",
+                io_path,
+                "--zero-copy",
+                zc,
+                "--poll",
+                "off",
+            ]
+            .map(String::from)
+            .to_vec(),
+            warmup,
         }
-        assert!(!s.contains("rec_case ublkd-recovery") && !s.contains("stall_case ublkd-stall"));
+    }
+
+    fn fail(run: &str, why: &str) -> Step {
+        Step::Fail {
+            run: run.into(),
+            why: why.into(),
+        }
     }
 
     #[test]
-    fn script_runs_qos_and_snapshots_before_recovery() {
-        let s = all_binaries(&Plan::default());
-        let at = |line: &str| {
-            s.find(line)
-                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
+    fn the_input_reads_back_as_written() {
+        let mut i = all_binaries(Plan {
+            only: Some("null".into()),
+            baseline: Some(("fdc00eb".into(), "/c/bin/ublkd".into())),
+        });
+        i.kublk = Err("building kublk failed: it's gone".into());
+        let back = Input::from_json(&i.to_json()).expect("reads back");
+        assert_eq!(format!("{back:?}"), format!("{i:?}"));
+        let plain = all_binaries(Plan::default());
+        let back = Input::from_json(&plain.to_json()).expect("reads back");
+        assert_eq!(format!("{back:?}"), format!("{plain:?}"));
+    }
+
+    #[test]
+    fn every_case_runs_and_missing_binaries_are_reported() {
+        let s = steps(&input(
+            Plan::default(),
+            Ok("/cache/kublk".into()),
+            Err("building ublkd failed".into()),
+            Ok("/t/ublkctl".into()),
+        ));
+        let kublk = |run: &str, extra: &[&str]| {
+            let mut args: Vec<String> = ["-t", "null", "-q", "2", "-d", "128"]
+                .map(String::from)
+                .to_vec();
+            args.extend(extra.iter().map(|s| s.to_string()));
+            Step::Kublk {
+                run: run.into(),
+                args,
+            }
         };
-        // The jobs are a function the case calls once its daemon is up.
-        let jobs = at("qos_jobs() {\n");
-        assert!(at("    qos_job qos-randread-unlimited randread 4k\n") > jobs);
-        assert!(at("    qos_job qos-read-iops-5000 randread 4k --read-iops 5000\n") > jobs);
-        assert!(at("    qos_job qos-write-bw-8mibps randwrite 64k --write-bw 8MiB/s\n") > jobs);
-        let csi = at("csi_case ublkd-csi");
-        let qos = at("qos_case ublkd-qos 127.0.0.1:9584 1GiB 32 5\n");
-        let snap = at("snap_case ublkd-snapshot 127.0.0.1:9585 20 256 3 1 16\n");
-        let rec = at("rec_case ublkd-recovery-1 ");
-        assert!(jobs < csi && csi < qos && qos < snap && snap < rec);
-
-        let s = guest_script(
-            5,
-            &Plan::default(),
-            Ok(Path::new("/k/kublk")),
-            Err("building ublkd failed"),
-            Ok(Path::new("/t/ublkctl")),
-            Ok(Path::new("/t/ublkd-csi")),
+        at(&s, &kublk("kublk-null", &[]));
+        at(&s, &kublk("kublk-null-batch", &["-b"]));
+        at(&s, &kublk("kublk-null-batch-zc", &["-b", "--auto_zc"]));
+        at(&s, &fail("ublkd-null-per-io", "building ublkd failed"));
+        at(&s, &fail(CONTROL_RUN, "building ublkd failed"));
+        at(&s, &fail(STALL_RUN, "building ublkd failed"));
+        at(
+            &s,
+            &Step::NullBlk {
+                run: "null_blk".into(),
+            },
         );
-        assert!(s.contains("fail_case ublkd-qos 'building ublkd failed'\n"));
-        assert!(s.contains("fail_case ublkd-snapshot 'building ublkd failed'\n"));
-        assert!(!s.contains("\nqos_case ublkd-qos") && !s.contains("\nsnap_case ublkd-snapshot"));
+        let lp = at(
+            &s,
+            &Step::Loop {
+                run: "loop-dio".into(),
+            },
+        );
+
+        let s = steps(&input(
+            Plan::default(),
+            Err("no kublk".into()),
+            Ok("/t/ublkd".into()),
+            Ok("/t/ublkctl".into()),
+        ));
+        at(
+            &s,
+            &ublkd("ublkd-null-batch", Build::New, "batch", "off", false),
+        );
+        at(
+            &s,
+            &ublkd("ublkd-null-batch-zc", Build::New, "batch", "on", false),
+        );
+        at(&s, &fail("kublk-null", "no kublk"));
+        // The backing file is made first; its file system is gone before anything uses the
+        // namespace itself, and after the last file case.
+        assert_eq!(s[0], Step::PrepareBacking);
+        let um = at(&s, &Step::UnmountBacking);
+        assert!(lp < um);
+        let file_copy = s
+            .iter()
+            .position(|x| matches!(x, Step::Ublkd { run, .. } if run == "ublkd-file-copy"))
+            .expect("ublkd-file-copy");
+        let passthru = at(
+            &s,
+            &Step::RawNvme {
+                run: "fio-ng0n1-passthru".into(),
+                passthru: true,
+            },
+        );
+        assert!(file_copy < um && um < passthru);
+        assert!(s.iter().any(|x| matches!(
+            x,
+            Step::Ublkd { run, backend: UBackend::Nvme, .. } if run == "ublkd-nvme-poll"
+        )));
+        // The node service's sections come after every fio case, recovery last.
+        let control = at(&s, &Step::Control);
+        assert!(s.iter().rposition(|x| matches!(x, Step::Ublkd { .. })) < Some(control));
+        let order = [
+            Step::Control,
+            Step::Csi,
+            Step::Qos,
+            Step::Snapshot,
+            Step::Recovery(1),
+            Step::Recovery(16),
+            Step::Recovery(64),
+            Step::Stall,
+        ];
+        let places: Vec<usize> = order.iter().map(|x| at(&s, x)).collect();
+        assert!(places.windows(2).all(|w| w[0] < w[1]), "{places:?}");
+
+        // Without ublkctl, every section says so; without ublkd-csi, only the CSI run.
+        let s = steps(&input(
+            Plan::default(),
+            Err("no kublk".into()),
+            Ok("/t/ublkd".into()),
+            Err("building ublkctl failed".into()),
+        ));
+        for run in [
+            CONTROL_RUN,
+            CSI_RUN,
+            QOS_RUN,
+            SNAPSHOT_RUN,
+            "ublkd-recovery-64",
+            STALL_RUN,
+        ] {
+            at(&s, &fail(run, "building ublkctl failed"));
+        }
+        assert!(!s.contains(&Step::Control) && !s.contains(&Step::Stall));
+        let mut i = all_binaries(Plan::default());
+        i.csi = Err("no csi".into());
+        let s = steps(&i);
+        at(&s, &fail(CSI_RUN, "no csi"));
+        at(&s, &Step::Control);
     }
 
     #[test]
-    fn a_baseline_runs_each_selected_ublkd_case_a_b_b_a_with_its_binary() {
-        let plan = Plan {
+    fn a_baseline_runs_each_selected_ublkd_case_a_b_b_a_after_a_warm_up() {
+        let s = steps(&all_binaries(Plan {
             only: Some("null-batch".into()),
             baseline: Some(("fdc00eb".into(), "/c/bin/fdc00eb/ublkd".into())),
-        };
-        let s = all_binaries(&plan);
-        let at = |line: &str| {
-            s.find(line)
-                .unwrap_or_else(|| panic!("no {line:?} in\n{s}"))
-        };
-        assert!(s.contains("UBLKD_BASE=/c/bin/fdc00eb/ublkd\n"));
-        let args = " --backend null --size 1073741824 --queues 2 --depth 128 --io-path batch \
-                    --zero-copy off --poll off\n";
-        let a1 = at(&format!(
-            "UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch{args}"
-        ));
-        let b1 = at(&format!(
-            "UBLKD=\"$UBLKD_BASE\"; ublkd_case ublkd-null-batch~base{args}"
-        ));
-        let b2 = at(&format!(
-            "UBLKD=\"$UBLKD_BASE\"; ublkd_case ublkd-null-batch~base2{args}"
-        ));
-        let a2 = at(&format!(
-            "UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch~2{args}"
-        ));
-        assert!(a1 < b1 && b1 < b2 && b2 < a2);
-        // A discarded warm-up with the first build comes before the group.
-        let warm = at(&format!(
-            "WARMUP=1; UBLKD=\"$UBLKD_NEW\"; ublkd_case ublkd-null-batch~warm{args}WARMUP=0\n"
-        ));
-        assert!(warm < a1);
+        }));
+        let b = |run: &str, build, warmup| at(&s, &ublkd(run, build, "batch", "off", warmup));
+        let (w, a1, b1, b2, a2) = (
+            b("ublkd-null-batch~warm", Build::New, true),
+            b("ublkd-null-batch", Build::New, false),
+            b("ublkd-null-batch~base", Build::Baseline, false),
+            b("ublkd-null-batch~base2", Build::Baseline, false),
+            b("ublkd-null-batch~2", Build::New, false),
+        );
+        assert!(w < a1 && a1 < b1 && b1 < b2 && b2 < a2);
         // The next ublkd case runs B A A B, its warm-up with the baseline.
-        let zc = |suffix: &str, bin: &str| {
-            at(&format!(
-                "UBLKD=\"{bin}\"; ublkd_case ublkd-null-batch-zc{suffix} --backend null"
-            ))
-        };
+        let z = |run: &str, build, warmup| at(&s, &ublkd(run, build, "batch", "on", warmup));
         let (w, b1, a1, a2, b2) = (
-            s.find("WARMUP=1; UBLKD=\"$UBLKD_BASE\"; ublkd_case ublkd-null-batch-zc~warm ")
-                .expect("the second case's warm-up"),
-            zc("~base", "$UBLKD_BASE"),
-            zc("", "$UBLKD_NEW"),
-            zc("~2", "$UBLKD_NEW"),
-            zc("~base2", "$UBLKD_BASE"),
+            z("ublkd-null-batch-zc~warm", Build::Baseline, true),
+            z("ublkd-null-batch-zc~base", Build::Baseline, false),
+            z("ublkd-null-batch-zc", Build::New, false),
+            z("ublkd-null-batch-zc~2", Build::New, false),
+            z("ublkd-null-batch-zc~base2", Build::Baseline, false),
         );
         assert!(w < b1 && b1 < a1 && a1 < a2 && a2 < b2);
         // The selected peers run once; what --only leaves out, and the sections, do not run.
-        assert_eq!(s.matches("kublk_case kublk-null-batch -t null").count(), 1);
-        assert!(s.contains("ublkd_case ublkd-null-batch-zc~base2 "));
-        assert!(
-            !s.contains("\nkublk_case kublk-null -t") && !s.contains("\nnullblk_case null_blk")
-        );
-        assert!(!s.contains("ublkd_case ublkd-file") && !s.contains("\nctl_case "));
-        assert!(!s.contains("\nrec_case ") && !s.contains("\nqos_case "));
-        assert!(at("note done") > a2);
+        let kublk = |run: &str| {
+            s.iter()
+                .filter(|x| matches!(x, Step::Kublk { run: r, .. } if r == run))
+                .count()
+        };
+        assert_eq!((kublk("kublk-null-batch"), kublk("kublk-null")), (1, 0));
+        assert!(!s.iter().any(|x| matches!(
+            x,
+            Step::NullBlk { .. } | Step::Control | Step::Stall | Step::Qos
+        )));
+        assert!(!s
+            .iter()
+            .any(|x| matches!(x, Step::Ublkd { run, .. } if run.starts_with("ublkd-file"))));
     }
 
     #[test]
-    fn script_parses_as_posix_sh() {
-        let s = all_binaries(&Plan::default());
-        let path = std::env::temp_dir().join(format!("ublkd-bench-{}.sh", std::process::id()));
-        fs::write(&path, &s).expect("writing the script");
-        let out = Command::new("sh").arg("-n").arg(&path).output();
-        let _ = fs::remove_file(&path);
-        let out = out.expect("running sh -n");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+    fn the_script_runs_this_binary_on_the_input() {
+        assert_eq!(
+            script(
+                Path::new("/w/target/debug/xtask"),
+                Path::new("/r/bench input.json")
+            ),
+            "exec /w/target/debug/xtask bench-guest '/r/bench input.json'\n"
         );
     }
 }

@@ -55,13 +55,14 @@
 //! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's
 //! (ublkctl is still built). The binary must live outside `/tmp` (the guest mounts a tmpfs there).
 //!
-//! The code, by concern: `cases` (what is measured), `peers` (building kublk), `guest` (the
-//! script the guest runs; its shell functions live in `guest.sh`), `collect` (reading what the
-//! guest left) and `report` (`results.json`, `raw.json` and the tables printed).
+//! The code, by concern: `cases` (what is measured), `peers` (building kublk), `guest` (what
+//! the guest runs: this binary again, `xtask bench-guest`, over the steps of the plan), `collect`
+//! (reading what the guest left) and `report` (`results.json`, `raw.json` and the tables
+//! printed).
 
 mod cases;
 mod collect;
-mod guest;
+pub mod guest;
 mod peers;
 mod report;
 
@@ -78,7 +79,6 @@ use collect::csi::collect_csi;
 use collect::qos::collect_qos;
 use collect::recovery::{collect_recovery, collect_stall};
 use collect::snapshot::collect_snapshots;
-use guest::guest_script;
 use peers::ensure_kublk;
 use report::control::{control_entries, control_raw_json, control_table};
 use report::csi::{csi_entries, csi_raw_json, csi_table};
@@ -164,14 +164,14 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         eprintln!("xtask: {e}");
     }
 
-    let script = guest_script(
+    let input = guest::Input {
         runtime,
-        &plan,
-        kublk.as_deref().map_err(String::as_str),
-        ublkd.as_deref().map_err(String::as_str),
-        ublkctl.as_deref().map_err(String::as_str),
-        csi.as_deref().map_err(String::as_str),
-    );
+        plan: plan.clone(),
+        kublk,
+        ublkd,
+        ublkctl,
+        csi,
+    };
     let selected = RUNS.iter().filter(|r| plan.selected(r.id));
     let runs: usize = selected
         .map(|r| {
@@ -230,10 +230,15 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
             kernel.kver
         ),
     }
-    let run = Vm::new(ws, &kernel)?
-        .timeout_secs(timeout)
-        .echo(true)
-        .run(&script)?;
+    let vm = Vm::new(ws, &kernel)?.timeout_secs(timeout).echo(true);
+    let input_path = vm.run_dir().join("bench-input.json");
+    fs::write(
+        &input_path,
+        serde_json::to_string_pretty(&input.to_json())? + "\n",
+    )
+    .with_context(|| format!("writing {}", input_path.display()))?;
+    let xtask = std::env::current_exe().context("finding this xtask binary")?;
+    let run = vm.run(&guest::script(&xtask, &input_path))?;
 
     let results = collect::collect(&run.run_dir, &plan);
     let mut entries = entries(&results, &plan);
