@@ -362,7 +362,8 @@ pub fn csi_case(g: &Guest) {
     let Some(src) = &g.csi else {
         return g.fail_case(run, "no ublkd-csi binary");
     };
-    let bin = g.tmp.join("ublkd-csi");
+    // In the node's own directory: the tmpfs, and never a path the node uses.
+    let bin = node.c.join("ublkd-csi.bin");
     if let Err(e) = fs::copy(src, &bin) {
         return g.fail_case(run, &format!("copying ublkd-csi to {}: {e}", bin.display()));
     }
