@@ -313,6 +313,10 @@ impl SpecArgs {
             poll: Toggle::from(self.poll).into(),
             qos: self.qos.to_limits(),
             source: None,
+            // Made by hand: no claim, and a setting the node cannot take is refused, not
+            // lowered.
+            claim: None,
+            fit_to_node: false,
         }
     }
 }

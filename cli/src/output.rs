@@ -143,10 +143,48 @@ pub fn volume_text(v: &Volume) -> String {
     if let Some(source) = &spec.source {
         pairs.push(("source", source_text(source)));
     }
+    if let Some(claim) = &spec.claim {
+        pairs.push(("claim", claim_text(claim)));
+    }
+    if !v.adjustments.is_empty() {
+        pairs.push(("adjusted", adjustments_text(&v.adjustments)));
+    }
     if !v.message.is_empty() {
         pairs.push(("message", v.message.clone()));
     }
     fields(&pairs)
+}
+
+/// Settings lowered to fit the node: `queues 64 -> 4, queue depth 8192 -> 4096 (this node's
+/// limits)`.
+fn adjustments_text(list: &[ublkd_proto::v1::Adjustment]) -> String {
+    let each: Vec<String> = list
+        .iter()
+        .map(|a| {
+            let what = match ublkd_proto::v1::Setting::try_from(a.setting) {
+                Ok(ublkd_proto::v1::Setting::Queues) => "queues".to_owned(),
+                Ok(ublkd_proto::v1::Setting::QueueDepth) => "queue depth".to_owned(),
+                Ok(ublkd_proto::v1::Setting::Unspecified) | Err(_) => {
+                    format!("setting {}", a.setting)
+                }
+            };
+            format!("{what} {} -> {}", a.requested, a.applied)
+        })
+        .collect();
+    format!("{} (this node's limits)", each.join(", "))
+}
+
+/// A Kubernetes claim: `NAMESPACE/NAME (pv PV)`, what is unknown left out.
+fn claim_text(c: &ublkd_proto::v1::Claim) -> String {
+    let mut out = match (c.namespace.as_str(), c.name.as_str()) {
+        ("", "") => String::from("-"),
+        ("", name) => name.to_owned(),
+        (ns, name) => format!("{ns}/{}", or_dash(name)),
+    };
+    if !c.persistent_volume.is_empty() {
+        out.push_str(&format!(" (pv {})", c.persistent_volume));
+    }
+    out
 }
 
 /// What `create-volume` prints: the block device, for `dev=$(ublkctl create-volume ...)`.
@@ -199,6 +237,16 @@ fn spec_json(spec: &VolumeSpec) -> Value {
     if let Some(source) = &spec.source {
         let (field, id) = source_json(source);
         map.insert(field.into(), id);
+    }
+    if let Some(c) = &spec.claim {
+        map.insert(
+            "claim".into(),
+            json!({
+                "namespace": c.namespace,
+                "name": c.name,
+                "persistent_volume": c.persistent_volume,
+            }),
+        );
     }
     Value::Object(map)
 }
@@ -285,6 +333,11 @@ fn volume_value(v: &Volume) -> Value {
         "placement": enum_json(QueuePlacement::try_from(v.placement).ok().map(|p| p.as_str_name()), v.placement),
         "placement_reason": enum_json(PlacementReason::try_from(v.placement_reason).ok().map(|r| r.as_str_name()), v.placement_reason),
         "queue_cpus": v.queue_cpus,
+        "adjustments": v.adjustments.iter().map(|a| json!({
+            "setting": enum_json(ublkd_proto::v1::Setting::try_from(a.setting).ok().map(|s| s.as_str_name()), a.setting),
+            "requested": a.requested,
+            "applied": a.applied,
+        })).collect::<Vec<_>>(),
         "message": v.message,
     })
 }
@@ -611,6 +664,8 @@ mod tests {
                 poll: Toggle::Off.into(),
                 qos: None,
                 source: None,
+                claim: None,
+                fit_to_node: false,
             }),
             state: VolumeState::Ready.into(),
             device_path: "/dev/ublkb0".into(),
@@ -624,6 +679,7 @@ mod tests {
             placement: QueuePlacement::OtherCpu.into(),
             placement_reason: PlacementReason::SharedCpus.into(),
             queue_cpus: vec![1, 0, 1, 0],
+            adjustments: Vec::new(),
         };
         // The cli does not depend on prost-types; reach the Timestamp through the field.
         v.created.get_or_insert_with(Default::default).seconds = 1_700_000_000;
@@ -704,6 +760,38 @@ created:     2023-11-14T22:13:20Z";
         assert_eq!(j["spec"]["qos"]["burst_ms"], 0);
         assert_eq!(j["spec"]["from_snapshot"], "db-monday");
         assert!(j["spec"].get("from_volume").is_none());
+        assert!(j["spec"].get("claim").is_none());
+    }
+
+    #[test]
+    fn volume_text_and_json_show_the_claim() {
+        let mut v = sample();
+        v.spec.as_mut().unwrap().claim = Some(ublkd_proto::v1::Claim {
+            namespace: "shop".into(),
+            name: "data-db-0".into(),
+            persistent_volume: "pvc-1234".into(),
+        });
+        let text = volume_text(&v);
+        assert!(
+            text.ends_with("\nclaim:       shop/data-db-0 (pv pvc-1234)"),
+            "{text}"
+        );
+        v.adjustments = vec![ublkd_proto::v1::Adjustment {
+            setting: ublkd_proto::v1::Setting::Queues as i32,
+            requested: 64,
+            applied: 2,
+        }];
+        assert!(
+            volume_text(&v).ends_with("\nadjusted:    queues 64 -> 2 (this node's limits)"),
+            "{}",
+            volume_text(&v)
+        );
+        let j: Value = serde_json::from_str(&volume_json(&v)).unwrap();
+        assert_eq!(j["adjustments"][0]["setting"], "SETTING_QUEUES");
+        assert_eq!(j["adjustments"][0]["requested"], 64);
+        assert_eq!(j["spec"]["claim"]["name"], "data-db-0");
+        assert_eq!(j["spec"]["claim"]["namespace"], "shop");
+        assert_eq!(j["spec"]["claim"]["persistent_volume"], "pvc-1234");
     }
 
     #[test]
@@ -733,6 +821,7 @@ created:     2023-11-14T22:13:20Z";
                 "placement": "QUEUE_PLACEMENT_OTHER_CPU",
                 "placement_reason": "PLACEMENT_REASON_SHARED_CPUS",
                 "queue_cpus": [1, 0, 1, 0],
+                "adjustments": [],
                 "message": "",
             })
         );

@@ -86,6 +86,26 @@ pub struct Params {
     pub fs_type: FsType,
     /// The I/O limits a new volume starts with.
     pub qos: v1::QosLimits,
+    /// The claim the provisioner made the volume for (`--extra-create-metadata`), if it said.
+    pub claim: Option<v1::Claim>,
+}
+
+/// The claim in the provisioner's extra create metadata (`csi.storage.k8s.io/pvc/namespace`,
+/// `.../pvc/name`, `.../pv/name`), when it sent any.
+fn claim(map: &HashMap<String, String>) -> Option<v1::Claim> {
+    let get = |k: &str| map.get(k).map(String::as_str);
+    let c = v1::Claim {
+        namespace: get("csi.storage.k8s.io/pvc/namespace")
+            .unwrap_or_default()
+            .to_owned(),
+        name: get("csi.storage.k8s.io/pvc/name")
+            .unwrap_or_default()
+            .to_owned(),
+        persistent_volume: get("csi.storage.k8s.io/pv/name")
+            .unwrap_or_default()
+            .to_owned(),
+    };
+    (c != v1::Claim::default()).then_some(c)
 }
 
 fn toggle(key: &str, v: &str) -> Result<v1::Toggle, CsiError> {
@@ -184,6 +204,7 @@ impl Params {
             fs_type: FsType::parse(get("fsType").unwrap_or("ext4"))
                 .map_err(|_| bad("fsType", get("fsType").unwrap_or(""), "ext4 or xfs"))?,
             qos: QosChange::from_params(map)?.apply(&v1::QosLimits::default()),
+            claim: claim(map),
         })
     }
 
@@ -228,6 +249,10 @@ impl Params {
             backend: Some(backend),
             qos: qos::spec_limits(self.qos),
             source: None,
+            claim: self.claim.clone(),
+            // One class serves nodes of every size: queues or a depth above this node's limits
+            // are lowered to them (and said in the Volume), not refused on this node alone.
+            fit_to_node: true,
         }
     }
 }
@@ -280,7 +305,35 @@ mod tests {
                 ..Default::default()
             })
         );
+        // The provisioner's extra create metadata names the claim; without it, none.
+        assert_eq!(
+            spec.claim,
+            Some(v1::Claim {
+                persistent_volume: "pv-1".into(),
+                ..Default::default()
+            })
+        );
+        let full = params(&[
+            ("backend", "ram"),
+            ("csi.storage.k8s.io/pvc/name", "data-db-0"),
+            ("csi.storage.k8s.io/pvc/namespace", "shop"),
+            ("csi.storage.k8s.io/pv/name", "pvc-1234"),
+        ])
+        .unwrap();
+        assert_eq!(
+            full.spec("pvc-1234", 4096).claim,
+            Some(v1::Claim {
+                namespace: "shop".into(),
+                name: "data-db-0".into(),
+                persistent_volume: "pvc-1234".into(),
+            })
+        );
         let ram = params(&[("backend", "ram")]).unwrap();
+        assert_eq!(ram.spec("r", 4096).claim, None);
+        assert!(
+            ram.spec("r", 4096).fit_to_node,
+            "a class never refuses a node for its size"
+        );
         assert_eq!(ram.block_size, 4096);
         // ublkctl's spelling, and the one this table first documented.
         for p in ["per-io", "per_io"] {

@@ -79,6 +79,75 @@ fn nvme_capacity(
     ))
 }
 
+/// One pool new volumes take their bytes from: what GetCapacity measures, and what the
+/// `ublkd_capacity_*` metrics report, one series each.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pool {
+    /// A file system holding backing files: one of the allowed roots.
+    File(std::path::PathBuf),
+    /// The RAM directory.
+    Ram,
+    /// An NVMe namespace, by its generic char device.
+    Nvme(std::path::PathBuf),
+}
+
+impl Pool {
+    /// The backend, as the metrics label it.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Pool::File(_) => "file",
+            Pool::Ram => "ram",
+            Pool::Nvme(_) => "nvme",
+        }
+    }
+
+    /// Where it is: the root, the RAM directory or the namespace's device.
+    pub fn place<'a>(&'a self, settings: &'a crate::config::Settings) -> &'a Path {
+        match self {
+            Pool::File(p) | Pool::Nvme(p) => p,
+            Pool::Ram => &settings.ram_dir,
+        }
+    }
+}
+
+/// The node's pools: every allowed root, the RAM directory, and every NVMe namespace a volume
+/// has a window on (a namespace no volume uses yet has nothing in it to watch), in that order.
+pub fn pools(settings: &crate::config::Settings, volumes: &[Volume]) -> Vec<Pool> {
+    let mut out: Vec<Pool> = settings
+        .allowed_roots
+        .iter()
+        .map(|r| Pool::File(r.clone()))
+        .collect();
+    out.push(Pool::Ram);
+    let mut namespaces: Vec<Pool> = volumes
+        .iter()
+        .filter_map(|v| match &v.record.backend {
+            BackendRecord::Nvme { device, .. } => Some(Pool::Nvme(device.clone())),
+            _ => None,
+        })
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    out.extend(namespaces);
+    out
+}
+
+/// `(total, free)` bytes of `pool`, as GetCapacity counts them (`total_bytes`,
+/// `available_bytes`).
+pub fn pool_space(
+    pool: &Pool,
+    volumes: &[Volume],
+    settings: &crate::config::Settings,
+) -> Result<(u64, u64), VolumeError> {
+    match pool {
+        Pool::File(root) => file_capacity(root, volumes).map(|(a, t)| (t, a)),
+        Pool::Ram => ram_capacity(&settings.ram_dir, volumes).map(|(a, t)| (t, a)),
+        Pool::Nvme(device) => {
+            nvme_capacity(device, volumes).map(|(t, free)| (t, free.iter().map(|e| e.len).sum()))
+        }
+    }
+}
+
 /// GetCapacity for the backend `req` names, with the node's volumes as they are now.
 pub fn capacity(
     req: &v1::GetCapacityRequest,
@@ -152,11 +221,59 @@ mod tests {
                 poll: Default::default(),
                 qos: Default::default(),
                 source: None,
+                claim: None,
+                adjustments: Vec::new(),
             },
             state: crate::volume::State::Ready,
             device: None,
             message: String::new(),
         }
+    }
+
+    #[test]
+    fn the_pools_are_the_roots_the_ram_directory_and_the_namespaces_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let settings = crate::config::Settings {
+            allowed_roots: vec![root.clone()],
+            ram_dir: root.join("ram"),
+            ..Default::default()
+        };
+        let mut nvme = file_volume("n", &root.join("x"), 1 << 20);
+        nvme.record.backend = BackendRecord::Nvme {
+            device: "/dev/ng0n1".into(),
+            offset: 0,
+            length: 1 << 20,
+            keep_data: false,
+        };
+        let mut nvme2 = nvme.clone();
+        nvme2.record.id = crate::volume_id::VolumeId::parse("n2").unwrap();
+        let vols = [file_volume("v", &root.join("v.img"), 1 << 20), nvme, nvme2];
+        assert_eq!(
+            pools(&settings, &vols),
+            [
+                Pool::File(root.clone()),
+                Pool::Ram,
+                Pool::Nvme("/dev/ng0n1".into())
+            ]
+        );
+        // Each pool measured as GetCapacity measures it.
+        let (total, free) = pool_space(&Pool::File(root.clone()), &vols[..1], &settings).unwrap();
+        let req = v1::GetCapacityRequest {
+            backend: Some(v1::get_capacity_request::Backend::File(v1::FileCapacity {
+                root: root.display().to_string(),
+            })),
+        };
+        let answer = capacity(&req, &vols[..1], &settings).unwrap();
+        assert_eq!(total, answer.total_bytes);
+        // The file system may move by a few blocks between the two reads.
+        assert!(
+            free.abs_diff(answer.available_bytes) < 1 << 20,
+            "{free} vs {answer:?}"
+        );
+        let (rt, rf) = pool_space(&Pool::Ram, &[], &settings).unwrap();
+        assert!(rt > 0 && rf <= rt);
+        assert!(pool_space(&Pool::File(root.join("missing")), &[], &settings).is_err());
     }
 
     #[test]

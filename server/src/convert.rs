@@ -2,7 +2,7 @@
 //! The registry stores the dataplane's own spec enums (`IoPath`, `Toggle`), so only the API's
 //! numbered enums need converting, both ways, here.
 
-use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::record::{AdjustedSetting, BackendRecord, SourceRecord, VolumeRecord};
 use crate::snapshot::SnapshotRecord;
 use crate::volume::{ram_file, State, Volume};
 use std::path::Path;
@@ -175,6 +175,13 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
                 }
                 SourceRecord::Volume(id) => v1::volume_spec::Source::FromVolume(id.to_string()),
             }),
+            claim: r.claim.as_ref().map(|c| v1::Claim {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                persistent_volume: c.persistent_volume.clone(),
+            }),
+            // A request flag, not kept: what it lowered is in `adjustments`.
+            fit_to_node: false,
         }),
         state: state_proto(v.state) as i32,
         device_path: v
@@ -213,6 +220,18 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
                 .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
                 .collect()
         }),
+        adjustments: r
+            .adjustments
+            .iter()
+            .map(|a| v1::Adjustment {
+                setting: match a.setting {
+                    AdjustedSetting::Queues => v1::Setting::Queues,
+                    AdjustedSetting::QueueDepth => v1::Setting::QueueDepth,
+                } as i32,
+                requested: a.requested,
+                applied: a.applied,
+            })
+            .collect(),
     }
 }
 

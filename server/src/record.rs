@@ -61,6 +61,39 @@ pub struct VolumeRecord {
     /// What a cloned volume's backing file was reflinked from when it was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceRecord>,
+    /// The Kubernetes claim it was made for, when the CSI driver said (absent in older
+    /// records, and for volumes made by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimRecord>,
+    /// Settings lowered at creation to fit this node (`fit_to_node`), with what was asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adjustments: Vec<Adjustment>,
+}
+
+/// A setting ublkd may lower to fit its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdjustedSetting {
+    Queues,
+    QueueDepth,
+}
+
+/// One setting lowered at creation: asked `requested`, got `applied`, the node's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adjustment {
+    pub setting: AdjustedSetting,
+    pub requested: u32,
+    pub applied: u32,
+}
+
+/// A PersistentVolumeClaim and its PersistentVolume, by name; each checked to be a Kubernetes
+/// object name (`validate::claim`), empty when the driver did not know it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub persistent_volume: String,
 }
 
 /// Where a cloned volume's first contents came from.

@@ -89,6 +89,9 @@ impl VolumeService for Api {
             let volumes = Arc::clone(&self.volumes);
             let vol = to_completion(async move { volumes.create(record, place).await }).await?;
             tracing::info!(volume = %vol.record.id, device = ?vol.device.as_ref().map(|d| &d.block_device), "volume created");
+            for a in &vol.record.adjustments {
+                tracing::warn!(volume = %vol.record.id, setting = ?a.setting, requested = a.requested, applied = a.applied, "setting lowered to this node's limit");
+            }
             Ok(convert::volume_proto(&vol))
         })
         .await

@@ -2,7 +2,9 @@
 
 use crate::config::Settings;
 use crate::error::VolumeError;
-use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::record::{
+    AdjustedSetting, Adjustment, BackendRecord, ClaimRecord, SourceRecord, VolumeRecord,
+};
 use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
 use std::path::{Component, Path, PathBuf};
@@ -41,19 +43,41 @@ pub fn spec(
         return invalid(format!("block_size {block_size} must be 512 or 4096"));
     }
     size(spec.size_bytes, block_size, s)?;
-    let queues = spec.queues.unwrap_or(u32::from(s.defaults.queues));
+    let mut adjustments = Vec::new();
+    // Above the node's limit: lowered to it when the client asks to fit (and said), else
+    // refused.
+    let mut fit = |setting: AdjustedSetting, asked: u32, max: u32| {
+        if spec.fit_to_node && asked > max {
+            adjustments.push(Adjustment {
+                setting,
+                requested: asked,
+                applied: max,
+            });
+            max
+        } else {
+            asked
+        }
+    };
     let max_queues = if s.limits.max_queues == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get()) as u32
     } else {
         u32::from(s.limits.max_queues)
     };
+    let queues = fit(
+        AdjustedSetting::Queues,
+        spec.queues.unwrap_or(u32::from(s.defaults.queues)),
+        max_queues,
+    );
+    let max_depth = u32::from(s.limits.max_queue_depth.min(4096));
+    let depth = fit(
+        AdjustedSetting::QueueDepth,
+        spec.queue_depth
+            .unwrap_or(u32::from(s.defaults.queue_depth)),
+        max_depth,
+    );
     if queues == 0 || queues > max_queues {
         return invalid(format!("queues {queues} must be from 1 to {max_queues}"));
     }
-    let depth = spec
-        .queue_depth
-        .unwrap_or(u32::from(s.defaults.queue_depth));
-    let max_depth = u32::from(s.limits.max_queue_depth.min(4096));
     if depth == 0 || depth > max_depth {
         return invalid(format!("queue_depth {depth} must be from 1 to {max_depth}"));
     }
@@ -99,6 +123,7 @@ pub fn spec(
             "volume {id} cannot be cloned from itself: name another volume or a snapshot"
         ));
     }
+    let claim = claim(spec.claim.as_ref())?;
     Ok(VolumeRecord {
         id,
         size_bytes: spec.size_bytes,
@@ -114,7 +139,38 @@ pub fn spec(
         poll,
         qos,
         source,
+        claim,
+        adjustments,
     })
+}
+
+/// The Kubernetes claim of a spec: absent when every field is empty; each field empty or a
+/// Kubernetes object name (lower-case letters, digits, '-' and '.', at most 253 characters).
+pub fn claim(c: Option<&v1::Claim>) -> Result<Option<ClaimRecord>, VolumeError> {
+    let Some(c) = c else { return Ok(None) };
+    if c.namespace.is_empty() && c.name.is_empty() && c.persistent_volume.is_empty() {
+        return Ok(None);
+    }
+    for (what, v) in [
+        ("namespace", &c.namespace),
+        ("name", &c.name),
+        ("persistent_volume", &c.persistent_volume),
+    ] {
+        let ok = v.len() <= 253
+            && v.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !ok {
+            return Err(VolumeError::ValidateRequest(format!(
+                "claim {what} {:?} is not a Kubernetes object name",
+                truncate(v)
+            )));
+        }
+    }
+    Ok(Some(ClaimRecord {
+        namespace: c.namespace.clone(),
+        name: c.name.clone(),
+        persistent_volume: c.persistent_volume.clone(),
+    }))
 }
 
 /// Whether the request leaves an NVMe window's offset to ublkd.
@@ -408,6 +464,48 @@ mod tests {
         spec.backend = None;
         assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
         assert!(super::spec(vid("v"), None, &s).is_err());
+    }
+
+    /// A client that asks to fit (the CSI driver) gets the node's limits instead of a refusal,
+    /// each lowered setting recorded with what it asked; one that does not is refused as before.
+    #[test]
+    fn settings_above_the_node_are_lowered_when_asked_to_fit_and_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path());
+        s.limits.max_queues = 4;
+        let mut spec = v1::VolumeSpec {
+            size_bytes: 1 << 20,
+            backend: Some(v1::volume_spec::Backend::Ram(v1::RamBackend {})),
+            queues: Some(64),
+            queue_depth: Some(8192),
+            ..Default::default()
+        };
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
+        spec.fit_to_node = true;
+        let r = super::spec(vid("v"), Some(&spec), &s).unwrap();
+        assert_eq!((r.queues, r.queue_depth), (4, 4096));
+        assert_eq!(
+            r.adjustments,
+            [
+                Adjustment {
+                    setting: AdjustedSetting::Queues,
+                    requested: 64,
+                    applied: 4
+                },
+                Adjustment {
+                    setting: AdjustedSetting::QueueDepth,
+                    requested: 8192,
+                    applied: 4096
+                }
+            ]
+        );
+        // Within the limits, nothing to say; zero is still refused.
+        spec.queues = Some(2);
+        spec.queue_depth = Some(64);
+        let r = super::spec(vid("v"), Some(&spec), &s).unwrap();
+        assert!(r.adjustments.is_empty());
+        spec.queues = Some(0);
+        assert!(super::spec(vid("v"), Some(&spec), &s).is_err());
     }
 
     /// The part of the VM suite's bad-request matrix that validation decides, on the host: each

@@ -181,6 +181,8 @@ mod tests {
             poll: Default::default(),
             qos: Default::default(),
             source: None,
+            claim: None,
+            adjustments: Vec::new(),
         }
     }
 

@@ -15,10 +15,7 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
     let workers = volumes.workers().await;
     let control_cleanup = volumes.control_cleanup_errors().await;
     write_volumes(&all, out);
-    let with_stats = || {
-        all.iter()
-            .filter_map(|(v, s)| Some((v.record.id.as_str(), s.as_ref()?)))
-    };
+    let with_stats = || all.iter().filter_map(|(v, s)| Some((v, s.as_ref()?)));
     per_volume(
         out,
         with_stats(),
@@ -27,7 +24,10 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
         Kind::Counter,
         |f, l, st| {
             for op in OpKind::ALL {
-                f.counter(&[l[0], ("op", op.name())], st.total.ops_of(op) as f64);
+                f.counter(
+                    &[l[0], l[1], l[2], ("op", op.name())],
+                    st.total.ops_of(op) as f64,
+                );
             }
         },
     );
@@ -39,7 +39,10 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
         Kind::Counter,
         |f, l, st| {
             for op in OpKind::ALL {
-                f.counter(&[l[0], ("op", op.name())], st.total.bytes_of(op) as f64);
+                f.counter(
+                    &[l[0], l[1], l[2], ("op", op.name())],
+                    st.total.bytes_of(op) as f64,
+                );
             }
         },
     );
@@ -78,7 +81,7 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
                 let lat = st.total.latency_of(op);
                 if lat.count() > 0 {
                     f.histogram(
-                        &[l[0], ("op", op.name())],
+                        &[l[0], l[1], l[2], ("op", op.name())],
                         &LATENCY_BOUNDS,
                         &lat.buckets,
                         lat.sum_ns as f64 / 1e9,
@@ -187,17 +190,35 @@ pub async fn write(volumes: &Volumes, out: &mut String) {
 /// One family with samples from each volume that has statistics.
 fn per_volume<'a>(
     out: &mut String,
-    vols: impl Iterator<Item = (&'a str, &'a DeviceStats)>,
+    vols: impl Iterator<Item = (&'a Volume, &'a DeviceStats)>,
     name: &'static str,
     help: &'static str,
     kind: Kind,
     mut sample: impl FnMut(&mut super::text::Family<'_>, &[(&str, &str)], &DeviceStats),
 ) {
     family(out, name, help, kind, |f| {
-        for (id, st) in vols {
-            sample(f, &[("volume", id)], st);
+        for (vol, st) in vols {
+            let (ns, pvc) = claim_labels(vol);
+            sample(
+                f,
+                &[
+                    ("volume", &vol.record.id),
+                    ("pvc_namespace", ns),
+                    ("pvc", pvc),
+                ],
+                st,
+            );
         }
     });
+}
+
+/// The claim a volume was made for, as labels: `(namespace, name)`, empty for a volume made
+/// by hand (Prometheus reads an empty label as absent).
+fn claim_labels(vol: &Volume) -> (&str, &str) {
+    vol.record
+        .claim
+        .as_ref()
+        .map_or(("", ""), |c| (c.namespace.as_str(), c.name.as_str()))
 }
 
 /// The families every volume has, statistics or not: size, state, attributes.
@@ -209,7 +230,15 @@ fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
         Kind::Gauge,
         |f| {
             for (vol, _) in all {
-                f.gauge(&[("volume", &vol.record.id)], vol.record.size_bytes as f64);
+                let (ns, pvc) = claim_labels(vol);
+                f.gauge(
+                    &[
+                        ("volume", &vol.record.id),
+                        ("pvc_namespace", ns),
+                        ("pvc", pvc),
+                    ],
+                    vol.record.size_bytes as f64,
+                );
             }
         },
     );
@@ -220,9 +249,15 @@ fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
         Kind::Gauge,
         |f| {
             for (vol, _) in all {
+                let (ns, pvc) = claim_labels(vol);
                 for s in State::ALL {
                     f.gauge(
-                        &[("volume", &vol.record.id), ("state", s.name())],
+                        &[
+                            ("volume", &vol.record.id),
+                            ("pvc_namespace", ns),
+                            ("pvc", pvc),
+                            ("state", s.name()),
+                        ],
                         f64::from(u8::from(s == vol.state)),
                     );
                 }
@@ -249,9 +284,12 @@ fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 let on_off = |b: bool| if b { "on" } else { "off" };
+                let (ns, pvc) = claim_labels(vol);
                 f.gauge(
                     &[
                         ("volume", &vol.record.id),
+                        ("pvc_namespace", ns),
+                        ("pvc", pvc),
                         ("backend", backend),
                         ("device", &device),
                         ("io_path", dev.map_or("", |d| d.io_path.name())),

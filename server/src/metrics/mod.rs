@@ -1,11 +1,13 @@
 //! Prometheus metrics. The build, the node and the process are the prometheus crate's
 //! registered collectors; the API's calls (`rpcs`), the volumes and the workers (`families`)
-//! are written at scrape time from atomic counters and the dataplane's statistics, so neither
+//! are written at scrape time from atomic counters and the dataplane's statistics, and the
+//! pools' capacity (`pools`) from the same reads GetCapacity makes, so neither
 //! the I/O path nor an RPC touches Prometheus. Labels come from bounded sets only (API method,
-//! code, volume id, op, state, worker). `text` writes the exposition format into pooled
+//! code, volume id, op, state, worker, pool). `text` writes the exposition format into pooled
 //! buffers.
 
 mod families;
+mod pools;
 mod rpcs;
 mod text;
 
@@ -92,6 +94,9 @@ impl Metrics {
             .map_err(MetricsError::EncodeCollectors)?;
         self.rpcs.write(&mut text);
         families::write(volumes, &mut text).await;
+        let settings = volumes.settings();
+        let readings = pools::read(Arc::clone(&settings), volumes.list().await).await;
+        pools::write(&readings, &settings, &mut text);
         Ok(self.buffers.body(text))
     }
 }

@@ -190,6 +190,11 @@ impl Volumes {
         }
     }
 
+    /// The daemon's settings, as this manager was made with.
+    pub fn settings(&self) -> Arc<Settings> {
+        Arc::clone(&self.settings)
+    }
+
     pub async fn get(&self, id: &VolumeId) -> Result<Volume, VolumeError> {
         self.inner
             .lock()

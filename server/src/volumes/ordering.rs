@@ -359,6 +359,8 @@ fn record(id: &str, size_bytes: u64) -> VolumeRecord {
         poll: Toggle::Auto,
         qos: QosLimits::default(),
         source: None,
+        claim: None,
+        adjustments: Vec::new(),
     }
 }
 

@@ -454,6 +454,10 @@ s_filesystem() { # CLASS
     vol=$(kubectl get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
     echo "volume $vol"
     ublkctl list-volumes | grep -q "$vol" || { ublkctl list-volumes; echo "ublkd does not list $vol"; return 1; }
+    # The claim the volume was made for, kept with it (the provisioner's --extra-create-metadata).
+    claimed=$(ublkctl get-volume "$vol" | sed -n 's/^claim: *//p')
+    echo "claim: $claimed"
+    [ "$claimed" = "default/d-$c (pv $pv)" ] || fail "get-volume names the claim default/d-$c and its PV $pv"
     if [ "$c" = ublkd-file ]; then
         # The root is a hostPath: the node sees the backing file itself (the image has no ls).
         [ -n "$(find /var/lib/ublkd/volumes -name "*$vol*")" ] || fail "no backing file of $vol on the node"
