@@ -37,7 +37,7 @@ fn start_prometheus(dir: &Path) -> Result<Prometheus> {
         .map(PathBuf::from)
         .find(|p| p.exists())
         .context("no prometheus binary: the harness installs Debian's prometheus package")?;
-    let rules = workspace().join("deploy/prometheus/ublkd-rules.yaml");
+    let rules = workspace().join("deploy/helm/ublkd/files/ublkd-rules.yaml");
     let config = dir.join("prometheus.yml");
     std::fs::write(
         &config,
@@ -237,9 +237,10 @@ async fn dashboard_and_alert_rules_work_against_a_real_prometheus() -> Result<()
     );
 
     let rules = loaded_rules()?;
-    let shipped = std::fs::read_to_string(workspace().join("deploy/prometheus/ublkd-rules.yaml"))?
-        .matches("- alert:")
-        .count();
+    let shipped =
+        std::fs::read_to_string(workspace().join("deploy/helm/ublkd/files/ublkd-rules.yaml"))?
+            .matches("- alert:")
+            .count();
     ensure!(
         rules.len() == shipped && shipped >= 8,
         "prometheus loaded {} of the {shipped} shipped alerts: {rules:?}",
@@ -269,6 +270,57 @@ async fn dashboard_and_alert_rules_work_against_a_real_prometheus() -> Result<()
          (rate(ublkd_volume_io_duration_seconds_bucket[10s])))",
     )?;
     ensure!(p99.len() == 2, "a p99 per volume: {p99:?}");
+    // A pool filled: a sparse file volume promised nearly all the root's free bytes. Its
+    // capacity series say so at once, and the pool alert's expression holds (pending: its
+    // `for` is 10 minutes); the volume deleted, it clears.
+    let pool = root.display().to_string();
+    let free_now = || -> Result<f64> {
+        let text = d.scrape()?;
+        ublkd_tests::daemon::sample(
+            &text,
+            "ublkd_capacity_free_bytes",
+            &[("backend", "file"), ("pool", &pool)],
+        )
+        .with_context(|| format!("no ublkd_capacity_free_bytes of {pool} in the scrape"))
+    };
+    let free = free_now()?;
+    let size = ((free * 0.95) as u64) & !((1 << 20) - 1);
+    d.ublkctl_ok(&[
+        "create-volume",
+        "obs-fill",
+        "--size",
+        &size.to_string(),
+        "--backend",
+        &format!("file+create:{}", root.join("fill.img").display()),
+    ])?;
+    let left = free_now()?;
+    ensure!(
+        left < free * 0.1,
+        "a {size}-byte volume on a pool with {free} free bytes left {left} free"
+    );
+    let pending = |want: bool| -> Result<()> {
+        let q = format!("ALERTS{{alertname=\"UblkdPoolAlmostFull\",pool=\"{pool}\"}}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = query(&q)?;
+            if r.is_empty() != want {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "UblkdPoolAlmostFull on {pool} {} within 30 s: {r:?}",
+                if want { "never pending" } else { "still there" }
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    pending(true)?;
+    d.ublkctl_ok(&["delete-volume", "obs-fill", "--delete-backing"])?;
+    ensure!(
+        free_now()? > free * 0.9,
+        "the pool's free bytes did not come back after the delete"
+    );
+    pending(false)?;
     for id in ["obs-ram", "obs-file"] {
         d.ublkctl_ok(&["delete-volume", id])?;
     }

@@ -83,7 +83,8 @@ enum Task {
     /// Fetch the kernel and build the initramfs (what the others do first).
     Prepare,
     /// Render deploy/kubernetes and every overlay under deploy/overlays with kubectl kustomize
-    /// and check them (a part of test's host tests).
+    /// and check them, and the Helm chart deploy/helm/ublkd against them (a part of test's host
+    /// tests).
     Manifests,
     /// In one boot: ublkd vs kublk, loop and null_blk under fio; control-plane latency and RSS;
     /// recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME:
@@ -208,7 +209,8 @@ fn host_tests(ws: &Path) -> Result<()> {
     shell_script_checks(ws)
 }
 
-/// The Prometheus alert rules shipped in deploy/prometheus: checked and unit-tested with
+/// The Prometheus alert rules the chart ships (deploy/helm/ublkd/files), with their tests in
+/// deploy/prometheus: checked and unit-tested with
 /// promtool (Debian's `prometheus` package, installed when missing; never skipped).
 fn alert_rule_tests(ws: &Path) -> Result<()> {
     if apt::which("promtool").is_none() {
@@ -219,7 +221,7 @@ fn alert_rule_tests(ws: &Path) -> Result<()> {
     let dir = ws.join("deploy/prometheus");
     eprintln!("xtask: alert rules: promtool check rules, promtool test rules");
     for args in [
-        ["check", "rules", "ublkd-rules.yaml"],
+        ["check", "rules", "../helm/ublkd/files/ublkd-rules.yaml"],
         ["test", "rules", "ublkd-rules.test.yaml"],
     ] {
         let status = Command::new(&promtool)

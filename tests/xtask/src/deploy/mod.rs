@@ -3,7 +3,8 @@
 //! rot: every object is there, the sidecars get the arguments distributed provisioning needs, the
 //! driver's mounts propagate, only the containers that must be privileged are, gRPC stays on the
 //! unix socket unless the remote-access component is added, and each component an overlay uses
-//! does what it says.
+//! does what it says. The Helm chart (`helm`) must render the same objects as the base and each
+//! overlay.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::process::Command;
 
 mod base;
 mod components;
+pub mod helm;
 mod yaml;
 
 #[cfg(test)]
@@ -89,6 +91,7 @@ pub fn manifest_checks(ws: &Path) -> Result<()> {
             ));
         }
     }
+    problems.extend(helm::checks(ws, &kubectl, |dir| render(&kubectl, ws, dir))?);
     if !problems.is_empty() {
         bail!(
             "the Kubernetes manifests render wrong:\n  {}",
