@@ -74,6 +74,12 @@ enum Task {
         /// Build it twice and compare the layers' digests.
         #[arg(long)]
         check: bool,
+        /// Then push it to this registry reference (HOST[:PORT]/NAME:TAG) with skopeo.
+        #[arg(long, value_name = "REF")]
+        push: Option<String>,
+        /// With --push: the registry speaks plain HTTP or has a certificate not to verify.
+        #[arg(long, requires = "push")]
+        insecure: bool,
     },
     /// Build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb.
     Deb,
@@ -162,8 +168,16 @@ fn run(command: Task) -> Result<ExitCode> {
             deb::run(&ws)?;
             Ok(ExitCode::SUCCESS)
         }
-        Task::Image { check } => {
-            oci::run(&ws, check)?;
+        Task::Image {
+            check,
+            push,
+            insecure,
+        } => {
+            let push = push.map(|reference| oci::Push {
+                reference,
+                insecure,
+            });
+            oci::run(&ws, check, push.as_ref())?;
             Ok(ExitCode::SUCCESS)
         }
         Task::Manifests => {
@@ -479,9 +493,28 @@ mod tests {
         }
         assert!(matches!(
             parse(&["image", "--check"]),
-            Ok(Task::Image { check: true })
+            Ok(Task::Image {
+                check: true,
+                push: None,
+                insecure: false
+            })
         ));
-        assert!(parse(&["image", "--push"]).is_err(), "no such option");
+        match parse(&["image", "--push", "localhost:5000/ublkd:t", "--insecure"]) {
+            Ok(Task::Image {
+                check: false,
+                push: Some(r),
+                insecure: true,
+            }) => assert_eq!(r, "localhost:5000/ublkd:t"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            parse(&["image", "--push"]).is_err(),
+            "--push needs a reference"
+        );
+        assert!(
+            parse(&["image", "--insecure"]).is_err(),
+            "--insecure only with --push"
+        );
         // compare: two builds or more, a runtime of at least a second; a build's flags may
         // start with dashes.
         assert!(parse(&["compare", "fdc00eb"]).is_err());

@@ -94,9 +94,12 @@ pub struct Built {
 /// `cargo xtask image [--check]`.
 /// `cargo xtask image [--check]`: with `check`, a second build from nothing must give the same
 /// layers.
-pub fn run(ws: &Path, check: bool) -> Result<()> {
+pub fn run(ws: &Path, check: bool, push: Option<&Push>) -> Result<()> {
     let built = build(ws, &ws.join("target/image"))?;
     report(&built);
+    if let Some(p) = push {
+        push_archive(&built, p)?;
+    }
     if check {
         let again = build(ws, &ws.join("target/image-check"))?;
         ensure!(
@@ -111,6 +114,67 @@ pub fn run(ws: &Path, check: bool) -> Result<()> {
         );
         fs::remove_dir_all(ws.join("target/image-check"))?;
     }
+    Ok(())
+}
+
+/// Where `cargo xtask image --push` sends the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Push {
+    /// A registry reference, `HOST[:PORT]/NAME:TAG`.
+    pub reference: String,
+    /// Plain HTTP, or TLS without verifying the registry's certificate (a registry on
+    /// loopback, a test registry).
+    pub insecure: bool,
+}
+
+/// The arguments of `skopeo copy` that push `archive` to `p`.
+pub fn push_args(archive: &Path, p: &Push) -> Vec<String> {
+    vec![
+        "copy".into(),
+        format!("--dest-tls-verify={}", !p.insecure),
+        format!("oci-archive:{}", archive.display()),
+        format!("docker://{}", p.reference),
+    ]
+}
+
+/// Pushes the OCI archive with skopeo (Debian's, installed when missing), then reads the pushed
+/// manifest back and checks its digest is the archive's.
+fn push_archive(built: &Built, p: &Push) -> Result<()> {
+    if apt::which("skopeo").is_none() {
+        apt::install_packages(&["skopeo"])?;
+    }
+    let skopeo = apt::which("skopeo").context("skopeo not found after installing it")?;
+    eprintln!("xtask: image: skopeo copy to {}", p.reference);
+    let status = Command::new(&skopeo)
+        .args(push_args(&built.archive, p))
+        .status()
+        .context("running skopeo copy")?;
+    ensure!(
+        status.success(),
+        "skopeo copy to {} failed ({status})",
+        p.reference
+    );
+    let out = Command::new(&skopeo)
+        .arg("inspect")
+        .arg(format!("--tls-verify={}", !p.insecure))
+        .arg(format!("docker://{}", p.reference))
+        .output()
+        .context("running skopeo inspect")?;
+    ensure!(
+        out.status.success(),
+        "skopeo inspect of {} failed: {}",
+        p.reference,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pushed: Value = serde_json::from_slice(&out.stdout)?;
+    let digest = pushed["Digest"].as_str().unwrap_or("no digest");
+    ensure!(
+        digest == built.manifest,
+        "{} serves manifest {digest}, the image built is {}",
+        p.reference,
+        built.manifest
+    );
+    println!("pushed: {} ({digest})", p.reference);
     Ok(())
 }
 
@@ -363,4 +427,34 @@ fn blob(layout: &Path, digest: &str) -> Result<PathBuf> {
         .split_once(':')
         .with_context(|| format!("{digest} is not ALG:HEX"))?;
     Ok(layout.join("blobs").join(alg).join(hex))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_push_copies_the_archive_to_the_reference_verifying_tls_unless_told() {
+        let p = Push {
+            reference: "reg.test:5000/ublkd:0.1.0".into(),
+            insecure: false,
+        };
+        assert_eq!(
+            push_args(Path::new("/w/target/image/ublkd-oci.tar"), &p),
+            [
+                "copy",
+                "--dest-tls-verify=true",
+                "oci-archive:/w/target/image/ublkd-oci.tar",
+                "docker://reg.test:5000/ublkd:0.1.0"
+            ]
+        );
+        let loopback = Push {
+            insecure: true,
+            ..p
+        };
+        assert_eq!(
+            push_args(Path::new("/a.tar"), &loopback)[1],
+            "--dest-tls-verify=false"
+        );
+    }
 }

@@ -72,7 +72,7 @@ const CSI_FILE: &str = "csi";
 /// What the install tests use, built on the host before the boot: the image (twice, to check it
 /// is reproducible), the package, and a Debian root to install the package into.
 fn install_artifacts(ws: &Path) -> Result<()> {
-    crate::oci::run(ws, true)?;
+    crate::oci::run(ws, true, None)?;
     crate::deb::build(ws)?;
     crate::deb::scratch_root(ws)?;
     Ok(())
