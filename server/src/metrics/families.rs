@@ -8,13 +8,13 @@ use crate::volumes::Volumes;
 use ublkd_dataplane::stats::{CleanupStep, BATCH_BOUNDS, LATENCY_BOUNDS};
 use ublkd_dataplane::{DeviceStats, OpKind};
 
-/// Appends every volume and worker family to `out`.
-pub async fn write(volumes: &Volumes, out: &mut String) {
+/// Appends every volume and worker family to `out`; `all` is every volume with its statistics,
+/// read once for the whole scrape.
+pub async fn write(volumes: &Volumes, all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
     let orphans = volumes.orphans().await.len();
-    let all = volumes.all_stats().await;
     let workers = volumes.workers().await;
     let control_cleanup = volumes.control_cleanup_errors().await;
-    write_volumes(&all, out);
+    write_volumes(all, out);
     let with_stats = || all.iter().filter_map(|(v, s)| Some((v, s.as_ref()?)));
     per_volume(
         out,

@@ -93,9 +93,11 @@ impl Metrics {
             .encode_utf8(&self.registry.gather(), &mut text)
             .map_err(MetricsError::EncodeCollectors)?;
         self.rpcs.write(&mut text);
-        families::write(volumes, &mut text).await;
+        let all = volumes.all_stats().await;
+        families::write(volumes, &all, &mut text).await;
         let settings = volumes.settings();
-        let readings = pools::read(Arc::clone(&settings), volumes.list().await).await;
+        let listed = all.into_iter().map(|(v, _)| v).collect();
+        let readings = pools::read(Arc::clone(&settings), listed).await;
         pools::write(&readings, &settings, &mut text);
         Ok(self.buffers.body(text))
     }

@@ -2,7 +2,10 @@
 //! every workload against its device, the server's CPU time around each.
 
 use super::super::cases::{Build, UBackend, BACKING_BYTES, NULL_BYTES};
-use super::proc::{append, fio, fresh, is_blk, note, put, tail_of, wait_blk, Engine, Guest, Proc};
+use super::proc::{
+    append, fio, fresh, is_blk, note, put, run_logged, tail_of, wait_blk, Engine, Guest, Proc,
+    RANDREAD_QD32,
+};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -46,7 +49,7 @@ pub fn prepare_backing(g: &Guest) -> Option<PathBuf> {
     for step in &steps {
         let mut c = Command::new(&step[0]);
         c.args(&step[1..]);
-        let rc = g.status(c, &log);
+        let rc = run_logged(c, &log);
         if rc != 0 {
             append(&log, &format!("{} exited with {rc}", step.join(" ")));
             note(&format!("backing file failed: {}", tail_of(&log)));
@@ -61,7 +64,7 @@ pub fn prepare_backing(g: &Guest) -> Option<PathBuf> {
 pub fn unmount_backing(g: &Guest) {
     let mut c = Command::new("umount");
     c.arg(backing_mount(g));
-    let rc = g.status(c, &g.out.join("backing.log"));
+    let rc = run_logged(c, &g.out.join("backing.log"));
     if rc != 0 {
         note(&format!("umount of the backing file system failed ({rc})"));
     }
@@ -164,15 +167,9 @@ pub fn ublkd_case(
         c.arg("--name=warmup")
             .arg(format!("--filename={}", dev.display()))
             .args(Engine::Direct.args())
-            .args([
-                "--bs=4k",
-                "--rw=randread",
-                "--iodepth=32",
-                "--norandommap",
-                "--time_based",
-            ])
+            .args(RANDREAD_QD32)
             .arg(format!("--runtime={}", g.runtime));
-        let rc = g.status(c, &d.join("warmup.log"));
+        let rc = run_logged(c, &d.join("warmup.log"));
         note(&format!("{run}: warm-up fio exit {rc}"));
     } else {
         g.run_workloads(run, &dev, &[p.pid()], Engine::Direct);

@@ -205,7 +205,17 @@ impl Engine {
     }
 }
 
-/// `fio` under timeout(1): killed `grace` seconds after `secs` if it has not ended.
+/// The 4 KiB randread at QD32 that the warm-ups and the control plane's load run, after
+/// `fio`'s engine arguments.
+pub const RANDREAD_QD32: &[&str] = &[
+    "--bs=4k",
+    "--rw=randread",
+    "--iodepth=32",
+    "--norandommap",
+    "--time_based",
+];
+
+/// `fio` under timeout(1): killed 60 s after `secs` if it has not ended.
 pub fn fio(secs: u64) -> Command {
     let mut c = Command::new("timeout");
     c.args(["-k", "5", &(secs + 60).to_string(), "fio"]);
@@ -309,7 +319,7 @@ impl Guest {
                 "--output={}",
                 d.join(format!("{}.json", wl.id)).display()
             ));
-        let rc = self.status(c, &d.join(format!("{}.log", wl.id)));
+        let rc = run_logged(c, &d.join(format!("{}.log", wl.id)));
         let (s1, t1, ios1) = (sys_ticks(), cpu_ticks(pids), dev_ios(&blk));
         put(&d.join(format!("{}.rc", wl.id)), &format!("{rc}\n"));
         let hz = &self.hz;
@@ -326,11 +336,6 @@ impl Guest {
             _ => "-".into(),
         };
         note(&format!("{run} {}: fio exit {rc}, {ios} I/Os", wl.id));
-    }
-
-    /// Runs `c` with stdout and stderr to `log`; its exit code (-1 if it did not start).
-    pub fn status(&self, c: Command, log: &Path) -> i32 {
-        run_logged(c, log)
     }
 }
 

@@ -6,7 +6,9 @@ use super::super::cases::{
     CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES,
     CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES,
 };
-use super::proc::{append, log_file, note, put, signal, tail_of, Engine, Guest, Node};
+use super::proc::{
+    append, log_file, note, put, signal, tail_of, Engine, Guest, Node, RANDREAD_QD32,
+};
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -167,13 +169,7 @@ fn under_load(g: &Guest, node: &Node, created: &[(String, String)]) {
     };
     let mut fio = Command::new("fio");
     fio.args(Engine::Direct.args())
-        .args([
-            "--bs=4k",
-            "--rw=randread",
-            "--iodepth=32",
-            "--norandommap",
-            "--time_based",
-        ])
+        .args(RANDREAD_QD32)
         .args(["--runtime=300", "--output-format=json"])
         .arg(format!("--output={}", d.join("load.json").display()))
         .args(["--name=load0", &format!("--filename={a}")])
