@@ -15,6 +15,7 @@ pub const CRATES: &[&str] = &[
     "server/src",
     "cli/src",
     "csi/src",
+    "kubectl-ublkd/src",
     "tests/src",
     "tests/xtask/src",
 ];
