@@ -84,11 +84,14 @@ pub struct Vm {
 ///
 /// `Instructions`: QEMU's `-icount shift=0,sleep=on`: the guest's clock advances one nanosecond
 /// per guest instruction executed, so a timing measures the work done per I/O (the length of the
-/// code path, on both sides of the ublk queue), not the host's load; the same job then repeats
-/// within 0.3 % (null volume, QD32) and 2.5 % (NVMe passthrough, whose emulated device still works
-/// in host time). The vCPUs run one at a time in one host thread, so it cannot show a change in
+/// code path, on both sides of the ublk queue), not the host's load; the same job on a null
+/// volume then repeats within 0.3 % (QD32) and 0.1 % (QD1). It is for work done on the vCPUs
+/// only: an emulated device still works in host time, and cases that wait on one (file volumes
+/// on the guest's disk, NVMe) swung by factors of 10 and more from run to run under it, far worse
+/// than on the wall clock. The vCPUs run one at a time in one host thread, so it cannot show a change in
 /// how work spreads over CPUs (placement, overlap, lock contention between threads): judge those
-/// by `Wall`. `sleep=on` lets an idle guest wait in real time for the emulated devices instead of
+/// by `Wall`. It is slow: a busy guest second is 10^9 instructions, about 5 host seconds.
+/// `sleep=on` lets an idle guest wait in real time for the emulated devices instead of
 /// jumping its clock to the next timer, which would add whole timer periods to each NVMe I/O.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Clock {
