@@ -169,7 +169,11 @@ async fn orphans(cluster: &Cluster) -> Result<()> {
             }
             Err(e) => failed.push(format!("{node}: {e:#}")),
         }
-        match ublkctl_json(cluster, &pod, &["orphans"]).await {
+        // `ublkctl -o json orphans` answers {"orphans": [...]}.
+        match ublkctl_json(cluster, &pod, &["orphans"])
+            .await
+            .map(|v| v["orphans"].clone())
+        {
             Ok(Value::Array(devices)) => {
                 for d in devices {
                     rows.push(vec![
