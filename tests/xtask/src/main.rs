@@ -64,6 +64,10 @@ enum Task {
     K8sTest {
         /// Scenarios to run, by name.
         scenarios: Vec<String>,
+        /// Build and cache everything the tier needs (Kubernetes, the sidecars, helm, the
+        /// registry, the images, the plugin), then stop before booting.
+        #[arg(long)]
+        prepare: bool,
     },
     /// Boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio, resize, stats,
     /// metrics.
@@ -97,6 +101,21 @@ enum Task {
     /// seconds per job, default 5; UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a
     /// release build).
     Bench(bench::Args),
+    /// `image --push` of an archive already built (the Kubernetes tier's node pushes the image
+    /// the host built to its own registry with this, the same code as `image --push`).
+    #[command(hide = true)]
+    PushArchive {
+        /// The OCI archive `image` wrote.
+        archive: PathBuf,
+        /// The registry reference, HOST[:PORT]/NAME:TAG.
+        reference: String,
+        /// The archive's manifest digest, which the registry must then serve.
+        #[arg(long)]
+        manifest: String,
+        /// The registry speaks plain HTTP or has a certificate not to verify.
+        #[arg(long)]
+        insecure: bool,
+    },
     /// The bench's guest side, run by `bench` inside the VM on the input it wrote.
     #[command(hide = true)]
     BenchGuest {
@@ -156,9 +175,35 @@ fn run(command: Task) -> Result<ExitCode> {
             Ok(outcome.exit_code())
         }
         Task::VmRun(args) => vm_run(&ws, &args),
-        Task::K8sTest { scenarios } => k8s::run(&ws, &scenarios),
+        Task::K8sTest {
+            scenarios,
+            prepare: true,
+        } => {
+            k8s::prepare(&ws, &scenarios)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Task::K8sTest {
+            scenarios,
+            prepare: false,
+        } => k8s::run(&ws, &scenarios),
         Task::Demo => demo(&ws),
         Task::Bench(args) => bench::run(&ws, &args),
+        Task::PushArchive {
+            archive,
+            reference,
+            manifest,
+            insecure,
+        } => {
+            oci::push_archive(
+                &archive,
+                &manifest,
+                &oci::Push {
+                    reference,
+                    insecure,
+                },
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Task::BenchGuest { input } => {
             bench::guest::main(&input)?;
             Ok(ExitCode::SUCCESS)
@@ -488,7 +533,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match parse(&["k8s-test", "driver", "warnings"]) {
-            Ok(Task::K8sTest { scenarios }) => assert_eq!(scenarios, ["driver", "warnings"]),
+            Ok(Task::K8sTest { scenarios, .. }) => assert_eq!(scenarios, ["driver", "warnings"]),
             other => panic!("{other:?}"),
         }
         assert!(matches!(

@@ -98,7 +98,7 @@ pub fn run(ws: &Path, check: bool, push: Option<&Push>) -> Result<()> {
     let built = build(ws, &ws.join("target/image"))?;
     report(&built);
     if let Some(p) = push {
-        push_archive(&built, p)?;
+        push_archive(&built.archive, &built.manifest, p)?;
     }
     if check {
         let again = build(ws, &ws.join("target/image-check"))?;
@@ -138,15 +138,15 @@ pub fn push_args(archive: &Path, p: &Push) -> Vec<String> {
 }
 
 /// Pushes the OCI archive with skopeo (Debian's, installed when missing), then reads the pushed
-/// manifest back and checks its digest is the archive's.
-fn push_archive(built: &Built, p: &Push) -> Result<()> {
+/// manifest back and checks its digest is `manifest`, the archive's.
+pub fn push_archive(archive: &Path, manifest: &str, p: &Push) -> Result<()> {
     if apt::which("skopeo").is_none() {
         apt::install_packages(&["skopeo"])?;
     }
     let skopeo = apt::which("skopeo").context("skopeo not found after installing it")?;
     eprintln!("xtask: image: skopeo copy to {}", p.reference);
     let status = Command::new(&skopeo)
-        .args(push_args(&built.archive, p))
+        .args(push_args(archive, p))
         .status()
         .context("running skopeo copy")?;
     ensure!(
@@ -169,10 +169,9 @@ fn push_archive(built: &Built, p: &Push) -> Result<()> {
     let pushed: Value = serde_json::from_slice(&out.stdout)?;
     let digest = pushed["Digest"].as_str().unwrap_or("no digest");
     ensure!(
-        digest == built.manifest,
-        "{} serves manifest {digest}, the image built is {}",
+        digest == manifest,
+        "{} serves manifest {digest}, the image built is {manifest}",
         p.reference,
-        built.manifest
     );
     println!("pushed: {} ({digest})", p.reference);
     Ok(())

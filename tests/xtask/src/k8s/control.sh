@@ -21,8 +21,9 @@
 #
 # From the harness, in the environment: K8S_BIN (kube binaries), K8S_DEBS (etcd), K8S_COREDNS,
 # K8S_PKI (the directory for certificates and kubeconfigs), K8S_LOGS (the logs' directory),
-# K8S_KUBECTL (the requests' directory). `control.sh pki` makes the certificates and returns;
-# `control.sh start` runs the components until it is killed (its process group).
+# K8S_KUBECTL (the requests' directory), K8S_HELM (helm, for the guest's requests),
+# K8S_PLUGINS (a directory with kubectl-ublkd, on the guest's kubectl's PATH).
+# `control.sh pki` makes the certificates and returns; `control.sh start` runs the components until it is killed (its process group).
 set -u
 B=$K8S_BIN
 P=$K8S_PKI
@@ -83,9 +84,10 @@ pki() {
     for c in admin kubelet kube-proxy; do kubeconfig "$c" "$HOST_IP" || return 1; done
 }
 
-# The guest's kubectl requests (guest.sh's kubectl): NAME.args (the arguments, NUL-separated)
-# and NAME.stdin, where it has one; the answer NAME.out, NAME.err and, last, NAME.rc. Each
-# request runs in the background: a `kubectl wait` holds up no other.
+# The guest's kubectl and helm requests (guest.sh's kubectl and helm): NAME.args (the tool,
+# kubectl or helm, then its arguments, NUL-separated) and NAME.stdin, where it has one; the
+# answer NAME.out, NAME.err and, last, NAME.rc. Each request runs in the background: a
+# `kubectl wait` holds up no other. Both tools use the admin's kubeconfig.
 serve_kubectl() {
     Q=$K8S_KUBECTL
     mkdir -p "$Q"
@@ -97,10 +99,20 @@ serve_kubectl() {
             (
                 in=/dev/null
                 [ -e "$n.stdin" ] && in=$n.stdin
-                # kubectl's own status (xargs would fold every failure into 123)
+                # the tool's own status (xargs would fold every failure into 123)
                 # shellcheck disable=SC2016 # expanded by the inner sh
-                RC=$n.rc.tmp xargs -0 -a "$n.run" sh -c '"$@"; echo $? >"$RC"' request \
-                    "$B/kubectl" --kubeconfig="$P/admin-host.conf" <"$in" >"$n.out" 2>"$n.err"
+                RC=$n.rc.tmp xargs -0 -a "$n.run" sh -c '
+                    tool=$1
+                    shift
+                    case $tool in
+                        # KUBECONFIG rather than --kubeconfig: kubectl looks for a plugin
+                        # (kubectl ublkd) only when no flag comes before its name.
+                        kubectl) KUBECONFIG=$K8S_PKI/admin-host.conf PATH=$K8S_PLUGINS:$PATH \
+                            "$K8S_BIN/kubectl" "$@" ;;
+                        helm) "$K8S_HELM" --kubeconfig="$K8S_PKI/admin-host.conf" "$@" ;;
+                        *) echo "control.sh: no tool $tool" >&2; false ;;
+                    esac
+                    echo $? >"$RC"' request <"$in" >"$n.out" 2>"$n.err"
                 [ -s "$n.rc.tmp" ] || echo 125 >"$n.rc.tmp"
                 mv "$n.rc.tmp" "$n.rc"
             ) &

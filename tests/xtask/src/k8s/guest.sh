@@ -3,16 +3,15 @@
 # node of a cluster whose control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, CoreDNS) runs on the host (`control.sh`). Here: containerd, the kubelet and
 # kube-proxy from the binaries the harness built; it imports the offline images, installs
-# deploy/kubernetes with `kubectl apply -k` through the test overlay (image names only), and
-# runs the scenarios. The guest reaches the control plane at 10.0.2.2 (QEMU's user network),
+# deploy/helm/ublkd with `helm install` and the test values (image names only), and runs the
+# scenarios. The guest reaches the control plane at 10.0.2.2 (QEMU's user network),
 # and the API server reaches the kubelet at the node's address, 10.10.0.1, which QEMU forwards.
 #
 # From the harness, in the environment: K8S_BIN (kube binaries), K8S_DEBS (extracted Debian
 # packages: containerd, CNI plugins), K8S_IMAGES (a file: "reference archive" per line),
-# K8S_OVERLAY (the kustomization to apply), K8S_MODULES (the guest kernel's module tree),
+# K8S_CHART and K8S_VALUES (the chart and the test's values), K8S_MODULES (the guest kernel's module tree),
 # K8S_SCENARIOS (space-separated names, or "all"), K8S_PKI (the certificates and kubeconfigs
-# control.sh made), K8S_SNAPSHOTS_OVERLAY and K8S_MODIFY_OVERLAY (the installs with those
-# components), UBLKD_VM_RUN (the shared run directory).
+# control.sh made), UBLKD_VM_RUN (the shared run directory).
 # Each scenario prints "SCENARIO <name> ok|FAILED <seconds>"; the exit status is the number
 # that failed (or 100 when the cluster never came up).
 # Functions here are called through run, wait_for and check, which shellcheck cannot follow.
@@ -28,11 +27,11 @@ HOST_IP=10.0.2.2
 t0=$(cut -d' ' -f1 /proc/uptime)
 now() { awk -v t0="$t0" '{printf "%.1f", $1 - t0}' /proc/uptime; }
 say() { echo "k8s [$(now)] $*"; }
-# kubectl runs on the host (control.sh's serve_kubectl), natively: a request file in the shared
-# run directory, the answer read back. Only `-f -` reads standard input.
+# kubectl and helm run on the host (control.sh's serve_kubectl), natively: a request file in
+# the shared run directory, the answer read back. Only `-f -` reads standard input.
 KQ=$UBLKD_VM_RUN/kubectl
 mkdir -p "$KQ"
-kubectl() {
+on_host() { # TOOL ARGS...
     r=$(mktemp "$KQ/req.XXXXXXXX") || return 1
     case " $* " in *" -f - "*) cat >"$r.stdin" ;; esac
     printf '%s\0' "$@" >"$r.tmp" && mv "$r.tmp" "$r.args" || return 1
@@ -43,6 +42,8 @@ kubectl() {
     rm -f "$r" "$r".*
     return "$rc"
 }
+kubectl() { on_host kubectl "$@"; }
+helm() { on_host helm "$@"; }
 uptime_s() { cut -d. -f1 /proc/uptime; }
 # waits up to $1 seconds (by the clock, whatever each try takes) for the command after it
 wait_for() {
@@ -159,6 +160,15 @@ version = 2
   runtime_type = "io.containerd.runc.v2"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
   BinaryName = "/usr/sbin/runc"
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "/etc/containerd/certs.d"
+EOC
+# The node's own registry (below) speaks plain HTTP on the loopback.
+mkdir -p /etc/containerd/certs.d/127.0.0.1:5000
+cat >/etc/containerd/certs.d/127.0.0.1:5000/hosts.toml <<EOC
+server = "http://127.0.0.1:5000"
+[host."http://127.0.0.1:5000"]
+  capabilities = ["pull", "resolve"]
 EOC
 cat >/etc/cni/net.d/10-pods.conflist <<EOC
 {"cniVersion": "0.4.0", "name": "pods", "plugins": [
@@ -283,9 +293,43 @@ EOK
 snapshot_addons >"$L/snapshot-addons.log" 2>&1 || die "the snapshot add-ons: $(tail -5 "$L/snapshot-addons.log")"
 say "snapshot CRDs and controller applied"
 
-# --- install as a user would -------------------------------------------------------------------
-tries 3 kubectl apply -k "$K8S_OVERLAY" >"$L/apply.log" 2>&1 || die "kubectl apply -k failed: $(cat "$L/apply.log")"
-say "applied deploy/kubernetes"
+# --- ublkd's image in a registry, as a user's would be ------------------------------------------
+# The distribution registry on the node's loopback; the image the host built pushed to it with
+# `cargo xtask image --push`'s code (skopeo copy, then the served manifest's digest checked),
+# as :test and as :roll (ublkd-restart's upgrade). The node never imported it: the install
+# below pulls it through the chart's image.* values.
+REG=127.0.0.1:5000
+mkdir -p /var/lib/registry
+cat >/etc/registry.yml <<EOR
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: /var/lib/registry}}
+http: {addr: $REG}
+EOR
+"$K8S_REGISTRY" serve /etc/registry.yml >"$L/registry.log" 2>&1 &
+wait_for 60 curl -fsS "http://$REG/v2/" || die "the registry never answered: $(tail -5 "$L/registry.log")"
+for tag in test roll; do
+    "$K8S_XTASK" push-archive "$K8S_UBLKD_ARCHIVE" "$REG/ublkd:$tag" --manifest "$K8S_UBLKD_MANIFEST" \
+        --insecure >>"$L/push.log" 2>&1 || die "pushing ublkd's image to $REG failed: $(tail -5 "$L/push.log")"
+done
+"$D/usr/bin/ctr" -n k8s.io images ls -q | grep -q "/ublkd:" && die "the node has a ublkd image before the install pulls one"
+say "ublkd's image pushed to $REG: $(grep '^pushed' "$L/push.log" | tr '\n' ' ')"
+
+# --- install as a user would: deploy/helm/ublkd (docs/kubernetes.md, "Install the driver") ------
+install() {
+    tries 3 kubectl apply -f - <<EON || return 1
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: ublkd-system
+  labels:
+    pod-security.kubernetes.io/enforce: privileged
+EON
+    helm install ublkd "$K8S_CHART" --namespace ublkd-system --values "$K8S_VALUES" &&
+        helm status ublkd --namespace ublkd-system
+}
+install >"$L/install.log" 2>&1 || die "helm install failed: $(tail -20 "$L/install.log")"
+say "helm install of deploy/helm/ublkd done"
 all_ready() {
     kubectl -n ublkd-system wait --for=condition=Ready pod --all --timeout=5s &&
         [ "$(kubectl -n ublkd-system get pods --no-headers | wc -l)" -ge 3 ]
@@ -314,6 +358,8 @@ if ! wait_for 600 all_ready; then
     die "the driver's pods never became Ready"
 fi
 say "every pod Ready"
+pulled=$("$D/usr/bin/ctr" -n k8s.io images ls -q | grep "^$REG/ublkd:") || die "ublkd's pods are Ready but no image was pulled from $REG"
+say "pulled from the node's registry: $pulled"
 kubectl -n ublkd-system get pods -o wide
 
 # --- scenarios ---------------------------------------------------------------------------------
@@ -522,10 +568,89 @@ pvc_from() {
 }
 volume_of() { kubectl get pv "$(kubectl get pvc "$1" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}'; }
 
+# Prometheus (built from its module: Debian's has no Kubernetes discovery) on the node,
+# scraping the way the chart's ServiceMonitor does: the endpoints of the Services labelled
+# app.kubernetes.io/name=ublkd in ublkd-system, port "metrics", job "ublkd" (the same relabel
+# rules, since the cluster has no Prometheus Operator). Its rules are the chart's files/ublkd-rules.yaml with one change, said
+# here: UblkdPoolAlmostFull's `for: 10m` cut to 20s. The file pool is then filled with files
+# beside the volumes' (fallocate, to 5 % free as ublkd reports it): the alert fires for that
+# pool, and clears once the files are gone.
+s_monitoring() {
+    w=/tmp/prometheus
+    rm -rf "$w"
+    mkdir -p "$w/data"
+    sed '/alert: UblkdPoolAlmostFull/,/for:/ s/for: 10m/for: 20s/' "$K8S_CHART/files/ublkd-rules.yaml" >"$w/rules.yaml"
+    grep -A2 'alert: UblkdPoolAlmostFull' "$w/rules.yaml" | grep -q 'for: 20s' || fail "the pool alert's for: was not where the test expects it"
+    cat >"$w/prometheus.yml" <<EOP
+global: {scrape_interval: 5s, evaluation_interval: 5s}
+rule_files: [$w/rules.yaml]
+scrape_configs:
+  - job_name: serviceMonitor/ublkd-system/ublkd/0
+    kubernetes_sd_configs:
+      - role: endpoints
+        kubeconfig_file: $K8S_PKI/admin.conf
+        namespaces: {names: [ublkd-system]}
+    relabel_configs:
+      - {source_labels: [__meta_kubernetes_service_label_app_kubernetes_io_name], regex: ublkd, action: keep}
+      - {source_labels: [__meta_kubernetes_endpoint_port_name], regex: metrics, action: keep}
+      - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
+      - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
+      - {source_labels: [__meta_kubernetes_service_name], target_label: service}
+      - {target_label: job, replacement: ublkd}
+EOP
+    "$K8S_PROMETHEUS" --config.file="$w/prometheus.yml" --storage.tsdb.path="$w/data" \
+        --web.listen-address=127.0.0.1:9090 >"$L/prometheus.log" 2>&1 &
+    prom=$!
+    q() { curl -fsS --get http://127.0.0.1:9090/api/v1/query --data-urlencode "query=$1" | jq -r "$2"; }
+    up() { [ "$(q 'up{job="ublkd"}' '.data.result[0].value[1]')" = 1 ]; }
+    wait_for 300 up || {
+        curl -fsS http://127.0.0.1:9090/api/v1/targets | jq -c '.data.activeTargets[] | {scrapeUrl, health, lastError}'
+        tail -5 "$L/prometheus.log"
+        kill "$prom"
+        fail "Prometheus never scraped ublkd through the ServiceMonitor's rules"
+    }
+    pool=/var/lib/ublkd/volumes
+    sel="backend=\"file\",pool=\"$pool\""
+    total=$(q "ublkd_capacity_bytes{$sel}" '.data.result[0].value[1]')
+    free=$(q "ublkd_capacity_free_bytes{$sel}" '.data.result[0].value[1]')
+    echo "scraped: $(q 'up{job="ublkd"}' '.data.result[0].metric | "\(.pod) \(.service)"'); file pool $total bytes, $free free"
+    fill=$(awk -v t="$total" -v f="$free" 'BEGIN { printf "%.0f", f - t * 0.05 }')
+    [ "$fill" -gt 0 ] || { kill "$prom"; fail "the file pool has under 5 % free before the test fills it ($free of $total)"; }
+    firing() { [ "$(q "ALERTS{alertname=\"UblkdPoolAlmostFull\",alertstate=\"firing\",$sel}" '.data.result | length')" = 1 ]; }
+    firing && { kill "$prom"; fail "UblkdPoolAlmostFull fired before the pool was filled"; }
+    # Filled in steps, each to 5 % of what ublkd last reported free, until it reports under 8 %
+    # (printf "%.0f": busybox and mawk awk cap "%d" at 2^31 - 1, which once filled only half).
+    n=0
+    while :; do
+        n=$((n + 1))
+        fallocate -l "$fill" "$pool/filler.$n"
+        echo "filler.$n: $fill bytes; the node's df: $(df -B1 --output=avail "$pool" | tail -1)"
+        sleep 15
+        free=$(q "ublkd_capacity_free_bytes{$sel}" '.data.result[0].value[1]')
+        echo "ublkd reports $free free of $total"
+        awk -v t="$total" -v f="$free" 'BEGIN { exit !(f < t * 0.08) }' && break
+        [ "$n" -ge 5 ] && { rm -f "$pool"/filler.*; kill "$prom"; fail "the pool never reported under 8 % free"; }
+        fill=$(awk -v t="$total" -v f="$free" 'BEGIN { printf "%.0f", f - t * 0.05 }')
+    done
+    wait_for 300 firing || {
+        echo "free now: $(q "ublkd_capacity_free_bytes{$sel}" '.data.result[0].value[1]')"
+        q ALERTS '.data.result'
+        rm -f "$pool"/filler.*
+        kill "$prom"
+        fail "UblkdPoolAlmostFull did not fire with the pool filled to 5 % free"
+    }
+    echo "firing: $(q 'ALERTS{alertname="UblkdPoolAlmostFull"}' '.data.result[0].metric | "\(.alertname) \(.backend) \(.pool) \(.alertstate)"'), free $(q "ublkd_capacity_free_bytes{$sel}" '.data.result[0].value[1]')"
+    rm "$pool"/filler.*
+    cleared() { ! firing; }
+    wait_for 300 cleared || { kill "$prom"; fail "UblkdPoolAlmostFull did not clear once the pool was freed"; }
+    echo "cleared: free $(q "ublkd_capacity_free_bytes{$sel}" '.data.result[0].value[1]')"
+    kill "$prom"
+}
+
 # A VolumeSnapshot of a file-xfs claim, a claim restored from it and a clone of the claim, on
 # the node's reflink XFS: each holds the data of its moment, and deleting them leaves no file.
 s_snapshots() {
-    kubectl apply -k "$K8S_SNAPSHOTS_OVERLAY"
+    helm upgrade ublkd "$K8S_CHART" --namespace ublkd-system --reuse-values --set snapshots.enabled=true
     kubectl -n kube-system rollout status deploy/snapshot-controller --timeout=600s
     pvc s-src ublkd-file-xfs 300Mi
     pod p-src s-src
@@ -584,15 +709,16 @@ ublkd_ready() { kubectl -n ublkd-system wait --for=condition=Ready pod -l app.ku
 # A VolumeAttributesClass reaching ublkd's limits, installed as deploy/csi/README.md says
 # ("Changing a volume's limits"): the Secrets for remote access made by hand with openssl (one
 # CA: ublkd's server certificate for the Service's name, the resizer's client certificate; made
-# with the cluster's in control.sh),
-# the install with the two components, the ublkd pod deleted to take them (OnDelete); then a
+# with the cluster's in control.sh), `helm upgrade` with remote access and modify volume on, the
+# ublkd pod deleted to take them (OnDelete); then a
 # claim's class changed twice, each time checked in the claim's status and in ublkd.
 s_modify() {
     for s in ublkd-grpc ublkd-csi-resizer; do
         kubectl -n ublkd-system create secret generic "$s-tls" --from-file=tls.crt="$K8S_PKI/$s.crt" \
             --from-file=tls.key="$K8S_PKI/$s.key" --from-file=ca.crt="$K8S_PKI/ca.crt"
     done
-    kubectl apply -k "$K8S_MODIFY_OVERLAY"
+    helm upgrade ublkd "$K8S_CHART" --namespace ublkd-system --reuse-values \
+        --set snapshots.enabled=true --set remoteAccess.enabled=true --set modifyVolume.enabled=true
     old=$(ublkd_pod)
     kubectl -n ublkd-system delete pod "$old" --wait=true
     rolled() { [ "$(ublkd_pod)" != "$old" ] && ublkd_ready; }
@@ -631,8 +757,9 @@ s_modify() {
 }
 
 # A pod writes with fsync (each write a new block, each checked) while ublkd is killed with
-# SIGKILL and then rolled to a new image the way daemonset.yaml says (set the image, delete the
-# pod: OnDelete). The devices wait for the next ublkd; the writer ends with no I/O error.
+# SIGKILL and then upgraded to a new image the way docs/kubernetes.md ("Upgrading") says (helm
+# upgrade, then the node's pod deleted: OnDelete). The devices wait for the next ublkd; the
+# writer ends with no I/O error.
 s_ublkd_restart() {
     pvc w-data ublkd-file 64Mi
     kubectl apply -f - <<EOP
@@ -669,11 +796,12 @@ EOP
     restarted() { [ "$(ublkd_restarts)" -gt "$before" ] && ublkd_ready; }
     wait_for 600 restarted || { kubectl -n ublkd-system describe pod "$(ublkd_pod)" | tail -20; fail "ublkd did not come back after SIGKILL"; }
     echo "ublkd back after SIGKILL; the writer: $(kubectl get pod p-writer -o jsonpath='{.status.phase}')"
-    # The roll: a new image name for the same build (imported like any other), then the pod.
-    "$D/usr/bin/ctr" -n k8s.io images tag ublkd.test/ublkd:test ublkd.test/ublkd:roll >/dev/null 2>&1 || true
+    # The roll, as docs/kubernetes.md ("Upgrading") says: helm upgrade to a new image tag (the
+    # same build pushed to the node's registry as :roll), then the node's pod deleted.
     old=$(ublkd_pod)
-    kubectl -n ublkd-system set image ds/ublkd ublkd=ublkd.test/ublkd:roll
-    kubectl -n ublkd-system delete pod "$old" --wait=true
+    helm upgrade ublkd "$K8S_CHART" --namespace ublkd-system --reuse-values --set image.tag=roll
+    helm history ublkd --namespace ublkd-system
+    kubectl -n ublkd-system delete pod -l app.kubernetes.io/name=ublkd --field-selector spec.nodeName="$NODE" --wait=true
     rolled() { [ "$(ublkd_pod)" != "$old" ] && ublkd_ready &&
         kubectl -n ublkd-system get pod "$(ublkd_pod)" -o jsonpath='{.spec.containers[?(@.name=="ublkd")].image}' | grep -q ':roll$'; }
     wait_for 600 rolled || { kubectl -n ublkd-system get pods -o wide; fail "the rolled ublkd pod never became Ready"; }
@@ -685,6 +813,41 @@ EOP
     kubectl logs p-writer
     kubectl delete pod p-writer --wait=true
     kubectl delete pvc w-data --wait=true
+}
+
+# `kubectl ublkd` (the plugin, found on kubectl's PATH like any plugin; it reaches ublkd by exec
+# through the API server with the caller's kubeconfig): a running pod's claim to its node,
+# volume and stats; the nodes' table; a volume made outside Kubernetes listed as an orphan
+# until it is deleted.
+s_plugin() {
+    pvc x-data ublkd-ram 64Mi
+    pod p-x x-data
+    in_pod p-x 'dd if=/dev/zero of=/data/f bs=4096 count=256 conv=fsync'
+    vol=$(volume_of x-data)
+    out=$(kubectl ublkd pvc x-data)
+    echo "$out"
+    echo "$out" | grep -q "^node: *$NODE$" || fail "kubectl ublkd pvc does not name the node"
+    echo "$out" | grep -q "^volume: *$vol$" || fail "kubectl ublkd pvc does not name the volume $vol"
+    echo "$out" | grep -q "^state: *ready$" || fail "kubectl ublkd pvc does not show the volume ready"
+    echo "$out" | grep -q "^device: */dev/ublkb" || fail "kubectl ublkd pvc does not show the device"
+    echo "$out" | grep -q "^qos:" || fail "kubectl ublkd pvc does not show the QoS"
+    writes=$(echo "$out" | awk '$1 == "write" { print $2 }')
+    [ "${writes:-0}" -gt 0 ] || fail "kubectl ublkd pvc shows no writes in the stats ($writes)"
+    out=$(kubectl ublkd nodes)
+    echo "$out"
+    echo "$out" | awk -v n="$NODE" '$1 == n && $4 >= 1 { ok = 1 } END { exit !ok }' ||
+        fail "kubectl ublkd nodes has no line for $NODE with a volume"
+    echo "$out" | grep "^$NODE" | grep -q "ublkd-ram=" || fail "kubectl ublkd nodes shows no capacity for ublkd-ram"
+    ublkctl create-volume stray-1 --size 16MiB --backend ram
+    out=$(kubectl ublkd orphans)
+    echo "$out"
+    echo "$out" | grep -q "$NODE *volume without PV *stray-1" || fail "kubectl ublkd orphans does not list stray-1"
+    echo "$out" | grep -q "$vol" && fail "kubectl ublkd orphans lists $vol, whose PV exists"
+    ublkctl delete-volume stray-1
+    out=$(kubectl ublkd orphans)
+    echo "$out" | grep -q stray-1 && fail "stray-1 is still listed after it was deleted"
+    kubectl delete pod p-x --wait=true
+    kubectl delete pvc x-data --wait=true
 }
 
 # The kubelet restarted: the mounted volume stays mounted and keeps its data, the registrar
@@ -733,17 +896,63 @@ s_warnings() {
     [ -z "$bad" ] || { echo "from the driver's objects:"; echo "$bad" | cut -c1-300; fail "warning events from the driver's objects"; }
 }
 
+# Node maintenance as docs/kubernetes.md ("Drain a node for maintenance") says: cordon and
+# drain the node (ublkd's DaemonSet pods stay, the claim's pod goes), its volume stays with its
+# data, uncordon, and a new pod on the claim reads what the old one wrote.
+s_drain() {
+    pvc r-data ublkd-ram 64Mi
+    pod p-r r-data
+    in_pod p-r 'echo before-the-drain >/data/f && sync'
+    vol=$(volume_of r-data)
+    kubectl cordon "$NODE"
+    kubectl drain "$NODE" --ignore-daemonsets --delete-emptydir-data --force --timeout=300s
+    gone() { ! kubectl get pod p-r >/dev/null 2>&1; }
+    wait_for 300 gone || fail "the drain left p-r"
+    ublkctl get-volume "$vol" | grep -q "^state: *ready$" || fail "the volume $vol is not ready after the drain"
+    [ "$(kubectl -n ublkd-system get pods -l app.kubernetes.io/name=ublkd --no-headers | wc -l)" = 1 ] ||
+        fail "the drain took ublkd's pod"
+    kubectl uncordon "$NODE"
+    pod p-r2 r-data
+    got=$(in_pod p-r2 'cat /data/f')
+    [ "$got" = before-the-drain ] || fail "the claim's data after the drain is '$got'"
+    kubectl delete pod p-r2 --wait=true
+    kubectl delete pvc r-data --wait=true
+}
+
+# Uninstall as docs/kubernetes.md ("Uninstall") says, last: every claim deleted first (with
+# whatever pods a failed scenario left), then helm uninstall; the driver's objects, pods and devices are gone, the namespace is left.
+s_uninstall() {
+    # what a failed scenario left behind goes first, as a user would delete their workloads
+    kubectl delete pod --all --namespace default --wait=true --timeout=300s
+    kubectl delete pvc --all --namespace default --wait=true --timeout=300s
+    left=$(kubectl get pvc -A --no-headers 2>/dev/null | wc -l)
+    [ "$left" = 0 ] || { kubectl get pvc -A; fail "claims left before the uninstall"; }
+    helm uninstall ublkd --namespace ublkd-system --wait --timeout 600s
+    [ -z "$(kubectl get csidriver ublkd.io --ignore-not-found -o name)" ] || fail "the CSIDriver outlived the uninstall"
+    kubectl get storageclass -o name | grep -q ublkd && fail "a StorageClass outlived the uninstall"
+    nopods() { [ "$(kubectl -n ublkd-system get pods --no-headers 2>/dev/null | wc -l)" = 0 ]; }
+    wait_for 300 nopods || { kubectl -n ublkd-system get pods; fail "ublkd's pods outlived the uninstall"; }
+    # shellcheck disable=SC2012 # names to count
+    n=$(ls /dev/ublkb* 2>/dev/null | wc -l)
+    [ "$n" = 0 ] || { ls -la /dev/ublk*; fail "$n ublk devices outlived the uninstall"; }
+    kubectl delete namespace ublkd-system --wait=true --timeout=300s
+}
+
 run driver s_driver
 run file-ext4 s_file_ext4
 run ram s_ram
 run nvme-xfs s_nvme_xfs
 run block s_block
 run pending s_pending
+run monitoring s_monitoring
 run snapshots s_snapshots
 run warnings s_warnings
 run modify s_modify
 run ublkd-restart s_ublkd_restart
+run plugin s_plugin
 run kubelet-restart s_kubelet_restart
+run drain s_drain
+run uninstall s_uninstall
 
 # The pods' own logs, kept on every run (the registrar's or a sidecar's restart says why only
 # there); the run directory is the host's.

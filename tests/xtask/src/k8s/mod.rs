@@ -8,14 +8,20 @@
 //!   CoreDNS, from its module with a trimmed plugin list (`tests/k8s/coredns`);
 //! - etcd, containerd 1.7 and the CNI plugins, from Debian trixie's packages (runc and iptables
 //!   from the host's own suite: trixie's runc needs a newer glibc than the host root has);
-//! - every image, packed offline (`images`), ublkd's own from `cargo xtask image`.
+//! - every image, packed offline (`images`), ublkd's own from `cargo xtask image`: that one
+//!   is not imported but pushed, inside the guest, to the node's own distribution registry
+//!   (built from its module) on its loopback, and pulled from there through the chart's
+//!   `image.*` values.
 //!
 //! The control plane (etcd, API server, controller manager, scheduler, CoreDNS: `control.sh`)
 //! runs on the host, natively, in a network namespace of the tier's own, with QEMU in it too.
 //! The guest (`guest.sh`) is the cluster's one node, with a writable root (a tmpfs overlay over
 //! the host root): containerd, the kubelet, kube-proxy and the driver's pods on the real kernel
-//! driver. It applies `tests/k8s/overlay` (deploy/kubernetes with image names changed and
-//! nothing else) and runs the scenarios. Under emulation on a 2-core host, a control plane in
+//! driver. It installs the chart `deploy/helm/ublkd` with `helm install` and
+//! `tests/k8s/values.yaml` (image names changed, nothing else; the chart's defaults render
+//! exactly deploy/kubernetes, which `cargo xtask manifests` checks) and runs the scenarios; the
+//! snapshot, modify and restart scenarios change the install with `helm upgrade`. kubectl and
+//! helm run on the host for the guest (`control.sh`). Under emulation on a 2-core host, a control plane in
 //! the guest kept its vCPUs so busy that the API server missed its clients' timeouts and the
 //! node never became Ready (CI, stop 29).
 
@@ -45,11 +51,15 @@ pub const SCENARIOS: &[&str] = &[
     "nvme-xfs",
     "block",
     "pending",
+    "monitoring",
     "snapshots",
     "warnings",
     "modify",
     "ublkd-restart",
+    "plugin",
     "kubelet-restart",
+    "drain",
+    "uninstall",
 ];
 
 /// Scenarios that run only when named (`cargo xtask k8s-test NAME`), not in the default run
@@ -68,6 +78,7 @@ const DEBS: &[&str] = &[
 /// Host commands the guest runs from the host root, with their packages.
 const HOST_TOOLS: &[(&str, &str)] = &[
     ("runc", "runc"),
+    ("skopeo", "skopeo"),
     ("iptables", "iptables"),
     ("umoci", "umoci"),
     ("openssl", "openssl"),
@@ -112,18 +123,33 @@ fn debian_packages() -> Result<PathBuf> {
     Ok(root)
 }
 
-/// Every image the test overlay names, plus the sandbox's and the test pods'.
-fn all_images(ws: &Path, out: &Path) -> Result<Vec<images::Image>> {
+/// The distribution registry, built from its module: the node's own registry on its loopback,
+/// which the ublkd image is pushed to and the cluster pulls it from.
+const REGISTRY: crate::gotools::GoTool = crate::gotools::GoTool {
+    package: "github.com/distribution/distribution/v3/cmd/registry",
+    version: "v3.1.2",
+    binary: "registry",
+};
+
+/// Prometheus, built from its module (a wrapper module: its go.mod has replace directives, which
+/// `go install` refuses): Debian's package is built without the Kubernetes service discovery that
+/// a ServiceMonitor's scrape rules are written in. v0.315.1 is Prometheus 3.15.1.
+const PROMETHEUS: build::GoBuild = build::GoBuild {
+    name: "prometheus",
+    module: "github.com/prometheus/prometheus",
+    version: "v0.315.1",
+    packages: &["github.com/prometheus/prometheus/cmd/prometheus"],
+};
+
+/// The images the node imports (the sidecars', the stand-ins', the sandbox's and the test pods'),
+/// and ublkd's, built by `cargo xtask image`, which the node pushes to its registry instead.
+fn all_images(ws: &Path, out: &Path) -> Result<(Vec<images::Image>, oci::Built)> {
     if out.exists() {
         fs::remove_dir_all(out)?;
     }
     fs::create_dir_all(out)?;
     let mut list = Vec::new();
     let built = oci::build(ws, &ws.join("target/image"))?;
-    list.push(images::Image {
-        reference: "ublkd.test/ublkd:test".into(),
-        archive: built.archive,
-    });
     for b in build::SIDECARS {
         let bin = build::ensure(b)?;
         for p in b.packages {
@@ -161,7 +187,7 @@ fn all_images(ws: &Path, out: &Path) -> Result<Vec<images::Image>> {
         "/bin/sh",
         out,
     )?);
-    Ok(list)
+    Ok((list, built))
 }
 
 /// What the tier found: counts, and a summary to print last (each scenario with its time, and
@@ -208,7 +234,25 @@ fn failure_lines(console: &[String], name: &str) -> String {
         .collect()
 }
 
-pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
+/// Everything the tier needs on the host, built or cached.
+struct Prepared {
+    kernel: image::Kernel,
+    kube: PathBuf,
+    helm: PathBuf,
+    debs: PathBuf,
+    ublkd_image: oci::Built,
+    registry: PathBuf,
+    prometheus: PathBuf,
+    plugins: PathBuf,
+    xtask: PathBuf,
+    coredns: PathBuf,
+    list: PathBuf,
+    modules: PathBuf,
+    kube_secs: f64,
+    image_secs: f64,
+}
+
+fn check_scenarios(args: &[String]) -> Result<()> {
     for a in args {
         if !SCENARIOS.contains(&a.as_str()) {
             bail!(
@@ -217,7 +261,10 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
             );
         }
     }
-    let started = Instant::now();
+    Ok(())
+}
+
+fn prepare_all(ws: &Path) -> Result<Prepared> {
     let missing: Vec<&str> = HOST_TOOLS
         .iter()
         .filter(|(c, _)| apt::which(c).is_none())
@@ -227,11 +274,21 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let kernel = image::prepare(ws)?;
     let t = Instant::now();
     let kube = build::ensure(&build::KUBERNETES)?;
+    let helm = crate::gotools::ensure(crate::deploy::helm::HELM)?;
     let kube_secs = t.elapsed().as_secs_f64();
     let debs = debian_packages()?;
     let out = ws.join("target/k8s");
     let t = Instant::now();
-    let imgs = all_images(ws, &out.join("images"))?;
+    let (imgs, ublkd_image) = all_images(ws, &out.join("images"))?;
+    let registry = crate::gotools::ensure(REGISTRY)?;
+    let prometheus = build::ensure(&PROMETHEUS)?.join("prometheus");
+    // `kubectl ublkd`, alone in a directory on the host kubectl's PATH (control.sh).
+    let release = crate::dist::release_build(ws, &["kubectl-ublkd"])?;
+    let plugins = out.join("plugins");
+    fs::create_dir_all(&plugins)?;
+    fs::copy(release.join("kubectl-ublkd"), plugins.join("kubectl-ublkd"))
+        .context("copying kubectl-ublkd")?;
+    let xtask = std::env::current_exe().context("finding this xtask binary")?;
     let image_secs = t.elapsed().as_secs_f64();
     let coredns = build::coredns(ws, &out.join("coredns"))?;
     let list = out.join("images.txt");
@@ -252,6 +309,57 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
             modules.display()
         );
     }
+    Ok(Prepared {
+        kernel,
+        kube,
+        helm,
+        debs,
+        ublkd_image,
+        registry,
+        prometheus,
+        plugins,
+        xtask,
+        coredns,
+        list,
+        modules,
+        kube_secs,
+        image_secs,
+    })
+}
+
+/// `cargo xtask k8s-test --prepare`: everything built and cached, nothing booted.
+pub fn prepare(ws: &Path, args: &[String]) -> Result<()> {
+    check_scenarios(args)?;
+    let p = prepare_all(ws)?;
+    eprintln!(
+        "xtask: k8s-test: prepared (Kubernetes binaries {:.0} s, images {:.0} s): {}, {}",
+        p.kube_secs,
+        p.image_secs,
+        p.kube.display(),
+        p.list.display()
+    );
+    Ok(())
+}
+
+pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
+    check_scenarios(args)?;
+    let started = Instant::now();
+    let Prepared {
+        kernel,
+        kube,
+        helm,
+        debs,
+        ublkd_image,
+        registry,
+        prometheus,
+        plugins,
+        xtask,
+        coredns,
+        list,
+        modules,
+        kube_secs,
+        image_secs,
+    } = prepare_all(ws)?;
     let default_run: Vec<&str> = SCENARIOS
         .iter()
         .copied()
@@ -272,20 +380,25 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let crd_dir = build::module_dir(build::SNAPSHOT_CLIENT.0, build::SNAPSHOT_CLIENT.1)?;
     let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
     let guest_env = format!(
-        "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_OVERLAY={} K8S_SNAPSHOTS_OVERLAY={} \
+        "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_CHART={} K8S_VALUES={} \
          K8S_MODULES={} K8S_SCENARIOS={} K8S_SNAPSHOT_CRDS={} K8S_SNAPSHOT_CONTROLLER={} \
-         K8S_SNAPSHOTTER_VERSION={} K8S_MODIFY_OVERLAY={}",
+         K8S_SNAPSHOTTER_VERSION={} K8S_REGISTRY={} K8S_XTASK={} K8S_UBLKD_ARCHIVE={} \
+         K8S_UBLKD_MANIFEST={} K8S_PROMETHEUS={}",
         q(&kube),
         q(&debs),
         q(&list),
-        q(&ws.join("tests/k8s/overlay")),
-        q(&ws.join("tests/k8s/snapshots")),
+        q(&ws.join(crate::deploy::helm::CHART)),
+        q(&ws.join("tests/k8s/values.yaml")),
         q(&modules),
         vm::shell_quote(&scenarios),
         q(&crd_dir.join("config/crd")),
         q(&snap_dir.join("deploy/kubernetes/snapshot-controller")),
         snapshotter.version,
-        q(&ws.join("tests/k8s/modify")),
+        q(&registry),
+        q(&xtask),
+        q(&ublkd_image.archive),
+        vm::shell_quote(&ublkd_image.manifest),
+        q(&prometheus),
     );
     eprintln!(
         "xtask: k8s-test: Kubernetes binaries {kube_secs:.0} s, images {image_secs:.0} s; booting the cluster"
@@ -293,7 +406,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let t = Instant::now();
     let boot = || -> Result<vm::RunResult> {
         let vm = vm::Vm::new(ws, &kernel)?;
-        let control = ControlPlane::start(vm.run_dir(), &kube, &debs, &coredns)?;
+        let control = ControlPlane::start(vm.run_dir(), &kube, &helm, &plugins, &debs, &coredns)?;
         let script = format!("{guest_env} K8S_PKI={}\n{GUEST}", q(&control.pki));
         let run = vm
             .network(vm::Network {
@@ -384,7 +497,14 @@ struct ControlPlane {
 }
 
 impl ControlPlane {
-    fn start(run_dir: &Path, kube: &Path, debs: &Path, coredns: &Path) -> Result<Self> {
+    fn start(
+        run_dir: &Path,
+        kube: &Path,
+        helm: &Path,
+        plugins: &Path,
+        debs: &Path,
+        coredns: &Path,
+    ) -> Result<Self> {
         use std::os::unix::process::CommandExt;
         use std::process::Command;
         let script = run_dir.join("control.sh");
@@ -394,6 +514,8 @@ impl ControlPlane {
         fs::create_dir_all(&logs)?;
         let env = |c: &mut Command| {
             c.env("K8S_BIN", kube)
+                .env("K8S_HELM", helm)
+                .env("K8S_PLUGINS", plugins)
                 .env("K8S_DEBS", debs)
                 .env("K8S_COREDNS", coredns)
                 .env("K8S_PKI", &pki)
