@@ -344,22 +344,7 @@ pub fn prepare(ws: &Path, args: &[String]) -> Result<()> {
 pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     check_scenarios(args)?;
     let started = Instant::now();
-    let Prepared {
-        kernel,
-        kube,
-        helm,
-        debs,
-        ublkd_image,
-        registry,
-        prometheus,
-        plugins,
-        xtask,
-        coredns,
-        list,
-        modules,
-        kube_secs,
-        image_secs,
-    } = prepare_all(ws)?;
+    let p = prepare_all(ws)?;
     let default_run: Vec<&str> = SCENARIOS
         .iter()
         .copied()
@@ -384,29 +369,30 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
          K8S_MODULES={} K8S_SCENARIOS={} K8S_SNAPSHOT_CRDS={} K8S_SNAPSHOT_CONTROLLER={} \
          K8S_SNAPSHOTTER_VERSION={} K8S_REGISTRY={} K8S_XTASK={} K8S_UBLKD_ARCHIVE={} \
          K8S_UBLKD_MANIFEST={} K8S_PROMETHEUS={}",
-        q(&kube),
-        q(&debs),
-        q(&list),
+        q(&p.kube),
+        q(&p.debs),
+        q(&p.list),
         q(&ws.join(crate::deploy::helm::CHART)),
         q(&ws.join("tests/k8s/values.yaml")),
-        q(&modules),
+        q(&p.modules),
         vm::shell_quote(&scenarios),
         q(&crd_dir.join("config/crd")),
         q(&snap_dir.join("deploy/kubernetes/snapshot-controller")),
         snapshotter.version,
-        q(&registry),
-        q(&xtask),
-        q(&ublkd_image.archive),
-        vm::shell_quote(&ublkd_image.manifest),
-        q(&prometheus),
+        q(&p.registry),
+        q(&p.xtask),
+        q(&p.ublkd_image.archive),
+        vm::shell_quote(&p.ublkd_image.manifest),
+        q(&p.prometheus),
     );
     eprintln!(
-        "xtask: k8s-test: Kubernetes binaries {kube_secs:.0} s, images {image_secs:.0} s; booting the cluster"
+        "xtask: k8s-test: Kubernetes binaries {:.0} s, images {:.0} s; booting the cluster",
+        p.kube_secs, p.image_secs
     );
     let t = Instant::now();
     let boot = || -> Result<vm::RunResult> {
-        let vm = vm::Vm::new(ws, &kernel)?;
-        let control = ControlPlane::start(vm.run_dir(), &kube, &helm, &plugins, &debs, &coredns)?;
+        let vm = vm::Vm::new(ws, &p.kernel)?;
+        let control = ControlPlane::start(vm.run_dir(), &p)?;
         let script = format!("{guest_env} K8S_PKI={}\n{GUEST}", q(&control.pki));
         let run = vm
             .network(vm::Network {
@@ -497,14 +483,7 @@ struct ControlPlane {
 }
 
 impl ControlPlane {
-    fn start(
-        run_dir: &Path,
-        kube: &Path,
-        helm: &Path,
-        plugins: &Path,
-        debs: &Path,
-        coredns: &Path,
-    ) -> Result<Self> {
+    fn start(run_dir: &Path, p: &Prepared) -> Result<Self> {
         use std::os::unix::process::CommandExt;
         use std::process::Command;
         let script = run_dir.join("control.sh");
@@ -513,11 +492,11 @@ impl ControlPlane {
         let logs = run_dir.join("logs");
         fs::create_dir_all(&logs)?;
         let env = |c: &mut Command| {
-            c.env("K8S_BIN", kube)
-                .env("K8S_HELM", helm)
-                .env("K8S_PLUGINS", plugins)
-                .env("K8S_DEBS", debs)
-                .env("K8S_COREDNS", coredns)
+            c.env("K8S_BIN", &p.kube)
+                .env("K8S_HELM", &p.helm)
+                .env("K8S_PLUGINS", &p.plugins)
+                .env("K8S_DEBS", &p.debs)
+                .env("K8S_COREDNS", &p.coredns)
                 .env("K8S_PKI", &pki)
                 .env("K8S_LOGS", &logs)
                 .env("K8S_KUBECTL", run_dir.join("kubectl"));
