@@ -385,6 +385,13 @@ impl NodeService for Fake {
         Ok(Response::new(reply))
     }
 
+    async fn report_volumes_without_pv(
+        &self,
+        _request: Request<ublkd_proto::v1::ReportVolumesWithoutPvRequest>,
+    ) -> Result<Response<ublkd_proto::v1::ReportVolumesWithoutPvResponse>, Status> {
+        Err(Status::unimplemented("ublkctl never reports"))
+    }
+
     async fn delete_orphan(
         &self,
         request: Request<DeleteOrphanRequest>,
@@ -638,7 +645,10 @@ DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
     assert_eq!(out, "no orphan ublk devices");
     let out = run(&sock, &["orphans", "-o", "json"]).await.unwrap();
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(json, serde_json::json!({ "orphans": [] }));
+    assert_eq!(
+        json,
+        serde_json::json!({ "orphans": [], "volumes_without_pv": [] })
+    );
     let out = run(&sock, &["node-info"]).await.unwrap();
     assert!(
         out.ends_with("\nvolumes:       1\norphans:       none"),

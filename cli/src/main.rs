@@ -264,9 +264,9 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             let request = client.request(GetNodeInfoRequest {});
             let info = client.call(client.node().get_node_info(request)).await?;
             if json {
-                output::orphans_json(&info.orphans)
+                output::orphans_json(&info.orphans, &info.volumes_without_pv)
             } else {
-                output::orphans_table(&info.orphans, !cli.no_headers)
+                output::orphans_table(&info.orphans, &info.volumes_without_pv, !cli.no_headers)
             }
         }
         Call::AdoptDevice(adopt) => {

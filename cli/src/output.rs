@@ -586,7 +586,21 @@ pub fn node_json(n: &NodeInfo) -> String {
 }
 
 /// The `orphans` table, or a sentence when there are none.
-pub fn orphans_table(orphans: &[OrphanDevice], with_header: bool) -> String {
+pub fn orphans_table(orphans: &[OrphanDevice], without_pv: &[String], with_header: bool) -> String {
+    let devices = devices_table(orphans, with_header);
+    if without_pv.is_empty() {
+        return devices;
+    }
+    let rows: Vec<Vec<String>> = without_pv.iter().map(|v| vec![v.clone()]).collect();
+    let volumes = table(&[("VOLUME WITHOUT PV", Align::Left)], &rows, with_header);
+    if orphans.is_empty() {
+        volumes
+    } else {
+        format!("{devices}\n\n{volumes}")
+    }
+}
+
+fn devices_table(orphans: &[OrphanDevice], with_header: bool) -> String {
     use Align::{Left, Right};
     if orphans.is_empty() {
         // Scripts asking for bare rows get none; people get a sentence.
@@ -623,9 +637,10 @@ pub fn orphans_table(orphans: &[OrphanDevice], with_header: bool) -> String {
     )
 }
 
-/// `orphans` as JSON: `{"orphans": [...]}`, the field of `NodeInfo` it comes from.
-pub fn orphans_json(orphans: &[OrphanDevice]) -> String {
-    pretty(&json!({ "orphans": orphans_value(orphans) }))
+/// `orphans` as JSON: `{"orphans": [...], "volumes_without_pv": [...]}`, the fields of
+/// `NodeInfo` they come from.
+pub fn orphans_json(orphans: &[OrphanDevice], without_pv: &[String]) -> String {
+    pretty(&json!({ "orphans": orphans_value(orphans), "volumes_without_pv": without_pv }))
 }
 
 #[cfg(test)]
@@ -643,7 +658,7 @@ mod tests {
             without.lines().collect::<Vec<_>>()
         );
         assert!(with.starts_with("ID"));
-        assert_eq!(orphans_table(&[], false), "");
+        assert_eq!(orphans_table(&[], &[], false), "");
     }
     use ublkd_proto::v1::{volume_spec::Source, FileBackend, OpStats, QosLimits, RamBackend};
 
@@ -917,6 +932,7 @@ throttled:    12 requests, 350.0 ms waited";
             backends: vec!["null".into(), "ram".into(), "file".into()],
             volumes: 2,
             orphans: Vec::new(),
+            volumes_without_pv: Vec::new(),
         };
         let expected = "\
 version:       0.1.0
@@ -982,13 +998,23 @@ orphan 12:     dead, 1.5 GiB, 1 queue x 64, server pid -";
 DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
      3  quiesced   10 GiB       4    128        4242
     12  dead      1.5 GiB       1     64           -";
-        assert_eq!(orphans_table(&orphans(), true), expected);
-        assert_eq!(orphans_table(&[], true), "no orphan ublk devices");
+        assert_eq!(orphans_table(&orphans(), &[], true), expected);
+        assert_eq!(orphans_table(&[], &[], true), "no orphan ublk devices");
+        let lost = ["lost-vol".to_owned()];
+        assert_eq!(
+            orphans_table(&orphans(), &lost, true),
+            format!("{expected}\n\nVOLUME WITHOUT PV\nlost-vol")
+        );
+        assert_eq!(
+            orphans_table(&[], &lost, true),
+            "VOLUME WITHOUT PV\nlost-vol"
+        );
+        assert_eq!(orphans_table(&[], &lost, false), "lost-vol");
     }
 
     #[test]
     fn orphans_json_uses_proto_field_names() {
-        let j: Value = serde_json::from_str(&orphans_json(&orphans())).unwrap();
+        let j: Value = serde_json::from_str(&orphans_json(&orphans(), &[])).unwrap();
         assert_eq!(
             j["orphans"][0],
             json!({
@@ -1001,8 +1027,10 @@ DEV ID  STATE        SIZE  QUEUES  DEPTH  SERVER PID
             })
         );
         assert_eq!(j["orphans"][1]["server_pid"], 0);
-        let empty: Value = serde_json::from_str(&orphans_json(&[])).unwrap();
-        assert_eq!(empty, json!({ "orphans": [] }));
+        let empty: Value = serde_json::from_str(&orphans_json(&[], &[])).unwrap();
+        assert_eq!(empty, json!({ "orphans": [], "volumes_without_pv": [] }));
+        let lost: Value = serde_json::from_str(&orphans_json(&[], &["lost-vol".into()])).unwrap();
+        assert_eq!(lost["volumes_without_pv"], json!(["lost-vol"]));
     }
 
     #[test]

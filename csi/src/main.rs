@@ -67,6 +67,11 @@ struct Args {
     /// Seconds one call to ublkd may take.
     #[arg(long, default_value_t = 30)]
     ublkd_timeout: u64,
+    /// Seconds between two reports to ublkd of the node's volumes that no PersistentVolume
+    /// names (ublkd_csi::pvreport; needs the API server: in a pod, its service account); 0:
+    /// none.
+    #[arg(long, default_value_t = 0)]
+    report_without_pv_every: u64,
     /// Staging and target paths must lie under this directory.
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
@@ -98,6 +103,26 @@ fn plugin_capabilities() -> Vec<PluginCapability> {
 enum Sub {
     /// Make the driver's CSI calls from a shell, as the provisioner and the kubelet would
     Ctl(ublkd_csi::ctl::Ctl),
+    /// The central node-loss controller and its uninstall step (ublkd_csi::nodeloss)
+    #[command(subcommand)]
+    NodeLoss(NodeLoss),
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum NodeLoss {
+    /// Put the finalizer ublkd.io/node on every Node of the driver and, when one is deleted,
+    /// release its claims and PersistentVolumes so that their workloads move elsewhere
+    Watch,
+    /// Stop the controller (delete its Deployment) and take the finalizer off every Node:
+    /// the chart's pre-delete hook
+    Uninstall {
+        /// The controller's namespace.
+        #[arg(long, env = "POD_NAMESPACE")]
+        namespace: String,
+        /// The controller's Deployment (and the app.kubernetes.io/name of its pods).
+        #[arg(long, default_value = "ublkd-csi-controller")]
+        deployment: String,
+    },
 }
 
 /// The socket path of a `unix://` endpoint (the only kind CSI uses).
@@ -122,12 +147,27 @@ async fn main() -> Result<()> {
         )
         .init();
     let args = Args::parse();
-    if let Some(Sub::Ctl(ctl)) = args.command {
-        let out = ublkd_csi::ctl::run(ctl).await?;
-        if !out.is_empty() {
-            println!("{out}");
+    match args.command {
+        Some(Sub::Ctl(ctl)) => {
+            let out = ublkd_csi::ctl::run(ctl).await?;
+            if !out.is_empty() {
+                println!("{out}");
+            }
+            return Ok(());
         }
-        return Ok(());
+        Some(Sub::NodeLoss(NodeLoss::Watch)) => return Ok(ublkd_csi::nodeloss::watch().await?),
+        Some(Sub::NodeLoss(NodeLoss::Uninstall {
+            namespace,
+            deployment,
+        })) => {
+            let n = ublkd_csi::nodeloss::uninstall(&namespace, &deployment).await?;
+            println!(
+                "finalizer {} removed from {n} nodes",
+                ublkd_csi::nodeloss::FINALIZER
+            );
+            return Ok(());
+        }
+        None => {}
     }
     if args.node_id.is_none() && !args.resizer_only {
         anyhow::bail!("--node-id (or NODE_NAME) is required to serve a node");
@@ -171,6 +211,15 @@ async fn main() -> Result<()> {
         node: node.clone(),
         route,
     };
+    if args.report_without_pv_every > 0 && !args.resizer_only {
+        let every = Duration::from_secs(args.report_without_pv_every);
+        let (ublkd, node) = (ublkd.clone(), node.clone());
+        tokio::spawn(async move {
+            if let Err(e) = ublkd_csi::pvreport::run(ublkd, node, every).await {
+                tracing::error!(error = %e, "no reports of the volumes without a PersistentVolume");
+            }
+        });
+    }
     let node = NodeService {
         ublkd,
         node,

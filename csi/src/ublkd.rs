@@ -76,6 +76,13 @@ impl Ublkd {
         Ok(self.node().await?.get_node_info(req).await?.into_inner())
     }
 
+    /// Tells ublkd which of its volumes no PersistentVolume names (replacing the last report).
+    pub async fn report_without_pv(&self, ids: Vec<String>) -> Result<(), UblkdError> {
+        let req = self.request(v1::ReportVolumesWithoutPvRequest { volume_ids: ids });
+        self.node().await?.report_volumes_without_pv(req).await?;
+        Ok(())
+    }
+
     pub async fn capacity(
         &self,
         backend: v1::get_capacity_request::Backend,

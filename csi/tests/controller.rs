@@ -240,6 +240,13 @@ impl v1::node_service_server::NodeService for FakeUblkd {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn report_volumes_without_pv(
+        &self,
+        _req: Request<v1::ReportVolumesWithoutPvRequest>,
+    ) -> Result<Response<v1::ReportVolumesWithoutPvResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
     async fn delete_orphan(
         &self,
         _req: Request<v1::DeleteOrphanRequest>,

@@ -326,6 +326,13 @@ impl NodeService for Api {
                         queue_depth: u32::from(d.queue_depth),
                     })
                     .collect(),
+                volumes_without_pv: self
+                    .volumes
+                    .without_pv()
+                    .await
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
             })
         })
         .await
@@ -396,6 +403,26 @@ impl NodeService for Api {
             to_completion(async move { volumes.delete_orphan(dev_id).await }).await?;
             tracing::info!(%dev_id, "orphan device deleted");
             Ok(v1::DeleteOrphanResponse {})
+        })
+        .await
+    }
+
+    async fn report_volumes_without_pv(
+        &self,
+        req: Request<v1::ReportVolumesWithoutPvRequest>,
+    ) -> Result<Response<v1::ReportVolumesWithoutPvResponse>, Status> {
+        self.metered("ReportVolumesWithoutPv", async {
+            check_deadline(&req)?;
+            let ids = req
+                .into_inner()
+                .volume_ids
+                .iter()
+                .map(|id| validate::volume_id(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            for id in self.volumes.report_without_pv(ids).await {
+                tracing::warn!(volume = %id, "no PersistentVolume names this volume any more (its node was deleted from the cluster, or it was made by hand); it stays until deleted: ublkctl orphans");
+            }
+            Ok(v1::ReportVolumesWithoutPvResponse {})
         })
         .await
     }

@@ -12,6 +12,7 @@ use ublkd_dataplane::{DeviceStats, OpKind};
 /// read once for the whole scrape.
 pub async fn write(volumes: &Volumes, all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
     let orphans = volumes.orphans().await.len();
+    let without_pv = volumes.without_pv().await.len();
     let workers = volumes.workers().await;
     let control_cleanup = volumes.control_cleanup_errors().await;
     write_volumes(all, out);
@@ -184,6 +185,14 @@ pub async fn write(volumes: &Volumes, all: &[(Volume, Option<DeviceStats>)], out
         "ublk devices in the kernel that no registered volume owns",
         Kind::Gauge,
         |f| f.gauge(&[], orphans as f64),
+    );
+    family(
+        out,
+        "ublkd_volumes_without_pv",
+        "Volumes that no Kubernetes PersistentVolume names, as the CSI driver reports them \
+         (their node was deleted, or they were made by hand); never deleted by ublkd",
+        Kind::Gauge,
+        |f| f.gauge(&[], without_pv as f64),
     );
 }
 

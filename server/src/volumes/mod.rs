@@ -77,6 +77,9 @@ pub struct Volumes {
     /// The dataplane's clean-up failures and unpinned workers as last logged, by worker (its
     /// CPU, or `control`) and step: `check_workers` logs what rose since.
     cleanup_seen: std::sync::Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// The volumes no PersistentVolume names, as the CSI driver last reported them
+    /// (`orphans::report_without_pv`); never acted on.
+    without_pv: std::sync::Mutex<std::collections::BTreeSet<VolumeId>>,
 }
 
 /// Two records describe the same volume if everything but bookkeeping matches.
@@ -139,6 +142,7 @@ impl Volumes {
             ops: std::sync::Mutex::new(HashMap::new()),
             recoveries: RecoveryStats::default(),
             cleanup_seen: std::sync::Mutex::new(BTreeMap::new()),
+            without_pv: std::sync::Mutex::new(Default::default()),
         }
     }
 

@@ -1,9 +1,12 @@
-//! ublk devices in the kernel that no registered volume owns: listing, adopting, deleting.
+//! What nothing owns: ublk devices in the kernel that no registered volume owns (listing,
+//! adopting, deleting), and volumes that no Kubernetes PersistentVolume names (the CSI
+//! driver's report, kept to be shown; never acted on).
 
 use super::{blocking, now_ms, Volumes};
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::Volume;
+use crate::volume_id::VolumeId;
 use std::time::Instant;
 use ublkd_dataplane::{DevId, DeviceInfo, KernelDevice};
 
@@ -22,6 +25,38 @@ impl Volumes {
             .unwrap_or_default()
             .into_iter()
             .filter(|d| !d.owned && !known.contains(&d.dev_id))
+            .collect()
+    }
+
+    /// Replaces the CSI driver's report of the volumes no PersistentVolume names. Ids of no
+    /// volume here are kept out (the driver's view may be a moment old).
+    /// Returns the ids that were not in the last report.
+    pub async fn report_without_pv(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+        let map = self.inner.lock().await;
+        let ids: std::collections::BTreeSet<VolumeId> =
+            ids.into_iter().filter(|id| map.contains_key(id)).collect();
+        drop(map);
+        let mut last = self
+            .without_pv
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let new = ids.difference(&last).cloned().collect();
+        *last = ids;
+        new
+    }
+
+    /// The volumes no PersistentVolume names, from the driver's last report, of those that
+    /// still exist.
+    pub async fn without_pv(&self) -> Vec<VolumeId> {
+        let reported = self
+            .without_pv
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let map = self.inner.lock().await;
+        reported
+            .into_iter()
+            .filter(|id| map.contains_key(id))
             .collect()
     }
 

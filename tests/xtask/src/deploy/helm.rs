@@ -50,10 +50,14 @@ fn is_helm_label(line: &str) -> bool {
 }
 
 /// `helm template` of the chart with `sets`, in the manifests' namespace.
-pub fn template(helm: &Path, ws: &Path, sets: &[&str]) -> Result<String> {
+pub fn template(helm: &Path, ws: &Path, sets: &[&str], with_hooks: bool) -> Result<String> {
     let mut c = Command::new(helm);
     c.current_dir(ws)
         .args(["template", "ublkd", CHART, "--namespace", NAMESPACE]);
+    // Hooks are Helm's alone (the uninstall step); the manifests have a command for it.
+    if !with_hooks {
+        c.arg("--no-hooks");
+    }
     for s in sets {
         c.args(["--set", s]);
     }
@@ -165,7 +169,7 @@ pub fn checks(
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let chart = normalise(kubectl, &template(&helm, ws, sets)?, &scratch)?;
+        let chart = normalise(kubectl, &template(&helm, ws, sets, false)?, &scratch)?;
         let manifests = render_manifests(dir)?;
         problems.extend(
             differences(&chart, &manifests)
@@ -188,7 +192,7 @@ fn scratch_dir() -> PathBuf {
 fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     // Another kubelet directory: every path of the driver under it, none left at the default.
-    let moved = template(helm, ws, &["kubeletDir=/var/lib/k0s/kubelet"])?;
+    let moved = template(helm, ws, &["kubeletDir=/var/lib/k0s/kubelet"], false)?;
     let node = objects(&moved)
         .into_iter()
         .find(|o| o.kind == "DaemonSet" && o.name == "ublkd-csi-node");
@@ -213,7 +217,26 @@ fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
         }
     }
     // Monitoring: off by default, both objects when asked for, the rules file whole.
-    let plain = template(helm, ws, &[])?;
+    let plain = template(helm, ws, &[], true)?;
+    // The uninstall hook: before helm deletes anything, the controller stops and its finalizer
+    // leaves the nodes, run by the controller's service account.
+    match objects(&plain)
+        .into_iter()
+        .find(|o| o.kind == "Job" && o.name == "ublkd-csi-uninstall")
+    {
+        None => problems.push("no ublkd-csi-uninstall Job (the pre-delete hook)".into()),
+        Some(o) => {
+            for want in [
+                "helm.sh/hook: pre-delete",
+                r#"args: ["node-loss", "uninstall"]"#,
+                "serviceAccountName: ublkd-csi-controller",
+            ] {
+                if !o.text.contains(want) {
+                    problems.push(format!("the uninstall hook has no {want:?}"));
+                }
+            }
+        }
+    }
     if plain.contains("kind: ServiceMonitor") || plain.contains("kind: PrometheusRule") {
         problems.push("the default render has Prometheus Operator objects".into());
     }
@@ -225,6 +248,7 @@ fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
             "monitoring.prometheusRule.enabled=true",
             "monitoring.serviceMonitor.labels.release=prometheus",
         ],
+        false,
     )?;
     let rules = std::fs::read_to_string(ws.join(CHART).join("files/ublkd-rules.yaml"))?;
     let alerts = rules.matches("- alert: ").count();
@@ -263,6 +287,7 @@ fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
             "storageClasses[0].default=true",
             "storageClasses[0].parameters.queues=4",
         ],
+        false,
     )?;
     let objs = objects(&classes);
     let fast = objs
@@ -307,7 +332,7 @@ fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
         (&["kubeletDir=relative"][..], "kubeletDir"),
         (&["typo=1"][..], "typo"),
     ] {
-        match template(helm, ws, sets) {
+        match template(helm, ws, sets, false) {
             Ok(_) => problems.push(format!(
                 "--set {} rendered; it must be refused",
                 sets.join(",")

@@ -411,6 +411,9 @@ s_driver() {
     wait_for 420 capacities ||
         { kubectl get csistoragecapacities -A; echo "fewer than 3 CSIStorageCapacity objects"; return 1; }
     kubectl get csistoragecapacities -A -o custom-columns=CLASS:.storageClassName,CAPACITY:.capacity,NODE:.nodeTopology.matchLabels
+    # the node-loss controller's finalizer on the driver's node
+    finalizer() { kubectl get node "$NODE" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node'; }
+    wait_for 120 finalizer || fail "no finalizer ublkd.io/node on $NODE"
     for sc in ublkd-file ublkd-ram ublkd-nvme; do
         n=$(kubectl get csistoragecapacities -A -o jsonpath="{.items[?(@.storageClassName==\"$sc\")].capacity}")
         [ -n "$n" ] || fail "a CSIStorageCapacity for $sc"
@@ -919,6 +922,114 @@ s_drain() {
     kubectl delete pvc r-data --wait=true
 }
 
+# Node loss (docs/kubernetes.md, "Retire a node"): a StatefulSet's pod on node B, B deleted,
+# and the pod comes up on this node with a new volume. Node B is a Node object without a
+# kubelet (two kubelets on one guest would need two containerds, mount namespaces and cgroup
+# roots: a kubelet kills the pods of a shared containerd it does not know). Its volume is a
+# real ublkd volume on this node standing in for B's, named by a PersistentVolume whose
+# topology is B, as the provisioner writes them (its finalizer too). The controller must
+# delete the claim and the PV and leave the volume: afterwards `kubectl ublkd orphans` lists it.
+LOST=ublkd-vm-lost
+s_node_loss() {
+    kubectl apply -f - <<EON
+apiVersion: v1
+kind: Node
+metadata:
+  name: $LOST
+  labels: {kubernetes.io/hostname: $LOST, kubernetes.io/os: linux, ublkd.io/node: $LOST}
+EON
+    # room for pods, as a kubelet would report it (the scheduler fits none on a Node without)
+    kubectl patch node "$LOST" --subresource=status --type=merge \
+        -p '{"status":{"capacity":{"cpu":"2","memory":"2Gi","pods":"10"},"allocatable":{"cpu":"2","memory":"2Gi","pods":"10"}}}'
+    finalized() { kubectl get node "$1" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node'; }
+    wait_for 120 finalized "$LOST" || fail "the controller put no finalizer on $LOST"
+    ublkctl create-volume lost-vol --size 64MiB --backend ram
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: lost-pv
+  annotations: {pv.kubernetes.io/provisioned-by: ublkd.io}
+  finalizers: [kubernetes.io/pv-protection, external-provisioner.volume.kubernetes.io/finalizer]
+spec:
+  capacity: {storage: 64Mi}
+  accessModes: [ReadWriteOnce]
+  # Retain: the volume stands in for B's on this node, where this node's provisioner could
+  # otherwise delete it (on B, nothing can).
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ublkd-ram
+  claimRef: {namespace: default, name: data-lost-0}
+  csi: {driver: ublkd.io, volumeHandle: lost-vol, fsType: ext4}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms: [{matchExpressions: [{key: ublkd.io/node, operator: In, values: [$LOST]}]}]
+EOP
+    kubectl apply -f - <<EOS
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: lost}
+spec:
+  serviceName: lost
+  replicas: 1
+  selector: {matchLabels: {app: lost}}
+  template:
+    metadata: {labels: {app: lost}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      # node B has no kubelet: the node lifecycle controller taints it unreachable
+      tolerations: [{operator: Exists}]
+      containers:
+        - name: app
+          image: ublkd.test/busybox:test
+          command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+          volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+    - metadata: {name: data}
+      spec:
+        accessModes: [ReadWriteOnce]
+        storageClassName: ublkd-ram
+        resources: {requests: {storage: 64Mi}}
+EOS
+    on_node() { [ "$(kubectl get pod lost-0 -o jsonpath='{.spec.nodeName}')" = "$1" ]; }
+    wait_for 300 on_node "$LOST" || { kubectl describe pod lost-0 | tail -20; fail "lost-0 was not scheduled to $LOST"; }
+    [ "$(kubectl get pvc data-lost-0 -o jsonpath='{.spec.volumeName}')" = lost-pv ] || fail "data-lost-0 is not bound to lost-pv"
+    echo "lost-0 on $LOST with lost-pv; deleting the node"
+    kubectl delete node "$LOST" --wait=true --timeout=300s
+    kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=20
+    # The pod goes when its node has gone (the pod GC), the claim with it, and the StatefulSet
+    # makes both again: scheduled here, provisioned here.
+    moved() { on_node "$NODE" && kubectl wait --for=condition=Ready pod/lost-0 --timeout=5s; }
+    wait_for 600 moved || {
+        kubectl describe pod lost-0 | tail -20
+        kubectl describe pvc data-lost-0 | tail -15
+        kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=30
+        fail "lost-0 did not come up on $NODE"
+    }
+    pvgone() { ! kubectl get pv lost-pv >/dev/null 2>&1; }
+    wait_for 120 pvgone || { kubectl get pv lost-pv -o yaml | tail -30; fail "lost-pv outlived its node"; }
+    new=$(volume_of data-lost-0)
+    echo "lost-0 Ready on $NODE with volume $new"
+    { [ -n "$new" ] && [ "$new" != lost-vol ]; } || fail "lost-0 came back on the old volume ($new)"
+    in_pod lost-0 'echo moved >/data/f && sync'
+    # the lost node's volume is never deleted from the cluster: an orphan to decide on
+    ublkctl get-volume lost-vol | grep -q "^state: *ready$" || fail "lost-vol was deleted or is not ready"
+    out=$(kubectl ublkd orphans)
+    echo "$out"
+    echo "$out" | grep -q "$NODE *volume without PV *lost-vol" || fail "kubectl ublkd orphans does not list lost-vol"
+    # and the node's own report: the driver tells ublkd (every 60 s, after two lists in a row),
+    # ublkd shows it in `ublkctl orphans` and its metric
+    reported() { ublkctl orphans | grep -qx 'lost-vol'; }
+    wait_for 300 reported || { ublkctl orphans; fail "ublkctl orphans does not list lost-vol"; }
+    ublkctl orphans
+    ip=$(kubectl -n ublkd-system get pod -l app.kubernetes.io/name=ublkd -o jsonpath='{.items[0].status.podIP}')
+    n=$(curl -fsS "http://$ip:9580/metrics" | awk '$1 == "ublkd_volumes_without_pv" { print $2 }')
+    echo "ublkd_volumes_without_pv $n"
+    [ "${n:-0}" -ge 1 ] || fail "ublkd_volumes_without_pv is '$n', not 1 or more"
+    kubectl delete statefulset lost --wait=true
+    kubectl delete pvc data-lost-0 --wait=true
+    ublkctl delete-volume lost-vol
+}
+
 # Uninstall as docs/kubernetes.md ("Uninstall") says, last: every claim deleted first (with
 # whatever pods a failed scenario left), then helm uninstall; the driver's objects, pods and devices are gone, the namespace is left.
 s_uninstall() {
@@ -928,6 +1039,16 @@ s_uninstall() {
     left=$(kubectl get pvc -A --no-headers 2>/dev/null | wc -l)
     [ "$left" = 0 ] || { kubectl get pvc -A; fail "claims left before the uninstall"; }
     helm uninstall ublkd --namespace ublkd-system --wait --timeout 600s
+    # the pre-delete hook took the controller's finalizer off the node
+    kubectl get node "$NODE" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node' &&
+        fail "the finalizer ublkd.io/node outlived the uninstall"
+    # the kustomize users' step for the same (docs/kubernetes.md, "Uninstall"), on a finalizer
+    # put back by hand
+    kubectl patch node "$NODE" --type=merge -p '{"metadata":{"finalizers":["ublkd.io/node"]}}'
+    # shellcheck disable=SC2016 # a patch directive, not a variable
+    kubectl patch node "$NODE" -p '{"metadata":{"$deleteFromPrimitiveList/finalizers":["ublkd.io/node"]}}'
+    kubectl get node "$NODE" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node' &&
+        fail "the documented patch left the finalizer on $NODE"
     [ -z "$(kubectl get csidriver ublkd.io --ignore-not-found -o name)" ] || fail "the CSIDriver outlived the uninstall"
     kubectl get storageclass -o name | grep -q ublkd && fail "a StorageClass outlived the uninstall"
     nopods() { [ "$(kubectl -n ublkd-system get pods --no-headers 2>/dev/null | wc -l)" = 0 ]; }
@@ -952,6 +1073,7 @@ run ublkd-restart s_ublkd_restart
 run plugin s_plugin
 run kubelet-restart s_kubelet_restart
 run drain s_drain
+run node-loss s_node_loss
 run uninstall s_uninstall
 
 # The pods' own logs, kept on every run (the registrar's or a sidecar's restart says why only

@@ -1,0 +1,165 @@
+//! The node's volumes that no PersistentVolume names, told to its ublkd (`--report-every`):
+//! the node plugin lists the driver's PersistentVolumes and ublkd's volumes, and reports the
+//! volumes no PV of this node (or of no node) names in two lists in a row, so that a volume
+//! whose PV the provisioner is about to make is never counted. ublkd shows them (the metric
+//! `ublkd_volumes_without_pv`, `ublkctl orphans`) and never deletes them: they are what a
+//! deleted node leaves when its machine comes back (`nodeloss`), or volumes made by hand.
+
+use crate::ublkd::{Ublkd, UblkdError};
+use crate::{Node, DRIVER_NAME, TOPOLOGY_KEY};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, ListParams};
+use kube::Client;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("connecting to the API server: {0}")]
+    Connect(#[source] kube::Error),
+    #[error("listing PersistentVolumes: {0}")]
+    ListVolumes(#[source] kube::Error),
+    #[error("listing ublkd's volumes: {0}")]
+    ListUblkd(#[source] UblkdError),
+    #[error("reporting to ublkd: {0}")]
+    Report(#[source] UblkdError),
+}
+
+/// The volume ids the driver's PVs name for `node`: those whose topology is `node`, or that
+/// have none.
+fn named(node: &Node, pvs: &[PersistentVolume]) -> BTreeSet<String> {
+    pvs.iter()
+        .filter_map(|pv| {
+            let spec = pv.spec.as_ref()?;
+            let csi = spec.csi.as_ref().filter(|c| c.driver == DRIVER_NAME)?;
+            let nodes: Vec<&String> = spec
+                .node_affinity
+                .iter()
+                .flat_map(|a| a.required.iter())
+                .flat_map(|r| r.node_selector_terms.iter())
+                .flat_map(|t| t.match_expressions.iter().flatten())
+                .filter(|e| e.key == TOPOLOGY_KEY && e.operator == "In")
+                .flat_map(|e| e.values.iter().flatten())
+                .collect();
+            (nodes.is_empty() || nodes.contains(&&node.0)).then(|| csi.volume_handle.clone())
+        })
+        .collect()
+}
+
+/// One round: the volumes no PV names now (`unnamed`), and of them those that were unnamed in
+/// the round before too (`report`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Round {
+    pub unnamed: BTreeSet<String>,
+    pub report: Vec<String>,
+}
+
+pub fn round(
+    node: &Node,
+    volumes: &[String],
+    pvs: &[PersistentVolume],
+    before: &BTreeSet<String>,
+) -> Round {
+    let named = named(node, pvs);
+    let unnamed: BTreeSet<String> = volumes
+        .iter()
+        .filter(|v| !named.contains(*v))
+        .cloned()
+        .collect();
+    let report = unnamed.intersection(before).cloned().collect();
+    Round { unnamed, report }
+}
+
+async fn once(
+    pvs: &Api<PersistentVolume>,
+    ublkd: &Ublkd,
+    node: &Node,
+    before: &BTreeSet<String>,
+) -> Result<Round, ReportError> {
+    // ublkd's list first: a volume made after it is named by a PV listed after it, or unseen
+    let volumes: Vec<String> = ublkd
+        .list()
+        .await
+        .map_err(ReportError::ListUblkd)?
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
+    let list = pvs
+        .list(&ListParams::default())
+        .await
+        .map_err(ReportError::ListVolumes)?;
+    let r = round(node, &volumes, &list.items, before);
+    ublkd
+        .report_without_pv(r.report.clone())
+        .await
+        .map_err(ReportError::Report)?;
+    Ok(r)
+}
+
+/// Reports every `every` until the process ends; a failed round is logged and the next one
+/// tried (a round that fails changes nothing in ublkd).
+pub async fn run(ublkd: Ublkd, node: Node, every: Duration) -> Result<(), ReportError> {
+    let client = Client::try_default().await.map_err(ReportError::Connect)?;
+    let pvs: Api<PersistentVolume> = Api::all(client);
+    let mut before = BTreeSet::new();
+    let mut reported: Vec<String> = Vec::new();
+    loop {
+        match once(&pvs, &ublkd, &node, &before).await {
+            Ok(r) => {
+                if r.report != reported {
+                    tracing::warn!(volumes = ?r.report, "volumes no PersistentVolume names, reported to ublkd");
+                    reported = r.report;
+                }
+                before = r.unnamed;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reporting the volumes without a PersistentVolume failed; trying again in {every:?}")
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pv(handle: &str, driver: &str, node: Option<&str>) -> PersistentVolume {
+        let affinity = node.map(|n| {
+            json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": TOPOLOGY_KEY, "operator": "In", "values": [n]}]}
+            ]}})
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("pv-{handle}")},
+            "spec": {"csi": {"driver": driver, "volumeHandle": handle}, "nodeAffinity": affinity}
+        }))
+        .expect("a PersistentVolume")
+    }
+
+    #[test]
+    fn a_volume_is_reported_after_two_rounds_without_its_pv() {
+        let me = Node("n1".into());
+        let vols: Vec<String> = ["a", "b", "c", "d", "e"].map(String::from).into();
+        let pvs = [
+            pv("a", DRIVER_NAME, Some("n1")),
+            // another node's PV naming the same id does not name this node's volume
+            pv("b", DRIVER_NAME, Some("n2")),
+            pv("c", "other.csi.io", Some("n1")),
+            // a PV without topology names it wherever it is
+            pv("d", DRIVER_NAME, None),
+        ];
+        let first = round(&me, &vols, &pvs, &BTreeSet::new());
+        assert_eq!(
+            first.unnamed,
+            BTreeSet::from(["b".to_owned(), "c".to_owned(), "e".to_owned()])
+        );
+        assert!(first.report.is_empty(), "never on the first sight");
+        // "e" got its PV in between (it was being provisioned)
+        let mut pvs2 = pvs.to_vec();
+        pvs2.push(pv("e", DRIVER_NAME, Some("n1")));
+        let second = round(&me, &vols, &pvs2, &first.unnamed);
+        assert_eq!(second.report, ["b", "c"]);
+    }
+}
