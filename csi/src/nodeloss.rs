@@ -89,27 +89,32 @@ fn without_finalizer(finalizer: &str) -> Patch<serde_json::Value> {
     }))
 }
 
+/// Every `kind` object `api` lists with `params`.
+async fn list<K>(
+    api: &Api<K>,
+    params: &ListParams,
+    kind: &'static str,
+) -> Result<Vec<K>, NodeLossError>
+where
+    K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(params)
+        .await
+        .map(|l| l.items)
+        .map_err(|source| NodeLossError::List { kind, source })
+}
+
 /// Releases what lost node `node` holds in the API (see the module's comment); returns what
 /// it released.
 pub async fn release_node(client: &Client, node: &str) -> Result<plan::Release, NodeLossError> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let list = ListParams::default();
-    let pv_list = pvs
-        .list(&list)
-        .await
-        .map_err(|source| NodeLossError::List {
-            kind: "PersistentVolumes",
-            source,
-        })?;
-    let claim_list = claims
-        .list(&list)
-        .await
-        .map_err(|source| NodeLossError::List {
-            kind: "PersistentVolumeClaims",
-            source,
-        })?;
-    let release = plan::release(node, &pv_list.items, &claim_list.items);
+    let all = ListParams::default();
+    let release = plan::release(
+        node,
+        &list(&pvs, &all, "PersistentVolumes").await?,
+        &list(&claims, &all, "PersistentVolumeClaims").await?,
+    );
     for c in &release.claims {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &c.namespace);
         let dp = DeleteParams {
@@ -253,14 +258,7 @@ pub async fn uninstall(namespace: &str, deployment: &str) -> Result<usize, NodeL
     let limit = Duration::from_secs(300);
     let start = std::time::Instant::now();
     loop {
-        let left = pods
-            .list(&label)
-            .await
-            .map_err(|source| NodeLossError::List {
-                kind: "Pods",
-                source,
-            })?;
-        if left.items.is_empty() {
+        if list(&pods, &label, "Pods").await?.is_empty() {
             break;
         }
         if start.elapsed() > limit {
@@ -272,16 +270,9 @@ pub async fn uninstall(namespace: &str, deployment: &str) -> Result<usize, NodeL
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let nodes: Api<Node> = Api::all(client);
-    let all = nodes
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| NodeLossError::List {
-            kind: "Nodes",
-            source,
-        })?;
+    let all = list(&nodes, &ListParams::default(), "Nodes").await?;
     let mut removed = 0;
     for n in all
-        .items
         .iter()
         .filter(|n| n.finalizers().iter().any(|f| f == FINALIZER))
     {
