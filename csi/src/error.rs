@@ -147,8 +147,12 @@ impl CsiError {
 impl From<CsiError> for Status {
     fn from(e: CsiError) -> Status {
         let code = e.code();
+        // Every refusal in the driver's own log too: the kubelet's event is cut short, and
+        // "the node plugin's log says why" is what the troubleshooting guide promises.
         if code == Code::Internal {
             tracing::error!(error = %ublkd_client::cause_chain(&e), "internal error");
+        } else {
+            tracing::warn!(?code, error = %ublkd_client::cause_chain(&e), "call refused");
         }
         Status::new(code, ublkd_client::cause_chain(&e))
     }

@@ -420,8 +420,9 @@ s_driver() {
     done
 }
 
-# pod NAME CLAIM [block]: a pod that keeps the claim mounted at /data (or as /dev/xvda)
-pod() {
+# start_pod NAME CLAIM [block]: a pod that keeps the claim mounted at /data (or as /dev/xvda),
+# not waited for
+start_pod() {
     if [ "${3:-}" = block ]; then
         mnt="volumeDevices: [{name: v, devicePath: /dev/xvda}]"
     else
@@ -440,6 +441,10 @@ spec:
       $mnt
   volumes: [{name: v, persistentVolumeClaim: {claimName: $2}}]
 EOP
+}
+# pod NAME CLAIM [block]: start_pod, waited for until Ready
+pod() {
+    start_pod "$@" || return 1
     kubectl wait --for=condition=Ready "pod/$1" --timeout=600s || {
         kubectl describe pod "$1" | tail -25
         kubectl describe pvc "$2" | tail -15
@@ -922,6 +927,44 @@ s_drain() {
     kubectl delete pvc r-data --wait=true
 }
 
+# A pod stuck in ContainerCreating, looked at as docs/kubernetes.md ("Troubleshooting") says: a
+# PV naming a volume this node's ublkd does not have (as one deleted by hand would), so the
+# pod's volume can never be staged. `kubectl describe pod` shows the mount error and the node
+# plugin's log the reason, with the volume's name.
+s_stuck() {
+    kubectl apply -f - <<EOP
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: stuck-pv}
+spec:
+  capacity: {storage: 64Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ublkd-ram
+  claimRef: {namespace: default, name: stuck}
+  csi: {driver: ublkd.io, volumeHandle: stuck-vol, fsType: ext4}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms: [{matchExpressions: [{key: ublkd.io/node, operator: In, values: [$NODE]}]}]
+EOP
+    claim stuck ublkd-ram 64Mi "volumeName: stuck-pv"
+    start_pod p-stuck stuck
+    mount_failed() { kubectl describe pod p-stuck | grep -q 'FailedMount'; }
+    wait_for 300 mount_failed || { kubectl describe pod p-stuck | tail -20; fail "no FailedMount event on p-stuck"; }
+    kubectl describe pod p-stuck | tail -8
+    reason=$(kubectl get pod p-stuck -o jsonpath='{.status.containerStatuses[0].state.waiting.reason}')
+    [ "$reason" = ContainerCreating ] || fail "p-stuck is waiting in '$reason', not ContainerCreating"
+    kubectl describe pod p-stuck | grep FailedMount | grep -q 'stuck-vol' ||
+        fail "the mount error does not name the volume"
+    kubectl -n ublkd-system logs ds/ublkd-csi-node -c ublkd-csi | grep 'stuck-vol' | tail -3
+    kubectl -n ublkd-system logs ds/ublkd-csi-node -c ublkd-csi | grep -q 'call refused.*stuck-vol' ||
+        fail "the node plugin's log does not say why stuck-vol cannot be staged"
+    kubectl -n ublkd-system logs ds/ublkd -c ublkd | tail -3
+    kubectl delete pod p-stuck --wait=true --timeout=120s
+    kubectl delete pvc stuck --wait=true
+    kubectl delete pv stuck-pv --wait=true
+}
+
 # Node loss (docs/kubernetes.md, "Retire a node"): a StatefulSet's pod on node B, B deleted,
 # and the pod comes up on this node with a new volume. Node B is a Node object without a
 # kubelet (two kubelets on one guest would need two containerds, mount namespaces and cgroup
@@ -1073,6 +1116,7 @@ run ublkd-restart s_ublkd_restart
 run plugin s_plugin
 run kubelet-restart s_kubelet_restart
 run drain s_drain
+run stuck s_stuck
 run node-loss s_node_loss
 run uninstall s_uninstall
 

@@ -59,6 +59,7 @@ pub const SCENARIOS: &[&str] = &[
     "plugin",
     "kubelet-restart",
     "drain",
+    "stuck",
     "node-loss",
     "uninstall",
 ];
