@@ -35,6 +35,10 @@ pub struct Args {
     /// build's `ublkd run` (work+--placement=same-cpu).
     #[arg(required = true, num_args = 2.., value_name = "REV[+FLAG...]", allow_hyphen_values = true)]
     builds: Vec<String>,
+    /// What the guest's clock counts, as `cargo xtask bench --clock`: `instructions` compares
+    /// the instructions one I/O costs (repeatable, blind to how work spreads over CPUs).
+    #[arg(long, value_enum, default_value_t = vm::Clock::Wall)]
+    clock: vm::Clock,
 }
 
 pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
@@ -71,13 +75,22 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         pairs.join(" ")
     );
     // 4 passes x 3 jobs per build, each its runtime, a ramp second and about 5 s of set-up.
-    let timeout = 180 + builds.len() as u64 * 12 * (runtime + 6);
+    // Under the instruction clock a busy guest second takes about 5 host seconds.
+    let timeout = (180 + builds.len() as u64 * 12 * (runtime + 6))
+        * match args.clock {
+            vm::Clock::Wall => 1,
+            vm::Clock::Instructions => 5,
+        };
     eprintln!(
-        "xtask: compare: {} builds x 3 jobs x 4 passes of {runtime} s, in one boot of {}",
+        "xtask: compare: {} builds x 3 jobs x 4 passes of {runtime} s, in one boot of {}, {} clock",
         builds.len(),
-        kernel.kver
+        kernel.kver,
+        args.clock.as_str()
     );
-    let run = Vm::new(ws, &kernel)?.timeout_secs(timeout).run(&script)?;
+    let run = Vm::new(ws, &kernel)?
+        .clock(args.clock)
+        .timeout_secs(timeout)
+        .run(&script)?;
     let text = fs::read_to_string(run.run_dir.join("compare.txt")).unwrap_or_default();
     let rows = parse(&text);
     let labels: Vec<&str> = builds.iter().map(|(l, _, _)| l.as_str()).collect();
@@ -85,6 +98,7 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
     let json = serde_json::json!({
         "builds": builds.iter().map(|(l, b, f)| serde_json::json!({"label": l, "binary": b, "flags": f})).collect::<Vec<_>>(),
         "runtime_s": runtime,
+        "clock": args.clock.as_str(),
         "runs": rows.iter().map(|r| serde_json::json!({
             "build": r.label, "rw": r.rw, "iops": r.iops, "queue_cpus": r.map, "cpu_busy": r.busy,
             "per_io": r.trace,
