@@ -5,8 +5,9 @@
 //! `ublkd_volumes_without_pv`, `ublkctl orphans`) and never deletes them: they are what a
 //! deleted node leaves when its machine comes back (`nodeloss`), or volumes made by hand.
 
+use crate::nodeloss::plan::topology_nodes;
 use crate::ublkd::{Ublkd, UblkdError};
-use crate::{Node, DRIVER_NAME, TOPOLOGY_KEY};
+use crate::Node;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams};
 use kube::Client;
@@ -30,18 +31,9 @@ pub enum ReportError {
 fn named(node: &Node, pvs: &[PersistentVolume]) -> BTreeSet<String> {
     pvs.iter()
         .filter_map(|pv| {
-            let spec = pv.spec.as_ref()?;
-            let csi = spec.csi.as_ref().filter(|c| c.driver == DRIVER_NAME)?;
-            let nodes: Vec<&String> = spec
-                .node_affinity
-                .iter()
-                .flat_map(|a| a.required.iter())
-                .flat_map(|r| r.node_selector_terms.iter())
-                .flat_map(|t| t.match_expressions.iter().flatten())
-                .filter(|e| e.key == TOPOLOGY_KEY && e.operator == "In")
-                .flat_map(|e| e.values.iter().flatten())
-                .collect();
-            (nodes.is_empty() || nodes.contains(&&node.0)).then(|| csi.volume_handle.clone())
+            let nodes = topology_nodes(pv)?;
+            let handle = &pv.spec.as_ref()?.csi.as_ref()?.volume_handle;
+            (nodes.is_empty() || nodes.contains(&node.0.as_str())).then(|| handle.clone())
         })
         .collect()
 }
@@ -84,8 +76,10 @@ async fn once(
         .into_iter()
         .map(|v| v.id)
         .collect();
+    // from the API server's cache (resource version 0, as informers list): every node asks
+    // every minute, and a list a moment old changes nothing under the two-lists rule
     let list = pvs
-        .list(&ListParams::default())
+        .list(&ListParams::default().match_any())
         .await
         .map_err(ReportError::ListVolumes)?;
     let r = round(node, &volumes, &list.items, before);
@@ -123,6 +117,7 @@ pub async fn run(ublkd: Ublkd, node: Node, every: Duration) -> Result<(), Report
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{DRIVER_NAME, TOPOLOGY_KEY};
     use serde_json::json;
 
     fn pv(handle: &str, driver: &str, node: Option<&str>) -> PersistentVolume {

@@ -41,25 +41,33 @@ pub struct Release {
     pub volumes: Vec<Volume>,
 }
 
-/// The node in `pv`'s topology, when `pv` is the driver's.
-fn node_of(pv: &PersistentVolume) -> Option<&str> {
+/// The nodes of `pv`'s topology (the values of its `ublkd.io/node` terms) when `pv` is the
+/// driver's; empty for one of the driver's without topology.
+pub fn topology_nodes(pv: &PersistentVolume) -> Option<Vec<&str>> {
     let spec = pv.spec.as_ref()?;
     if spec.csi.as_ref()?.driver != DRIVER_NAME {
         return None;
     }
-    spec.node_affinity
-        .as_ref()?
-        .required
-        .as_ref()?
-        .node_selector_terms
-        .iter()
-        .flat_map(|t| t.match_expressions.iter().flatten())
-        .find(|e| e.key == TOPOLOGY_KEY && e.operator == "In")
-        .and_then(|e| match e.values.as_deref() {
-            Some([one]) => Some(one.as_str()),
-            // A volume lives on one node: a term naming several is not one of the driver's.
-            _ => None,
-        })
+    Some(
+        spec.node_affinity
+            .iter()
+            .flat_map(|a| a.required.iter())
+            .flat_map(|r| r.node_selector_terms.iter())
+            .flat_map(|t| t.match_expressions.iter().flatten())
+            .filter(|e| e.key == TOPOLOGY_KEY && e.operator == "In")
+            .flat_map(|e| e.values.iter().flatten())
+            .map(String::as_str)
+            .collect(),
+    )
+}
+
+/// The node in `pv`'s topology, when `pv` is the driver's. A volume lives on one node: a
+/// topology naming several is not one of the driver's.
+fn node_of(pv: &PersistentVolume) -> Option<&str> {
+    match topology_nodes(pv)?.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
 }
 
 /// The claim `claim` when it waits for the driver to provision it on `node`.
