@@ -390,6 +390,8 @@ fail() {
     return 1
 }
 ublkctl() { kubectl -n ublkd-system exec ds/ublkd -c ublkd -- /usr/local/bin/ublkctl "$@"; }
+# finalized NODE: the node-loss controller's finalizer is on NODE
+finalized() { kubectl get node "$1" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node'; }
 
 # The driver as the cluster sees it: CSINode with the topology key and a volume limit, and
 # capacity objects for every class.
@@ -412,8 +414,7 @@ s_driver() {
         { kubectl get csistoragecapacities -A; echo "fewer than 3 CSIStorageCapacity objects"; return 1; }
     kubectl get csistoragecapacities -A -o custom-columns=CLASS:.storageClassName,CAPACITY:.capacity,NODE:.nodeTopology.matchLabels
     # the node-loss controller's finalizer on the driver's node
-    finalizer() { kubectl get node "$NODE" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node'; }
-    wait_for 120 finalizer || fail "no finalizer ublkd.io/node on $NODE"
+    wait_for 120 finalized "$NODE" || fail "no finalizer ublkd.io/node on $NODE"
     for sc in ublkd-file ublkd-ram ublkd-nvme; do
         n=$(kubectl get csistoragecapacities -A -o jsonpath="{.items[?(@.storageClassName==\"$sc\")].capacity}")
         [ -n "$n" ] || fail "a CSIStorageCapacity for $sc"
@@ -984,7 +985,6 @@ EON
     # room for pods, as a kubelet would report it (the scheduler fits none on a Node without)
     kubectl patch node "$LOST" --subresource=status --type=merge \
         -p '{"status":{"capacity":{"cpu":"2","memory":"2Gi","pods":"10"},"allocatable":{"cpu":"2","memory":"2Gi","pods":"10"}}}'
-    finalized() { kubectl get node "$1" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node'; }
     wait_for 120 finalized "$LOST" || fail "the controller put no finalizer on $LOST"
     ublkctl create-volume lost-vol --size 64MiB --backend ram
     kubectl apply -f - <<EOP
@@ -1083,14 +1083,14 @@ s_uninstall() {
     [ "$left" = 0 ] || { kubectl get pvc -A; fail "claims left before the uninstall"; }
     helm uninstall ublkd --namespace ublkd-system --wait --timeout 600s
     # the pre-delete hook took the controller's finalizer off the node
-    kubectl get node "$NODE" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node' &&
+    finalized "$NODE" &&
         fail "the finalizer ublkd.io/node outlived the uninstall"
     # the kustomize users' step for the same (docs/kubernetes.md, "Uninstall"), on a finalizer
     # put back by hand
     kubectl patch node "$NODE" --type=merge -p '{"metadata":{"finalizers":["ublkd.io/node"]}}'
     # shellcheck disable=SC2016 # a patch directive, not a variable
     kubectl patch node "$NODE" -p '{"metadata":{"$deleteFromPrimitiveList/finalizers":["ublkd.io/node"]}}'
-    kubectl get node "$NODE" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node' &&
+    finalized "$NODE" &&
         fail "the documented patch left the finalizer on $NODE"
     [ -z "$(kubectl get csidriver ublkd.io --ignore-not-found -o name)" ] || fail "the CSIDriver outlived the uninstall"
     kubectl get storageclass -o name | grep -q ublkd && fail "a StorageClass outlived the uninstall"
