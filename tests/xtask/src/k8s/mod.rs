@@ -43,7 +43,8 @@ const CONTROL: &str = include_str!("control.sh");
 /// namespace holds it on its loopback and QEMU forwards the kubelet's port into the guest.
 const KUBELET_FORWARD: &str = "tcp:10.10.0.1:10250-:10250";
 
-/// The scenarios, in the order the guest runs them.
+/// The scenarios, in the order the guest starts them (`run NAME` alone, or `together NAME...`
+/// at once: those that share no object, filled pool or restarted component).
 pub const SCENARIOS: &[&str] = &[
     "driver",
     "file-ext4",
@@ -52,11 +53,11 @@ pub const SCENARIOS: &[&str] = &[
     "block",
     "pending",
     "monitoring",
+    "plugin",
     "snapshots",
     "warnings",
     "modify",
     "ublkd-restart",
-    "plugin",
     "kubelet-restart",
     "drain",
     "stuck",
@@ -285,7 +286,7 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
     let registry = crate::gotools::ensure(REGISTRY)?;
     let prometheus = build::ensure(&PROMETHEUS)?.join("prometheus");
     // `kubectl ublkd`, alone in a directory on the host kubectl's PATH (control.sh).
-    let release = crate::dist::release_build(ws, &["kubectl-ublkd"])?;
+    let release = crate::dist::release_build(ws)?;
     let plugins = out.join("plugins");
     fs::create_dir_all(&plugins)?;
     fs::copy(release.join("kubectl-ublkd"), plugins.join("kubectl-ublkd"))
@@ -567,5 +568,35 @@ impl Drop for ControlPlane {
             eprintln!("xtask: k8s-test: waiting for control.sh: {e}");
         }
         remove_netns(&self.netns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The guest starts every scenario this list names, once, in this order, and no other.
+    #[test]
+    fn the_guest_runs_the_scenarios_in_the_listed_order() {
+        let started: Vec<&str> = GUEST
+            .lines()
+            // top-level lines only: `together` itself calls run "$n"
+            .filter(|l| !l.starts_with(char::is_whitespace))
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                match w.next()? {
+                    "run" => w.next().map(|n| vec![n]),
+                    "together" => Some(w.collect()),
+                    _ => None,
+                }
+            })
+            .flatten()
+            .collect();
+        assert_eq!(started, SCENARIOS);
+        // `run NAME s_NAME`: the function a together NAME calls must exist too.
+        for name in SCENARIOS {
+            let f = format!("s_{}() {{", name.replace('-', "_"));
+            assert!(GUEST.contains(&f), "guest.sh has no {f}");
+        }
     }
 }
