@@ -38,7 +38,7 @@ pub fn run(ws: &Path) -> Result<()> {
 
 pub fn build(ws: &Path) -> Result<PathBuf> {
     let release = Release::of(ws)?;
-    let bins = dist::release_build(ws, &["ublkd-server", "ublkctl"])?;
+    let bins = dist::release_build(ws)?;
     let arch = apt::output_ok(Command::new("dpkg").arg("--print-architecture"))?
         .trim()
         .to_owned();

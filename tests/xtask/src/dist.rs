@@ -78,12 +78,20 @@ pub fn debian_suite() -> Result<String> {
         .context("/etc/os-release names no VERSION_CODENAME: which Debian suite is this?")
 }
 
-/// Builds the named packages' binaries in release mode and returns `target/release`.
-pub fn release_build(ws: &Path, packages: &[&str]) -> Result<PathBuf> {
-    eprintln!("xtask: release build of {}", packages.join(", "));
+/// Every package whose release binaries something ships or runs: the node's three, and the
+/// kubectl plugin.
+pub const RELEASE_PACKAGES: [&str; 4] = ["ublkd-server", "ublkctl", "ublkd-csi", "kubectl-ublkd"];
+
+/// Builds all of [`RELEASE_PACKAGES`] in release mode and returns `target/release`. Always all
+/// of them, whoever asks: cargo resolves features over the packages one invocation names, so
+/// the image's, the package's and the plugin's builds, each naming its own, resolved three
+/// ways and compiled 369 crates where one resolution compiles 283 (k8s-openapi twice among
+/// them), all in one `cargo xtask test`.
+pub fn release_build(ws: &Path) -> Result<PathBuf> {
+    eprintln!("xtask: release build of {}", RELEASE_PACKAGES.join(", "));
     let mut cmd = crate::cargo();
     cmd.current_dir(ws).args(["build", "--release", "--locked"]);
-    for p in packages {
+    for p in RELEASE_PACKAGES {
         cmd.args(["-p", p]);
     }
     apt::run_ok(&mut cmd)?;

@@ -71,12 +71,9 @@ const PRUNE_PREFIXES: &[(&str, &str)] = &[
     ("sbin", "xfs_scrub"),
 ];
 
-/// The binaries of the image, each with its cargo package.
-const BINARIES: &[(&str, &str)] = &[
-    ("ublkd", "ublkd-server"),
-    ("ublkctl", "ublkctl"),
-    ("ublkd-csi", "ublkd-csi"),
-];
+/// The binaries of the image (of `dist::RELEASE_PACKAGES`: ublkd-server's `ublkd`, ublkctl,
+/// ublkd-csi).
+const BINARIES: &[&str] = &["ublkd", "ublkctl", "ublkd-csi"];
 
 /// What one build produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,8 +196,7 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
         }
     }
     let release = Release::of(ws)?;
-    let packages: Vec<&str> = BINARIES.iter().map(|(_, p)| *p).collect();
-    let bins = dist::release_build(ws, &packages)?;
+    let bins = dist::release_build(ws)?;
     if out.exists() {
         fs::remove_dir_all(out)?;
     }
@@ -210,7 +206,7 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
     let base = work.join("base");
     debian_root(&base, release.epoch)?;
     let app = work.join("app");
-    for (bin, _) in BINARIES {
+    for bin in BINARIES {
         dist::install_stripped(&bins.join(bin), &app.join("usr/local/bin").join(bin))?;
     }
     let base_tar = work.join("base.tar");

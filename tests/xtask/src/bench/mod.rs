@@ -48,7 +48,7 @@
 //! A B B A (new, baseline, baseline, new) for every other case and B A A B for the rest, so that
 //! a drift over the boot, and the first run's own handicap, fall on both alike. Each case and workload is
 //! then reported as new against baseline, each side the mean of its two runs, in the table and
-//! in `results.json` (peer `baseline <sha>`); `raw.json` keeps every run. `--only SUBSTR` runs
+//! in `results.json` (peer `baseline <sha>`); `raw.json` keeps every run. `--only SUBSTR[,SUBSTR...]` runs
 //! just the fio runs whose name contains SUBSTR, and none of the sections after them.
 //!
 //! `--clock instructions` runs the boot with QEMU's instruction counter as the guest's clock
@@ -112,9 +112,10 @@ pub struct Args {
     /// interleaved A B B A, and report new/baseline per case.
     #[arg(long, value_name = "REV")]
     baseline: Option<String>,
-    /// Run only the fio cases whose name contains SUBSTR (and skip the control-plane, CSI, QoS,
-    /// snapshot and recovery sections).
-    #[arg(long, value_name = "SUBSTR")]
+    /// Run only the fio cases whose name contains SUBSTR, or one of several comma-separated
+    /// (`ublkd-file,loop-dio`), and skip the control-plane, CSI, QoS, snapshot and recovery
+    /// sections.
+    #[arg(long, value_name = "SUBSTR[,SUBSTR...]")]
     only: Option<String>,
     /// What the guest's clock counts: `wall` (host real time, multi-threaded TCG) or
     /// `instructions` (one guest nanosecond per instruction: the work per I/O, repeatable to
@@ -128,8 +129,10 @@ pub struct Args {
 pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
     let mut plan = Plan::default();
     if let Some(s) = &args.only {
-        if !RUNS.iter().any(|r| r.id.contains(s.as_str())) {
-            bail!("--only {s:?} names no run; the runs: {}", run_names());
+        for part in s.split(',') {
+            if part.is_empty() || !RUNS.iter().any(|r| r.id.contains(part)) {
+                bail!("--only {part:?} names no run; the runs: {}", run_names());
+            }
         }
         plan.only = Some(s.clone());
     }
@@ -153,10 +156,10 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
     if let Err(e) = &kublk {
         eprintln!("xtask: {e}");
     }
-    let built = |packages: &[&str]| build_release(ws, packages).map_err(|e| format!("{e:#}"));
+    let built = || crate::dist::release_build(ws).map_err(|e| format!("{e:#}"));
     let (ublkd, ublkctl, csi) = match std::env::var_os("UBLKD_BENCH_UBLKD") {
         Some(bin) => {
-            let dir = built(&["ublkctl", "ublkd-csi"]);
+            let dir = built();
             (
                 absolute_file(Path::new(&bin)).map_err(|e| format!("{e:#}")),
                 dir.clone().and_then(|d| release_bin(&d, "ublkctl")),
@@ -164,7 +167,7 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
             )
         }
         None => {
-            let dir = built(&["ublkd-server", "ublkctl", "ublkd-csi"]);
+            let dir = built();
             (
                 dir.clone().and_then(|d| release_bin(&d, "ublkd")),
                 dir.clone().and_then(|d| release_bin(&d, "ublkctl")),
@@ -395,24 +398,6 @@ fn absolute_file(path: &Path) -> Result<PathBuf> {
         bail!("UBLKD_BENCH_UBLKD={} is not a file", path.display());
     }
     Ok(abs)
-}
-
-/// Builds `packages` in release mode and returns the directory their binaries land in.
-fn build_release(ws: &Path, packages: &[&str]) -> Result<PathBuf> {
-    eprintln!("xtask: building {} (release)", packages.join(" and "));
-    let mut cmd = crate::cargo();
-    cmd.current_dir(ws).args(["build", "--release"]);
-    for p in packages {
-        cmd.args(["--package", p]);
-    }
-    let status = cmd.status().context("running cargo build --release")?;
-    if !status.success() {
-        bail!(
-            "building {} in release mode failed ({status})",
-            packages.join(" and ")
-        );
-    }
-    Ok(ws.join("target/release"))
 }
 
 /// `dir/name`, if the build left it there.
