@@ -254,8 +254,8 @@ pub fn ab_order(n: usize) -> [(&'static str, Build); 4] {
 /// What one `cargo xtask bench` covers beyond the defaults.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
-    /// `--only SUBSTR`: only the fio runs whose id contains it, and none of the sections after
-    /// them (control plane, CSI, QoS, snapshots, recovery).
+    /// `--only SUBSTR[,SUBSTR...]`: only the fio runs whose id contains one of them, and none
+    /// of the sections after them (control plane, CSI, QoS, snapshots, recovery).
     pub only: Option<String>,
     /// `--baseline REV`: the baseline's label (its commit) and its ublkd binary.
     pub baseline: Option<(String, std::path::PathBuf)>,
@@ -263,7 +263,10 @@ pub struct Plan {
 
 impl Plan {
     pub fn selected(&self, run_id: &str) -> bool {
-        self.only.as_deref().is_none_or(|s| run_id.contains(s))
+        self.only.as_deref().is_none_or(|s| {
+            s.split(',')
+                .any(|part| !part.is_empty() && run_id.contains(part))
+        })
     }
 
     /// Whether the sections after the fio runs happen.
@@ -553,4 +556,32 @@ pub const RSS_PAIRS: &[(&str, &str, &str)] = &[
 /// The run directory name of the recovery run with `n` volumes.
 pub fn recovery_run(n: usize) -> String {
     format!("{RECOVERY_RUN}-{n}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--only a,b` selects the runs that either names, as `--only a` and `--only b` would
+    /// together: the file volume and loop in one boot.
+    #[test]
+    fn several_only_substrings_select_the_union() {
+        let plan = |only: &str| Plan {
+            only: Some(only.into()),
+            baseline: None,
+        };
+        let picked = |p: &Plan| -> Vec<&str> {
+            RUNS.iter()
+                .filter(|r| p.selected(r.id))
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(
+            picked(&plan("ublkd-file,loop-dio")),
+            ["ublkd-file", "loop-dio", "ublkd-file-copy"]
+        );
+        assert_eq!(picked(&plan("loop-dio")), ["loop-dio"]);
+        assert!(picked(&plan(",")).is_empty());
+        assert!(!plan("x").sections());
+    }
 }
