@@ -26,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::time::Instant;
 
 /// What `--help` adds below the commands: the environment every VM command reads.
 const ENVIRONMENT: &str = "\
@@ -156,13 +157,25 @@ fn run(command: Task) -> Result<ExitCode> {
     let ws = workspace_root()?;
     match command {
         Task::Test => {
+            let t = Instant::now();
             host_tests(&ws)?;
+            let host = t.elapsed();
             let outcome = suite::run(&ws, None)?;
+            let vm = t.elapsed() - host;
             let tier = k8s::run_tier(&ws, &[])?;
+            let cluster = t.elapsed() - host - vm;
             // Both summaries last, the VM suite's failures with their reasons: all a CI log's
-            // tail keeps.
+            // tail keeps; then where the time went, builds included, for CI's time budget.
             println!("\nVM suite:\n{}", outcome.summary());
             println!("{}", tier.summary);
+            println!(
+                "time: host tests {:.0} s, VM suite {:.0} s, Kubernetes tier {:.0} s \
+                 (each with its builds); {:.0} s in all",
+                host.as_secs_f64(),
+                vm.as_secs_f64(),
+                cluster.as_secs_f64(),
+                t.elapsed().as_secs_f64()
+            );
             let ok = outcome.ok() && tier.ok();
             Ok(if ok {
                 ExitCode::SUCCESS
