@@ -2,7 +2,8 @@
 //! registry held when each device call was made, and what a failed step leaves behind. These
 //! are the rules crash safety rests on (a record before its device, a delete's mark before the
 //! device goes, a new size recorded before it is applied), checked without a kernel; the VM
-//! tests kill a real ublkd at the same points.
+//! tests kill a real ublkd at the same points. With the same kernel: what the manager keeps of the
+//! CSI driver's report of volumes no PersistentVolume names.
 
 use super::Volumes;
 use crate::config::Settings;
@@ -446,6 +447,43 @@ async fn a_held_device_is_not_deleted_from_under_its_holder() {
         "nor was the record marked"
     );
     assert_eq!(kernel.kernel_device_ids(), [DevId(0)]);
+}
+
+/// The CSI driver's report of volumes no PV names: ids of no volume are kept out, each report
+/// replaces the last and says which ids are new, and a volume deleted since drops out of what
+/// is shown. Nothing is done to a reported volume.
+#[tokio::test]
+async fn a_report_of_volumes_without_pv_keeps_only_volumes_here_and_replaces_the_last() {
+    let (_dir, kernel, v) = with_volume_a().await;
+    v.create(record("b", 64 * MIB), false)
+        .await
+        .unwrap_or_else(|e| panic!("create b: {e}"));
+    kernel.log();
+
+    let new = v.report_without_pv(vec![id("a"), id("gone")]).await;
+    assert_eq!(new, [id("a")], "an id of no volume here is not kept");
+    assert_eq!(v.without_pv().await, [id("a")]);
+
+    let new = v.report_without_pv(vec![id("a"), id("b")]).await;
+    assert_eq!(new, [id("b")], "only b is new in the second report");
+    assert_eq!(v.without_pv().await, [id("a"), id("b")]);
+
+    assert_eq!(v.delete(&id("b"), false, false).await.ok(), Some(true));
+    assert_eq!(
+        v.without_pv().await,
+        [id("a")],
+        "a deleted volume drops out"
+    );
+
+    let new = v.report_without_pv(Vec::new()).await;
+    assert!(new.is_empty());
+    assert!(v.without_pv().await.is_empty(), "an empty report clears it");
+    assert_eq!(
+        kernel.log(),
+        ["delete 1: b size=67108864 deleting"],
+        "the reports made no device call; only b's delete did"
+    );
+    assert_eq!(kernel.kernel_device_ids(), [DevId(0)], "a is served still");
 }
 
 #[tokio::test]
