@@ -10,6 +10,7 @@
 //! Kubernetes static CPU manager).
 
 use crate::device::{SpecError, Toggle};
+use std::time::Duration;
 
 /// Why polling is on or off for a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,24 @@ pub fn decide(
     })
 }
 
+/// How long a worker looks for work in user space before it sleeps: what the operator asked
+/// for (`dataplane.idle_spin_us`), at most [`MAX_SPIN`]; zero by default.
+///
+/// A sleeping worker pays a wake-up for each request that finds it idle and for each backend
+/// completion it waits for; at QD1 on the file backend those two wake-ups are what loop does
+/// not pay (ARCHITECTURE.md, "The file backend at QD1 against loop, counted"). A spinning
+/// worker sees them without sleeping, but takes its CPU: it is for CPUs dedicated to the
+/// dataplane. It is not the default even there, because it did not measure better in the
+/// test VM (ARCHITECTURE.md, "Spinning before sleeping, measured"), whose vCPUs are host
+/// threads that a spinning guest keeps busy.
+pub fn idle_spin(asked: Duration) -> Duration {
+    asked.min(MAX_SPIN)
+}
+
+/// The most an operator may ask for: beyond it a worker would be a polling loop that does
+/// not sleep while any I/O trickles in.
+pub const MAX_SPIN: Duration = Duration::from_millis(100);
+
 /// Whether every one of `cpus` is isolated from the scheduler's load balancing, per the
 /// kernel's `isolated` and `nohz_full` lists (`/sys/devices/system/cpu/`).
 pub fn cpus_isolated(cpus: &[usize], isolated: &str, nohz_full: &str) -> bool {
@@ -102,6 +121,14 @@ mod tests {
 
     const NVME: Result<(), &str> = Ok(());
     const NULL: Result<(), &str> = Err("polling needs NVMe");
+
+    #[test]
+    fn workers_spin_only_when_asked_and_never_without_bound() {
+        assert_eq!(idle_spin(Duration::ZERO), Duration::ZERO);
+        let asked = Duration::from_micros(250);
+        assert_eq!(idle_spin(asked), asked);
+        assert_eq!(idle_spin(Duration::from_secs(5)), MAX_SPIN);
+    }
 
     #[test]
     fn auto_polls_only_on_dedicated_cpus() {

@@ -607,6 +607,29 @@ pub struct WorkerStats {
     /// Whether the worker's thread runs pinned to its CPU (set once, at its start).
     pinned: AtomicBool,
     cleanup: CleanupErrors,
+    /// Waits for work that ended while spinning, then those that slept (`Wait`).
+    waits: [AtomicU64; 2],
+}
+
+/// How a worker's wait for work ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Work came while it spun in user space (`crate::poll::idle_spin`).
+    Spun,
+    /// It spun for its whole bound, then slept in the kernel.
+    Slept,
+}
+
+impl Wait {
+    pub const ALL: [Wait; 2] = [Wait::Spun, Wait::Slept];
+
+    /// The label value in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wait::Spun => "spun",
+            Wait::Slept => "slept",
+        }
+    }
 }
 
 impl WorkerStats {
@@ -626,6 +649,19 @@ impl WorkerStats {
 
     pub fn cleanup_errors(&self) -> Vec<(CleanupStep, u64)> {
         self.cleanup.counts()
+    }
+
+    /// A wait for work ended `how`. Waits of a worker that does not spin are not counted.
+    pub fn waited(&self, how: Wait) {
+        bump(&self.waits[how as usize], 1);
+    }
+
+    /// Waits that ended spinning, then sleeping.
+    pub fn waits(&self) -> [u64; 2] {
+        [
+            self.waits[0].load(Ordering::Relaxed),
+            self.waits[1].load(Ordering::Relaxed),
+        ]
     }
 
     pub fn ring_retry(&self) {

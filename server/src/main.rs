@@ -122,6 +122,10 @@ struct RunArgs {
     /// Which worker serves each queue: auto, same-cpu, other-cpu or spread.
     #[arg(long, value_enum, default_value = "auto")]
     placement: config::QueuePlacementSetting,
+    /// Microseconds an idle worker looks for work before sleeping (as
+    /// `dataplane.idle_spin_us`).
+    #[arg(long, default_value_t = 0)]
+    idle_spin_us: u64,
 }
 
 fn parse_toggle(flag: &str, v: &str) -> anyhow::Result<Toggle> {
@@ -250,6 +254,7 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
         cpus: args.cpus,
         placement: args.placement.policy(),
         dedicated_cpus: args.dedicated_cpus,
+        idle_spin: std::time::Duration::from_micros(args.idle_spin_us),
         ..Default::default()
     })
     .context("starting the dataplane")?;
@@ -270,6 +275,19 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
         handle.worker_count()
     );
     rt.block_on(stop);
+    // How each worker's waits ended, for the perf scripts (`tests/perf`).
+    for w in handle
+        .worker_stats()
+        .context("reading the workers' counters")?
+    {
+        eprintln!(
+            "ublkd: worker {}: spins up to {} us; waits spun {}, slept {}",
+            w.cpu,
+            w.idle_spin.as_micros(),
+            w.waits[0],
+            w.waits[1]
+        );
+    }
     handle
         .delete_device(info.dev_id)
         .context("deleting the volume")?;
@@ -405,6 +423,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         iopoll_shared: None,
         dedicated_cpus: settings.dataplane.dedicated_cpus,
         placement: settings.dataplane.queue_placement.policy(),
+        idle_spin: std::time::Duration::from_micros(settings.dataplane.idle_spin_us),
     });
     if let Err(e) = &handle {
         tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");

@@ -649,6 +649,85 @@ fn cpu_list(s: &str) -> Vec<usize> {
         .collect()
 }
 
+/// A worker that looks for work in user space before it sleeps (`Config::idle_spin`) serves a
+/// file volume on each path with every byte verified, and says so in its counters: it spins
+/// for as long as it was given, and waits ended while it spun. A worker not given a spin does
+/// not spin and counts no waits.
+#[test]
+fn a_spinning_worker_verifies_a_file_volume_and_counts_its_waits() -> Result<()> {
+    use ublkd_dataplane::{Config, Handle, WorkerSnapshot};
+    let waits = |stats: &[WorkerSnapshot]| -> [u64; 2] {
+        stats
+            .iter()
+            .fold([0, 0], |a, w| [a[0] + w.waits[0], a[1] + w.waits[1]])
+    };
+    let spin = Duration::from_millis(1);
+    let dir = guest::scratch("spin")?;
+    let dp = Handle::start(Config {
+        cpus: vec![1],
+        idle_spin: spin,
+        ..Config::default()
+    })?;
+    let workers = dp.worker_stats()?;
+    ensure!(
+        workers.iter().all(|w| w.idle_spin == spin),
+        "every worker spins {spin:?}: {workers:?}"
+    );
+    for (i, path) in PATHS.into_iter().enumerate() {
+        let file = guest::backing_file(&dir, &format!("spin{i}.img"), 64 * MIB)?;
+        let info = dp.add_device(guest::spec(
+            BackendSpec::File { path: file },
+            64 * MIB,
+            path,
+        ))?;
+        let before = waits(&dp.worker_stats()?);
+        let report = guest::fio(
+            &info.block_device,
+            &[
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=1",
+                "--size=100%",
+                "--io_size=4m",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--cpus_allowed=0",
+            ],
+        )?;
+        ensure!(ublkd_tests::fio_total_bytes(&report) >= 4 * MIB);
+        let after = waits(&dp.worker_stats()?);
+        let (spun, slept) = (after[0] - before[0], after[1] - before[1]);
+        println!("{path:?}: waits that ended spinning {spun}, sleeping {slept}");
+        ensure!(spun > 0, "{path:?}: no wait ended while the worker spun");
+        let stats = dp.stats(info.dev_id)?;
+        ensure!(
+            stats.total.errors == 0,
+            "{path:?}: backend errors: {stats:?}"
+        );
+        dp.delete_device(info.dev_id)?;
+        guest::wait_gone(&info.block_device, Duration::from_secs(5))?;
+    }
+    dp.shutdown()?;
+    let dp = Handle::start(Config {
+        cpus: vec![1],
+        ..Config::default()
+    })?;
+    let info = dp.add_device(guest::spec(BackendSpec::Null, 64 * MIB, IoPath::Auto))?;
+    guest::fio(
+        &info.block_device,
+        &["--rw=randread", "--bs=4k", "--number_ios=1024"],
+    )?;
+    let workers = dp.worker_stats()?;
+    ensure!(
+        workers.iter().all(|w| w.idle_spin.is_zero()) && waits(&workers) == [0, 0],
+        "a worker given no spin sleeps at once and counts nothing: {workers:?}"
+    );
+    dp.delete_device(info.dev_id)?;
+    dp.shutdown()?;
+    Ok(())
+}
+
 /// The placement a device reports is the one in force, for each policy: fio pinned to CPU c
 /// submits to the queue blk-mq maps c to (sysfs `mq/*/cpu_list`), and the worker on the CPU
 /// the device reports for that queue starts those requests, the other worker none. Same CPU:

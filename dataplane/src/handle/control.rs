@@ -29,6 +29,8 @@ pub(super) struct WorkerThread {
     pub(super) tx: Sender<WorkerCmd>,
     pub(super) event: Arc<os::EventFd>,
     pub(super) stats: Arc<WorkerStats>,
+    /// How long it spins before sleeping (`crate::poll::idle_spin`).
+    pub(super) spin: std::time::Duration,
     pub(super) join: Option<JoinHandle<()>>,
 }
 
@@ -172,6 +174,8 @@ impl Control {
                                 iowq_limits: w.stats.iowq_limits(),
                                 pinned: w.stats.pinned(),
                                 cleanup_errors: w.stats.cleanup_errors(),
+                                idle_spin: w.spin,
+                                waits: w.stats.waits(),
                             }
                         })
                         .collect()));
@@ -523,6 +527,7 @@ mod tests {
             tx,
             event: Arc::new(os::EventFd::new().unwrap()),
             stats: Arc::new(WorkerStats::default()),
+            spin: std::time::Duration::ZERO,
             join: Some(join),
         };
         w.join();

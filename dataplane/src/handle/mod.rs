@@ -47,6 +47,9 @@ pub struct Config {
     pub dedicated_cpus: bool,
     /// Which worker serves each queue (`crate::placement`).
     pub placement: PlacementPolicy,
+    /// How long an idle worker looks for work in user space before it sleeps
+    /// (`crate::poll::idle_spin`); zero sleeps at once.
+    pub idle_spin: Duration,
 }
 
 impl Default for Config {
@@ -57,6 +60,7 @@ impl Default for Config {
             iopoll_shared: None,
             dedicated_cpus: false,
             placement: PlacementPolicy::Auto,
+            idle_spin: Duration::ZERO,
         }
     }
 }
@@ -130,6 +134,11 @@ pub struct WorkerSnapshot {
     pub pinned: bool,
     /// Failures of its clean-up steps so far (`stats::CleanupStep`).
     pub cleanup_errors: Vec<(CleanupStep, u64)>,
+    /// How long it looks for work before it sleeps (`crate::poll::idle_spin`).
+    pub idle_spin: Duration,
+    /// Its waits for work that ended while spinning, then sleeping (`stats::Wait`); both
+    /// zero when it does not spin.
+    pub waits: [u64; 2],
 }
 
 /// The state of a ublk device as the kernel reports it.
@@ -273,9 +282,10 @@ impl Handle {
             config.cpus.clone()
         };
         let dedicated_cpus = config.dedicated_cpus || crate::poll::host_cpus_isolated(&cpus);
+        let idle_spin = crate::poll::idle_spin(config.idle_spin);
         let mut workers = Vec::new();
         for cpu in cpus {
-            workers.push(spawn_worker(cpu)?);
+            workers.push(spawn_worker(cpu, idle_spin)?);
         }
         let n = workers.len();
         let (gone_tx, gone_rx) = mpsc::channel();
@@ -425,7 +435,7 @@ impl Handle {
     }
 }
 
-fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
+fn spawn_worker(cpu: usize, spin: Duration) -> Result<WorkerThread, DataplaneError> {
     let (tx, rx) = mpsc::channel();
     let event = Arc::new(os::EventFd::new().map_err(DataplaneError::Spawn)?);
     let stats = Arc::new(WorkerStats::default());
@@ -438,7 +448,7 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
             // Pinning is best effort: a CPU outside our cgroup's set still gets a worker, and
             // its snapshot (`ublkd_worker_pinned`) says it runs unpinned.
             st.set_pinned(os::pin_current_thread(cpu).is_ok());
-            match Worker::new(rx, ev, st) {
+            match Worker::new(rx, ev, st, spin) {
                 Ok(w) => {
                     ready_tx.answer(Ok(()));
                     w.run();
@@ -464,6 +474,7 @@ fn spawn_worker(cpu: usize) -> Result<WorkerThread, DataplaneError> {
         tx,
         event,
         stats,
+        spin,
         join: Some(join),
     })
 }

@@ -16,7 +16,7 @@ use crate::ids::{DevId, QueueId, Tag};
 use crate::qos::Throttle;
 use crate::reply::Answer;
 use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
-use crate::stats::{QueueStats, WorkerStats};
+use crate::stats::{QueueStats, Wait, WorkerStats};
 use crate::sys::os::{DescMap, EventFd, Mapping};
 use crate::sys::{self};
 use std::collections::VecDeque;
@@ -24,7 +24,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 mod batch;
 mod drain;
@@ -351,6 +351,9 @@ pub struct Worker {
     drains: Vec<(DevId, SyncSender<()>)>,
     shutdown: bool,
     abandon: bool,
+    /// How long to look for work in user space before sleeping in the kernel
+    /// (`crate::poll::idle_spin`); zero sleeps at once.
+    spin: Duration,
 }
 
 impl Worker {
@@ -358,6 +361,7 @@ impl Worker {
         rx: Receiver<WorkerCmd>,
         event: Arc<EventFd>,
         stats: Arc<WorkerStats>,
+        spin: Duration,
     ) -> Result<Self, WorkerError> {
         stats.set_iowq_limits(crate::ring::iowq_limits(0));
         Ok(Self {
@@ -380,6 +384,7 @@ impl Worker {
             drains: Vec::new(),
             shutdown: false,
             abandon: false,
+            spin,
         })
     }
 
@@ -493,7 +498,7 @@ impl Worker {
             return Err(RingError::Submit(std::io::Error::from_raw_os_error(libc::EBADR)).into());
         }
         let Some(poll) = self.rings.poll.as_mut() else {
-            self.rings.main.submit_and_wait(1)?;
+            self.sleep_on_main()?;
             return Ok(());
         };
         if self.rings.polled > 0 {
@@ -513,8 +518,44 @@ impl Worker {
         if poll.has_completions() || poll.needs_enter() {
             self.rings.main.submit()?;
         } else {
-            self.rings.main.submit_and_wait(1)?;
+            self.sleep_on_main()?;
         }
+        Ok(())
+    }
+
+    /// Waits for the main ring's next completion: first in user space for up to `spin`, then
+    /// asleep in the kernel. A spinning worker sees a completion or deferred task work (a ublk
+    /// request, a backend completion, a command) without the wake-up a sleeping one pays; on
+    /// CPUs it shares with applications that CPU time is theirs, so `spin` is zero there.
+    fn sleep_on_main(&mut self) -> Result<(), WorkerError> {
+        if self.spin.is_zero() {
+            self.rings.main.submit_and_wait(1)?;
+            return Ok(());
+        }
+        // Commits and backend I/O go out before the worker starts looking.
+        self.rings.main.submit()?;
+        let until = Instant::now() + self.spin;
+        let mut looks = 0u32;
+        loop {
+            if self.rings.main.has_completions() {
+                self.stats.waited(Wait::Spun);
+                return Ok(());
+            }
+            if self.rings.main.needs_enter() {
+                // Deferred task work (IORING_SQ_TASKRUN): an enter with GETEVENTS runs it.
+                self.stats.waited(Wait::Spun);
+                self.rings.main.submit()?;
+                return Ok(());
+            }
+            looks = looks.wrapping_add(1);
+            // The clock is read every 64 looks: a vDSO call costs more than a look.
+            if looks % 64 == 0 && Instant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.stats.waited(Wait::Slept);
+        self.rings.main.submit_and_wait(1)?;
         Ok(())
     }
 

@@ -404,6 +404,30 @@ fn write_workers(
     );
     family(
         out,
+        "ublkd_worker_idle_spin_seconds",
+        "How long a worker looks for work in user space before it sleeps (0: it sleeps at once)",
+        Kind::Gauge,
+        |f| {
+            for (w, cpu) in each() {
+                f.gauge(&[("worker", cpu)], w.idle_spin.as_secs_f64());
+            }
+        },
+    );
+    family(
+        out,
+        "ublkd_worker_waits_total",
+        "Waits for work of a spinning worker, by how they ended: work came while it spun, or it slept",
+        Kind::Counter,
+        |f| {
+            for (w, cpu) in each() {
+                for (how, n) in ublkd_dataplane::stats::Wait::ALL.iter().zip(w.waits) {
+                    f.counter(&[("worker", cpu), ("how", how.name())], n as f64);
+                }
+            }
+        },
+    );
+    family(
+        out,
         "ublkd_worker_ring_retries_total",
         "Transient io_uring errors (EAGAIN, ENOMEM) a worker waited out",
         Kind::Counter,
