@@ -525,8 +525,8 @@ impl Worker {
 
     /// Waits for the main ring's next completion: first in user space for up to `spin`, then
     /// asleep in the kernel. A spinning worker sees a completion or deferred task work (a ublk
-    /// request, a backend completion, a command) without the wake-up a sleeping one pays; on
-    /// CPUs it shares with applications that CPU time is theirs, so `spin` is zero there.
+    /// request, a backend completion, a command) without the wake-up a sleeping one pays, at
+    /// the cost of its CPU; `spin` is zero unless the operator asked (`crate::poll::idle_spin`).
     fn sleep_on_main(&mut self) -> Result<(), WorkerError> {
         if self.spin.is_zero() {
             self.rings.main.submit_and_wait(1)?;
