@@ -35,7 +35,9 @@ pub mod stats;
 mod sys;
 mod worker;
 
-pub use backend::{identify_namespace, BackendError, BackendSpec, Erase, Namespace, Window};
+pub use backend::{
+    erase_window, identify_namespace, BackendError, BackendSpec, Erase, Namespace, Window,
+};
 pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError, Toggle};
 pub use features::Features;

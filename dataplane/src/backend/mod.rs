@@ -11,7 +11,7 @@ mod ram;
 
 pub use file::FileBackend;
 pub use null::NullBackend;
-pub use nvme::{identify_namespace, Namespace, NvmeBackend, Window};
+pub use nvme::{erase_window, identify_namespace, Namespace, NvmeBackend, Window};
 pub use ram::RamBackend;
 
 use crate::ring::{Region, WorkerRing};

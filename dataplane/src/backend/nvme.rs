@@ -242,6 +242,16 @@ pub fn identify_namespace(path: &Path) -> Result<Namespace, BackendError> {
     })
 }
 
+/// Makes `len` bytes of the namespace behind `path` at byte `offset` unreadable, as a new
+/// window's erase does (`Backend::erase`), without serving them: the volume manager finishes
+/// with it an erase that a crash interrupted (the record's pending erase) before the range is
+/// served again.
+pub fn erase_window(path: &Path, offset: u64, len: u64) -> Result<Erase, BackendError> {
+    let window = Window { offset, len };
+    let backend = NvmeBackend::open(path, Some(window), len, 4096, false, false)?;
+    backend.erase_range(offset, len)
+}
+
 /// Opens `path` (which must be an NVMe generic char device) and identifies its namespace.
 /// Also returns the char device's number (`rdev`), which names the namespace in claims.
 fn open_namespace(path: &Path) -> Result<(File, u32, nvme::NamespaceFormat, u64), BackendError> {
