@@ -223,6 +223,7 @@ mod tests {
                 source: None,
                 claim: None,
                 adjustments: Vec::new(),
+                erase_pending: None,
             },
             state: crate::volume::State::Ready,
             device: None,

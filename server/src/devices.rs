@@ -9,8 +9,8 @@
 use std::path::Path;
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
-    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Handle, KernelDevice,
-    QosLimits, WorkerSnapshot,
+    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features, Handle,
+    KernelDevice, Namespace, QosLimits, WorkerSnapshot,
 };
 
 /// The kernel's ublk devices as the volume manager uses them.
@@ -24,6 +24,11 @@ pub trait Devices: std::fmt::Debug + Send + Sync + 'static {
     /// Whether something holds block device `dev` exclusively: a mount in any mount
     /// namespace, a device-mapper or md holder, or an exclusive opener.
     fn held_elsewhere(&self, dev: &Path) -> bool;
+    /// The size and block size of the NVMe namespace behind generic char device `device`.
+    fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError>;
+    /// Makes `len` bytes of `device`'s namespace at `offset` unreadable, serving nothing: an
+    /// erase a crash interrupted, finished before the range is served again.
+    fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError>;
     /// Creates and starts a device for `spec`.
     fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError>;
     /// Takes over the kernel's device `spec.dev_id` (a crash or upgrade left it).
@@ -72,6 +77,14 @@ impl Devices for Handle {
             Ok(_) => false,
             Err(e) => e.raw_os_error() == Some(libc::EBUSY),
         }
+    }
+
+    fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError> {
+        Ok(ublkd_dataplane::identify_namespace(device)?)
+    }
+
+    fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError> {
+        Ok(ublkd_dataplane::erase_window(device, offset, len)?)
     }
 
     fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {

@@ -48,6 +48,16 @@ pub enum VolumeError {
     },
     #[error("no free extent of {} holds a window of {len} bytes", device.display())]
     AdmitNoExtent { device: PathBuf, len: u64 },
+    #[error(
+        "window {offset}+{len} runs past the end of {} ({namespace} bytes) or is smaller than the volume",
+        device.display()
+    )]
+    AdmitWindowPastEnd {
+        device: PathBuf,
+        offset: u64,
+        len: u64,
+        namespace: u64,
+    },
     #[error("no free ublk device id")]
     AllocateDevId,
     #[error("backing file {}", path.display())]
@@ -142,6 +152,7 @@ impl VolumeError {
             }
             E::LookupSnapshot(_) => Code::NotFound,
             E::CloneTooSmall { .. } => Code::InvalidArgument,
+            E::AdmitWindowPastEnd { .. } => Code::InvalidArgument,
             E::SnapshotBackend { .. }
             | E::ReflinkUnsupported { .. }
             | E::CloneTargetExists { .. } => Code::FailedPrecondition,

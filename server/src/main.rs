@@ -19,6 +19,8 @@ mod record;
 mod registry;
 mod rpc_meter;
 mod service;
+#[cfg(test)]
+mod simctx;
 mod snapshot;
 #[allow(unsafe_code)]
 mod sys;

@@ -68,6 +68,18 @@ pub struct VolumeRecord {
     /// Settings lowered at creation to fit this node (`fit_to_node`), with what was asked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adjustments: Vec<Adjustment>,
+    /// Bytes of an NVMe namespace that must be erased before they are served: set with the
+    /// record of a new window (or of its growth) and cleared once the erase is done, so that a
+    /// crash in between is finished by the next start, never served unerased.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erase_pending: Option<EraseRange>,
+}
+
+/// `[from, to)`: a byte range of an NVMe namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EraseRange {
+    pub from: u64,
+    pub to: u64,
 }
 
 /// A setting ublkd may lower to fit its node.

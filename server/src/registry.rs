@@ -86,6 +86,17 @@ impl<R: Record> Registry<R> {
         };
         let tmp = self.dir.join(format!(".{}.json.tmp", rec.id()));
         let body = serde_json::to_vec_pretty(rec).map_err(|e| err(io::Error::other(e)))?;
+        #[cfg(test)]
+        match crate::simctx::effect() {
+            crate::simctx::Fate::Go => {}
+            fate => {
+                if fate == crate::simctx::Fate::DiesNow {
+                    // The crash tore the write: half a temporary file is what it left.
+                    fs::write(&tmp, &body[..body.len() / 2]).map_err(err)?;
+                }
+                return Err(err(io::Error::other("the simulated process died")));
+            }
+        }
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -106,6 +117,10 @@ impl<R: Record> Registry<R> {
             id: id.to_owned(),
             source,
         };
+        #[cfg(test)]
+        if crate::simctx::effect() != crate::simctx::Fate::Go {
+            return Err(err(io::Error::other("the simulated process died")));
+        }
         match fs::remove_file(self.path(id)) {
             Ok(()) => self.sync_dir().map_err(err),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

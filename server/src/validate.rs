@@ -141,6 +141,7 @@ pub fn spec(
         source,
         claim,
         adjustments,
+        erase_pending: None,
     })
 }
 

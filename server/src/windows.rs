@@ -183,6 +183,7 @@ mod tests {
             source: None,
             claim: None,
             adjustments: Vec::new(),
+            erase_pending: None,
         }
     }
 

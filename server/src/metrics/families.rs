@@ -171,6 +171,17 @@ pub async fn write(volumes: &Volumes, all: &[(Volume, Option<DeviceStats>)], out
         Kind::Counter,
         |f| f.counter(&[], counts.iter().sum::<u64>() as f64),
     );
+    let rollbacks = volumes
+        .rollback_failures
+        .load(std::sync::atomic::Ordering::Relaxed);
+    family(
+        out,
+        "ublkd_volume_rollback_failures_total",
+        "Refused changes (resize, QoS) whose record could not be put back: the next start \
+         applies them",
+        Kind::Counter,
+        |f| f.counter(&[], rollbacks as f64),
+    );
     let bounds = crate::volumes::RECOVERY_BOUNDS_NS.map(|ns| ns as f64 / 1e9);
     family(
         out,

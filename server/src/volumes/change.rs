@@ -5,7 +5,7 @@
 use super::{blocking, now_ms, same_spec, Volumes};
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point};
-use crate::record::{BackendRecord, VolumeRecord};
+use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
 use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
@@ -20,31 +20,36 @@ impl Volumes {
         mut record: VolumeRecord,
         place_window: bool,
     ) -> Result<Volume, VolumeError> {
-        // The namespace's size and block size, read before any lock (an Identify ioctl).
-        let namespace = match (place_window, crate::windows::nvme_device(&record)) {
-            (true, Some(device)) => {
-                let device = device.clone();
-                Some(
-                    blocking(move || {
-                        ublkd_dataplane::identify_namespace(&device).map_err(DataplaneError::from)
-                    })
-                    .await?,
-                )
-            }
+        // The namespace's size and block size, read before any lock (an Identify ioctl): to
+        // place the window, and to refuse one past its end before anything is recorded.
+        let namespace = self.namespace_of(&record).await?;
+        // A clone of a volume holds its source's lock too (its reflink is taken drained), and
+        // every two locks are taken in id order: two volumes cloning each other at once wait
+        // for each other in turn, never each for the other.
+        let source = match &record.source {
+            Some(SourceRecord::Volume(v)) => Some(v.clone()),
             _ => None,
         };
-        let _op = self.op_lock(&record.id).await;
+        let _ops = self.op_locks(&record.id, source.as_ref()).await;
         {
             let mut map = self.inner.lock().await;
             if let Some(existing) = map.get(&record.id) {
                 if place_window {
-                    // A retry of a placed create matches the window it was given.
+                    // A retry of a placed create matches the window it was given: its offset,
+                    // and its length when the first asked for none (placed to the size).
                     if let (
-                        BackendRecord::Nvme { offset, .. },
-                        BackendRecord::Nvme { offset: placed, .. },
+                        BackendRecord::Nvme { offset, length, .. },
+                        BackendRecord::Nvme {
+                            offset: placed,
+                            length: placed_len,
+                            ..
+                        },
                     ) = (&mut record.backend, &existing.record.backend)
                     {
                         *offset = *placed;
+                        if *length == 0 {
+                            *length = *placed_len;
+                        }
                     }
                 }
                 if same_spec(&existing.record, &record) {
@@ -52,7 +57,8 @@ impl Volumes {
                 }
                 return Err(VolumeError::CreateConflict(record.id));
             }
-            Self::claim_window(&mut record, namespace, &map)?;
+            Self::claim_window(&mut record, namespace, place_window, &map)?;
+            record.erase_pending = new_window_erase(&record, namespace);
             if map.len() >= self.settings.limits.max_volumes {
                 return Err(VolumeError::AdmitVolumeLimit(map.len()));
             }
@@ -101,12 +107,28 @@ impl Volumes {
         self.settle(record, made).await
     }
 
-    /// An NVMe record's window against every other record's on its namespace, whatever their
-    /// state: placed in the first free extent when `namespace` is given (ublkd places it),
-    /// else refused when it overlaps one. Run under the map lock.
+    /// The namespace an NVMe record's window lies in (None for other backends).
+    async fn namespace_of(
+        &self,
+        record: &VolumeRecord,
+    ) -> Result<Option<ublkd_dataplane::Namespace>, VolumeError> {
+        let Some(device) = crate::windows::nvme_device(record) else {
+            return Ok(None);
+        };
+        let (device, handle) = (device.clone(), self.handle()?);
+        Ok(Some(
+            blocking(move || handle.identify_namespace(&device)).await?,
+        ))
+    }
+
+    /// An NVMe record's window against its namespace and every other record's window on it,
+    /// whatever their state: placed in the first free extent with `place` (ublkd places it),
+    /// else refused when it overlaps one, does not fit the namespace or is smaller than the
+    /// volume. Run under the map lock.
     fn claim_window(
         record: &mut VolumeRecord,
         namespace: Option<ublkd_dataplane::Namespace>,
+        place: bool,
         map: &BTreeMap<VolumeId, Volume>,
     ) -> Result<(), VolumeError> {
         let size = record.size_bytes;
@@ -121,7 +143,7 @@ impl Volumes {
             return Ok(());
         };
         let claims = crate::windows::claims(device, map.values().map(|v| &v.record), Some(&id));
-        if let Some(ns) = namespace {
+        if let (true, Some(ns)) = (place, namespace) {
             let block = u64::from(ns.block_size.max(1));
             let len = if *length == 0 { size } else { *length }.next_multiple_of(block);
             *offset =
@@ -133,6 +155,28 @@ impl Volumes {
                 })?;
             *length = len;
             return Ok(());
+        }
+        if let Some(ns) = namespace {
+            // Checked arithmetic: a length near u64::MAX must not wrap to "the end".
+            let len = if *length == 0 {
+                ns.size_bytes.checked_sub(*offset)
+            } else {
+                Some(*length)
+            };
+            let fits = len.is_some_and(|len| {
+                len >= size
+                    && offset
+                        .checked_add(len)
+                        .is_some_and(|end| end <= ns.size_bytes)
+            });
+            if !fits {
+                return Err(VolumeError::AdmitWindowPastEnd {
+                    device: device.clone(),
+                    offset: *offset,
+                    len: *length,
+                    namespace: ns.size_bytes,
+                });
+            }
         }
         match crate::windows::overlap(&claims, *offset, *length) {
             Some(c) => Err(VolumeError::AdmitWindowOverlap {
@@ -198,6 +242,8 @@ impl Volumes {
                 }
                 fault_point("create:after_device");
                 record.dev_id = Some(info.dev_id);
+                // The window is erased: served, it is the tenant's own from now on.
+                record.erase_pending = None;
                 self.registry.put(record)?;
                 Ok(info)
             }
@@ -278,7 +324,6 @@ impl Volumes {
                     device: block_device,
                 });
             }
-            let not_served = served.is_none();
             self.set_state(id, State::Deleting, "").await;
             // Persist the intent: a crash during the delete is finished by the next start.
             let mut record = vol.record.clone();
@@ -286,8 +331,12 @@ impl Volumes {
             self.registry.put(&record)?;
             fault_point("delete:after_mark");
             let deleted = blocking(move || match handle.delete_device(dev_id) {
-                // Not the dataplane's (nor being taken over): the kernel's alone.
-                Err(DataplaneError::NoSuchDevice(_)) if not_served => {
+                // Not the dataplane's (nor being taken over): the kernel's alone when the
+                // kernel still has it. An earlier try whose STOP_DEV or DEL_DEV failed took it
+                // out of the dataplane's maps and left it there.
+                Err(DataplaneError::NoSuchDevice(_))
+                    if handle.kernel_device_ids().contains(&dev_id) =>
+                {
                     handle.delete_foreign_device(dev_id)
                 }
                 other => other,
@@ -361,20 +410,50 @@ impl Volumes {
         let mut record = vol.record.clone();
         record.size_bytes = size;
         // An NVMe window of a fixed length grows with the volume (the dataplane refuses if
-        // another volume's window is in the way).
-        if let BackendRecord::Nvme { length, .. } = &mut record.backend {
+        // another volume's window is in the way); the blocks it grows onto may hold a deleted
+        // volume's data, erased before the device's size reaches them. Recorded as pending, so
+        // that a crash before the erase is done makes the next start erase them.
+        if let BackendRecord::Nvme {
+            offset,
+            length,
+            keep_data,
+            ..
+        } = &mut record.backend
+        {
             if *length != 0 && *length < size {
+                if !*keep_data {
+                    record.erase_pending = Some(crate::record::EraseRange {
+                        from: offset.saturating_add(*length),
+                        to: offset.saturating_add(size),
+                    });
+                }
                 *length = size;
             }
         }
-        // Growing into any other record's window is refused, served or not (the dataplane
-        // only sees the devices it serves right now).
-        Self::claim_window(&mut record, None, &*self.inner.lock().await)?;
-        self.registry.put(&record)?;
+        // Growing past the namespace's end, or into any other record's window, is refused
+        // before the new size is recorded, served or not (the dataplane only sees the devices
+        // it serves right now).
+        let namespace = self.namespace_of(&record).await?;
+        {
+            let mut map = self.inner.lock().await;
+            Self::claim_window(&mut record, namespace, false, &map)?;
+            // The grown window is claimed from here: a create placing a window sees it.
+            if let Some(v) = map.get_mut(id) {
+                v.record = record.clone();
+            }
+        }
+        if let Err(e) = self.registry.put(&record) {
+            self.roll_back(&vol.record).await;
+            return Err(e.into());
+        }
         fault_point("resize:after_record");
         match blocking(move || handle.resize_device(info.dev_id, size)).await {
             Ok(updated) => {
                 fault_point("resize:after_device");
+                if record.erase_pending.take().is_some() {
+                    // The growth is erased and served: the tenant's now.
+                    self.registry.put(&record)?;
+                }
                 let mut map = self.inner.lock().await;
                 let v = map
                     .get_mut(id)
@@ -384,9 +463,31 @@ impl Volumes {
                 Ok(v.clone())
             }
             Err(e) => {
-                let _ = self.registry.put(&vol.record);
+                self.roll_back(&vol.record).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Puts `old` back, in the registry and the map, after a change that was recorded and then
+    /// refused. Should the registry write fail too, the next start would apply the refused
+    /// change: the volume says so in its message, with a log line and a count.
+    async fn roll_back(&self, old: &VolumeRecord) {
+        let put = self.registry.put(old);
+        let mut map = self.inner.lock().await;
+        let Some(v) = map.get_mut(&old.id) else {
+            return;
+        };
+        v.record = old.clone();
+        if let Err(e) = put {
+            let why = crate::error::chain(&e);
+            self.rollback_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(volume = %old.id, error = %why, "a refused change could not be taken back from the registry: the next start applies it");
+            v.message = format!(
+                "a refused change is still recorded ({why}): the next start applies it unless \
+                 the change is made again"
+            );
         }
     }
 
@@ -409,7 +510,7 @@ impl Volumes {
                 match blocking(move || handle.set_qos(dev_id, qos)).await {
                     Ok(updated) => Some(updated),
                     Err(e) => {
-                        let _ = self.registry.put(&vol.record);
+                        self.roll_back(&vol.record).await;
                         return Err(e);
                     }
                 }
@@ -434,6 +535,30 @@ impl Volumes {
             v.message = message.to_owned();
         }
     }
+}
+
+/// What a new NVMe window must have erased before it is served: the whole window, unless the
+/// volume keeps the data it finds. `namespace` is needed for a window "to the end" (length 0).
+fn new_window_erase(
+    record: &VolumeRecord,
+    namespace: Option<ublkd_dataplane::Namespace>,
+) -> Option<crate::record::EraseRange> {
+    let BackendRecord::Nvme {
+        offset,
+        length,
+        keep_data: false,
+        ..
+    } = &record.backend
+    else {
+        return None;
+    };
+    let to = match (*length, namespace) {
+        (0, Some(ns)) => ns.size_bytes,
+        // Unknown: the dataplane refuses a window past the namespace's end anyway.
+        (0, None) => u64::MAX,
+        (len, _) => offset.saturating_add(len),
+    };
+    Some(crate::record::EraseRange { from: *offset, to })
 }
 
 /// Makes a file volume's backing file hold at least `size` bytes (only a file ublkd may size:

@@ -13,6 +13,8 @@ mod snapshots;
 
 #[cfg(test)]
 mod ordering;
+#[cfg(test)]
+mod sim;
 
 use crate::config::Settings;
 use crate::devices::Devices;
@@ -74,6 +76,8 @@ pub struct Volumes {
     /// Each volume's operation lock, while anyone holds or waits for it.
     ops: std::sync::Mutex<HashMap<VolumeId, Weak<Mutex<()>>>>,
     pub recoveries: RecoveryStats,
+    /// Refused changes whose record could not be put back (`ublkd_volume_rollback_failures_total`).
+    pub rollback_failures: std::sync::atomic::AtomicU64,
     /// The dataplane's clean-up failures and unpinned workers as last logged, by worker (its
     /// CPU, or `control`) and step: `check_workers` logs what rose since.
     cleanup_seen: std::sync::Mutex<BTreeMap<(String, &'static str), u64>>,
@@ -88,16 +92,22 @@ fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        erase_pending: None,
         ..a.clone()
     } == VolumeRecord {
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        erase_pending: None,
         ..b.clone()
     }
 }
 
 fn now_ms() -> i64 {
+    #[cfg(test)]
+    if let Some(ms) = crate::simctx::now_ms() {
+        return ms;
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -110,6 +120,14 @@ async fn blocking<T: Send + 'static, E: Send + 'static>(
 where
     VolumeError: From<E>,
 {
+    #[cfg(test)]
+    if crate::simctx::on() {
+        // The simulator's kernel answers at once; the call's time passes after it, virtually.
+        crate::simctx::checkpoint().await;
+        let r = f();
+        crate::simctx::after_call().await;
+        return r.map_err(VolumeError::from);
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?
@@ -141,6 +159,7 @@ impl Volumes {
             inner: Mutex::new(BTreeMap::new()),
             ops: std::sync::Mutex::new(HashMap::new()),
             recoveries: RecoveryStats::default(),
+            rollback_failures: std::sync::atomic::AtomicU64::new(0),
             cleanup_seen: std::sync::Mutex::new(BTreeMap::new()),
             without_pv: std::sync::Mutex::new(Default::default()),
         }
@@ -149,6 +168,8 @@ impl Volumes {
     /// Waits for volume `id`'s operation lock; changes of `id` run one at a time while it is
     /// held. Locks nobody holds any more are dropped from the table on the way.
     async fn op_lock(&self, id: &VolumeId) -> OwnedMutexGuard<()> {
+        #[cfg(test)]
+        crate::simctx::schedule_point().await;
         let lock = {
             let mut ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
             ops.retain(|_, w| w.strong_count() > 0);
@@ -162,6 +183,20 @@ impl Volumes {
             }
         };
         lock.lock_owned().await
+    }
+
+    /// The operation locks of `id` and of `other` (when given and not `id`), taken in id
+    /// order: whoever takes two takes them in the same order, so no two changes wait for each
+    /// other.
+    async fn op_locks(&self, id: &VolumeId, other: Option<&VolumeId>) -> Vec<OwnedMutexGuard<()>> {
+        let mut ids: Vec<&VolumeId> = std::iter::once(id).chain(other).collect();
+        ids.sort();
+        ids.dedup();
+        let mut held = Vec::with_capacity(ids.len());
+        for id in ids {
+            held.push(self.op_lock(id).await);
+        }
+        held
     }
 
     fn handle(&self) -> Result<Arc<dyn Devices>, VolumeError> {

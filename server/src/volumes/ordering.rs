@@ -202,6 +202,19 @@ impl Devices for FakeKernel {
             .any(|&d| ublkd_dataplane::block_device(d) == dev)
     }
 
+    fn identify_namespace(&self, _: &Path) -> Result<ublkd_dataplane::Namespace, DataplaneError> {
+        Err(DataplaneError::Gone)
+    }
+
+    fn erase_window(
+        &self,
+        _: &Path,
+        _: u64,
+        _: u64,
+    ) -> Result<ublkd_dataplane::Erase, DataplaneError> {
+        Err(DataplaneError::Gone)
+    }
+
     fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
         let dev_id = spec.dev_id.unwrap_or(DevId(0));
         self.note("add", dev_id);
@@ -362,6 +375,7 @@ fn record(id: &str, size_bytes: u64) -> VolumeRecord {
         source: None,
         claim: None,
         adjustments: Vec::new(),
+        erase_pending: None,
     }
 }
 

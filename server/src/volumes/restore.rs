@@ -97,6 +97,7 @@ impl Volumes {
                     );
                     if let Some(v) = map.get_mut(&id) {
                         v.record.dev_id = Some(info.dev_id);
+                        v.record.erase_pending = None;
                         v.state = State::Ready;
                         v.device = Some(info);
                         v.message.clear();
@@ -138,6 +139,22 @@ impl Volumes {
             self.registry.remove(&record.id)?;
             self.remove_ram_file(record);
             return Ok(None);
+        }
+        if let (Some(pending), Some(device)) =
+            (record.erase_pending, crate::windows::nvme_device(record))
+        {
+            // The window (or its growth) was recorded and the process died before its erase
+            // was known done. The erase comes before the device appears and before a device's
+            // size reaches the growth: a surviving device that big proves it done; otherwise
+            // it is done now, before anything serves those blocks.
+            let done = existing.is_some_and(|d| d.size_bytes >= record.size_bytes);
+            if !done {
+                let (h, device) = (handle.clone(), device.clone());
+                let len = pending.to.saturating_sub(pending.from);
+                let how = blocking(move || h.erase_window(&device, pending.from, len)).await?;
+                tracing::info!(volume = %record.id, from = pending.from, to = pending.to, erase = how.name(),
+                    "an erase the crash interrupted finished before the window is served");
+            }
         }
         if existing.is_some() {
             let spec = crate::convert::device_spec(record, &self.settings.ram_dir);

@@ -51,6 +51,13 @@ enum Task {
     /// Host tests (cargo test --workspace), the whole VM suite, then the Kubernetes tier (every
     /// k8s-test scenario).
     Test,
+    /// The volume manager's seeded simulation over more seeds than `cargo test` runs (release
+    /// build); a failure prints its seed and shortened history (replay: UBLKD_SIM_SEED=N).
+    Sim {
+        /// How many histories (seeds 0..N).
+        #[arg(long, default_value_t = 100_000)]
+        seeds: u64,
+    },
     /// The VM suite alone.
     VmTest {
         /// Selects tests whose name contains it, or a whole test file (e.g. daemon, dataplane,
@@ -237,6 +244,28 @@ fn run(command: Task) -> Result<ExitCode> {
             });
             oci::run(&ws, check, push.as_ref())?;
             Ok(ExitCode::SUCCESS)
+        }
+        Task::Sim { seeds } => {
+            eprintln!("xtask: sim: {seeds} seeded histories of the volume manager");
+            let status = cargo()
+                .current_dir(&ws)
+                .env("UBLKD_SIM_SEEDS", seeds.to_string())
+                .args([
+                    "test",
+                    "--release",
+                    "-p",
+                    "ublkd-server",
+                    "simulated_histories",
+                    "--",
+                    "--nocapture",
+                ])
+                .status()
+                .context("running the simulation")?;
+            Ok(if status.success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Task::Manifests => {
             deploy::manifest_checks(&ws)?;

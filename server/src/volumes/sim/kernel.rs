@@ -1,0 +1,563 @@
+//! The simulated kernel: ublk devices and one NVMe namespace in memory, behaving as the
+//! dataplane does (an add erases a new window before the device appears, a resize erases the
+//! growth before the size changes, a takeover serves the recorded window as it is, a delete
+//! drops the device from the dataplane's maps before STOP_DEV and DEL_DEV), with every state
+//! change a step the process may die at (`simctx::effect`) and, when faults are on, calls that
+//! fail early or part way, and calls that are slow or hang (virtual time).
+//!
+//! The namespace remembers, per 1 MiB chunk, which volume wrote it last (every served volume
+//! writes its whole window): a device that comes up serving a chunk another volume wrote, with
+//! no erase since, is a violation (a tenant reading its predecessor's data).
+
+use super::rng::Rng;
+use crate::devices::Devices;
+use crate::record::{BackendRecord, VolumeRecord};
+use crate::simctx::{self, Fate};
+use crate::volume_id::VolumeId;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use ublkd_dataplane::stats::CleanupStep;
+use ublkd_dataplane::{
+    BackendSpec, DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features,
+    IoPath, KernelDevice, KernelState, Namespace, PlacementReason, PollReason, QosLimits,
+    QueuePlacement, WorkerSnapshot,
+};
+
+/// The one namespace of the simulated node.
+pub const NS_PATH: &str = "/dev/ng-sim0n1";
+pub const CHUNK: u64 = 1 << 20;
+pub const NS_BYTES: u64 = 48 * CHUNK;
+
+/// Who wrote a chunk: a volume's id and its creation stamp (an id can be reused).
+type Tenant = (VolumeId, i64);
+
+/// The device calls that change state, as counted and failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Call {
+    Add,
+    Recover,
+    Delete,
+    DeleteForeign,
+    Resize,
+    SetQos,
+    Drain,
+    Resume,
+    EraseWindow,
+}
+
+#[derive(Debug)]
+struct Dev {
+    info: DeviceInfo,
+    /// Served by the living process (false: quiesced, nobody's, after a crash or a delete
+    /// that failed part way).
+    owned: bool,
+    /// The namespace window it serves: offset, length.
+    window: Option<(u64, u64)>,
+    keep_data: bool,
+}
+
+#[derive(Debug)]
+pub struct World {
+    devices: BTreeMap<DevId, Dev>,
+    chunks: Vec<Option<Tenant>>,
+    /// Calls may fail, be slow or hang.
+    pub faults: bool,
+    rng: Rng,
+    pub violations: Vec<String>,
+    /// How often each call was made, and failed: what the budget reached.
+    pub calls: BTreeMap<(Call, bool), u64>,
+}
+
+#[derive(Debug)]
+pub struct SimKernel {
+    registry: PathBuf,
+    w: Mutex<World>,
+}
+
+/// How a call the faults chose fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Before anything happened.
+    Early,
+    /// After part of its work (the erase of an add or a resize; a delete's removal from the
+    /// dataplane's maps).
+    Late,
+}
+
+impl SimKernel {
+    pub fn new(state_dir: &Path, seed: u64) -> Self {
+        SimKernel {
+            registry: state_dir.join("registry"),
+            w: Mutex::new(World {
+                devices: BTreeMap::new(),
+                chunks: vec![None; (NS_BYTES / CHUNK) as usize],
+                faults: false,
+                rng: Rng::new(seed ^ 0x6b65_726e_656c),
+                violations: Vec::new(),
+                calls: BTreeMap::new(),
+            }),
+        }
+    }
+
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        self.w.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A step's faults: on or off, and chosen from `seed`.
+    pub fn reseed(&self, seed: u64, faults: bool) {
+        let mut w = self.world();
+        w.rng = Rng::new(seed ^ 0x6b65_726e_656c);
+        w.faults = faults;
+    }
+
+    /// What the kernel keeps of a dead process's devices: each stays, quiesced, nobody's.
+    pub fn process_died(&self) {
+        for d in self.world().devices.values_mut() {
+            d.owned = false;
+        }
+    }
+
+    /// Every device: id, owned, size.
+    pub fn devices(&self) -> Vec<(DevId, bool, u64)> {
+        self.world()
+            .devices
+            .values()
+            .map(|d| (d.info.dev_id, d.owned, d.info.spec.size_bytes))
+            .collect()
+    }
+
+    /// The volume on disk whose NVMe window starts at `offset`, as its tenant.
+    fn tenant(&self, offset: u64) -> Option<Tenant> {
+        let dir = std::fs::read_dir(&self.registry).ok()?;
+        dir.flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<VolumeRecord>(&b).ok())
+            .find(|r| matches!(r.backend, BackendRecord::Nvme { offset: o, .. } if o == offset))
+            .map(|r| (r.id, r.created_unix_ms))
+    }
+
+    /// Counts `call`, says whether the process lives through it, and picks its failure and
+    /// its time when faults are on.
+    fn enter(&self, call: Call) -> Result<Option<Failure>, DataplaneError> {
+        match simctx::effect() {
+            Fate::Go => {}
+            Fate::DiesNow | Fate::Dead => return Err(DataplaneError::Gone),
+        }
+        let mut w = self.world();
+        let mut failure = None;
+        if w.faults {
+            let roll = w.rng.below(100);
+            if roll < 8 {
+                failure = Some(if w.rng.below(2) == 0 {
+                    Failure::Early
+                } else {
+                    Failure::Late
+                });
+            }
+            let slow = w.rng.below(100);
+            if slow < 2 {
+                // A hang: far longer than any caller should wait, shorter than the bound
+                // that calls a history deadlocked.
+                simctx::set_delay(Duration::from_secs(20));
+            } else if slow < 30 {
+                simctx::set_delay(Duration::from_millis(1 + w.rng.below(50)));
+            }
+        }
+        *w.calls.entry((call, failure.is_some())).or_default() += 1;
+        Ok(failure)
+    }
+
+    fn window(spec: &DeviceSpec) -> Result<Option<(u64, u64, bool)>, DataplaneError> {
+        let BackendSpec::Nvme {
+            path,
+            window,
+            keep_data,
+        } = &spec.backend
+        else {
+            return Ok(None);
+        };
+        if path != Path::new(NS_PATH) {
+            return Err(DataplaneError::Gone);
+        }
+        let (offset, len) = match window {
+            None => (0, NS_BYTES),
+            Some(w) if w.len == 0 => (w.offset, NS_BYTES.saturating_sub(w.offset)),
+            Some(w) => (w.offset, w.len),
+        };
+        let end = offset.checked_add(len);
+        if offset % CHUNK != 0
+            || len % CHUNK != 0
+            || len == 0
+            || end.is_none_or(|e| e > NS_BYTES)
+            || len < spec.size_bytes
+        {
+            return Err(DataplaneError::Backend(
+                ublkd_dataplane::BackendError::WindowPastEnd {
+                    path: path.clone(),
+                    offset,
+                    len,
+                    size: NS_BYTES,
+                },
+            ));
+        }
+        Ok(Some((offset, len, *keep_data)))
+    }
+
+    fn chunks(offset: u64, len: u64) -> std::ops::Range<usize> {
+        (offset / CHUNK) as usize..((offset + len) / CHUNK) as usize
+    }
+
+    /// The window's blocks become the device's tenant's; any written by another tenant since
+    /// the last erase is a violation (unless the volume asked to keep the data).
+    fn serve(&self, w: &mut World, dev_id: DevId, offset: u64, len: u64, keep_data: bool) {
+        let Some(tenant) = self.tenant(offset) else {
+            w.violations.push(format!(
+                "device {dev_id} serves window {offset}+{len} while no record names it"
+            ));
+            return;
+        };
+        for c in Self::chunks(offset, len) {
+            if let Some(prev) = &w.chunks[c] {
+                if *prev != tenant && !keep_data {
+                    w.violations.push(format!(
+                        "volume {} (created {}) is served chunk {c} that volume {} (created {}) \
+                         wrote, unerased",
+                        tenant.0, tenant.1, prev.0, prev.1
+                    ));
+                }
+            }
+            w.chunks[c] = Some(tenant.clone());
+        }
+    }
+
+    fn erase(w: &mut World, offset: u64, len: u64) {
+        for c in Self::chunks(offset, len) {
+            w.chunks[c] = None;
+        }
+    }
+
+    /// Another device's window overlapping `[offset, offset+len)` (the dataplane checks the
+    /// devices it serves).
+    fn overlap(w: &World, except: Option<DevId>, offset: u64, len: u64) -> bool {
+        w.devices.values().any(|d| {
+            Some(d.info.dev_id) != except
+                && d.owned
+                && d.window
+                    .is_some_and(|(o, l)| o < offset + len && offset < o + l)
+        })
+    }
+}
+
+fn info(dev_id: DevId, spec: &DeviceSpec) -> DeviceInfo {
+    DeviceInfo {
+        dev_id,
+        spec: spec.clone(),
+        io_path: IoPath::PerIo,
+        flags: 0,
+        zero_copy: false,
+        polled: false,
+        poll_reason: PollReason::NotOffered,
+        copy_queues: 0,
+        every_request_by_copy: false,
+        placement: QueuePlacement::Spread,
+        placement_reason: PlacementReason::Asked,
+        queue_cpus: Vec::new(),
+        erased: None,
+        block_device: ublkd_dataplane::block_device(dev_id),
+        char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
+    }
+}
+
+impl Devices for SimKernel {
+    fn features(&self) -> Features {
+        Features::default()
+    }
+
+    fn kernel_device_ids(&self) -> Vec<DevId> {
+        self.world().devices.keys().copied().collect()
+    }
+
+    fn kernel_devices(&self) -> Result<Vec<KernelDevice>, DataplaneError> {
+        Ok(self
+            .world()
+            .devices
+            .values()
+            .map(|d| KernelDevice {
+                dev_id: d.info.dev_id,
+                state: if d.owned {
+                    KernelState::Live
+                } else {
+                    KernelState::Quiesced
+                },
+                flags: 0,
+                queues: d.info.spec.queues,
+                queue_depth: d.info.spec.queue_depth,
+                pid: 0,
+                size_bytes: d.info.spec.size_bytes,
+                owned: d.owned,
+            })
+            .collect())
+    }
+
+    fn held_elsewhere(&self, _: &Path) -> bool {
+        false
+    }
+
+    fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError> {
+        if device != Path::new(NS_PATH) {
+            return Err(DataplaneError::Gone);
+        }
+        Ok(Namespace {
+            size_bytes: NS_BYTES,
+            block_size: 4096,
+        })
+    }
+
+    fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError> {
+        if self.enter(Call::EraseWindow)?.is_some() {
+            return Err(DataplaneError::Gone);
+        }
+        if device != Path::new(NS_PATH)
+            || offset % CHUNK != 0
+            || len % CHUNK != 0
+            || offset.checked_add(len).is_none_or(|e| e > NS_BYTES)
+        {
+            return Err(DataplaneError::Backend(
+                ublkd_dataplane::BackendError::WindowPastEnd {
+                    path: device.to_owned(),
+                    offset,
+                    len,
+                    size: NS_BYTES,
+                },
+            ));
+        }
+        Self::erase(&mut self.world(), offset, len);
+        Ok(Erase::Deallocate)
+    }
+
+    fn add_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        let failure = self.enter(Call::Add)?;
+        if failure == Some(Failure::Early) {
+            return Err(DataplaneError::Gone);
+        }
+        let window = Self::window(&spec)?;
+        let mut w = self.world();
+        let dev_id = match spec.dev_id {
+            Some(id) if w.devices.contains_key(&id) => {
+                return Err(DataplaneError::OpenCharDevice {
+                    path: PathBuf::from(format!("/dev/ublkc{id}")),
+                    source: std::io::Error::from_raw_os_error(libc::EEXIST),
+                })
+            }
+            Some(id) => id,
+            None => (0..)
+                .map(DevId)
+                .find(|id| !w.devices.contains_key(id))
+                .unwrap_or(DevId(0)),
+        };
+        if let Some((offset, len, keep_data)) = window {
+            if Self::overlap(&w, None, offset, len) {
+                return Err(DataplaneError::Overlap {
+                    path: PathBuf::from(NS_PATH),
+                    start: offset,
+                    end: offset + len,
+                    dev_id,
+                });
+            }
+            if spec.erase && !keep_data {
+                Self::erase(&mut w, offset, len);
+            }
+            if failure == Some(Failure::Late) {
+                return Err(DataplaneError::AttachTimeout {
+                    q_id: ublkd_dataplane::QueueId(0),
+                });
+            }
+            self.serve(&mut w, dev_id, offset, len, keep_data);
+        } else if failure == Some(Failure::Late) {
+            return Err(DataplaneError::Gone);
+        }
+        let i = info(dev_id, &spec);
+        w.devices.insert(
+            dev_id,
+            Dev {
+                info: i.clone(),
+                owned: true,
+                window: window.map(|(o, l, _)| (o, l)),
+                keep_data: window.is_some_and(|(_, _, k)| k),
+            },
+        );
+        Ok(i)
+    }
+
+    fn recover_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
+        let failure = self.enter(Call::Recover)?;
+        let dev_id = spec.dev_id.ok_or(DataplaneError::Gone)?;
+        let window = Self::window(&spec)?;
+        let mut w = self.world();
+        let Some(dev) = w.devices.get(&dev_id) else {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        };
+        if dev.owned {
+            return Err(DataplaneError::AlreadyOwned(dev_id));
+        }
+        if failure.is_some() {
+            return Err(DataplaneError::NotRecoverable {
+                dev_id,
+                why: "the simulated kernel refused".into(),
+            });
+        }
+        // Never shrunk on takeover; a larger recorded size is applied.
+        let size = spec.size_bytes.max(dev.info.spec.size_bytes);
+        if let Some((offset, len, keep_data)) = window {
+            self.serve(&mut w, dev_id, offset, len, keep_data);
+        }
+        let i = info(
+            dev_id,
+            &DeviceSpec {
+                size_bytes: size,
+                ..spec
+            },
+        );
+        let dev = w.devices.get_mut(&dev_id).ok_or(DataplaneError::Gone)?;
+        dev.info = i.clone();
+        dev.owned = true;
+        dev.window = window.map(|(o, l, _)| (o, l));
+        dev.keep_data = window.is_some_and(|(_, _, k)| k);
+        Ok(i)
+    }
+
+    fn delete_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
+        let failure = self.enter(Call::Delete)?;
+        let mut w = self.world();
+        if !w.devices.get(&dev_id).is_some_and(|d| d.owned) {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        }
+        match failure {
+            Some(Failure::Early) => Err(DataplaneError::Gone),
+            Some(Failure::Late) => {
+                // Out of the dataplane's maps, STOP_DEV or DEL_DEV failed: the kernel keeps it.
+                if let Some(d) = w.devices.get_mut(&dev_id) {
+                    d.owned = false;
+                }
+                Err(DataplaneError::StopTimeout(dev_id))
+            }
+            None => {
+                w.devices.remove(&dev_id);
+                Ok(())
+            }
+        }
+    }
+
+    fn delete_foreign_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
+        let failure = self.enter(Call::DeleteForeign)?;
+        let mut w = self.world();
+        match w.devices.get(&dev_id) {
+            None => return Err(DataplaneError::NoSuchDevice(dev_id)),
+            Some(d) if d.owned => return Err(DataplaneError::AlreadyOwned(dev_id)),
+            Some(_) => {}
+        }
+        if failure.is_some() {
+            return Err(DataplaneError::Gone);
+        }
+        w.devices.remove(&dev_id);
+        Ok(())
+    }
+
+    fn resize_device(&self, dev_id: DevId, size: u64) -> Result<DeviceInfo, DataplaneError> {
+        let failure = self.enter(Call::Resize)?;
+        let mut w = self.world();
+        let Some(dev) = w.devices.get(&dev_id).filter(|d| d.owned) else {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        };
+        if failure == Some(Failure::Early) {
+            return Err(DataplaneError::Gone);
+        }
+        let (window, keep_data) = (dev.window, dev.keep_data);
+        if let Some((offset, len)) = window {
+            if size > len {
+                if offset + size > NS_BYTES || Self::overlap(&w, Some(dev_id), offset, size) {
+                    return Err(DataplaneError::Overlap {
+                        path: PathBuf::from(NS_PATH),
+                        start: offset + len,
+                        end: offset + size,
+                        dev_id,
+                    });
+                }
+                if !keep_data {
+                    Self::erase(&mut w, offset + len, size - len);
+                }
+            }
+            if failure == Some(Failure::Late) {
+                return Err(DataplaneError::Gone);
+            }
+            let len = len.max(size);
+            self.serve(&mut w, dev_id, offset, len, keep_data);
+            if let Some(d) = w.devices.get_mut(&dev_id) {
+                d.window = Some((offset, len));
+            }
+        } else if failure == Some(Failure::Late) {
+            return Err(DataplaneError::Gone);
+        }
+        let d = w.devices.get_mut(&dev_id).ok_or(DataplaneError::Gone)?;
+        d.info.spec.size_bytes = size;
+        Ok(d.info.clone())
+    }
+
+    fn set_qos(&self, dev_id: DevId, limits: QosLimits) -> Result<DeviceInfo, DataplaneError> {
+        let failure = self.enter(Call::SetQos)?;
+        let mut w = self.world();
+        let d = w
+            .devices
+            .get_mut(&dev_id)
+            .filter(|d| d.owned)
+            .ok_or(DataplaneError::NoSuchDevice(dev_id))?;
+        if failure.is_some() {
+            return Err(DataplaneError::Gone);
+        }
+        d.info.spec.qos = limits;
+        Ok(d.info.clone())
+    }
+
+    fn drain_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
+        let failure = self.enter(Call::Drain)?;
+        if !self.world().devices.get(&dev_id).is_some_and(|d| d.owned) {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        }
+        failure.map_or(Ok(()), |_| Err(DataplaneError::DrainTimeout(dev_id)))
+    }
+
+    fn resume_device(&self, dev_id: DevId) -> Result<(), DataplaneError> {
+        let failure = self.enter(Call::Resume)?;
+        if !self.world().devices.get(&dev_id).is_some_and(|d| d.owned) {
+            return Err(DataplaneError::NoSuchDevice(dev_id));
+        }
+        failure.map_or(Ok(()), |_| Err(DataplaneError::Gone))
+    }
+
+    fn stats(&self, dev_id: DevId) -> Result<DeviceStats, DataplaneError> {
+        Err(DataplaneError::NoSuchDevice(dev_id))
+    }
+
+    fn stats_all(&self) -> Result<Vec<DeviceStats>, DataplaneError> {
+        Ok(Vec::new())
+    }
+
+    fn worker_stats(&self) -> Result<Vec<WorkerSnapshot>, DataplaneError> {
+        Ok(Vec::new())
+    }
+
+    fn control_cleanup_errors(&self) -> Result<Vec<(CleanupStep, u64)>, DataplaneError> {
+        Ok(Vec::new())
+    }
+
+    fn shutdown(&self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
+
+    fn shutdown_keep(&self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
+}
