@@ -478,6 +478,7 @@ async fn serve_api(
     let metrics = metrics::Metrics::new(&settings.metrics.node)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
+        // An error means the sender is gone: the daemon is stopping either way.
         let _ = rx.wait_for(|s| *s).await;
     };
 
@@ -612,12 +613,14 @@ async fn serve_api(
     tokio::select! {
         _ = stop => tracing::info!("stopping: finishing in-flight requests"),
         Some(r) = tasks.join_next() => {
+            // No receiver left means no listener left to stop.
             let _ = stop_tx.send(true);
             r.context("server task")??;
             bail!("a listener stopped unexpectedly");
         }
     }
     set_health(&health, false).await;
+    // No receiver left means no listener left to stop.
     let _ = stop_tx.send(true);
     while let Some(r) = tasks.join_next().await {
         if let Ok(Err(e)) = r {
@@ -625,7 +628,10 @@ async fn serve_api(
         }
     }
     for path in sockets {
-        let _ = std::fs::remove_file(path);
+        if let Err(e) = std::fs::remove_file(&path) {
+            // The next start binds over a stale socket file anyway.
+            tracing::warn!(path = %path.display(), error = %e, "socket file not removed");
+        }
     }
     volumes.shutdown().await?;
     match settings.on_exit {

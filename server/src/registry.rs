@@ -146,6 +146,7 @@ impl<R: Record> Registry<R> {
                 continue;
             };
             if name.starts_with('.') && name.ends_with(".tmp") {
+                // Never read as a record; one that cannot be removed is tried again next load.
                 let _ = fs::remove_file(&path);
                 report.stale_temp += 1;
                 continue;
@@ -161,6 +162,8 @@ impl<R: Record> Registry<R> {
                 Some(r) => records.push(r),
                 None => {
                     let aside = path.with_extension("json.corrupt");
+                    // Reported (and logged by the caller) either way; not moved, it is
+                    // reported again at the next load.
                     let _ = fs::rename(&path, &aside);
                     report.corrupt.push(aside);
                 }

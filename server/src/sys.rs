@@ -180,6 +180,7 @@ mod tests {
             Ok(()) => assert_eq!(std::fs::read(dir.join("dst")).unwrap(), b"pattern-a"),
             Err(e) => assert_eq!(std::fs::metadata(dir.join("dst")).unwrap().len(), 0, "{e}"),
         }
+        // The test's scratch directory: a leftover in the temp dir harms nothing.
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -225,6 +225,8 @@ pub fn incoming(
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
+                        // The receiver is gone only when the server stops: the connection
+                        // is dropped with it.
                         let _ = tx.send(Ok(stream)).await;
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

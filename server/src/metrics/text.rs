@@ -34,6 +34,7 @@ pub fn family(
     body: impl FnOnce(&mut Family<'_>),
 ) {
     let start = out.len();
+    // Writing to a String cannot fail (here and below).
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {}", kind.name());
     let header = out.len();

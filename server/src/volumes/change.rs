@@ -217,10 +217,17 @@ impl Volumes {
     /// The slow part of a create: backing file, record, device. Undoes its own steps on failure.
     async fn make(&self, record: &mut VolumeRecord) -> Result<DeviceInfo, VolumeError> {
         let created_file = self.prepare_backing_file(record)?;
+        // The create's own error is what the caller gets; an undo step that fails too is
+        // logged: a record left makes the next start bring the volume up, a file left stays
+        // (it is not ublkd's to find again).
         let undo = |record: &VolumeRecord| {
-            let _ = self.registry.remove(&record.id);
+            if let Err(e) = self.registry.remove(&record.id) {
+                tracing::error!(volume = %record.id, error = %crate::error::chain(&e), "a failed create's record could not be removed: the next start brings the volume up");
+            }
             if let (Some(path), BackendRecord::File { .. }) = (&created_file, &record.backend) {
-                let _ = std::fs::remove_file(path);
+                if let Err(e) = std::fs::remove_file(path) {
+                    tracing::warn!(volume = %record.id, path = %path.display(), error = %e, "a failed create's backing file could not be removed");
+                }
             }
             self.remove_ram_file(record);
         };

@@ -225,7 +225,13 @@ impl Volumes {
 
     fn remove_ram_file(&self, record: &VolumeRecord) {
         if record.backend == BackendRecord::Ram {
-            let _ = std::fs::remove_file(ram_file(&self.settings.ram_dir, &record.id));
+            let path = ram_file(&self.settings.ram_dir, &record.id);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::error!(volume = %record.id, path = %path.display(), error = %e, "a deleted RAM volume's memory file could not be removed: its pages stay on tmpfs");
+                }
+                _ => {}
+            }
         }
     }
 

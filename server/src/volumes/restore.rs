@@ -164,7 +164,11 @@ impl Volumes {
                 Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
                     tracing::warn!(volume = %record.id, %dev_id, why, "device cannot be taken over: creating it again");
                     let h = handle.clone();
-                    let _ = blocking(move || h.delete_foreign_device(dev_id)).await;
+                    if let Err(e) = blocking(move || h.delete_foreign_device(dev_id)).await {
+                        // The device is made again under another id; this one stays an
+                        // orphan (`ublkctl orphans`, `ublkd_orphan_devices`).
+                        tracing::warn!(volume = %record.id, %dev_id, error = %crate::error::chain(&e), "the device that cannot be taken over could not be deleted: left as an orphan");
+                    }
                 }
                 Err(e) => return Err(e),
             }

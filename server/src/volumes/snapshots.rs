@@ -90,6 +90,7 @@ impl Volumes {
             created_unix_ms: now_ms(),
         };
         if let Err(e) = self.snapshot_registry.put(&record) {
+            // A copy left behind is removed by the next try of this id (no record names it).
             let _ = std::fs::remove_file(&path);
             return Err(e.into());
         }
@@ -205,6 +206,7 @@ impl Volumes {
                 f.sync_all()
             };
             if let Err(source) = grow() {
+                // A file left behind keeps its clone intent: the next try or start removes it.
                 let _ = std::fs::remove_file(path);
                 return Err(VolumeError::PrepareBackingFile {
                     path: path.clone(),
@@ -324,6 +326,8 @@ fn reflink_file(from: &Path, to: &Path) -> Result<(), VolumeError> {
         path: from.to_owned(),
         source,
     })?;
+    // An earlier try's temporary copy, if any (none is the usual case); one that cannot be
+    // removed makes create_new below fail with the reason.
     let _ = std::fs::remove_file(&tmp);
     let dst = OpenOptions::new()
         .write(true)
@@ -350,6 +354,7 @@ fn reflink_file(from: &Path, to: &Path) -> Result<(), VolumeError> {
                 .map_err(write_err)
         });
     if done.is_err() {
+        // The error is the caller's; a temporary copy left is removed by the next try.
         let _ = std::fs::remove_file(&tmp);
     }
     done
