@@ -622,3 +622,80 @@ async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<
     c.delete_volume(delete("whole")).await?;
     Ok(())
 }
+
+/// A window whose record was written and whose erase never ran (ublkd killed at
+/// `create:after_record`) is erased by the next start before it is served: the new volume reads
+/// zeroes where the deleted one wrote (issue 38, defect 1; the manager's simulator finds the
+/// same ordering on its in-memory kernel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> Result<()> {
+    use ublkd_proto::v1;
+    use ublkd_tests::api::{self, create};
+    use ublkd_tests::daemon::Daemon;
+    let ns = namespace_bytes()?;
+    let (offset, len) = (ns - 32 * MIB, 8 * MIB);
+    let dir = guest::scratch("erase-crash")?;
+    let mut d = Daemon::new(&dir, 19631, "")?;
+    let spec = |id: &str| create(id, api::volume(len, api::nvme(NG, offset, len)));
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let old = c.create_volume(spec("tenant-a")).await?.into_inner();
+    let dev = old.device_path;
+    fill_direct(&dev, 0, len, 0xab)?;
+    ensure!(
+        all(&read_direct(NG, offset, len)?, 0xab),
+        "the first tenant's data reached the namespace"
+    );
+    c.delete_volume(v1::DeleteVolumeRequest {
+        id: "tenant-a".into(),
+        allow_missing: false,
+        delete_backing: false,
+    })
+    .await?;
+    d.stop_with(libc::SIGTERM)?;
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "abort_at=create:after_record".into(),
+    )];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    ensure!(
+        c.create_volume(spec("tenant-b")).await.is_err(),
+        "the daemon died inside the create"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while d.exited()?.is_none() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not die"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    ensure!(
+        all(&read_direct(NG, offset, len)?, 0xab),
+        "the crash came before the erase: the old data is still on the namespace"
+    );
+    d.env.clear();
+    d.start().await?;
+    let vols = d.wait_all_ready().await?;
+    let b = vols
+        .iter()
+        .find(|v| v.id == "tenant-b")
+        .context("the recorded volume came back")?;
+    let seen = read_direct(&b.device_path, 0, len)?;
+    ensure!(
+        all(&seen, 0),
+        "tenant-b reads {} non-zero bytes of tenant-a's data",
+        seen.iter().filter(|&&x| x != 0).count()
+    );
+    let mut c = d.volumes().await?;
+    c.delete_volume(v1::DeleteVolumeRequest {
+        id: "tenant-b".into(),
+        allow_missing: false,
+        delete_backing: false,
+    })
+    .await?;
+    d.stop_with(libc::SIGTERM)?;
+    println!("the interrupted erase was finished at the restart: {len} bytes read as zeroes");
+    Ok(())
+}
