@@ -643,7 +643,7 @@ async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> 
     let dev = old.device_path;
     fill_direct(&dev, 0, len, 0xab)?;
     ensure!(
-        all(&read_direct(NG, offset, len)?, 0xab),
+        all(&read_direct(BLK, offset, len)?, 0xab),
         "the first tenant's data reached the namespace"
     );
     c.delete_volume(v1::DeleteVolumeRequest {
@@ -672,7 +672,7 @@ async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> 
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     ensure!(
-        all(&read_direct(NG, offset, len)?, 0xab),
+        all(&read_direct(BLK, offset, len)?, 0xab),
         "the crash came before the erase: the old data is still on the namespace"
     );
     d.env.clear();
