@@ -117,6 +117,10 @@ pub struct Limits {
     pub max_queue_depth: u16,
     /// 0: as many as the kernel allows (one per CPU).
     pub max_queues: u16,
+    /// Whether a create may ask to serve an NVMe window's earlier blocks as they are
+    /// (`keep_data`): whoever may create volumes can then read what the window's last tenant
+    /// left there. Off: every new window and every growth is erased first.
+    pub allow_keep_data: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -206,6 +210,7 @@ impl Default for Limits {
             max_volume_size_bytes: 64 << 40,
             max_queue_depth: 4096,
             max_queues: 0,
+            allow_keep_data: false,
         }
     }
 }

@@ -46,6 +46,11 @@ pub enum VolumeError {
         end: u64,
         by: VolumeId,
     },
+    #[error(
+        "keep_data is not allowed on this node (limits.allow_keep_data): a new window's earlier \
+         blocks are always erased"
+    )]
+    AdmitKeepData,
     #[error("no free extent of {} holds a window of {len} bytes", device.display())]
     AdmitNoExtent { device: PathBuf, len: u64 },
     #[error(
@@ -153,6 +158,7 @@ impl VolumeError {
             E::LookupSnapshot(_) => Code::NotFound,
             E::CloneTooSmall { .. } => Code::InvalidArgument,
             E::AdmitWindowPastEnd { .. } => Code::InvalidArgument,
+            E::AdmitKeepData => Code::PermissionDenied,
             E::SnapshotBackend { .. }
             | E::ReflinkUnsupported { .. }
             | E::CloneTargetExists { .. } => Code::FailedPrecondition,

@@ -101,6 +101,9 @@ pub fn spec(
             {
                 return invalid("nvme window offset + length overflows".into());
             }
+            if n.keep_data && !s.limits.allow_keep_data {
+                return Err(VolumeError::AdmitKeepData);
+            }
             BackendRecord::Nvme {
                 device,
                 // Unset: placed by the volume manager (`places_window`).

@@ -542,8 +542,10 @@ fn windows_grow_into_free_space_only() -> Result<()> {
 
 /// An NVMe window deleted and made again never hands the new volume the old one's data (issue
 /// 22, item 3): ublkd erases a new window before its device appears, and the blocks a resize
-/// grows onto; `keep_data` adopts a window's data on purpose. Prints the create times of a
-/// 256 MiB window and of the whole namespace (erase included).
+/// grows onto; a delete erases the window too, so nothing of a deleted tenant stays on the
+/// namespace (issue 38, defect 7); `keep_data`, where the node allows it, adopts a window's
+/// data on purpose, and is refused where it does not. Prints the create times of a 256 MiB
+/// window and of the whole namespace (erase included).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<()> {
     use std::time::Instant;
@@ -551,7 +553,7 @@ async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<
     use ublkd_tests::api::{create, nvme, volume};
     use ublkd_tests::daemon::Daemon;
     let dir = guest::scratch("nvme-erase")?;
-    let mut d = Daemon::new(&dir, 19617, "")?;
+    let mut d = Daemon::new(&dir, 19617, "[limits]\nallow_keep_data = true")?;
     d.start().await?;
     let mut c = d.volumes().await?;
     let (off, len) = (64 * MIB, 256 * MIB);
@@ -596,7 +598,16 @@ async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<
     ensure!(all(&grown, 0), "the grown blocks hold old data");
     fill_direct(&again.device_path, 0, 4 * MIB, 0xef)?;
     c.delete_volume(delete("w2")).await?;
-    // Adopting on purpose keeps the data.
+    for at in [0, len / 2, len] {
+        let left = read_direct(BLK, off + at, 4 * MIB)?;
+        ensure!(
+            all(&left, 0),
+            "the deleted volume left {} non-zero bytes on the namespace at {at}",
+            left.iter().filter(|&&b| b != 0).count()
+        );
+    }
+    // Adopting on purpose keeps the data: here, data written outside any window.
+    fill_direct(BLK, off, 4 * MIB, 0xef)?;
     let mut keep = nvme(NG, off, len);
     if let v1::volume_spec::Backend::Nvme(n) = &mut keep {
         n.keep_data = true;
@@ -610,6 +621,26 @@ async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<
         "keep_data serves the window as it is"
     );
     c.delete_volume(delete("w3")).await?;
+    // A node that does not allow it refuses keep_data, whoever asks.
+    d.stop_with(libc::SIGTERM)?;
+    let mut strict = Daemon::new(&guest::scratch("nvme-erase-strict")?, 19632, "")?;
+    strict.start().await?;
+    let mut keep = nvme(NG, off, len);
+    if let v1::volume_spec::Backend::Nvme(n) = &mut keep {
+        n.keep_data = true;
+    }
+    let refused = strict
+        .volumes()
+        .await?
+        .create_volume(create("w4", volume(len, keep)))
+        .await;
+    ensure!(
+        refused.as_ref().err().map(|s| s.code()) == Some(tonic::Code::PermissionDenied),
+        "keep_data on a node that does not allow it: {refused:?}"
+    );
+    strict.stop_with(libc::SIGTERM)?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
     let ns = namespace_bytes()?;
     let started = Instant::now();
     c.create_volume(create("whole", volume(ns, nvme(NG, 0, 0))))
@@ -625,8 +656,9 @@ async fn a_window_made_again_reads_zeroes_not_the_last_tenants_data() -> Result<
 
 /// A window whose record was written and whose erase never ran (ublkd killed at
 /// `create:after_record`) is erased by the next start before it is served: the new volume reads
-/// zeroes where the deleted one wrote (issue 38, defect 1; the manager's simulator finds the
-/// same ordering on its in-memory kernel).
+/// zeroes where earlier data lay (issue 38, defect 1; the manager's simulator finds the same
+/// ordering on its in-memory kernel). A delete erases its window now (defect 7), so the earlier
+/// data is written to the namespace directly: what a release before that left, or another user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> Result<()> {
     use ublkd_proto::v1;
@@ -637,22 +669,7 @@ async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> 
     let dir = guest::scratch("erase-crash")?;
     let mut d = Daemon::new(&dir, 19631, "")?;
     let spec = |id: &str| create(id, api::volume(len, api::nvme(NG, offset, len)));
-    d.start().await?;
-    let mut c = d.volumes().await?;
-    let old = c.create_volume(spec("tenant-a")).await?.into_inner();
-    let dev = old.device_path;
-    fill_direct(&dev, 0, len, 0xab)?;
-    ensure!(
-        all(&read_direct(BLK, offset, len)?, 0xab),
-        "the first tenant's data reached the namespace"
-    );
-    c.delete_volume(v1::DeleteVolumeRequest {
-        id: "tenant-a".into(),
-        allow_missing: false,
-        delete_backing: false,
-    })
-    .await?;
-    d.stop_with(libc::SIGTERM)?;
+    fill_direct(BLK, offset, len, 0xab)?;
     d.env = vec![(
         "UBLKD_TEST_FAULTS".into(),
         "abort_at=create:after_record".into(),
@@ -685,7 +702,7 @@ async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> 
     let seen = read_direct(&b.device_path, 0, len)?;
     ensure!(
         all(&seen, 0),
-        "tenant-b reads {} non-zero bytes of tenant-a's data",
+        "tenant-b reads {} non-zero bytes of the earlier data",
         seen.iter().filter(|&&x| x != 0).count()
     );
     let mut c = d.volumes().await?;

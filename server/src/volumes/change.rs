@@ -365,6 +365,14 @@ impl Volumes {
             }
             fault_point("delete:after_device");
         }
+        // A deleted tenant's NVMe blocks are erased before its window is free again, so that no
+        // later volume (a keep_data one included) reads them. Until then the record stays (marked
+        // when it had a device): a retry, or the next start, finishes the delete.
+        if let Err(e) = self.erase_deleted_window(&vol.record).await {
+            self.set_state(id, State::Failed, &crate::error::chain(&e))
+                .await;
+            return Err(e);
+        }
         // The backing file goes before the record: should its removal fail, the record (and
         // the volume, with the reason) stays, and a retry of the delete finishes it.
         if let (true, BackendRecord::File { path, .. }) = (delete_backing, &vol.record.backend) {
@@ -387,6 +395,37 @@ impl Volumes {
         self.inner.lock().await.remove(id);
         self.remove_ram_file(&vol.record);
         Ok(true)
+    }
+
+    /// Erases the NVMe window of volume `record`, which is being deleted (nothing for other
+    /// backends, nor for a `keep_data` volume, which never owned the erase of what it found).
+    pub(super) async fn erase_deleted_window(
+        &self,
+        record: &VolumeRecord,
+    ) -> Result<(), VolumeError> {
+        let BackendRecord::Nvme {
+            device,
+            offset,
+            length,
+            keep_data: false,
+        } = &record.backend
+        else {
+            return Ok(());
+        };
+        let len = match *length {
+            0 => self
+                .namespace_of(record)
+                .await?
+                .map_or(0, |ns| ns.size_bytes.saturating_sub(*offset)),
+            len => len,
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let (handle, device, offset) = (self.handle()?, device.clone(), *offset);
+        let how = blocking(move || handle.erase_window(&device, offset, len)).await?;
+        tracing::info!(volume = %record.id, offset, len, erase = how.name(), "deleted volume's window erased");
+        Ok(())
     }
 
     pub async fn resize(&self, id: &VolumeId, size: u64) -> Result<Volume, VolumeError> {

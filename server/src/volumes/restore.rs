@@ -136,6 +136,7 @@ impl Volumes {
                 let (h, id) = (handle.clone(), dev.dev_id);
                 blocking(move || h.delete_foreign_device(id)).await?;
             }
+            self.erase_deleted_window(record).await?;
             self.registry.remove(&record.id)?;
             self.remove_ram_file(record);
             return Ok(None);

@@ -61,7 +61,8 @@ struct Dev {
 #[derive(Debug)]
 pub struct World {
     devices: BTreeMap<DevId, Dev>,
-    chunks: Vec<Option<Tenant>>,
+    /// Who last wrote each chunk, and whether as a `keep_data` volume.
+    chunks: Vec<Option<(Tenant, bool)>>,
     /// Calls may fail, be slow or hang.
     pub faults: bool,
     rng: Rng,
@@ -117,6 +118,23 @@ impl SimKernel {
         for d in self.world().devices.values_mut() {
             d.owned = false;
         }
+    }
+
+    /// Chunks that still hold the data of a volume no record names (deleted, or never made),
+    /// other than a `keep_data` volume's: `(chunk, volume)`.
+    pub fn unerased_leftovers(&self, records: &[VolumeRecord]) -> Vec<(usize, String)> {
+        self.world()
+            .chunks
+            .iter()
+            .enumerate()
+            .filter_map(|(c, owner)| {
+                let ((id, created), keep) = owner.as_ref()?;
+                let alive = records
+                    .iter()
+                    .any(|r| &r.id == id && r.created_unix_ms == *created);
+                (!alive && !keep).then(|| (c, format!("{id} (created {created})")))
+            })
+            .collect()
     }
 
     /// Every device: id, owned, size.
@@ -220,7 +238,7 @@ impl SimKernel {
             return;
         };
         for c in Self::chunks(offset, len) {
-            if let Some(prev) = &w.chunks[c] {
+            if let Some((prev, _)) = &w.chunks[c] {
                 if *prev != tenant && !keep_data {
                     w.violations.push(format!(
                         "volume {} (created {}) is served chunk {c} that volume {} (created {}) \
@@ -229,7 +247,7 @@ impl SimKernel {
                     ));
                 }
             }
-            w.chunks[c] = Some(tenant.clone());
+            w.chunks[c] = Some((tenant.clone(), keep_data));
         }
     }
 

@@ -417,11 +417,12 @@ async fn apply(v: Arc<Volumes>, op: Op) -> Answer {
 }
 
 fn volumes(state: &Path, kernel: &Arc<SimKernel>) -> Volumes {
-    let settings = Settings {
+    let mut settings = Settings {
         state_dir: state.to_owned(),
         ram_dir: state.join("ram"),
         ..Settings::default()
     };
+    settings.limits.allow_keep_data = true;
     std::fs::create_dir_all(state.join("ram")).unwrap_or_else(|e| panic!("ram dir: {e}"));
     Volumes::new(
         Ok(Arc::clone(kernel) as Arc<dyn Devices>),
@@ -479,6 +480,14 @@ async fn check(
     if on_disk_ids != listed_ids {
         return Err(format!(
             "registry and manager disagree: on disk {on_disk_ids:?}, listed {listed_ids:?}"
+        ));
+    }
+    let leftovers = kernel.unerased_leftovers(&records);
+    if let Some((chunk, owner)) = leftovers.first() {
+        return Err(format!(
+            "chunk {chunk} still holds the data of volume {owner}, which no record names \
+             ({} such chunks)",
+            leftovers.len()
         ));
     }
     let devices = kernel.devices();
