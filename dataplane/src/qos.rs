@@ -91,18 +91,20 @@ impl Direction {
     }
 }
 
-/// What a discard or a write-zeroes costs the byte bucket: one sector, as the kernel's
-/// blk-throttle charges a discard (`throtl_bio_data_size`). Neither moves data through the
-/// device: the backends punch or zero ranges (fallocate, NVMe Write Zeroes or Dataset
-/// Management), so charging their length would make a weekly fstrim of a throttled volume
-/// stall its writes for hours.
+/// What a discard, or a write-zeroes its backend deallocates, costs the byte bucket: one
+/// sector, as the kernel's blk-throttle charges a discard (`throtl_bio_data_size`). Neither
+/// moves data through a device, so charging their length would make a weekly fstrim of a
+/// throttled volume stall its writes for hours.
 pub const RANGE_OP_CHARGE: u64 = 512;
 
 /// Bytes request `op` of `len` bytes takes from its byte bucket (one I/O from the IOPS bucket
-/// whatever its kind).
-pub fn charged_bytes(op: OpKind, len: u32) -> u64 {
+/// whatever its kind). A write-zeroes whose backend writes real zeroes
+/// (`zeroes_deallocate` false: NVMe Write Zeroes, a block device) pays its length, as
+/// blk-throttle charges it: otherwise it would write past the limit unthrottled.
+pub fn charged_bytes(op: OpKind, len: u32, zeroes_deallocate: bool) -> u64 {
     match op {
-        OpKind::Discard | OpKind::WriteZeroes => RANGE_OP_CHARGE.min(u64::from(len)),
+        OpKind::Discard => RANGE_OP_CHARGE.min(u64::from(len)),
+        OpKind::WriteZeroes if zeroes_deallocate => RANGE_OP_CHARGE.min(u64::from(len)),
         _ => u64::from(len),
     }
 }
@@ -307,11 +309,11 @@ mod tests {
         let gib = 1u32 << 30;
         let start = Instant::now();
         for op in [OpKind::Discard, OpKind::WriteZeroes] {
-            assert_eq!(charged_bytes(op, gib), RANGE_OP_CHARGE);
+            assert_eq!(charged_bytes(op, gib, true), RANGE_OP_CHARGE);
             // The 100 ms bucket (100 KiB) admits 200 of them at once.
             for i in 0..200 {
                 assert!(
-                    t.admit(Direction::Write, charged_bytes(op, gib), start)
+                    t.admit(Direction::Write, charged_bytes(op, gib, true), start)
                         .is_ok(),
                     "{op:?} {i} waited"
                 );
@@ -324,13 +326,27 @@ mod tests {
             });
         }
         // Data-moving requests still pay their length.
-        assert_eq!(charged_bytes(OpKind::Write, 4096), 4096);
-        assert_eq!(charged_bytes(OpKind::Read, 1 << 20), 1 << 20);
+        assert_eq!(charged_bytes(OpKind::Write, 4096, true), 4096);
+        assert_eq!(charged_bytes(OpKind::Read, 1 << 20, true), 1 << 20);
         // A write after a discard is not held by it.
         assert!(t
-            .admit(Direction::Write, charged_bytes(OpKind::Discard, gib), start)
+            .admit(
+                Direction::Write,
+                charged_bytes(OpKind::Discard, gib, false),
+                start
+            )
             .is_ok());
         assert!(t.admit(Direction::Write, 4096, start).is_ok());
+        // A write-zeroes its backend writes through (issue 38, defect 10) pays its length.
+        assert_eq!(
+            charged_bytes(OpKind::WriteZeroes, gib, false),
+            u64::from(gib)
+        );
+        assert_eq!(
+            charged_bytes(OpKind::Discard, gib, false),
+            RANGE_OP_CHARGE,
+            "a discard never writes"
+        );
     }
 
     #[test]

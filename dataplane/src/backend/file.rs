@@ -80,6 +80,12 @@ impl FileBackend {
 }
 
 impl Backend for FileBackend {
+    /// A regular file punches or zeroes extents; a block device behind the file backend is
+    /// sent zeroes to write.
+    fn zeroes_deallocate(&self) -> bool {
+        !self.block_device
+    }
+
     fn kind(&self) -> &'static str {
         "file"
     }

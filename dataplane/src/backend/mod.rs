@@ -298,6 +298,13 @@ pub trait Backend: Send + Sync + Debug {
         false
     }
 
+    /// Whether a WRITE_ZEROES frees or unmaps its range rather than writing zeroes through a
+    /// device (memory dropped, a hole punched or an unwritten extent in a file): the I/O limits
+    /// then charge it like a discard, else its whole length (`qos::charged_bytes`).
+    fn zeroes_deallocate(&self) -> bool {
+        true
+    }
+
     /// Device limits the volume must respect; None when the backend has none of its own.
     fn limits(&self) -> Option<Limits> {
         None

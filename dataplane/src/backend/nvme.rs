@@ -319,6 +319,11 @@ fn read_sysfs_u64(path: &Path) -> Option<u64> {
 }
 
 impl Backend for NvmeBackend {
+    /// Write Zeroes is sent without DEAC: the controller may write every block.
+    fn zeroes_deallocate(&self) -> bool {
+        false
+    }
+
     fn kind(&self) -> &'static str {
         "nvme"
     }

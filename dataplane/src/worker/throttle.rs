@@ -52,7 +52,12 @@ impl Queue {
         };
         let now = t.started.unwrap_or_else(Instant::now);
         let wait = if self.waiting[dir.index()].is_empty() {
-            match throttle.admit(dir, crate::qos::charged_bytes(t.req.op, t.req.len), now) {
+            let cost = crate::qos::charged_bytes(
+                t.req.op,
+                t.req.len,
+                self.setup.backend.zeroes_deallocate(),
+            );
+            match throttle.admit(dir, cost, now) {
                 Ok(()) => return false,
                 Err(wait) => wait,
             }
@@ -125,9 +130,15 @@ impl Queue {
             while let Some(&tag) = self.waiting[dir.index()].front() {
                 let t = self.tags[tag.index()];
                 let admitted = match self.setup.throttle.as_ref() {
-                    Some(th) if !force => {
-                        th.admit(dir, crate::qos::charged_bytes(t.req.op, t.req.len), now)
-                    }
+                    Some(th) if !force => th.admit(
+                        dir,
+                        crate::qos::charged_bytes(
+                            t.req.op,
+                            t.req.len,
+                            self.setup.backend.zeroes_deallocate(),
+                        ),
+                        now,
+                    ),
                     _ => Ok(()),
                 };
                 if let Err(wait) = admitted {
