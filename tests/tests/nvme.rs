@@ -716,3 +716,85 @@ async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> 
     println!("the interrupted erase was finished at the restart: {len} bytes read as zeroes");
     Ok(())
 }
+
+/// A new window's erase runs off the dataplane's control thread, in chunks, with its progress in
+/// the volume's state (issue 38, defect 5): while a 768 MiB window is erased slowly (a delay at
+/// each 256 MiB chunk, test hook), another volume's QoS change (a control command), GetVolume
+/// and a scrape of /metrics all answer before the create does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_erase_holds_up_no_other_volume() -> Result<()> {
+    use ublkd_proto::v1;
+    use ublkd_tests::api::{self, create};
+    use ublkd_tests::daemon::Daemon;
+    let dir = guest::scratch("erase-slow")?;
+    let mut d = Daemon::new(&dir, 19634, "")?;
+    d.env = vec![(
+        "UBLKD_TEST_FAULTS".into(),
+        "delay_at=erase:chunk:1500".into(),
+    )];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    c.create_volume(create("bystander", api::volume(64 * MIB, api::ram())))
+        .await?;
+    let len = 768 * MIB;
+    let mut creator = c.clone();
+    let creating = tokio::spawn(async move {
+        creator
+            .create_volume(create("big", api::volume(len, api::nvme(NG, 0, len))))
+            .await
+    });
+    // The create shows its progress while it erases.
+    let mut progress = None;
+    while !creating.is_finished() {
+        let v = c
+            .get_volume(v1::GetVolumeRequest { id: "big".into() })
+            .await
+            .map(|r| r.into_inner());
+        if let Ok(v) = v {
+            if v.message.contains("erasing") {
+                progress = Some(v.message);
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let progress = progress.context("no erase progress was seen in the volume's state")?;
+    println!("while creating: {progress}");
+    c.set_volume_qos(v1::SetVolumeQosRequest {
+        id: "bystander".into(),
+        qos: Some(v1::QosLimits {
+            read_iops: 1000,
+            ..Default::default()
+        }),
+    })
+    .await
+    .context("a QoS change during the erase")?;
+    c.get_volume(v1::GetVolumeRequest {
+        id: "bystander".into(),
+    })
+    .await?;
+    let metrics = d.scrape()?;
+    ensure!(
+        metrics.contains("ublkd_volumes"),
+        "a scrape during the erase"
+    );
+    ensure!(
+        !creating.is_finished(),
+        "the create finished before the other calls answered: nothing was shown to run beside it"
+    );
+    let big = creating.await??.into_inner();
+    ensure!(
+        big.message.is_empty(),
+        "READY with a message: {}",
+        big.message
+    );
+    for id in ["big", "bystander"] {
+        c.delete_volume(v1::DeleteVolumeRequest {
+            id: id.into(),
+            ..Default::default()
+        })
+        .await?;
+    }
+    d.stop_with(libc::SIGTERM)?;
+    Ok(())
+}

@@ -59,6 +59,10 @@ pub enum DataplaneError {
     Spawn(#[source] std::io::Error),
     #[error("the dataplane has shut down")]
     Gone,
+    #[error(
+        "the control thread did not answer a read within {0:?}: it is busy with a slow command"
+    )]
+    ControlBusy(std::time::Duration),
     #[error("device {dev_id} is still served by process {pid}")]
     Busy { dev_id: DevId, pid: i32 },
     #[error("device {0} is already served by this process")]
@@ -106,6 +110,7 @@ impl DataplaneError {
                 ..
             } => ErrorKind::ResourceExhausted,
             DataplaneError::Gone
+            | DataplaneError::ControlBusy(_)
             | DataplaneError::ReleaseTimeout(_)
             | DataplaneError::AttachTimeout { .. }
             | DataplaneError::DrainTimeout(_) => ErrorKind::Unavailable,

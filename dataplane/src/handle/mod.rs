@@ -264,6 +264,8 @@ pub struct Handle {
     features: Features,
     iopoll_shared: bool,
     workers: usize,
+    /// How long a read (statistics, the device list) waits for the control thread.
+    read_timeout: std::time::Duration,
 }
 
 impl Handle {
@@ -313,6 +315,7 @@ impl Handle {
             features,
             iopoll_shared,
             workers: n,
+            read_timeout: config.timeout,
         })
     }
 
@@ -337,6 +340,23 @@ impl Handle {
             .send(make(reply))
             .map_err(|_| DataplaneError::Gone)?;
         rx.recv().map_err(|_| DataplaneError::Gone)?
+    }
+
+    /// A read that changes nothing: it waits for the control thread at most `read_timeout`,
+    /// so that a scrape or a status call never hangs behind a slow command. A change is never
+    /// abandoned this way (its caller must learn its outcome).
+    fn read<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, DataplaneError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(make(reply))
+            .map_err(|_| DataplaneError::Gone)?;
+        match rx.recv_timeout(self.read_timeout) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                Err(DataplaneError::ControlBusy(self.read_timeout))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(DataplaneError::Gone),
+        }
     }
 
     /// Creates and starts a device; `/dev/ublkbN` serves I/O when this returns.
@@ -385,13 +405,13 @@ impl Handle {
     }
 
     pub fn stats(&self, dev_id: DevId) -> Result<DeviceStats, DataplaneError> {
-        self.call(|reply| Command::Stats { dev_id, reply })
+        self.read(|reply| Command::Stats { dev_id, reply })
     }
 
     /// Statistics of every device this dataplane serves, in one call (a scrape with hundreds
     /// of volumes makes one round trip to the control thread, not one per volume).
     pub fn stats_all(&self) -> Result<Vec<DeviceStats>, DataplaneError> {
-        self.call(Command::StatsAll)
+        self.read(Command::StatsAll)
     }
 
     pub fn list(&self) -> Result<Vec<DeviceInfo>, DataplaneError> {
@@ -399,13 +419,13 @@ impl Handle {
     }
 
     pub fn worker_stats(&self) -> Result<Vec<WorkerSnapshot>, DataplaneError> {
-        self.call(Command::Workers)
+        self.read(Command::Workers)
     }
 
     /// Failures of the control thread's clean-up steps so far (the workers' are in
     /// [`WorkerSnapshot::cleanup_errors`]).
     pub fn control_cleanup_errors(&self) -> Result<Vec<(CleanupStep, u64)>, DataplaneError> {
-        self.call(Command::ControlCleanup)
+        self.read(Command::ControlCleanup)
     }
 
     /// Deletes every device and stops all dataplane threads.

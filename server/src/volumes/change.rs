@@ -241,12 +241,22 @@ impl Volumes {
         }
         fault_point("create:after_record");
         delay_point("create:after_record").await;
-        // A new volume: an NVMe window's earlier content is erased before its device appears.
-        match self.bring_up(record, true).await {
+        // A new volume: an NVMe window's earlier content is erased before its device appears,
+        // here, in chunks, off the dataplane's control thread (which every other volume's
+        // changes, drains and statistics wait on), with the progress in the volume's message.
+        if let (Some(pending), Some(device)) =
+            (record.erase_pending, crate::windows::nvme_device(record))
+        {
+            if let Err(e) = self
+                .erase_range(&record.id, device, pending, "new window")
+                .await
+            {
+                undo(record);
+                return Err(e);
+            }
+        }
+        match self.bring_up(record).await {
             Ok(info) => {
-                if let Some(how) = info.erased {
-                    tracing::info!(volume = %record.id, erase = how.name(), "earlier content of the window erased before use");
-                }
                 fault_point("create:after_device");
                 record.dev_id = Some(info.dev_id);
                 // The window is erased: served, it is the tenant's own from now on.
@@ -422,9 +432,58 @@ impl Volumes {
         if len == 0 {
             return Ok(());
         }
-        let (handle, device, offset) = (self.handle()?, device.clone(), *offset);
-        let how = blocking(move || handle.erase_window(&device, offset, len)).await?;
-        tracing::info!(volume = %record.id, offset, len, erase = how.name(), "deleted volume's window erased");
+        let range = crate::record::EraseRange {
+            from: *offset,
+            to: offset.saturating_add(len),
+        };
+        self.erase_range(&record.id, device, range, "deleted volume")
+            .await
+    }
+
+    /// Erases `range` of NVMe namespace `device` for volume `id`, `ERASE_CHUNK` bytes at a
+    /// time on the blocking pool (never on the dataplane's control thread), saying how far it
+    /// got in the volume's message; `what` names the range in the log.
+    pub(super) async fn erase_range(
+        &self,
+        id: &VolumeId,
+        device: &std::path::Path,
+        range: crate::record::EraseRange,
+        what: &'static str,
+    ) -> Result<(), VolumeError> {
+        let handle = self.handle()?;
+        let total = range.to.saturating_sub(range.from);
+        let started = std::time::Instant::now();
+        let mut at = range.from;
+        let mut how = None;
+        while at < range.to {
+            let len = (range.to - at).min(ERASE_CHUNK);
+            let (h, d) = (handle.clone(), device.to_owned());
+            how = Some(
+                blocking(move || {
+                    crate::hooks::delay_point_blocking("erase:chunk");
+                    h.erase_window(&d, at, len)
+                })
+                .await?,
+            );
+            at += len;
+            if at < range.to {
+                let done = at - range.from;
+                self.set_message(
+                    id,
+                    &format!(
+                        "erasing the {what}'s earlier content: {} of {} MiB",
+                        done >> 20,
+                        total >> 20
+                    ),
+                )
+                .await;
+            }
+        }
+        self.set_message(id, "").await;
+        if let Some(how) = how {
+            tracing::info!(volume = %id, from = range.from, to = range.to, erase = how.name(),
+                took_ms = started.elapsed().as_millis() as u64, "{what}: earlier content erased");
+        }
         Ok(())
     }
 
@@ -574,6 +633,13 @@ impl Volumes {
         Ok(v.clone())
     }
 
+    /// Sets a volume's message (its state unchanged) if it still exists.
+    async fn set_message(&self, id: &VolumeId, message: &str) {
+        if let Some(v) = self.inner.lock().await.get_mut(id) {
+            v.message = message.to_owned();
+        }
+    }
+
     /// Sets a volume's state (and message) if it still exists.
     pub(super) async fn set_state(&self, id: &VolumeId, state: State, message: &str) {
         if let Some(v) = self.inner.lock().await.get_mut(id) {
@@ -582,6 +648,10 @@ impl Volumes {
         }
     }
 }
+
+/// How much of a window one erase call covers: small enough that a volume's progress shows and
+/// a stop waits little, large enough that the calls cost nothing next to the erase.
+const ERASE_CHUNK: u64 = 256 << 20;
 
 /// What a new NVMe window must have erased before it is served: the whole window, unless the
 /// volume keeps the data it finds. `namespace` is needed for a window "to the end" (length 0).

@@ -150,11 +150,10 @@ impl Volumes {
             // it is done now, before anything serves those blocks.
             let done = existing.is_some_and(|d| d.size_bytes >= record.size_bytes);
             if !done {
-                let (h, device) = (handle.clone(), device.clone());
-                let len = pending.to.saturating_sub(pending.from);
-                let how = blocking(move || h.erase_window(&device, pending.from, len)).await?;
-                tracing::info!(volume = %record.id, from = pending.from, to = pending.to, erase = how.name(),
-                    "an erase the crash interrupted finished before the window is served");
+                tracing::info!(volume = %record.id, from = pending.from, to = pending.to,
+                    "finishing an erase the crash interrupted before the window is served");
+                self.erase_range(&record.id, device, pending, "interrupted erase")
+                    .await?;
             }
         }
         if existing.is_some() {
@@ -174,21 +173,16 @@ impl Volumes {
                 Err(e) => return Err(e),
             }
         }
-        // A restored volume holds its tenant's data: nothing is erased.
-        self.bring_up(record, false).await.map(|i| Some((i, false)))
+        // A restored volume holds its tenant's data: nothing more is erased.
+        self.bring_up(record).await.map(|i| Some((i, false)))
     }
 
     /// Creates the device for `record`, with its recorded kernel id when it has one (and any
     /// free id if something else took that one meanwhile; the caller records the id it got).
-    /// `erase` for a new volume: what an earlier one left in its range is made unreadable.
-    pub(super) async fn bring_up(
-        &self,
-        record: &VolumeRecord,
-        erase: bool,
-    ) -> Result<DeviceInfo, VolumeError> {
+    /// Never erases: the manager erases a new window's range itself (`erase_range`).
+    pub(super) async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
         let handle = self.handle()?;
-        let mut spec = crate::convert::device_spec(record, &self.settings.ram_dir);
-        spec.erase = erase;
+        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
         let h = handle.clone();
         let s = spec.clone();
         match blocking(move || h.add_device(s)).await {
