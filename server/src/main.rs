@@ -8,6 +8,7 @@
 // Unsafe code only in the `sys` module, each block with its SAFETY comment.
 #![deny(unsafe_code)]
 
+mod authz;
 mod capacity;
 mod config;
 mod convert;
@@ -517,9 +518,12 @@ async fn serve_api(
     };
     let mut sockets = Vec::new();
     for addr in &settings.grpc.listen {
-        let mut builder = tonic::transport::Server::builder().layer(rpc_meter::MeterLayer {
-            metrics: metrics.clone(),
-        });
+        // Counted first, so that a refusal of the role is counted too.
+        let mut builder = tonic::transport::Server::builder()
+            .layer(rpc_meter::MeterLayer {
+                metrics: metrics.clone(),
+            })
+            .layer(authz::AuthzLayer);
         let router = |b: &mut tonic::transport::Server<rpc_meter::Stack>| {
             b.add_service(health_service.clone())
                 .add_service(reflection.clone())

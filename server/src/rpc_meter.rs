@@ -18,7 +18,10 @@ use tonic::Code;
 const API_PREFIX: &str = "/ublkd.v1.";
 
 /// The layer stack of ublkd's gRPC servers.
-pub type Stack = tower::layer::util::Stack<MeterLayer, tower::layer::util::Identity>;
+pub type Stack = tower::layer::util::Stack<
+    crate::authz::AuthzLayer,
+    tower::layer::util::Stack<MeterLayer, tower::layer::util::Identity>,
+>;
 
 #[derive(Debug, Clone)]
 pub struct MeterLayer {

@@ -10,8 +10,10 @@ pub fn server_ext(names: &str) -> String {
     format!("subjectAltName={names}\nextendedKeyUsage=serverAuth\n")
 }
 
-/// The extensions of a client certificate.
-pub const CLIENT_EXT: &str = "extendedKeyUsage=clientAuth\n";
+/// The extensions of a client certificate: one that may do everything (ublkd reads the role
+/// from the SAN URI, `server/src/authz.rs`).
+pub const CLIENT_EXT: &str =
+    "subjectAltName=URI:urn:ublkd:role:admin\nextendedKeyUsage=clientAuth\n";
 
 /// When a certificate is valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

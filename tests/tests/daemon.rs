@@ -745,9 +745,11 @@ async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> 
          openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null && \
          printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' > server.ext && \
          openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile server.ext 2>/dev/null && \
-         openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=ublkctl 2>/dev/null && \
-         printf 'extendedKeyUsage=clientAuth\\n' > client.ext && \
-         openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 1 -extfile client.ext 2>/dev/null",
+         for role in admin modify read none; do \
+           openssl req -newkey rsa:2048 -nodes -keyout $role.key -out $role.csr -subj /CN=ublkctl-$role 2>/dev/null && \
+           printf 'subjectAltName=URI:urn:ublkd:role:%s\\nextendedKeyUsage=clientAuth\\n' $role > $role.ext && \
+           openssl x509 -req -in $role.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $role.pem -days 1 -extfile $role.ext 2>/dev/null || exit 1; \
+         done && cp admin.pem client.pem && cp admin.key client.key",
         pki.display()
     ))?;
     let p = |f: &str| pki.join(f).display().to_string();
@@ -775,11 +777,11 @@ async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> 
         ("UBLKD_GRPC__TLS__CLIENT_CA".into(), p("ca.pem")),
     ]);
     d.start().await?;
-    let ctl = |extra: &[&str]| -> Result<(i32, String)> {
+    let ctl_cmd = |extra: &[&str], cmd: &[&str]| -> Result<(i32, String)> {
         let out = std::process::Command::new(ublkd_tests::daemon::bin("ublkctl"))
             .args(["--endpoint", "https://127.0.0.1:19701", "--timeout", "10"])
             .args(extra)
-            .arg("node-info")
+            .args(cmd)
             .output()?;
         Ok((
             out.status.code().unwrap_or(-1),
@@ -787,19 +789,59 @@ async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> 
                 + &String::from_utf8_lossy(&out.stderr),
         ))
     };
-    let (code, out) = ctl(&[
-        "--ca",
-        &p("ca.pem"),
-        "--cert",
-        &p("client.pem"),
-        "--key",
-        &p("client.key"),
-    ])?;
+    let (code, out) = ctl_cmd(
+        &[
+            "--ca",
+            &p("ca.pem"),
+            "--cert",
+            &p("client.pem"),
+            "--key",
+            &p("client.key"),
+        ],
+        &["node-info"],
+    )?;
     assert_eq!(
         code, 0,
         "a client with a certificate from the CA gets in: {out}"
     );
     assert!(out.contains("BATCH_IO"), "{out}");
+
+    // Roles (issue 38, defect 8): the certificate's SAN URI urn:ublkd:role:<role> decides what
+    // it may call; one that names none may call nothing.
+    let as_role = |role: &str, cmd: &[&str]| -> Result<(i32, String)> {
+        let (cert, key) = (p(&format!("{role}.pem")), p(&format!("{role}.key")));
+        ctl_cmd(&["--ca", &p("ca.pem"), "--cert", &cert, "--key", &key], cmd)
+    };
+    let allowed = |role: &str, cmd: &[&str]| -> Result<()> {
+        let (code, out) = as_role(role, cmd)?;
+        ensure!(code == 0, "{role} may {cmd:?}: {out}");
+        Ok(())
+    };
+    let refused = |role: &str, cmd: &[&str]| -> Result<()> {
+        let (code, out) = as_role(role, cmd)?;
+        ensure!(
+            code != 0 && out.contains("role"),
+            "{role} may not {cmd:?}, and is told why: exit {code}: {out}"
+        );
+        Ok(())
+    };
+    let make = ["create-volume", "r1", "--size", "4MiB", "--backend", "null"];
+    let qos = ["set-qos", "r1", "--read-iops", "100"];
+    let delete = ["delete-volume", "r1"];
+    refused("modify", &make)?;
+    refused("read", &make)?;
+    allowed("admin", &make)?;
+    allowed("read", &["list-volumes"])?;
+    allowed("read", &["get-volume", "r1"])?;
+    refused("read", &qos)?;
+    allowed("modify", &qos)?;
+    allowed("modify", &["get-volume", "r1"])?;
+    refused("modify", &delete)?;
+    refused("read", &delete)?;
+    refused("none", &["node-info"])?;
+    refused("none", &["list-volumes"])?;
+    allowed("admin", &delete)?;
+    let ctl = |extra: &[&str]| ctl_cmd(extra, &["node-info"]);
     let (code, out) = ctl(&["--ca", &p("ca.pem")])?;
     assert_ne!(
         code, 0,

@@ -75,7 +75,7 @@ pki() {
         # certificate for its Service's name, and the resizer's client certificate
         cert ublkd-grpc "/CN=ublkd-grpc.ublkd-system.svc" \
             "DNS:ublkd-grpc.ublkd-system.svc,DNS:ublkd-grpc.ublkd-system.svc.cluster.local" &&
-        cert ublkd-csi-resizer "/CN=ublkd-csi-resizer" || return 1
+        cert ublkd-csi-resizer "/CN=ublkd-csi-resizer" "URI:urn:ublkd:role:modify" || return 1
     key sa
     openssl ec -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null || return 1
     # this side's components on the loopback; the node's through QEMU's address for the host
