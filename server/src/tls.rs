@@ -42,6 +42,13 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
+    #[error("the key {} is not the key of the certificate {}", key.display(), cert.display())]
+    KeyMismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
     #[error("cannot read the client CA {path}")]
     ReadClientCa {
         path: PathBuf,
@@ -97,7 +104,15 @@ fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
             source,
         }
     })?;
-    Ok(CertifiedKey::new(chain, signing))
+    let pair = CertifiedKey::new(chain, signing);
+    // A pair whose key does not match would fail every handshake; refused here, it leaves the
+    // pair in use as it was (a rotation half done: the certificate renamed in, the key not yet).
+    pair.keys_match().map_err(|source| TlsError::KeyMismatch {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+        source,
+    })?;
+    Ok(pair)
 }
 
 impl ReloadingCert {
@@ -307,6 +322,16 @@ mod tests {
             .unwrap();
         assert!(!r.refresh());
         assert_eq!(leaf(&r), b);
+    }
+
+    /// The doc of `refresh` promised it; nothing checked it (issue 38, the lower list).
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a_cert, _) = make_pair(dir.path(), "a", "a.example");
+        let (_, b_key) = make_pair(dir.path(), "b", "b.example");
+        let e = server_config(&a_cert, &b_key, None).unwrap_err();
+        assert!(matches!(e, TlsError::KeyMismatch { .. }), "{e}");
     }
 
     #[test]
