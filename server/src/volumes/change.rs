@@ -255,6 +255,12 @@ impl Volumes {
                 return Err(e);
             }
         }
+        // A new RAM volume starts empty: memory an earlier volume of this id left (a crash
+        // inside its delete) is not its to read.
+        if let Err(e) = self.fresh_ram_file(record) {
+            undo(record);
+            return Err(e);
+        }
         match self.bring_up(record).await {
             Ok(info) => {
                 fault_point("create:after_device");
@@ -268,6 +274,22 @@ impl Volumes {
                 undo(record);
                 Err(e)
             }
+        }
+    }
+
+    /// Removes what a RAM volume's file holds before a new volume of that id serves it.
+    fn fresh_ram_file(&self, record: &VolumeRecord) -> Result<(), VolumeError> {
+        if record.backend != BackendRecord::Ram {
+            return Ok(());
+        }
+        let path = crate::volume::ram_file(&self.settings.ram_dir, &record.id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::warn!(volume = %record.id, path = %path.display(), "an earlier volume's memory file removed before the new volume uses it");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(VolumeError::PrepareBackingFile { path, source }),
         }
     }
 
@@ -401,9 +423,11 @@ impl Volumes {
                 return Err(e);
             }
         }
+        // A RAM volume's memory goes before its record: a crash in between leaves a record
+        // whose restore finds an empty file, never a file a later volume of the id would read.
+        self.remove_ram_file(&vol.record);
         self.registry.remove(id)?;
         self.inner.lock().await.remove(id);
-        self.remove_ram_file(&vol.record);
         Ok(true)
     }
 

@@ -225,6 +225,11 @@ impl Volumes {
 
     fn remove_ram_file(&self, record: &VolumeRecord) {
         if record.backend == BackendRecord::Ram {
+            // In the simulator, a step the process may die at like any other.
+            #[cfg(test)]
+            if crate::simctx::effect() != crate::simctx::Fate::Go {
+                return;
+            }
             let path = ram_file(&self.settings.ram_dir, &record.id);
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

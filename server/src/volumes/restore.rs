@@ -137,8 +137,8 @@ impl Volumes {
                 blocking(move || h.delete_foreign_device(id)).await?;
             }
             self.erase_deleted_window(record).await?;
-            self.registry.remove(&record.id)?;
             self.remove_ram_file(record);
+            self.registry.remove(&record.id)?;
             return Ok(None);
         }
         if let (Some(pending), Some(device)) =

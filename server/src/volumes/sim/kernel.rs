@@ -251,6 +251,42 @@ impl SimKernel {
         }
     }
 
+    /// A RAM volume's file holds what its tenant wrote (its stamp); a device that comes up over
+    /// a file another tenant wrote reads that tenant's memory.
+    fn serve_memory(&self, w: &mut World, dev_id: DevId, path: &Path) {
+        let tenant = std::fs::read_dir(&self.registry)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<VolumeRecord>(&b).ok())
+            .find(|r| {
+                r.backend == BackendRecord::Ram
+                    && path.file_stem().is_some_and(|s| s == r.id.as_str())
+            })
+            .map(|r| format!("{} {}", r.id, r.created_unix_ms));
+        let Some(tenant) = tenant else {
+            w.violations.push(format!(
+                "device {dev_id} serves memory {} while no record names it",
+                path.display()
+            ));
+            return;
+        };
+        if let Ok(before) = std::fs::read_to_string(path) {
+            if !before.is_empty() && before != tenant {
+                w.violations.push(format!(
+                    "RAM volume {tenant} reads the memory of {before} ({})",
+                    path.display()
+                ));
+            }
+        }
+        if let Err(e) = std::fs::write(path, &tenant) {
+            w.violations
+                .push(format!("cannot write {}: {e}", path.display()));
+        }
+    }
+
     fn erase(w: &mut World, offset: u64, len: u64) {
         for c in Self::chunks(offset, len) {
             w.chunks[c] = None;
@@ -396,6 +432,9 @@ impl Devices for SimKernel {
             self.serve(&mut w, dev_id, offset, len, keep_data);
         } else if failure == Some(Failure::Late) {
             return Err(DataplaneError::Gone);
+        }
+        if let BackendSpec::Ram { path: Some(path) } = &spec.backend {
+            self.serve_memory(&mut w, dev_id, path);
         }
         let i = info(dev_id, &spec);
         w.devices.insert(
