@@ -57,21 +57,8 @@ impl Volumes {
                 }
                 return Err(VolumeError::CreateConflict(record.id));
             }
-            Self::claim_window(&mut record, namespace, place_window, &map)?;
+            self.admit(&mut record, namespace, place_window, &map)?;
             record.erase_pending = new_window_erase(&record, namespace);
-            if map.len() >= self.settings.limits.max_volumes {
-                return Err(VolumeError::AdmitVolumeLimit(map.len()));
-            }
-            if let BackendRecord::File { path, .. } = &record.backend {
-                if let Some(other) = map.values().find(
-                    |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),
-                ) {
-                    return Err(VolumeError::AdmitBackingInUse {
-                        path: path.clone(),
-                        by: other.record.id.clone(),
-                    });
-                }
-            }
             self.handle()?;
             record.created_unix_ms = now_ms();
             record.dev_id = Some(self.free_dev_id(&map)?);
@@ -107,8 +94,35 @@ impl Volumes {
         self.settle(record, made).await
     }
 
+    /// What a new volume (created or adopted) must not take from the others, checked under the
+    /// map lock: its NVMe window (placed when `place`), the node's volume limit, and a backing
+    /// file another record owns under any name.
+    pub(super) fn admit(
+        &self,
+        record: &mut VolumeRecord,
+        namespace: Option<ublkd_dataplane::Namespace>,
+        place: bool,
+        map: &BTreeMap<VolumeId, Volume>,
+    ) -> Result<(), VolumeError> {
+        Self::claim_window(record, namespace, place, map)?;
+        if map.len() >= self.settings.limits.max_volumes {
+            return Err(VolumeError::AdmitVolumeLimit(map.len()));
+        }
+        if let BackendRecord::File { path, .. } = &record.backend {
+            if let Some(other) = map.values().find(
+                |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),
+            ) {
+                return Err(VolumeError::AdmitBackingInUse {
+                    path: path.clone(),
+                    by: other.record.id.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The namespace an NVMe record's window lies in (None for other backends).
-    async fn namespace_of(
+    pub(super) async fn namespace_of(
         &self,
         record: &VolumeRecord,
     ) -> Result<Option<ublkd_dataplane::Namespace>, VolumeError> {

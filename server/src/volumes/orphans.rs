@@ -78,11 +78,15 @@ impl Volumes {
         }
         record.dev_id = Some(dev_id);
         record.created_unix_ms = now_ms();
+        let namespace = self.namespace_of(&record).await?;
         {
             let mut map = self.inner.lock().await;
             if map.contains_key(&record.id) {
                 return Err(VolumeError::AdoptConflict(record.id));
             }
+            // The same checks as a create: an adopted device must not serve another record's
+            // window or backing file.
+            self.admit(&mut record, namespace, false, &map)?;
             map.insert(record.id.clone(), Volume::creating(record.clone()));
         }
         let adopted = self.take_over(&record).await;

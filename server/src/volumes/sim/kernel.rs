@@ -113,6 +113,13 @@ impl SimKernel {
         w.faults = faults;
     }
 
+    /// Device `dev_id` stays in the kernel, served by nobody: an orphan.
+    pub fn orphan(&self, dev_id: DevId) {
+        if let Some(d) = self.world().devices.get_mut(&dev_id) {
+            d.owned = false;
+        }
+    }
+
     /// What the kernel keeps of a dead process's devices: each stays, quiesced, nobody's.
     pub fn process_died(&self) {
         for d in self.world().devices.values_mut() {

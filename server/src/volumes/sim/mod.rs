@@ -853,3 +853,67 @@ fn a_window_that_does_not_fit_its_namespace_is_refused_before_it_is_recorded() {
     });
     simctx::set_on(false);
 }
+
+/// An orphan device adopted as a volume passes the same checks as a create (the lower list of
+/// issue 38): it may not take another record's backing file or overlap its NVMe window.
+#[test]
+fn an_adopted_device_takes_no_other_volumes_file_or_window() {
+    let dirs = Dirs::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    simctx::set_on(true);
+    rt.block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let file = BackendRecord::File {
+            path: dirs.files.join("f1.img"),
+            create: true,
+        };
+        let nvme = |offset: u64| BackendRecord::Nvme {
+            device: PathBuf::from(NS_PATH),
+            offset,
+            length: 4 * CHUNK,
+            keep_data: false,
+        };
+        for record in [
+            base_record(vid("a"), 4 * CHUNK, file.clone()),
+            base_record(vid("n"), 4 * CHUNK, nvme(0)),
+            base_record(vid("o"), 4 * CHUNK, BackendRecord::Null),
+        ] {
+            let made = v.create(record, false).await;
+            assert!(made.is_ok(), "{made:?}");
+        }
+        // o's device becomes an orphan: its record goes, the device stays.
+        let o = v.get(&vid("o")).await.unwrap_or_else(|e| panic!("{e}"));
+        let dev = o.record.dev_id.unwrap_or(DevId(u32::MAX));
+        kernel.orphan(dev);
+        v.registry.remove("o").unwrap_or_else(|e| panic!("{e}"));
+        v.inner.lock().await.remove(&vid("o"));
+        let taken = v.adopt(dev, base_record(vid("b"), 4 * CHUNK, file)).await;
+        assert!(
+            matches!(
+                taken,
+                Err(crate::error::VolumeError::AdmitBackingInUse { .. })
+            ),
+            "{taken:?}"
+        );
+        let overlapping = v
+            .adopt(dev, base_record(vid("c"), 4 * CHUNK, nvme(2 * CHUNK)))
+            .await;
+        assert!(
+            matches!(
+                overlapping,
+                Err(crate::error::VolumeError::AdmitWindowOverlap { .. })
+            ),
+            "{overlapping:?}"
+        );
+        let fine = v
+            .adopt(dev, base_record(vid("d"), 0, BackendRecord::Null))
+            .await;
+        assert!(fine.is_ok(), "{fine:?}");
+    });
+    simctx::set_on(false);
+}
