@@ -69,8 +69,10 @@ pub struct Volumes {
     snapshot_registry: Registry<SnapshotRecord>,
     /// Clones whose backing file is being made (`CloneIntent`).
     intents: Registry<CloneIntent>,
-    /// Every snapshot; its lock also orders snapshot creation and deletion.
+    /// Every snapshot; its lock is held only to read or record.
     snapshots: Mutex<BTreeMap<SnapshotId, SnapshotRecord>>,
+    /// Snapshot ids being taken, and of which volume: reserved while their copy is made.
+    snapshots_taking: std::sync::Mutex<BTreeMap<SnapshotId, VolumeId>>,
     settings: Arc<Settings>,
     inner: Mutex<BTreeMap<VolumeId, Volume>>,
     /// Each volume's operation lock, while anyone holds or waits for it.
@@ -155,6 +157,7 @@ impl Volumes {
             snapshot_registry,
             intents,
             snapshots: Mutex::new(BTreeMap::new()),
+            snapshots_taking: std::sync::Mutex::new(BTreeMap::new()),
             settings,
             inner: Mutex::new(BTreeMap::new()),
             ops: std::sync::Mutex::new(HashMap::new()),

@@ -45,18 +45,52 @@ impl Volumes {
         id: SnapshotId,
         source: VolumeId,
     ) -> Result<SnapshotRecord, VolumeError> {
-        // The volume's lock orders the snapshot with its delete and resize.
+        // The volume's lock orders the snapshot with its delete and resize. The snapshots' lock
+        // is held only to check and to record: the drain, the reflink and its fsyncs run
+        // without it, so one volume's slow snapshot holds up no other volume's. The id is
+        // reserved meanwhile (`snapshots_taking`).
         let _op = self.op_lock(&source).await;
-        let mut snapshots = self.snapshots.lock().await;
-        if let Some(existing) = snapshots.get(&id) {
-            if existing.source == source {
-                return Ok(existing.clone());
+        {
+            let snapshots = self.snapshots.lock().await;
+            if let Some(existing) = snapshots.get(&id) {
+                if existing.source == source {
+                    return Ok(existing.clone());
+                }
+                return Err(VolumeError::SnapshotConflict {
+                    id,
+                    source_volume: existing.source.clone(),
+                });
             }
-            return Err(VolumeError::SnapshotConflict {
-                id,
-                source_volume: existing.source.clone(),
-            });
+            let mut taking = self
+                .snapshots_taking
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(other) = taking.get(&id) {
+                // Another volume's snapshot of this id is being taken (the same volume's would
+                // wait for the volume's lock).
+                return Err(VolumeError::SnapshotConflict {
+                    id,
+                    source_volume: other.clone(),
+                });
+            }
+            taking.insert(id.clone(), source.clone());
         }
+        let taken = self.take_snapshot(&id, &source).await;
+        self.snapshots_taking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        taken
+    }
+
+    /// The copy and the record of snapshot `id` of `source`, whose id is reserved.
+    async fn take_snapshot(
+        &self,
+        id: &SnapshotId,
+        source: &VolumeId,
+    ) -> Result<SnapshotRecord, VolumeError> {
+        let id = id.clone();
+        let source = source.clone();
         let vol = self.get(&source).await?;
         let backing = file_backing(&vol)?;
         let path = snapshot_path(&backing, &id);
@@ -95,7 +129,7 @@ impl Volumes {
             return Err(e.into());
         }
         tracing::info!(snapshot = %id, volume = %record.source, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
-        snapshots.insert(id, record.clone());
+        self.snapshots.lock().await.insert(id, record.clone());
         Ok(record)
     }
 
