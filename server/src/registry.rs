@@ -61,6 +61,15 @@ pub struct LoadReport {
     pub stale_temp: usize,
 }
 
+impl<R> Clone for Registry<R> {
+    fn clone(&self) -> Self {
+        Self {
+            dir: self.dir.clone(),
+            _records: std::marker::PhantomData,
+        }
+    }
+}
+
 impl<R: Record> Registry<R> {
     pub fn open_dir(dir: PathBuf) -> Result<Self, RegistryError> {
         fs::create_dir_all(&dir).map_err(|source| RegistryError::CreateDir {

@@ -230,7 +230,7 @@ impl Volumes {
 
     /// The slow part of a create: backing file, record, device. Undoes its own steps on failure.
     async fn make(&self, record: &mut VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-        let created_file = self.prepare_backing_file(record)?;
+        let created_file = self.prepare_backing_file(record).await?;
         // The create's own error is what the caller gets; an undo step that fails too is
         // logged: a record left makes the next start bring the volume up, a file left stays
         // (it is not ublkd's to find again).
@@ -249,9 +249,9 @@ impl Volumes {
         // The record (with the device id it will get) goes first: a crash from here on leaves a
         // registered volume whose device the next start takes over or creates, never a device
         // nobody owns.
-        if let Err(e) = self.registry.put(record) {
+        if let Err(e) = self.put_record(record).await {
             undo(record);
-            return Err(e.into());
+            return Err(e);
         }
         fault_point("create:after_record");
         delay_point("create:after_record").await;
@@ -281,7 +281,7 @@ impl Volumes {
                 record.dev_id = Some(info.dev_id);
                 // The window is erased: served, it is the tenant's own from now on.
                 record.erase_pending = None;
-                self.registry.put(record)?;
+                self.put_record(record).await?;
                 Ok(info)
             }
             Err(e) => {
@@ -308,28 +308,13 @@ impl Volumes {
     }
 
     /// Creates a missing backing file when asked to; returns its path if this call created it.
-    pub(super) fn prepare_backing_file(
+    /// On the blocking pool: an fsync.
+    pub(super) async fn prepare_backing_file(
         &self,
         record: &VolumeRecord,
     ) -> Result<Option<PathBuf>, VolumeError> {
-        let BackendRecord::File { path, create } = &record.backend else {
-            return Ok(None);
-        };
-        if !*create || path.exists() {
-            return Ok(None);
-        }
-        let err = |source| VolumeError::PrepareBackingFile {
-            path: path.clone(),
-            source,
-        };
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(err)?;
-        f.set_len(record.size_bytes).map_err(err)?;
-        f.sync_all().map_err(err)?;
-        Ok(Some(path.clone()))
+        let record = record.clone();
+        blocking(move || make_backing_file(&record)).await
     }
 
     /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
@@ -381,7 +366,7 @@ impl Volumes {
             // Persist the intent: a crash during the delete is finished by the next start.
             let mut record = vol.record.clone();
             record.deleting = true;
-            self.registry.put(&record)?;
+            self.put_record(&record).await?;
             fault_point("delete:after_mark");
             let deleted = blocking(move || match handle.delete_device(dev_id) {
                 // Not the dataplane's (nor being taken over): the kernel's alone when the
@@ -440,7 +425,7 @@ impl Volumes {
         // A RAM volume's memory goes before its record: a crash in between leaves a record
         // whose restore finds an empty file, never a file a later volume of the id would read.
         self.remove_ram_file(&vol.record);
-        self.registry.remove(id)?;
+        self.remove_record(id).await?;
         self.inner.lock().await.remove(id);
         Ok(true)
     }
@@ -546,7 +531,8 @@ impl Volumes {
             });
         };
         if let BackendRecord::File { path, create } = &vol.record.backend {
-            grow_backing_file(path, *create, size)?;
+            let (path, create) = (path.clone(), *create);
+            blocking(move || grow_backing_file(&path, create, size)).await?;
         }
         let handle = self.handle()?;
         // The new size is recorded first: after a crash the next start applies it.
@@ -585,9 +571,9 @@ impl Volumes {
                 v.record = record.clone();
             }
         }
-        if let Err(e) = self.registry.put(&record) {
+        if let Err(e) = self.put_record(&record).await {
             self.roll_back(&vol.record).await;
-            return Err(e.into());
+            return Err(e);
         }
         fault_point("resize:after_record");
         match blocking(move || handle.resize_device(info.dev_id, size)).await {
@@ -595,7 +581,7 @@ impl Volumes {
                 fault_point("resize:after_device");
                 if record.erase_pending.take().is_some() {
                     // The growth is erased and served: the tenant's now.
-                    self.registry.put(&record)?;
+                    self.put_record(&record).await?;
                 }
                 let mut map = self.inner.lock().await;
                 let v = map
@@ -616,7 +602,7 @@ impl Volumes {
     /// refused. Should the registry write fail too, the next start would apply the refused
     /// change: the volume says so in its message, with a log line and a count.
     async fn roll_back(&self, old: &VolumeRecord) {
-        let put = self.registry.put(old);
+        let put = self.put_record(old).await;
         let mut map = self.inner.lock().await;
         let Some(v) = map.get_mut(&old.id) else {
             return;
@@ -645,7 +631,7 @@ impl Volumes {
         }
         let mut record = vol.record.clone();
         record.qos = qos;
-        self.registry.put(&record)?;
+        self.put_record(&record).await?;
         let updated = match vol.device.as_ref() {
             Some(info) => {
                 let handle = self.handle()?;
@@ -728,6 +714,28 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
+}
+
+/// The file `record` names, made at its size when it is missing and `create` says so.
+fn make_backing_file(record: &VolumeRecord) -> Result<Option<PathBuf>, VolumeError> {
+    let BackendRecord::File { path, create } = &record.backend else {
+        return Ok(None);
+    };
+    if !*create || path.exists() {
+        return Ok(None);
+    }
+    let err = |source| VolumeError::PrepareBackingFile {
+        path: path.clone(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(err)?;
+    f.set_len(record.size_bytes).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    Ok(Some(path.clone()))
 }
 
 fn grow_backing_file(path: &std::path::Path, create: bool, size: u64) -> Result<(), VolumeError> {

@@ -212,6 +212,19 @@ impl Volumes {
         self.handle.as_ref().map(|h| h.features())
     }
 
+    /// Writes `record` to the registry on the blocking pool: a write and two fsyncs, which
+    /// must not hold one of the runtime's two threads.
+    async fn put_record(&self, record: &VolumeRecord) -> Result<(), VolumeError> {
+        let (registry, record) = (self.registry.clone(), record.clone());
+        blocking(move || registry.put(&record)).await
+    }
+
+    /// Removes volume `id`'s record on the blocking pool (an unlink and an fsync).
+    async fn remove_record(&self, id: &VolumeId) -> Result<(), VolumeError> {
+        let (registry, id) = (self.registry.clone(), id.clone());
+        blocking(move || registry.remove(id.as_str())).await
+    }
+
     /// The lowest ublk device id that neither the kernel nor any record uses.
     fn free_dev_id(&self, map: &BTreeMap<VolumeId, Volume>) -> Result<DevId, VolumeError> {
         let used: std::collections::BTreeSet<DevId> = self

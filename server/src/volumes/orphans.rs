@@ -94,13 +94,13 @@ impl Volumes {
     }
 
     async fn take_over(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-        self.prepare_backing_file(record)?;
+        self.prepare_backing_file(record).await?;
         let handle = self.handle()?;
         let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
         let started = Instant::now();
         let info = blocking(move || handle.recover_device(spec)).await?;
         self.recoveries.record(started.elapsed());
-        self.registry.put(record)?;
+        self.put_record(record).await?;
         Ok(info)
     }
 

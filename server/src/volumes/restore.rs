@@ -138,7 +138,7 @@ impl Volumes {
             }
             self.erase_deleted_window(record).await?;
             self.remove_ram_file(record);
-            self.registry.remove(&record.id)?;
+            self.remove_record(&record.id).await?;
             return Ok(None);
         }
         if let (Some(pending), Some(device)) =

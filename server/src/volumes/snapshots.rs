@@ -146,17 +146,22 @@ impl Volumes {
             }
             return Err(VolumeError::LookupSnapshot(id.clone()));
         };
-        match std::fs::remove_file(&record.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(VolumeError::WriteSnapshot {
-                    path: record.path,
-                    source,
-                })
+        // Unlinking a copy frees its extents, and the record's removal fsyncs: both on the
+        // blocking pool, not on one of the runtime's two threads.
+        let (path, registry, key) = (
+            record.path.clone(),
+            self.snapshot_registry.clone(),
+            id.clone(),
+        );
+        blocking(move || {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(VolumeError::WriteSnapshot { path, source }),
             }
-        }
-        self.snapshot_registry.remove(id.as_str())?;
+            registry.remove(key.as_str()).map_err(VolumeError::from)
+        })
+        .await?;
         snapshots.remove(id);
         Ok(true)
     }
