@@ -604,9 +604,23 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
     root.run(&["ublkctl", "--timeout", "5", "get-volume", "deb-file"])
         .context("the volume still served after the removal refused for a silent ublkd")?;
 
+    // With ublkd stopped (on_exit = keep), the volume's device waits in the kernel for a
+    // ublkd to take it over: removing the package now would leave it waiting for ever, so
+    // that is refused too, naming the volume (issue 38, the lower list).
+    ublkd.stop()?;
+    let remove = dpkg(&["-r", "ublkd"])?;
+    let said = text(&remove);
+    ensure!(
+        !remove.status.success(),
+        "removal went ahead with a device left waiting in the kernel:\n{said}"
+    );
+    ensure!(
+        said.contains("wait in the kernel") && said.contains("deb-file"),
+        "the refusal names the waiting volume:\n{said}"
+    );
+
     // A socket the configuration moved is where the scripts ask. ublkd restarts (keeping the
     // volume) listening only there.
-    ublkd.stop()?;
     let conf = root.path("/etc/ublkd/ublkd.toml");
     let text_conf = std::fs::read_to_string(&conf)?;
     let moved = "unix:///run/ublkd-alt/api.sock";
