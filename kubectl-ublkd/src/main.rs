@@ -23,6 +23,7 @@ use clap::{Parser, Subcommand};
 use cluster::Cluster;
 use report::NodeRow;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
@@ -57,7 +58,13 @@ enum Command {
     /// Every node with ublkd: volumes, orphan devices and capacity per class.
     Nodes,
     /// Volumes no PersistentVolume names, and devices no volume owns, per node.
-    Orphans,
+    Orphans {
+        /// Seconds between the two looks: a volume counts as without PV only when both found
+        /// it so (a claim being provisioned has its volume a moment before its PV), the rule
+        /// ublkd's own report follows.
+        #[arg(long, default_value_t = 5)]
+        settle: u64,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -77,7 +84,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Pvc { name, namespace } => pvc(&cluster, namespace.as_deref(), &name).await,
         Command::Nodes => nodes(&cluster).await,
-        Command::Orphans => orphans(&cluster).await,
+        Command::Orphans { settle } => orphans(&cluster, settle).await,
     }
 }
 
@@ -155,20 +162,39 @@ async fn nodes(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-async fn orphans(cluster: &Cluster) -> Result<()> {
-    let pods = cluster.ublkd_pods().await?;
+/// Each node's volumes that no PersistentVolume names, looked at once.
+async fn unnamed(
+    cluster: &Cluster,
+    pods: &[(String, String)],
+    failed: &mut Vec<String>,
+) -> Result<BTreeMap<String, Vec<String>>> {
     let pvs = cluster.locations().await?;
-    let mut rows = Vec::new();
-    let mut failed = Vec::new();
+    let mut out = BTreeMap::new();
     for (node, pod) in pods {
-        match ublkctl_json(cluster, &pod, &["list-volumes"]).await {
+        match ublkctl_json(cluster, pod, &["list-volumes"]).await {
             Ok(list) => {
-                for v in report::volumes_without_pv(&node, &report::volume_ids(&list), &pvs) {
-                    rows.push(vec![node.clone(), "volume without PV".into(), v]);
-                }
+                let ids = report::volume_ids(&list);
+                out.insert(node.clone(), report::volumes_without_pv(node, &ids, &pvs));
             }
             Err(e) => failed.push(format!("{node}: {e:#}")),
         }
+    }
+    Ok(out)
+}
+
+async fn orphans(cluster: &Cluster, settle: u64) -> Result<()> {
+    let pods: Vec<(String, String)> = cluster.ublkd_pods().await?.into_iter().collect();
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    let first = unnamed(cluster, &pods, &mut failed).await?;
+    tokio::time::sleep(std::time::Duration::from_secs(settle)).await;
+    let second = unnamed(cluster, &pods, &mut failed).await?;
+    for (node, volumes) in report::in_both(&first, &second) {
+        for v in volumes {
+            rows.push(vec![node.clone(), "volume without PV".into(), v]);
+        }
+    }
+    for (node, pod) in pods {
         // `ublkctl -o json orphans` answers {"orphans": [...]}.
         match ublkctl_json(cluster, &pod, &["orphans"])
             .await

@@ -47,6 +47,21 @@ pub fn volumes_without_pv(node: &str, volumes: &[String], pvs: &[Location]) -> V
         .collect()
 }
 
+/// Per node, the volumes both looks found without a PV, in the second look's order.
+pub fn in_both(
+    first: &BTreeMap<String, Vec<String>>,
+    second: &BTreeMap<String, Vec<String>>,
+) -> BTreeMap<String, Vec<String>> {
+    second
+        .iter()
+        .map(|(node, now)| {
+            let before = first.get(node).map(Vec::as_slice).unwrap_or_default();
+            let kept = now.iter().filter(|v| before.contains(v)).cloned().collect();
+            (node.clone(), kept)
+        })
+        .collect()
+}
+
 /// The volume ids in `ublkctl -o json list-volumes`.
 pub fn volume_ids(list: &Value) -> Vec<String> {
     list["volumes"]
@@ -145,6 +160,23 @@ mod tests {
             volume: volume.into(),
             node: node.map(str::to_owned),
         }
+    }
+
+    /// A volume counts as without PV only when both looks found it so: one whose PV appeared
+    /// in between (a claim being provisioned) is not listed, nor one that went.
+    #[test]
+    fn only_volumes_without_pv_in_both_looks_are_listed() {
+        let map = |v: &[(&str, &[&str])]| -> BTreeMap<String, Vec<String>> {
+            v.iter()
+                .map(|(n, vs)| (n.to_string(), vs.iter().map(|s| s.to_string()).collect()))
+                .collect()
+        };
+        let first = map(&[("n1", &["stray", "new"]), ("n2", &["gone"])]);
+        let second = map(&[("n1", &["stray", "later"]), ("n2", &[])]);
+        assert_eq!(
+            in_both(&first, &second),
+            map(&[("n1", &["stray"]), ("n2", &[])])
+        );
     }
 
     #[test]
