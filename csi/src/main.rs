@@ -110,9 +110,15 @@ enum Sub {
 
 #[derive(Debug, clap::Subcommand)]
 enum NodeLoss {
-    /// Put the finalizer ublkd.io/node on every Node of the driver and, when one is deleted,
-    /// release its claims and PersistentVolumes so that their workloads move elsewhere
-    Watch,
+    /// Put the finalizer ublkd.io/node on every Node of the driver and, when one is deleted
+    /// and lost, release its claims and PersistentVolumes so that their workloads move
+    /// elsewhere
+    Watch {
+        /// How long a deleted Node must have been NotReady, its Lease expired, before it is
+        /// lost (300, 300s, 5m, 1h). A Node annotated ublkd.io/node-lost=true is lost at once.
+        #[arg(long, default_value = "5m", value_parser = ublkd_csi::nodeloss::verdict::parse_lost_after)]
+        lost_after: Duration,
+    },
     /// Stop the controller (delete its Deployment) and take the finalizer off every Node:
     /// the chart's pre-delete hook
     Uninstall {
@@ -155,7 +161,9 @@ async fn main() -> Result<()> {
             }
             return Ok(());
         }
-        Some(Sub::NodeLoss(NodeLoss::Watch)) => return Ok(ublkd_csi::nodeloss::watch().await?),
+        Some(Sub::NodeLoss(NodeLoss::Watch { lost_after })) => {
+            return Ok(ublkd_csi::nodeloss::watch(lost_after).await?)
+        }
         Some(Sub::NodeLoss(NodeLoss::Uninstall {
             namespace,
             deployment,

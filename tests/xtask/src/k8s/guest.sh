@@ -413,6 +413,16 @@ fail() {
 ublkctl() { kubectl -n ublkd-system exec ds/ublkd -c ublkd -- /usr/local/bin/ublkctl "$@"; }
 # finalized NODE: the node-loss controller's finalizer is on NODE
 finalized() { kubectl get node "$1" -o jsonpath='{.metadata.finalizers}' | grep -q 'ublkd.io/node'; }
+# node_event NODE REASON: an Event of that reason on Node NODE (the node-loss controller's)
+node_event() {
+    kubectl get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$1,reason=$2" \
+        -o jsonpath='{.items[*].message}' | grep -q .
+}
+# node_events NODE: the node-loss controller's Events on Node NODE, for the log
+node_events() {
+    kubectl get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$1" \
+        -o custom-columns=REASON:.reason,MESSAGE:.message | grep -E '^(REASON|Node)' || true
+}
 
 # The driver as the cluster sees it: CSINode with the topology key and a volume limit, and
 # capacity objects for every class.
@@ -992,8 +1002,11 @@ EOP
 # kubelet (two kubelets on one guest would need two containerds, mount namespaces and cgroup
 # roots: a kubelet kills the pods of a shared containerd it does not know). Its volume is a
 # real ublkd volume on this node standing in for B's, named by a PersistentVolume whose
-# topology is B, as the provisioner writes them (its finalizer too). The controller must
-# delete the claim and the PV and leave the volume: afterwards `kubectl ublkd orphans` lists it.
+# topology is B, as the provisioner writes them (its finalizer too). Deleted, B is not lost
+# yet (NotReady for less than the chart's 5 minutes): the controller keeps everything and
+# says why in an Event. Marked lost (the annotation ublkd.io/node-lost), it must set the PV to
+# Retain, delete the claim and the PV and leave the volume: afterwards `kubectl ublkd orphans`
+# lists it.
 LOST=ublkd-vm-lost
 s_node_loss() {
     kubectl apply -f - <<EON
@@ -1018,9 +1031,10 @@ metadata:
 spec:
   capacity: {storage: 64Mi}
   accessModes: [ReadWriteOnce]
-  # Retain: the volume stands in for B's on this node, where this node's provisioner could
-  # otherwise delete it (on B, nothing can).
-  persistentVolumeReclaimPolicy: Retain
+  # Delete, as the provisioner makes them: the controller sets it to Retain before it deletes
+  # the claim, so that no provisioner deletes the volume (it stands in for B's on this node);
+  # a PV that was Retain already it would leave alone.
+  persistentVolumeReclaimPolicy: Delete
   storageClassName: ublkd-ram
   claimRef: {namespace: default, name: data-lost-0}
   csi: {driver: ublkd.io, volumeHandle: lost-vol, fsType: ext4}
@@ -1057,9 +1071,33 @@ EOS
     on_node() { [ "$(kubectl get pod lost-0 -o jsonpath='{.spec.nodeName}')" = "$1" ]; }
     wait_for 300 on_node "$LOST" || { kubectl describe pod lost-0 | tail -20; fail "lost-0 was not scheduled to $LOST"; }
     [ "$(kubectl get pvc data-lost-0 -o jsonpath='{.spec.volumeName}')" = lost-pv ] || fail "data-lost-0 is not bound to lost-pv"
+    # B's kubelet "stops" now: Ready Unknown from this moment (the node lifecycle controller
+    # keeps the time of a condition already Unknown), and B has no Lease.
+    t=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    kubectl patch node "$LOST" --subresource=status -p "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"Unknown\",\"reason\":\"NodeStatusUnknown\",\"message\":\"the test's lost node\",\"lastHeartbeatTime\":\"$t\",\"lastTransitionTime\":\"$t\"}]}}"
     echo "lost-0 on $LOST with lost-pv; deleting the node"
-    kubectl delete node "$LOST" --wait=true --timeout=300s
+    kubectl delete node "$LOST" --wait=false
+    # NotReady for seconds, not the 5 minutes of nodeLoss.lostAfter: kept, and said so
+    wait_for 120 node_event "$LOST" NodeNotReadyTooShort || {
+        node_events "$LOST"
+        kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=30
+        fail "no NodeNotReadyTooShort Event on $LOST"
+    }
+    node_events "$LOST"
+    finalized "$LOST" || fail "the controller let $LOST go before it was lost"
+    [ "$(kubectl get pvc data-lost-0 -o jsonpath='{.spec.volumeName}')" = lost-pv ] || fail "data-lost-0 was released before $LOST was lost"
+    [ "$(kubectl get pv lost-pv -o jsonpath='{.spec.persistentVolumeReclaimPolicy}')" = Delete ] || fail "lost-pv was touched before $LOST was lost"
+    # the operator says the machine is gone
+    kubectl annotate node "$LOST" ublkd.io/node-lost=true
+    nodegone() { ! kubectl get node "$LOST" >/dev/null 2>&1; }
+    wait_for 300 nodegone || {
+        node_events "$LOST"
+        kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=30
+        fail "$LOST was not released once marked lost"
+    }
     kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=20
+    node_events "$LOST"
+    node_event "$LOST" NodeReleased || fail "no NodeReleased Event on $LOST"
     # The pod goes when its node has gone (the pod GC), the claim with it, and the StatefulSet
     # makes both again: scheduled here, provisioned here.
     moved() { on_node "$NODE" && kubectl wait --for=condition=Ready pod/lost-0 --timeout=5s; }
@@ -1092,6 +1130,95 @@ EOS
     kubectl delete statefulset lost --wait=true
     kubectl delete pvc data-lost-0 --wait=true
     ublkctl delete-volume lost-vol
+}
+
+# A deleted Node is not a lost one (docs/kubernetes.md, "Retire a node"): the Node object of
+# this, the running node, deleted with one claim in use by a pod and one bound but unused.
+# The controller's finalizer holds the Node (Terminating) and its kubelet keeps renewing its
+# Lease, so nothing may be released: after looks enough for a provisioner to have deleted a
+# released volume, both claims (the same uids), both PVs (still Delete) and both ublkd
+# volumes are there, the pod still reads its data, and an Event on the Node says why. Then
+# the Node is given back as the document says (the finalizer off, the kubelet restarted,
+# which registers it again) and, a minute after, nothing is released either.
+s_node_alive() {
+    # file volumes: should the pod garbage collector restart ublkd while the Node is away,
+    # they are its registry's, taken back at start
+    pvc a-used ublkd-file 64Mi
+    pvc a-idle ublkd-file 64Mi
+    pod p-alive a-used
+    in_pod p-alive 'echo alive >/data/f && sync'
+    # bound by a pod of its own (WaitForFirstConsumer), then unused
+    pod p-alive-idle a-idle
+    kubectl delete pod p-alive-idle --wait=true
+    uid_used=$(kubectl get pvc a-used -o jsonpath='{.metadata.uid}')
+    uid_idle=$(kubectl get pvc a-idle -o jsonpath='{.metadata.uid}')
+    pv_used=$(kubectl get pvc a-used -o jsonpath='{.spec.volumeName}')
+    pv_idle=$(kubectl get pvc a-idle -o jsonpath='{.spec.volumeName}')
+    vol_used=$(volume_of a-used)
+    vol_idle=$(volume_of a-idle)
+    echo "in use: a-used $uid_used $pv_used $vol_used; unused: a-idle $uid_idle $pv_idle $vol_idle"
+    { [ -n "$vol_used" ] && [ -n "$vol_idle" ]; } || fail "both claims bound to a volume"
+    finalized "$NODE" || fail "no finalizer ublkd.io/node on $NODE before its deletion"
+    node_uid=$(kubectl get node "$NODE" -o jsonpath='{.metadata.uid}')
+    # nothing released: the claims, their PVs as the provisioner made them, the volumes
+    intact() {
+        [ "$(kubectl get pvc a-used -o jsonpath='{.metadata.uid} {.status.phase}')" = "$uid_used Bound" ] ||
+            fail "a-used (in use) was deleted or unbound"
+        [ "$(kubectl get pvc a-idle -o jsonpath='{.metadata.uid} {.status.phase}')" = "$uid_idle Bound" ] ||
+            fail "a-idle (unused) was deleted or unbound"
+        for pv in "$pv_used" "$pv_idle"; do
+            got=$(kubectl get pv "$pv" -o jsonpath='{.spec.persistentVolumeReclaimPolicy} {.metadata.deletionTimestamp}')
+            [ "$got" = "Delete " ] || fail "$pv was deleted or changed ('$got')"
+        done
+        vols=$(ublkctl list-volumes)
+        for v in "$vol_used" "$vol_idle"; do
+            echo "$vols" | grep -q "$v" || { echo "$vols"; fail "ublkd's volume $v disappeared"; }
+        done
+        if node_event "$NODE" NodeReleased; then
+            node_events "$NODE"
+            fail "the controller released the running node"
+        fi
+    }
+    kubectl delete node "$NODE" --wait=false
+    [ -n "$(kubectl get node "$NODE" -o jsonpath='{.metadata.deletionTimestamp}')" ] ||
+        fail "$NODE went at once: its finalizer did not hold it"
+    wait_for 120 node_event "$NODE" NodeLeaseRenewed || {
+        node_events "$NODE"
+        kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=30
+        fail "no NodeLeaseRenewed Event on $NODE"
+    }
+    node_events "$NODE"
+    # The controller looks every 30 s; in issue 38 the node's provisioner deleted the volumes
+    # of the released PVs within seconds.
+    sleep 90
+    intact
+    [ "$(in_pod p-alive 'cat /data/f')" = alive ] || fail "p-alive lost its data while its Node was Terminating"
+    n=$(kubectl get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$NODE,reason=NodeLeaseRenewed" \
+        -o jsonpath='{range .items[*]}{.count}{"\n"}{end}' | awk '{ n += ($1 > 0 ? $1 : 1) } END { print n + 0 }')
+    echo "NodeLeaseRenewed posted $n time(s) over 90 s of looks"
+    [ "$n" -le 1 ] || fail "the same decision was posted $n times, not once"
+    echo "nothing released while $NODE was Terminating; giving it back"
+    # shellcheck disable=SC2016 # a patch directive, not a variable
+    kubectl patch node "$NODE" -p '{"metadata":{"$deleteFromPrimitiveList/finalizers":["ublkd.io/node"]}}'
+    # gone, or registered again already by a kubelet that does so on its own
+    replaced() { [ "$(kubectl get node "$NODE" -o jsonpath='{.metadata.uid}' 2>/dev/null)" != "$node_uid" ]; }
+    wait_for 120 replaced || fail "$NODE stayed after its finalizer was taken off"
+    old=$(cat /run/kubelet.pid)
+    kill "$old"
+    wait_for 30 sh -c "! kill -0 $old" || fail "the kubelet did not stop"
+    # kubelet_service starts it again, as systemd would; it registers the Node at start
+    wait_for 600 node_ready || fail "the kubelet did not register $NODE again"
+    registered() { kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw ublkd.io; }
+    wait_for 300 registered || fail "the driver is not registered on the new $NODE"
+    wait_for 300 finalized "$NODE" || fail "the controller put no finalizer on the new $NODE"
+    wait_for 600 all_ready || { kubectl -n ublkd-system get pods -o wide; fail "the driver's pods are not Ready again"; }
+    echo "$NODE registered again; a minute more"
+    sleep 60
+    intact
+    node_events "$NODE"
+    kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=10
+    kubectl delete pod p-alive --wait=true --ignore-not-found
+    kubectl delete pvc a-used a-idle --wait=true
 }
 
 # Uninstall as docs/kubernetes.md ("Uninstall") says, last: every claim deleted first (with
@@ -1141,6 +1268,8 @@ run kubelet-restart s_kubelet_restart
 run drain s_drain
 run stuck s_stuck
 run node-loss s_node_loss
+# deletes and re-registers this node: after every scenario that needs it untouched
+run node-alive s_node_alive
 run uninstall s_uninstall
 
 # The pods' own logs, kept on every run (the registrar's or a sidecar's restart says why only

@@ -62,6 +62,7 @@ pub const SCENARIOS: &[&str] = &[
     "drain",
     "stuck",
     "node-loss",
+    "node-alive",
     "uninstall",
 ];
 
