@@ -57,6 +57,23 @@ pub enum CsiError {
         #[source]
         source: std::io::Error,
     },
+    /// No file system was recognised on the device, and its ends are not zeroes: it holds
+    /// something, so it is not formatted.
+    #[error(
+        "{} is not blank: non-zero bytes at offset {offset}, and no file system was \
+         recognised on it: it is not formatted",
+        device.display()
+    )]
+    DeviceNotBlank { device: PathBuf, offset: u64 },
+    /// No file system was recognised on the device, and one of its ends could not be read to
+    /// check that it is blank (nor, likely, could blkid read it).
+    #[error("{} is not formatted: its {what} could not be read", device.display())]
+    BlankCheckRead {
+        device: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{command} failed: {output}")]
     Command { command: String, output: String },
     #[error("{step} {}", path.display())]
@@ -104,10 +121,13 @@ impl CsiError {
             E::OutOfRange(_) => Code::OutOfRange,
             E::TopologyExcludesNode { .. } | E::NoRoom { .. } => Code::ResourceExhausted,
             E::VolumeNotFound(_) | E::PathMissing(_) | E::VolumeNotAtPath { .. } => Code::NotFound,
-            E::VolumeNotReady { .. } | E::DeviceUnreadable { .. } => Code::Unavailable,
-            E::VolumeFailed { .. } | E::PublishedElsewhere { .. } | E::ForeignFileSystem { .. } => {
-                Code::FailedPrecondition
+            E::VolumeNotReady { .. } | E::DeviceUnreadable { .. } | E::BlankCheckRead { .. } => {
+                Code::Unavailable
             }
+            E::VolumeFailed { .. }
+            | E::PublishedElsewhere { .. }
+            | E::ForeignFileSystem { .. }
+            | E::DeviceNotBlank { .. } => Code::FailedPrecondition,
             E::VolumeMismatch { .. }
             | E::PathTaken { .. }
             | E::SourceMismatch { .. }
@@ -205,6 +225,21 @@ mod tests {
                 Code::AlreadyExists,
             ),
             (E::ModifyUnconfigured, Code::FailedPrecondition),
+            (
+                E::DeviceNotBlank {
+                    device: "/dev/ublkb0".into(),
+                    offset: 1024,
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::BlankCheckRead {
+                    device: "/dev/ublkb0".into(),
+                    what: "last MiB",
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                },
+                Code::Unavailable,
+            ),
             (
                 E::NodesUnreachable {
                     id: "v".into(),

@@ -132,51 +132,141 @@ pub fn run(program: &str, args: &[&str]) -> Result<String, CsiError> {
     })
 }
 
-/// How much of a device is read before anything decides to format it.
-const PROBE_BYTES: usize = 1 << 20;
+/// How much of each end of a device is read before anything decides to format it.
+const PROBE_BYTES: u64 = 1 << 20;
 
-/// Reads `dev`'s first MiB with O_DIRECT (from the device, not the page cache). `blkid -p`
-/// exits 2 both for "nothing found" and for "could not read", so its "nothing" counts only
-/// between two reads that succeeded: a device that cannot be read is never formatted.
+/// O_DIRECT wants buffers, offsets and lengths aligned to the logical block (at most 4 KiB).
+const ALIGN: u64 = 4096;
+
+/// Reads `dev`'s first MiB with O_DIRECT (from the device, not the page cache): a device that
+/// cannot be read right now is refused before anything probes it.
 pub fn read_head(dev: &Path) -> Result<(), CsiError> {
-    off_runtime(|| read_head_now(dev))
+    off_runtime(|| {
+        let f = open_direct(dev)?;
+        read_range(&f, 0, PROBE_BYTES)
+            .map(drop)
+            .map_err(|source| CsiError::DeviceUnreadable {
+                device: dev.to_path_buf(),
+                source,
+            })
+    })
 }
 
-fn read_head_now(dev: &Path) -> Result<(), CsiError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let unreadable = |source| CsiError::DeviceUnreadable {
-        device: dev.to_path_buf(),
-        source,
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(dev)
-        .map_err(unreadable)?;
-    // O_DIRECT wants a buffer aligned to the logical block: 4 KiB inside a larger Vec.
-    const ALIGN: usize = 4096;
-    let mut raw = vec![0u8; PROBE_BYTES + ALIGN];
-    let off = raw.as_ptr().align_offset(ALIGN);
-    let buf = raw
-        .get_mut(off..off + PROBE_BYTES)
-        .ok_or_else(|| unreadable(std::io::Error::other("cannot align the read buffer")))?;
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read(&mut buf[done..]) {
-            // A device smaller than a MiB: all of it was read.
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(unreadable(e)),
+/// One end of a device, read for the blank check: where it starts, and its bytes or why they
+/// could not be read.
+#[derive(Debug)]
+pub struct End {
+    /// "first MiB" or "last MiB", for the message.
+    pub what: &'static str,
+    pub offset: u64,
+    pub bytes: std::io::Result<Vec<u8>>,
+}
+
+/// Reads `dev`'s first and last MiB with O_DIRECT ([`read_ends_of`]).
+pub fn read_ends(dev: &Path) -> Result<[End; 2], CsiError> {
+    off_runtime(|| {
+        let f = open_direct(dev)?;
+        read_ends_of(&f).map_err(|source| CsiError::DeviceUnreadable {
+            device: dev.to_path_buf(),
+            source,
+        })
+    })
+}
+
+/// Reads the first and the last MiB of `f` (a block device, or a regular file), each with its
+/// own outcome; the error is the size's, which says where the last MiB is. The last MiB starts
+/// on a 4 KiB boundary, so that it may be a little more than a MiB.
+pub fn read_ends_of(f: &std::fs::File) -> std::io::Result<[End; 2]> {
+    use std::io::{Seek, SeekFrom};
+    // A block device's metadata says 0 bytes; the end of it is its size.
+    let size = (&*f).seek(SeekFrom::End(0))?;
+    let tail = size.saturating_sub(PROBE_BYTES) / ALIGN * ALIGN;
+    Ok([
+        End {
+            what: "first MiB",
+            offset: 0,
+            bytes: read_range(f, 0, PROBE_BYTES.min(size)),
+        },
+        End {
+            what: "last MiB",
+            offset: tail,
+            bytes: read_range(f, tail, size - tail),
+        },
+    ])
+}
+
+/// Whether a device on which no file system was recognised may be formatted, from what its
+/// two ends read ([`read_ends`]): only when both read back whole and all zeroes, as ublkd
+/// makes every new volume. blkid's "nothing found" is also what it says when it could not read
+/// (the device's end, which it probes too), and mke2fs asks before formatting over a file
+/// system only on a TTY: this is the check that keeps a live file system from being formatted.
+/// A read error refuses before a non-zero byte does: it is why blkid saw nothing.
+pub fn check_blank(dev: &Path, ends: [End; 2]) -> Result<(), CsiError> {
+    let mut read = Vec::with_capacity(ends.len());
+    for end in ends {
+        match end.bytes {
+            Ok(b) => read.push((end.offset, b)),
+            Err(source) => {
+                return Err(CsiError::BlankCheckRead {
+                    device: dev.to_path_buf(),
+                    what: end.what,
+                    source,
+                })
+            }
+        }
+    }
+    for (offset, bytes) in read {
+        if let Some(i) = bytes.iter().position(|&b| b != 0) {
+            return Err(CsiError::DeviceNotBlank {
+                device: dev.to_path_buf(),
+                offset: offset + i as u64,
+            });
         }
     }
     Ok(())
 }
 
+fn open_direct(dev: &Path) -> Result<std::fs::File, CsiError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .map_err(|source| CsiError::DeviceUnreadable {
+            device: dev.to_path_buf(),
+            source,
+        })
+}
+
+/// Reads `len` bytes of `f` at `offset` (fewer at its end) into a buffer aligned for O_DIRECT
+/// (`offset` and `len` aligned by the caller).
+fn read_range(f: &std::fs::File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let len = usize::try_from(len).map_err(std::io::Error::other)?;
+    let align = ALIGN as usize;
+    let mut raw = vec![0u8; len + align];
+    let start = raw.as_ptr().align_offset(align);
+    let buf = raw
+        .get_mut(start..start + len)
+        .ok_or_else(|| std::io::Error::other("cannot align the read buffer"))?;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            // The end of the device (or file).
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    raw.truncate(start + done);
+    raw.drain(..start);
+    Ok(raw)
+}
+
 /// The file system (or other) signature on `dev`, if any: `blkid -p` probes the device itself,
 /// not a cache. Exit 2 means it found nothing, or could not read: callers that act on "nothing"
-/// read the device themselves around it ([`read_head`]).
+/// read the device themselves ([`check_blank`]).
 pub fn signature(dev: &Path) -> Result<Option<String>, CsiError> {
     let d = dev.to_string_lossy();
     let out = off_runtime(|| {
@@ -202,9 +292,9 @@ pub fn signature(dev: &Path) -> Result<Option<String>, CsiError> {
     }
 }
 
-/// Makes a file system on `dev` (checked blank by the caller). Never forced: should the tool
-/// find a signature after all, it refuses (its question meets a closed stdin) rather than
-/// format over it.
+/// Makes a file system on `dev`, which the caller checked blank ([`check_blank`]): mke2fs
+/// looks for an existing file system only when it can ask on a TTY, so not forcing it protects
+/// nothing.
 pub fn mkfs(fs: FsType, dev: &Path) -> Result<(), CsiError> {
     let d = dev.to_string_lossy();
     match fs {
@@ -330,6 +420,155 @@ mod tests {
         assert_eq!(m[0].root, PathBuf::from("/mnt1"));
         assert_eq!((m[1].dev.as_str(), m[1].fs_type.as_str()), ("259:3", "xfs"));
         assert_eq!(m[1].source, "/dev/ublkb3");
+    }
+
+    fn end(what: &'static str, offset: u64, bytes: std::io::Result<Vec<u8>>) -> End {
+        End {
+            what,
+            offset,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn only_two_ends_of_zeroes_are_blank() {
+        let dev = Path::new("/dev/ublkb0");
+        let zeroes = || Ok(vec![0u8; 4096]);
+        let eio = || Err(std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(check_blank(
+            dev,
+            [
+                end("first MiB", 0, zeroes()),
+                end("last MiB", 1 << 30, zeroes())
+            ]
+        )
+        .is_ok());
+        // An ext4 superblock at 1 KiB.
+        let mut ext4 = vec![0u8; 4096];
+        ext4[1024 + 56] = 0x53;
+        let e = check_blank(
+            dev,
+            [
+                end("first MiB", 0, Ok(ext4.clone())),
+                end("last MiB", 1 << 30, zeroes()),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, CsiError::DeviceNotBlank { offset: 1080, .. }),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            e.to_string()
+                .contains("not blank: non-zero bytes at offset 1080"),
+            "{e}"
+        );
+        let mut tail = vec![0u8; 4096];
+        tail[4095] = 1;
+        let e = check_blank(
+            dev,
+            [
+                end("first MiB", 0, zeroes()),
+                end("last MiB", 1 << 30, Ok(tail)),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, CsiError::DeviceNotBlank { offset, .. } if offset == (1 << 30) + 4095),
+            "{e:?}"
+        );
+        // The defect: the end fails to read (so blkid found nothing) on a live file system.
+        let e = check_blank(
+            dev,
+            [
+                end("first MiB", 0, Ok(ext4)),
+                end("last MiB", 1 << 30, eio()),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CsiError::BlankCheckRead {
+                    what: "last MiB",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        let shown = ublkd_client::cause_chain(&e);
+        assert!(
+            shown.starts_with("/dev/ublkb0 is not formatted: its last MiB could not be read: ")
+                && shown.contains("os error 5"),
+            "{shown}"
+        );
+        let e = check_blank(
+            dev,
+            [
+                end("first MiB", 0, eio()),
+                end("last MiB", 1 << 30, zeroes()),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CsiError::BlankCheckRead {
+                    what: "first MiB",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_ends_of_a_file_are_its_first_and_last_mib() {
+        use std::os::unix::fs::FileExt;
+        // Not a multiple of 4 KiB: the last MiB starts on the 4 KiB boundary below.
+        let size = 5 * (1 << 20) + 512;
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(size).unwrap();
+        let dev = Path::new("/tmp/file");
+        let ends = read_ends_of(&f).unwrap();
+        assert_eq!((ends[0].offset, ends[1].offset), (0, 4 << 20));
+        let lens: Vec<usize> = ends
+            .iter()
+            .map(|e| e.bytes.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(lens, [1 << 20, (1 << 20) + 512]);
+        assert!(
+            check_blank(dev, ends).is_ok(),
+            "a sparse file reads as zeroes"
+        );
+        // Data between the ends is not looked at.
+        f.write_all_at(b"x", 2 << 20).unwrap();
+        assert!(check_blank(dev, read_ends_of(&f).unwrap()).is_ok());
+        f.write_all_at(b"x", size - 1).unwrap();
+        let e = check_blank(dev, read_ends_of(&f).unwrap()).unwrap_err();
+        assert!(
+            matches!(e, CsiError::DeviceNotBlank { offset, .. } if offset == size - 1),
+            "{e:?}"
+        );
+        f.write_all_at(b"x", 4096).unwrap();
+        let e = check_blank(dev, read_ends_of(&f).unwrap()).unwrap_err();
+        assert!(
+            matches!(e, CsiError::DeviceNotBlank { offset: 4096, .. }),
+            "{e:?}"
+        );
+        // Smaller than a MiB: both ends are the whole of it.
+        let small = tempfile::tempfile().unwrap();
+        small.set_len(8192).unwrap();
+        small.write_all_at(b"x", 8191).unwrap();
+        let ends = read_ends_of(&small).unwrap();
+        assert_eq!((ends[0].offset, ends[1].offset), (0, 0));
+        let e = check_blank(dev, ends).unwrap_err();
+        assert!(
+            matches!(e, CsiError::DeviceNotBlank { offset: 8191, .. }),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -130,14 +130,13 @@ impl NodeService {
             source,
         })?;
         // A device that cannot be read right now is refused (UNAVAILABLE, the kubelet
-        // retries): blkid's "nothing found" is believed only between two good reads.
+        // retries).
         mount::read_head(&dev)?;
-        let found = mount::signature(&dev)?;
-        if found.is_none() {
-            mount::read_head(&dev)?;
-        }
-        match found {
+        match mount::signature(&dev)? {
             None => {
+                // blkid's "nothing" may be "could not read" (it probes the device's end too):
+                // only a device whose two ends read back as zeroes is formatted.
+                mount::check_blank(&dev, mount::read_ends(&dev)?)?;
                 tracing::info!(volume = %req.volume_id, fs = fs.name(), device = %dev.display(), "making a file system");
                 mount::mkfs(fs, &dev)?;
             }

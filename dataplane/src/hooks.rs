@@ -2,8 +2,10 @@
 //!
 //! Built only with the `test-hooks` feature (the VM tests and their ublkd enable it); without it
 //! [`fire`] is a constant `false` and the compiler removes every call site. A fault is armed in
-//! process (`arm`) or, for a daemon, from `UBLKD_TEST_FAULTS=name[=count[@skip]],...` at start
-//! (`arm_from_env`).
+//! process (`arm`) or, for a daemon, from `UBLKD_TEST_FAULTS=name[=count[@skip][:offset+len]],...`
+//! at start (`arm_from_env`). A fault armed with a byte range fires only at the steps that pass
+//! it an I/O overlapping that range ([`fire_in`]); passes outside it are neither skipped nor
+//! counted.
 
 /// The faults the dataplane can be made to suffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +35,8 @@ pub enum Fault {
     /// A worker holds a device's new requests for a drain but never confirms it drained.
     DrainUnanswered,
     /// A file volume's backend read completes with -EIO (a disk that fails reads); writes
-    /// still go through.
+    /// still go through. Takes a byte range of the volume (`file_read_eio=N:offset+len`): only
+    /// reads overlapping it fail (a disk with bad sectors there).
     FileReadEio,
     /// The next zero-copy device created hands the kernel a buffer slot it cannot use, so that
     /// every request takes the zero-copy fallback (UBLK_IO_F_NEED_REG_BUF, served by copy).
@@ -84,11 +87,15 @@ impl Fault {
 #[cfg(feature = "test-hooks")]
 mod armed {
     use super::Fault;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::ops::Range;
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
     const N: usize = Fault::ALL.len();
     static COUNTS: [AtomicU32; N] = [const { AtomicU32::new(0) }; N];
     static SKIPS: [AtomicU32; N] = [const { AtomicU32::new(0) }; N];
+    /// The byte range a fault is confined to, `[start, end)`; all of them when unconfined.
+    static STARTS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+    static ENDS: [AtomicU64; N] = [const { AtomicU64::new(u64::MAX) }; N];
 
     fn index(f: Fault) -> usize {
         Fault::ALL.iter().position(|&x| x == f).unwrap_or(0)
@@ -101,14 +108,34 @@ mod armed {
 
     /// After `skip` passes through `f`'s step, the next `times` fail.
     pub fn arm_after(f: Fault, times: u32, skip: u32) {
-        SKIPS[index(f)].store(skip, Ordering::SeqCst);
-        COUNTS[index(f)].store(times, Ordering::SeqCst);
+        arm_in(f, times, skip, 0..u64::MAX);
+    }
+
+    /// As [`arm_after`], counting only the passes whose I/O overlaps `bytes` ([`fire_in`]).
+    pub fn arm_in(f: Fault, times: u32, skip: u32, bytes: Range<u64>) {
+        let i = index(f);
+        // The range first: the count is what makes the fault live.
+        COUNTS[i].store(0, Ordering::SeqCst);
+        STARTS[i].store(bytes.start, Ordering::SeqCst);
+        ENDS[i].store(bytes.end, Ordering::SeqCst);
+        SKIPS[i].store(skip, Ordering::SeqCst);
+        COUNTS[i].store(times, Ordering::SeqCst);
     }
 
     /// Whether `f` fires now (consuming one pass to skip, else one arming).
     pub fn fire(f: Fault) -> bool {
+        fire_in(f, 0, u64::MAX)
+    }
+
+    /// Whether `f` fires for an I/O of `len` bytes at `offset`: as [`fire`], for an I/O that
+    /// overlaps the range `f` was armed with; never for one outside it.
+    pub fn fire_in(f: Fault, offset: u64, len: u64) -> bool {
         let i = index(f);
         if COUNTS[i].load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let end = offset.saturating_add(len);
+        if end <= STARTS[i].load(Ordering::SeqCst) || offset >= ENDS[i].load(Ordering::SeqCst) {
             return false;
         }
         let skipped = SKIPS[i]
@@ -120,8 +147,8 @@ mod armed {
                 .is_ok()
     }
 
-    /// Arms the faults named in `UBLKD_TEST_FAULTS` (`name[=count[@skip]],...`; count
-    /// defaults to 1, skip to 0).
+    /// Arms the faults named in `UBLKD_TEST_FAULTS` (`name[=count[@skip][:offset+len]],...`;
+    /// count defaults to 1, skip to 0, the range to every byte).
     pub fn arm_from_env() {
         let Ok(spec) = std::env::var("UBLKD_TEST_FAULTS") else {
             return;
@@ -135,21 +162,55 @@ mod armed {
     pub fn arm_from_spec(spec: &str) {
         for item in spec.trim().split(',').filter(|s| !s.is_empty()) {
             let (name, rest) = item.split_once('=').unwrap_or((item, "1"));
+            let (rest, range) = match rest.split_once(':') {
+                Some((r, range)) => (r, Some(range)),
+                None => (rest, None),
+            };
             let (count, skip) = rest.split_once('@').unwrap_or((rest, "0"));
-            if let Some(f) = Fault::ALL.iter().find(|f| f.name() == name) {
-                arm_after(*f, count.parse().unwrap_or(1), skip.parse().unwrap_or(0));
-            }
+            let Some(f) = Fault::ALL.iter().find(|f| f.name() == name) else {
+                continue;
+            };
+            let bytes = match range.map(parse_range) {
+                None => 0..u64::MAX,
+                Some(Some(r)) => r,
+                // A range that does not parse would arm the fault everywhere: not armed.
+                Some(None) => {
+                    eprintln!("test hook {name}: bad byte range in {item:?}: not armed");
+                    continue;
+                }
+            };
+            arm_in(
+                *f,
+                count.parse().unwrap_or(1),
+                skip.parse().unwrap_or(0),
+                bytes,
+            );
         }
+    }
+
+    /// `offset+len` in bytes.
+    fn parse_range(s: &str) -> Option<Range<u64>> {
+        let (offset, len) = s.split_once('+')?;
+        let offset: u64 = offset.trim().parse().ok()?;
+        let len: u64 = len.trim().parse().ok()?;
+        Some(offset..offset.checked_add(len)?)
     }
 }
 
 #[cfg(feature = "test-hooks")]
-pub use armed::{arm, arm_after, arm_from_env, arm_from_spec, fire};
+pub use armed::{arm, arm_after, arm_from_env, arm_from_spec, arm_in, fire, fire_in};
 
 /// Without `test-hooks` no fault ever fires.
 #[cfg(not(feature = "test-hooks"))]
 #[inline(always)]
 pub fn fire(_: Fault) -> bool {
+    false
+}
+
+/// Without `test-hooks` no fault ever fires, whatever the I/O.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn fire_in(_: Fault, _offset: u64, _len: u64) -> bool {
     false
 }
 
@@ -173,5 +234,43 @@ mod tests {
         assert!(!fire(Fault::RingFatal));
         assert!(fire(Fault::RingFatal), "fires after two skipped passes");
         assert!(!fire(Fault::RingFatal));
+    }
+
+    #[test]
+    fn a_fault_armed_for_a_range_fires_only_for_io_overlapping_it() {
+        // Each test its own fault: the armings are process-wide.
+        arm_from_spec("file_read_eio=2@1:8192+4096");
+        assert!(
+            !fire_in(Fault::FileReadEio, 0, 8192),
+            "ends where the range starts"
+        );
+        assert!(
+            !fire_in(Fault::FileReadEio, 12288, 4096),
+            "starts where it ends"
+        );
+        assert!(
+            !fire_in(Fault::FileReadEio, 8192, 512),
+            "the one pass skipped"
+        );
+        assert!(
+            fire_in(Fault::FileReadEio, 4096, 8192),
+            "overlaps its start"
+        );
+        assert!(fire_in(Fault::FileReadEio, 12287, 1), "its last byte");
+        assert!(!fire_in(Fault::FileReadEio, 8192, 4096), "armed twice only");
+        arm_from_spec("file_read_eio=1:8192+");
+        assert!(
+            !fire_in(Fault::FileReadEio, 8192, 4096),
+            "a range that does not parse arms nothing"
+        );
+        arm_from_spec("file_read_eio=1");
+        assert!(
+            fire_in(Fault::FileReadEio, 1 << 40, 4096),
+            "no range: every byte"
+        );
+        arm_from_spec("file_read_eio=3:0+4096");
+        assert!(fire(Fault::FileReadEio), "fire is an I/O over every byte");
+        arm_from_spec("file_read_eio=0");
+        assert!(!fire(Fault::FileReadEio), "name=0 disarms");
     }
 }

@@ -2,7 +2,8 @@
 //! otherwise): named points where a test makes ublkd die or wait.
 //!
 //! One language for every fault a test arms in a daemon, the dataplane's and the server's:
-//! `UBLKD_TEST_FAULTS`, comma-separated entries. `name[=count[@skip]]` arms a dataplane fault
+//! `UBLKD_TEST_FAULTS`, comma-separated entries. `name[=count[@skip][:offset+len]]` arms a dataplane fault
+//! (the range, in bytes of the volume, limits it to I/O overlapping it)
 //! (`ublkd_dataplane::hooks`); `abort_at=<point>` makes ublkd die at a server point;
 //! `delay_at=<point>:<ms>` makes it wait there. Each layer reads the entries it knows.
 

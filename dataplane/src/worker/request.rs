@@ -26,7 +26,7 @@ impl Worker {
         };
         q.life.completed();
         let t = q.tags[tag.index()];
-        use crate::hooks::{fire, Fault};
+        use crate::hooks::{fire, fire_in, Fault};
         // Test hook; `cfg!` keeps the backend check off the I/O path of shipped builds.
         let res = if cfg!(feature = "test-hooks")
             && q.setup.backend.kind() == "nvme"
@@ -36,7 +36,7 @@ impl Worker {
         } else if cfg!(feature = "test-hooks")
             && t.req.op == crate::stats::OpKind::Read
             && q.setup.backend.kind() == "file"
-            && fire(Fault::FileReadEio)
+            && fire_in(Fault::FileReadEio, t.req.offset, u64::from(t.req.len))
         {
             -libc::EIO
         } else {
