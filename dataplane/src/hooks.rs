@@ -44,11 +44,17 @@ pub enum Fault {
     /// The next NVMe backend opened skips the check that its window lies inside the
     /// namespace, so that the device itself can be made to fail an I/O (LBA out of range).
     NvmeWindowUnchecked,
+    /// DEL_DEV answers -EIO after STOP_DEV went through: the device stays in the kernel,
+    /// stopped, while the dataplane has already forgotten it.
+    DelDevFails,
+    /// The next `Handle::start` takes the kernel for one whose IOPOLL rings refuse ublk
+    /// commands (before Linux 7.1): polled queues get a second ring and copy.
+    IopollSplit,
 }
 
 impl Fault {
     #[cfg(feature = "test-hooks")]
-    const ALL: [Fault; 13] = [
+    const ALL: [Fault; 15] = [
         Fault::CommitBadElement,
         Fault::AttachFails,
         Fault::RecoverAfterStart,
@@ -62,7 +68,15 @@ impl Fault {
         Fault::FileReadEio,
         Fault::EveryRequestByCopy,
         Fault::NvmeWindowUnchecked,
+        Fault::DelDevFails,
+        Fault::IopollSplit,
     ];
+
+    /// The fault `name` names in `UBLKD_TEST_FAULTS`, if any.
+    #[cfg(feature = "test-hooks")]
+    pub fn named(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
 
     #[cfg(feature = "test-hooks")]
     pub fn name(self) -> &'static str {
@@ -80,6 +94,8 @@ impl Fault {
             Fault::FileReadEio => "file_read_eio",
             Fault::EveryRequestByCopy => "every_request_by_copy",
             Fault::NvmeWindowUnchecked => "nvme_window_unchecked",
+            Fault::DelDevFails => "del_dev_fails",
+            Fault::IopollSplit => "iopoll_split",
         }
     }
 }
@@ -167,7 +183,9 @@ mod armed {
                 None => (rest, None),
             };
             let (count, skip) = rest.split_once('@').unwrap_or((rest, "0"));
-            let Some(f) = Fault::ALL.iter().find(|f| f.name() == name) else {
+            let Some(f) = Fault::named(name) else {
+                // The server's entries (`abort_at=`, `delay_at=`) are the server's to read
+                // and check; ublkd refuses a spec naming nothing at start.
                 continue;
             };
             let bytes = match range.map(parse_range) {
@@ -180,7 +198,7 @@ mod armed {
                 }
             };
             arm_in(
-                *f,
+                f,
                 count.parse().unwrap_or(1),
                 skip.parse().unwrap_or(0),
                 bytes,

@@ -426,7 +426,6 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
     let handle = Handle::start(ublkd_dataplane::Config {
         cpus: settings.dataplane.cpus.clone(),
         timeout: std::time::Duration::from_secs(settings.dataplane.control_timeout_secs),
-        iopoll_shared: None,
         dedicated_cpus: settings.dataplane.dedicated_cpus,
         placement: settings.dataplane.queue_placement.policy(),
         idle_spin: std::time::Duration::from_micros(settings.dataplane.idle_spin_us),

@@ -281,6 +281,60 @@ async fn a_failed_takeover_keeps_the_device_and_resumes() -> Result<()> {
     assert_clean()
 }
 
+/// A delete whose DEL_DEV fails leaves the device stopped in the kernel but out of the
+/// dataplane's maps. The retry must find it there and delete it, not call it gone and drop the
+/// record over a `/dev/ublkcN` nobody owns any more (issue 38, defect 9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_whose_del_dev_failed_finishes_on_its_retry() -> Result<()> {
+    let dir = guest::scratch("deldev")?;
+    let mut d = Daemon::new(&dir, 19604, "")?;
+    d.env = vec![("UBLKD_TEST_FAULTS".into(), "del_dev_fails=1".into())];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let vol = c
+        .create_volume(v1::CreateVolumeRequest {
+            id: "dd".into(),
+            spec: Some(volume(
+                16 * MIB,
+                v1::volume_spec::Backend::Null(v1::NullBackend {}),
+                32,
+            )),
+        })
+        .await?
+        .into_inner();
+    let cdev = vol.device_path.replace("ublkb", "ublkc");
+    let delete = || v1::DeleteVolumeRequest {
+        id: "dd".into(),
+        ..Default::default()
+    };
+    let first = c.delete_volume(delete()).await;
+    ensure!(
+        first.is_err(),
+        "the first delete fails by the hook: {first:?}"
+    );
+    ensure!(
+        std::path::Path::new(&cdev).exists(),
+        "{cdev} is still in the kernel after the failed DEL_DEV"
+    );
+    c.delete_volume(delete()).await?;
+    guest::wait_gone(std::path::Path::new(&cdev), Duration::from_secs(10))?;
+    let listed = c
+        .list_volumes(v1::ListVolumesRequest::default())
+        .await?
+        .into_inner()
+        .volumes;
+    ensure!(listed.is_empty(), "the volume is gone: {listed:?}");
+    let info = d
+        .node()
+        .await?
+        .get_node_info(v1::GetNodeInfoRequest {})
+        .await?
+        .into_inner();
+    ensure!(info.orphans.is_empty(), "no orphans: {:?}", info.orphans);
+    d.stop_with(libc::SIGTERM)?;
+    assert_clean()
+}
+
 #[test]
 fn a_failed_attach_leaves_no_device_behind() -> Result<()> {
     let dp = guest::dataplane()?;

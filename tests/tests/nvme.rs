@@ -20,16 +20,15 @@ use ublkd_tests::MIB;
 const NG: &str = "/dev/ng0n1";
 const BLK: &str = "/dev/nvme0n1";
 
-fn dataplane(iopoll_shared: Option<bool>) -> Result<Handle> {
-    dataplane_with(iopoll_shared, false)
+fn dataplane() -> Result<Handle> {
+    dataplane_with(false)
 }
 
 /// With `dedicated_cpus`: the operator says the workers' CPUs run nothing else, so
 /// `poll = auto` polls.
-fn dataplane_with(iopoll_shared: Option<bool>, dedicated_cpus: bool) -> Result<Handle> {
+fn dataplane_with(dedicated_cpus: bool) -> Result<Handle> {
     Ok(Handle::start(Config {
         cpus: vec![0, 1],
-        iopoll_shared,
         dedicated_cpus,
         ..Config::default()
     })?)
@@ -138,7 +137,7 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
         dp.delete_device(info.dev_id)?;
         Ok((info.zero_copy, info.polled))
     };
-    let dp = dataplane(None)?;
+    let dp = dataplane()?;
     ensure!(
         dp.iopoll_shared(),
         "Linux 7.3 lets ublk commands share an IOPOLL ring"
@@ -162,7 +161,7 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
         (true, false)
     );
     dp.shutdown()?;
-    let dp = dataplane_with(None, true)?;
+    let dp = dataplane_with(true)?;
     assert_eq!(
         run(&dp, IoPath::Auto, Toggle::Auto, Toggle::Auto)?,
         (true, true)
@@ -170,7 +169,9 @@ fn whole_namespace_verifies_in_every_mode() -> Result<()> {
     dp.shutdown()?;
 
     // Older kernels: polling needs a second ring and copies; asking for both fails.
-    let dp = dataplane_with(Some(false), true)?;
+    hooks::arm(Fault::IopollSplit, 1);
+    let dp = dataplane_with(true)?;
+    ensure!(!dp.iopoll_shared(), "the hook made the probe say no");
     for path in PATHS {
         assert_eq!(run(&dp, path, Toggle::Auto, Toggle::On)?, (false, true));
     }
@@ -200,7 +201,7 @@ fn windows_keep_their_data_apart() -> Result<()> {
     // Guards just outside both windows.
     fill_direct(BLK, a - 4 * MIB, 4 * MIB, 0xcc)?;
     fill_direct(BLK, b + len, 4 * MIB, 0xcc)?;
-    let dp = dataplane(None)?;
+    let dp = dataplane()?;
     let va = dp.add_device(guest::spec(window(a, len), len, IoPath::Batch))?;
     let vb = dp.add_device(guest::spec(window(b, len), len, IoPath::PerIo))?;
     for v in [&va, &vb] {
@@ -295,7 +296,7 @@ fn flush_fua_discard_and_write_zeroes_reach_the_namespace() -> Result<()> {
     let dir = guest::scratch("nvme-cmds")?;
     let cache = ublkd_tests::read_trimmed("/sys/block/nvme0n1/queue/write_cache")?;
     for poll in [Toggle::On, Toggle::Off] {
-        let dp = dataplane(None)?;
+        let dp = dataplane()?;
         let info = dp.add_device(DeviceSpec {
             poll,
             ..guest::spec(window(base, len), len, IoPath::Auto)
@@ -354,7 +355,7 @@ fn flush_fua_discard_and_write_zeroes_reach_the_namespace() -> Result<()> {
 #[test]
 fn nvme_errors_reach_the_client_as_eio() -> Result<()> {
     let ns = namespace_bytes()?;
-    let dp = dataplane(None)?;
+    let dp = dataplane()?;
     for (zc, poll) in [(Toggle::On, Toggle::On), (Toggle::Off, Toggle::Off)] {
         for path in PATHS {
             // The window reaches past the namespace's end, so its last blocks fail in the device.
@@ -468,7 +469,7 @@ fn worker_ticks() -> Result<u64> {
 /// asleep (no CPU) once the volume is idle.
 #[test]
 fn polled_workers_sleep_when_idle() -> Result<()> {
-    let dp = dataplane(None)?;
+    let dp = dataplane()?;
     let info = dp.add_device(DeviceSpec {
         poll: Toggle::On,
         ..guest::spec(window(256 * MIB, 64 * MIB), 64 * MIB, IoPath::Auto)
@@ -507,7 +508,7 @@ fn polled_workers_sleep_when_idle() -> Result<()> {
 #[test]
 fn windows_grow_into_free_space_only() -> Result<()> {
     let ns = namespace_bytes()?;
-    let dp = dataplane(None)?;
+    let dp = dataplane()?;
     let a = dp.add_device(guest::spec(window(0, 16 * MIB), 16 * MIB, IoPath::Batch))?;
     let b = dp.add_device(guest::spec(
         window(64 * MIB, 16 * MIB),

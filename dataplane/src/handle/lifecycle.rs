@@ -4,6 +4,7 @@
 use super::control::{open_char_device, Control, Device};
 use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo};
 use crate::backend;
+use crate::ctrl::CtrlError;
 use crate::device::{DeviceSpec, SpecError, Toggle};
 use crate::features::Features;
 use crate::hooks::{self, Fault};
@@ -352,6 +353,13 @@ impl Control {
             return gone;
         }
         stop?;
+        if hooks::fire(Fault::DelDevFails) {
+            return Err(CtrlError::Command {
+                command: "DEL_DEV",
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            }
+            .into());
+        }
         self.ctrl.del_dev(dev_id)?;
         Ok(())
     }

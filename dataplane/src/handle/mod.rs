@@ -38,9 +38,6 @@ pub struct Config {
     pub cpus: Vec<usize>,
     /// Bound on each control command and on waiting for a device's queues to stop.
     pub timeout: Duration,
-    /// Whether ublk commands may share an IOPOLL ring (Linux >= 7.1); None probes the kernel.
-    /// Tests set Some(false) to exercise the older kernels' split-ring polling.
-    pub iopoll_shared: Option<bool>,
     /// The operator says the workers' CPUs run nothing else (e.g. exclusive CPUs from the
     /// Kubernetes static CPU manager), so `poll = auto` polls. CPUs the kernel isolates
     /// (`isolcpus=`, `nohz_full=`) count as dedicated without it.
@@ -57,7 +54,6 @@ impl Default for Config {
         Self {
             cpus: Vec::new(),
             timeout: Duration::from_secs(10),
-            iopoll_shared: None,
             dedicated_cpus: false,
             placement: PlacementPolicy::Auto,
             idle_spin: Duration::ZERO,
@@ -275,9 +271,9 @@ impl Handle {
         let mut ctrl = ControlDevice::open()?;
         ctrl.set_timeout(config.timeout);
         let features = ctrl.features()?;
-        let iopoll_shared = config
-            .iopoll_shared
-            .unwrap_or_else(|| ctrl.iopoll_takes_ublk_cmds());
+        // Whether ublk commands may share an IOPOLL ring (Linux >= 7.1): probed, never guessed.
+        let iopoll_shared =
+            !crate::hooks::fire(crate::hooks::Fault::IopollSplit) && ctrl.iopoll_takes_ublk_cmds();
         let cpus = if config.cpus.is_empty() {
             os::allowed_cpus()
         } else {
