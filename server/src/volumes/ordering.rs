@@ -53,6 +53,8 @@ struct Kernel {
     dies: Option<(Call, When)>,
     /// Each call as it was made, with what the registry said of its device then.
     log: Vec<String>,
+    /// The next failing call also breaks the registry directory: every write after it fails.
+    breaks_registry: bool,
 }
 
 /// The kernel's ublk devices in memory. Each call is logged with the record that names its
@@ -133,7 +135,15 @@ impl FakeKernel {
 
     /// Fails (as a dataplane that stopped) if `call` was armed to.
     fn failing(&self, call: Call) -> Result<(), DataplaneError> {
-        if self.kernel().fail.remove(&call) {
+        let mut k = self.kernel();
+        if k.fail.remove(&call) {
+            if std::mem::take(&mut k.breaks_registry) {
+                // A file where the directory was: no record can be written there any more.
+                let broken = self.registry.with_extension("broken");
+                std::fs::rename(&self.registry, &broken)
+                    .and_then(|()| std::fs::write(&self.registry, b"not a directory"))
+                    .unwrap_or_else(|e| panic!("breaking the registry: {e}"));
+            }
             return Err(DataplaneError::Gone);
         }
         Ok(())
@@ -518,6 +528,31 @@ async fn a_resize_records_the_new_size_first_and_a_failed_one_puts_the_old_back(
     );
     let a = v.get(&id("a")).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a.record.size_bytes, 128 * MIB);
+}
+
+/// A refused resize whose old record cannot be written back: the next start would apply the
+/// size the caller was told failed, so the volume says so, and the failure is counted.
+#[tokio::test]
+async fn a_rollback_that_cannot_be_written_is_said_and_counted() {
+    let (_dir, kernel, v) = with_volume_a().await;
+    {
+        let mut k = kernel.kernel();
+        k.fail.insert(Call::Resize);
+        k.breaks_registry = true;
+    }
+    assert!(v.resize(&id("a"), 256 * MIB).await.is_err());
+    let a = v.get(&id("a")).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.record.size_bytes, 64 * MIB, "the map has the old size");
+    assert!(
+        a.message.contains("refused change is still recorded"),
+        "the volume says what the next start will do: {:?}",
+        a.message
+    );
+    assert_eq!(
+        v.rollback_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test]
