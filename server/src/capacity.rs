@@ -68,7 +68,7 @@ fn nvme_capacity(
     device: &Path,
     volumes: &[Volume],
 ) -> Result<(u64, Vec<crate::windows::Extent>), VolumeError> {
-    crate::hooks::delay_point_blocking("capacity:identify");
+    crate::hooks::delay_point_blocking(crate::hooks::Point::CapacityIdentify);
     let ns = ublkd_dataplane::identify_namespace(device)
         .map_err(|e| VolumeError::Dataplane(DataplaneError::from(e)))?;
     let records = volumes.iter().map(|v| &v.record);

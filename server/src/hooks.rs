@@ -12,66 +12,179 @@ use std::time::Duration;
 /// The variable every daemon fault is armed from.
 pub const FAULTS_VAR: &str = "UBLKD_TEST_FAULTS";
 
-/// The values of `spec`'s entries named `name` (`name=value`).
-fn values<'a>(spec: &'a str, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-    spec.split(',')
-        .filter_map(|e| e.trim().split_once('='))
-        .filter(move |(n, _)| *n == name)
-        .map(|(_, v)| v)
+/// The named points of the server where a test makes ublkd die (`abort_at=`) or wait
+/// (`delay_at=`). Every tier names them by [`Point::name`]; a name no point has is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    /// A create, before its record is written.
+    CreateBeforeRecord,
+    /// A create, its record written, its device not yet added.
+    CreateAfterRecord,
+    /// A create, its device added, the volume not yet READY.
+    CreateAfterDevice,
+    /// A resize, its new size recorded, not yet applied.
+    ResizeAfterRecord,
+    /// A resize, applied to the device.
+    ResizeAfterDevice,
+    /// A delete, marked `deleting` in its record, its device still there.
+    DeleteAfterMark,
+    /// A delete, its device gone, its record still there.
+    DeleteAfterDevice,
+    /// A snapshot, its reflink made, its record not yet written.
+    SnapshotAfterReflink,
+    /// A clone, its backing file reflinked, the volume not yet created.
+    CloneAfterReflink,
+    /// An NVMe namespace's Identify for GetCapacity.
+    CapacityIdentify,
+    /// Each chunk of a window's erase.
+    EraseChunk,
 }
 
-/// Whether `spec` has ublkd abort at `point`.
-fn aborts_at(spec: &str, point: &str) -> bool {
-    values(spec, "abort_at").any(|p| p == point)
-}
+impl Point {
+    pub const ALL: [Point; 11] = [
+        Point::CreateBeforeRecord,
+        Point::CreateAfterRecord,
+        Point::CreateAfterDevice,
+        Point::ResizeAfterRecord,
+        Point::ResizeAfterDevice,
+        Point::DeleteAfterMark,
+        Point::DeleteAfterDevice,
+        Point::SnapshotAfterReflink,
+        Point::CloneAfterReflink,
+        Point::CapacityIdentify,
+        Point::EraseChunk,
+    ];
 
-/// How long `spec` has ublkd wait at `point`.
-fn delay_in(spec: &str, point: &str) -> Option<Duration> {
-    values(spec, "delay_at").find_map(|v| {
-        let (p, ms) = v.rsplit_once(':')?;
-        (p == point)
-            .then(|| ms.parse::<u64>().ok())
-            .flatten()
-            .map(Duration::from_millis)
-    })
-}
+    /// The point's name in `UBLKD_TEST_FAULTS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Point::CreateBeforeRecord => "create:before_record",
+            Point::CreateAfterRecord => "create:after_record",
+            Point::CreateAfterDevice => "create:after_device",
+            Point::ResizeAfterRecord => "resize:after_record",
+            Point::ResizeAfterDevice => "resize:after_device",
+            Point::DeleteAfterMark => "delete:after_mark",
+            Point::DeleteAfterDevice => "delete:after_device",
+            Point::SnapshotAfterReflink => "snapshot:after_reflink",
+            Point::CloneAfterReflink => "clone:after_reflink",
+            Point::CapacityIdentify => "capacity:identify",
+            Point::EraseChunk => "erase:chunk",
+        }
+    }
 
-fn armed() -> Option<String> {
-    if cfg!(feature = "test-hooks") {
-        std::env::var(FAULTS_VAR).ok()
-    } else {
-        None
+    fn named(name: &str) -> Option<Point> {
+        Point::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 
+/// What a `UBLKD_TEST_FAULTS` entry asks of the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Abort(Point),
+    Delay(Point, Duration),
+    /// Not the server's: a dataplane fault, armed by the dataplane.
+    Dataplane,
+}
+
+/// The entries of `spec`, each one read, or the first that names nothing: a typo must fail
+/// the test that made it, not arm nothing. `dataplane` says whether a name is a dataplane
+/// fault's.
+fn entries(spec: &str, dataplane: impl Fn(&str) -> bool) -> Result<Vec<Entry>, String> {
+    let mut found = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, value) = item.split_once('=').unwrap_or((item, ""));
+        let entry = match name {
+            "abort_at" => Point::named(value).map(Entry::Abort),
+            "delay_at" => value.rsplit_once(':').and_then(|(p, ms)| {
+                Some(Entry::Delay(
+                    Point::named(p)?,
+                    Duration::from_millis(ms.parse().ok()?),
+                ))
+            }),
+            _ if dataplane(name) => Some(Entry::Dataplane),
+            _ => None,
+        };
+        found.push(entry.ok_or_else(|| {
+            let points: Vec<&str> = Point::ALL.iter().map(|p| p.name()).collect();
+            format!(
+                "{FAULTS_VAR}: {item:?} names no fault (server points: {})",
+                points.join(", ")
+            )
+        })?);
+    }
+    Ok(found)
+}
+
+#[cfg(feature = "test-hooks")]
+fn dataplane_fault(name: &str) -> bool {
+    ublkd_dataplane::hooks::Fault::named(name).is_some()
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn dataplane_fault(_: &str) -> bool {
+    false
+}
+
+/// Checks `spec` (`UBLKD_TEST_FAULTS`'s language) names only faults and points that exist.
+#[cfg(feature = "test-hooks")]
+pub fn check(spec: &str) -> Result<(), String> {
+    entries(spec, dataplane_fault).map(drop)
+}
+
+/// The server's entries of `UBLKD_TEST_FAULTS`, read once; none without `test-hooks`. The
+/// daemon checks the variable at start ([`check`]), so what does not read here was refused.
+fn armed() -> &'static [Entry] {
+    static ARMED: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
+    ARMED.get_or_init(|| {
+        if !cfg!(feature = "test-hooks") {
+            return Vec::new();
+        }
+        std::env::var(FAULTS_VAR)
+            .ok()
+            .and_then(|s| entries(&s, dataplane_fault).ok())
+            .unwrap_or_default()
+    })
+}
+
 /// `abort_at=<point>` makes ublkd die (abort, no cleanup, as kill -9) when it reaches
-/// `<point>`, e.g. `create:after_device`. Used by the crash-consistency tests.
-pub fn fault_point(point: &str) {
-    if armed().is_some_and(|spec| aborts_at(&spec, point)) {
-        eprintln!("ublkd: fault point {point} reached: aborting");
+/// `point`. Used by the crash-consistency tests.
+pub fn fault_point(point: Point) {
+    if armed().contains(&Entry::Abort(point)) {
+        eprintln!("ublkd: fault point {} reached: aborting", point.name());
         std::process::abort();
     }
 }
 
 /// How long `delay_at=<point>:<ms>` says to wait at `point`, if an entry names it.
-fn delay_of(point: &str) -> Option<Duration> {
-    delay_in(&armed()?, point)
+fn delay_of(point: Point) -> Option<Duration> {
+    armed().iter().find_map(|e| match e {
+        Entry::Delay(p, d) if *p == point => Some(*d),
+        _ => None,
+    })
 }
 
 /// `delay_at=<point>:<ms>` makes an async step wait `ms` milliseconds at `point`, e.g.
 /// `create:after_record` for a create slower than its caller's deadline.
-pub async fn delay_point(point: &str) {
+pub async fn delay_point(point: Point) {
     if let Some(d) = delay_of(point) {
-        tracing::warn!(point, ms = d.as_millis() as u64, "test hook: delaying");
+        tracing::warn!(
+            point = point.name(),
+            ms = d.as_millis() as u64,
+            "test hook: delaying"
+        );
         tokio::time::sleep(d).await;
     }
 }
 
 /// The same for a blocking step (it blocks its thread, as a slow system call would), e.g.
 /// `capacity:identify` for an NVMe Identify that takes seconds.
-pub fn delay_point_blocking(point: &str) {
+pub fn delay_point_blocking(point: Point) {
     if let Some(d) = delay_of(point) {
-        tracing::warn!(point, ms = d.as_millis() as u64, "test hook: blocking");
+        tracing::warn!(
+            point = point.name(),
+            ms = d.as_millis() as u64,
+            "test hook: blocking"
+        );
         std::thread::sleep(d);
     }
 }
@@ -80,26 +193,43 @@ pub fn delay_point_blocking(point: &str) {
 mod tests {
     use super::*;
 
+    fn dataplane(name: &str) -> bool {
+        matches!(name, "drain_unanswered" | "ring_fatal")
+    }
+
     #[test]
     fn one_spec_names_dataplane_faults_aborts_and_delays() {
         let spec = "drain_unanswered=1, abort_at=create:after_record,\
                     delay_at=capacity:identify:8000,ring_fatal=1@300";
-        assert!(aborts_at(spec, "create:after_record"));
-        assert!(!aborts_at(spec, "create:after_device"));
-        assert!(
-            !aborts_at(spec, "drain_unanswered"),
-            "a dataplane fault is no point"
-        );
         assert_eq!(
-            delay_in(spec, "capacity:identify"),
-            Some(Duration::from_millis(8000))
+            entries(spec, dataplane).unwrap(),
+            vec![
+                Entry::Dataplane,
+                Entry::Abort(Point::CreateAfterRecord),
+                Entry::Delay(Point::CapacityIdentify, Duration::from_millis(8000)),
+                Entry::Dataplane,
+            ]
         );
-        assert_eq!(delay_in(spec, "create:after_record"), None);
-        assert_eq!(
-            delay_in("delay_at=x:soon", "x"),
-            None,
-            "ms must be a number"
-        );
-        assert!(!aborts_at("", "x"));
+        assert_eq!(entries("", dataplane).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_name_that_names_nothing_is_refused() {
+        for bad in [
+            "abort_at=create:after_recrod",
+            "delay_at=x:10",
+            "delay_at=create:after_record:soon",
+            "ring_fatl=1",
+        ] {
+            let e = entries(bad, dataplane).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn every_point_reads_back_from_its_name() {
+        for p in Point::ALL {
+            assert_eq!(Point::named(p.name()), Some(p));
+        }
     }
 }

@@ -343,6 +343,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let settings = config::load(args.config.as_deref(), std::env::vars(), &overrides)
         .context("loading the configuration")?;
     init_logging(&settings);
+    // A test's faults that name nothing would arm nothing and pass: refused at start.
+    #[cfg(feature = "test-hooks")]
+    if let Ok(spec) = std::env::var(hooks::FAULTS_VAR) {
+        hooks::check(&spec).map_err(anyhow::Error::msg)?;
+    }
     let rt = runtime()?;
     rt.block_on(daemon(Arc::new(settings)))
 }
@@ -400,10 +405,13 @@ fn rearm_faults_on_sigusr2() -> anyhow::Result<()> {
     tokio::spawn(async move {
         while usr2.recv().await.is_some() {
             match std::fs::read_to_string(&file) {
-                Ok(spec) => {
-                    tracing::warn!(faults = %spec.trim(), "test hook: faults armed");
-                    ublkd_dataplane::hooks::arm_from_spec(&spec);
-                }
+                Ok(spec) => match hooks::check(&spec) {
+                    Ok(()) => {
+                        tracing::warn!(faults = %spec.trim(), "test hook: faults armed");
+                        ublkd_dataplane::hooks::arm_from_spec(&spec);
+                    }
+                    Err(e) => tracing::error!(error = %e, "test hook: nothing armed"),
+                },
                 Err(e) => tracing::error!(error = %e, "test hook: reading the faults file"),
             }
         }

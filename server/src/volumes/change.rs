@@ -4,7 +4,7 @@
 
 use super::{blocking, now_ms, same_spec, Volumes};
 use crate::error::VolumeError;
-use crate::hooks::{delay_point, fault_point};
+use crate::hooks::{delay_point, fault_point, Point};
 use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
 use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
@@ -245,7 +245,7 @@ impl Volumes {
             }
             self.remove_ram_file(record);
         };
-        fault_point("create:before_record");
+        fault_point(Point::CreateBeforeRecord);
         // The record (with the device id it will get) goes first: a crash from here on leaves a
         // registered volume whose device the next start takes over or creates, never a device
         // nobody owns.
@@ -253,8 +253,8 @@ impl Volumes {
             undo(record);
             return Err(e);
         }
-        fault_point("create:after_record");
-        delay_point("create:after_record").await;
+        fault_point(Point::CreateAfterRecord);
+        delay_point(Point::CreateAfterRecord).await;
         // A new volume: an NVMe window's earlier content is erased before its device appears,
         // here, in chunks, off the dataplane's control thread (which every other volume's
         // changes, drains and statistics wait on), with the progress in the volume's message.
@@ -277,7 +277,7 @@ impl Volumes {
         }
         match self.bring_up(record).await {
             Ok(info) => {
-                fault_point("create:after_device");
+                fault_point(Point::CreateAfterDevice);
                 record.dev_id = Some(info.dev_id);
                 // The window is erased: served, it is the tenant's own from now on.
                 record.erase_pending = None;
@@ -367,7 +367,7 @@ impl Volumes {
             let mut record = vol.record.clone();
             record.deleting = true;
             self.put_record(&record).await?;
-            fault_point("delete:after_mark");
+            fault_point(Point::DeleteAfterMark);
             let deleted = blocking(move || match handle.delete_device(dev_id) {
                 // Not the dataplane's (nor being taken over): the kernel's alone when the
                 // kernel still has it. An earlier try whose STOP_DEV or DEL_DEV failed took it
@@ -394,7 +394,7 @@ impl Volumes {
                     return Err(e);
                 }
             }
-            fault_point("delete:after_device");
+            fault_point(Point::DeleteAfterDevice);
         }
         // A deleted tenant's NVMe blocks are erased before its window is free again, so that no
         // later volume (a keep_data one included) reads them. Until then the record stays (marked
@@ -483,7 +483,7 @@ impl Volumes {
             let (h, d) = (handle.clone(), device.to_owned());
             how = Some(
                 blocking(move || {
-                    crate::hooks::delay_point_blocking("erase:chunk");
+                    crate::hooks::delay_point_blocking(Point::EraseChunk);
                     h.erase_window(&d, at, len)
                 })
                 .await?,
@@ -575,10 +575,10 @@ impl Volumes {
             self.roll_back(&vol.record).await;
             return Err(e);
         }
-        fault_point("resize:after_record");
+        fault_point(Point::ResizeAfterRecord);
         match blocking(move || handle.resize_device(info.dev_id, size)).await {
             Ok(updated) => {
-                fault_point("resize:after_device");
+                fault_point(Point::ResizeAfterDevice);
                 if record.erase_pending.take().is_some() {
                     // The growth is erased and served: the tenant's now.
                     self.put_record(&record).await?;

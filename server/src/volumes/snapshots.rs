@@ -11,7 +11,7 @@
 
 use super::{blocking, now_ms, Volumes};
 use crate::error::VolumeError;
-use crate::hooks::fault_point;
+use crate::hooks::{fault_point, Point};
 use crate::record::SourceRecord;
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::snapshot::snapshot_path;
@@ -115,7 +115,7 @@ impl Volumes {
         }
         let started = Instant::now();
         self.reflink_drained(&vol, &backing, &path).await?;
-        fault_point("snapshot:after_reflink");
+        fault_point(Point::SnapshotAfterReflink);
         let record = SnapshotRecord {
             id: id.clone(),
             source,
@@ -237,7 +237,7 @@ impl Volumes {
                 vol.record.size_bytes
             }
         };
-        fault_point("clone:after_reflink");
+        fault_point(Point::CloneAfterReflink);
         if record.size_bytes > source_size {
             let grow = || {
                 let f = OpenOptions::new().write(true).open(path)?;
