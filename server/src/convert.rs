@@ -5,8 +5,11 @@
 use crate::record::{AdjustedSetting, BackendRecord, SourceRecord, VolumeRecord};
 use crate::snapshot::SnapshotRecord;
 use crate::volume::{ram_file, State, Volume};
+use crate::volume_id::VolumeId;
 use std::path::Path;
-use ublkd_dataplane::{BackendSpec, DeviceSpec, IoPath, QosLimits, Toggle, Window};
+use ublkd_dataplane::{
+    BackendSpec, DeviceSpec, Features, IoPath, KernelDevice, QosLimits, Toggle, Window,
+};
 use ublkd_proto::v1;
 
 /// The dataplane spec that serves `r` (RAM volumes keep their memory in `ram_dir`).
@@ -263,6 +266,56 @@ pub fn poll_reason_to_proto(r: ublkd_dataplane::PollReason) -> v1::PollReason {
         R::SharedCpus => v1::PollReason::SharedCpus,
         R::DedicatedCpus => v1::PollReason::DedicatedCpus,
         R::ZeroCopyKept => v1::PollReason::ZeroCopyKept,
+    }
+}
+
+/// What GetNodeInfo reports, as the manager knows it.
+pub struct NodeFacts {
+    /// The kernel's ublk features; none when the dataplane could not start.
+    pub features: Option<Features>,
+    pub worker_cpus: Vec<usize>,
+    pub volumes: usize,
+    pub orphans: Vec<KernelDevice>,
+    pub without_pv: Vec<VolumeId>,
+}
+
+/// The backends a node serves: every one, where the kernel lets ublkd serve at all.
+const BACKENDS: [&str; 4] = ["null", "ram", "file", "nvme"];
+
+/// The API's NodeInfo of `f`, with this build's version and the running kernel's release.
+pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
+    v1::NodeInfo {
+        version: env!("CARGO_PKG_VERSION").into(),
+        // No release file (not Linux's procfs) reports as unknown: nothing else depends on it.
+        kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .into(),
+        ublk_features: f.features.map_or(0, |f| f.0),
+        ublk_feature_names: f
+            .features
+            .map(|f| f.names().into_iter().map(str::to_owned).collect())
+            .unwrap_or_default(),
+        worker_cpus: f.worker_cpus.iter().map(|&c| c as u32).collect(),
+        backends: if f.features.is_some() {
+            BACKENDS.iter().map(|&b| b.into()).collect()
+        } else {
+            Vec::new()
+        },
+        volumes: u32::try_from(f.volumes).unwrap_or(u32::MAX),
+        orphans: f
+            .orphans
+            .into_iter()
+            .map(|d| v1::OrphanDevice {
+                dev_id: d.dev_id.0,
+                state: d.state.name().into(),
+                server_pid: d.pid,
+                size_bytes: d.size_bytes,
+                queues: u32::from(d.queues),
+                queue_depth: u32::from(d.queue_depth),
+            })
+            .collect(),
+        volumes_without_pv: f.without_pv.iter().map(ToString::to_string).collect(),
     }
 }
 

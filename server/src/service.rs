@@ -288,52 +288,14 @@ impl NodeService for Api {
         _req: Request<v1::GetNodeInfoRequest>,
     ) -> Result<Response<v1::NodeInfo>, Status> {
         self.metered("GetNodeInfo", async {
-            let features = self.volumes.features();
-            Ok(v1::NodeInfo {
-                version: env!("CARGO_PKG_VERSION").into(),
-                kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                    .unwrap_or_default()
-                    .trim()
-                    .into(),
-                ublk_features: features.map_or(0, |f| f.0),
-                ublk_feature_names: features
-                    .map(|f| f.names().into_iter().map(str::to_owned).collect())
-                    .unwrap_or_default(),
-                worker_cpus: self
-                    .volumes
-                    .workers()
-                    .await
-                    .iter()
-                    .map(|w| w.cpu as u32)
-                    .collect(),
-                backends: if features.is_some() {
-                    vec!["null".into(), "ram".into(), "file".into()]
-                } else {
-                    Vec::new()
-                },
-                volumes: self.volumes.list().await.len() as u32,
-                orphans: self
-                    .volumes
-                    .orphans()
-                    .await
-                    .into_iter()
-                    .map(|d| v1::OrphanDevice {
-                        dev_id: d.dev_id.0,
-                        state: d.state.name().into(),
-                        server_pid: d.pid,
-                        size_bytes: d.size_bytes,
-                        queues: u32::from(d.queues),
-                        queue_depth: u32::from(d.queue_depth),
-                    })
-                    .collect(),
-                volumes_without_pv: self
-                    .volumes
-                    .without_pv()
-                    .await
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect(),
-            })
+            let v = &self.volumes;
+            Ok(convert::node_info(convert::NodeFacts {
+                features: v.features(),
+                worker_cpus: v.workers().await.iter().map(|w| w.cpu).collect(),
+                volumes: v.list().await.len(),
+                orphans: v.orphans().await,
+                without_pv: v.without_pv().await,
+            }))
         })
         .await
     }
