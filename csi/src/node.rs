@@ -357,11 +357,11 @@ impl NodeService {
         let path = self.path(&req.volume_path, "volume_path")?;
         let spec = v.spec.unwrap_or_default();
         let block = u64::from(spec.block_size.unwrap_or(4096));
-        // Without a range the volume keeps its size (the file system grows to the device),
-        // never the size a new volume would get.
+        // Without a range, or with one that asks nothing (`{0, 0}`), the volume keeps its size
+        // (the file system grows to the device), never the size a new volume would get.
         let size = match req.capacity_range.as_ref() {
-            None => spec.size_bytes,
-            Some(r) => size::size_for(Some(r), block)?,
+            Some(r) if r.required_bytes > 0 || r.limit_bytes > 0 => size::size_for(Some(r), block)?,
+            _ => spec.size_bytes,
         };
         let size = if size > spec.size_bytes {
             self.ublkd.resize(&req.volume_id, size).await?;

@@ -595,6 +595,26 @@ async fn the_kubelets_path_keeps_data_across_restages_and_a_ublkd_crash() -> Res
     );
     ensure!(grown.capacity_bytes == (128 * MIB) as i64);
     ensure!(after > before + 48 * MIB, "df grew: {before} -> {after}");
+    // A range that asks nothing keeps the size; it is not a new volume's default size.
+    let kept = node
+        .node_expand_volume(spec::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: t1.display().to_string(),
+            capacity_range: Some(spec::CapacityRange {
+                required_bytes: 0,
+                limit_bytes: 0,
+            }),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            secrets: Default::default(),
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        kept.capacity_bytes == (128 * MIB) as i64,
+        "an empty range kept the size: {}",
+        kept.capacity_bytes
+    );
     let stats = node
         .node_get_volume_stats(spec::NodeGetVolumeStatsRequest {
             volume_id: id.clone(),
