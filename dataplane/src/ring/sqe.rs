@@ -31,8 +31,6 @@ pub(super) fn batch_cmd_bytes(c: &ublk_batch_io) -> [u8; 80] {
     b
 }
 
-/// Sets the uring_cmd fields the io-uring crate cannot: `uring_cmd_flags` bits (multishot), the
-/// buffer group, and the SQE `len` (batch element buffer size).
 /// `e` addressing registered file `slot` instead of its descriptor.
 pub(super) fn use_fixed_file(e: squeue::Entry128, slot: u32) -> squeue::Entry128 {
     // SAFETY: as in `patch_sqe`: a byte view of the kernel's SQE layout and back.
@@ -43,6 +41,8 @@ pub(super) fn use_fixed_file(e: squeue::Entry128, slot: u32) -> squeue::Entry128
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
+/// Sets the uring_cmd fields the io-uring crate cannot: `uring_cmd_flags` bits (multishot), the
+/// buffer group, and the SQE `len` (batch element buffer size).
 pub(super) fn patch_sqe(
     e: squeue::Entry128,
     cmd_flags: u32,

@@ -1,6 +1,7 @@
 //! Thin wrappers over the few raw syscalls the dataplane needs that `std` lacks: memory mappings
 //! (tag buffers, RAM volumes, the kernel's descriptor arrays), eventfd, CPU pinning, and
-//! `fallocate`-free helpers. Every `unsafe` block in the crate outside the rings lives here.
+//! `fallocate`-free helpers. The crate's other `unsafe` outside the rings is in `sys/mod.rs`
+//! (the UAPI structs as bytes, `Pod`) and `sys/nvme.rs` (the NVMe ioctls).
 
 use super::ublksrv_io_desc;
 use std::fs::File;
