@@ -283,9 +283,10 @@ fn run_boot(
     let mut script = format!(
         "cd {ws}\nexport RUST_BACKTRACE=1 UBLKD_BIN={ublkd} UBLKCTL_BIN={ublkctl} UBLKD_CSI_BIN={csi}\n\
          echo \"ublkd-vm: guest kernel $(uname -r)\"\n\
-         run_test() {{\n  echo \"=== RUN  $2\"\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
+         run_test() {{\n  echo \"=== RUN  $2\"\n  t0=$(date +%s%N)\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
+         ms=$(( ($(date +%s%N) - t0) / 1000000 ))\n  \
          [ $rc -eq 124 ] && echo \"=== TIMEOUT $2 after {PER_TEST_SECS} s\"\n  \
-         echo \"$rc $2\" >> \"$UBLKD_VM_RUN/results\"\n  \
+         echo \"$rc $ms $2\" >> \"$UBLKD_VM_RUN/results\"\n  \
          left=$(du -sm \"${{TMPDIR:-/tmp}}\" 2>/dev/null | cut -f1)\n  \
          find \"${{TMPDIR:-/tmp}}\" -mindepth 1 -maxdepth 1 -exec rm -rf --one-file-system {{}} + 2>/dev/null\n  \
          echo \"=== END  $2 rc=$rc (left ${{left:-?}} MiB in ${{TMPDIR:-/tmp}}, removed)\"\n}}\n",
@@ -325,10 +326,15 @@ fn run_boot(
     let console: Vec<String> = fs::read_to_string(run.run_dir.join("console.log"))
         .map(|s| s.lines().map(str::to_owned).collect())
         .unwrap_or_else(|_| run.console.clone());
+    let mut took: Vec<(u64, &str)> = Vec::new();
     for c in cases {
         let rc = results.lines().find_map(|l| {
-            let (rc, name) = l.split_once(' ')?;
-            (name == c.name).then(|| rc.parse::<i32>().unwrap_or(-1))
+            let (rc, rest) = l.split_once(' ')?;
+            let (ms, name) = rest.split_once(' ')?;
+            (name == c.name).then(|| {
+                took.push((ms.parse().unwrap_or(0), &c.name));
+                rc.parse::<i32>().unwrap_or(-1)
+            })
         });
         match rc {
             Some(0) => boot.passed.push(c.name.clone()),
@@ -345,11 +351,21 @@ fn run_boot(
         kernel.kver,
         run.wall.as_secs_f64()
     );
+    let secs = |name: &str| {
+        took.iter()
+            .find(|(_, n)| *n == name)
+            .map_or(0.0, |(ms, _)| *ms as f64 / 1000.0)
+    };
     for name in &boot.passed {
-        println!("  ok      {name}");
+        println!("  ok      {name} ({:.1} s)", secs(name));
     }
     for name in &boot.failed {
         println!("  FAILED  {name}");
+    }
+    took.sort_by(|a, b| b.cmp(a));
+    println!("  slowest five:");
+    for (ms, name) in took.iter().take(5) {
+        println!("    {:7.1} s  {name}", *ms as f64 / 1000.0);
     }
     if run.exit != Exit::Code(0) {
         println!(

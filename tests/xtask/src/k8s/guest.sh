@@ -1188,14 +1188,14 @@ s_node_alive() {
         fail "no NodeLeaseRenewed Event on $NODE"
     }
     node_events "$NODE"
-    # The controller looks every 30 s; in issue 38 the node's provisioner deleted the volumes
-    # of the released PVs within seconds.
-    sleep 90
+    # The controller looks every 30 s: two more looks. In issue 38 the node's provisioner
+    # deleted the volumes of the released PVs within seconds.
+    sleep 65
     intact
     [ "$(in_pod p-alive 'cat /data/f')" = alive ] || fail "p-alive lost its data while its Node was Terminating"
     n=$(kubectl get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$NODE,reason=NodeLeaseRenewed" \
         -o jsonpath='{range .items[*]}{.count}{"\n"}{end}' | awk '{ n += ($1 > 0 ? $1 : 1) } END { print n + 0 }')
-    echo "NodeLeaseRenewed posted $n time(s) over 90 s of looks"
+    echo "NodeLeaseRenewed posted $n time(s) over 65 s of looks"
     [ "$n" -le 1 ] || fail "the same decision was posted $n times, not once"
     echo "nothing released while $NODE was Terminating; giving it back"
     # shellcheck disable=SC2016 # a patch directive, not a variable
@@ -1212,8 +1212,8 @@ s_node_alive() {
     wait_for 300 registered || fail "the driver is not registered on the new $NODE"
     wait_for 300 finalized "$NODE" || fail "the controller put no finalizer on the new $NODE"
     wait_for 600 all_ready || { kubectl -n ublkd-system get pods -o wide; fail "the driver's pods are not Ready again"; }
-    echo "$NODE registered again; a minute more"
-    sleep 60
+    echo "$NODE registered again; one more look"
+    sleep 35
     intact
     node_events "$NODE"
     kubectl -n ublkd-system logs deploy/ublkd-csi-controller --tail=10
