@@ -1,5 +1,5 @@
-//! The node's volumes that no PersistentVolume names, told to its ublkd (`--report-every`):
-//! the node plugin lists the driver's PersistentVolumes and ublkd's volumes, and reports the
+//! The node's volumes that no PersistentVolume names, told to its ublkd
+//! (`--report-without-pv-every`): the node plugin lists the driver's PersistentVolumes and ublkd's volumes, and reports the
 //! volumes no PV of this node (or of no node) names in two lists in a row, so that a volume
 //! whose PV the provisioner is about to make is never counted. ublkd shows them (the metric
 //! `ublkd_volumes_without_pv`, `ublkctl orphans`) and never deletes them: they are what a

@@ -5,7 +5,7 @@
 //! (`SameCpu`: a request is started and completed where it was submitted) or on one that does
 //! not submit to it (`OtherCpu`: the application keeps its CPU and submits on while the worker
 //! serves the previous requests elsewhere). On CPUs that also run the applications the two
-//! differ by 2x: ARCHITECTURE.md, "Queue placement", has the measurements that made `OtherCpu`
+//! differ by 2x: docs/performance.md, "Queue placement", has the measurements that made `OtherCpu`
 //! the default there. On CPUs dedicated to the dataplane no application submits from a
 //! worker's CPU, and the queues are spread over the workers by device and queue number
 //! (`Spread`, which is also what a queue gets when no worker fits the policy).

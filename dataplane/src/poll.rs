@@ -1,13 +1,13 @@
 //! Whether a device's backend I/O is polled, and why.
 //!
 //! Polling spins the worker's CPU while NVMe commands are in flight. Measured in the test VM
-//! (`cargo xtask bench`, ARCHITECTURE.md "The life of one NVMe I/O"), on CPUs that also run the
-//! submitting application it lost to interrupts at QD32 (15.8k vs 18.8k IOPS, 2.4 vs 1.2
-//! `io_uring_enter` per I/O, twice the CPU per I/O) and gained 4 % at QD1: the spinning worker
-//! takes the CPU the application needs to submit. So `auto` polls only where a worker has its
-//! CPU to itself: CPUs isolated from the scheduler (`isolcpus=`, `nohz_full=`), or declared
-//! dedicated by the operator (`dataplane.dedicated_cpus`, e.g. exclusive CPUs from the
-//! Kubernetes static CPU manager).
+//! (`cargo xtask bench`, docs/performance.md "The life of one NVMe I/O, measured"), on CPUs that
+//! also run the submitting application it lost to interrupts at QD32 (15.8k vs 18.8k IOPS, 2.4 vs
+//! 1.2 `io_uring_enter` per I/O, twice the CPU per I/O) and gained 4 % at QD1: the spinning worker
+//! takes the CPU the application needs to submit. So `auto` polls only where a worker has its CPU
+//! to itself: CPUs isolated from the scheduler (`isolcpus=`, `nohz_full=`), or declared dedicated
+//! by the operator (`dataplane.dedicated_cpus`, e.g. exclusive CPUs from the Kubernetes static CPU
+//! manager).
 
 use crate::device::{SpecError, Toggle};
 use std::time::Duration;
@@ -68,10 +68,10 @@ pub fn decide(
 ///
 /// A sleeping worker pays a wake-up for each request that finds it idle and for each backend
 /// completion it waits for; at QD1 on the file backend those two wake-ups are what loop does
-/// not pay (ARCHITECTURE.md, "The file backend at QD1 against loop, counted"). A spinning
+/// not pay (docs/performance.md, "The file backend at QD1 against loop, counted"). A spinning
 /// worker sees them without sleeping, but takes its CPU: it is for CPUs dedicated to the
 /// dataplane. It is not the default even there, because it did not measure better in the
-/// test VM (ARCHITECTURE.md, "Spinning before sleeping, measured"), whose vCPUs are host
+/// test VM (docs/performance.md, "Spinning before sleeping, measured"), whose vCPUs are host
 /// threads that a spinning guest keeps busy.
 pub fn idle_spin(asked: Duration) -> Duration {
     asked.min(MAX_SPIN)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The file backend at QD1 against loop, counted (ARCHITECTURE.md, "The file backend at QD1
+# The file backend at QD1 against loop, counted (docs/performance.md, "The file backend at QD1
 # against loop, counted"). Runs in the guest, after a release build of ublkd:
 #   cargo build --release -p ublkd-server
 #   cargo xtask vm-run -- sh "$PWD/tests/perf/file-qd1-vs-loop.sh" [ROUNDS [SPIN_US...]]

@@ -1,7 +1,8 @@
 //! The import map of every crate in the workspace, read from its sources: which module names
 //! which through `crate::` paths (in `use` lines and in code), outside its tests. Kept as a
-//! host test so that no two modules of a crate come to import each other again: each module
-//! points one way (ARCHITECTURE.md, "Crates and dependency direction").
+//! host test so that no two modules of a crate come to import each other again, and so that
+//! every crate's modules keep the layer order ARCHITECTURE.md draws for it (its `layers`
+//! blocks: each line a layer, the top first; a module imports only modules on lower lines).
 
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,17 +72,19 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// The text of a file before its test module (`#[cfg(test)]`, or `#[cfg(all(test, ...))]`,
-/// followed by `mod`).
+/// The text of a file before its inline test module (`#[cfg(test)]`, or
+/// `#[cfg(all(test, ...))]`, followed by `mod name {`).
 fn without_tests(text: &str) -> &str {
     let mut offset = 0;
     let mut lines = text.split_inclusive('\n').peekable();
     while let Some(line) = lines.next() {
         let attr = line.trim();
         if (attr == "#[cfg(test)]" || attr.starts_with("#[cfg(all(test,"))
-            && lines
-                .peek()
-                .is_some_and(|next| next.trim_start().starts_with("mod "))
+            && lines.peek().is_some_and(|next| {
+                // An inline test module; `mod sim;` only declares a file, read on its own.
+                let next = next.trim();
+                next.starts_with("mod ") && next.ends_with('{')
+            })
         {
             return &text[..offset];
         }
@@ -168,6 +171,83 @@ pub fn graph(src: &Path) -> Result<Graph> {
     Ok(graph)
 }
 
+/// A crate's layers as the map draws them: the top layer first, each a set of top-level
+/// modules (rooms). From a fenced block of ARCHITECTURE.md whose info string is
+/// `layers <crate's src directory>`.
+pub type Layers = Vec<BTreeSet<String>>;
+
+/// Every `layers` block of `map` (ARCHITECTURE.md's text), by the crate source root it names.
+pub fn layers_of_map(map: &str) -> BTreeMap<String, Layers> {
+    let mut found = BTreeMap::new();
+    let mut lines = map.lines();
+    while let Some(line) = lines.next() {
+        let Some(krate) = line.trim().strip_prefix("```layers ") else {
+            continue;
+        };
+        let mut layers = Layers::new();
+        for l in lines.by_ref() {
+            if l.trim_start().starts_with("```") {
+                break;
+            }
+            // `a b c` or `a  b  c   -- what they are`: the words before `--`.
+            let names = l.split("--").next().unwrap_or("");
+            let layer: BTreeSet<String> = names
+                .split(|c: char| c.is_whitespace() || c == ',' || c == '│')
+                .filter(|w| {
+                    !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+                .map(str::to_owned)
+                .collect();
+            if !layer.is_empty() {
+                layers.push(layer);
+            }
+        }
+        found.insert(krate.trim().to_owned(), layers);
+    }
+    found
+}
+
+/// The room a module lives in: its first path segment (`volumes::change` is in `volumes`).
+fn room_of(module: &str) -> &str {
+    module.split("::").next().unwrap_or(module)
+}
+
+/// Where `graph` contradicts `layers`: a room the map does not place, or an arrow between
+/// two rooms that does not point to a lower line (an arrow within a room is the room's own).
+pub fn contradictions(graph: &Graph, layers: &Layers) -> Vec<String> {
+    let line_of = |room: &str| layers.iter().position(|l| l.contains(room));
+    let mut found = BTreeSet::new();
+    for (module, targets) in graph {
+        let from = room_of(module);
+        if from.is_empty() {
+            continue; // The crate root declares the modules: no layer of its own.
+        }
+        let Some(a) = line_of(from) else {
+            found.insert(format!("{from}: not on the map"));
+            continue;
+        };
+        for target in targets {
+            let to = room_of(target);
+            if to == from || to.is_empty() {
+                continue;
+            }
+            match line_of(to) {
+                None => {
+                    found.insert(format!("{to}: not on the map"));
+                }
+                Some(b) if b <= a => {
+                    let where_ = if b == a { "beside" } else { "above" };
+                    found.insert(format!(
+                        "{module} imports {target}, which the map puts {where_} it"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
 /// The circles of `graph`: each as the modules on one loop, found once from its least module.
 pub fn circles(graph: &Graph) -> Vec<Vec<String>> {
     let mut found = BTreeSet::new();
@@ -206,6 +286,12 @@ mod tests {
         assert_eq!(
             without_tests("a\n#[cfg(test)]\nmod tests {\n use crate::z;\n}\n"),
             "a\n"
+        );
+        let declared = "#[cfg(test)]\nmod sim;\nuse crate::z;\n";
+        assert_eq!(
+            without_tests(declared),
+            declared,
+            "a declared test file hides nothing"
         );
         assert_eq!(module_of(Path::new("worker/mod.rs")), "worker");
         assert_eq!(module_of(Path::new("worker/queue.rs")), "worker::queue");
@@ -267,5 +353,67 @@ mod tests {
             }
         }
         assert!(all.is_empty(), "import circles:\n{}", all.join("\n"));
+    }
+
+    #[test]
+    fn layers_are_read_from_the_map_and_an_upward_arrow_is_found() {
+        let map = "text\n```layers x/src\nservice   -- the API\nvolumes, capacity\nregistry\n```\n";
+        let layers = layers_of_map(map);
+        let x = &layers["x/src"];
+        assert_eq!(x.len(), 3);
+        assert!(x[1].contains("capacity"));
+        let mut g = Graph::new();
+        for (a, b) in [
+            ("service", "volumes::change"),
+            ("volumes::change", "volumes"),
+            ("volumes", "registry"),
+        ] {
+            g.entry(a.into()).or_default().insert(b.into());
+        }
+        assert!(contradictions(&g, x).is_empty());
+        g.entry("registry".into())
+            .or_default()
+            .insert("volumes".into());
+        g.entry("capacity".into())
+            .or_default()
+            .insert("volumes".into());
+        g.entry("error".into())
+            .or_default()
+            .insert("registry".into());
+        assert_eq!(
+            contradictions(&g, x),
+            vec![
+                "capacity imports volumes, which the map puts beside it".to_owned(),
+                "error: not on the map".to_owned(),
+                "registry imports volumes, which the map puts above it".to_owned(),
+            ]
+        );
+    }
+
+    /// Every crate's imports keep the layer order ARCHITECTURE.md draws for it, and every
+    /// crate has its drawing.
+    #[test]
+    fn every_crate_keeps_the_layers_of_the_map() {
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let map = std::fs::read_to_string(ws.join("ARCHITECTURE.md")).unwrap();
+        let layers = layers_of_map(&map);
+        let mut all = Vec::new();
+        for krate in CRATES {
+            let Some(l) = layers.get(*krate) else {
+                all.push(format!(
+                    "{krate}: no `layers {krate}` block in ARCHITECTURE.md"
+                ));
+                continue;
+            };
+            let g = graph(&ws.join(krate)).unwrap();
+            for c in contradictions(&g, l) {
+                all.push(format!("{krate}: {c}"));
+            }
+        }
+        assert!(
+            all.is_empty(),
+            "the map and the code disagree:\n{}",
+            all.join("\n")
+        );
     }
 }
