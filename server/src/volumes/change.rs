@@ -268,6 +268,13 @@ impl Volumes {
                 undo(record);
                 return Err(e);
             }
+            // Known erased on disk before anything can write there: a pending erase recorded
+            // after the tenant's first write would wipe that write at the next start.
+            record.erase_pending = None;
+            if let Err(e) = self.put_record(record).await {
+                undo(record);
+                return Err(e);
+            }
         }
         // A new RAM volume starts empty: memory an earlier volume of this id left (a crash
         // inside its delete) is not its to read.
@@ -278,10 +285,11 @@ impl Volumes {
         match self.bring_up(record).await {
             Ok(info) => {
                 fault_point(Point::CreateAfterDevice);
-                record.dev_id = Some(info.dev_id);
-                // The window is erased: served, it is the tenant's own from now on.
-                record.erase_pending = None;
-                self.put_record(record).await?;
+                // The device id recorded first was taken meanwhile: the one it got is recorded.
+                if record.dev_id != Some(info.dev_id) {
+                    record.dev_id = Some(info.dev_id);
+                    self.put_record(record).await?;
+                }
                 Ok(info)
             }
             Err(e) => {
@@ -658,7 +666,7 @@ impl Volumes {
     }
 
     /// Sets a volume's message (its state unchanged) if it still exists.
-    async fn set_message(&self, id: &VolumeId, message: &str) {
+    pub(super) async fn set_message(&self, id: &VolumeId, message: &str) {
         if let Some(v) = self.inner.lock().await.get_mut(id) {
             v.message = message.to_owned();
         }

@@ -95,14 +95,29 @@ impl Volumes {
                         took_ms = started.elapsed().as_millis() as u64,
                         "volume serving again"
                     );
-                    if let Some(v) = map.get_mut(&id) {
-                        v.record.dev_id = Some(info.dev_id);
-                        v.record.erase_pending = None;
-                        v.state = State::Ready;
-                        v.device = Some(info);
-                        v.message.clear();
-                        if let Err(e) = self.registry.put(&v.record) {
-                            tracing::warn!(volume = %id, error = %crate::error::chain(&e), "cannot update record");
+                    let Some(v) = map.get_mut(&id) else {
+                        continue;
+                    };
+                    let moved = v.record.dev_id != Some(info.dev_id);
+                    v.record.dev_id = Some(info.dev_id);
+                    v.record.erase_pending = None;
+                    v.state = State::Ready;
+                    v.device = Some(info);
+                    v.message.clear();
+                    // Made again under another id (its own was taken): recorded off the map
+                    // lock. Should that fail, the next start looks for the device under the
+                    // old id and makes it again; the volume says so meanwhile.
+                    if moved {
+                        let record = v.record.clone();
+                        drop(map);
+                        if let Err(e) = self.put_record(&record).await {
+                            let why = crate::error::chain(&e);
+                            tracing::error!(volume = %id, error = %why, "the device id a restored volume got could not be recorded");
+                            self.set_message(
+                                &id,
+                                &format!("its new device id is not recorded ({why})"),
+                            )
+                            .await;
                         }
                     }
                 }
@@ -155,6 +170,12 @@ impl Volumes {
                 self.erase_range(&record.id, device, pending, "interrupted erase")
                     .await?;
             }
+            // Known erased on disk before the device serves: a pending erase left recorded
+            // while the tenant writes would wipe those writes at the next start without a
+            // surviving device.
+            let mut erased = record.clone();
+            erased.erase_pending = None;
+            self.put_record(&erased).await?;
         }
         if existing.is_some() {
             let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
