@@ -36,7 +36,7 @@ mod sys;
 mod worker;
 
 pub use backend::{
-    erase_window, identify_namespace, BackendError, BackendSpec, Erase, Namespace, Window,
+    erase_window, identify_namespace, BackendError, BackendSpec, Erase, Growth, Namespace, Window,
 };
 pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError, Toggle};

@@ -9,7 +9,7 @@
 use std::path::Path;
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
-    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features, Handle,
+    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features, Growth, Handle,
     KernelDevice, Namespace, QosLimits, WorkerSnapshot,
 };
 
@@ -37,7 +37,14 @@ pub trait Devices: std::fmt::Debug + Send + Sync + 'static {
     fn delete_device(&self, dev_id: DevId) -> Result<(), DataplaneError>;
     /// Deletes a device in the kernel that this dataplane does not serve.
     fn delete_foreign_device(&self, dev_id: DevId) -> Result<(), DataplaneError>;
-    fn resize_device(&self, dev_id: DevId, size: u64) -> Result<DeviceInfo, DataplaneError>;
+    /// Grows a device to `size`; `growth` says whether an NVMe window's new blocks are erased
+    /// by the dataplane or were erased already (`erase_window`).
+    fn resize_device(
+        &self,
+        dev_id: DevId,
+        size: u64,
+        growth: Growth,
+    ) -> Result<DeviceInfo, DataplaneError>;
     fn set_qos(&self, dev_id: DevId, limits: QosLimits) -> Result<DeviceInfo, DataplaneError>;
     /// Holds a device's new requests until its in-flight ones finished (a snapshot's instant).
     fn drain_device(&self, dev_id: DevId) -> Result<(), DataplaneError>;
@@ -103,8 +110,13 @@ impl Devices for Handle {
         Handle::delete_foreign_device(self, dev_id)
     }
 
-    fn resize_device(&self, dev_id: DevId, size: u64) -> Result<DeviceInfo, DataplaneError> {
-        Handle::resize_device(self, dev_id, size)
+    fn resize_device(
+        &self,
+        dev_id: DevId,
+        size: u64,
+        growth: Growth,
+    ) -> Result<DeviceInfo, DataplaneError> {
+        Handle::resize_device(self, dev_id, size, growth)
     }
 
     fn set_qos(&self, dev_id: DevId, limits: QosLimits) -> Result<DeviceInfo, DataplaneError> {

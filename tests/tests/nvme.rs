@@ -11,8 +11,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use ublkd_dataplane::hooks::{self, Fault};
 use ublkd_dataplane::{
-    BackendSpec, Config, DataplaneError, DeviceSpec, ErrorKind, Handle, IoPath, OpKind, Toggle,
-    Window,
+    BackendSpec, Config, DataplaneError, DeviceSpec, ErrorKind, Growth, Handle, IoPath, OpKind,
+    Toggle, Window,
 };
 use ublkd_tests::guest::{self, PATHS};
 use ublkd_tests::MIB;
@@ -515,7 +515,7 @@ fn windows_grow_into_free_space_only() -> Result<()> {
         16 * MIB,
         IoPath::Batch,
     ))?;
-    let grown = dp.resize_device(a.dev_id, 32 * MIB)?;
+    let grown = dp.resize_device(a.dev_id, 32 * MIB, Growth::Erase)?;
     ensure!(grown.spec.size_bytes == 32 * MIB, "{grown:?}");
     let size = |d: &ublkd_dataplane::DeviceInfo| -> Result<u64> {
         Ok(guest::sh(&format!(
@@ -527,13 +527,13 @@ fn windows_grow_into_free_space_only() -> Result<()> {
     };
     ensure!(size(&a)? == 32 * MIB, "the kernel sees the new size");
     fio_verify(&a.block_device, "32m")?;
-    let into_b = dp.resize_device(a.dev_id, 80 * MIB);
+    let into_b = dp.resize_device(a.dev_id, 80 * MIB, Growth::Erase);
     ensure!(
         matches!(into_b, Err(DataplaneError::Overlap { .. })),
         "growing into B: {into_b:?}"
     );
     ensure!(size(&a)? == 32 * MIB, "a refused grow changes nothing");
-    let past_end = dp.resize_device(b.dev_id, ns);
+    let past_end = dp.resize_device(b.dev_id, ns, Growth::Erase);
     ensure!(past_end.is_err(), "past the namespace's end: {past_end:?}");
     for d in [a, b] {
         dp.delete_device(d.dev_id)?;

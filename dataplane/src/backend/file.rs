@@ -3,7 +3,7 @@
 //! buffers; FLUSH is fdatasync, FUA a RWF_DSYNC write, DISCARD punches a hole (keeping the size),
 //! WRITE_ZEROES zeroes the range.
 
-use super::{Backend, BackendError, Data, IoCtx, Request, Started};
+use super::{Backend, BackendError, Data, Growth, IoCtx, Request, Started};
 use crate::ring::Op;
 use crate::stats::OpKind;
 use crate::sys::os::block_device_size;
@@ -110,7 +110,7 @@ impl Backend for FileBackend {
         true
     }
 
-    fn resize(&self, size: u64) -> Result<(), BackendError> {
+    fn resize(&self, size: u64, _: Growth) -> Result<(), BackendError> {
         let have = self.len().map_err(|source| BackendError::Open {
             path: "(backing file)".into(),
             source,

@@ -316,8 +316,9 @@ pub trait Backend: Send + Sync + Debug {
     }
 
     /// Prepares for the volume to become `size` bytes (before the kernel is told); nothing to
-    /// prepare unless the backend says otherwise.
-    fn resize(&self, _size: u64) -> Result<(), BackendError> {
+    /// prepare unless the backend says otherwise. `growth` says whether the blocks a range grows
+    /// onto are still to be erased.
+    fn resize(&self, _size: u64, _growth: Growth) -> Result<(), BackendError> {
         Ok(())
     }
 
@@ -327,6 +328,16 @@ pub trait Backend: Send + Sync + Debug {
     fn erase(&self) -> Result<Option<Erase>, BackendError> {
         Ok(None)
     }
+}
+
+/// What a resize does with the blocks an NVMe window grows onto, which may hold a deleted
+/// volume's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Growth {
+    /// Erased here, before the device's size reaches them (on the control thread).
+    Erase,
+    /// Already erased by the caller (`erase_window`), off the control thread.
+    Erased,
 }
 
 /// Opens the backend `spec` for a volume of `size` bytes.

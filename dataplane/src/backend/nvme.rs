@@ -8,7 +8,9 @@
 //! straight through the request's pages the kernel registered (zero copy). Completions carry
 //! NVMe status, turned into an errno here.
 
-use super::{full, Backend, BackendError, Claim, Data, Erase, IoCtx, Limits, Request, Started};
+use super::{
+    full, Backend, BackendError, Claim, Data, Erase, Growth, IoCtx, Limits, Request, Started,
+};
 use crate::ring::{NvmeData, Op, Region};
 use crate::stats::OpKind;
 use crate::sys::nvme::{self, NvmeCmd};
@@ -373,7 +375,7 @@ impl Backend for NvmeBackend {
 
     /// A window grows into the namespace after it (the control thread has checked that no
     /// other device claims that range); it never shrinks, and never past the namespace's end.
-    fn resize(&self, size: u64) -> Result<(), BackendError> {
+    fn resize(&self, size: u64, growth: Growth) -> Result<(), BackendError> {
         let have = self.window_len.load(Ordering::Relaxed);
         if size <= have {
             return Ok(());
@@ -392,7 +394,7 @@ impl Backend for NvmeBackend {
             });
         }
         // The blocks the window grows onto may hold a deleted volume's data.
-        if !self.keep_data {
+        if !self.keep_data && growth == Growth::Erase {
             self.erase_range(start + have, size - have)?;
         }
         self.window_len.store(size, Ordering::Relaxed);

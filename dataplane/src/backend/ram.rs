@@ -4,7 +4,7 @@
 //! The mapping reserves address space (not memory) beyond the volume's size so the volume can
 //! grow in place: at least [`GROWTH_RESERVE`] bytes, or 4x the size.
 
-use super::{full, Backend, BackendError, Data, IoCtx, Request, Started};
+use super::{full, Backend, BackendError, Data, Growth, IoCtx, Request, Started};
 use crate::stats::OpKind;
 use crate::sys::os::{self, Mapping};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,7 +124,7 @@ impl Backend for RamBackend {
         os::allocated_bytes(&self.file)
     }
 
-    fn resize(&self, size: u64) -> Result<(), BackendError> {
+    fn resize(&self, size: u64, _: Growth) -> Result<(), BackendError> {
         let max = self.mem.len() as u64;
         if size > max {
             return Err(BackendError::CannotGrow { size, max });

@@ -125,9 +125,10 @@ impl Control {
                 Command::Resize {
                     dev_id: id,
                     size_bytes: size,
+                    growth,
                     reply,
                 } => {
-                    reply.answer(self.resize(id, size));
+                    reply.answer(self.resize(id, size, growth));
                 }
                 Command::Drain { dev_id: id, reply } => {
                     reply.answer(self.drain(id));

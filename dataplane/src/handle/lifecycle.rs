@@ -3,7 +3,7 @@
 
 use super::control::{open_char_device, Control, Device};
 use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo};
-use crate::backend;
+use crate::backend::{self, Growth};
 use crate::ctrl::CtrlError;
 use crate::device::{DeviceSpec, SpecError, Toggle};
 use crate::features::Features;
@@ -368,6 +368,7 @@ impl Control {
         &mut self,
         dev_id: DevId,
         size: u64,
+        growth: Growth,
     ) -> Result<DeviceInfo, DataplaneError> {
         // A backend whose range of a shared device grows (an NVMe window) must not grow into
         // another device's.
@@ -403,7 +404,7 @@ impl Control {
         if !self.features.contains(Features::UPDATE_SIZE) {
             return Err(SpecError::Unsupported("UPDATE_SIZE").into());
         }
-        device.backend.resize(size)?;
+        device.backend.resize(size, growth)?;
         self.ctrl.update_size(dev_id, size / 512)?;
         device.info.spec = spec;
         Ok(device.info.clone())

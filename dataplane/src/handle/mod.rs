@@ -5,7 +5,7 @@
 //! `/dev/ublk-control` commands (bounded by timeouts, never on a worker) and hands queues to the
 //! workers over their own channels, waking each through an eventfd its ring is reading.
 
-use crate::backend::Erase;
+use crate::backend::{Erase, Growth};
 use crate::ctrl::ControlDevice;
 use crate::device::{DeviceSpec, IoPath};
 use crate::features::Features;
@@ -205,6 +205,7 @@ pub enum Command {
     Resize {
         dev_id: DevId,
         size_bytes: u64,
+        growth: Growth,
         reply: Reply<DeviceInfo>,
     },
     /// Hold the device's new requests and wait until none is with the backend.
@@ -365,15 +366,18 @@ impl Handle {
         self.call(|reply| Command::Delete { dev_id, reply })
     }
 
-    /// Changes a device's capacity (UBLK_F_UPDATE_SIZE).
+    /// Changes a device's capacity (UBLK_F_UPDATE_SIZE); `growth` says whether an NVMe
+    /// window's new blocks are erased here or were erased by the caller.
     pub fn resize_device(
         &self,
         dev_id: DevId,
         size_bytes: u64,
+        growth: Growth,
     ) -> Result<DeviceInfo, DataplaneError> {
         self.call(|reply| Command::Resize {
             dev_id,
             size_bytes,
+            growth,
             reply,
         })
     }

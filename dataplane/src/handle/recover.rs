@@ -3,7 +3,7 @@
 
 use super::control::{Control, Device};
 use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo, KernelState};
-use crate::backend;
+use crate::backend::{self, Growth};
 use crate::ctrl::CtrlError;
 use crate::device::{DeviceSpec, IoPath};
 use crate::hooks::{self, Fault};
@@ -189,7 +189,7 @@ impl Control {
             // either way: if growing fails it keeps its size, which its info reports.
             let grown = device
                 .backend
-                .resize(wanted_size)
+                .resize(wanted_size, Growth::Erase)
                 .map_err(DataplaneError::from)
                 .and_then(|()| Ok(self.ctrl.update_size(dev_id, wanted_size / 512)?));
             if grown.is_ok() {

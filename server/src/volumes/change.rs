@@ -10,7 +10,7 @@ use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use ublkd_dataplane::{DataplaneError, DeviceInfo, QosLimits};
+use ublkd_dataplane::{DataplaneError, DeviceInfo, Growth, QosLimits};
 
 impl Volumes {
     /// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe
@@ -584,13 +584,33 @@ impl Volumes {
             return Err(e);
         }
         fault_point(Point::ResizeAfterRecord);
-        match blocking(move || handle.resize_device(info.dev_id, size)).await {
+        // The growth's erase, as a new window's: in chunks on the blocking pool, never on the
+        // dataplane's control thread, its progress in the volume's message; then recorded
+        // done before the device's size reaches it, so no later start erases the tenant's
+        // writes there.
+        let growth = match (record.erase_pending, crate::windows::nvme_device(&record)) {
+            (Some(pending), Some(device)) => {
+                let erased = match self
+                    .erase_range(id, device, pending, "window's growth")
+                    .await
+                {
+                    Ok(()) => {
+                        record.erase_pending = None;
+                        self.put_record(&record).await
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = erased {
+                    self.roll_back(&vol.record).await;
+                    return Err(e);
+                }
+                Growth::Erased
+            }
+            _ => Growth::Erase,
+        };
+        match blocking(move || handle.resize_device(info.dev_id, size, growth)).await {
             Ok(updated) => {
                 fault_point(Point::ResizeAfterDevice);
-                if record.erase_pending.take().is_some() {
-                    // The growth is erased and served: the tenant's now.
-                    self.put_record(&record).await?;
-                }
                 let mut map = self.inner.lock().await;
                 let v = map
                     .get_mut(id)

@@ -18,8 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
-    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, IoPath, KernelDevice,
-    KernelState, PlacementReason, PollReason, QosLimits, QueuePlacement, Toggle, WorkerSnapshot,
+    DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Growth, IoPath,
+    KernelDevice, KernelState, PlacementReason, PollReason, QosLimits, QueuePlacement, Toggle,
+    WorkerSnapshot,
 };
 
 /// A device call that can be made to fail once, or to be where the process dies.
@@ -281,7 +282,12 @@ impl Devices for FakeKernel {
         }
     }
 
-    fn resize_device(&self, dev_id: DevId, size: u64) -> Result<DeviceInfo, DataplaneError> {
+    fn resize_device(
+        &self,
+        dev_id: DevId,
+        size: u64,
+        _: Growth,
+    ) -> Result<DeviceInfo, DataplaneError> {
         self.note("resize", dev_id);
         self.failing(Call::Resize)?;
         self.dies(Call::Resize, When::Before);

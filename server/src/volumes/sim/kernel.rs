@@ -21,7 +21,7 @@ use std::time::Duration;
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     BackendSpec, DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features,
-    IoPath, KernelDevice, KernelState, Namespace, PlacementReason, PollReason, QosLimits,
+    Growth, IoPath, KernelDevice, KernelState, Namespace, PlacementReason, PollReason, QosLimits,
     QueuePlacement, WorkerSnapshot,
 };
 
@@ -530,7 +530,12 @@ impl Devices for SimKernel {
         Ok(())
     }
 
-    fn resize_device(&self, dev_id: DevId, size: u64) -> Result<DeviceInfo, DataplaneError> {
+    fn resize_device(
+        &self,
+        dev_id: DevId,
+        size: u64,
+        growth: Growth,
+    ) -> Result<DeviceInfo, DataplaneError> {
         let failure = self.enter(Call::Resize)?;
         let mut w = self.world();
         let Some(dev) = w.devices.get(&dev_id).filter(|d| d.owned) else {
@@ -550,7 +555,7 @@ impl Devices for SimKernel {
                         dev_id,
                     });
                 }
-                if !keep_data {
+                if !keep_data && growth == Growth::Erase {
                     Self::erase(&mut w, offset + len, size - len);
                 }
             }
