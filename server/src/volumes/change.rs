@@ -2,7 +2,7 @@
 //! (changes of one volume one at a time, of different volumes in parallel) and holds the map
 //! lock only to check and record, never across a registry write or a ublk control command.
 
-use super::{blocking, now_ms, same_spec, Volumes};
+use super::{blocking, is_id_taken, now_ms, same_spec, Volumes};
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point, Point};
 use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
@@ -10,7 +10,7 @@ use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use ublkd_dataplane::{DataplaneError, DeviceInfo, Growth, QosLimits};
+use ublkd_dataplane::{DataplaneError, DeviceInfo, DeviceSpec, Growth, QosLimits};
 
 impl Volumes {
     /// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe
@@ -296,6 +296,26 @@ impl Volumes {
                 undo(record);
                 Err(e)
             }
+        }
+    }
+
+    /// Creates the device for `record`, with its recorded kernel id when it has one (and any
+    /// free id if something else took that one meanwhile; the caller records the id it got).
+    /// Never erases: the manager erases a new window's range itself (`erase_range`).
+    pub(super) async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+        let handle = self.handle()?;
+        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
+        let h = handle.clone();
+        let s = spec.clone();
+        match blocking(move || h.add_device(s)).await {
+            Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
+                let spec = DeviceSpec {
+                    dev_id: None,
+                    ..spec
+                };
+                blocking(move || handle.add_device(spec)).await
+            }
+            other => other,
         }
     }
 

@@ -1,14 +1,14 @@
 //! Bringing the registry's volumes back at start: take over the devices that survived, create
 //! the others again, finish interrupted deletes.
 
-use super::{blocking, is_id_taken, Volumes};
+use super::{blocking, Volumes};
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
 use std::time::Instant;
-use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, DeviceSpec, KernelDevice};
+use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, KernelDevice};
 
 impl Volumes {
     /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
@@ -196,25 +196,5 @@ impl Volumes {
         }
         // A restored volume holds its tenant's data: nothing more is erased.
         self.bring_up(record).await.map(|i| Some((i, false)))
-    }
-
-    /// Creates the device for `record`, with its recorded kernel id when it has one (and any
-    /// free id if something else took that one meanwhile; the caller records the id it got).
-    /// Never erases: the manager erases a new window's range itself (`erase_range`).
-    pub(super) async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-        let handle = self.handle()?;
-        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
-        let h = handle.clone();
-        let s = spec.clone();
-        match blocking(move || h.add_device(s)).await {
-            Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
-                let spec = DeviceSpec {
-                    dev_id: None,
-                    ..spec
-                };
-                blocking(move || handle.add_device(spec)).await
-            }
-            other => other,
-        }
     }
 }
