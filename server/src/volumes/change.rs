@@ -285,10 +285,19 @@ impl Volumes {
         match self.bring_up(record).await {
             Ok(info) => {
                 fault_point(Point::CreateAfterDevice);
-                // The device id recorded first was taken meanwhile: the one it got is recorded.
+                // The device id recorded first was taken meanwhile: the one it got is recorded,
+                // or the device goes with the rest of the create (a device no record names
+                // would serve a window the map no longer claims).
                 if record.dev_id != Some(info.dev_id) {
                     record.dev_id = Some(info.dev_id);
-                    self.put_record(record).await?;
+                    if let Err(e) = self.put_record(record).await {
+                        let (h, dev_id) = (self.handle()?, info.dev_id);
+                        if let Err(d) = blocking(move || h.delete_device(dev_id)).await {
+                            tracing::error!(volume = %record.id, %dev_id, error = %crate::error::chain(&d), "a failed create's device could not be deleted: left as an orphan");
+                        }
+                        undo(record);
+                        return Err(e);
+                    }
                 }
                 Ok(info)
             }
@@ -299,9 +308,10 @@ impl Volumes {
         }
     }
 
-    /// Creates the device for `record`, with its recorded kernel id when it has one (and any
-    /// free id if something else took that one meanwhile; the caller records the id it got).
-    /// Never erases: the manager erases a new window's range itself (`erase_range`).
+    /// Creates the device for `record`, with its recorded kernel id when it has one (and
+    /// another id no record and no kernel device has, if something else took that one
+    /// meanwhile; the caller records the id it got). Never erases: the manager erases a new
+    /// window's range itself (`erase_range`).
     pub(super) async fn bring_up(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
         let handle = self.handle()?;
         let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
@@ -309,8 +319,11 @@ impl Volumes {
         let s = spec.clone();
         match blocking(move || h.add_device(s)).await {
             Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
+                // Not any id the kernel would pick: one another record names for a device
+                // absent now would be taken over as that volume's after a crash.
+                let free = self.free_dev_id(&*self.inner.lock().await)?;
                 let spec = DeviceSpec {
-                    dev_id: None,
+                    dev_id: Some(free),
                     ..spec
                 };
                 blocking(move || handle.add_device(spec)).await
@@ -530,7 +543,12 @@ impl Volumes {
                 .await;
             }
         }
-        self.set_message(id, "").await;
+        // The progress goes; a message that says something else stays.
+        if let Some(v) = self.inner.lock().await.get_mut(id) {
+            if v.message.starts_with("erasing the ") {
+                v.message.clear();
+            }
+        }
         if let Some(how) = how {
             tracing::info!(volume = %id, from = range.from, to = range.to, erase = how.name(),
                 took_ms = started.elapsed().as_millis() as u64, "{what}: earlier content erased");
@@ -600,7 +618,7 @@ impl Volumes {
             }
         }
         if let Err(e) = self.put_record(&record).await {
-            self.roll_back(&vol.record).await;
+            self.roll_back(&vol.record, &record).await;
             return Err(e);
         }
         fault_point(Point::ResizeAfterRecord);
@@ -621,7 +639,7 @@ impl Volumes {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = erased {
-                    self.roll_back(&vol.record).await;
+                    self.roll_back(&vol.record, &record).await;
                     return Err(e);
                 }
                 Growth::Erased
@@ -640,16 +658,16 @@ impl Volumes {
                 Ok(v.clone())
             }
             Err(e) => {
-                self.roll_back(&vol.record).await;
+                self.roll_back(&vol.record, &record).await;
                 Err(e)
             }
         }
     }
 
-    /// Puts `old` back, in the registry and the map, after a change that was recorded and then
-    /// refused. Should the registry write fail too, the next start would apply the refused
+    /// Puts `old` back, in the registry and the map, after a change (`refused`) that was
+    /// recorded and then refused. Should the registry write fail too, the next start would apply the refused
     /// change: the volume says so in its message, with a log line and a count.
-    async fn roll_back(&self, old: &VolumeRecord) {
+    async fn roll_back(&self, old: &VolumeRecord, refused: &VolumeRecord) {
         let put = self.put_record(old).await;
         let mut map = self.inner.lock().await;
         let Some(v) = map.get_mut(&old.id) else {
@@ -657,6 +675,9 @@ impl Volumes {
         };
         v.record = old.clone();
         if let Err(e) = put {
+            // The disk still has the refused record, whose window the next start serves: the
+            // map keeps claiming it, or a create could place another volume there meanwhile.
+            v.record.backend = refused.backend.clone();
             let why = crate::error::chain(&e);
             self.rollback_failures
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -687,7 +708,7 @@ impl Volumes {
                 match blocking(move || handle.set_qos(dev_id, qos)).await {
                     Ok(updated) => Some(updated),
                     Err(e) => {
-                        self.roll_back(&vol.record).await;
+                        self.roll_back(&vol.record, &record).await;
                         return Err(e);
                     }
                 }

@@ -176,6 +176,9 @@ impl Volumes {
             let mut erased = record.clone();
             erased.erase_pending = None;
             self.put_record(&erased).await?;
+            if let Some(v) = self.inner.lock().await.get_mut(&record.id) {
+                v.record.erase_pending = None;
+            }
         }
         if existing.is_some() {
             let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
