@@ -172,37 +172,60 @@ mod armed {
         arm_from_spec(&spec);
     }
 
+    /// A dataplane fault's entry of `UBLKD_TEST_FAULTS`, read: the fault, how many times it
+    /// fires, how many passes it skips first, and the byte range it is confined to.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Armed {
+        pub fault: Fault,
+        pub times: u32,
+        pub skip: u32,
+        pub bytes: Range<u64>,
+    }
+
+    /// Reads one entry, `name[=count[@skip][:offset+len]]`: `Ok(None)` when `name` is no
+    /// dataplane fault (the server's `abort_at=`, `delay_at=`), an error when it is one and
+    /// the rest does not read (it would arm something else than asked, or nothing).
+    pub fn parse_entry(item: &str) -> Result<Option<Armed>, String> {
+        let item = item.trim();
+        let (name, rest) = item.split_once('=').unwrap_or((item, "1"));
+        let Some(fault) = Fault::named(name) else {
+            return Ok(None);
+        };
+        let (rest, range) = match rest.split_once(':') {
+            Some((r, range)) => (r, Some(range)),
+            None => (rest, None),
+        };
+        let (count, skip) = rest.split_once('@').unwrap_or((rest, "0"));
+        let number = |s: &str| {
+            s.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("test hook entry {item:?}: {s:?} is not a count"))
+        };
+        let bytes = match range {
+            None => 0..u64::MAX,
+            Some(r) => parse_range(r)
+                .ok_or_else(|| format!("test hook entry {item:?}: {r:?} is not offset+len"))?,
+        };
+        Ok(Some(Armed {
+            fault,
+            times: number(count)?,
+            skip: number(skip)?,
+            bytes,
+        }))
+    }
+
     /// Arms the faults `spec` names, in `UBLKD_TEST_FAULTS`'s language; `name=0` disarms.
     /// A running daemon re-arms from a file this way (ublkd's SIGUSR2 hook). Entries this
-    /// layer does not name (the server's `abort_at=`, `delay_at=`) are the server's to read.
+    /// layer does not name (the server's `abort_at=`, `delay_at=`) are the server's to read;
+    /// ublkd refuses a spec with an entry that reads as nothing before it gets here.
     pub fn arm_from_spec(spec: &str) {
-        for item in spec.trim().split(',').filter(|s| !s.is_empty()) {
-            let (name, rest) = item.split_once('=').unwrap_or((item, "1"));
-            let (rest, range) = match rest.split_once(':') {
-                Some((r, range)) => (r, Some(range)),
-                None => (rest, None),
-            };
-            let (count, skip) = rest.split_once('@').unwrap_or((rest, "0"));
-            let Some(f) = Fault::named(name) else {
-                // The server's entries (`abort_at=`, `delay_at=`) are the server's to read
-                // and check; ublkd refuses a spec naming nothing at start.
-                continue;
-            };
-            let bytes = match range.map(parse_range) {
-                None => 0..u64::MAX,
-                Some(Some(r)) => r,
-                // A range that does not parse would arm the fault everywhere: not armed.
-                Some(None) => {
-                    eprintln!("test hook {name}: bad byte range in {item:?}: not armed");
-                    continue;
-                }
-            };
-            arm_in(
-                f,
-                count.parse().unwrap_or(1),
-                skip.parse().unwrap_or(0),
-                bytes,
-            );
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match parse_entry(item) {
+                Ok(Some(a)) => arm_in(a.fault, a.times, a.skip, a.bytes),
+                Ok(None) => {}
+                // Armed anyway, it would fire where it was not asked to: not armed, said.
+                Err(e) => eprintln!("{e}: not armed"),
+            }
         }
     }
 
@@ -216,7 +239,9 @@ mod armed {
 }
 
 #[cfg(feature = "test-hooks")]
-pub use armed::{arm, arm_after, arm_from_env, arm_from_spec, arm_in, fire, fire_in};
+pub use armed::{
+    arm, arm_after, arm_from_env, arm_from_spec, arm_in, fire, fire_in, parse_entry, Armed,
+};
 
 /// Without `test-hooks` no fault ever fires.
 #[cfg(not(feature = "test-hooks"))]
@@ -252,6 +277,31 @@ mod tests {
         assert!(!fire(Fault::RingFatal));
         assert!(fire(Fault::RingFatal), "fires after two skipped passes");
         assert!(!fire(Fault::RingFatal));
+    }
+
+    #[test]
+    fn an_entry_reads_whole_or_not_at_all() {
+        let a = parse_entry(" file_read_eio=2@1:8192+4096 ")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            a,
+            Armed {
+                fault: Fault::FileReadEio,
+                times: 2,
+                skip: 1,
+                bytes: 8192..12288
+            }
+        );
+        assert_eq!(parse_entry("ring_fatal").unwrap().unwrap().times, 1);
+        assert_eq!(parse_entry("abort_at=create:after_record"), Ok(None));
+        for bad in [
+            "ring_fatal=x",
+            "ring_fatal=1@y",
+            "file_read_eio=1:8192-4096",
+        ] {
+            assert!(parse_entry(bad).is_err(), "{bad} read");
+        }
     }
 
     #[test]

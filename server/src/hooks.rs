@@ -87,9 +87,12 @@ enum Entry {
 }
 
 /// The entries of `spec`, each one read, or the first that names nothing: a typo must fail
-/// the test that made it, not arm nothing. `dataplane` says whether a name is a dataplane
-/// fault's.
-fn entries(spec: &str, dataplane: impl Fn(&str) -> bool) -> Result<Vec<Entry>, String> {
+/// the test that made it, not arm nothing. `dataplane` reads an entry as a dataplane fault's
+/// (false: it is none).
+fn entries(
+    spec: &str,
+    dataplane: impl Fn(&str) -> Result<bool, String>,
+) -> Result<Vec<Entry>, String> {
     let mut found = Vec::new();
     for item in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (name, value) = item.split_once('=').unwrap_or((item, ""));
@@ -101,7 +104,7 @@ fn entries(spec: &str, dataplane: impl Fn(&str) -> bool) -> Result<Vec<Entry>, S
                     Duration::from_millis(ms.parse().ok()?),
                 ))
             }),
-            _ if dataplane(name) => Some(Entry::Dataplane),
+            _ if dataplane(item)? => Some(Entry::Dataplane),
             _ => None,
         };
         found.push(entry.ok_or_else(|| {
@@ -115,20 +118,37 @@ fn entries(spec: &str, dataplane: impl Fn(&str) -> bool) -> Result<Vec<Entry>, S
     Ok(found)
 }
 
+/// Whether `item` is a dataplane fault's entry that reads (its count, skip and range too).
 #[cfg(feature = "test-hooks")]
-fn dataplane_fault(name: &str) -> bool {
-    ublkd_dataplane::hooks::Fault::named(name).is_some()
+fn dataplane_fault(item: &str) -> Result<bool, String> {
+    ublkd_dataplane::hooks::parse_entry(item).map(|a| a.is_some())
 }
 
 #[cfg(not(feature = "test-hooks"))]
-fn dataplane_fault(_: &str) -> bool {
-    false
+fn dataplane_fault(_: &str) -> Result<bool, String> {
+    Ok(false)
 }
 
-/// Checks `spec` (`UBLKD_TEST_FAULTS`'s language) names only faults and points that exist.
+/// Checks `spec` (`UBLKD_TEST_FAULTS`'s language) names only faults and points that exist,
+/// each with a value that reads.
 #[cfg(feature = "test-hooks")]
 pub fn check(spec: &str) -> Result<(), String> {
     entries(spec, dataplane_fault).map(drop)
+}
+
+/// Checks a faults file a running ublkd re-arms from (SIGUSR2): dataplane faults only, since
+/// the server's points are read once, at start.
+#[cfg(feature = "test-hooks")]
+pub fn check_rearm(spec: &str) -> Result<(), String> {
+    match entries(spec, dataplane_fault)?
+        .iter()
+        .find(|e| **e != Entry::Dataplane)
+    {
+        Some(e) => Err(format!(
+            "{e:?}: a server point cannot be armed in a running ublkd, only at start"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The server's entries of `UBLKD_TEST_FAULTS`, read once; none without `test-hooks`. The
@@ -193,8 +213,9 @@ pub fn delay_point_blocking(point: Point) {
 mod tests {
     use super::*;
 
-    fn dataplane(name: &str) -> bool {
-        matches!(name, "drain_unanswered" | "ring_fatal")
+    fn dataplane(item: &str) -> Result<bool, String> {
+        let name = item.split_once('=').map_or(item, |(n, _)| n);
+        Ok(matches!(name, "drain_unanswered" | "ring_fatal"))
     }
 
     #[test]

@@ -405,7 +405,7 @@ fn rearm_faults_on_sigusr2() -> anyhow::Result<()> {
     tokio::spawn(async move {
         while usr2.recv().await.is_some() {
             match std::fs::read_to_string(&file) {
-                Ok(spec) => match hooks::check(&spec) {
+                Ok(spec) => match hooks::check_rearm(&spec) {
                     Ok(()) => {
                         tracing::warn!(faults = %spec.trim(), "test hook: faults armed");
                         ublkd_dataplane::hooks::arm_from_spec(&spec);
