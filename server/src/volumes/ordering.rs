@@ -155,7 +155,8 @@ impl FakeKernel {
     }
 }
 
-fn info(dev_id: DevId, spec: &DeviceSpec) -> DeviceInfo {
+/// A device as a fake kernel serves it (the simulator's too).
+pub(super) fn info(dev_id: DevId, spec: &DeviceSpec) -> DeviceInfo {
     DeviceInfo {
         dev_id,
         spec: spec.clone(),

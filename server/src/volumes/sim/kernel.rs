@@ -14,6 +14,7 @@ use crate::devices::Devices;
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::simctx::{self, Fate};
 use crate::volume_id::VolumeId;
+use crate::volumes::ordering::info;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -21,8 +22,7 @@ use std::time::Duration;
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     BackendSpec, DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features,
-    Growth, IoPath, KernelDevice, KernelState, Namespace, PlacementReason, PollReason, QosLimits,
-    QueuePlacement, WorkerSnapshot,
+    Growth, KernelDevice, KernelState, Namespace, QosLimits, WorkerSnapshot,
 };
 
 /// The one namespace of the simulated node.
@@ -309,26 +309,6 @@ impl SimKernel {
                 && d.window
                     .is_some_and(|(o, l)| o < offset + len && offset < o + l)
         })
-    }
-}
-
-fn info(dev_id: DevId, spec: &DeviceSpec) -> DeviceInfo {
-    DeviceInfo {
-        dev_id,
-        spec: spec.clone(),
-        io_path: IoPath::PerIo,
-        flags: 0,
-        zero_copy: false,
-        polled: false,
-        poll_reason: PollReason::NotOffered,
-        copy_queues: 0,
-        every_request_by_copy: false,
-        placement: QueuePlacement::Spread,
-        placement_reason: PlacementReason::Asked,
-        queue_cpus: Vec::new(),
-        erased: None,
-        block_device: ublkd_dataplane::block_device(dev_id),
-        char_device: PathBuf::from(format!("/dev/ublkc{dev_id}")),
     }
 }
 
