@@ -246,11 +246,22 @@ async fn main() -> Result<()> {
     };
     router
         .serve_with_incoming_shutdown(incoming, async {
-            let _ = tokio::signal::ctrl_c().await;
+            // Without a SIGINT handler the driver serves until it is killed, rather than stop
+            // at once.
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                tracing::error!(error = %e, "no SIGINT handler: serving until killed");
+                std::future::pending::<()>().await;
+            }
         })
         .await
         .context("serving CSI")?;
-    let _ = std::fs::remove_file(&path);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            // The next start removes a stale socket before it binds: nothing is lost.
+            tracing::warn!(socket = %path.display(), error = %e, "the CSI socket could not be removed at exit");
+        }
+        _ => {}
+    }
     Ok(())
 }
 

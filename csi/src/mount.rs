@@ -338,7 +338,11 @@ pub fn bind(source: &Path, target: &Path, read_only: bool) -> Result<(), CsiErro
     run("mount", &["--bind", &s, &t])?;
     if read_only {
         if let Err(e) = run("mount", &["-o", "remount,bind,ro", &t]) {
-            let _ = run("umount", &[&t]);
+            // The bind goes with the refusal; should it stay, it stays writable: said, and the
+            // caller's retry meets it (publish checks what is mounted there).
+            if let Err(u) = run("umount", &[&t]) {
+                tracing::error!(target = %t, error = %u, "a bind mount that could not be made read-only could not be removed either: it stays read-write");
+            }
             return Err(e);
         }
     }

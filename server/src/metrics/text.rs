@@ -36,7 +36,7 @@ pub fn family(
     let start = out.len();
     // Writing to a String cannot fail (here and below).
     let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {}", kind.name());
+    let _ = writeln!(out, "# TYPE {name} {}", kind.name()); // a String write: cannot fail
     let header = out.len();
     let mut f = Family {
         out,
@@ -134,13 +134,13 @@ fn push_escaped(out: &mut String, val: &str) {
 /// through integer formatting, else Rust's shortest form.
 fn push_value(out: &mut String, v: f64) {
     if v.fract() == 0.0 && v.abs() < 9.0e15 {
-        let _ = write!(out, "{}", v as i64);
+        let _ = write!(out, "{}", v as i64); // a String write: cannot fail
     } else if v.is_nan() {
         out.push_str("NaN");
     } else if v.is_infinite() {
         out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
     } else {
-        let _ = write!(out, "{v}");
+        let _ = write!(out, "{v}"); // a String write: cannot fail
     }
 }
 

@@ -650,7 +650,7 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
                 t.abort();
             }
             cov.crashes += 1;
-            let _ = writeln!(log, "     the process died; restart");
+            let _ = writeln!(log, "     the process died; restart"); // a String: cannot fail
             simctx::crash_at(None);
             kernel.process_died();
             v = Arc::new(volumes(&dirs.state, &kernel));
@@ -680,7 +680,7 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
             } else {
                 e.1 += 1;
             }
-            let _ = writeln!(log, "     {op} -> {}", answer.text);
+            let _ = writeln!(log, "     {op} -> {}", answer.text); // a String: cannot fail
             answers.push((op, answer));
         }
         check(&v, &kernel, &dirs.state, false)
