@@ -108,6 +108,16 @@ enum Sub {
     NodeLoss(NodeLoss),
 }
 
+/// A `--recheck`: a duration as `--lost-after` reads it, at least a second (0 would look again
+/// at once, forever).
+fn parse_recheck(text: &str) -> Result<Duration, String> {
+    match ublkd_csi::nodeloss::verdict::parse_lost_after(text) {
+        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
+        Ok(_) => Err("at least 1s".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum NodeLoss {
     /// Put the finalizer ublkd.io/node on every Node of the driver and, when one is deleted
@@ -118,6 +128,9 @@ enum NodeLoss {
         /// lost (300, 300s, 5m, 1h). A Node annotated ublkd.io/node-lost=true is lost at once.
         #[arg(long, default_value = "5m", value_parser = ublkd_csi::nodeloss::verdict::parse_lost_after)]
         lost_after: Duration,
+        /// How often a deleted Node that is not lost yet is looked at again (30, 30s, 1m).
+        #[arg(long, default_value = "30s", value_parser = parse_recheck)]
+        recheck: Duration,
     },
     /// Stop the controller (delete its Deployment) and take the finalizer off every Node:
     /// the chart's pre-delete hook
@@ -161,9 +174,10 @@ async fn main() -> Result<()> {
             }
             return Ok(());
         }
-        Some(Sub::NodeLoss(NodeLoss::Watch { lost_after })) => {
-            return Ok(ublkd_csi::nodeloss::watch(lost_after).await?)
-        }
+        Some(Sub::NodeLoss(NodeLoss::Watch {
+            lost_after,
+            recheck,
+        })) => return Ok(ublkd_csi::nodeloss::watch(lost_after, recheck).await?),
         Some(Sub::NodeLoss(NodeLoss::Uninstall {
             namespace,
             deployment,

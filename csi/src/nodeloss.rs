@@ -11,7 +11,7 @@
 //!   deletionTimestamp and its kubelet, if alive, keeps renewing its Lease. It is released
 //!   only when `verdict` says it is lost (Lease expired and NotReady for `--lost-after`, or the
 //!   annotation `ublkd.io/node-lost: "true"`); until then nothing is touched and the controller
-//!   looks again every 30 s.
+//!   looks again every `--recheck` (30 s by default).
 //! - A release (`plan`) sets the node's PersistentVolumes to Retain and strips the
 //!   provisioner's finalizer before any claim is touched (else the node's own provisioner
 //!   deletes the volumes of the Released PVs), deletes the claims bound to them (each by its
@@ -46,8 +46,6 @@ use tokio_stream::StreamExt;
 pub const FINALIZER: &str = "ublkd.io/node";
 /// The Events' reporting controller.
 const REPORTER: &str = "ublkd.io/node-loss";
-/// How often a deleted Node that is not (yet) lost is looked at again.
-const RECHECK: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeLossError {
@@ -246,6 +244,8 @@ pub async fn release_node(client: &Client, node: &str) -> Result<plan::Release, 
 struct Context {
     client: Client,
     lost_after: Duration,
+    /// How often a deleted Node that is not (yet) lost is looked at again.
+    recheck: Duration,
     recorder: Recorder,
     /// The reason of the last Event posted for each Node (by uid), so that a look that decides
     /// the same posts nothing.
@@ -355,7 +355,7 @@ async fn cleanup(nodes: &Api<Node>, node: &Node, ctx: &Context) -> Result<Action
             verdict::LOST_ANNOTATION
         );
         ctx.tell(node, EventType::Normal, v.reason(), note).await;
-        return Ok(Action::requeue(RECHECK));
+        return Ok(Action::requeue(ctx.recheck));
     }
     tracing::warn!(node = %name, reason = v.reason(), why = %v.why(), "node lost: releasing its volumes");
     let released = match release_node(&ctx.client, &name).await {
@@ -413,20 +413,23 @@ async fn client() -> Result<Client, NodeLossError> {
 
 /// Runs the controller until SIGTERM or SIGINT: finalizes every Node labelled with the topology
 /// key, and releases a deleted one's claims and volumes once it is lost, a Node being lost
-/// when NotReady for `lost_after` with its Lease expired (or annotated lost).
-pub async fn watch(lost_after: Duration) -> Result<(), NodeLossError> {
+/// when NotReady for `lost_after` with its Lease expired (or annotated lost); a deleted Node not
+/// lost yet is looked at again every `recheck`.
+pub async fn watch(lost_after: Duration, recheck: Duration) -> Result<(), NodeLossError> {
     let client = client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     tracing::info!(
         finalizer = FINALIZER,
         label = crate::TOPOLOGY_KEY,
         lost_after_s = lost_after.as_secs(),
+        recheck_s = recheck.as_secs(),
         "watching Nodes"
     );
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), Reporter::from(REPORTER)),
         client,
         lost_after,
+        recheck,
         posted: Mutex::default(),
     });
     // Every Node, not only the labelled ones: a Node that lost the label keeps the finalizer
