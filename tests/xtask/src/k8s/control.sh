@@ -96,6 +96,7 @@ serve_kubectl() {
             [ -e "$r" ] || continue
             n=${r%.args}
             mv "$r" "$n.run" || continue
+            t0=$(($(date +%s%N) / 1000000))
             (
                 in=/dev/null
                 [ -e "$n.stdin" ] && in=$n.stdin
@@ -115,9 +116,11 @@ serve_kubectl() {
                     echo $? >"$RC"' request <"$in" >"$n.out" 2>"$n.err"
                 [ -s "$n.rc.tmp" ] || echo 125 >"$n.rc.tmp"
                 mv "$n.rc.tmp" "$n.rc"
+                # how long each request took here, against the guest's view in its scenario log
+                echo "$(date +%s.%N | cut -c1-14) $(($(date +%s%N) / 1000000 - t0)) ms: $(tr '\0' ' ' <"$n.run" | cut -c1-120)" >>"$L/requests.log"
             ) &
         done
-        sleep 0.1
+        sleep 0.05
     done
 }
 

@@ -18,7 +18,7 @@
 //! The guest (`guest.sh`) is the cluster's one node, with a writable root (a tmpfs overlay over
 //! the host root): containerd, the kubelet, kube-proxy and the driver's pods on the real kernel
 //! driver. It installs the chart `deploy/helm/ublkd` with `helm install` and
-//! `tests/k8s/values.yaml` (image names changed, nothing else; the chart's defaults render
+//! `tests/k8s/values.yaml` (image names and two intervals changed; the chart's defaults render
 //! exactly deploy/kubernetes, which `cargo xtask manifests` checks) and runs the scenarios; the
 //! snapshot, modify and restart scenarios change the install with `helm upgrade`. kubectl and
 //! helm run on the host for the guest (`control.sh`). Under emulation on a 2-core host, a control plane in
@@ -433,10 +433,23 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         "\nKubernetes tier ({vm_secs:.0} s in the VM, {:.0} s in all):\n",
         started.elapsed().as_secs_f64()
     );
+    let mut took: Vec<(f64, String)> = Vec::new();
     for line in &run.console {
+        // The cluster's bring-up: the guest's uptime when the first scenario started.
+        if took.is_empty() && !summary.contains("cluster up") {
+            if let Some(up) = line
+                .split("k8s [")
+                .nth(1)
+                .filter(|r| r.contains("] scenario "))
+                .and_then(|r| r.split(']').next())
+            {
+                summary.push_str(&format!("  cluster up after {up} s of the guest's uptime\n"));
+            }
+        }
         if let Some(rest) = line.split("SCENARIO ").nth(1) {
             let f: Vec<&str> = rest.split_whitespace().collect();
             if let [name, result, secs] = f.as_slice() {
+                took.push((secs.parse().unwrap_or(0.0), (*name).to_owned()));
                 summary.push_str(&format!("  {result:<7} {name} ({secs} s)\n"));
                 if *result == "ok" {
                     passed += 1;
@@ -468,6 +481,11 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     if failed == 0 && run.exit != vm::Exit::Code(0) {
         summary.push_str(&format!("  the guest {}\n", run.exit));
         failed = 1;
+    }
+    took.sort_by(|a, b| b.0.total_cmp(&a.0));
+    summary.push_str("  slowest five:\n");
+    for (secs, name) in took.iter().take(5) {
+        summary.push_str(&format!("    {secs:7.1} s  {name}\n"));
     }
     summary.push_str(&format!("{passed} passed, {failed} failed"));
     Ok(Tier {
