@@ -8,7 +8,6 @@
 
 mod apt;
 mod bench;
-mod compare;
 mod cpio;
 mod deb;
 mod deploy;
@@ -96,8 +95,6 @@ enum Task {
     /// Build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb.
     Deb,
     /// ublkd at several commits (or `work`, the working tree) against each other in one boot:
-    /// fio 4 KiB QD32 and QD1 on a null volume, builds interleaved; target/compare/results.json.
-    Compare(compare::Args),
     /// Fetch the kernel and build the initramfs (what the others do first).
     Prepare,
     /// Render deploy/kubernetes and every overlay under deploy/overlays with kubectl kustomize
@@ -228,7 +225,6 @@ fn run(command: Task) -> Result<ExitCode> {
             bench::guest::main(&input)?;
             Ok(ExitCode::SUCCESS)
         }
-        Task::Compare(args) => compare::run(&ws, &args),
         Task::Deb => {
             deb::run(&ws)?;
             Ok(ExitCode::SUCCESS)
@@ -297,11 +293,41 @@ fn cargo() -> Command {
 
 fn host_tests(ws: &Path) -> Result<()> {
     eprintln!("xtask: host tests: cargo test --workspace");
-    let status = cargo()
+    // One stream (cargo's "Running BINARY" is on stderr, the binary's result on stdout), in the
+    // order written.
+    let mut child = Command::new("sh")
         .current_dir(ws)
-        .args(["test", "--workspace"])
-        .status()
+        .args(["-c", "exec \"$0\" test --workspace 2>&1"])
+        .arg(cargo().get_program())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .context("running cargo test")?;
+    // Echoed as it comes; each test binary's time kept for the slowest five.
+    let mut took = Vec::new();
+    let mut current = String::new();
+    if let Some(out) = child.stdout.take() {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line.context("reading cargo test's output")?;
+            println!("{line}");
+            if let Some(binary) = line.trim().strip_prefix("Running ") {
+                current = binary.to_owned();
+            }
+            if let Some(secs) = line
+                .split("finished in ")
+                .nth(1)
+                .and_then(|r| r.trim_end_matches('s').parse::<f64>().ok())
+            {
+                took.push((secs, current.clone()));
+            }
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    took.sort_by(|a, b| b.0.total_cmp(&a.0));
+    println!("host tests: the slowest five test binaries:");
+    for (secs, binary) in took.iter().take(5) {
+        println!("  {secs:7.2} s  {binary}");
+    }
     if !status.success() {
         bail!("host tests failed ({status})");
     }
@@ -621,14 +647,7 @@ mod tests {
             parse(&["image", "--insecure"]).is_err(),
             "--insecure only with --push"
         );
-        // compare: two builds or more, a runtime of at least a second; a build's flags may
-        // start with dashes.
-        assert!(parse(&["compare", "fdc00eb"]).is_err());
-        assert!(parse(&["compare", "--runtime", "0", "a", "b"]).is_err());
-        assert!(matches!(
-            parse(&["compare", "fdc00eb", "work+--placement=same-cpu"]),
-            Ok(Task::Compare(_))
-        ));
+        assert!(parse(&["compare", "fdc00eb", "work"]).is_err(), "folded into bench --baseline");
         assert!(matches!(
             parse(&["bench", "--baseline", "e3edd49", "--only", "null"]),
             Ok(Task::Bench(_))

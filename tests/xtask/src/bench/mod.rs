@@ -71,6 +71,7 @@
 //! (reading what the guest left) and `report` (`results.json`, `raw.json` and the tables
 //! printed).
 
+mod baseline;
 mod cases;
 mod collect;
 pub mod guest;
@@ -108,7 +109,7 @@ use std::process::ExitCode;
 /// `cargo xtask bench`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Also run every ublkd case with REV's ublkd (built and cached as compare does),
+    /// Also run every ublkd case with REV's ublkd (a commit, or `work`: built and cached by `baseline`),
     /// interleaved A B B A, and report new/baseline per case.
     #[arg(long, value_name = "REV")]
     baseline: Option<String>,
@@ -137,7 +138,7 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         plan.only = Some(s.clone());
     }
     if let Some(rev) = &args.baseline {
-        let (label, bin) = crate::compare::build(ws, rev)?;
+        let (label, bin) = baseline::build(ws, rev)?;
         plan.baseline = Some((label, bin));
     }
     let runtime = match std::env::var("UBLKD_BENCH_RUNTIME") {
