@@ -334,8 +334,13 @@ async fn csi_sanity_file_backend_mount_and_block() -> Result<()> {
 }
 
 #[tokio::test]
-async fn csi_sanity_ram_backend_mount_and_block() -> Result<()> {
-    for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
+async fn csi_sanity_ram_backend_mount() -> Result<()> {
+    // Not the whole matrix on every backend: the driver's node path (mkfs, mount, the block
+    // bind) is the same for every backend, and its controller path the same for every access
+    // type. The file backend runs all three (and the snapshot tests); RAM and NVMe each run
+    // one file system, ext4 and xfs each run on two backends, block on file and NVMe. The
+    // nine runs took 242 s of a 1,343 s suite (2026-12-04).
+    for (access, fs) in [("mount", "xfs")] {
         let name = format!("csi-ram-{access}-{fs}");
         let params = vec![("backend", "ram".to_owned()), ("fsType", fs.to_owned())];
         sanity(&name, 9562, &params, access, false).await?;
@@ -345,7 +350,8 @@ async fn csi_sanity_ram_backend_mount_and_block() -> Result<()> {
 
 #[tokio::test]
 async fn csi_sanity_nvme_backend_mount_and_block() -> Result<()> {
-    for (access, fs) in [("mount", "ext4"), ("mount", "xfs"), ("block", "ext4")] {
+    // One file system and block (csi_sanity_ram_backend_mount says why).
+    for (access, fs) in [("mount", "ext4"), ("block", "ext4")] {
         let name = format!("csi-nvme-{access}-{fs}");
         let params = vec![
             ("backend", "nvme".to_owned()),
