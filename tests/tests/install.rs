@@ -265,12 +265,16 @@ impl Ublkd {
 
 #[test]
 fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
+    let t0 = std::time::Instant::now();
+    // Where the time goes: each step's end, from the start.
+    let step = |what: &str| println!("image: {what} at {:.1} s", t0.elapsed().as_secs_f64());
     let layout = artifact("image/oci", "cargo xtask image")?;
     let dir = guest::scratch("image")?;
     let mut root = Chroot::new(dir.join("root"));
     let layers = unpack_image(&layout, &root.root)?;
     assert_eq!(layers.len(), 2, "base and ublkd layers: {layers:?}");
     root.mount_kernel_fs()?;
+    step("unpacked");
 
     // What the kernel offers, as the init container and an operator would ask.
     let probe = root.run(&["/usr/local/bin/ublkd", "probe"])?;
@@ -292,6 +296,7 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
         ]),
         dir.join("ublkd.log"),
     )?;
+    step("ublkd started");
 
     // One volume of each backend through ublkctl, data verified on the block device.
     std::fs::create_dir_all(root.path("/var/lib/ublkd/volumes"))?;
@@ -319,6 +324,7 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
             fio_verify(&dev, "32M").with_context(|| format!("{id} on {}", dev.display()))?;
         }
         root.run(&["/usr/local/bin/ublkctl", "delete-volume", id])?;
+        step(&format!("{id} verified and deleted"));
     }
 
     // ublkd-csi as the node plugin: mkfs, mount, grow and unmount run from the image. Its
@@ -370,7 +376,9 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
         let id = ctl(&create)?.trim().to_owned();
         let staging = format!("/var/lib/kubelet/plugins/ublkd.io/globalmount/{id}");
         let target = format!("/var/lib/kubelet/pods/p1/volumes/{id}");
+        step(&format!("{name} created"));
         ctl(&["stage", &id, &staging, "--fs", fs])?;
+        step(&format!("{name} staged"));
         ctl(&["publish", &id, &staging, &target, "--fs", fs])?;
         let mounts = std::fs::read_to_string("/proc/self/mounts")?;
         let target_abs = root.path(&target);
@@ -383,6 +391,7 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
             "{name}: mounted as {line}"
         );
         fio_verify(&target_abs.join("data"), "32M").with_context(|| name.to_owned())?;
+        step(&format!("{name} verified"));
         // NodeGetVolumeStats, which the kubelet asks of every mounted volume each minute: the
         // image has no coreutils, so it must need no `stat` (the first real cluster found it
         // failing on every call).
@@ -402,9 +411,11 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
             capacity.trim().parse::<u64>().ok() >= Some(384 * MIB),
             "{name}: expand printed {capacity:?}"
         );
+        step(&format!("{name} expanded"));
         ctl(&["unpublish", &id, &target])?;
         ctl(&["unstage", &id, &staging])?;
         ctl(&["delete", &id])?;
+        step(&format!("{name} deleted"));
     }
 
     ublkd.stop()?;
