@@ -310,8 +310,9 @@ fn host_tests(ws: &Path) -> Result<()> {
         for line in std::io::BufReader::new(out).lines() {
             let line = line.context("reading cargo test's output")?;
             println!("{line}");
-            if let Some(binary) = line.trim().strip_prefix("Running ") {
-                current = binary.to_owned();
+            let l = line.trim();
+            if l.starts_with("Running ") || l.starts_with("Doc-tests ") {
+                current = l.to_owned();
             }
             if let Some(secs) = line
                 .split("finished in ")
@@ -647,7 +648,10 @@ mod tests {
             parse(&["image", "--insecure"]).is_err(),
             "--insecure only with --push"
         );
-        assert!(parse(&["compare", "fdc00eb", "work"]).is_err(), "folded into bench --baseline");
+        assert!(
+            parse(&["compare", "fdc00eb", "work"]).is_err(),
+            "folded into bench --baseline"
+        );
         assert!(matches!(
             parse(&["bench", "--baseline", "e3edd49", "--only", "null"]),
             Ok(Task::Bench(_))

@@ -443,7 +443,9 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
                 .filter(|r| r.contains("] scenario "))
                 .and_then(|r| r.split(']').next())
             {
-                summary.push_str(&format!("  cluster up after {up} s of the guest's uptime\n"));
+                summary.push_str(&format!(
+                    "  cluster up after {up} s of the guest's uptime\n"
+                ));
             }
         }
         if let Some(rest) = line.split("SCENARIO ").nth(1) {
