@@ -94,7 +94,6 @@ enum Task {
     },
     /// Build the Debian package of ublkd and ublkctl: target/deb/ublkd.deb.
     Deb,
-    /// ublkd at several commits (or `work`, the working tree) against each other in one boot:
     /// Fetch the kernel and build the initramfs (what the others do first).
     Prepare,
     /// Render deploy/kubernetes and every overlay under deploy/overlays with kubectl kustomize
