@@ -99,7 +99,7 @@ pub enum CsiError {
     SnapshotMismatch { name: String, source_volume: String },
     #[error(
         "ControllerModifyVolume cannot reach the nodes' ublkd: this ublkd-csi has no \
-         --remote-ublkd (deploy the component csi-modify-volume, deploy/csi/README.md)"
+         --remote-ublkd (the chart's modifyVolume.enabled, deploy/csi/README.md)"
     )]
     ModifyUnconfigured,
     #[error("cannot tell which node holds volume {id:?}: {why}")]

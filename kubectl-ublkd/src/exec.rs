@@ -8,7 +8,7 @@ use kube::api::{Api, AttachParams};
 use kube::Client;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// The container and the path of ublkctl in the ublkd pod (deploy/kubernetes/daemonset.yaml).
+/// The container and the path of ublkctl in the ublkd pod (deploy/helm/ublkd/templates/daemonset.yaml).
 pub const CONTAINER: &str = "ublkd";
 pub const UBLKCTL: &str = "/usr/local/bin/ublkctl";
 

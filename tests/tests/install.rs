@@ -144,14 +144,16 @@ fn configmap_ublkd_toml() -> Result<String> {
         .parent()
         .context("target/ has no parent")?
         .to_owned();
-    let yaml = std::fs::read_to_string(ws.join("deploy/kubernetes/configmap.yaml"))?;
+    let yaml = std::fs::read_to_string(ws.join("deploy/kubernetes/ublkd.yaml"))?;
     let mut lines = yaml.lines().skip_while(|l| l.trim() != "ublkd.toml: |");
-    lines.next().context("configmap.yaml has no ublkd.toml")?;
+    lines
+        .next()
+        .context("deploy/kubernetes/ublkd.yaml has no ublkd.toml")?;
     let toml: Vec<&str> = lines
         .take_while(|l| l.is_empty() || l.starts_with("    "))
         .map(|l| l.strip_prefix("    ").unwrap_or(l))
         .collect();
-    ensure!(!toml.is_empty(), "configmap.yaml's ublkd.toml is empty");
+    ensure!(!toml.is_empty(), "the ConfigMap's ublkd.toml is empty");
     Ok(toml.join("\n") + "\n")
 }
 

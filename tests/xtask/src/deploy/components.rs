@@ -1,7 +1,8 @@
-//! What each kustomize component must add to an overlay that uses it.
+//! What each of the chart's options must add to its render (remote access, cert-manager,
+//! snapshots, ModifyVolume).
 
-use super::base::{args, check};
-use super::yaml::{find, indent, items, leaves, named, objects, value, Object};
+use super::base::args;
+use super::yaml::{find, indent, items, leaves, named, value, Object};
 
 /// What the remote-access component must give: ublkd listening on its socket and on TCP 7443
 /// with mutual TLS from the Secret ublkd-grpc-tls (mounted whole, so renewals arrive), that
@@ -373,44 +374,6 @@ pub(super) fn check_csi_modify_volume(objs: &[Object]) -> Vec<String> {
                     c.name
                 ));
             }
-        }
-    }
-    problems
-}
-
-/// Checks a rendered overlay for what one component adds; returns the problems.
-type ComponentCheck = fn(&[Object]) -> Vec<String>;
-
-/// Each component under deploy/kubernetes/components, by directory name, and its check on an
-/// overlay that uses it. A component without a check here fails the run: it would go untested.
-const COMPONENTS: &[(&str, ComponentCheck)] = &[
-    ("remote-access", check_remote_access),
-    ("cert-manager-grpc-tls", check_cert_manager),
-    ("csi-snapshots", check_csi_snapshots),
-    ("csi-modify-volume", check_csi_modify_volume),
-];
-
-/// The components an overlay's kustomization names (`.../components/NAME`).
-pub(super) fn components_used(kustomization: &str) -> Vec<String> {
-    kustomization
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter_map(|l| l.strip_prefix("- "))
-        .filter_map(|path| {
-            let (_, name) = path.trim_end_matches('/').rsplit_once("components/")?;
-            (!name.contains('/')).then(|| name.to_owned())
-        })
-        .collect()
-}
-
-/// Checks one overlay's render: everything the base must hold, and each component it uses.
-pub(super) fn check_overlay(kustomization: &str, rendered: &str) -> Vec<String> {
-    let mut problems = check(rendered);
-    let objs = objects(rendered);
-    for name in components_used(kustomization) {
-        match COMPONENTS.iter().find(|(n, _)| *n == name) {
-            Some((_, check)) => problems.extend(check(&objs)),
-            None => problems.push(format!("component {name} has no check in deploy.rs")),
         }
     }
     problems

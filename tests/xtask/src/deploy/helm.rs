@@ -1,18 +1,17 @@
-//! The Helm chart `deploy/helm/ublkd`, checked against the kustomize manifests so that the two
-//! never drift: rendered with the values that match `deploy/kubernetes` and each overlay, and
-//! put through the same `kubectl kustomize` normalisation, every object must be the same (Helm's
-//! own two labels aside). Then `helm lint`, and what only the chart has: its values schema,
-//! its refusals, the kubelet directory, a default class, and the Prometheus Operator objects.
+//! The Helm chart `deploy/helm/ublkd`: `helm template`, the render put through `kubectl
+//! kustomize` (one style, keys sorted, which the checks read), and what only the chart does:
+//! `helm lint`, its values schema and refusals, the kubelet directory, the uninstall hook, the
+//! Prometheus Operator objects, and the versions.
 
-use super::yaml::{objects, Object};
+use super::yaml::objects;
 use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// Where the chart is, from the workspace root.
 pub const CHART: &str = "deploy/helm/ublkd";
-/// The namespace the manifests use, and so the release's in every comparison.
-const NAMESPACE: &str = "ublkd-system";
+/// The release's namespace in every render.
+pub const NAMESPACE: &str = "ublkd-system";
 
 /// Helm built from its module (`go install`), cached by version.
 pub const HELM: crate::gotools::GoTool = crate::gotools::GoTool {
@@ -21,30 +20,9 @@ pub const HELM: crate::gotools::GoTool = crate::gotools::GoTool {
     binary: "helm",
 };
 
-/// Each kustomization and the chart values that must render the same objects.
-pub const EQUIVALENTS: &[(&str, &[&str])] = &[
-    ("deploy/kubernetes", &[]),
-    (
-        "deploy/overlays/remote-access",
-        &["remoteAccess.enabled=true"],
-    ),
-    (
-        "deploy/overlays/remote-access-cert-manager",
-        &[
-            "remoteAccess.enabled=true",
-            "remoteAccess.certManager.enabled=true",
-        ],
-    ),
-    ("deploy/overlays/csi-snapshots", &["snapshots.enabled=true"]),
-    (
-        "deploy/overlays/csi-modify-volume",
-        &["remoteAccess.enabled=true", "modifyVolume.enabled=true"],
-    ),
-];
-
-/// Lines Helm adds that the manifests do not have (every object's `helm.sh/chart` and
-/// `app.kubernetes.io/managed-by` labels).
-fn is_helm_label(line: &str) -> bool {
+/// Lines Helm adds that a render for kubectl users leaves out (every object's `helm.sh/chart`
+/// and `app.kubernetes.io/managed-by` labels).
+pub fn is_helm_label(line: &str) -> bool {
     let l = line.trim_start();
     l.starts_with("helm.sh/chart: ") || l.starts_with("app.kubernetes.io/managed-by: ")
 }
@@ -72,84 +50,39 @@ pub fn template(helm: &Path, ws: &Path, sets: &[&str], with_hooks: bool) -> Resu
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `rendered` put through `kubectl kustomize` (keys sorted, one style), as the manifests are.
-fn normalise(kubectl: &Path, rendered: &str, scratch: &Path) -> Result<String> {
+/// `rendered` put through `kubectl kustomize` (keys sorted, one style), as the checks read it.
+pub fn normalise(kubectl: &Path, rendered: &str, scratch: &Path) -> Result<String> {
     std::fs::create_dir_all(scratch)?;
     std::fs::write(scratch.join("chart.yaml"), rendered)?;
     std::fs::write(
         scratch.join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - chart.yaml\n",
     )?;
+    kustomize(kubectl, scratch)
+}
+
+/// `kubectl kustomize DIR`.
+pub fn kustomize(kubectl: &Path, dir: &Path) -> Result<String> {
     let out = Command::new(kubectl)
         .arg("kustomize")
-        .arg(scratch)
+        .arg(dir)
         .output()
         .context("running kubectl kustomize")?;
     if !out.status.success() {
         bail!(
-            "kubectl kustomize of the chart's render failed: {}",
+            "kubectl kustomize {} failed: {}",
+            dir.display(),
             String::from_utf8_lossy(&out.stderr)
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// What differs between the chart's objects and the manifests' (both normalised): objects only
-/// one side has, and for the others the first line that differs. The manifests' Namespace is
-/// not the chart's (a release lives in a namespace made before it).
-pub fn differences(chart: &str, manifests: &str) -> Vec<String> {
-    let strip = |o: &Object| -> Vec<String> {
-        o.text
-            .lines()
-            .filter(|l| !is_helm_label(l))
-            .map(str::to_owned)
-            .collect()
-    };
-    let chart = objects(chart);
-    let manifests: Vec<Object> = objects(manifests)
-        .into_iter()
-        .filter(|o| o.kind != "Namespace")
-        .collect();
-    let mut out = Vec::new();
-    for m in &manifests {
-        match chart.iter().find(|c| c.kind == m.kind && c.name == m.name) {
-            None => out.push(format!("{} {}: not in the chart", m.kind, m.name)),
-            Some(c) => {
-                let (a, b) = (strip(c), strip(m));
-                if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
-                    out.push(format!(
-                        "{} {}: line {}: chart {:?}, manifests {:?}",
-                        m.kind,
-                        m.name,
-                        i + 1,
-                        a.get(i).map_or("(end)", String::as_str),
-                        b.get(i).map_or("(end)", String::as_str)
-                    ));
-                }
-            }
-        }
-    }
-    for c in &chart {
-        if !manifests
-            .iter()
-            .any(|m| m.kind == c.kind && m.name == c.name)
-        {
-            out.push(format!("{} {}: only in the chart", c.kind, c.name));
-        }
-    }
-    out
-}
-
-/// The chart's checks (see the module's comment); problems are returned, not raised, so that
-/// one run lists them all. `render_manifests` renders a kustomization as the other checks do.
-pub fn checks(
-    ws: &Path,
-    kubectl: &Path,
-    render_manifests: impl Fn(&str) -> Result<String>,
-) -> Result<Vec<String>> {
-    let helm = crate::gotools::ensure(HELM)?;
+/// `helm lint --strict`, what only the chart does, and the versions; problems are returned,
+/// not raised, so that one run lists them all.
+pub fn checks(helm: &Path, ws: &Path) -> Result<Vec<String>> {
     let mut problems = Vec::new();
-    let lint = Command::new(&helm)
+    let lint = Command::new(helm)
         .current_dir(ws)
         .args(["lint", "--strict", CHART])
         .output()
@@ -160,35 +93,12 @@ pub fn checks(
             String::from_utf8_lossy(&lint.stdout).trim()
         ));
     }
-    let scratch = scratch_dir();
-    for (dir, sets) in EQUIVALENTS {
-        eprintln!(
-            "xtask: manifests: helm template {CHART} {} against {dir}",
-            sets.iter()
-                .map(|s| format!("--set {s}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        let chart = normalise(kubectl, &template(&helm, ws, sets, false)?, &scratch)?;
-        let manifests = render_manifests(dir)?;
-        problems.extend(
-            differences(&chart, &manifests)
-                .into_iter()
-                .map(|p| format!("{CHART} vs {dir}: {p}")),
-        );
-    }
-    // Only the scratch copy of a render: nothing to keep.
-    let _ = std::fs::remove_dir_all(&scratch);
-    problems.extend(chart_only(&helm, ws)?);
+    problems.extend(chart_only(helm, ws)?);
     problems.extend(versions(ws));
     Ok(problems)
 }
 
-fn scratch_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("xtask-helm-{}", std::process::id()))
-}
-
-/// What the chart does that the manifests cannot show.
+/// What the chart does beyond its default render.
 fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     // Another kubelet directory: every path of the driver under it, none left at the default.
@@ -347,7 +257,7 @@ fn chart_only(helm: &Path, ws: &Path) -> Result<Vec<String>> {
     Ok(problems)
 }
 
-/// The chart's version and appVersion, and the manifests' image tag, are the workspace's.
+/// The chart's version and appVersion, and the render's image tag, are the workspace's.
 fn versions(ws: &Path) -> Vec<String> {
     let version = env!("CARGO_PKG_VERSION");
     let mut problems = Vec::new();
@@ -363,39 +273,12 @@ fn versions(ws: &Path) -> Vec<String> {
             ));
         }
     }
-    let ds =
-        std::fs::read_to_string(ws.join("deploy/kubernetes/daemonset.yaml")).unwrap_or_default();
-    if !ds.contains(&format!("image: ghcr.io/example/ublkd:{version}")) {
+    let render = std::fs::read_to_string(ws.join(super::RENDER)).unwrap_or_default();
+    if !render.contains(&format!("image: ghcr.io/example/ublkd:{version}")) {
         problems.push(format!(
-            "deploy/kubernetes/daemonset.yaml's image is not tagged {version}, the workspace's version"
+            "{}'s image is not tagged {version}, the workspace's version",
+            super::RENDER
         ));
     }
     problems
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  labels:\n    app.kubernetes.io/part-of: ublkd\n  name: c\n  namespace: ublkd-system\ndata:\n  k: v\n";
-
-    #[test]
-    fn helm_labels_and_the_namespace_are_no_difference_and_the_rest_is() {
-        let helm = CM.replace(
-            "    app.kubernetes.io/part-of: ublkd\n",
-            "    app.kubernetes.io/managed-by: Helm\n    app.kubernetes.io/part-of: ublkd\n    helm.sh/chart: ublkd-0.1.0\n",
-        );
-        let ns = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ublkd-system\n";
-        assert!(differences(&helm, &format!("{ns}---\n{CM}")).is_empty());
-        let changed = helm.replace("k: v", "k: w");
-        let d = differences(&changed, CM);
-        assert_eq!(d.len(), 1, "{d:?}");
-        assert!(
-            d[0].starts_with("ConfigMap c: line ") && d[0].contains("k: w"),
-            "{d:?}"
-        );
-        let extra = format!("{CM}---\n{}", CM.replace("name: c", "name: d"));
-        assert_eq!(differences(&extra, CM), ["ConfigMap d: only in the chart"]);
-        assert_eq!(differences(CM, &extra), ["ConfigMap d: not in the chart"]);
-    }
 }

@@ -1,14 +1,13 @@
-//! The Kubernetes manifests, rendered as an operator would (`kubectl kustomize
-//! deploy/kubernetes`, and every overlay under `deploy/overlays`) and checked so they cannot
-//! rot: every object is there, the sidecars get the arguments distributed provisioning needs, the
-//! driver's mounts propagate, only the containers that must be privileged are, gRPC stays on the
-//! unix socket unless the remote-access component is added, and each component an overlay uses
-//! does what it says. The Helm chart (`helm`) must render the same objects as the base and each
-//! overlay.
+//! The Kubernetes objects have one source, the Helm chart `deploy/helm/ublkd`. `cargo xtask
+//! manifests` renders its defaults into `deploy/kubernetes/ublkd.yaml` (what `kubectl apply -k
+//! deploy/kubernetes` installs, for those without Helm); the host tier renders it again and fails
+//! when the committed file is not that render. Then the chart, rendered with each option on
+//! (remote access, cert-manager, snapshots, ModifyVolume), must hold what the option needs
+//! (`base`, `components`), and `helm` checks what only the chart does (lint, schema, hooks,
+//! monitoring, another kubelet directory, versions).
 
 use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 mod base;
 mod components;
@@ -18,80 +17,127 @@ mod yaml;
 #[cfg(test)]
 mod tests;
 
-use base::{check, check_base_is_local};
-use components::{check_overlay, components_used};
+use components::{
+    check_cert_manager, check_csi_modify_volume, check_csi_snapshots, check_remote_access,
+};
+use yaml::{objects, Object};
 
-/// The subdirectories of `dir` that hold a kustomization.yaml, sorted.
-fn kustomizations(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let path = entry?.path();
-        if path.join("kustomization.yaml").is_file() {
-            found.push(path);
-        }
-    }
-    found.sort();
-    Ok(found)
+/// The committed render of the chart's defaults, from the workspace root.
+pub const RENDER: &str = "deploy/kubernetes/ublkd.yaml";
+
+/// What one option of the chart must add to the render, given its objects.
+type OptionCheck = fn(&[Object]) -> Vec<String>;
+
+/// The chart's options as the checks render them: a name, the values set, and the checks of
+/// what each must add (the base's checks run on every render).
+const OPTIONS: &[(&str, &[&str], &[OptionCheck])] = &[
+    ("defaults", &[], &[]),
+    (
+        "remote access",
+        &["remoteAccess.enabled=true"],
+        &[check_remote_access],
+    ),
+    (
+        "remote access with cert-manager",
+        &[
+            "remoteAccess.enabled=true",
+            "remoteAccess.certManager.enabled=true",
+        ],
+        &[check_remote_access, check_cert_manager],
+    ),
+    (
+        "snapshots",
+        &["snapshots.enabled=true"],
+        &[check_csi_snapshots],
+    ),
+    (
+        "ModifyVolume",
+        &["remoteAccess.enabled=true", "modifyVolume.enabled=true"],
+        &[check_remote_access, check_csi_modify_volume],
+    ),
+];
+
+/// The release's Namespace: a release lives in a namespace made before it, so the chart has
+/// none; the render for kubectl users carries it.
+fn namespace() -> String {
+    format!(
+        "# The namespace ublkd runs in: its pods are privileged (they drive the kernel's ublk\n\
+         # driver), so Pod Security Admission must allow the \"privileged\" level here.\n\
+         apiVersion: v1\n\
+         kind: Namespace\n\
+         metadata:\n  name: {}\n  labels:\n    app.kubernetes.io/part-of: ublkd\n\
+         \x20   pod-security.kubernetes.io/enforce: privileged\n\
+         \x20   pod-security.kubernetes.io/audit: privileged\n\
+         \x20   pod-security.kubernetes.io/warn: privileged\n",
+        helm::NAMESPACE
+    )
 }
 
-/// Where the overlays are: outside deploy/kubernetes, because kustomize refuses a base that
-/// contains its overlay.
-const OVERLAYS: &str = "deploy/overlays";
-const COMPONENTS_DIR: &str = "deploy/kubernetes/components";
-
-fn render(kubectl: &Path, ws: &Path, dir: &str) -> Result<String> {
-    eprintln!("xtask: manifests: kubectl kustomize {dir}");
-    let out = Command::new(kubectl)
-        .args(["kustomize", dir])
-        .current_dir(ws)
-        .output()
-        .context("running kubectl kustomize")?;
-    if !out.status.success() {
-        bail!(
-            "kubectl kustomize {dir} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// The chart rendered with `sets`, without its hooks (the uninstall step is a command for
+/// kubectl users: docs/kubernetes.md) and without Helm's own two labels (nothing here is
+/// managed by Helm), after the Namespace.
+fn render_with(helm: &Path, ws: &Path, sets: &[&str]) -> Result<String> {
+    let chart = helm::template(helm, ws, sets, false)?;
+    let body: Vec<&str> = chart.lines().filter(|l| !helm::is_helm_label(l)).collect();
+    Ok(format!("{}{}\n", namespace(), body.join("\n")))
 }
 
-/// Renders `deploy/kubernetes` and every overlay under `deploy/overlays` with `kubectl
-/// kustomize` and checks them; kubectl is installed when missing (Debian's kubernetes-client),
-/// never skipped. Every component must be used by some overlay, so that each is rendered.
-pub fn manifest_checks(ws: &Path) -> Result<()> {
+/// The file `cargo xtask manifests` writes: a header, then the chart's default render.
+pub fn render(helm: &Path, ws: &Path) -> Result<String> {
+    Ok(format!(
+        "# The Helm chart deploy/helm/ublkd rendered with its default values by `cargo xtask\n\
+         # manifests`; do not edit (the host tests fail when this is not the chart's render).\n\
+         # `kubectl apply -k deploy/kubernetes` installs it; for remote access, snapshots,\n\
+         # ModifyVolume or another kubelet directory use the chart's values (deploy/README.md).\n{}",
+        render_with(helm, ws, &[])?
+    ))
+}
+
+/// `cargo xtask manifests`: writes the render (`write`) or checks that the committed one is
+/// current, then runs every check; kubectl (Debian's kubernetes-client) and helm are installed
+/// when missing, never skipped.
+pub fn manifest_checks(ws: &Path, write: bool) -> Result<()> {
     if crate::apt::which("kubectl").is_none() {
         crate::apt::install_packages(&["kubernetes-client"])?;
     }
     let kubectl = crate::apt::which("kubectl").context("kubectl not found after installing it")?;
+    let helm = crate::gotools::ensure(helm::HELM)?;
     let mut problems = Vec::new();
-    let base = render(&kubectl, ws, "deploy/kubernetes")?;
-    problems.extend(
-        check(&base)
-            .into_iter()
-            .chain(check_base_is_local(&base))
-            .map(|p| format!("deploy/kubernetes: {p}")),
-    );
-    let mut used = Vec::new();
-    for dir in kustomizations(&ws.join(OVERLAYS))? {
-        let rel = dir.strip_prefix(ws).unwrap_or(&dir).display().to_string();
-        let kustomization = std::fs::read_to_string(dir.join("kustomization.yaml"))?;
-        used.extend(components_used(&kustomization));
-        let rendered = render(&kubectl, ws, &rel)?;
-        problems.extend(
-            check_overlay(&kustomization, &rendered)
-                .into_iter()
-                .map(|p| format!("{rel}: {p}")),
-        );
+    let rendered = render(&helm, ws)?;
+    let path = ws.join(RENDER);
+    if write {
+        std::fs::write(&path, &rendered).with_context(|| format!("writing {RENDER}"))?;
+        eprintln!("xtask: manifests: wrote {RENDER}");
+    } else if std::fs::read_to_string(&path).unwrap_or_default() != rendered {
+        problems.push(format!(
+            "{RENDER} is not the chart's render: run `cargo xtask manifests` and commit it"
+        ));
     }
-    for dir in kustomizations(&ws.join(COMPONENTS_DIR))? {
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
-        if let Some(name) = name.filter(|n| !used.contains(n)) {
-            problems.push(format!(
-                "{COMPONENTS_DIR}/{name} is used by no overlay in {OVERLAYS}, so never rendered"
-            ));
+    // What kubectl users install renders, and holds the Namespace and the chart's objects.
+    let kustomized = helm::kustomize(&kubectl, &ws.join("deploy/kubernetes"))?;
+    if !objects(&kustomized)
+        .iter()
+        .any(|o| o.kind == "Namespace" && o.name == helm::NAMESPACE)
+    {
+        problems.push("kubectl kustomize deploy/kubernetes has no Namespace".into());
+    }
+    let scratch = std::env::temp_dir().join(format!("xtask-manifests-{}", std::process::id()));
+    for (name, sets, checks) in OPTIONS {
+        eprintln!("xtask: manifests: the chart's {name}");
+        let text = helm::normalise(&kubectl, &render_with(&helm, ws, sets)?, &scratch)?;
+        let mut found = base::check(&text);
+        if sets.is_empty() {
+            found.extend(base::check_base_is_local(&text));
         }
+        let objs = objects(&text);
+        for check in *checks {
+            found.extend(check(&objs));
+        }
+        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
     }
-    problems.extend(helm::checks(ws, &kubectl, |dir| render(&kubectl, ws, dir))?);
+    // Only the scratch copy of a render: nothing to keep.
+    let _ = std::fs::remove_dir_all(&scratch);
+    problems.extend(helm::checks(&helm, ws)?);
     if !problems.is_empty() {
         bail!(
             "the Kubernetes manifests render wrong:\n  {}",

@@ -1,10 +1,7 @@
 //! Host tests of the manifest checks, on renders written as kustomize writes them.
 
 use super::base::{check, check_base_is_local, check_snapshotter};
-use super::components::{
-    check_csi_modify_volume, check_csi_snapshots, check_overlay, check_remote_access,
-    components_used,
-};
+use super::components::{check_csi_modify_volume, check_csi_snapshots, check_remote_access};
 use super::yaml::{items, leaves, named, objects, value};
 
 /// For each `(from, to, words)`: the fixture holds `from`, and with it replaced by `to` the
@@ -262,35 +259,6 @@ fn the_base_keeps_grpc_on_the_unix_socket() {
     ] {
         assert!(problems.iter().any(|p| p.contains(s)), "{s}: {problems:?}");
     }
-}
-
-#[test]
-fn overlays_are_checked_for_each_component_they_name() {
-    let k = "resources:\n  - ../../kubernetes\ncomponents:\n  - ../../kubernetes/components/remote-access\n  - ../../kubernetes/components/cert-manager-grpc-tls/ # why\n# - ../../kubernetes/components/nope\n";
-    assert_eq!(
-        components_used(k),
-        ["remote-access", "cert-manager-grpc-tls"]
-    );
-    let problems = check_overlay(k, REMOTE);
-    assert!(
-        problems
-            .iter()
-            .any(|p| p == "Certificate ublkd-grpc is missing"),
-        "{problems:?}"
-    );
-    assert!(
-        problems
-            .iter()
-            .any(|p| p == "CSIDriver ublkd.io is missing"),
-        "the base's objects are checked too: {problems:?}"
-    );
-    let problems = check_overlay("components:\n  - ../c/components/new-one\n", "");
-    assert!(
-        problems
-            .iter()
-            .any(|p| p == "component new-one has no check in deploy.rs"),
-        "{problems:?}"
-    );
 }
 
 /// The parts of the csi-modify-volume overlay's render that its check reads, as kustomize

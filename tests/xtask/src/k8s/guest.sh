@@ -1246,7 +1246,7 @@ s_uninstall() {
     # the pre-delete hook took the controller's finalizer off the node
     finalized "$NODE" &&
         fail "the finalizer ublkd.io/node outlived the uninstall"
-    # the kustomize users' step for the same (docs/kubernetes.md, "Uninstall"), on a finalizer
+    # the kubectl users' step for the same (docs/kubernetes.md, "Uninstall"), on a finalizer
     # put back by hand
     kubectl patch node "$NODE" --type=merge -p '{"metadata":{"finalizers":["ublkd.io/node"]}}'
     # shellcheck disable=SC2016 # a patch directive, not a variable

@@ -19,7 +19,7 @@
 //! the host root): containerd, the kubelet, kube-proxy and the driver's pods on the real kernel
 //! driver. It installs the chart `deploy/helm/ublkd` with `helm install` and
 //! `tests/k8s/values.yaml` (image names and two intervals changed; the chart's defaults render
-//! exactly deploy/kubernetes, which `cargo xtask manifests` checks) and runs the scenarios; the
+//! deploy/kubernetes/ublkd.yaml, `cargo xtask manifests`) and runs the scenarios; the
 //! snapshot, modify and restart scenarios change the install with `helm upgrade`. kubectl and
 //! helm run on the host for the guest (`control.sh`). Under emulation on a 2-core host, a control plane in
 //! the guest kept its vCPUs so busy that the API server missed its clients' timeouts and the
