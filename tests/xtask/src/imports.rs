@@ -212,8 +212,9 @@ fn room_of(module: &str) -> &str {
     module.split("::").next().unwrap_or(module)
 }
 
-/// Where `graph` contradicts `layers`: a room the map does not place, or an arrow between
-/// two rooms that does not point to a lower line (an arrow within a room is the room's own).
+/// Where `graph` contradicts `layers`: a room the map does not place, a room the map names
+/// that the crate does not have, or an arrow between two rooms that does not point to a lower
+/// line (an arrow within a room is the room's own).
 pub fn contradictions(graph: &Graph, layers: &Layers) -> Vec<String> {
     let line_of = |room: &str| layers.iter().position(|l| l.contains(room));
     let mut found = BTreeSet::new();
@@ -243,6 +244,12 @@ pub fn contradictions(graph: &Graph, layers: &Layers) -> Vec<String> {
                 }
                 Some(_) => {}
             }
+        }
+    }
+    // And the other way: every room the map names is a module of the crate.
+    for room in layers.iter().flatten() {
+        if !graph.keys().any(|m| room_of(m) == room) {
+            found.insert(format!("{room}: on the map, but no such module"));
         }
     }
     found.into_iter().collect()
@@ -370,6 +377,10 @@ mod tests {
         ] {
             g.entry(a.into()).or_default().insert(b.into());
         }
+        // Every module is in the graph, those that import nothing too.
+        for m in ["capacity", "registry"] {
+            g.entry(m.into()).or_default();
+        }
         assert!(contradictions(&g, x).is_empty());
         g.entry("registry".into())
             .or_default()
@@ -387,6 +398,15 @@ mod tests {
                 "error: not on the map".to_owned(),
                 "registry imports volumes, which the map puts above it".to_owned(),
             ]
+        );
+        // A room the map names that the crate lacks (a module removed, its line left).
+        let ghost = layers_of_map("```layers x/src\nservice\nghost volumes\n```\n");
+        let mut g = Graph::new();
+        g.entry("service".into()).or_default();
+        g.entry("volumes".into()).or_default();
+        assert_eq!(
+            contradictions(&g, &ghost["x/src"]),
+            ["ghost: on the map, but no such module"]
         );
     }
 
