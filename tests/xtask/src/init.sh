@@ -29,11 +29,13 @@ for m in $(cat /modules.order); do
 done
 run_dir=""
 overlay=0
+host_tmp=0
 # shellcheck disable=SC2013 # the words of the kernel command line, as above
 for word in $(cat /proc/cmdline); do
     case "$word" in
         ublkd.run=*) run_dir="${word#ublkd.run=}" ;;
         ublkd.overlay=1) overlay=1 ;;
+        ublkd.hosttmp=1) host_tmp=1 ;;
     esac
 done
 
@@ -62,10 +64,15 @@ mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
 mount -t tmpfs shm /newroot/dev/shm
 mount -t tmpfs run /newroot/run
-case "$run_dir" in
-    /tmp/*) scratch=/run/tmp; mkdir -p /newroot/run/tmp ;;
-    *) scratch=/tmp; mount -t tmpfs tmp /newroot/tmp ;;
-esac
+# The workspace or the run directory under the host's /tmp (ublkd.hosttmp=1): keep it visible,
+# scratch under /run. Else a tmpfs of the guest's own on /tmp.
+if [ "$host_tmp" = 1 ]; then
+    scratch=/run/tmp
+    mkdir -p /newroot/run/tmp
+else
+    scratch=/tmp
+    mount -t tmpfs tmp /newroot/tmp
+fi
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 xfer "/newroot$run_dir" || fail "cannot mount run dir $run_dir"
 echo "ublkd-vm: modules loaded, running command (uptime $(cut -d' ' -f1 /proc/uptime)s)"
 

@@ -65,6 +65,9 @@ impl RunResult {
 pub struct Vm {
     kernel: Kernel,
     run_dir: PathBuf,
+    /// The workspace or the run directory is under /tmp (CI's fresh clone, whose `target` may
+    /// link elsewhere): the guest keeps the host's /tmp and makes its scratch under /run.
+    host_tmp: bool,
     timeout: u64,
     echo: bool,
     accel: Option<String>,
@@ -151,9 +154,14 @@ impl Vm {
             .join(format!("run-{}-{seq}", std::process::id()));
         let _ = fs::remove_dir_all(&run_dir);
         fs::create_dir_all(&run_dir)?;
+        let run_dir = run_dir.canonicalize()?;
+        let host_tmp = [ws.canonicalize()?, run_dir.clone()]
+            .iter()
+            .any(|p| p.starts_with("/tmp"));
         Ok(Self {
             kernel: kernel.clone(),
-            run_dir: run_dir.canonicalize()?,
+            run_dir,
+            host_tmp,
             timeout: 600,
             echo: std::env::var("UBLKD_VM_VERBOSE").is_ok_and(|v| v == "1"),
             accel: None,
@@ -291,13 +299,14 @@ impl Vm {
             .arg(&self.kernel.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={}{}",
+                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={}{}{}",
                 rd.display(),
                 if self.writable_root {
                     " ublkd.overlay=1"
                 } else {
                     ""
-                }
+                },
+                if self.host_tmp { " ublkd.hosttmp=1" } else { "" }
             ))
             .arg("-virtfs")
             .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
