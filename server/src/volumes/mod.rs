@@ -6,8 +6,12 @@
 //! control command, so Get, List and `/metrics` never wait for a slow change. Dataplane calls
 //! (which block on the control thread) run on tokio's blocking pool.
 
-mod change;
+mod create;
+mod delete;
+mod erase;
 mod orphans;
+mod qos;
+mod resize;
 mod restore;
 mod snapshots;
 
@@ -30,7 +34,9 @@ use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use ublkd_dataplane::stats::{CleanupStep, Histogram};
-use ublkd_dataplane::{DataplaneError, DevId, DeviceStats, Features, WorkerSnapshot};
+use ublkd_dataplane::{
+    DataplaneError, DevId, DeviceStats, Features, KernelDevice, QosLimits, WorkerSnapshot,
+};
 
 /// Upper bounds (nanoseconds) of the recovery-duration histogram: 10 ms to 10 s.
 pub const RECOVERY_BOUNDS_NS: [u64; 10] = [
@@ -168,6 +174,119 @@ impl Volumes {
         }
     }
 
+    // The changes and the questions the service asks, each owned by its room's file.
+
+    /// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe
+    /// window's offset (the first free extent that fits).
+    pub async fn create(
+        &self,
+        record: VolumeRecord,
+        place_window: bool,
+    ) -> Result<Volume, VolumeError> {
+        create::create(self, record, place_window).await
+    }
+
+    /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
+    /// `delete_backing`, a file volume's backing file goes too.
+    pub async fn delete(
+        &self,
+        id: &VolumeId,
+        allow_missing: bool,
+        delete_backing: bool,
+    ) -> Result<bool, VolumeError> {
+        delete::delete(self, id, allow_missing, delete_backing).await
+    }
+
+    /// Grows volume `id` to `size` bytes (a volume never shrinks).
+    pub async fn resize(&self, id: &VolumeId, size: u64) -> Result<Volume, VolumeError> {
+        resize::resize(self, id, size).await
+    }
+
+    /// Replaces a volume's I/O limits: recorded first (a restart applies them), then handed to
+    /// the dataplane if the volume is being served. A volume not being served (FAILED, or
+    /// waiting for recovery) keeps them for when it is.
+    pub async fn set_qos(&self, id: &VolumeId, qos: QosLimits) -> Result<Volume, VolumeError> {
+        qos::set_qos(self, id, qos).await
+    }
+
+    /// ublk devices in the kernel that no registered volume owns.
+    pub async fn orphans(&self) -> Vec<KernelDevice> {
+        orphans::orphans(self).await
+    }
+
+    /// Replaces the CSI driver's report of the volumes no PersistentVolume names. Ids of no
+    /// volume here are kept out (the driver's view may be a moment old).
+    /// Returns the ids that were not in the last report.
+    pub async fn report_without_pv(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+        orphans::report_without_pv(self, ids).await
+    }
+
+    /// The volumes no PersistentVolume names, from the driver's last report, of those that
+    /// still exist.
+    pub async fn without_pv(&self) -> Vec<VolumeId> {
+        orphans::without_pv(self).await
+    }
+
+    /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
+    pub async fn adopt(&self, dev_id: DevId, record: VolumeRecord) -> Result<Volume, VolumeError> {
+        orphans::adopt(self, dev_id, record).await
+    }
+
+    /// Deletes orphan device `dev_id`.
+    pub async fn delete_orphan(&self, dev_id: DevId) -> Result<(), VolumeError> {
+        orphans::delete_orphan(self, dev_id).await
+    }
+
+    /// Takes snapshot `id` of file volume `source`; the existing one if `id` was already taken
+    /// of the same volume.
+    pub async fn create_snapshot(
+        &self,
+        id: SnapshotId,
+        source: VolumeId,
+    ) -> Result<SnapshotRecord, VolumeError> {
+        snapshots::create_snapshot(self, id, source).await
+    }
+
+    /// Deletes snapshot `id` and its copy; Ok(false) if it did not exist and `allow_missing`.
+    pub async fn delete_snapshot(
+        &self,
+        id: &SnapshotId,
+        allow_missing: bool,
+    ) -> Result<bool, VolumeError> {
+        snapshots::delete_snapshot(self, id, allow_missing).await
+    }
+
+    /// Snapshots, by id, optionally only `id` or only those of volume `source`.
+    pub async fn list_snapshots(
+        &self,
+        id: Option<&str>,
+        source: Option<&str>,
+    ) -> Vec<SnapshotRecord> {
+        snapshots::list_snapshots(self, id, source).await
+    }
+
+    /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
+    /// clients see the whole node at once. `restore` then brings them up.
+    pub async fn load(&self) -> Result<(), VolumeError> {
+        restore::load(self).await
+    }
+
+    /// Brings every loaded volume up: takes over its kernel device when one survived (a crash
+    /// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
+    /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
+    /// reason.
+    /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
+    pub async fn restore(&self) -> Vec<VolumeId> {
+        restore::restore(self).await
+    }
+
+    /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
+    /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
+    /// Returns those that failed again.
+    pub async fn restore_again(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+        restore::restore_again(self, ids).await
+    }
+
     /// Waits for volume `id`'s operation lock; changes of `id` run one at a time while it is
     /// held. Locks nobody holds any more are dropped from the table on the way.
     async fn op_lock(&self, id: &VolumeId) -> OwnedMutexGuard<()> {
@@ -223,6 +342,46 @@ impl Volumes {
     async fn remove_record(&self, id: &VolumeId) -> Result<(), VolumeError> {
         let (registry, id) = (self.registry.clone(), id.clone());
         blocking(move || registry.remove(id.as_str())).await
+    }
+
+    /// Puts `old` back, in the registry and the map, after a change (`refused`) that was
+    /// recorded and then refused. Should the registry write fail too, the next start would apply the refused
+    /// change: the volume says so in its message, with a log line and a count.
+    async fn roll_back(&self, old: &VolumeRecord, refused: &VolumeRecord) {
+        let put = self.put_record(old).await;
+        let mut map = self.inner.lock().await;
+        let Some(v) = map.get_mut(&old.id) else {
+            return;
+        };
+        v.record = old.clone();
+        if let Err(e) = put {
+            // The disk still has the refused record, whose window the next start serves: the
+            // map keeps claiming it, or a create could place another volume there meanwhile.
+            v.record.backend = refused.backend.clone();
+            let why = crate::error::chain(&e);
+            self.rollback_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(volume = %old.id, error = %why, "a refused change could not be taken back from the registry: the next start applies it");
+            v.message = format!(
+                "a refused change is still recorded ({why}): the next start applies it unless \
+                 the change is made again"
+            );
+        }
+    }
+
+    /// Sets a volume's message (its state unchanged) if it still exists.
+    pub(super) async fn set_message(&self, id: &VolumeId, message: &str) {
+        if let Some(v) = self.inner.lock().await.get_mut(id) {
+            v.message = message.to_owned();
+        }
+    }
+
+    /// Sets a volume's state (and message) if it still exists.
+    pub(super) async fn set_state(&self, id: &VolumeId, state: State, message: &str) {
+        if let Some(v) = self.inner.lock().await.get_mut(id) {
+            v.state = state;
+            v.message = message.to_owned();
+        }
     }
 
     /// The lowest ublk device id that neither the kernel nor any record uses.

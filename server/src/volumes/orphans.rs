@@ -2,7 +2,7 @@
 //! adopting, deleting), and volumes that no Kubernetes PersistentVolume names (the CSI
 //! driver's report, kept to be shown; never acted on).
 
-use super::{blocking, now_ms, Volumes};
+use super::{blocking, create, now_ms, Volumes};
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::Volume;
@@ -10,106 +10,103 @@ use crate::volume_id::VolumeId;
 use std::time::Instant;
 use ublkd_dataplane::{DevId, DeviceInfo, KernelDevice};
 
-impl Volumes {
-    /// ublk devices in the kernel that no registered volume owns.
-    pub async fn orphans(&self) -> Vec<KernelDevice> {
-        let Some(handle) = self.handle.clone() else {
-            return Vec::new();
-        };
-        let map = self.inner.lock().await;
-        let known: std::collections::BTreeSet<DevId> =
-            map.values().filter_map(|v| v.record.dev_id).collect();
-        drop(map);
-        blocking(move || handle.kernel_devices())
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|d| !d.owned && !known.contains(&d.dev_id))
-            .collect()
-    }
+/// ublk devices in the kernel that no registered volume owns.
+pub(super) async fn orphans(volumes: &Volumes) -> Vec<KernelDevice> {
+    let Some(handle) = volumes.handle.clone() else {
+        return Vec::new();
+    };
+    let map = volumes.inner.lock().await;
+    let known: std::collections::BTreeSet<DevId> =
+        map.values().filter_map(|v| v.record.dev_id).collect();
+    drop(map);
+    blocking(move || handle.kernel_devices())
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| !d.owned && !known.contains(&d.dev_id))
+        .collect()
+}
 
-    /// Replaces the CSI driver's report of the volumes no PersistentVolume names. Ids of no
-    /// volume here are kept out (the driver's view may be a moment old).
-    /// Returns the ids that were not in the last report.
-    pub async fn report_without_pv(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        let map = self.inner.lock().await;
-        let ids: std::collections::BTreeSet<VolumeId> =
-            ids.into_iter().filter(|id| map.contains_key(id)).collect();
-        drop(map);
-        let mut last = self
-            .without_pv
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let new = ids.difference(&last).cloned().collect();
-        *last = ids;
-        new
-    }
+/// Replaces the CSI driver's report of the volumes no PersistentVolume names. Ids of no
+/// volume here are kept out (the driver's view may be a moment old).
+/// Returns the ids that were not in the last report.
+pub(super) async fn report_without_pv(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+    let map = volumes.inner.lock().await;
+    let ids: std::collections::BTreeSet<VolumeId> =
+        ids.into_iter().filter(|id| map.contains_key(id)).collect();
+    drop(map);
+    let mut last = volumes
+        .without_pv
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let new = ids.difference(&last).cloned().collect();
+    *last = ids;
+    new
+}
 
-    /// The volumes no PersistentVolume names, from the driver's last report, of those that
-    /// still exist.
-    pub async fn without_pv(&self) -> Vec<VolumeId> {
-        let reported = self
-            .without_pv
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let map = self.inner.lock().await;
-        reported
-            .into_iter()
-            .filter(|id| map.contains_key(id))
-            .collect()
-    }
+/// The volumes no PersistentVolume names, from the driver's last report, of those that
+/// still exist.
+pub(super) async fn without_pv(volumes: &Volumes) -> Vec<VolumeId> {
+    let reported = volumes
+        .without_pv
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let map = volumes.inner.lock().await;
+    reported
+        .into_iter()
+        .filter(|id| map.contains_key(id))
+        .collect()
+}
 
-    /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
-    pub async fn adopt(
-        &self,
-        dev_id: DevId,
-        mut record: VolumeRecord,
-    ) -> Result<Volume, VolumeError> {
-        let _op = self.op_lock(&record.id).await;
-        let orphan = self
-            .orphans()
-            .await
-            .into_iter()
-            .find(|d| d.dev_id == dev_id)
-            .ok_or(VolumeError::LookupOrphan(dev_id))?;
-        if record.size_bytes == 0 {
-            record.size_bytes = orphan.size_bytes;
+/// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
+pub(super) async fn adopt(
+    volumes: &Volumes,
+    dev_id: DevId,
+    mut record: VolumeRecord,
+) -> Result<Volume, VolumeError> {
+    let _op = volumes.op_lock(&record.id).await;
+    let orphan = orphans(volumes)
+        .await
+        .into_iter()
+        .find(|d| d.dev_id == dev_id)
+        .ok_or(VolumeError::LookupOrphan(dev_id))?;
+    if record.size_bytes == 0 {
+        record.size_bytes = orphan.size_bytes;
+    }
+    record.dev_id = Some(dev_id);
+    record.created_unix_ms = now_ms();
+    let namespace = create::namespace_of(volumes, &record).await?;
+    {
+        let mut map = volumes.inner.lock().await;
+        if map.contains_key(&record.id) {
+            return Err(VolumeError::AdoptConflict(record.id));
         }
-        record.dev_id = Some(dev_id);
-        record.created_unix_ms = now_ms();
-        let namespace = self.namespace_of(&record).await?;
-        {
-            let mut map = self.inner.lock().await;
-            if map.contains_key(&record.id) {
-                return Err(VolumeError::AdoptConflict(record.id));
-            }
-            // The same checks as a create: an adopted device must not serve another record's
-            // window or backing file.
-            self.admit(&mut record, namespace, false, &map)?;
-            map.insert(record.id.clone(), Volume::creating(record.clone()));
-        }
-        let adopted = self.take_over(&record).await;
-        self.settle(record, adopted).await
+        // The same checks as a create: an adopted device must not serve another record's
+        // window or backing file.
+        create::admit(volumes, &mut record, namespace, false, &map)?;
+        map.insert(record.id.clone(), Volume::creating(record.clone()));
     }
+    let adopted = take_over(volumes, &record).await;
+    create::settle(volumes, record, adopted).await
+}
 
-    async fn take_over(&self, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-        self.prepare_backing_file(record).await?;
-        let handle = self.handle()?;
-        let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
-        let started = Instant::now();
-        let info = blocking(move || handle.recover_device(spec)).await?;
-        self.recoveries.record(started.elapsed());
-        self.put_record(record).await?;
-        Ok(info)
-    }
+async fn take_over(volumes: &Volumes, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+    create::prepare_backing_file(volumes, record).await?;
+    let handle = volumes.handle()?;
+    let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
+    let started = Instant::now();
+    let info = blocking(move || handle.recover_device(spec)).await?;
+    volumes.recoveries.record(started.elapsed());
+    volumes.put_record(record).await?;
+    Ok(info)
+}
 
-    /// Deletes orphan device `dev_id`.
-    pub async fn delete_orphan(&self, dev_id: DevId) -> Result<(), VolumeError> {
-        if !self.orphans().await.iter().any(|d| d.dev_id == dev_id) {
-            return Err(VolumeError::LookupOrphan(dev_id));
-        }
-        let handle = self.handle()?;
-        blocking(move || handle.delete_foreign_device(dev_id)).await
+/// Deletes orphan device `dev_id`.
+pub(super) async fn delete_orphan(volumes: &Volumes, dev_id: DevId) -> Result<(), VolumeError> {
+    if !orphans(volumes).await.iter().any(|d| d.dev_id == dev_id) {
+        return Err(VolumeError::LookupOrphan(dev_id));
     }
+    let handle = volumes.handle()?;
+    blocking(move || handle.delete_foreign_device(dev_id)).await
 }

@@ -1,7 +1,7 @@
 //! Bringing the registry's volumes back at start: take over the devices that survived, create
 //! the others again, finish interrupted deletes.
 
-use super::{blocking, Volumes};
+use super::{blocking, create, delete, erase, snapshots, Volumes};
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::{State, Volume};
@@ -10,194 +10,191 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, KernelDevice};
 
-impl Volumes {
-    /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
-    /// clients see the whole node at once. `restore` then brings them up.
-    pub async fn load(&self) -> Result<(), VolumeError> {
-        self.load_snapshots().await?;
-        let (records, report) = self.registry.load()?;
-        for path in &report.corrupt {
-            tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
-        }
-        let mut map = self.inner.lock().await;
-        for record in records {
-            map.insert(
-                record.id.clone(),
-                Volume {
-                    record,
-                    state: State::Recovering,
-                    device: None,
-                    message: String::new(),
-                },
-            );
-        }
-        drop(map);
-        self.finish_clone_intents().await
+/// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
+/// clients see the whole node at once. `restore` then brings them up.
+pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
+    snapshots::load_snapshots(volumes).await?;
+    let (records, report) = volumes.registry.load()?;
+    for path in &report.corrupt {
+        tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
     }
-
-    /// Brings every loaded volume up: takes over its kernel device when one survived (a crash
-    /// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
-    /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
-    /// reason.
-    /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
-    pub async fn restore(&self) -> Vec<VolumeId> {
-        let ids: Vec<VolumeId> = self.inner.lock().await.keys().cloned().collect();
-        self.restore_ids(ids).await
+    let mut map = volumes.inner.lock().await;
+    for record in records {
+        map.insert(
+            record.id.clone(),
+            Volume {
+                record,
+                state: State::Recovering,
+                device: None,
+                message: String::new(),
+            },
+        );
     }
+    drop(map);
+    snapshots::finish_clone_intents(volumes).await
+}
 
-    /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
-    /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
-    /// Returns those that failed again.
-    pub async fn restore_again(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        let map = self.inner.lock().await;
-        let ids: Vec<VolumeId> = ids
+/// Brings every loaded volume up: takes over its kernel device when one survived (a crash
+/// or an upgrade: mounts and open files stay), creates it again otherwise (a reboot), and
+/// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
+/// reason.
+/// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
+pub(super) async fn restore(volumes: &Volumes) -> Vec<VolumeId> {
+    let ids: Vec<VolumeId> = volumes.inner.lock().await.keys().cloned().collect();
+    restore_ids(volumes, ids).await
+}
+
+/// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
+/// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
+/// Returns those that failed again.
+pub(super) async fn restore_again(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+    let map = volumes.inner.lock().await;
+    let ids: Vec<VolumeId> = ids
+        .into_iter()
+        .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
+        .collect();
+    drop(map);
+    restore_ids(volumes, ids).await
+}
+
+async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+    let mut failed = Vec::new();
+    let kernel: BTreeMap<DevId, KernelDevice> = match volumes.handle() {
+        Ok(h) => blocking(move || h.kernel_devices())
+            .await
+            .unwrap_or_default()
             .into_iter()
-            .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
-            .collect();
-        drop(map);
-        self.restore_ids(ids).await
-    }
-
-    async fn restore_ids(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        let mut failed = Vec::new();
-        let kernel: BTreeMap<DevId, KernelDevice> = match self.handle() {
-            Ok(h) => blocking(move || h.kernel_devices())
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|d| (d.dev_id, d))
-                .collect(),
-            Err(_) => BTreeMap::new(),
+            .map(|d| (d.dev_id, d))
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    };
+    for id in ids {
+        // One volume at a time, each under its own operation lock: the map is locked only
+        // to read the record and to store the outcome, so the API stays responsive.
+        let _op = volumes.op_lock(&id).await;
+        let Some(vol) = volumes.inner.lock().await.get(&id).cloned() else {
+            continue;
         };
-        for id in ids {
-            // One volume at a time, each under its own operation lock: the map is locked only
-            // to read the record and to store the outcome, so the API stays responsive.
-            let _op = self.op_lock(&id).await;
-            let Some(vol) = self.inner.lock().await.get(&id).cloned() else {
-                continue;
-            };
-            let started = Instant::now();
-            let outcome = self.restore_one(&vol.record, &kernel).await;
-            let mut map = self.inner.lock().await;
-            match outcome {
-                Ok(None) => {
-                    map.remove(&id);
-                    tracing::info!(volume = %id, "interrupted delete finished");
-                }
-                Ok(Some((info, recovered))) => {
-                    if recovered {
-                        self.recoveries.record(started.elapsed());
-                    }
-                    tracing::info!(
-                        volume = %id,
-                        device = %info.block_device.display(),
-                        recovered,
-                        took_ms = started.elapsed().as_millis() as u64,
-                        "volume serving again"
-                    );
-                    let Some(v) = map.get_mut(&id) else {
-                        continue;
-                    };
-                    let moved = v.record.dev_id != Some(info.dev_id);
-                    v.record.dev_id = Some(info.dev_id);
-                    v.record.erase_pending = None;
-                    v.state = State::Ready;
-                    v.device = Some(info);
-                    v.message.clear();
-                    // Made again under another id (its own was taken): recorded off the map
-                    // lock. Should that fail, the next start looks for the device under the
-                    // old id and makes it again; the volume says so meanwhile.
-                    if moved {
-                        let record = v.record.clone();
-                        drop(map);
-                        if let Err(e) = self.put_record(&record).await {
-                            let why = crate::error::chain(&e);
-                            tracing::error!(volume = %id, error = %why, "the device id a restored volume got could not be recorded");
-                            self.set_message(
-                                &id,
-                                &format!("its new device id is not recorded ({why})"),
-                            )
-                            .await;
-                        }
-                    }
-                }
-                Err(e) => {
-                    let message = crate::error::chain(&e);
-                    tracing::error!(volume = %id, error = %message, "volume could not be restored; retrying");
-                    if let Some(v) = map.get_mut(&id) {
-                        v.state = State::Failed;
-                        v.message = message;
-                    }
-                    failed.push(id);
-                }
+        let started = Instant::now();
+        let outcome = restore_one(volumes, &vol.record, &kernel).await;
+        let mut map = volumes.inner.lock().await;
+        match outcome {
+            Ok(None) => {
+                map.remove(&id);
+                tracing::info!(volume = %id, "interrupted delete finished");
             }
-        }
-        failed
-    }
-
-    /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).
-    async fn restore_one(
-        &self,
-        record: &VolumeRecord,
-        kernel: &BTreeMap<DevId, KernelDevice>,
-    ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
-        let handle = self.handle()?;
-        let existing = record
-            .dev_id
-            .and_then(|id| kernel.get(&id))
-            .filter(|d| !d.owned);
-        if record.deleting {
-            if let Some(dev) = existing {
-                let (h, id) = (handle.clone(), dev.dev_id);
-                blocking(move || h.delete_foreign_device(id)).await?;
-            }
-            self.erase_deleted_window(record).await?;
-            self.remove_ram_file(record);
-            self.remove_record(&record.id).await?;
-            return Ok(None);
-        }
-        if let (Some(pending), Some(device)) =
-            (record.erase_pending, crate::windows::nvme_device(record))
-        {
-            // The window (or its growth) was recorded and the process died before its erase
-            // was known done. The erase comes before the device appears and before a device's
-            // size reaches the growth: a surviving device that big proves it done; otherwise
-            // it is done now, before anything serves those blocks.
-            let done = existing.is_some_and(|d| d.size_bytes >= record.size_bytes);
-            if !done {
-                tracing::info!(volume = %record.id, from = pending.from, to = pending.to,
-                    "finishing an erase the crash interrupted before the window is served");
-                self.erase_range(&record.id, device, pending, "interrupted erase")
-                    .await?;
-            }
-            // Known erased on disk before the device serves: a pending erase left recorded
-            // while the tenant writes would wipe those writes at the next start without a
-            // surviving device.
-            let mut erased = record.clone();
-            erased.erase_pending = None;
-            self.put_record(&erased).await?;
-            if let Some(v) = self.inner.lock().await.get_mut(&record.id) {
+            Ok(Some((info, recovered))) => {
+                if recovered {
+                    volumes.recoveries.record(started.elapsed());
+                }
+                tracing::info!(
+                    volume = %id,
+                    device = %info.block_device.display(),
+                    recovered,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "volume serving again"
+                );
+                let Some(v) = map.get_mut(&id) else {
+                    continue;
+                };
+                let moved = v.record.dev_id != Some(info.dev_id);
+                v.record.dev_id = Some(info.dev_id);
                 v.record.erase_pending = None;
-            }
-        }
-        if existing.is_some() {
-            let spec = crate::convert::device_spec(record, &self.settings.ram_dir);
-            let h = handle.clone();
-            match blocking(move || h.recover_device(spec)).await {
-                Ok(info) => return Ok(Some((info, true))),
-                Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
-                    tracing::warn!(volume = %record.id, %dev_id, why, "device cannot be taken over: creating it again");
-                    let h = handle.clone();
-                    if let Err(e) = blocking(move || h.delete_foreign_device(dev_id)).await {
-                        // The device is made again under another id; this one stays an
-                        // orphan (`ublkctl orphans`, `ublkd_orphan_devices`).
-                        tracing::warn!(volume = %record.id, %dev_id, error = %crate::error::chain(&e), "the device that cannot be taken over could not be deleted: left as an orphan");
+                v.state = State::Ready;
+                v.device = Some(info);
+                v.message.clear();
+                // Made again under another id (its own was taken): recorded off the map
+                // lock. Should that fail, the next start looks for the device under the
+                // old id and makes it again; the volume says so meanwhile.
+                if moved {
+                    let record = v.record.clone();
+                    drop(map);
+                    if let Err(e) = volumes.put_record(&record).await {
+                        let why = crate::error::chain(&e);
+                        tracing::error!(volume = %id, error = %why, "the device id a restored volume got could not be recorded");
+                        volumes
+                            .set_message(&id, &format!("its new device id is not recorded ({why})"))
+                            .await;
                     }
                 }
-                Err(e) => return Err(e),
+            }
+            Err(e) => {
+                let message = crate::error::chain(&e);
+                tracing::error!(volume = %id, error = %message, "volume could not be restored; retrying");
+                if let Some(v) = map.get_mut(&id) {
+                    v.state = State::Failed;
+                    v.message = message;
+                }
+                failed.push(id);
             }
         }
-        // A restored volume holds its tenant's data: nothing more is erased.
-        self.bring_up(record).await.map(|i| Some((i, false)))
     }
+    failed
+}
+
+/// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).
+async fn restore_one(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+    kernel: &BTreeMap<DevId, KernelDevice>,
+) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
+    let handle = volumes.handle()?;
+    let existing = record
+        .dev_id
+        .and_then(|id| kernel.get(&id))
+        .filter(|d| !d.owned);
+    if record.deleting {
+        if let Some(dev) = existing {
+            let (h, id) = (handle.clone(), dev.dev_id);
+            blocking(move || h.delete_foreign_device(id)).await?;
+        }
+        delete::erase_deleted_window(volumes, record).await?;
+        volumes.remove_ram_file(record);
+        volumes.remove_record(&record.id).await?;
+        return Ok(None);
+    }
+    if let (Some(pending), Some(device)) =
+        (record.erase_pending, crate::windows::nvme_device(record))
+    {
+        // The window (or its growth) was recorded and the process died before its erase
+        // was known done. The erase comes before the device appears and before a device's
+        // size reaches the growth: a surviving device that big proves it done; otherwise
+        // it is done now, before anything serves those blocks.
+        let done = existing.is_some_and(|d| d.size_bytes >= record.size_bytes);
+        if !done {
+            tracing::info!(volume = %record.id, from = pending.from, to = pending.to,
+                "finishing an erase the crash interrupted before the window is served");
+            erase::erase_range(volumes, &record.id, device, pending, "interrupted erase").await?;
+        }
+        // Known erased on disk before the device serves: a pending erase left recorded
+        // while the tenant writes would wipe those writes at the next start without a
+        // surviving device.
+        let mut erased = record.clone();
+        erased.erase_pending = None;
+        volumes.put_record(&erased).await?;
+        if let Some(v) = volumes.inner.lock().await.get_mut(&record.id) {
+            v.record.erase_pending = None;
+        }
+    }
+    if existing.is_some() {
+        let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
+        let h = handle.clone();
+        match blocking(move || h.recover_device(spec)).await {
+            Ok(info) => return Ok(Some((info, true))),
+            Err(VolumeError::Dataplane(DataplaneError::NotRecoverable { dev_id, why })) => {
+                tracing::warn!(volume = %record.id, %dev_id, why, "device cannot be taken over: creating it again");
+                let h = handle.clone();
+                if let Err(e) = blocking(move || h.delete_foreign_device(dev_id)).await {
+                    // The device is made again under another id; this one stays an
+                    // orphan (`ublkctl orphans`, `ublkd_orphan_devices`).
+                    tracing::warn!(volume = %record.id, %dev_id, error = %crate::error::chain(&e), "the device that cannot be taken over could not be deleted: left as an orphan");
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // A restored volume holds its tenant's data: nothing more is erased.
+    create::bring_up(volumes, record)
+        .await
+        .map(|i| Some((i, false)))
 }

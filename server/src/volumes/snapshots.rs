@@ -24,303 +24,303 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::time::Instant;
 
-impl Volumes {
-    /// Loads the snapshot registry (at start, before volumes are restored).
-    pub(super) async fn load_snapshots(&self) -> Result<(), VolumeError> {
-        let (records, report) = self.snapshot_registry.load()?;
-        for path in &report.corrupt {
-            tracing::warn!(path = %path.display(), "unreadable snapshot record moved aside");
-        }
-        let mut map = self.snapshots.lock().await;
-        for r in records {
-            map.insert(r.id.clone(), r);
-        }
-        Ok(())
+/// Loads the snapshot registry (at start, before volumes are restored).
+pub(super) async fn load_snapshots(volumes: &Volumes) -> Result<(), VolumeError> {
+    let (records, report) = volumes.snapshot_registry.load()?;
+    for path in &report.corrupt {
+        tracing::warn!(path = %path.display(), "unreadable snapshot record moved aside");
     }
+    let mut map = volumes.snapshots.lock().await;
+    for r in records {
+        map.insert(r.id.clone(), r);
+    }
+    Ok(())
+}
 
-    /// Takes snapshot `id` of file volume `source`; the existing one if `id` was already taken
-    /// of the same volume.
-    pub async fn create_snapshot(
-        &self,
-        id: SnapshotId,
-        source: VolumeId,
-    ) -> Result<SnapshotRecord, VolumeError> {
-        // The volume's lock orders the snapshot with its delete and resize. The snapshots' lock
-        // is held only to check and to record: the drain, the reflink and its fsyncs run
-        // without it, so one volume's slow snapshot holds up no other volume's. The id is
-        // reserved meanwhile (`snapshots_taking`).
-        let _op = self.op_lock(&source).await;
-        {
-            let snapshots = self.snapshots.lock().await;
-            if let Some(existing) = snapshots.get(&id) {
-                if existing.source == source {
-                    return Ok(existing.clone());
-                }
-                return Err(VolumeError::SnapshotConflict {
-                    id,
-                    source_volume: existing.source.clone(),
-                });
+/// Takes snapshot `id` of file volume `source`; the existing one if `id` was already taken
+/// of the same volume.
+pub(super) async fn create_snapshot(
+    volumes: &Volumes,
+    id: SnapshotId,
+    source: VolumeId,
+) -> Result<SnapshotRecord, VolumeError> {
+    // The volume's lock orders the snapshot with its delete and resize. The snapshots' lock
+    // is held only to check and to record: the drain, the reflink and its fsyncs run
+    // without it, so one volume's slow snapshot holds up no other volume's. The id is
+    // reserved meanwhile (`snapshots_taking`).
+    let _op = volumes.op_lock(&source).await;
+    {
+        let snapshots = volumes.snapshots.lock().await;
+        if let Some(existing) = snapshots.get(&id) {
+            if existing.source == source {
+                return Ok(existing.clone());
             }
-            let mut taking = self
-                .snapshots_taking
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(other) = taking.get(&id) {
-                // Another volume's snapshot of this id is being taken (the same volume's would
-                // wait for the volume's lock).
-                return Err(VolumeError::SnapshotConflict {
-                    id,
-                    source_volume: other.clone(),
-                });
-            }
-            taking.insert(id.clone(), source.clone());
+            return Err(VolumeError::SnapshotConflict {
+                id,
+                source_volume: existing.source.clone(),
+            });
         }
-        let taken = self.take_snapshot(&id, &source).await;
-        self.snapshots_taking
+        let mut taking = volumes
+            .snapshots_taking
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&id);
-        taken
-    }
-
-    /// The copy and the record of snapshot `id` of `source`, whose id is reserved.
-    async fn take_snapshot(
-        &self,
-        id: &SnapshotId,
-        source: &VolumeId,
-    ) -> Result<SnapshotRecord, VolumeError> {
-        let id = id.clone();
-        let source = source.clone();
-        let vol = self.get(&source).await?;
-        let backing = file_backing(&vol)?;
-        let path = snapshot_path(&backing, &id);
-        if let Some(dir) = path.parent() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|source| VolumeError::WriteSnapshot {
-                    path: dir.to_owned(),
-                    source,
-                })?;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(other) = taking.get(&id) {
+            // Another volume's snapshot of this id is being taken (the same volume's would
+            // wait for the volume's lock).
+            return Err(VolumeError::SnapshotConflict {
+                id,
+                source_volume: other.clone(),
+            });
         }
-        if path.exists() {
-            // No record names it (checked above, under the snapshots lock): the copy of an
-            // earlier try of this id that died before its record. Only ublkd writes here.
-            std::fs::remove_file(&path).map_err(|source| VolumeError::WriteSnapshot {
-                path: path.clone(),
+        taking.insert(id.clone(), source.clone());
+    }
+    let taken = take_snapshot(volumes, &id, &source).await;
+    volumes
+        .snapshots_taking
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&id);
+    taken
+}
+
+/// The copy and the record of snapshot `id` of `source`, whose id is reserved.
+async fn take_snapshot(
+    volumes: &Volumes,
+    id: &SnapshotId,
+    source: &VolumeId,
+) -> Result<SnapshotRecord, VolumeError> {
+    let id = id.clone();
+    let source = source.clone();
+    let vol = volumes.get(&source).await?;
+    let backing = file_backing(&vol)?;
+    let path = snapshot_path(&backing, &id);
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| VolumeError::WriteSnapshot {
+                path: dir.to_owned(),
                 source,
             })?;
-            tracing::warn!(snapshot = %id, path = %path.display(), "removed the copy of an interrupted snapshot");
-        }
-        let started = Instant::now();
-        self.reflink_drained(&vol, &backing, &path).await?;
-        fault_point(Point::SnapshotAfterReflink);
-        let record = SnapshotRecord {
-            id: id.clone(),
+    }
+    if path.exists() {
+        // No record names it (checked above, under the snapshots lock): the copy of an
+        // earlier try of this id that died before its record. Only ublkd writes here.
+        std::fs::remove_file(&path).map_err(|source| VolumeError::WriteSnapshot {
+            path: path.clone(),
             source,
-            size_bytes: vol.record.size_bytes,
-            path: path.clone(),
-            created_unix_ms: now_ms(),
-        };
-        if let Err(e) = self.snapshot_registry.put(&record) {
-            // A copy left behind is removed by the next try of this id (no record names it).
-            let _ = std::fs::remove_file(&path);
-            return Err(e.into());
+        })?;
+        tracing::warn!(snapshot = %id, path = %path.display(), "removed the copy of an interrupted snapshot");
+    }
+    let started = Instant::now();
+    reflink_drained(volumes, &vol, &backing, &path).await?;
+    fault_point(Point::SnapshotAfterReflink);
+    let record = SnapshotRecord {
+        id: id.clone(),
+        source,
+        size_bytes: vol.record.size_bytes,
+        path: path.clone(),
+        created_unix_ms: now_ms(),
+    };
+    if let Err(e) = volumes.snapshot_registry.put(&record) {
+        // A copy left behind is removed by the next try of this id (no record names it).
+        let _ = std::fs::remove_file(&path);
+        return Err(e.into());
+    }
+    tracing::info!(snapshot = %id, volume = %record.source, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
+    volumes.snapshots.lock().await.insert(id, record.clone());
+    Ok(record)
+}
+
+/// Deletes snapshot `id` and its copy; Ok(false) if it did not exist and `allow_missing`.
+pub(super) async fn delete_snapshot(
+    volumes: &Volumes,
+    id: &SnapshotId,
+    allow_missing: bool,
+) -> Result<bool, VolumeError> {
+    let mut snapshots = volumes.snapshots.lock().await;
+    let Some(record) = snapshots.get(id).cloned() else {
+        if allow_missing {
+            return Ok(false);
         }
-        tracing::info!(snapshot = %id, volume = %record.source, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
-        self.snapshots.lock().await.insert(id, record.clone());
-        Ok(record)
-    }
+        return Err(VolumeError::LookupSnapshot(id.clone()));
+    };
+    // Unlinking a copy frees its extents, and the record's removal fsyncs: both on the
+    // blocking pool, not on one of the runtime's two threads.
+    let (path, registry, key) = (
+        record.path.clone(),
+        volumes.snapshot_registry.clone(),
+        id.clone(),
+    );
+    blocking(move || {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(VolumeError::WriteSnapshot { path, source }),
+        }
+        registry.remove(key.as_str()).map_err(VolumeError::from)
+    })
+    .await?;
+    snapshots.remove(id);
+    Ok(true)
+}
 
-    /// Deletes snapshot `id` and its copy; Ok(false) if it did not exist and `allow_missing`.
-    pub async fn delete_snapshot(
-        &self,
-        id: &SnapshotId,
-        allow_missing: bool,
-    ) -> Result<bool, VolumeError> {
-        let mut snapshots = self.snapshots.lock().await;
-        let Some(record) = snapshots.get(id).cloned() else {
-            if allow_missing {
-                return Ok(false);
+/// Snapshots, by id, optionally only `id` or only those of volume `source`.
+pub(super) async fn list_snapshots(
+    volumes: &Volumes,
+    id: Option<&str>,
+    source: Option<&str>,
+) -> Vec<SnapshotRecord> {
+    volumes
+        .snapshots
+        .lock()
+        .await
+        .values()
+        .filter(|s| id.is_none_or(|i| s.id.as_str() == i))
+        .filter(|s| source.is_none_or(|v| s.source.as_str() == v))
+        .cloned()
+        .collect()
+}
+
+/// Makes a clone's backing file (record.source set, file backend): a reflink of the
+/// snapshot's copy, or of the source volume's backing file taken drained, grown to the
+/// clone's size. Returns the file made (the caller removes it if the create fails later).
+pub(super) async fn make_clone_file(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<Option<PathBuf>, VolumeError> {
+    let (Some(src), BackendRecord::File { path, .. }) = (&record.source, &record.backend) else {
+        return Ok(None);
+    };
+    if path.exists() {
+        if !has_clone_intent(volumes, &record.id, path) {
+            return Err(VolumeError::CloneTargetExists { path: path.clone() });
+        }
+        // Made by an earlier try of this create that died before the volume's record.
+        std::fs::remove_file(path).map_err(|source| VolumeError::PrepareBackingFile {
+            path: path.clone(),
+            source,
+        })?;
+        tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
+    }
+    volumes.intents.put(&CloneIntent {
+        id: record.id.clone(),
+        path: path.clone(),
+    })?;
+    let source_size = match src {
+        SourceRecord::Snapshot(sid) => {
+            let snap = volumes
+                .snapshots
+                .lock()
+                .await
+                .get(sid)
+                .cloned()
+                .ok_or_else(|| VolumeError::LookupSnapshot(sid.clone()))?;
+            check_clone_size(record.size_bytes, snap.size_bytes)?;
+            let (from, to) = (snap.path.clone(), path.clone());
+            blocking(move || reflink_file(&from, &to)).await?;
+            snap.size_bytes
+        }
+        SourceRecord::Volume(vid) => {
+            // validate::spec refuses this; the check here keeps it refused whoever calls.
+            if *vid == record.id {
+                return Err(VolumeError::ValidateRequest(format!(
+                    "volume {vid} cannot be cloned from itself"
+                )));
             }
-            return Err(VolumeError::LookupSnapshot(id.clone()));
+            // The create holds `vid`'s operation lock (`Volumes::op_locks`).
+            let vol = volumes.get(vid).await?;
+            let backing = file_backing(&vol)?;
+            check_clone_size(record.size_bytes, vol.record.size_bytes)?;
+            reflink_drained(volumes, &vol, &backing, path).await?;
+            vol.record.size_bytes
+        }
+    };
+    fault_point(Point::CloneAfterReflink);
+    if record.size_bytes > source_size {
+        let grow = || {
+            let f = OpenOptions::new().write(true).open(path)?;
+            f.set_len(record.size_bytes)?;
+            f.sync_all()
         };
-        // Unlinking a copy frees its extents, and the record's removal fsyncs: both on the
-        // blocking pool, not on one of the runtime's two threads.
-        let (path, registry, key) = (
-            record.path.clone(),
-            self.snapshot_registry.clone(),
-            id.clone(),
-        );
-        blocking(move || {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(VolumeError::WriteSnapshot { path, source }),
-            }
-            registry.remove(key.as_str()).map_err(VolumeError::from)
-        })
-        .await?;
-        snapshots.remove(id);
-        Ok(true)
-    }
-
-    /// Snapshots, by id, optionally only `id` or only those of volume `source`.
-    pub async fn list_snapshots(
-        &self,
-        id: Option<&str>,
-        source: Option<&str>,
-    ) -> Vec<SnapshotRecord> {
-        self.snapshots
-            .lock()
-            .await
-            .values()
-            .filter(|s| id.is_none_or(|i| s.id.as_str() == i))
-            .filter(|s| source.is_none_or(|v| s.source.as_str() == v))
-            .cloned()
-            .collect()
-    }
-
-    /// Makes a clone's backing file (record.source set, file backend): a reflink of the
-    /// snapshot's copy, or of the source volume's backing file taken drained, grown to the
-    /// clone's size. Returns the file made (the caller removes it if the create fails later).
-    pub(super) async fn make_clone_file(
-        &self,
-        record: &VolumeRecord,
-    ) -> Result<Option<PathBuf>, VolumeError> {
-        let (Some(src), BackendRecord::File { path, .. }) = (&record.source, &record.backend)
-        else {
-            return Ok(None);
-        };
-        if path.exists() {
-            if !self.has_clone_intent(&record.id, path) {
-                return Err(VolumeError::CloneTargetExists { path: path.clone() });
-            }
-            // Made by an earlier try of this create that died before the volume's record.
-            std::fs::remove_file(path).map_err(|source| VolumeError::PrepareBackingFile {
+        if let Err(source) = grow() {
+            // A file left behind keeps its clone intent: the next try or start removes it.
+            let _ = std::fs::remove_file(path);
+            return Err(VolumeError::PrepareBackingFile {
                 path: path.clone(),
                 source,
-            })?;
-            tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
+            });
         }
-        self.intents.put(&CloneIntent {
-            id: record.id.clone(),
-            path: path.clone(),
-        })?;
-        let source_size = match src {
-            SourceRecord::Snapshot(sid) => {
-                let snap = self
-                    .snapshots
-                    .lock()
-                    .await
-                    .get(sid)
-                    .cloned()
-                    .ok_or_else(|| VolumeError::LookupSnapshot(sid.clone()))?;
-                check_clone_size(record.size_bytes, snap.size_bytes)?;
-                let (from, to) = (snap.path.clone(), path.clone());
-                blocking(move || reflink_file(&from, &to)).await?;
-                snap.size_bytes
-            }
-            SourceRecord::Volume(vid) => {
-                // validate::spec refuses this; the check here keeps it refused whoever calls.
-                if *vid == record.id {
-                    return Err(VolumeError::ValidateRequest(format!(
-                        "volume {vid} cannot be cloned from itself"
-                    )));
+    }
+    Ok(Some(path.clone()))
+}
+
+/// Whether an intent of volume `id` names `path` (a file an interrupted create made).
+fn has_clone_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
+    volumes
+        .intents
+        .load()
+        .is_ok_and(|(all, _)| all.iter().any(|i| &i.id == id && i.path == path))
+}
+
+/// The clone's file is the volume's now (or gone): its intent goes.
+pub(super) fn end_clone_intent(volumes: &Volumes, id: &VolumeId) {
+    if let Err(e) = volumes.intents.remove(id.as_str()) {
+        // Harmless: the next start finds the volume's record and drops the intent then.
+        tracing::warn!(volume = %id, error = %crate::error::chain(&e), "clone intent not removed");
+    }
+}
+
+/// At start, after the volumes' records are loaded: an intent whose volume has a record is
+/// done; one without names the file of a clone that died before its record, removed now.
+pub(super) async fn finish_clone_intents(volumes: &Volumes) -> Result<(), VolumeError> {
+    let (intents, _) = volumes.intents.load()?;
+    let map = volumes.inner.lock().await;
+    for intent in intents {
+        if !map.contains_key(&intent.id) {
+            match std::fs::remove_file(&intent.path) {
+                Ok(()) => {
+                    tracing::warn!(volume = %intent.id, path = %intent.path.display(), "removed the backing file of an interrupted clone")
                 }
-                // The create holds `vid`'s operation lock (`Volumes::op_locks`).
-                let vol = self.get(vid).await?;
-                let backing = file_backing(&vol)?;
-                check_clone_size(record.size_bytes, vol.record.size_bytes)?;
-                self.reflink_drained(&vol, &backing, path).await?;
-                vol.record.size_bytes
-            }
-        };
-        fault_point(Point::CloneAfterReflink);
-        if record.size_bytes > source_size {
-            let grow = || {
-                let f = OpenOptions::new().write(true).open(path)?;
-                f.set_len(record.size_bytes)?;
-                f.sync_all()
-            };
-            if let Err(source) = grow() {
-                // A file left behind keeps its clone intent: the next try or start removes it.
-                let _ = std::fs::remove_file(path);
-                return Err(VolumeError::PrepareBackingFile {
-                    path: path.clone(),
-                    source,
-                });
-            }
-        }
-        Ok(Some(path.clone()))
-    }
-
-    /// Whether an intent of volume `id` names `path` (a file an interrupted create made).
-    fn has_clone_intent(&self, id: &VolumeId, path: &Path) -> bool {
-        self.intents
-            .load()
-            .is_ok_and(|(all, _)| all.iter().any(|i| &i.id == id && i.path == path))
-    }
-
-    /// The clone's file is the volume's now (or gone): its intent goes.
-    pub(super) fn end_clone_intent(&self, id: &VolumeId) {
-        if let Err(e) = self.intents.remove(id.as_str()) {
-            // Harmless: the next start finds the volume's record and drops the intent then.
-            tracing::warn!(volume = %id, error = %crate::error::chain(&e), "clone intent not removed");
-        }
-    }
-
-    /// At start, after the volumes' records are loaded: an intent whose volume has a record is
-    /// done; one without names the file of a clone that died before its record, removed now.
-    pub(super) async fn finish_clone_intents(&self) -> Result<(), VolumeError> {
-        let (intents, _) = self.intents.load()?;
-        let map = self.inner.lock().await;
-        for intent in intents {
-            if !map.contains_key(&intent.id) {
-                match std::fs::remove_file(&intent.path) {
-                    Ok(()) => {
-                        tracing::warn!(volume = %intent.id, path = %intent.path.display(), "removed the backing file of an interrupted clone")
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(VolumeError::PrepareBackingFile {
-                            path: intent.path,
-                            source,
-                        })
-                    }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(VolumeError::PrepareBackingFile {
+                        path: intent.path,
+                        source,
+                    })
                 }
             }
-            self.intents.remove(intent.id.as_str())?;
         }
-        Ok(())
+        volumes.intents.remove(intent.id.as_str())?;
     }
+    Ok(())
+}
 
-    /// Reflinks `vol`'s backing file to `to` with the volume drained for the instant of the
-    /// clone (a volume not being served has no I/O to drain).
-    async fn reflink_drained(
-        &self,
-        vol: &Volume,
-        backing: &Path,
-        to: &Path,
-    ) -> Result<(), VolumeError> {
-        let drain = match (&vol.device, self.handle()) {
-            (Some(d), Ok(h)) => Some((h, d.dev_id)),
-            _ => None,
+/// Reflinks `vol`'s backing file to `to` with the volume drained for the instant of the
+/// clone (a volume not being served has no I/O to drain).
+async fn reflink_drained(
+    volumes: &Volumes,
+    vol: &Volume,
+    backing: &Path,
+    to: &Path,
+) -> Result<(), VolumeError> {
+    let drain = match (&vol.device, volumes.handle()) {
+        (Some(d), Ok(h)) => Some((h, d.dev_id)),
+        _ => None,
+    };
+    let (from, to) = (backing.to_owned(), to.to_owned());
+    blocking(move || {
+        let Some((h, dev)) = drain else {
+            return reflink_file(&from, &to);
         };
-        let (from, to) = (backing.to_owned(), to.to_owned());
-        blocking(move || {
-            let Some((h, dev)) = drain else {
-                return reflink_file(&from, &to);
-            };
-            h.drain_device(dev)?;
-            let r = reflink_file(&from, &to);
-            // Always resumed, whatever the clone did; a failed resume is the worse error.
-            h.resume_device(dev)?;
-            r
-        })
-        .await
-    }
+        h.drain_device(dev)?;
+        let r = reflink_file(&from, &to);
+        // Always resumed, whatever the clone did; a failed resume is the worse error.
+        h.resume_device(dev)?;
+        r
+    })
+    .await
 }
 
 /// The backing file of a file volume; refused for other backends and for block devices.

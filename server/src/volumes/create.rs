@@ -1,0 +1,441 @@
+//! Creating a volume, end to end: admit it against the others under the map lock (its NVMe
+//! window placed or checked, the node's limit, a backing file nobody else owns), prepare its
+//! backing file or clone, record it, erase a new NVMe window, bring its device up, settle the
+//! map. Adopting an orphan device shares the admit and settle steps.
+
+use super::{blocking, erase, is_id_taken, now_ms, same_spec, snapshots, Volumes};
+use crate::error::VolumeError;
+use crate::hooks::{delay_point, fault_point, Point};
+use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::volume::Volume;
+use crate::volume_id::VolumeId;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use ublkd_dataplane::{DeviceInfo, DeviceSpec};
+
+/// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe
+/// window's offset (the first free extent that fits).
+pub(super) async fn create(
+    volumes: &Volumes,
+    mut record: VolumeRecord,
+    place_window: bool,
+) -> Result<Volume, VolumeError> {
+    // The namespace's size and block size, read before any lock (an Identify ioctl): to
+    // place the window, and to refuse one past its end before anything is recorded.
+    let namespace = namespace_of(volumes, &record).await?;
+    // A clone of a volume holds its source's lock too (its reflink is taken drained), and
+    // every two locks are taken in id order: two volumes cloning each other at once wait
+    // for each other in turn, never each for the other.
+    let source = match &record.source {
+        Some(SourceRecord::Volume(v)) => Some(v.clone()),
+        _ => None,
+    };
+    let _ops = volumes.op_locks(&record.id, source.as_ref()).await;
+    {
+        let mut map = volumes.inner.lock().await;
+        if let Some(existing) = map.get(&record.id) {
+            if place_window {
+                // A retry of a placed create matches the window it was given: its offset,
+                // and its length when the first asked for none (placed to the size).
+                if let (
+                    BackendRecord::Nvme { offset, length, .. },
+                    BackendRecord::Nvme {
+                        offset: placed,
+                        length: placed_len,
+                        ..
+                    },
+                ) = (&mut record.backend, &existing.record.backend)
+                {
+                    *offset = *placed;
+                    if *length == 0 {
+                        *length = *placed_len;
+                    }
+                }
+            }
+            if same_spec(&existing.record, &record) {
+                return Ok(existing.clone());
+            }
+            return Err(VolumeError::CreateConflict(record.id));
+        }
+        admit(volumes, &mut record, namespace, place_window, &map)?;
+        record.erase_pending = new_window_erase(&record, namespace);
+        volumes.handle()?;
+        record.created_unix_ms = now_ms();
+        record.dev_id = Some(volumes.free_dev_id(&map)?);
+        // Held as CREATING from here: the id, the device id and the backing file are taken,
+        // and readers see the volume coming.
+        map.insert(record.id.clone(), Volume::creating(record.clone()));
+    }
+    let made = match snapshots::make_clone_file(volumes, &record).await {
+        Ok(clone) => {
+            let made = make(volumes, &mut record).await;
+            if let (Err(_), Some(path)) = (&made, &clone) {
+                // The create's own error is what the caller needs; a file left behind
+                // keeps its intent, so the next start removes it.
+                if std::fs::remove_file(path).is_ok() {
+                    snapshots::end_clone_intent(volumes, &record.id);
+                }
+            } else if clone.is_some() {
+                // The record names the file now: it is the volume's.
+                snapshots::end_clone_intent(volumes, &record.id);
+            }
+            made
+        }
+        Err(e) => {
+            // Nothing was made (or what was is removed): the intent has nothing to name.
+            if let BackendRecord::File { path, .. } = &record.backend {
+                if record.source.is_some() && !path.exists() {
+                    snapshots::end_clone_intent(volumes, &record.id);
+                }
+            }
+            Err(e)
+        }
+    };
+    settle(volumes, record, made).await
+}
+
+/// What a new volume (created or adopted) must not take from the others, checked under the
+/// map lock: its NVMe window (placed when `place`), the node's volume limit, and a backing
+/// file another record owns under any name.
+pub(super) fn admit(
+    volumes: &Volumes,
+    record: &mut VolumeRecord,
+    namespace: Option<ublkd_dataplane::Namespace>,
+    place: bool,
+    map: &BTreeMap<VolumeId, Volume>,
+) -> Result<(), VolumeError> {
+    claim_window(record, namespace, place, map)?;
+    if map.len() >= volumes.settings.limits.max_volumes {
+        return Err(VolumeError::AdmitVolumeLimit(map.len()));
+    }
+    if let BackendRecord::File { path, .. } = &record.backend {
+        if let Some(other) = map.values().find(
+            |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),
+        ) {
+            return Err(VolumeError::AdmitBackingInUse {
+                path: path.clone(),
+                by: other.record.id.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The namespace an NVMe record's window lies in (None for other backends).
+pub(super) async fn namespace_of(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<Option<ublkd_dataplane::Namespace>, VolumeError> {
+    let Some(device) = crate::windows::nvme_device(record) else {
+        return Ok(None);
+    };
+    let (device, handle) = (device.clone(), volumes.handle()?);
+    Ok(Some(
+        blocking(move || handle.identify_namespace(&device)).await?,
+    ))
+}
+
+/// An NVMe record's window against its namespace and every other record's window on it,
+/// whatever their state: placed in the first free extent with `place` (ublkd places it),
+/// else refused when it overlaps one, does not fit the namespace or is smaller than the
+/// volume. Run under the map lock.
+pub(super) fn claim_window(
+    record: &mut VolumeRecord,
+    namespace: Option<ublkd_dataplane::Namespace>,
+    place: bool,
+    map: &BTreeMap<VolumeId, Volume>,
+) -> Result<(), VolumeError> {
+    let size = record.size_bytes;
+    let id = record.id.clone();
+    let BackendRecord::Nvme {
+        device,
+        offset,
+        length,
+        ..
+    } = &mut record.backend
+    else {
+        return Ok(());
+    };
+    let claims = crate::windows::claims(device, map.values().map(|v| &v.record), Some(&id));
+    if let (true, Some(ns)) = (place, namespace) {
+        let block = u64::from(ns.block_size.max(1));
+        let len = if *length == 0 { size } else { *length }.next_multiple_of(block);
+        *offset = crate::windows::place(&claims, ns.size_bytes, block, len).ok_or_else(|| {
+            VolumeError::AdmitNoExtent {
+                device: device.clone(),
+                len,
+            }
+        })?;
+        *length = len;
+        return Ok(());
+    }
+    if let Some(ns) = namespace {
+        // Checked arithmetic: a length near u64::MAX must not wrap to "the end".
+        let len = if *length == 0 {
+            ns.size_bytes.checked_sub(*offset)
+        } else {
+            Some(*length)
+        };
+        let fits = len.is_some_and(|len| {
+            len >= size
+                && offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= ns.size_bytes)
+        });
+        if !fits {
+            return Err(VolumeError::AdmitWindowPastEnd {
+                device: device.clone(),
+                offset: *offset,
+                len: *length,
+                namespace: ns.size_bytes,
+            });
+        }
+    }
+    match crate::windows::overlap(&claims, *offset, *length) {
+        Some(c) => Err(VolumeError::AdmitWindowOverlap {
+            device: device.clone(),
+            start: c.start.max(*offset),
+            end: match (c.end, *length) {
+                (Some(e), 0) => e,
+                (Some(e), len) => e.min(offset.saturating_add(len)),
+                (None, 0) => u64::MAX,
+                (None, len) => offset.saturating_add(len),
+            },
+            by: c.id.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Ends a create or adopt: the CREATING entry becomes the READY volume, or goes.
+pub(super) async fn settle(
+    volumes: &Volumes,
+    record: VolumeRecord,
+    made: Result<DeviceInfo, VolumeError>,
+) -> Result<Volume, VolumeError> {
+    let mut map = volumes.inner.lock().await;
+    match made {
+        Ok(info) => {
+            let vol = Volume::ready(record, info);
+            map.insert(vol.record.id.clone(), vol.clone());
+            Ok(vol)
+        }
+        Err(e) => {
+            map.remove(&record.id);
+            Err(e)
+        }
+    }
+}
+
+/// The slow part of a create: backing file, record, device. Undoes its own steps on failure.
+async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+    let created_file = prepare_backing_file(volumes, record).await?;
+    // The create's own error is what the caller gets; an undo step that fails too is
+    // logged: a record left makes the next start bring the volume up, a file left stays
+    // (it is not ublkd's to find again).
+    let undo = |record: &VolumeRecord| {
+        if let Err(e) = volumes.registry.remove(&record.id) {
+            tracing::error!(volume = %record.id, error = %crate::error::chain(&e), "a failed create's record could not be removed: the next start brings the volume up");
+        }
+        if let (Some(path), BackendRecord::File { .. }) = (&created_file, &record.backend) {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!(volume = %record.id, path = %path.display(), error = %e, "a failed create's backing file could not be removed");
+            }
+        }
+        volumes.remove_ram_file(record);
+    };
+    fault_point(Point::CreateBeforeRecord);
+    // The record (with the device id it will get) goes first: a crash from here on leaves a
+    // registered volume whose device the next start takes over or creates, never a device
+    // nobody owns.
+    if let Err(e) = volumes.put_record(record).await {
+        undo(record);
+        return Err(e);
+    }
+    fault_point(Point::CreateAfterRecord);
+    delay_point(Point::CreateAfterRecord).await;
+    // A new volume: an NVMe window's earlier content is erased before its device appears,
+    // here, in chunks, off the dataplane's control thread (which every other volume's
+    // changes, drains and statistics wait on), with the progress in the volume's message.
+    if let (Some(pending), Some(device)) =
+        (record.erase_pending, crate::windows::nvme_device(record))
+    {
+        if let Err(e) = erase::erase_range(volumes, &record.id, device, pending, "new window").await
+        {
+            undo(record);
+            return Err(e);
+        }
+        // Known erased on disk before anything can write there: a pending erase recorded
+        // after the tenant's first write would wipe that write at the next start.
+        record.erase_pending = None;
+        if let Err(e) = volumes.put_record(record).await {
+            undo(record);
+            return Err(e);
+        }
+    }
+    // A new RAM volume starts empty: memory an earlier volume of this id left (a crash
+    // inside its delete) is not its to read.
+    if let Err(e) = fresh_ram_file(volumes, record) {
+        undo(record);
+        return Err(e);
+    }
+    match bring_up(volumes, record).await {
+        Ok(info) => {
+            fault_point(Point::CreateAfterDevice);
+            // The device id recorded first was taken meanwhile: the one it got is recorded,
+            // or the device goes with the rest of the create (a device no record names
+            // would serve a window the map no longer claims).
+            if record.dev_id != Some(info.dev_id) {
+                record.dev_id = Some(info.dev_id);
+                if let Err(e) = volumes.put_record(record).await {
+                    let (h, dev_id) = (volumes.handle()?, info.dev_id);
+                    if let Err(d) = blocking(move || h.delete_device(dev_id)).await {
+                        tracing::error!(volume = %record.id, %dev_id, error = %crate::error::chain(&d), "a failed create's device could not be deleted: left as an orphan");
+                    }
+                    undo(record);
+                    return Err(e);
+                }
+            }
+            Ok(info)
+        }
+        Err(e) => {
+            undo(record);
+            Err(e)
+        }
+    }
+}
+
+/// Creates the device for `record`, with its recorded kernel id when it has one (and
+/// another id no record and no kernel device has, if something else took that one
+/// meanwhile; the caller records the id it got). Never erases: the manager erases a new
+/// window's range itself (`erase_range`).
+pub(super) async fn bring_up(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<DeviceInfo, VolumeError> {
+    let handle = volumes.handle()?;
+    let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
+    let h = handle.clone();
+    let s = spec.clone();
+    match blocking(move || h.add_device(s)).await {
+        Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
+            // Not any id the kernel would pick: one another record names for a device
+            // absent now would be taken over as that volume's after a crash.
+            let free = volumes.free_dev_id(&*volumes.inner.lock().await)?;
+            let spec = DeviceSpec {
+                dev_id: Some(free),
+                ..spec
+            };
+            blocking(move || handle.add_device(spec)).await
+        }
+        other => other,
+    }
+}
+
+/// Removes what a RAM volume's file holds before a new volume of that id serves it.
+fn fresh_ram_file(volumes: &Volumes, record: &VolumeRecord) -> Result<(), VolumeError> {
+    if record.backend != BackendRecord::Ram {
+        return Ok(());
+    }
+    let path = crate::volume::ram_file(&volumes.settings.ram_dir, &record.id);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::warn!(volume = %record.id, path = %path.display(), "an earlier volume's memory file removed before the new volume uses it");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(VolumeError::PrepareBackingFile { path, source }),
+    }
+}
+
+/// Creates a missing backing file when asked to; returns its path if this call created it.
+/// On the blocking pool: an fsync.
+pub(super) async fn prepare_backing_file(
+    _volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<Option<PathBuf>, VolumeError> {
+    let record = record.clone();
+    blocking(move || make_backing_file(&record)).await
+}
+
+/// What a new NVMe window must have erased before it is served: the whole window, unless the
+/// volume keeps the data it finds. `namespace` is needed for a window "to the end" (length 0).
+fn new_window_erase(
+    record: &VolumeRecord,
+    namespace: Option<ublkd_dataplane::Namespace>,
+) -> Option<crate::record::EraseRange> {
+    let BackendRecord::Nvme {
+        offset,
+        length,
+        keep_data: false,
+        ..
+    } = &record.backend
+    else {
+        return None;
+    };
+    let to = match (*length, namespace) {
+        (0, Some(ns)) => ns.size_bytes,
+        // Unknown: the dataplane refuses a window past the namespace's end anyway.
+        (0, None) => u64::MAX,
+        (len, _) => offset.saturating_add(len),
+    };
+    Some(crate::record::EraseRange { from: *offset, to })
+}
+
+/// The same file, whatever path names it: equal paths, or one device and inode (a hard link,
+/// a bind mount).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if a == b {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The file `record` names, made at its size when it is missing and `create` says so.
+fn make_backing_file(record: &VolumeRecord) -> Result<Option<PathBuf>, VolumeError> {
+    let BackendRecord::File { path, create } = &record.backend else {
+        return Ok(None);
+    };
+    if !*create || path.exists() {
+        return Ok(None);
+    }
+    let err = |source| VolumeError::PrepareBackingFile {
+        path: path.clone(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(err)?;
+    f.set_len(record.size_bytes).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    Ok(Some(path.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// Two records may not share a backing file under two names (issue 22, item 14).
+    #[test]
+    fn a_hard_link_is_the_same_backing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            dir.path().join("a.img"),
+            dir.path().join("b.img"),
+            dir.path().join("c.img"),
+        );
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::hard_link(&a, &b).unwrap();
+        std::fs::write(&c, b"x").unwrap();
+        assert!(super::same_file(&a, &a));
+        assert!(super::same_file(&a, &b), "a hard link names the same file");
+        assert!(!super::same_file(&a, &c));
+        assert!(!super::same_file(&a, &dir.path().join("missing.img")));
+    }
+}

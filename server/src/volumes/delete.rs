@@ -1,0 +1,158 @@
+//! Deleting a volume: its device (refused while held open), its NVMe window erased, its record,
+//! its RAM file or (when asked) its backing file, in that order, so that a crash at any step
+//! leaves a record the next start finishes deleting.
+
+use super::{blocking, create, erase, Volumes};
+use crate::error::VolumeError;
+use crate::hooks::{fault_point, Point};
+use crate::record::{BackendRecord, VolumeRecord};
+use crate::volume::State;
+use crate::volume_id::VolumeId;
+use ublkd_dataplane::DataplaneError;
+
+/// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
+/// `delete_backing`, a file volume's backing file goes too.
+pub(super) async fn delete(
+    volumes: &Volumes,
+    id: &VolumeId,
+    allow_missing: bool,
+    delete_backing: bool,
+) -> Result<bool, VolumeError> {
+    let _op = volumes.op_lock(id).await;
+    let Some(vol) = volumes.inner.lock().await.get(id).cloned() else {
+        return if allow_missing {
+            Ok(false)
+        } else {
+            Err(VolumeError::LookupVolume(id.clone()))
+        };
+    };
+    // The kernel device the record names: the one served, or one left in the kernel that
+    // is not served right now (a FAILED takeover, a RECOVERING volume), still mounted
+    // perhaps. Either is checked for holders and deleted before the record and the file.
+    let served = vol
+        .device
+        .as_ref()
+        .map(|i| (i.dev_id, i.block_device.clone()));
+    // Without a dataplane the kernel is still asked: a device it has cannot be deleted
+    // then, and the delete fails rather than leave it behind.
+    let kernel = || {
+        let ids = match &volumes.handle {
+            Some(devices) => devices.kernel_device_ids(),
+            None => ublkd_dataplane::kernel_device_ids(),
+        };
+        vol.record
+            .dev_id
+            .filter(|d| ids.contains(d))
+            .map(|d| (d, ublkd_dataplane::block_device(d)))
+    };
+    if let Some((dev_id, block_device)) = served.clone().or_else(kernel) {
+        let handle = volumes.handle()?;
+        // Something holds the device exclusively: a mount in any namespace, or an
+        // exclusive opener. Deleting it would pull the disk from under them.
+        if handle.held_elsewhere(&block_device) {
+            return Err(VolumeError::DeleteBusy {
+                id: id.clone(),
+                device: block_device,
+            });
+        }
+        volumes.set_state(id, State::Deleting, "").await;
+        // Persist the intent: a crash during the delete is finished by the next start.
+        let mut record = vol.record.clone();
+        record.deleting = true;
+        volumes.put_record(&record).await?;
+        fault_point(Point::DeleteAfterMark);
+        let deleted = blocking(move || match handle.delete_device(dev_id) {
+            // Not the dataplane's (nor being taken over): the kernel's alone when the
+            // kernel still has it. An earlier try whose STOP_DEV or DEL_DEV failed took it
+            // out of the dataplane's maps and left it there.
+            Err(DataplaneError::NoSuchDevice(_))
+                if handle.kernel_device_ids().contains(&dev_id) =>
+            {
+                handle.delete_foreign_device(dev_id)
+            }
+            other => other,
+        })
+        .await;
+        match deleted {
+            Ok(()) => {}
+            // A device already gone while deleting: an earlier try took it down (its
+            // STOP_DEV outlasted the timeout, then DEL_DEV_ASYNC finished it), so this one
+            // is done. Without this a delete that failed once could never succeed.
+            Err(VolumeError::Dataplane(DataplaneError::NoSuchDevice(_))) => {
+                tracing::info!(volume = %id, dev_id = %dev_id, "device already gone: delete finishes");
+            }
+            Err(e) => {
+                volumes
+                    .set_state(id, State::Failed, &crate::error::chain(&e))
+                    .await;
+                return Err(e);
+            }
+        }
+        fault_point(Point::DeleteAfterDevice);
+    }
+    // A deleted tenant's NVMe blocks are erased before its window is free again, so that no
+    // later volume (a keep_data one included) reads them. Until then the record stays (marked
+    // when it had a device): a retry, or the next start, finishes the delete.
+    if let Err(e) = erase_deleted_window(volumes, &vol.record).await {
+        volumes
+            .set_state(id, State::Failed, &crate::error::chain(&e))
+            .await;
+        return Err(e);
+    }
+    // The backing file goes before the record: should its removal fail, the record (and
+    // the volume, with the reason) stays, and a retry of the delete finishes it.
+    if let (true, BackendRecord::File { path, .. }) = (delete_backing, &vol.record.backend) {
+        let p = path.clone();
+        // Unlinking a large file frees its extents: seconds, on the blocking pool.
+        let removed = blocking(move || match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(VolumeError::RemoveBackingFile { path: p, source: e })
+            }
+            _ => Ok(()),
+        })
+        .await;
+        if let Err(e) = removed {
+            volumes
+                .set_state(id, State::Failed, &crate::error::chain(&e))
+                .await;
+            return Err(e);
+        }
+    }
+    // A RAM volume's memory goes before its record: a crash in between leaves a record
+    // whose restore finds an empty file, never a file a later volume of the id would read.
+    volumes.remove_ram_file(&vol.record);
+    volumes.remove_record(id).await?;
+    volumes.inner.lock().await.remove(id);
+    Ok(true)
+}
+
+/// Erases the NVMe window of volume `record`, which is being deleted (nothing for other
+/// backends, nor for a `keep_data` volume, which never owned the erase of what it found).
+pub(super) async fn erase_deleted_window(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<(), VolumeError> {
+    let BackendRecord::Nvme {
+        device,
+        offset,
+        length,
+        keep_data: false,
+    } = &record.backend
+    else {
+        return Ok(());
+    };
+    let len = match *length {
+        0 => create::namespace_of(volumes, record)
+            .await?
+            .map_or(0, |ns| ns.size_bytes.saturating_sub(*offset)),
+        len => len,
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    let range = crate::record::EraseRange {
+        from: *offset,
+        to: offset.saturating_add(len),
+    };
+    erase::erase_range(volumes, &record.id, device, range, "deleted volume").await
+}

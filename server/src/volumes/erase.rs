@@ -1,0 +1,65 @@
+//! Erasing a range of an NVMe namespace for a volume (a new window, a deleted one, a resize's
+//! growth, an erase a crash left pending): in chunks, off the dataplane's control thread, with
+//! the progress in the volume's message.
+
+use super::{blocking, Volumes};
+use crate::error::VolumeError;
+use crate::hooks::Point;
+use crate::volume_id::VolumeId;
+
+/// Erases `range` of NVMe namespace `device` for volume `id`, `ERASE_CHUNK` bytes at a
+/// time on the blocking pool (never on the dataplane's control thread), saying how far it
+/// got in the volume's message; `what` names the range in the log.
+pub(super) async fn erase_range(
+    volumes: &Volumes,
+    id: &VolumeId,
+    device: &std::path::Path,
+    range: crate::record::EraseRange,
+    what: &'static str,
+) -> Result<(), VolumeError> {
+    let handle = volumes.handle()?;
+    let total = range.to.saturating_sub(range.from);
+    let started = std::time::Instant::now();
+    let mut at = range.from;
+    let mut how = None;
+    while at < range.to {
+        let len = (range.to - at).min(ERASE_CHUNK);
+        let (h, d) = (handle.clone(), device.to_owned());
+        how = Some(
+            blocking(move || {
+                crate::hooks::delay_point_blocking(Point::EraseChunk);
+                h.erase_window(&d, at, len)
+            })
+            .await?,
+        );
+        at += len;
+        if at < range.to {
+            let done = at - range.from;
+            volumes
+                .set_message(
+                    id,
+                    &format!(
+                        "erasing the {what}'s earlier content: {} of {} MiB",
+                        done >> 20,
+                        total >> 20
+                    ),
+                )
+                .await;
+        }
+    }
+    // The progress goes; a message that says something else stays.
+    if let Some(v) = volumes.inner.lock().await.get_mut(id) {
+        if v.message.starts_with("erasing the ") {
+            v.message.clear();
+        }
+    }
+    if let Some(how) = how {
+        tracing::info!(volume = %id, from = range.from, to = range.to, erase = how.name(),
+            took_ms = started.elapsed().as_millis() as u64, "{what}: earlier content erased");
+    }
+    Ok(())
+}
+
+/// How much of a window one erase call covers: small enough that a volume's progress shows and
+/// a stop waits little, large enough that the calls cost nothing next to the erase.
+const ERASE_CHUNK: u64 = 256 << 20;
