@@ -5,6 +5,7 @@ use super::{
     kernel_device_ids, Command, DataplaneError, DeviceInfo, DeviceStats, KernelDevice, KernelState,
     WorkerSnapshot,
 };
+use super::{lifecycle, recover};
 use crate::backend;
 use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::IoPath;
@@ -117,10 +118,10 @@ impl Control {
         while let Ok(cmd) = rx.recv() {
             match cmd {
                 Command::Add { spec, reply } => {
-                    reply.answer(self.add(spec));
+                    reply.answer(lifecycle::add(&mut self, spec));
                 }
                 Command::Delete { dev_id: id, reply } => {
-                    reply.answer(self.delete(id));
+                    reply.answer(lifecycle::delete(&mut self, id));
                 }
                 Command::Resize {
                     dev_id: id,
@@ -128,7 +129,7 @@ impl Control {
                     growth,
                     reply,
                 } => {
-                    reply.answer(self.resize(id, size, growth));
+                    reply.answer(lifecycle::resize(&mut self, id, size, growth));
                 }
                 Command::Drain { dev_id: id, reply } => {
                     reply.answer(self.drain(id));
@@ -189,7 +190,7 @@ impl Control {
                     return;
                 }
                 Command::Recover { spec, reply } => {
-                    reply.answer(self.recover(spec));
+                    reply.answer(recover::recover(&mut self, spec));
                 }
                 Command::KernelDevices(reply) => {
                     reply.answer(self.kernel_devices());
@@ -313,7 +314,7 @@ impl Control {
             .collect();
         let mut first_err = None;
         for id in ids {
-            if let Err(e) = self.delete(id) {
+            if let Err(e) = lifecycle::delete(self, id) {
                 first_err.get_or_insert(e);
             }
         }
