@@ -16,7 +16,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use tls::{ClientCertProblem, ServerCertProblem};
+pub use tls::{ClientCertProblem, ServerCertProblem, TlsFiles};
 pub use ublkd_proto::units;
 pub use ublkd_proto::v1;
 
@@ -97,21 +97,6 @@ impl fmt::Display for Target {
             Target::Unix(path) => write!(f, "unix://{}", path.display()),
             Target::Tcp { uri, .. } => f.write_str(uri),
         }
-    }
-}
-
-/// The TLS files and server name; all optional (each client checks the combination it needs).
-#[derive(Debug, Clone, Default)]
-pub struct TlsFiles {
-    pub ca: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    pub domain: Option<String>,
-}
-
-impl TlsFiles {
-    pub fn is_empty(&self) -> bool {
-        self.ca.is_none() && self.cert.is_none() && self.key.is_none() && self.domain.is_none()
     }
 }
 

@@ -23,7 +23,7 @@ use rustls::{AlertDescription, CertificateError, ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::{read, ConnectError, TlsFiles};
+use crate::{read, ConnectError};
 
 /// The protocol ublkd's TLS listener offers by ALPN.
 const ALPN_H2: &[u8] = b"h2";
@@ -161,7 +161,20 @@ impl io::Read for TryRead<'_> {
     }
 }
 
+/// The TLS files and server name; all optional (each client checks the combination it needs).
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub domain: Option<String>,
+}
+
 impl TlsFiles {
+    pub fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none() && self.domain.is_none()
+    }
+
     /// The rustls configuration: the CA (alone) as the trusted root, the client certificate and
     /// key when given, HTTP/2 by ALPN.
     fn rustls_config(&self) -> Result<ClientConfig, ConnectError> {
