@@ -255,6 +255,156 @@ pub fn contradictions(graph: &Graph, layers: &Layers) -> Vec<String> {
     found.into_iter().collect()
 }
 
+/// The `impl` blocks of the crate under `src` that sit outside their type's file, outside tests:
+/// an inherent `impl T` anywhere but the file that defines `T`, a `impl Trait for T` in neither
+/// `T`'s file nor `Trait`'s. Each as `file: impl header`. Types the crate does not define are
+/// not its to place; a name two files define may be implemented in either.
+pub fn foreign_impls(src: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files)?;
+    let mut texts = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let rel = file.strip_prefix(src).unwrap_or(&file).to_path_buf();
+        texts.push((rel, without_tests(&text).to_owned()));
+    }
+    let mut types: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
+    let mut traits: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
+    for (rel, text) in &texts {
+        for line in code_lines(text) {
+            if let Some(name) = defined(line, &["struct", "enum", "union"]) {
+                types.entry(name).or_default().insert(rel.clone());
+            }
+            if let Some(name) = defined(line, &["trait"]) {
+                traits.entry(name).or_default().insert(rel.clone());
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for (rel, text) in &texts {
+        let lines: Vec<&str> = code_lines(text).collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            let t = t.strip_prefix("unsafe ").unwrap_or(t);
+            let Some(rest) = t.strip_prefix("impl") else {
+                continue;
+            };
+            if !rest.starts_with(['<', ' ']) {
+                continue;
+            }
+            // The header, up to its opening brace (it may span lines).
+            let mut header = rest.to_owned();
+            let mut j = i;
+            while !header.contains('{') && j + 1 < lines.len() && j < i + 8 {
+                j += 1;
+                header.push(' ');
+                header.push_str(lines[j].trim());
+            }
+            let Some((of_trait, of_type)) = impl_names(&header) else {
+                continue;
+            };
+            let home = |map: &BTreeMap<String, BTreeSet<PathBuf>>, name: &str| {
+                map.get(name).is_some_and(|fs| fs.contains(rel))
+            };
+            let Some(type_files) = types.get(&of_type) else {
+                continue; // not this crate's type
+            };
+            let at_home =
+                type_files.contains(rel) || of_trait.as_deref().is_some_and(|tr| home(&traits, tr));
+            if !at_home {
+                found.push(format!(
+                    "{}: impl {}{of_type} (the type is in {})",
+                    rel.display(),
+                    of_trait.map(|tr| format!("{tr} for ")).unwrap_or_default(),
+                    type_files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The lines of `text` that are not comments.
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter(|l| !l.trim_start().starts_with("//"))
+}
+
+/// The name a line defines with one of `kinds` (`pub(crate) struct Name<T> {`), if it does.
+fn defined(line: &str, kinds: &[&str]) -> Option<String> {
+    let mut words = line.split_whitespace().peekable();
+    while let Some(w) = words.peek() {
+        if w.starts_with("pub") || *w == "unsafe" {
+            words.next();
+        } else {
+            break;
+        }
+    }
+    let kind = words.next()?;
+    if !kinds.contains(&kind) {
+        return None;
+    }
+    let name: String = words
+        .next()?
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The trait (if any) and the type an impl header after `impl` names, each as its last path
+/// segment: `<T> fmt::Display for Foo<T> where ... {` gives (Display, Foo).
+fn impl_names(header: &str) -> Option<(Option<String>, String)> {
+    let mut h = header.trim_start();
+    if h.starts_with('<') {
+        // The impl's own generics.
+        let mut depth = 0;
+        let mut end = 0;
+        for (k, c) in h.char_indices() {
+            match c {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = k + 1;
+                break;
+            }
+        }
+        h = &h[end..];
+    }
+    let h = h[..h.find('{').unwrap_or(h.len())].trim();
+    let h = h.split(" where ").next().unwrap_or(h).trim();
+    let last = |path: &str| -> Option<String> {
+        let path = path
+            .trim()
+            .trim_start_matches('&')
+            .trim_start_matches("mut ");
+        let path = path.trim_start_matches("dyn ").trim();
+        let path = &path[..path.find('<').unwrap_or(path.len())];
+        let name = path.rsplit("::").next()?.trim();
+        (!name.is_empty() && !name.starts_with('$')).then(|| name.to_owned())
+    };
+    // ` for ` outside the trait's own generics.
+    let mut depth = 0i32;
+    let bytes = h.as_bytes();
+    for k in 0..bytes.len() {
+        match bytes[k] {
+            b'<' | b'(' => depth += 1,
+            b'>' | b')' => depth -= 1,
+            b' ' if depth == 0 && h[k..].starts_with(" for ") => {
+                return Some((Some(last(&h[..k])?), last(&h[k + 5..])?));
+            }
+            _ => {}
+        }
+    }
+    Some((None, last(h)?))
+}
+
 /// The circles of `graph`: each as the modules on one loop, found once from its least module.
 pub fn circles(graph: &Graph) -> Vec<Vec<String>> {
     let mut found = BTreeSet::new();
@@ -343,6 +493,51 @@ mod tests {
         assert!(
             all.is_empty(),
             "use super::* outside tests:\n{}",
+            all.join("\n")
+        );
+    }
+
+    #[test]
+    fn an_impl_outside_its_types_file_is_found() {
+        let dir = std::env::temp_dir().join(format!("xtask-impls-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("m")).unwrap();
+        std::fs::write(
+            dir.join("m/mod.rs"),
+            "mod a;\npub struct Queue { n: u32 }\npub trait Step {}\nimpl Queue { fn new() {} }\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("m/a.rs"),
+            "use super::{Queue, Step};\nstruct Local;\nimpl Local {}\nimpl Step for Local {}\n\
+             impl<T> std::fmt::Debug for Queue where T: Sized {}\nimpl super::Queue {\n    fn moved() {}\n}\n\
+             impl String {}\n#[cfg(test)]\nmod tests {\n    impl super::Queue {}\n}\n",
+        )
+        .unwrap();
+        let found = foreign_impls(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir); // a temporary directory; its removal is tidiness
+        assert_eq!(
+            found,
+            vec![
+                "m/a.rs: impl Debug for Queue (the type is in m/mod.rs)".to_owned(),
+                "m/a.rs: impl Queue (the type is in m/mod.rs)".to_owned(),
+            ]
+        );
+    }
+
+    /// A type's methods are in its file (a trait's impl in the trait's file or the type's): a
+    /// file that is one step over another file's type holds functions of it, named at each call.
+    #[test]
+    fn every_impl_is_in_its_types_file() {
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut all = Vec::new();
+        for krate in CRATES {
+            for f in foreign_impls(&ws.join(krate)).unwrap() {
+                all.push(format!("{krate}/{f}"));
+            }
+        }
+        assert!(
+            all.is_empty(),
+            "impl outside its type's file:\n{}",
             all.join("\n")
         );
     }
