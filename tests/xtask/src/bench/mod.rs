@@ -43,8 +43,8 @@
 //!
 //! `--baseline REV` measures REV's ublkd beside this one in the same boot, the only comparison
 //! that means anything here (runs from different boots move by ±30 %): REV is built in release
-//! mode once per commit (a worktree, the cache `cargo xtask compare` keeps under
-//! `target/compare`), and every ublkd run happens four times in a row after a discarded warm-up,
+//! mode once per commit (a worktree, cached under `target/baseline`, `baseline.rs`), and every
+//! ublkd run happens four times in a row after a discarded warm-up,
 //! A B B A (new, baseline, baseline, new) for every other case and B A A B for the rest, so that
 //! a drift over the boot, and the first run's own handicap, fall on both alike. Each case and workload is
 //! then reported as new against baseline, each side the mean of its two runs, in the table and
