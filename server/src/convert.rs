@@ -67,16 +67,6 @@ fn timestamp(unix_ms: i64) -> prost_types::Timestamp {
     }
 }
 
-pub fn qos_from_proto(q: &v1::QosLimits) -> QosLimits {
-    QosLimits {
-        read_iops: q.read_iops,
-        write_iops: q.write_iops,
-        read_bytes_per_sec: q.read_bytes_per_second,
-        write_bytes_per_sec: q.write_bytes_per_second,
-        burst_ms: q.burst_ms,
-    }
-}
-
 pub fn qos_to_proto(q: &QosLimits) -> v1::QosLimits {
     v1::QosLimits {
         read_iops: q.read_iops,
@@ -87,15 +77,6 @@ pub fn qos_to_proto(q: &QosLimits) -> v1::QosLimits {
     }
 }
 
-/// An API I/O path; None for a number the API does not define.
-pub fn io_path_from_proto(v: i32) -> Option<IoPath> {
-    Some(match v1::IoPath::try_from(v).ok()? {
-        v1::IoPath::Auto => IoPath::Auto,
-        v1::IoPath::Batch => IoPath::Batch,
-        v1::IoPath::PerIo => IoPath::PerIo,
-    })
-}
-
 pub fn io_path_to_proto(p: IoPath) -> v1::IoPath {
     match p {
         IoPath::Auto => v1::IoPath::Auto,
@@ -104,28 +85,12 @@ pub fn io_path_to_proto(p: IoPath) -> v1::IoPath {
     }
 }
 
-/// An API toggle; None for a number the API does not define.
-pub fn toggle_from_proto(v: i32) -> Option<Toggle> {
-    Some(match v1::Toggle::try_from(v).ok()? {
-        v1::Toggle::Auto => Toggle::Auto,
-        v1::Toggle::On => Toggle::On,
-        v1::Toggle::Off => Toggle::Off,
-    })
-}
-
 pub fn toggle_to_proto(t: Toggle) -> v1::Toggle {
     match t {
         Toggle::Auto => v1::Toggle::Auto,
         Toggle::On => v1::Toggle::On,
         Toggle::Off => v1::Toggle::Off,
     }
-}
-
-/// `auto`, `on` or `off`.
-pub fn toggle_from_name(s: &str) -> Option<Toggle> {
-    [Toggle::Auto, Toggle::On, Toggle::Off]
-        .into_iter()
-        .find(|t| t.name() == s)
 }
 
 fn state_proto(s: State) -> v1::VolumeState {
@@ -316,29 +281,5 @@ pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
             })
             .collect(),
         volumes_without_pv: f.without_pv.iter().map(ToString::to_string).collect(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn api_enums_round_trip_and_unknown_numbers_are_none() {
-        for p in [IoPath::Auto, IoPath::Batch, IoPath::PerIo] {
-            assert_eq!(io_path_from_proto(io_path_to_proto(p) as i32), Some(p));
-            // The dataplane's name (logs, metric labels, records) is the API notation's.
-            let api = ublkd_proto::notation::parse_io_path(p.name()).unwrap();
-            assert_eq!(io_path_from_proto(api as i32), Some(p));
-        }
-        for t in [Toggle::Auto, Toggle::On, Toggle::Off] {
-            assert_eq!(toggle_from_proto(toggle_to_proto(t) as i32), Some(t));
-            assert_eq!(toggle_from_name(t.name()), Some(t));
-        }
-        assert_eq!(io_path_from_proto(99), None);
-        assert_eq!(toggle_from_proto(-1), None);
-        assert_eq!(toggle_from_name("yes"), None);
     }
 }

@@ -132,7 +132,7 @@ struct RunArgs {
 }
 
 fn parse_toggle(flag: &str, v: &str) -> anyhow::Result<Toggle> {
-    convert::toggle_from_name(v)
+    validate::toggle_name(v)
         .with_context(|| format!("unknown {flag} {v:?}: expected auto, on or off"))
 }
 
@@ -237,8 +237,7 @@ fn run_one(args: RunArgs) -> anyhow::Result<()> {
         .and_then(|n| n.checked_next_multiple_of(u64::from(args.block_size.max(1))))
         .with_context(|| format!("bad --size {:?}", args.size))?;
     let backend = run_backend(&args.backend, size)?;
-    let io_path =
-        convert::io_path_from_proto(args.io_path.into()).context("--io-path names no I/O path")?;
+    let io_path = validate::io_path(args.io_path.into()).context("--io-path names no I/O path")?;
     let spec = DeviceSpec {
         size_bytes: size,
         backend,

@@ -1,4 +1,5 @@
-//! Checks on what clients send: volume ids, specs, and backing-file paths.
+//! What clients send, checked and read once into the domain's types: volume ids, specs (their
+//! API enums and limits decoded here; `convert` is the way out), and backing-file paths.
 
 use crate::config::Settings;
 use crate::error::VolumeError;
@@ -8,7 +9,7 @@ use crate::record::{
 use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
 use std::path::{Component, Path, PathBuf};
-use ublkd_dataplane::QosLimits;
+use ublkd_dataplane::{IoPath, QosLimits, Toggle};
 use ublkd_proto::v1;
 
 /// A volume id is a DNS label (`VolumeId::parse`).
@@ -81,7 +82,7 @@ pub fn spec(
     if depth == 0 || depth > max_depth {
         return invalid(format!("queue_depth {depth} must be from 1 to {max_depth}"));
     }
-    let Some(io_path) = crate::convert::io_path_from_proto(spec.io_path) else {
+    let Some(io_path) = io_path(spec.io_path) else {
         return invalid(format!("unknown io_path {}", spec.io_path));
     };
     let backend = match &spec.backend {
@@ -114,8 +115,7 @@ pub fn spec(
         }
     };
     let toggle = |v: i32, what: &str| {
-        crate::convert::toggle_from_proto(v)
-            .ok_or_else(|| VolumeError::ValidateRequest(format!("unknown {what} setting {v}")))
+        toggle(v).ok_or_else(|| VolumeError::ValidateRequest(format!("unknown {what} setting {v}")))
     };
     let zero_copy = toggle(spec.zero_copy, "zero_copy")?;
     let poll = toggle(spec.poll, "poll")?;
@@ -228,7 +228,43 @@ pub fn qos(q: Option<&v1::QosLimits>) -> Result<QosLimits, VolumeError> {
             q.burst_ms
         )));
     }
-    Ok(crate::convert::qos_from_proto(q))
+    Ok(qos_limits(q))
+}
+
+/// API I/O limits as the dataplane's.
+fn qos_limits(q: &v1::QosLimits) -> QosLimits {
+    QosLimits {
+        read_iops: q.read_iops,
+        write_iops: q.write_iops,
+        read_bytes_per_sec: q.read_bytes_per_second,
+        write_bytes_per_sec: q.write_bytes_per_second,
+        burst_ms: q.burst_ms,
+    }
+}
+
+/// An API I/O path; None for a number the API does not define.
+pub fn io_path(v: i32) -> Option<IoPath> {
+    Some(match v1::IoPath::try_from(v).ok()? {
+        v1::IoPath::Auto => IoPath::Auto,
+        v1::IoPath::Batch => IoPath::Batch,
+        v1::IoPath::PerIo => IoPath::PerIo,
+    })
+}
+
+/// An API toggle; None for a number the API does not define.
+pub fn toggle(v: i32) -> Option<Toggle> {
+    Some(match v1::Toggle::try_from(v).ok()? {
+        v1::Toggle::Auto => Toggle::Auto,
+        v1::Toggle::On => Toggle::On,
+        v1::Toggle::Off => Toggle::Off,
+    })
+}
+
+/// `auto`, `on` or `off`.
+pub fn toggle_name(s: &str) -> Option<Toggle> {
+    [Toggle::Auto, Toggle::On, Toggle::Off]
+        .into_iter()
+        .find(|t| t.name() == s)
 }
 
 /// A volume size: positive, a multiple of the block size, within the configured maximum.
@@ -384,6 +420,23 @@ mod tests {
 
     fn vid(s: &str) -> VolumeId {
         VolumeId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn api_enums_round_trip_and_unknown_numbers_are_none() {
+        for p in [IoPath::Auto, IoPath::Batch, IoPath::PerIo] {
+            assert_eq!(io_path(crate::convert::io_path_to_proto(p) as i32), Some(p));
+            // The dataplane's name (logs, metric labels, records) is the API notation's.
+            let api = ublkd_proto::notation::parse_io_path(p.name()).unwrap();
+            assert_eq!(io_path(api as i32), Some(p));
+        }
+        for t in [Toggle::Auto, Toggle::On, Toggle::Off] {
+            assert_eq!(toggle(crate::convert::toggle_to_proto(t) as i32), Some(t));
+            assert_eq!(toggle_name(t.name()), Some(t));
+        }
+        assert_eq!(io_path(99), None);
+        assert_eq!(toggle(-1), None);
+        assert_eq!(toggle_name("yes"), None);
     }
 
     #[test]
