@@ -5,7 +5,6 @@ use super::{
     kernel_device_ids, Command, DataplaneError, DeviceInfo, DeviceStats, KernelDevice, KernelState,
     WorkerSnapshot,
 };
-use super::{lifecycle, recover};
 use crate::backend;
 use crate::ctrl::{ControlDevice, CtrlError};
 use crate::device::IoPath;
@@ -118,10 +117,10 @@ impl Control {
         while let Ok(cmd) = rx.recv() {
             match cmd {
                 Command::Add { spec, reply } => {
-                    reply.answer(lifecycle::add(&mut self, spec));
+                    reply.answer(self.add(spec));
                 }
                 Command::Delete { dev_id: id, reply } => {
-                    reply.answer(lifecycle::delete(&mut self, id));
+                    reply.answer(self.delete(id));
                 }
                 Command::Resize {
                     dev_id: id,
@@ -129,7 +128,7 @@ impl Control {
                     growth,
                     reply,
                 } => {
-                    reply.answer(lifecycle::resize(&mut self, id, size, growth));
+                    reply.answer(self.resize(id, size, growth));
                 }
                 Command::Drain { dev_id: id, reply } => {
                     reply.answer(self.drain(id));
@@ -190,7 +189,7 @@ impl Control {
                     return;
                 }
                 Command::Recover { spec, reply } => {
-                    reply.answer(recover::recover(&mut self, spec));
+                    reply.answer(self.recover(spec));
                 }
                 Command::KernelDevices(reply) => {
                     reply.answer(self.kernel_devices());
@@ -314,7 +313,7 @@ impl Control {
             .collect();
         let mut first_err = None;
         for id in ids {
-            if let Err(e) = lifecycle::delete(self, id) {
+            if let Err(e) = self.delete(id) {
                 first_err.get_or_insert(e);
             }
         }

@@ -466,14 +466,14 @@ impl Worker {
             }
             self.cqes = cqes;
             if !self.attaching.is_empty() {
-                queue::answer_attaches(self);
+                self.answer_attaches();
             }
             if !self.drains.is_empty() {
-                drain::answer_drains(self);
+                self.answer_drains();
             }
-            batch::flush_commits(self);
+            self.flush_commits();
             self.stats.batch(std::mem::take(&mut self.handled));
-            queue::reap_dead_queues(self);
+            self.reap_dead_queues();
             self.stats.busy(busy_from.elapsed());
             if self.shutdown && self.queues.iter().all(Option::is_none) {
                 return Ok(());
@@ -582,20 +582,20 @@ impl Worker {
                 self.commands();
                 self.arm_event()?;
             }
-            Token::Io { slot, tag } => per_io::on_io_cmd(self, slot, tag, c.result),
+            Token::Io { slot, tag } => self.on_io_cmd(slot, tag, c.result),
             Token::Backend { slot, tag } => {
                 if on_poll {
                     self.rings.polled = self.rings.polled.saturating_sub(1);
                 }
-                request::on_backend(self, slot, tag, c.result)
+                self.on_backend(slot, tag, c.result)
             }
-            Token::Prep { slot } => batch::on_prep(self, slot, c.result),
-            Token::Fetch { slot, group } => batch::on_fetch(self, slot, group, c),
-            Token::Commit { slot, buf } => batch::on_commit(self, slot, buf, c.result),
-            Token::CopyIn { slot, tag } => request::on_copy_in(self, slot, tag, c.result),
-            Token::CopyOut { slot, tag } => request::on_copy_out(self, slot, tag, c.result),
-            Token::Retry { slot, tag } => request::on_retry(self, slot, tag),
-            Token::Throttle { slot } => throttle::on_throttle_timer(self, slot),
+            Token::Prep { slot } => self.on_prep(slot, c.result),
+            Token::Fetch { slot, group } => self.on_fetch(slot, group, c),
+            Token::Commit { slot, buf } => self.on_commit(slot, buf, c.result),
+            Token::CopyIn { slot, tag } => self.on_copy_in(slot, tag, c.result),
+            Token::CopyOut { slot, tag } => self.on_copy_out(slot, tag, c.result),
+            Token::Retry { slot, tag } => self.on_retry(slot, tag),
+            Token::Throttle { slot } => self.on_throttle_timer(slot),
         }
         Ok(())
     }
@@ -604,15 +604,13 @@ impl Worker {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
                 WorkerCmd::Attach { setup, reply } => {
-                    if let Err(e) = queue::attach(self, setup, reply.clone()) {
+                    if let Err(e) = self.attach(setup, reply.clone()) {
                         reply.answer(Err(e));
                     }
                 }
-                WorkerCmd::Throttle { dev_id, throttle } => {
-                    throttle::set_throttle(self, dev_id, throttle)
-                }
-                WorkerCmd::Drain { dev_id, reply } => drain::drain(self, dev_id, reply),
-                WorkerCmd::Resume { dev_id } => drain::resume(self, dev_id),
+                WorkerCmd::Throttle { dev_id, throttle } => self.set_throttle(dev_id, throttle),
+                WorkerCmd::Drain { dev_id, reply } => self.drain(dev_id, reply),
+                WorkerCmd::Resume { dev_id } => self.resume(dev_id),
                 WorkerCmd::Shutdown => self.shutdown = true,
                 WorkerCmd::Abandon => self.abandon = true,
             }
