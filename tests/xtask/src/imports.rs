@@ -1,5 +1,5 @@
 //! The import map of every crate in the workspace, read from its sources: which module names
-//! which through `crate::` paths (in `use` lines and in code), outside its tests. Kept as a
+//! which through `crate::` and `super::` paths (in `use` lines and in code), outside its tests. Kept as a
 //! host test so that no two modules of a crate come to import each other again, and so that
 //! every crate's modules keep the layer order ARCHITECTURE.md draws for it (its `layers`
 //! blocks: each line a layer, the top first; a module imports only modules on lower lines).
@@ -154,7 +154,10 @@ pub fn graph(src: &Path) -> Result<Graph> {
     let mut graph = Graph::new();
     for (module, text) in &texts {
         let targets = graph.entry(module.clone()).or_default();
-        for path in crate_paths(without_tests(text)) {
+        // `super::x` names the parent's `x`: read as the `crate::` path it is, so that two
+        // sibling files calling each other show as the circle they are.
+        let code = supers_as_crate_paths(without_tests(text), module);
+        for path in crate_paths(&code) {
             // The longest prefix of the path that is a module of this crate.
             let target = (1..=path.len())
                 .rev()
@@ -169,6 +172,32 @@ pub fn graph(src: &Path) -> Result<Graph> {
         }
     }
     Ok(graph)
+}
+
+/// `code` with every `super::` (not `$crate`'s, not part of a longer path) written as the
+/// `crate::` path of `module`'s parent (the crate root's for a top-level module); a
+/// `super::super::` is left alone.
+fn supers_as_crate_paths(code: &str, module: &str) -> String {
+    let parent = match module.rfind("::") {
+        Some(i) => format!("crate::{}::", &module[..i]),
+        None => "crate::".to_owned(),
+    };
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find("super::") {
+        out.push_str(&rest[..at]);
+        let before = out.chars().next_back();
+        let tail = &rest[at + "super::".len()..];
+        if before.is_some_and(|c| ident(c) || c == ':' || c == '$') || tail.starts_with("super::") {
+            out.push_str("super::");
+        } else {
+            out.push_str(&parent);
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A crate's layers as the map draws them: the top layer first, each a set of top-level
@@ -453,6 +482,21 @@ mod tests {
         assert_eq!(module_of(Path::new("worker/mod.rs")), "worker");
         assert_eq!(module_of(Path::new("worker/queue.rs")), "worker::queue");
         assert_eq!(module_of(Path::new("lib.rs")), "");
+    }
+
+    #[test]
+    fn super_paths_are_read_as_the_parents() {
+        assert_eq!(
+            supers_as_crate_paths(
+                "use super::{a, B};\nsuper::c::f(); $super::x; super::super::y",
+                "m::n"
+            ),
+            "use crate::m::{a, B};\ncrate::m::c::f(); $super::x; super::super::y"
+        );
+        assert_eq!(
+            supers_as_crate_paths("use super::T;", "top"),
+            "use crate::T;"
+        );
     }
 
     #[test]
