@@ -1,8 +1,9 @@
 //! The import map of every crate in the workspace, read from its sources: which module names
-//! which through `crate::` and `super::` paths (in `use` lines and in code), outside its tests. Kept as a
-//! host test so that no two modules of a crate come to import each other again, and so that
-//! every crate's modules keep the layer order ARCHITECTURE.md draws for it (its `layers`
-//! blocks: each line a layer, the top first; a module imports only modules on lower lines).
+//! which through `crate::` and `super::` paths (in `use` lines and in code), outside its tests.
+//! Kept as a host test so that no two modules of a crate come to import each other again, and
+//! so that every crate's modules keep the layer order ARCHITECTURE.md draws for it (its
+//! `layers` blocks: each line a layer, the top first; a module imports only modules on lower
+//! lines).
 
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
