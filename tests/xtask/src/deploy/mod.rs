@@ -74,11 +74,15 @@ fn namespace() -> String {
 }
 
 /// The chart rendered with `sets`, without its hooks (the uninstall step is a command for
-/// kubectl users: docs/kubernetes.md) and without Helm's own two labels (nothing here is
-/// managed by Helm), after the Namespace.
+/// kubectl users: docs/kubernetes.md), without Helm's own two labels (nothing here is
+/// managed by Helm) and without Helm's `# Source:` line above each object (the header names
+/// the chart), after the Namespace.
 fn render_with(helm: &Path, ws: &Path, sets: &[&str]) -> Result<String> {
     let chart = helm::template(helm, ws, sets, false)?;
-    let body: Vec<&str> = chart.lines().filter(|l| !helm::is_helm_label(l)).collect();
+    let body: Vec<&str> = chart
+        .lines()
+        .filter(|l| !helm::is_helm_label(l) && !l.starts_with("# Source: "))
+        .collect();
     Ok(format!("{}{}\n", namespace(), body.join("\n")))
 }
 
