@@ -19,6 +19,7 @@ pub const CRATES: &[&str] = &[
     "csi/src",
     "kubectl-ublkd/src",
     "tests/src",
+    "tests/k8s/node",
     "tests/xtask/src",
 ];
 

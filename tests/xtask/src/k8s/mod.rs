@@ -13,15 +13,15 @@
 //!   (built from its module) on its loopback, and pulled from there through the chart's
 //!   `image.*` values.
 //!
-//! The control plane (etcd, API server, controller manager, scheduler, CoreDNS: `control.sh`)
+//! The control plane (etcd, API server, controller manager, scheduler, CoreDNS: `control`)
 //! runs on the host, natively, in a network namespace of the tier's own, with QEMU in it too.
-//! The guest (`guest.sh`) is the cluster's one node, with a writable root (a tmpfs overlay over
-//! the host root): containerd, the kubelet, kube-proxy and the driver's pods on the real kernel
+//! The guest (`tests/k8s/node`, the `k8s-node` program of the tests crate, with the scenarios)
+//! is the cluster's one node, with a writable root (a tmpfs overlay over the host root): containerd, the kubelet, kube-proxy and the driver's pods on the real kernel
 //! driver. It installs the chart `deploy/helm/ublkd` with `helm install` and
 //! `tests/k8s/values.yaml` (image names and two intervals changed; the chart's defaults render
 //! deploy/kubernetes/ublkd.yaml, `cargo xtask manifests`) and runs the scenarios; the
 //! snapshot, modify and restart scenarios change the install with `helm upgrade`. kubectl and
-//! helm run on the host for the guest (`control.sh`). Under emulation on a 2-core host, a control plane in
+//! helm run on the host for the guest (`control`). Under emulation on a 2-core host, a control plane in
 //! the guest kept its vCPUs so busy that the API server missed its clients' timeouts and the
 //! node never became Ready (CI, stop 29).
 
@@ -34,42 +34,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 pub mod build;
+mod control;
 mod images;
-
-const GUEST: &str = include_str!("guest.sh");
-const CONTROL: &str = include_str!("control.sh");
 
 /// The node's address, where the API server reaches the kubelet: the control plane's
 /// namespace holds it on its loopback and QEMU forwards the kubelet's port into the guest.
 const KUBELET_FORWARD: &str = "tcp:10.10.0.1:10250-:10250";
-
-/// The scenarios, in the order the guest starts them (`run NAME` alone, or `together NAME...`
-/// at once: those that share no object, filled pool or restarted component).
-pub const SCENARIOS: &[&str] = &[
-    "driver",
-    "file-ext4",
-    "ram",
-    "nvme-xfs",
-    "block",
-    "pending",
-    "monitoring",
-    "plugin",
-    "snapshots",
-    "warnings",
-    "modify",
-    "ublkd-restart",
-    "kubelet-restart",
-    "drain",
-    "stuck",
-    "node-loss",
-    "node-alive",
-    "uninstall",
-];
-
-/// Scenarios that run only when named (`cargo xtask k8s-test NAME`), not in the default run
-/// of `cargo xtask test`, each with why; the tier's summary says so every time. None now:
-/// `modify`, the last one, passed once the control plane left the guest.
-const NAMED_ONLY: &[(&str, &str)] = &[];
 
 /// Debian packages unpacked for the guest, each from the suite named (containerd 1.7 is
 /// trixie's; sid has 2.x, which Kubernetes 1.35 would take too, but the brief pins 1.x).
@@ -224,8 +194,8 @@ pub fn run(ws: &Path, args: &[String]) -> Result<ExitCode> {
     Ok(tier.exit_code())
 }
 
-/// The lines a failed scenario printed after its FAILED line (the tail of its log), up to the
-/// next line of the guest's own progress.
+/// The lines a failed scenario printed after its FAILED line: the tail of its log, each line
+/// marked "> ".
 fn failure_lines(console: &[String], name: &str) -> String {
     let mark = format!("SCENARIO {name} FAILED");
     let Some(at) = console.iter().position(|l| l.contains(&mark)) else {
@@ -233,7 +203,7 @@ fn failure_lines(console: &[String], name: &str) -> String {
     };
     console[at + 1..]
         .iter()
-        .take_while(|l| !l.contains("k8s [") && !l.contains("SCENARIO "))
+        .map_while(|l| l.trim_start().strip_prefix("> "))
         .map(|l| format!("    {l}\n"))
         .collect()
 }
@@ -250,19 +220,38 @@ struct Prepared {
     plugins: PathBuf,
     xtask: PathBuf,
     coredns: PathBuf,
-    list: PathBuf,
+    images: Vec<(String, PathBuf)>,
     modules: PathBuf,
     kube_secs: f64,
     image_secs: f64,
 }
 
-fn check_scenarios(args: &[String]) -> Result<()> {
+/// The node program (tests/k8s/node), built with the VM tests' features, and its scenarios'
+/// names in their order.
+fn node_program(ws: &Path) -> Result<(PathBuf, Vec<String>)> {
+    let args = [
+        "build",
+        "--package",
+        "ublkd-tests",
+        "--features",
+        "vm",
+        "--bin",
+        "k8s-node",
+    ];
+    apt::run_ok(crate::cargo().current_dir(ws).args(args))?;
+    let bin = ws.join("target/debug/k8s-node");
+    let out = std::process::Command::new(&bin)
+        .arg("--list")
+        .output()
+        .with_context(|| format!("running {} --list", bin.display()))?;
+    let names = String::from_utf8_lossy(&out.stdout);
+    Ok((bin, names.lines().map(str::to_owned).collect()))
+}
+
+fn check_scenarios(args: &[String], all: &[String]) -> Result<()> {
     for a in args {
-        if !SCENARIOS.contains(&a.as_str()) {
-            bail!(
-                "unknown scenario {a:?}; the scenarios: {}",
-                SCENARIOS.join(", ")
-            );
+        if !all.contains(a) {
+            bail!("unknown scenario {a:?}; the scenarios: {}", all.join(", "));
         }
     }
     Ok(())
@@ -286,7 +275,7 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
     let (imgs, ublkd_image) = all_images(ws, &out.join("images"))?;
     let registry = crate::gotools::ensure(REGISTRY)?;
     let prometheus = build::ensure(&PROMETHEUS)?.join("prometheus");
-    // `kubectl ublkd`, alone in a directory on the host kubectl's PATH (control.sh).
+    // `kubectl ublkd`, alone in a directory on the host kubectl's PATH (`control`).
     let release = crate::dist::release_build(ws)?;
     let plugins = out.join("plugins");
     fs::create_dir_all(&plugins)?;
@@ -295,12 +284,7 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
     let xtask = std::env::current_exe().context("finding this xtask binary")?;
     let image_secs = t.elapsed().as_secs_f64();
     let coredns = build::coredns(ws, &out.join("coredns"))?;
-    let list = out.join("images.txt");
-    let text: String = imgs
-        .iter()
-        .map(|i| format!("{} {}\n", i.reference, i.archive.display()))
-        .collect();
-    fs::write(&list, text)?;
+    let images = imgs.into_iter().map(|i| (i.reference, i.archive)).collect();
     let modules = kernel
         .cache
         .join("kernel")
@@ -324,7 +308,7 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
         plugins,
         xtask,
         coredns,
-        list,
+        images,
         modules,
         kube_secs,
         image_secs,
@@ -333,32 +317,23 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
 
 /// `cargo xtask k8s-test --prepare`: everything built and cached, nothing booted.
 pub fn prepare(ws: &Path, args: &[String]) -> Result<()> {
-    check_scenarios(args)?;
+    check_scenarios(args, &node_program(ws)?.1)?;
     let p = prepare_all(ws)?;
     eprintln!(
-        "xtask: k8s-test: prepared (Kubernetes binaries {:.0} s, images {:.0} s): {}, {}",
+        "xtask: k8s-test: prepared (Kubernetes binaries {:.0} s, {} images {:.0} s): {}",
         p.kube_secs,
+        p.images.len(),
         p.image_secs,
-        p.kube.display(),
-        p.list.display()
+        p.kube.display()
     );
     Ok(())
 }
 
 pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
-    check_scenarios(args)?;
     let started = Instant::now();
+    let (node, all) = node_program(ws)?;
+    check_scenarios(args, &all)?;
     let p = prepare_all(ws)?;
-    let default_run: Vec<&str> = SCENARIOS
-        .iter()
-        .copied()
-        .filter(|s| !NAMED_ONLY.iter().any(|(n, _)| n == s))
-        .collect();
-    let scenarios = if args.is_empty() {
-        default_run.join(" ")
-    } else {
-        args.join(" ")
-    };
     // The snapshot add-ons a cluster admin installs once (deploy/csi/README.md, "Snapshots"):
     // the CRDs and the snapshot-controller's manifests, from the modules of their release.
     let snapshotter = build::SIDECARS
@@ -367,28 +342,27 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         .context("no external-snapshotter build")?;
     let snap_dir = build::module_dir(snapshotter.module, snapshotter.version)?;
     let crd_dir = build::module_dir(build::SNAPSHOT_CLIENT.0, build::SNAPSHOT_CLIENT.1)?;
-    let q = |p: &Path| vm::shell_quote(&p.to_string_lossy());
-    let guest_env = format!(
-        "export K8S_BIN={} K8S_DEBS={} K8S_IMAGES={} K8S_CHART={} K8S_VALUES={} \
-         K8S_MODULES={} K8S_SCENARIOS={} K8S_SNAPSHOT_CRDS={} K8S_SNAPSHOT_CONTROLLER={} \
-         K8S_SNAPSHOTTER_VERSION={} K8S_REGISTRY={} K8S_XTASK={} K8S_UBLKD_ARCHIVE={} \
-         K8S_UBLKD_MANIFEST={} K8S_PROMETHEUS={}",
-        q(&p.kube),
-        q(&p.debs),
-        q(&p.list),
-        q(&ws.join(crate::deploy::helm::CHART)),
-        q(&ws.join("tests/k8s/values.yaml")),
-        q(&p.modules),
-        vm::shell_quote(&scenarios),
-        q(&crd_dir.join("config/crd")),
-        q(&snap_dir.join("deploy/kubernetes/snapshot-controller")),
-        snapshotter.version,
-        q(&p.registry),
-        q(&p.xtask),
-        q(&p.ublkd_image.archive),
-        vm::shell_quote(&p.ublkd_image.manifest),
-        q(&p.prometheus),
-    );
+    // What the node reads (tests/k8s/node, `kube::Input`: it refuses a field it does not know).
+    let input = |pki: PathBuf| {
+        serde_json::json!({
+            "bin": p.kube,
+            "debs": p.debs,
+            "images": p.images,
+            "chart": ws.join(crate::deploy::helm::CHART),
+            "values": ws.join("tests/k8s/values.yaml"),
+            "modules": p.modules,
+            "scenarios": args,
+            "snapshot_crds": crd_dir.join("config/crd"),
+            "snapshot_controller": snap_dir.join("deploy/kubernetes/snapshot-controller"),
+            "snapshotter_version": snapshotter.version,
+            "registry": p.registry,
+            "xtask": p.xtask,
+            "ublkd_archive": p.ublkd_image.archive,
+            "ublkd_manifest": p.ublkd_image.manifest,
+            "prometheus": p.prometheus,
+            "pki": pki,
+        })
+    };
     eprintln!(
         "xtask: k8s-test: Kubernetes binaries {:.0} s, images {:.0} s; booting the cluster",
         p.kube_secs, p.image_secs
@@ -396,8 +370,26 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     let t = Instant::now();
     let boot = || -> Result<vm::RunResult> {
         let vm = vm::Vm::new(ws, &p.kernel)?;
-        let control = ControlPlane::start(vm.run_dir(), &p)?;
-        let script = format!("{guest_env} K8S_PKI={}\n{GUEST}", q(&control.pki));
+        let control = control::ControlPlane::start(
+            vm.run_dir(),
+            control::Tools {
+                bin: p.kube.clone(),
+                helm: p.helm.clone(),
+                plugins: p.plugins.clone(),
+                debs: p.debs.clone(),
+                coredns: p.coredns.clone(),
+            },
+        )?;
+        let path = vm.run_dir().join("k8s-input.json");
+        fs::write(
+            &path,
+            serde_json::to_string_pretty(&input(control.pki.clone()))?,
+        )?;
+        let script = format!(
+            "exec {} {}\n",
+            vm::shell_quote(&node.to_string_lossy()),
+            vm::shell_quote(&path.to_string_lossy())
+        );
         let run = vm
             .network(vm::Network {
                 netns: control.netns.clone(),
@@ -407,7 +399,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
             // Both vCPUs on host threads of their own: with one TCG thread for both, the
             // kubelet and containerd alone kept it busy and a pod took minutes to start, while
             // the host's other core idled. The guest loads every module before anything runs
-            // in parallel (guest.sh), which is when multi-threaded TCG once oopsed it.
+            // in parallel (node.rs), which is when multi-threaded TCG once oopsed it.
             .tcg_single_thread(false)
             .memory_mib(6144)
             .timeout_secs(2400)
@@ -463,10 +455,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         }
     }
     let expected = if args.is_empty() {
-        for (name, why) in NAMED_ONLY {
-            summary.push_str(&format!("  not run {name}: only when named; {why}\n"));
-        }
-        default_run.len()
+        all.len()
     } else {
         args.len()
     };
@@ -495,129 +484,4 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         failed,
         summary,
     })
-}
-
-/// The cluster's control plane on the host for one boot (`control.sh`): its certificates made,
-/// its components running in a network namespace of their own until this is dropped, when
-/// they are stopped and the namespace removed.
-struct ControlPlane {
-    netns: String,
-    pki: PathBuf,
-    child: std::process::Child,
-}
-
-impl ControlPlane {
-    fn start(run_dir: &Path, p: &Prepared) -> Result<Self> {
-        use std::os::unix::process::CommandExt;
-        use std::process::Command;
-        let script = run_dir.join("control.sh");
-        fs::write(&script, CONTROL)?;
-        let pki = run_dir.join("pki");
-        let logs = run_dir.join("logs");
-        fs::create_dir_all(&logs)?;
-        let env = |c: &mut Command| {
-            c.env("K8S_BIN", &p.kube)
-                .env("K8S_HELM", &p.helm)
-                .env("K8S_PLUGINS", &p.plugins)
-                .env("K8S_DEBS", &p.debs)
-                .env("K8S_COREDNS", &p.coredns)
-                .env("K8S_PKI", &pki)
-                .env("K8S_LOGS", &logs)
-                .env("K8S_KUBECTL", run_dir.join("kubectl"));
-        };
-        let mut c = Command::new("sh");
-        c.arg(&script).arg("pki");
-        env(&mut c);
-        let out = c.output().context("running control.sh pki")?;
-        if !out.status.success() {
-            bail!(
-                "control.sh pki failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let netns = format!(
-            "ublkd-k8s-{}-{}",
-            std::process::id(),
-            run_dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.rsplit('-').next())
-                .unwrap_or("0")
-        );
-        apt::run_ok(Command::new("ip").args(["netns", "add", &netns]))
-            .context("making the control plane's network namespace")?;
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &netns, "sh"])
-            .arg(&script)
-            .arg("start")
-            .process_group(0)
-            .stdin(std::process::Stdio::null())
-            .stdout(fs::File::create(logs.join("control.log"))?)
-            .stderr(fs::File::create(logs.join("control.stderr"))?);
-        env(&mut c);
-        let child = match c.spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                remove_netns(&netns);
-                return Err(e).context("starting control.sh");
-            }
-        };
-        Ok(Self { netns, pki, child })
-    }
-}
-
-fn remove_netns(netns: &str) {
-    if let Err(e) = apt::run_ok(std::process::Command::new("ip").args(["netns", "del", netns])) {
-        eprintln!("xtask: k8s-test: could not remove the network namespace {netns}: {e:#}");
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        // The whole group: control.sh and every component it started. TERM first, so that
-        // each flushes its log; then KILL whatever is left.
-        let group = format!("-{}", self.child.id());
-        for (signal, pause) in [("-TERM", 3), ("-KILL", 0)] {
-            // A group already gone is what this wants: kill's status says nothing more.
-            let _ = std::process::Command::new("kill")
-                .args([signal, "--", &group])
-                .status();
-            std::thread::sleep(std::time::Duration::from_secs(pause));
-        }
-        if let Err(e) = self.child.wait() {
-            eprintln!("xtask: k8s-test: waiting for control.sh: {e}");
-        }
-        remove_netns(&self.netns);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The guest starts every scenario this list names, once, in this order, and no other.
-    #[test]
-    fn the_guest_runs_the_scenarios_in_the_listed_order() {
-        let started: Vec<&str> = GUEST
-            .lines()
-            // top-level lines only: `together` itself calls run "$n"
-            .filter(|l| !l.starts_with(char::is_whitespace))
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                match w.next()? {
-                    "run" => w.next().map(|n| vec![n]),
-                    "together" => Some(w.collect()),
-                    _ => None,
-                }
-            })
-            .flatten()
-            .collect();
-        assert_eq!(started, SCENARIOS);
-        // `run NAME s_NAME`: the function a together NAME calls must exist too.
-        for name in SCENARIOS {
-            let f = format!("s_{}() {{", name.replace('-', "_"));
-            assert!(GUEST.contains(&f), "guest.sh has no {f}");
-        }
-    }
 }

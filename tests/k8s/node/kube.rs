@@ -1,0 +1,550 @@
+//! The node's tools: kubectl and helm, which run on the host
+//! (`control`'s request server: a request file in the shared run directory, the answer read
+//! back), commands on the node itself, and a scenario's log with the calls that read it.
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::Deserialize;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The node's name, as its kubelet registers it.
+pub const NODE: &str = "ublkd-vm";
+
+/// What the host tells the node (`cargo xtask k8s-test` writes it into the run directory; the
+/// guest's paths are the host's).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// The Kubernetes binaries (kubelet, kube-proxy).
+    pub bin: PathBuf,
+    /// The Debian packages extracted: containerd, ctr, the CNI plugins.
+    pub debs: PathBuf,
+    /// The images to import: reference and archive.
+    pub images: Vec<(String, PathBuf)>,
+    pub chart: PathBuf,
+    /// The test's values for the chart.
+    pub values: PathBuf,
+    /// The guest kernel's module tree.
+    pub modules: PathBuf,
+    /// The scenarios to run, or none for all.
+    pub scenarios: Vec<String>,
+    pub snapshot_crds: PathBuf,
+    pub snapshot_controller: PathBuf,
+    pub snapshotter_version: String,
+    /// The distribution registry's binary.
+    pub registry: PathBuf,
+    /// `cargo xtask`, whose `push-archive` pushes ublkd's image (`image --push`'s code).
+    pub xtask: PathBuf,
+    pub ublkd_archive: PathBuf,
+    pub ublkd_manifest: String,
+    pub prometheus: PathBuf,
+    /// The certificates and kubeconfigs `control` made.
+    pub pki: PathBuf,
+}
+
+/// The node as every step sees it: what the host said, the way to its tools, where logs go,
+/// and the clock of the run.
+pub struct Node {
+    pub input: Input,
+    pub host: Host,
+    pub logs: PathBuf,
+    t0: Instant,
+}
+
+impl Node {
+    pub fn new(input: Input, run: &Path) -> Result<Self> {
+        let logs = run.join("logs");
+        fs::create_dir_all(&logs)?;
+        Ok(Self {
+            input,
+            host: Host::new(&run.join("kubectl"))?,
+            logs,
+            t0: Instant::now(),
+        })
+    }
+
+    /// Seconds since the node's program started.
+    pub fn now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    /// A line of progress on the console.
+    pub fn say(&self, what: impl AsRef<str>) {
+        println!("k8s [{:.1}] {}", self.now(), what.as_ref());
+    }
+}
+
+/// kubectl and helm on the host: each call a request in `dir`, answered by `control`.
+pub struct Host {
+    dir: PathBuf,
+    next: AtomicU32,
+}
+
+/// What a tool on the host answered.
+pub struct Answer {
+    pub rc: i32,
+    pub out: String,
+    pub err: String,
+}
+
+impl Host {
+    pub fn new(dir: &Path) -> Result<Self> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            next: AtomicU32::new(0),
+        })
+    }
+
+    /// `tool args...` on the host, with `stdin` as its standard input (kubectl's `-f -`).
+    pub fn call(&self, tool: &str, args: &[&str], stdin: Option<&str>) -> Result<Answer> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let r = self.dir.join(format!("req.{}.{n}", std::process::id()));
+        let with = |ext: &str| PathBuf::from(format!("{}.{ext}", r.display()));
+        if let Some(text) = stdin {
+            fs::write(with("stdin"), text)?;
+        }
+        let mut req = Vec::new();
+        for a in std::iter::once(&tool).chain(args) {
+            req.extend_from_slice(a.as_bytes());
+            req.push(0);
+        }
+        fs::write(with("tmp"), req)?;
+        // `control` picks up `*.args` only: the rename makes the request whole at once.
+        fs::rename(with("tmp"), with("args"))?;
+        while !with("rc").exists() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let read = |ext: &str| fs::read_to_string(with(ext)).unwrap_or_default();
+        let answer = Answer {
+            rc: read("rc").trim().parse().unwrap_or(125),
+            out: read("out"),
+            err: read("err"),
+        };
+        for ext in ["run", "out", "err", "rc", "stdin"] {
+            // The request's files, answered: those that were never made are not there.
+            let _ = fs::remove_file(with(ext));
+        }
+        Ok(answer)
+    }
+}
+
+/// What the node's commands print, or why they failed.
+pub fn local(prog: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {prog}"))?;
+    if !out.status.success() {
+        bail!(
+            "{prog} {} ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A daemon of the node, its output in `log`, killed when this is dropped.
+pub struct Daemon(Child);
+
+impl Daemon {
+    pub fn start(prog: &Path, args: &[&str], env: &[(&str, &str)], log: &Path) -> Result<Self> {
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(prog)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", prog.display()))?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // One that has exited already is what this wants.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `template` with each `@KEY@` replaced by its value.
+pub fn fill(template: &str, vars: &[(&str, &str)]) -> String {
+    vars.iter().fold(template.to_owned(), |t, (k, v)| {
+        t.replace(&format!("@{k}@"), v)
+    })
+}
+
+/// Polls `f` every second until it holds, for up to `secs` by the clock.
+pub fn wait_for(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A Kubernetes quantity in Mi or Gi (what capacities are written in), or bytes, in MiB.
+pub fn mib(q: &str) -> Result<u64> {
+    let n = |s: &str| s.parse::<u64>().with_context(|| format!("quantity {q:?}"));
+    Ok(if let Some(g) = q.strip_suffix("Gi") {
+        n(g)? * 1024
+    } else if let Some(m) = q.strip_suffix("Mi") {
+        n(m)?
+    } else {
+        n(q)? / 1_048_576
+    })
+}
+
+/// The value of a `key: value` line of ublkctl's or the plugin's output.
+pub fn field<'a>(out: &'a str, key: &str) -> Option<&'a str> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// Does a line of `out`, its blanks squeezed, contain `words`?
+pub fn has_line(out: &str, words: &str) -> bool {
+    out.lines().any(|l| {
+        l.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .contains(words)
+    })
+}
+
+/// A claim's volume mode, and the pod's view of it.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Mode {
+    Filesystem,
+    Block,
+}
+
+/// One scenario's view of the cluster: every call it makes, and what it says, go to its log.
+pub struct Sc<'a> {
+    pub node: &'a Node,
+    log: Mutex<File>,
+}
+
+impl<'a> Sc<'a> {
+    pub fn new(node: &'a Node, log: File) -> Self {
+        Self {
+            node,
+            log: Mutex::new(log),
+        }
+    }
+
+    /// A line in the scenario's log.
+    pub fn say(&self, line: impl AsRef<str>) {
+        if let Ok(mut f) = self.log.lock() {
+            // The log is the scenario's record; a write that fails leaves the verdict alone.
+            let _ = writeln!(f, "{}", line.as_ref());
+        }
+    }
+
+    fn call(&self, tool: &str, args: &[&str], stdin: Option<&str>, logged: bool) -> Result<String> {
+        if logged {
+            let line = format!("k8s [{:.1}] {tool} {}", self.node.now(), args.join(" "));
+            self.say(line.chars().take(160).collect::<String>());
+        }
+        let a = self.node.host.call(tool, args, stdin)?;
+        if a.rc != 0 {
+            bail!("{tool} {} ({}): {}", args.join(" "), a.rc, a.err.trim());
+        }
+        Ok(a.out.trim_end_matches('\n').to_owned())
+    }
+
+    /// kubectl, its call in the log.
+    pub fn k(&self, args: &[&str]) -> Result<String> {
+        self.call("kubectl", args, None, true)
+    }
+
+    /// kubectl, silent (a poll's, or a read whose value the scenario logs itself).
+    pub fn q(&self, args: &[&str]) -> Result<String> {
+        self.call("kubectl", args, None, false)
+    }
+
+    /// `kubectl get WHAT... -o jsonpath=PATH`, silent.
+    pub fn jp(&self, what: &[&str], path: &str) -> Result<String> {
+        let out = format!("jsonpath={path}");
+        let args: Vec<&str> = ["get"]
+            .iter()
+            .chain(what)
+            .chain(&["-o", &out])
+            .copied()
+            .collect();
+        self.q(&args)
+    }
+
+    /// Does `kubectl get WHAT...` find it?
+    pub fn exists(&self, what: &[&str]) -> bool {
+        let args: Vec<&str> = ["get"].iter().chain(what).copied().collect();
+        self.q(&args).is_ok()
+    }
+
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        self.call("helm", args, None, true)
+    }
+
+    /// `kubectl apply -f -` of a manifest.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        self.call("kubectl", &["apply", "-f", "-"], Some(yaml), true)
+            .map(|out| self.say(out))
+    }
+
+    /// What kubectl prints, into the log (for the record; its failure is logged too).
+    pub fn show(&self, args: &[&str]) {
+        match self.q(args) {
+            Ok(out) => self.say(out),
+            Err(e) => self.say(format!("({e:#})")),
+        }
+    }
+
+    /// The last `n` lines of what kubectl prints, into the log.
+    pub fn tail(&self, n: usize, args: &[&str]) {
+        match self.q(args) {
+            Ok(out) => {
+                let lines: Vec<&str> = out.lines().collect();
+                self.say(lines[lines.len().saturating_sub(n)..].join("\n"));
+            }
+            Err(e) => self.say(format!("({e:#})")),
+        }
+    }
+
+    /// `sh -c SCRIPT` in a pod's container; what it printed.
+    pub fn in_pod(&self, pod: &str, script: &str) -> Result<String> {
+        self.k(&["exec", pod, "--", "/bin/sh", "-c", script])
+    }
+
+    /// ublkctl in the node's ublkd container.
+    pub fn ublkctl(&self, args: &[&str]) -> Result<String> {
+        let mut a = vec![
+            "-n",
+            "ublkd-system",
+            "exec",
+            "ds/ublkd",
+            "-c",
+            "ublkd",
+            "--",
+        ];
+        a.push("/usr/local/bin/ublkctl");
+        a.extend_from_slice(args);
+        self.k(&a)
+    }
+
+    /// Waits up to `secs` for `f`; fails saying what never came.
+    pub fn wait(&self, secs: u64, what: &str, f: impl FnMut() -> bool) -> Result<()> {
+        ensure!(wait_for(secs, f), "waited {secs} s: {what}");
+        self.say(format!("k8s [{:.1}] {what}", self.node.now()));
+        Ok(())
+    }
+
+    /// A ReadWriteOnce claim of `class`, `line` one more field of its spec.
+    pub fn claim(&self, name: &str, class: &str, size: &str, line: &str) -> Result<()> {
+        self.apply(&fill(
+            "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: @NAME@}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: @CLASS@
+  @LINE@
+  resources: {requests: {storage: @SIZE@}}
+",
+            &[
+                ("NAME", name),
+                ("CLASS", class),
+                ("LINE", line),
+                ("SIZE", size),
+            ],
+        ))
+    }
+
+    pub fn pvc(&self, name: &str, class: &str, size: &str, mode: Mode) -> Result<()> {
+        let line = match mode {
+            Mode::Filesystem => "volumeMode: Filesystem",
+            Mode::Block => "volumeMode: Block",
+        };
+        self.claim(name, class, size, line)
+    }
+
+    /// A claim made from a VolumeSnapshot or from another claim.
+    pub fn pvc_from(
+        &self,
+        name: &str,
+        class: &str,
+        size: &str,
+        kind: &str,
+        src: &str,
+    ) -> Result<()> {
+        let group = if kind == "VolumeSnapshot" {
+            "apiGroup: snapshot.storage.k8s.io, "
+        } else {
+            ""
+        };
+        let line = format!("dataSource: {{{group}kind: {kind}, name: {src}}}");
+        self.claim(name, class, size, &line)
+    }
+
+    /// A pod that keeps the claim mounted at /data (or as /dev/xvda), not waited for.
+    pub fn start_pod(&self, name: &str, claim: &str, mode: Mode) -> Result<()> {
+        let mount = match mode {
+            Mode::Filesystem => "volumeMounts: [{name: v, mountPath: /data}]",
+            Mode::Block => "volumeDevices: [{name: v, devicePath: /dev/xvda}]",
+        };
+        self.apply(&fill(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {name: @NAME@}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: ublkd.test/busybox:test
+      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+      @MOUNT@
+  volumes: [{name: v, persistentVolumeClaim: {claimName: @CLAIM@}}]
+"#,
+            &[("NAME", name), ("MOUNT", mount), ("CLAIM", claim)],
+        ))
+    }
+
+    /// start_pod, waited for until Ready.
+    pub fn pod(&self, name: &str, claim: &str, mode: Mode) -> Result<()> {
+        self.start_pod(name, claim, mode)?;
+        let pod = format!("pod/{name}");
+        self.k(&["wait", "--for=condition=Ready", &pod, "--timeout=600s"])
+            .inspect_err(|_| {
+                self.tail(25, &["describe", "pod", name]);
+                self.tail(15, &["describe", "pvc", claim]);
+                let logs = [
+                    "-n",
+                    "ublkd-system",
+                    "logs",
+                    "ds/ublkd-csi-node",
+                    "-c",
+                    "ublkd-csi",
+                ];
+                self.tail(30, &logs);
+            })
+            .map(drop)
+    }
+
+    /// `kubectl delete WHAT... --wait=true`.
+    pub fn delete(&self, what: &[&str]) -> Result<()> {
+        let args: Vec<&str> = ["delete"]
+            .iter()
+            .chain(what)
+            .chain(&["--wait=true"])
+            .copied()
+            .collect();
+        self.k(&args).map(|out| self.say(out))
+    }
+
+    /// The ublkd volume behind a claim.
+    pub fn volume_of(&self, claim: &str) -> Result<String> {
+        let pv = self.jp(&["pvc", claim], "{.spec.volumeName}")?;
+        self.jp(&["pv", &pv], "{.spec.csi.volumeHandle}")
+    }
+
+    /// The node-loss controller's finalizer is on `node`.
+    pub fn finalized(&self, node: &str) -> bool {
+        self.jp(&["node", node], "{.metadata.finalizers}")
+            .is_ok_and(|f| f.contains("ublkd.io/node"))
+    }
+
+    fn events_of(&self, node: &str, reason: Option<&str>) -> Result<String> {
+        let mut sel = format!("involvedObject.kind=Node,involvedObject.name={node}");
+        if let Some(r) = reason {
+            sel.push_str(&format!(",reason={r}"));
+        }
+        self.q(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            &sel,
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+    }
+
+    /// An Event of that reason on `node` (the node-loss controller's).
+    pub fn node_event(&self, node: &str, reason: &str) -> bool {
+        self.events_of(node, Some(reason))
+            .is_ok_and(|m| !m.trim().is_empty())
+    }
+
+    /// The controller's Events on `node`, into the log.
+    pub fn node_events(&self, node: &str) {
+        let sel = format!("involvedObject.kind=Node,involvedObject.name={node}");
+        let cols = "custom-columns=REASON:.reason,MESSAGE:.message";
+        self.show(&["get", "events", "-A", "--field-selector", &sel, "-o", cols]);
+    }
+
+    pub fn ublkd_pod(&self) -> Result<String> {
+        let sel = [
+            "-n",
+            "ublkd-system",
+            "pod",
+            "-l",
+            "app.kubernetes.io/name=ublkd",
+        ];
+        self.jp(&sel, "{.items[0].metadata.name}")
+    }
+
+    pub fn ublkd_restarts(&self) -> Result<u32> {
+        let pod = self.ublkd_pod()?;
+        let path = r#"{.status.containerStatuses[?(@.name=="ublkd")].restartCount}"#;
+        let n = self.jp(&["-n", "ublkd-system", "pod", &pod], path)?;
+        n.parse().with_context(|| format!("restart count {n:?}"))
+    }
+
+    pub fn ublkd_ready(&self) -> bool {
+        let args = ["-n", "ublkd-system", "wait", "--for=condition=Ready", "pod"];
+        let more = ["-l", "app.kubernetes.io/name=ublkd", "--timeout=5s"];
+        self.q(&[&args[..], &more[..]].concat()).is_ok()
+    }
+
+    /// The node's Ready condition is True.
+    pub fn node_ready(&self) -> bool {
+        let path = r#"{.status.conditions[?(@.type=="Ready")].status}"#;
+        self.jp(&["node", NODE], path).is_ok_and(|s| s == "True")
+    }
+
+    /// The driver is registered in the node's CSINode.
+    pub fn registered(&self) -> bool {
+        self.jp(&["csinode", NODE], "{.spec.drivers[*].name}")
+            .is_ok_and(|d| d.split_whitespace().any(|n| n == "ublkd.io"))
+    }
+
+    /// Every pod of the driver Ready, and at least three of them.
+    pub fn all_ready(&self) -> bool {
+        let wait = [
+            "-n",
+            "ublkd-system",
+            "wait",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+        ];
+        self.q(&[&wait[..], &["--timeout=5s"]].concat()).is_ok()
+            && self
+                .q(&["-n", "ublkd-system", "get", "pods", "--no-headers"])
+                .is_ok_and(|o| o.lines().count() >= 3)
+    }
+}

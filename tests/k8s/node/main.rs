@@ -1,0 +1,581 @@
+//! `k8s-node INPUT`, in the guest: the Kubernetes tier's (`cargo xtask k8s-test`) one node of a cluster whose control plane runs on
+//! the host (`control`). Here: containerd, the kubelet and kube-proxy from the binaries the
+//! host built; the offline images imported; ublkd's image pushed to the node's own registry;
+//! deploy/helm/ublkd installed with `helm install` and the test's values; then the scenarios
+//! (`scenarios`). The guest reaches the control plane at 10.0.2.2 (QEMU's user network), and
+//! the API server reaches the kubelet at the node's address, 10.10.0.1, which QEMU forwards.
+//!
+//! Each scenario prints `SCENARIO <name> ok|FAILED <seconds>`; the exit status is the number
+//! that failed, or 100 when the cluster never came up.
+
+#![forbid(unsafe_code)]
+
+mod kube;
+mod scenarios;
+
+use anyhow::{bail, Context, Result};
+use kube::{fill, local, wait_for, Daemon, Input, Node, NODE};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const NODE_IP: &str = "10.10.0.1";
+const HOST_IP: &str = "10.0.2.2";
+/// The node's own registry, on its loopback.
+const REGISTRY: &str = "127.0.0.1:5000";
+/// Where the node keeps its copy of the certificates.
+const PKI: &str = "/etc/kubernetes/pki";
+
+/// The node's state: tmpfs each, since an overlay cannot be the upper layer of containerd's
+/// overlays and the kubelet's and ublkd's state wants a plain file system.
+const STATE_DIRS: &[&str] = &[
+    "/var/lib/containerd",
+    "/var/lib/kubelet",
+    "/var/lib/ublkd",
+    "/var/lib/etcd",
+];
+
+/// Every module the node loads, all before anything runs in parallel: a module load patches
+/// kernel text (static keys), and under TCG that has oopsed a guest once (int3 in
+/// kmem_cache_alloc, from ip6tables).
+const MODULES: &[&str] = &[
+    "virtio_net",
+    "bridge",
+    "veth",
+    "br_netfilter",
+    "dummy",
+    "overlay",
+    "nf_conntrack",
+    "nf_nat",
+    "nf_tables",
+    "nft_compat",
+    "nft_chain_nat",
+    "xt_MASQUERADE",
+    "xt_comment",
+    "xt_mark",
+    "xt_addrtype",
+    "xt_conntrack",
+    "xt_nat",
+    "xt_statistic",
+    "xt_multiport",
+    "xt_tcpudp",
+    "xt_physdev",
+    "xt_limit",
+    "ipt_REJECT",
+    "nf_reject_ipv4",
+    "iptable_nat",
+    "iptable_filter",
+    "iptable_mangle",
+    "ip_tables",
+    "ip6_tables",
+    "ip6table_nat",
+    "ip6table_filter",
+    "ip6table_mangle",
+    "ip6t_REJECT",
+    "nf_reject_ipv6",
+];
+
+/// The node's program: the cluster brought up, the scenarios run; exits with their failures.
+/// `k8s-node --list` prints the scenarios' names, in order, for the host.
+fn main() -> Result<()> {
+    let arg = std::env::args_os()
+        .nth(1)
+        .context("usage: k8s-node INPUT | --list")?;
+    if arg == "--list" {
+        scenarios::names().for_each(|n| println!("{n}"));
+        return Ok(());
+    }
+    let input = Path::new(&arg);
+    let text = fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let input: Input = serde_json::from_str(&text)?;
+    let run = PathBuf::from(std::env::var_os("UBLKD_VM_RUN").context("UBLKD_VM_RUN is not set")?);
+    let node = Node::new(input, &run)?;
+    let daemons = match bring_up(&node) {
+        Ok(d) => d,
+        Err(e) => {
+            node.say(format!("cluster: {e:#}"));
+            keep_pod_logs(&node);
+            for entry in fs::read_dir(&node.logs)?.flatten() {
+                let p = entry.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    let text = fs::read_to_string(&p).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    println!("--- tail of {}", p.display());
+                    println!("{}", lines[lines.len().saturating_sub(15)..].join("\n"));
+                }
+            }
+            std::process::exit(100);
+        }
+    };
+    let failed = scenarios::run(&node);
+    keep_pod_logs(&node);
+    node.say(format!("done: {failed} failed"));
+    drop(daemons);
+    std::process::exit(i32::try_from(failed).unwrap_or(i32::MAX));
+}
+
+/// The pods' own logs, kept on every run (a sidecar's restart says why only there); the run
+/// directory is the host's.
+fn keep_pod_logs(node: &Node) {
+    if let Err(e) = local(
+        "cp",
+        &[
+            "-r",
+            "/var/log/pods",
+            &node.logs.join("pods").to_string_lossy(),
+        ],
+    ) {
+        node.say(format!("the pods' logs could not be kept: {e:#}"));
+    }
+}
+
+fn write(path: &str, text: &str) -> Result<()> {
+    if let Some(dir) = Path::new(path).parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(path, text).with_context(|| format!("writing {path}"))
+}
+
+/// Runs `f` up to `n` times, 5 s apart: the API server of a slow emulated guest can time a
+/// request out, and every apply here is idempotent.
+fn tries<T>(n: u32, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut left = n;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if left <= 1 => return Err(e),
+            Err(_) => left -= 1,
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}
+
+/// Everything up to the scenarios; what keeps running is returned, to live as long as they do.
+fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
+    let i = &node.input;
+    let l = |name: &str| node.logs.join(name);
+    // --- the node: modules, file systems, network, cgroups ---
+    let kver = local("uname", &["-r"])?.trim().to_owned();
+    let moddir = format!("/usr/lib/modules/{kver}");
+    fs::create_dir_all(&moddir)?;
+    local("mount", &["--bind", &i.modules.to_string_lossy(), &moddir])
+        .context("binding the kernel's modules")?;
+    for d in STATE_DIRS {
+        fs::create_dir_all(d)?;
+        local("mount", &["-t", "tmpfs", "-o", "mode=0755", "state", d])?;
+    }
+    // The file classes' root on a file system that can reflink (snapshots, restores and clones
+    // are reflinks of a backing file): XFS with reflink=1 on a loop device over a sparse file,
+    // as an admin gives a node a disk for it.
+    let disk_dir = "/var/lib/node-disk";
+    fs::create_dir_all(disk_dir)?;
+    fs::create_dir_all("/var/lib/ublkd/volumes")?;
+    local(
+        "mount",
+        &["-t", "tmpfs", "-o", "mode=0755", "disk", disk_dir],
+    )?;
+    let img = format!("{disk_dir}/volumes.img");
+    fs::File::create(&img)?.set_len(4 << 30)?;
+    if let Err(e) = local("modprobe", &["loop"]) {
+        node.say(format!("modprobe loop: {e:#}"));
+    }
+    let disk = local("losetup", &["--find", "--show", &img])?
+        .trim()
+        .to_owned();
+    local("mkfs.xfs", &["-q", "-m", "reflink=1", &disk])?;
+    local("mount", &["-o", "discard", &disk, "/var/lib/ublkd/volumes"])?;
+    local("mount", &["--make-rshared", "/"])?;
+    let mut failed_modules = String::new();
+    for m in MODULES {
+        if let Err(e) = local("modprobe", &[m]) {
+            failed_modules.push_str(&format!("{e:#}\n"));
+        }
+    }
+    fs::write(l("modprobe.log"), failed_modules)?;
+    local(
+        "sysctl",
+        &[
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.bridge.bridge-nf-call-iptables=1",
+        ],
+    )?;
+    local("ip", &["link", "add", "node0", "type", "dummy"])?;
+    local(
+        "ip",
+        &["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"],
+    )?;
+    local("ip", &["link", "set", "node0", "up"])?;
+    // The link to the control plane: QEMU's user network, its host at HOST_IP.
+    let nic = fs::read_dir("/sys/class/net")?
+        .flatten()
+        .find(|e| e.path().join("device").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .context("no NIC for the network to the control plane")?;
+    local("ip", &["link", "set", &nic, "up"])?;
+    local("ip", &["addr", "add", "10.0.2.15/24", "dev", &nic])?;
+    local(
+        "ip",
+        &["route", "add", "default", "via", HOST_IP, "dev", &nic],
+    )?;
+    local("hostname", &[NODE])?;
+    fs::write("/etc/hosts", format!("127.0.0.1 localhost {NODE}\n"))?;
+    if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        local("mount", &["-t", "cgroup2", "none", "/sys/fs/cgroup"]).context("no cgroup v2")?;
+    }
+    // Every controller delegated to the kubelet's hierarchy.
+    for c in fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")?.split_whitespace() {
+        // One the kernel will not delegate stays out; the kubelet says so if it needs it.
+        let _ = fs::write("/sys/fs/cgroup/cgroup.subtree_control", format!("+{c}"));
+    }
+    // --- the certificates and kubeconfigs the host made ---
+    fs::create_dir_all(PKI)?;
+    for e in fs::read_dir(&i.pki)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".crt") || name.ends_with(".key") {
+            fs::copy(e.path(), Path::new(PKI).join(&name))?;
+        }
+    }
+    for c in ["admin", "kubelet", "kube-proxy"] {
+        fs::copy(
+            i.pki.join(format!("{c}.conf")),
+            format!("/etc/kubernetes/{c}.conf"),
+        )
+        .with_context(|| format!("no kubeconfig for {c}"))?;
+    }
+    cpu_log(node);
+    node.say("node ready, certificates in place");
+
+    // --- containerd and the images, before the control plane ---
+    // The import is the longest step of the boot under emulation (unpacking every layer), and
+    // the control plane, once up, keeps both vCPUs busy: it ran 4-7x slower beside it on a slow
+    // host. So containerd imports the images first, two at a time, with the vCPUs to itself.
+    let cni = i.debs.join("usr/lib/cni");
+    let containerd_conf = include_str!("containerd.toml");
+    write(
+        "/etc/containerd/config.toml",
+        &fill(containerd_conf, &[("CNI_BIN", &cni.to_string_lossy())]),
+    )?;
+    write(
+        &format!("/etc/containerd/certs.d/{REGISTRY}/hosts.toml"),
+        include_str!("registry-hosts.toml"),
+    )?;
+    write(
+        "/etc/cni/net.d/10-pods.conflist",
+        include_str!("pods.conflist"),
+    )?;
+    let bin = i.debs.join("usr/bin");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let containerd = Daemon::start(
+        &bin.join("containerd"),
+        &[],
+        &[("PATH", &path)],
+        &l("containerd.log"),
+    )?;
+    let mut daemons = vec![containerd];
+    let ctr = bin.join("ctr");
+    let ctr = |args: &[&str]| -> Result<String> {
+        let a: Vec<&str> = ["-n", "k8s.io"].iter().chain(args).copied().collect();
+        local(&ctr.to_string_lossy(), &a)
+    };
+    if !wait_for(60, || ctr(&["version"]).is_ok()) {
+        bail!("containerd never answered");
+    }
+    let mut log = String::new();
+    for pair in i.images.chunks(2) {
+        let done: Vec<Result<String>> = std::thread::scope(|s| {
+            let hs: Vec<_> = pair
+                .iter()
+                .map(|(r, a)| s.spawn(|| import(&ctr, r, a)))
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("the import panicked")))
+                })
+                .collect()
+        });
+        for d in done {
+            log.push_str(&d?);
+        }
+    }
+    fs::write(l("images.log"), log)?;
+    let listed = ctr(&["images", "ls", "-q"])?;
+    for (r, a) in &i.images {
+        if !listed.lines().any(|l| l == r) {
+            bail!("image {r} missing after importing {}", a.display());
+        }
+    }
+    node.say(format!("images imported: {}", i.images.len()));
+
+    // --- the control plane, on the host ---
+    let kubectl = |args: &[&str]| -> Result<String> {
+        let a = node.host.call("kubectl", args, None)?;
+        if a.rc != 0 {
+            bail!("kubectl {} ({}): {}", args.join(" "), a.rc, a.err.trim());
+        }
+        Ok(a.out)
+    };
+    if !wait_for(600, || kubectl(&["get", "--raw", "/readyz"]).is_ok()) {
+        bail!("the API server (on the host, {HOST_IP}) never answered");
+    }
+    node.say("API server ready");
+    write(
+        "/var/lib/kubelet/config.yaml",
+        &fill(
+            include_str!("kubelet.yaml"),
+            &[("PKI", PKI), ("DNS", HOST_IP)],
+        ),
+    )?;
+    kubelet_service(node);
+    daemons.push(Daemon::start(
+        &i.bin.join("kube-proxy"),
+        &[
+            "--kubeconfig=/etc/kubernetes/kube-proxy.conf",
+            &format!("--hostname-override={NODE}"),
+            "--cluster-cidr=10.88.0.0/16",
+            "--proxy-mode=iptables",
+            "--iptables-sync-period=5m",
+        ],
+        &[],
+        &l("kube-proxy.log"),
+    )?);
+    let ready = r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#;
+    if !wait_for(600, || {
+        kubectl(&["get", "node", NODE, "-o", ready]).is_ok_and(|s| s == "True")
+    }) {
+        bail!("the node never became Ready");
+    }
+    node.say("node Ready");
+    // Pods reach the API server through the kubernetes Service (kube-proxy's rules).
+    let rules = || local("iptables-save", &["-t", "nat"]).is_ok_and(|r| r.contains("KUBE-SVC"));
+    if !wait_for(120, rules) {
+        bail!("kube-proxy wrote no Service rules");
+    }
+
+    // --- cluster add-ons: what deploy/csi/README.md ("Snapshots") has an admin install once ---
+    tries(3, || {
+        kubectl(&["apply", "-k", &i.snapshot_crds.to_string_lossy()])
+    })
+    .context("the snapshot CRDs")?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/volumesnapshots.snapshot.storage.k8s.io",
+        "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
+        "crd/volumesnapshotclasses.snapshot.storage.k8s.io",
+    ])
+    .context("the snapshot CRDs never became Established")?;
+    // Where the host's kubectl reads it: the run directory.
+    let w = node.logs.join("../snapshot-controller");
+    fs::create_dir_all(&w)?;
+    for f in [
+        "rbac-snapshot-controller.yaml",
+        "setup-snapshot-controller.yaml",
+    ] {
+        fs::copy(i.snapshot_controller.join(f), w.join(f))?;
+    }
+    let kust = include_str!("snapshot-controller.yaml");
+    fs::write(
+        w.join("kustomization.yaml"),
+        fill(kust, &[("VERSION", &i.snapshotter_version)]),
+    )?;
+    tries(3, || kubectl(&["apply", "-k", &w.to_string_lossy()]))
+        .context("the snapshot-controller")?;
+    node.say("snapshot CRDs and controller applied");
+
+    // --- ublkd's image in a registry, as a user's would be ---
+    // Pushed as :test and as :roll (ublkd-restart's upgrade) with `cargo xtask image --push`'s
+    // code; the node never imported it: the install pulls it through the chart's image.* values.
+    fs::create_dir_all("/var/lib/registry")?;
+    write("/etc/registry.yml", include_str!("registry.yml"))?;
+    daemons.push(Daemon::start(
+        &i.registry,
+        &["serve", "/etc/registry.yml"],
+        &[],
+        &l("registry.log"),
+    )?);
+    let v2 = format!("http://{REGISTRY}/v2/");
+    if !wait_for(60, || local("curl", &["-fsS", &v2]).is_ok()) {
+        bail!("the registry never answered");
+    }
+    for tag in ["test", "roll"] {
+        let reference = format!("{REGISTRY}/ublkd:{tag}");
+        let archive = i.ublkd_archive.to_string_lossy();
+        let push = [
+            "push-archive",
+            &archive,
+            &reference,
+            "--manifest",
+            &i.ublkd_manifest,
+            "--insecure",
+        ];
+        local(&i.xtask.to_string_lossy(), &push)
+            .with_context(|| format!("pushing ublkd's image to {REGISTRY}"))?;
+    }
+    if ctr(&["images", "ls", "-q"])?.contains("/ublkd:") {
+        bail!("the node has a ublkd image before the install pulls one");
+    }
+    node.say(format!(
+        "ublkd's image pushed to {REGISTRY} as :test and :roll"
+    ));
+
+    // --- install as a user would: deploy/helm/ublkd (docs/kubernetes.md, "Install the driver") ---
+    let ns = "apiVersion: v1
+kind: Namespace
+metadata:
+  name: ublkd-system
+  labels:
+    pod-security.kubernetes.io/enforce: privileged
+";
+    tries(3, || {
+        let a = node.host.call("kubectl", &["apply", "-f", "-"], Some(ns))?;
+        if a.rc != 0 {
+            bail!("kubectl apply of the namespace: {}", a.err.trim());
+        }
+        Ok(())
+    })?;
+    let chart = i.chart.to_string_lossy();
+    let values = i.values.to_string_lossy();
+    let helm = |args: &[&str]| -> Result<String> {
+        let a = node.host.call("helm", args, None)?;
+        if a.rc != 0 {
+            bail!("helm {} ({}): {}", args.join(" "), a.rc, a.err.trim());
+        }
+        Ok(a.out)
+    };
+    let out = helm(&[
+        "install",
+        "ublkd",
+        &chart,
+        "--namespace",
+        "ublkd-system",
+        "--values",
+        &values,
+    ])?;
+    fs::write(
+        l("install.log"),
+        out + &helm(&["status", "ublkd", "--namespace", "ublkd-system"])?,
+    )?;
+    node.say("helm install of deploy/helm/ublkd done");
+    let all_ready = || {
+        let wait = [
+            "-n",
+            "ublkd-system",
+            "wait",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+        ];
+        kubectl(&[&wait[..], &["--timeout=5s"]].concat()).is_ok()
+            && kubectl(&["-n", "ublkd-system", "get", "pods", "--no-headers"])
+                .is_ok_and(|o| o.lines().count() >= 3)
+    };
+    if !wait_for(600, all_ready) {
+        for args in [
+            &["-n", "ublkd-system", "get", "pods", "-o", "wide"][..],
+            &["-n", "ublkd-system", "describe", "pods"],
+            &["get", "events", "-A", "--field-selector", "type=Warning"],
+        ] {
+            let out = kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
+            let lines: Vec<&str> = out.lines().collect();
+            println!("{}", lines[lines.len().saturating_sub(60)..].join("\n"));
+        }
+        bail!("the driver's pods never became Ready");
+    }
+    node.say("every pod Ready");
+    let pulled: Vec<String> = ctr(&["images", "ls", "-q"])?
+        .lines()
+        .filter(|l| l.starts_with(&format!("{REGISTRY}/ublkd:")))
+        .map(str::to_owned)
+        .collect();
+    if pulled.is_empty() {
+        bail!("ublkd's pods are Ready but no image was pulled from {REGISTRY}");
+    }
+    node.say(format!(
+        "pulled from the node's registry: {}",
+        pulled.join(" ")
+    ));
+    println!(
+        "{}",
+        kubectl(&["-n", "ublkd-system", "get", "pods", "-o", "wide"])?
+    );
+    Ok(daemons)
+}
+
+/// One image archive imported under its reference; what ctr said.
+fn import(
+    ctr: &dyn Fn(&[&str]) -> Result<String>,
+    reference: &str,
+    archive: &Path,
+) -> Result<String> {
+    let base = reference.rsplit_once(':').map_or(reference, |(b, _)| b);
+    let archive = archive.to_string_lossy();
+    let out = ctr(&["images", "import", "--base-name", base, &archive])
+        .with_context(|| format!("importing {archive}"))?;
+    let got = out
+        .lines()
+        .find_map(|l| l.strip_prefix("unpacking ")?.split_whitespace().next())
+        .map(str::to_owned);
+    if let Some(got) = got.filter(|g| g != reference) {
+        ctr(&["images", "tag", &got, reference])?;
+    }
+    Ok(out)
+}
+
+/// The kubelet, run as a node's systemd runs it (Restart=always, RestartSec=5): under emulation
+/// its first start can find containerd too busy to answer the CRI within its timeout, and then
+/// it exits; the kubelet-restart scenario kills it and this brings it back. /run/kubelet.pid is
+/// the running kubelet's.
+fn kubelet_service(node: &Node) {
+    let kubelet = node.input.bin.join("kubelet");
+    let log = node.logs.join("kubelet.log");
+    std::thread::spawn(move || loop {
+        let out = fs::OpenOptions::new().create(true).append(true).open(&log);
+        let status = out.and_then(|out| {
+            let mut child = Command::new(&kubelet)
+                .args([
+                    "--config=/var/lib/kubelet/config.yaml",
+                    "--kubeconfig=/etc/kubernetes/kubelet.conf",
+                    &format!("--hostname-override={NODE}"),
+                    &format!("--node-ip={NODE_IP}"),
+                ])
+                .stdout(out.try_clone()?)
+                .stderr(out)
+                .spawn()?;
+            fs::write("/run/kubelet.pid", child.id().to_string())?;
+            child.wait()
+        });
+        let line = format!("the kubelet exited ({status:?}); starting it again in 5 s\n");
+        if let Ok(mut f) = fs::OpenOptions::new().append(true).open(&log) {
+            // The note is for the reader of the log; the restart happens either way.
+            let _ = std::io::Write::write_all(&mut f, line.as_bytes());
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    });
+}
+
+/// Where the node's CPU goes: every process's CPU time, every two minutes (logs/cpu.log).
+fn cpu_log(node: &Node) {
+    let log = node.logs.join("cpu.log");
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        loop {
+            let ps = local("ps", &["-eo", "pid,rss,time,comm", "--sort=-time"]).unwrap_or_default();
+            let top: Vec<&str> = ps.lines().take(25).collect();
+            let line = format!("--- k8s [{} s]\n{}\n", n * 120, top.join("\n"));
+            if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(&log) {
+                // A record for the reader; nothing depends on it.
+                let _ = std::io::Write::write_all(&mut f, line.as_bytes());
+            }
+            n += 1;
+            std::thread::sleep(Duration::from_secs(120));
+        }
+    });
+}

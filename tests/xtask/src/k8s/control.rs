@@ -1,0 +1,529 @@
+//! The Kubernetes tier's control plane, on the host, inside the tier's own network namespace:
+//! one CA and the certificates and kubeconfigs of every component, then etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and the cluster's DNS; and the node's kubectl and
+//! helm requests, answered here.
+//!
+//! Why here and not in the guest: under emulation on a 2-core host the control plane kept the
+//! guest's vCPUs so busy that the API server missed its clients' 10 s timeouts and the node
+//! never became Ready (CI, stop 29). A cluster's control plane is other machines than its nodes
+//! anyway; here it is the host, natively, and the guest is the one node. The guest's kubectl
+//! runs here too: under emulation each kubectl process cost the guest seconds of CPU.
+//!
+//! The network (the namespace has only its loopback): the guest reaches this side at 10.0.2.2
+//! (QEMU's user network: the API server on :6443, the DNS on :53), and this side reaches the
+//! kubelet at the node's address, 10.10.0.1:10250, which the namespace holds on its loopback and
+//! QEMU forwards into the guest.
+
+use crate::apt;
+use anyhow::{bail, Context, Result};
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const NODE: &str = "ublkd-vm";
+const NODE_IP: &str = "10.10.0.1";
+const HOST_IP: &str = "10.0.2.2";
+
+/// What the control plane runs, built or unpacked by the tier.
+pub struct Tools {
+    /// The Kubernetes binaries.
+    pub bin: PathBuf,
+    pub helm: PathBuf,
+    /// A directory with kubectl-ublkd, on the node's kubectl's PATH.
+    pub plugins: PathBuf,
+    /// The Debian packages extracted (etcd).
+    pub debs: PathBuf,
+    pub coredns: PathBuf,
+}
+
+/// The control plane of one boot: running until this is dropped, when its components are
+/// stopped and the namespace removed.
+pub struct ControlPlane {
+    pub netns: String,
+    pub pki: PathBuf,
+    children: Arc<Mutex<Vec<Child>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ControlPlane {
+    pub fn start(run_dir: &Path, t: Tools) -> Result<Self> {
+        let pki = run_dir.join("pki");
+        let logs = run_dir.join("logs");
+        fs::create_dir_all(&pki)?;
+        fs::create_dir_all(&logs)?;
+        make_pki(&pki, &t.bin).context("making the cluster's certificates")?;
+        let suffix = run_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.rsplit('-').next());
+        let netns = format!("ublkd-k8s-{}-{}", std::process::id(), suffix.unwrap_or("0"));
+        apt::run_ok(Command::new("ip").args(["netns", "add", &netns]))
+            .context("making the control plane's network namespace")?;
+        let cp = Self {
+            netns: netns.clone(),
+            pki: pki.clone(),
+            children: Arc::default(),
+            stop: Arc::default(),
+        };
+        let up = Components {
+            netns,
+            pki,
+            logs,
+            tools: t,
+            children: cp.children.clone(),
+            stop: cp.stop.clone(),
+        };
+        let up = Arc::new(up);
+        let serve = up.clone();
+        let requests = run_dir.join("kubectl");
+        std::thread::spawn(move || serve.serve_requests(&requests));
+        std::thread::spawn(move || {
+            if let Err(e) = up.run() {
+                eprintln!("xtask: k8s-test: the control plane: {e:#}");
+            }
+        });
+        Ok(cp)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        // TERM first, so that each flushes its log; then KILL whatever is left.
+        for c in children.iter() {
+            // One already gone is what this wants.
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        for c in children.iter_mut() {
+            let _ = c.kill();
+            if let Err(e) = c.wait() {
+                eprintln!("xtask: k8s-test: waiting for a control-plane component: {e}");
+            }
+        }
+        if let Err(e) = apt::run_ok(Command::new("ip").args(["netns", "del", &self.netns])) {
+            eprintln!(
+                "xtask: k8s-test: could not remove the network namespace {}: {e:#}",
+                self.netns
+            );
+        }
+    }
+}
+
+/// The running side of the control plane, shared by its threads.
+struct Components {
+    netns: String,
+    pki: PathBuf,
+    logs: PathBuf,
+    tools: Tools,
+    children: Arc<Mutex<Vec<Child>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Components {
+    /// `prog args...` in the namespace.
+    fn command(&self, prog: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns]).arg(prog).args(args);
+        c
+    }
+
+    /// A component started in the namespace, its output in `logs/NAME.log`.
+    fn spawn(&self, name: &str, prog: &Path, args: &[&str]) -> Result<()> {
+        let log = File::create(self.logs.join(format!("{name}.log")))?;
+        let child = self
+            .command(prog, args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child);
+        Ok(())
+    }
+
+    fn run(&self) -> Result<()> {
+        let ip = |args: &[&str]| {
+            apt::run_ok(
+                Command::new("ip")
+                    .args(["netns", "exec", &self.netns, "ip"])
+                    .args(args),
+            )
+        };
+        ip(&["link", "set", "lo", "up"])?;
+        ip(&["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])?;
+        // Connections to the node leave from the loopback's 127.0.0.1, which QEMU shows the
+        // guest as its host, 10.0.2.2. From the node's own address (the default source for a
+        // local destination) the guest would answer itself, and the API server's TLS handshake
+        // with the kubelet timed out (every exec and logs request).
+        ip(&[
+            "route",
+            "replace",
+            "local",
+            NODE_IP,
+            "dev",
+            "lo",
+            "proto",
+            "kernel",
+            "scope",
+            "host",
+            "src",
+            "127.0.0.1",
+            "table",
+            "local",
+        ])?;
+        let (b, p) = (&self.tools.bin, self.pki.display());
+        let etcd_dir = self.pki.with_file_name("etcd");
+        self.spawn(
+            "etcd",
+            &self.tools.debs.join("usr/bin/etcd"),
+            &[
+                "--data-dir",
+                &etcd_dir.to_string_lossy(),
+                "--unsafe-no-fsync",
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+            ],
+        )?;
+        // The node is reached at its InternalIP (its host name resolves only in the guest).
+        let f = |flag: &str, file: &str| format!("--{flag}={p}/{file}");
+        self.spawn(
+            "kube-apiserver",
+            &b.join("kube-apiserver"),
+            &[
+                "--etcd-servers=http://127.0.0.1:2379",
+                &format!("--advertise-address={HOST_IP}"),
+                "--secure-port=6443",
+                &f("tls-cert-file", "apiserver.crt"),
+                &f("tls-private-key-file", "apiserver.key"),
+                &f("client-ca-file", "ca.crt"),
+                &f("service-account-key-file", "sa.pub"),
+                &f("service-account-signing-key-file", "sa.key"),
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                &f("kubelet-client-certificate", "apiserver-kubelet-client.crt"),
+                &f("kubelet-client-key", "apiserver-kubelet-client.key"),
+                "--kubelet-preferred-address-types=InternalIP",
+                "--runtime-config=storage.k8s.io/v1beta1=true",
+            ],
+        )?;
+        let admin = format!("--kubeconfig={p}/admin-host.conf");
+        let started = Instant::now();
+        while !self
+            .command(&b.join("kubectl"), &[&admin, "get", "--raw", "/readyz"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            if started.elapsed() > Duration::from_secs(300) || self.stop.load(Ordering::Relaxed) {
+                bail!("the API server was not ready in 300 s");
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        // One of each: no leader election. node-ipam is off: the pod subnet is the CNI's.
+        self.spawn(
+            "kube-controller-manager",
+            &b.join("kube-controller-manager"),
+            &[
+                &f("kubeconfig", "controller-manager.conf"),
+                "--leader-elect=false",
+                "--use-service-account-credentials",
+                &f("service-account-private-key-file", "sa.key"),
+                &f("root-ca-file", "ca.crt"),
+                &f("cluster-signing-cert-file", "ca.crt"),
+                &f("cluster-signing-key-file", "ca.key"),
+                "--controllers=*,-nodeipam",
+            ],
+        )?;
+        self.spawn(
+            "kube-scheduler",
+            &b.join("kube-scheduler"),
+            &[&f("kubeconfig", "scheduler.conf"), "--leader-elect=false"],
+        )?;
+        // The cluster's DNS (the kubelet's clusterDNS is this side's address): Service and pod
+        // names from the API, nothing forwarded.
+        let corefile = self.pki.join("Corefile");
+        fs::write(&corefile, format!(
+            "cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {{\n    bind 127.0.0.1\n    errors\n    cache 30\n    \
+             kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {p}/admin-host.conf test\n        \
+             pods insecure\n    }}\n}}\n"
+        ))?;
+        self.spawn(
+            "coredns",
+            &self.tools.coredns,
+            &["-conf", &corefile.to_string_lossy()],
+        )
+    }
+
+    /// The node's kubectl and helm requests: NAME.args (the tool, then its arguments,
+    /// NUL-separated) and NAME.stdin, where it has one; the answer NAME.out, NAME.err and,
+    /// last, NAME.rc. Each request runs on a thread of its own: a `kubectl wait` holds up no
+    /// other. Both tools use the admin's kubeconfig.
+    fn serve_requests(self: &Arc<Self>, q: &Path) {
+        if let Err(e) = fs::create_dir_all(q) {
+            eprintln!("xtask: k8s-test: cannot make {}: {e}", q.display());
+            return;
+        }
+        while !self.stop.load(Ordering::Relaxed) {
+            for e in fs::read_dir(q).into_iter().flatten().flatten() {
+                let path = e.path();
+                if path.extension().is_none_or(|x| x != "args") {
+                    continue;
+                }
+                let run = path.with_extension("run");
+                if fs::rename(&path, &run).is_err() {
+                    continue;
+                }
+                let me = self.clone();
+                std::thread::spawn(move || me.answer(&run));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn answer(&self, run: &Path) {
+        let t0 = Instant::now();
+        let with = |ext: &str| run.with_extension(ext);
+        let req = fs::read(run).unwrap_or_default();
+        let words: Vec<String> = req
+            .split(|&b| b == 0)
+            .filter(|w| !w.is_empty())
+            .map(|w| String::from_utf8_lossy(w).into_owned())
+            .collect();
+        let rc = match self.tool(&words, &with("stdin"), &with("out"), &with("err")) {
+            Ok(rc) => rc,
+            Err(e) => {
+                // The error goes to the node as the tool's own would.
+                let _ = fs::write(with("err"), format!("control plane: {e:#}\n"));
+                125
+            }
+        };
+        // The answer is whole once .rc is there: written aside, then renamed.
+        if fs::write(with("rc.tmp"), format!("{rc}\n"))
+            .and_then(|()| fs::rename(with("rc.tmp"), with("rc")))
+            .is_err()
+        {
+            eprintln!("xtask: k8s-test: cannot answer {}", run.display());
+        }
+        // How long each request took here, against the node's view in its scenario log.
+        let line = format!(
+            "{} ms: {}\n",
+            t0.elapsed().as_millis(),
+            words.join(" ").chars().take(120).collect::<String>()
+        );
+        if let Ok(mut f) = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join("requests.log"))
+        {
+            // A record for the reader; the answer is already given.
+            let _ = std::io::Write::write_all(&mut f, line.as_bytes());
+        }
+    }
+
+    fn tool(&self, words: &[String], stdin: &Path, out: &Path, err: &Path) -> Result<i32> {
+        let (tool, args) = words.split_first().context("an empty request")?;
+        let admin = self.pki.join("admin-host.conf");
+        let mut c = match tool.as_str() {
+            // KUBECONFIG rather than --kubeconfig: kubectl looks for a plugin (kubectl ublkd)
+            // only when no flag comes before its name.
+            "kubectl" => {
+                let mut c = self.command(&self.tools.bin.join("kubectl"), &[]);
+                let path = format!(
+                    "{}:{}",
+                    self.tools.plugins.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                );
+                c.env("KUBECONFIG", &admin).env("PATH", path);
+                c
+            }
+            "helm" => self.command(
+                &self.tools.helm,
+                &[&format!("--kubeconfig={}", admin.display())],
+            ),
+            other => bail!("no tool {other}"),
+        };
+        let input = if stdin.exists() {
+            Stdio::from(File::open(stdin)?)
+        } else {
+            Stdio::null()
+        };
+        let status = c
+            .args(args)
+            .stdin(input)
+            .stdout(File::create(out)?)
+            .stderr(File::create(err)?)
+            .status()?;
+        Ok(status.code().unwrap_or(125))
+    }
+}
+
+/// EC P-256 keys: the guest's TLS handshakes are emulated, and EC is far cheaper there than RSA.
+fn key(p: &Path, name: &str) -> Result<()> {
+    let out = p.join(format!("{name}.key"));
+    apt::run_ok(
+        Command::new("openssl")
+            .args([
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+            ])
+            .arg(out),
+    )
+}
+
+/// A certificate of the CA for `subject`, with its alternative names.
+fn cert(p: &Path, name: &str, subject: &str, alt: Option<&str>) -> Result<()> {
+    key(p, name)?;
+    let file = |ext: &str| p.join(format!("{name}.{ext}"));
+    apt::run_ok(
+        Command::new("openssl")
+            .args(["req", "-new", "-key"])
+            .arg(file("key"))
+            .args(["-subj", subject, "-out"])
+            .arg(file("csr")),
+    )?;
+    let mut ext = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+                   extendedKeyUsage=serverAuth,clientAuth\n"
+        .to_owned();
+    if let Some(alt) = alt {
+        ext.push_str(&format!("subjectAltName={alt}\n"));
+    }
+    fs::write(file("ext"), ext)?;
+    apt::run_ok(
+        Command::new("openssl")
+            .args(["x509", "-req", "-in"])
+            .arg(file("csr"))
+            .arg("-CA")
+            .arg(p.join("ca.crt"))
+            .arg("-CAkey")
+            .arg(p.join("ca.key"))
+            .args(["-CAcreateserial", "-days", "7", "-sha256", "-extfile"])
+            .arg(file("ext"))
+            .arg("-out")
+            .arg(file("crt")),
+    )
+}
+
+/// A kubeconfig for `user`'s certificate against the API server at `server`, in `file`.conf.
+fn kubeconfig(p: &Path, bin: &Path, user: &str, server: &str, file: &str) -> Result<()> {
+    let conf = format!("--kubeconfig={}/{file}.conf", p.display());
+    let kubectl = |args: &[&str]| {
+        apt::run_ok(
+            Command::new(bin.join("kubectl"))
+                .args(["config", &conf])
+                .args(args),
+        )
+    };
+    let ca = format!("--certificate-authority={}/ca.crt", p.display());
+    kubectl(&[
+        "set-cluster",
+        "test",
+        &format!("--server=https://{server}:6443"),
+        &ca,
+        "--embed-certs",
+    ])?;
+    let crt = format!("--client-certificate={}/{user}.crt", p.display());
+    let key = format!("--client-key={}/{user}.key", p.display());
+    kubectl(&["set-credentials", user, &crt, &key, "--embed-certs"])?;
+    kubectl(&[
+        "set-context",
+        "test",
+        "--cluster=test",
+        &format!("--user={user}"),
+    ])?;
+    kubectl(&["use-context", "test"])
+}
+
+/// One CA, every component's certificate and kubeconfig, and the service accounts' key.
+fn make_pki(p: &Path, bin: &Path) -> Result<()> {
+    key(p, "ca")?;
+    apt::run_ok(
+        Command::new("openssl")
+            .args(["req", "-x509", "-new", "-key"])
+            .arg(p.join("ca.key"))
+            .args([
+                "-sha256",
+                "-days",
+                "7",
+                "-subj",
+                "/CN=ublkd-test-ca",
+                "-out",
+            ])
+            .arg(p.join("ca.crt")),
+    )?;
+    let apiserver = format!(
+        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,\
+         DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:10.96.0.1,\
+         IP:{HOST_IP},IP:{NODE_IP}"
+    );
+    let serving = format!("DNS:{NODE},IP:{NODE_IP}");
+    let kubelet = format!("/O=system:nodes/CN=system:node:{NODE}");
+    let node_cn = format!("/CN={NODE}");
+    let grpc = "DNS:ublkd-grpc.ublkd-system.svc,DNS:ublkd-grpc.ublkd-system.svc.cluster.local";
+    for (name, subject, alt) in [
+        ("apiserver", "/CN=kube-apiserver", Some(apiserver.as_str())),
+        ("admin", "/O=system:masters/CN=kubernetes-admin", None),
+        (
+            "controller-manager",
+            "/CN=system:kube-controller-manager",
+            None,
+        ),
+        ("scheduler", "/CN=system:kube-scheduler", None),
+        ("kubelet", &kubelet, None),
+        ("kube-proxy", "/CN=system:kube-proxy", None),
+        (
+            "apiserver-kubelet-client",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            None,
+        ),
+        // the kubelet's serving certificate (EC: it would make itself an RSA one)
+        ("kubelet-serving", &node_cn, Some(&serving)),
+        // the modify scenario's remote access (deploy/csi/README.md): ublkd's server
+        // certificate for its Service's name, and the resizer's client certificate
+        ("ublkd-grpc", "/CN=ublkd-grpc.ublkd-system.svc", Some(grpc)),
+        (
+            "ublkd-csi-resizer",
+            "/CN=ublkd-csi-resizer",
+            Some("URI:urn:ublkd:role:modify"),
+        ),
+    ] {
+        cert(p, name, subject, alt)?;
+    }
+    key(p, "sa")?;
+    apt::run_ok(
+        Command::new("openssl")
+            .args(["ec", "-in"])
+            .arg(p.join("sa.key"))
+            .arg("-pubout")
+            .arg("-out")
+            .arg(p.join("sa.pub")),
+    )?;
+    // this side's components on the loopback; the node's through QEMU's address for the host
+    for c in ["controller-manager", "scheduler"] {
+        kubeconfig(p, bin, c, "127.0.0.1", c)?;
+    }
+    kubeconfig(p, bin, "admin", "127.0.0.1", "admin-host")?;
+    for c in ["admin", "kubelet", "kube-proxy"] {
+        kubeconfig(p, bin, c, HOST_IP, c)?;
+    }
+    Ok(())
+}
