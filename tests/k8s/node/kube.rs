@@ -15,6 +15,16 @@ use std::time::{Duration, Instant};
 /// The node's name, as its kubelet registers it.
 pub const NODE: &str = "ublkd-vm";
 
+/// kubectl's arguments for the node plugin's own log.
+pub const CSI_NODE_LOGS: [&str; 6] = [
+    "-n",
+    "ublkd-system",
+    "logs",
+    "ds/ublkd-csi-node",
+    "-c",
+    "ublkd-csi",
+];
+
 /// What the host tells the node (`cargo xtask k8s-test` writes it into the run directory; the
 /// guest's paths are the host's).
 #[derive(Debug, Deserialize)]
@@ -431,15 +441,7 @@ spec:
             .inspect_err(|_| {
                 self.tail(25, &["describe", "pod", name]);
                 self.tail(15, &["describe", "pvc", claim]);
-                let logs = [
-                    "-n",
-                    "ublkd-system",
-                    "logs",
-                    "ds/ublkd-csi-node",
-                    "-c",
-                    "ublkd-csi",
-                ];
-                self.tail(30, &logs);
+                self.tail(30, &CSI_NODE_LOGS);
             })
             .map(drop)
     }

@@ -14,7 +14,7 @@ mod kube;
 mod scenarios;
 
 use anyhow::{bail, Context, Result};
-use kube::{fill, local, wait_for, Daemon, Input, Node, NODE};
+use kube::{fill, local, wait_for, Daemon, Input, Node, Sc, NODE};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -314,14 +314,10 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     node.say(format!("images imported: {}", i.images.len()));
 
     // --- the control plane, on the host ---
-    let kubectl = |args: &[&str]| -> Result<String> {
-        let a = node.host.call("kubectl", args, None)?;
-        if a.rc != 0 {
-            bail!("kubectl {} ({}): {}", args.join(" "), a.rc, a.err.trim());
-        }
-        Ok(a.out)
-    };
-    if !wait_for(600, || kubectl(&["get", "--raw", "/readyz"]).is_ok()) {
+    // The bring-up's kubectl and helm calls, logged as a scenario's are (logs/bring-up.log).
+    let s = Sc::new(node, fs::File::create(l("bring-up.log"))?);
+    let kubectl = |args: &[&str]| s.k(args);
+    if !wait_for(600, || s.q(&["get", "--raw", "/readyz"]).is_ok()) {
         bail!("the API server (on the host, {HOST_IP}) never answered");
     }
     node.say("API server ready");
@@ -345,10 +341,7 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
         &[],
         &l("kube-proxy.log"),
     )?);
-    let ready = r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#;
-    if !wait_for(600, || {
-        kubectl(&["get", "node", NODE, "-o", ready]).is_ok_and(|s| s == "True")
-    }) {
+    if !wait_for(600, || s.node_ready()) {
         bail!("the node never became Ready");
     }
     node.say("node Ready");
@@ -434,23 +427,10 @@ metadata:
   labels:
     pod-security.kubernetes.io/enforce: privileged
 ";
-    tries(3, || {
-        let a = node.host.call("kubectl", &["apply", "-f", "-"], Some(ns))?;
-        if a.rc != 0 {
-            bail!("kubectl apply of the namespace: {}", a.err.trim());
-        }
-        Ok(())
-    })?;
+    tries(3, || s.apply(ns))?;
     let chart = i.chart.to_string_lossy();
     let values = i.values.to_string_lossy();
-    let helm = |args: &[&str]| -> Result<String> {
-        let a = node.host.call("helm", args, None)?;
-        if a.rc != 0 {
-            bail!("helm {} ({}): {}", args.join(" "), a.rc, a.err.trim());
-        }
-        Ok(a.out)
-    };
-    let out = helm(&[
+    let out = s.helm(&[
         "install",
         "ublkd",
         &chart,
@@ -461,23 +441,10 @@ metadata:
     ])?;
     fs::write(
         l("install.log"),
-        out + &helm(&["status", "ublkd", "--namespace", "ublkd-system"])?,
+        out + &s.helm(&["status", "ublkd", "--namespace", "ublkd-system"])?,
     )?;
     node.say("helm install of deploy/helm/ublkd done");
-    let all_ready = || {
-        let wait = [
-            "-n",
-            "ublkd-system",
-            "wait",
-            "--for=condition=Ready",
-            "pod",
-            "--all",
-        ];
-        kubectl(&[&wait[..], &["--timeout=5s"]].concat()).is_ok()
-            && kubectl(&["-n", "ublkd-system", "get", "pods", "--no-headers"])
-                .is_ok_and(|o| o.lines().count() >= 3)
-    };
-    if !wait_for(600, all_ready) {
+    if !wait_for(600, || s.all_ready()) {
         for args in [
             &["-n", "ublkd-system", "get", "pods", "-o", "wide"][..],
             &["-n", "ublkd-system", "describe", "pods"],

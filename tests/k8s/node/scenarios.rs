@@ -2,7 +2,7 @@
 //! function each, read top to bottom, every call it makes in its own log
 //! (`logs/scenario-NAME.log` in the run directory).
 
-use crate::kube::{field, fill, has_line, local, mib, Daemon, Mode, Node, Sc, NODE};
+use crate::kube::{field, fill, has_line, local, mib, Daemon, Mode, Node, Sc, CSI_NODE_LOGS, NODE};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use std::fs::{self, File};
@@ -1124,14 +1124,7 @@ spec:
             .any(|l| l.contains("FailedMount") && l.contains("stuck-vol")),
         "the mount error does not name the volume"
     );
-    let logs = s.k(&[
-        "-n",
-        "ublkd-system",
-        "logs",
-        "ds/ublkd-csi-node",
-        "-c",
-        "ublkd-csi",
-    ])?;
+    let logs = s.k(&CSI_NODE_LOGS)?;
     let why: Vec<&str> = logs.lines().filter(|l| l.contains("stuck-vol")).collect();
     s.say(why[why.len().saturating_sub(3)..].join("\n"));
     let refused = |l: &&str| {
