@@ -1,6 +1,9 @@
 //! What the bench measures: the server setups (`RUNS`), the fio jobs run against each
-//! (`WORKLOADS`), the comparisons reported (`PAIRS`, `RSS_PAIRS`), and the settings of the
-//! control-plane, QoS, snapshot, recovery and stall runs.
+//! (`WORKLOADS`), the comparisons reported (`PAIRS`, `RSS_PAIRS`), what one bench covers
+//! (`Plan`), and the settings of the node service's sections.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 /// Default seconds each fio job measures (after one second of ramp).
 pub const DEFAULT_RUNTIME: u64 = 5;
@@ -13,62 +16,56 @@ pub const BACKING_BYTES: u64 = 512 << 20;
 pub const QUEUES: u32 = 2;
 pub const DEPTH: u32 = 128;
 
-/// The control-plane run: its directory under the run directory and its name in `raw.json`.
+/// Where each node-service section's daemon serves metrics (only the control plane's is
+/// scraped); one each, so that no section waits for the last one's port.
+pub const CONTROL_METRICS: &str = "127.0.0.1:9581";
+pub const RECOVERY_METRICS: &str = "127.0.0.1:9582";
+pub const CSI_METRICS: &str = "127.0.0.1:9583";
+pub const QOS_METRICS: &str = "127.0.0.1:9584";
+pub const SNAPSHOT_METRICS: &str = "127.0.0.1:9585";
+
+/// The control-plane run: its name, the volumes it creates and deletes (null, of this size, one
+/// queue of this depth), the creates and deletes timed again while fio keeps the workers busy
+/// (a command's round trip to a loaded worker), the scrapes of /metrics timed.
 pub const CONTROL_RUN: &str = "ublkd-control";
-/// Volumes the control-plane run creates and deletes.
 pub const CONTROL_VOLUMES: usize = 100;
-/// Each of them: a null volume of this size, one queue (the server's default) of this depth.
 pub const CONTROL_SIZE: &str = "64MiB";
 pub const CONTROL_DEPTH: u32 = 32;
-/// Where the control-plane daemon serves metrics (the bench never scrapes them).
-pub const CONTROL_METRICS: &str = "127.0.0.1:9581";
-/// Creates and deletes timed again while fio keeps the workers busy (a command's round trip to
-/// a loaded worker).
 pub const CONTROL_LOAD_CALLS: usize = 20;
+pub const CONTROL_SCRAPES: usize = 10;
 /// Guest seconds budgeted for the control-plane run (240 ublkctl calls under TCG, with margin).
 pub const CONTROL_BUDGET_SECS: u64 = 360;
 
-/// The CSI run: `ublkd-csi` in front of a ublkd, driven as the provisioner and kubelet would.
+/// The CSI run: `ublkd-csi` in front of a ublkd, driven as the provisioner and kubelet would;
+/// volumes timed from CreateVolume to a published, mounted file system, per file system; volumes
+/// staged one at a time, and as many again staged all at once.
 pub const CSI_RUN: &str = "ublkd-csi";
-/// Volumes timed from CreateVolume to a published, mounted file system, per file system.
 pub const CSI_VOLUMES: usize = 50;
-/// Volumes staged one at a time, and as many again staged all at once.
 pub const CSI_PARALLEL: usize = 20;
-/// Where the CSI run's daemon serves metrics (never scraped).
-pub const CSI_METRICS: &str = "127.0.0.1:9583";
 /// Guest seconds budgeted for the CSI run (100 volumes to mounted and back, 40 stages, mkfs).
 pub const CSI_BUDGET_SECS: u64 = 600;
 
-/// The recovery runs: `ublkd-recovery-N` for each number of volumes N, restarted by kill -9.
-const RECOVERY_RUN: &str = "ublkd-recovery";
+/// The recovery runs, `ublkd-recovery-N` for each number of volumes N (null volumes like the
+/// control-plane run's), restarted by kill -9.
 pub const RECOVERY_VOLUMES: [usize; 3] = [1, 16, 64];
-/// Each of them a null volume like the control-plane run's: this size, 1 queue of this depth.
-pub const RECOVERY_SIZE: &str = CONTROL_SIZE;
-pub const RECOVERY_DEPTH: u32 = CONTROL_DEPTH;
-/// The I/O stall run: fio on one RAM volume of this size while ublkd is killed and restarted.
+/// The I/O stall run: fio on one RAM volume of this size for `STALL_RUNTIME_SECS`, ublkd killed
+/// and restarted `STALL_KILL_AT_SECS` after the device's first write.
 pub const STALL_RUN: &str = "ublkd-stall";
 pub const STALL_SIZE: &str = "128MiB";
-/// Seconds fio runs, and seconds after the device's first write that ublkd is killed.
 pub const STALL_RUNTIME_SECS: u64 = 8;
 pub const STALL_KILL_AT_SECS: u64 = 3;
-/// Where the recovery and stall daemons serve metrics (never scraped).
-pub const RECOVERY_METRICS: &str = "127.0.0.1:9582";
 /// Guest seconds budgeted for the recovery and stall runs (162 ublkctl calls, 4 daemons, 2
 /// restarts each, fio), with margin for TCG.
 pub const RECOVERY_BUDGET_SECS: u64 = 400;
 
-/// The QoS run: `ublkd --config` with one null volume per entry of `QOS_JOBS` (each limit set at
-/// CreateVolume), measured by fio and deleted before the next.
+/// The QoS run: one null volume of `QOS_SIZE` per entry of `QOS_JOBS` (each limit set at
+/// CreateVolume), fio at `QOS_QD` on it for `QOS_RUNTIME_SECS` after one second of ramp that
+/// the burst allowance (100 ms of the limit) falls into; fixed, so that accuracy compares from
+/// run to run.
 pub const QOS_RUN: &str = "ublkd-qos";
 pub const QOS_SIZE: &str = "1GiB";
-/// fio's depth for every QoS job: enough waiters that the limit, not the client, sets the pace.
 pub const QOS_QD: u32 = 32;
-/// Seconds each QoS job measures, after one second of ramp that the burst allowance (the
-/// daemon's default, 100 ms of the limit) falls into. Fixed, unlike the fio cases' runtime, so
-/// that accuracy compares from run to run.
 pub const QOS_RUNTIME_SECS: u64 = 5;
-/// Where the QoS run's daemon serves metrics (never scraped).
-pub const QOS_METRICS: &str = "127.0.0.1:9584";
 /// Guest seconds budgeted for the QoS run: six fio jobs of 6 s, their volumes, and margin.
 pub const QOS_BUDGET_SECS: u64 = 240;
 
@@ -92,7 +89,7 @@ pub struct QosJob {
 }
 
 impl QosJob {
-    /// Its case in `results.json`, its volume id and its files' names in the run directory.
+    /// Its case in `results.json` and its volume's id.
     pub fn id(&self) -> String {
         match self.limit {
             QosLimit::Unlimited => format!("qos-{}-unlimited", self.rw),
@@ -119,56 +116,30 @@ impl QosJob {
     }
 }
 
+const fn qos(limit: QosLimit, rw: &'static str, bs: &'static str) -> QosJob {
+    QosJob { limit, rw, bs }
+}
+
 /// In the order they run: the ceiling first, then IOPS limits below and near it, then bandwidth.
 pub const QOS_JOBS: &[QosJob] = &[
-    QosJob {
-        limit: QosLimit::Unlimited,
-        rw: "randread",
-        bs: "4k",
-    },
-    QosJob {
-        limit: QosLimit::ReadIops(1000),
-        rw: "randread",
-        bs: "4k",
-    },
-    QosJob {
-        limit: QosLimit::ReadIops(5000),
-        rw: "randread",
-        bs: "4k",
-    },
-    QosJob {
-        limit: QosLimit::ReadIops(20000),
-        rw: "randread",
-        bs: "4k",
-    },
-    QosJob {
-        limit: QosLimit::WriteMibps(8),
-        rw: "randwrite",
-        bs: "64k",
-    },
-    QosJob {
-        limit: QosLimit::WriteMibps(32),
-        rw: "randwrite",
-        bs: "64k",
-    },
+    qos(QosLimit::Unlimited, "randread", "4k"),
+    qos(QosLimit::ReadIops(1000), "randread", "4k"),
+    qos(QosLimit::ReadIops(5000), "randread", "4k"),
+    qos(QosLimit::ReadIops(20000), "randread", "4k"),
+    qos(QosLimit::WriteMibps(8), "randwrite", "64k"),
+    qos(QosLimit::WriteMibps(32), "randwrite", "64k"),
 ];
 
-/// The snapshot run: file volumes on an XFS made with reflink=1 (a loop device over a sparse
-/// file in the guest's tmpfs), snapshotted and cloned.
+/// The snapshot run: file volumes of each size in `SNAPSHOT_GIB` (the times must not grow with
+/// it) on an XFS of `SNAPSHOT_FS_GIB` made with reflink=1 (a loop device over a sparse file in
+/// the guest's tmpfs), each with `SNAPSHOT_FILL_MIB` written by fio (randwrite 64 KiB across the
+/// volume, thousands of extents for the reflink to share), then `SNAPSHOT_REPEATS` snapshots and
+/// clones timed (the median reported), and as many `ublkctl node-info` calls as the floor.
 pub const SNAPSHOT_RUN: &str = "ublkd-snapshot";
-/// Sizes (GiB) of the volumes snapshotted: the times must not grow with them.
 pub const SNAPSHOT_GIB: [u64; 2] = [1, 16];
-/// Size of that XFS (GiB): room for the largest volume in full, though only `SNAPSHOT_FILL_MIB`
-/// of each is written (the image file is sparse, and tmpfs holds only what is written).
 pub const SNAPSHOT_FS_GIB: u64 = 20;
-/// MiB fio writes into each volume before its snapshots (randwrite 64 KiB across the whole
-/// volume), so that the backing file has thousands of extents for the reflink to share.
 pub const SNAPSHOT_FILL_MIB: u64 = 256;
-/// Snapshots, and clones of them, per size (each timed; the median is reported); also the
-/// `ublkctl node-info` calls timed as the floor of a call.
 pub const SNAPSHOT_REPEATS: usize = 3;
-/// Where the snapshot run's daemon serves metrics (never scraped).
-pub const SNAPSHOT_METRICS: &str = "127.0.0.1:9585";
 /// Guest seconds budgeted for the snapshot run: mkfs, 512 MiB written, 14 volumes, margin.
 pub const SNAPSHOT_BUDGET_SECS: u64 = 300;
 
@@ -194,7 +165,7 @@ pub enum Server {
 }
 
 /// The backend of a `ublkd run`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UBackend {
     Null,
     File,
@@ -217,7 +188,7 @@ impl Run {
 }
 
 /// Which ublkd binary served a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Build {
     /// The one measured: the working tree's release build (or `UBLKD_BENCH_UBLKD`).
     New,
@@ -226,9 +197,9 @@ pub enum Build {
 }
 
 /// With `--baseline`, every ublkd run happens four times in a row, so that a drift over the boot
-/// falls on both builds alike: each entry is the suffix of that run's directory (the run's id,
-/// then the suffix) and the build that served it. The order is A B B A for the even-numbered
-/// ublkd cases and B A A B for the odd ones ([`ab_order`]), and a short discarded warm-up
+/// falls on both builds alike: each entry is the suffix of that run's name (the run's id, then
+/// the suffix) and the build that served it. The order is A B B A for the even-numbered ublkd
+/// cases and B A A B for the odd ones ([`ab_order`]), and a short discarded warm-up
 /// ([`WARMUP_SUFFIX`]) comes before each group: an A/A run (the same binary on both sides)
 /// read the first run of a group 13-17 % slow, which A B B A alone puts on A every time.
 pub const ABBA: [(&str, Build); 4] = [
@@ -238,7 +209,7 @@ pub const ABBA: [(&str, Build); 4] = [
     ("~2", Build::New),
 ];
 
-/// The suffix of the warm-up run before each A/B group: one fio job, never collected.
+/// The suffix of the warm-up run before each A/B group: one fio job, never reported.
 pub const WARMUP_SUFFIX: &str = "~warm";
 
 /// The order the `n`th ublkd case (counted from 0) runs its builds in: [`ABBA`] when `n` is even,
@@ -252,13 +223,13 @@ pub fn ab_order(n: usize) -> [(&'static str, Build); 4] {
 }
 
 /// What one `cargo xtask bench` covers beyond the defaults.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// `--only SUBSTR[,SUBSTR...]`: only the fio runs whose id contains one of them, and none
     /// of the sections after them (control plane, CSI, QoS, snapshots, recovery).
     pub only: Option<String>,
     /// `--baseline REV`: the baseline's label (its commit) and its ublkd binary.
-    pub baseline: Option<(String, std::path::PathBuf)>,
+    pub baseline: Option<(String, PathBuf)>,
 }
 
 impl Plan {
@@ -273,6 +244,15 @@ impl Plan {
     pub fn sections(&self) -> bool {
         self.only.is_none()
     }
+
+    /// Whether `run` happens A B B A against the baseline.
+    pub fn ab(&self, run: &Run) -> bool {
+        self.baseline.is_some() && run.is_ublkd()
+    }
+}
+
+const fn run(id: &'static str, server: Server) -> Run {
+    Run { id, server }
 }
 
 const fn ublkd(backend: UBackend, io_path: &'static str, zero_copy: bool, poll: bool) -> Server {
@@ -284,85 +264,32 @@ const fn ublkd(backend: UBackend, io_path: &'static str, zero_copy: bool, poll: 
     }
 }
 
+const fn kublk(batch: bool, auto_zc: bool) -> Server {
+    Server::Kublk { batch, auto_zc }
+}
+
 /// In the order they run; each of ours next to its peer so that drift affects both alike.
-pub const RUNS: &[Run] = &[
-    Run {
-        id: "null_blk",
-        server: Server::NullBlk,
-    },
-    Run {
-        id: "ublkd-null-per-io",
-        server: ublkd(UBackend::Null, "per-io", false, false),
-    },
-    Run {
-        id: "kublk-null",
-        server: Server::Kublk {
-            batch: false,
-            auto_zc: false,
-        },
-    },
-    Run {
-        id: "ublkd-null-batch",
-        server: ublkd(UBackend::Null, "batch", false, false),
-    },
-    Run {
-        id: "kublk-null-batch",
-        server: Server::Kublk {
-            batch: true,
-            auto_zc: false,
-        },
-    },
-    Run {
-        id: "ublkd-null-per-io-zc",
-        server: ublkd(UBackend::Null, "per-io", true, false),
-    },
-    Run {
-        id: "kublk-null-zc",
-        server: Server::Kublk {
-            batch: false,
-            auto_zc: true,
-        },
-    },
-    Run {
-        id: "ublkd-null-batch-zc",
-        server: ublkd(UBackend::Null, "batch", true, false),
-    },
-    Run {
-        id: "kublk-null-batch-zc",
-        server: Server::Kublk {
-            batch: true,
-            auto_zc: true,
-        },
-    },
-    Run {
-        id: "ublkd-file",
-        server: ublkd(UBackend::File, "per-io", true, false),
-    },
-    Run {
-        id: "loop-dio",
-        server: Server::Loop,
-    },
-    Run {
-        id: "ublkd-file-copy",
-        server: ublkd(UBackend::File, "per-io", false, false),
-    },
-    Run {
-        id: "ublkd-nvme-poll",
-        server: ublkd(UBackend::Nvme, "batch", true, true),
-    },
-    Run {
-        id: "fio-ng0n1-passthru",
-        server: Server::RawNvme { passthru: true },
-    },
-    Run {
-        id: "fio-nvme0n1-hipri",
-        server: Server::RawNvme { passthru: false },
-    },
-    Run {
-        id: "ublkd-nvme-irq",
-        server: ublkd(UBackend::Nvme, "batch", true, false),
-    },
-];
+pub const RUNS: &[Run] = {
+    use UBackend::{File, Null, Nvme};
+    &[
+        run("null_blk", Server::NullBlk),
+        run("ublkd-null-per-io", ublkd(Null, "per-io", false, false)),
+        run("kublk-null", kublk(false, false)),
+        run("ublkd-null-batch", ublkd(Null, "batch", false, false)),
+        run("kublk-null-batch", kublk(true, false)),
+        run("ublkd-null-per-io-zc", ublkd(Null, "per-io", true, false)),
+        run("kublk-null-zc", kublk(false, true)),
+        run("ublkd-null-batch-zc", ublkd(Null, "batch", true, false)),
+        run("kublk-null-batch-zc", kublk(true, true)),
+        run("ublkd-file", ublkd(File, "per-io", true, false)),
+        run("loop-dio", Server::Loop),
+        run("ublkd-file-copy", ublkd(File, "per-io", false, false)),
+        run("ublkd-nvme-poll", ublkd(Nvme, "batch", true, true)),
+        run("fio-ng0n1-passthru", Server::RawNvme { passthru: true }),
+        run("fio-nvme0n1-hipri", Server::RawNvme { passthru: false }),
+        run("ublkd-nvme-irq", ublkd(Nvme, "batch", true, false)),
+    ]
+};
 
 /// What a workload reports as its headline number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -387,63 +314,44 @@ pub struct Workload {
     pub metric: Metric,
 }
 
-pub const WORKLOADS: &[Workload] = &[
+const fn wl(id: &'static str, label: &'static str, rw: &'static str, bs: &'static str) -> Workload {
     Workload {
-        id: "randread-qd32",
-        bs: "4k",
-        label: "randread qd32",
-        rw: "randread",
+        id,
+        label,
+        rw,
+        bs,
         qd: 32,
         jobs: 1,
         metric: Metric::Iops,
-    },
+    }
+}
+
+pub const WORKLOADS: &[Workload] = &[
+    wl("randread-qd32", "randread qd32", "randread", "4k"),
     // More submitters than CPUs on one 2-queue device: the shape of a busy node.
     Workload {
-        id: "randread-qd32-4jobs",
-        bs: "4k",
-        label: "randread qd32 x4 jobs",
-        rw: "randread",
-        qd: 32,
         jobs: 4,
-        metric: Metric::Iops,
+        ..wl(
+            "randread-qd32-4jobs",
+            "randread qd32 x4 jobs",
+            "randread",
+            "4k",
+        )
     },
+    wl("randwrite-qd32", "randwrite qd32", "randwrite", "4k"),
     Workload {
-        id: "randwrite-qd32",
-        bs: "4k",
-        label: "randwrite qd32",
-        rw: "randwrite",
-        qd: 32,
-        jobs: 1,
-        metric: Metric::Iops,
-    },
-    Workload {
-        id: "randread-qd1",
-        bs: "4k",
-        label: "randread qd1",
-        rw: "randread",
         qd: 1,
-        jobs: 1,
         metric: Metric::LatencyUs,
+        ..wl("randread-qd1", "randread qd1", "randread", "4k")
     },
     // Beyond 4 KiB: where the kernel's copy, not the server's work per request, is the cost.
-    Workload {
-        id: "randread-128k-qd32",
-        bs: "128k",
-        label: "randread 128k qd32",
-        rw: "randread",
-        qd: 32,
-        jobs: 1,
-        metric: Metric::Iops,
-    },
-    Workload {
-        id: "randrw-64k-qd32",
-        bs: "64k",
-        label: "randrw 70/30 64k qd32",
-        rw: "randrw",
-        qd: 32,
-        jobs: 1,
-        metric: Metric::Iops,
-    },
+    wl(
+        "randread-128k-qd32",
+        "randread 128k qd32",
+        "randread",
+        "128k",
+    ),
+    wl("randrw-64k-qd32", "randrw 70/30 64k qd32", "randrw", "64k"),
 ];
 
 /// One comparison: our run against a peer's, optionally with server CPU and the null_blk ceiling.
@@ -459,83 +367,87 @@ pub struct Pair {
     pub ceiling: bool,
 }
 
+const fn pair(
+    case: &'static str,
+    (ours, peer): (&'static str, &'static str),
+    peer_name: &'static str,
+    cpu: bool,
+    ceiling: bool,
+) -> Pair {
+    Pair {
+        case,
+        ours,
+        peer,
+        peer_name,
+        cpu,
+        ceiling,
+    }
+}
+
+const POLL: &str = "ublkd-nvme-poll";
+
 pub const PAIRS: &[Pair] = &[
-    Pair {
-        case: "null per-io",
-        ours: "ublkd-null-per-io",
-        peer: "kublk-null",
-        peer_name: "kublk",
-        cpu: true,
-        ceiling: true,
-    },
-    Pair {
-        case: "null batch",
-        ours: "ublkd-null-batch",
-        peer: "kublk-null-batch",
-        peer_name: "kublk",
-        cpu: true,
-        ceiling: true,
-    },
-    Pair {
-        case: "null per-io zero copy",
-        ours: "ublkd-null-per-io-zc",
-        peer: "kublk-null-zc",
-        peer_name: "kublk --auto_zc",
-        cpu: true,
-        ceiling: true,
-    },
-    Pair {
-        case: "null batch zero copy",
-        ours: "ublkd-null-batch-zc",
-        peer: "kublk-null-batch-zc",
-        peer_name: "kublk -b --auto_zc",
-        cpu: true,
-        ceiling: true,
-    },
-    Pair {
-        case: "file",
-        ours: "ublkd-file",
-        peer: "loop-dio",
-        peer_name: "loop",
-        cpu: false,
-        ceiling: false,
-    },
-    Pair {
-        case: "file zero copy vs copy",
-        ours: "ublkd-file",
-        peer: "ublkd-file-copy",
-        peer_name: "ublkd copy",
-        cpu: true,
-        ceiling: false,
-    },
-    Pair {
-        case: "nvme polled zc vs ng0n1 passthru",
-        ours: "ublkd-nvme-poll",
-        peer: "fio-ng0n1-passthru",
-        peer_name: "fio ng0n1",
-        cpu: false,
-        ceiling: false,
-    },
-    Pair {
-        case: "nvme polled zc vs nvme0n1 hipri",
-        ours: "ublkd-nvme-poll",
-        peer: "fio-nvme0n1-hipri",
-        peer_name: "fio nvme0n1",
-        cpu: false,
-        ceiling: false,
-    },
-    Pair {
-        case: "nvme polled vs interrupt",
-        ours: "ublkd-nvme-poll",
-        peer: "ublkd-nvme-irq",
-        peer_name: "ublkd irq",
-        cpu: true,
-        ceiling: false,
-    },
+    pair(
+        "null per-io",
+        ("ublkd-null-per-io", "kublk-null"),
+        "kublk",
+        true,
+        true,
+    ),
+    pair(
+        "null batch",
+        ("ublkd-null-batch", "kublk-null-batch"),
+        "kublk",
+        true,
+        true,
+    ),
+    pair(
+        "null per-io zero copy",
+        ("ublkd-null-per-io-zc", "kublk-null-zc"),
+        "kublk --auto_zc",
+        true,
+        true,
+    ),
+    pair(
+        "null batch zero copy",
+        ("ublkd-null-batch-zc", "kublk-null-batch-zc"),
+        "kublk -b --auto_zc",
+        true,
+        true,
+    ),
+    pair("file", ("ublkd-file", "loop-dio"), "loop", false, false),
+    pair(
+        "file zero copy vs copy",
+        ("ublkd-file", "ublkd-file-copy"),
+        "ublkd copy",
+        true,
+        false,
+    ),
+    pair(
+        "nvme polled zc vs ng0n1 passthru",
+        (POLL, "fio-ng0n1-passthru"),
+        "fio ng0n1",
+        false,
+        false,
+    ),
+    pair(
+        "nvme polled zc vs nvme0n1 hipri",
+        (POLL, "fio-nvme0n1-hipri"),
+        "fio nvme0n1",
+        false,
+        false,
+    ),
+    pair(
+        "nvme polled vs interrupt",
+        (POLL, "ublkd-nvme-irq"),
+        "ublkd irq",
+        true,
+        false,
+    ),
 ];
 pub const CEILING_RUN: &str = "null_blk";
 pub const OURS_NAME: &str = "ublkd";
-/// The peer of a measurement that has none (the control-plane entries).
+/// The peer of a measurement that has none (the node service's entries).
 pub const NO_PEER: &str = "none";
 
 /// Zero copy against copy in daemon memory: `ublkd run` RSS with its one volume idle (2 queues
@@ -553,9 +465,9 @@ pub const RSS_PAIRS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The run directory name of the recovery run with `n` volumes.
+/// The name of the recovery run with `n` volumes.
 pub fn recovery_run(n: usize) -> String {
-    format!("{RECOVERY_RUN}-{n}")
+    format!("ublkd-recovery-{n}")
 }
 
 #[cfg(test)]

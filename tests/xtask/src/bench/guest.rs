@@ -1,90 +1,25 @@
-//! The bench's guest side. The host writes what the guest needs to know ([`Input`]: seconds per
-//! fio job, the `--only`/`--baseline` plan, where each binary is or why it is missing) into the
-//! run directory, and the guest runs this same xtask binary (`xtask bench-guest INPUT`) over the
-//! host's root. [`steps`] turns the input into the ordered list of cases, one [`Step`] each, and
-//! [`main`] runs them: the fio cases in `devices`, the node service's sections in `service`
-//! (control plane, CSI), `features` (QoS, snapshots) and `recovery` (kill -9, I/O stall), all on
-//! the helpers of `proc`. Every case writes its raw results into `<run dir>/<case>/`, which
-//! `collect` reads on the host.
+//! The bench's guest side: this same xtask binary, run in the VM as `xtask bench-guest INPUT`
+//! over the host's root. [`steps`] turns the [`Input`] into the ordered list of cases, and
+//! [`main`] runs them: the fio cases in `devices` (on `fio`), the node service's sections in
+//! `service` (control plane, CSI), `features` (QoS, snapshots) and `recovery` (kill -9, I/O
+//! stall), all on the helpers of `proc`. Each step's [`Case`] goes into the [`Results`] that the
+//! host reads back, rewritten in the run directory after every step.
 
 mod devices;
 mod features;
+mod fio;
 mod proc;
 mod recovery;
 mod service;
 
 use super::cases::{
-    ab_order, recovery_run, Build, Plan, Server, UBackend, CONTROL_RUN, CSI_RUN, DEPTH, QOS_RUN,
-    QUEUES, RECOVERY_VOLUMES, RUNS, SNAPSHOT_RUN, STALL_RUN, WARMUP_SUFFIX,
+    ab_order, recovery_run, Build, Server, UBackend, CONTROL_RUN, CSI_RUN, QOS_RUN,
+    RECOVERY_VOLUMES, RUNS, SNAPSHOT_RUN, STALL_RUN, WARMUP_SUFFIX,
 };
+use super::results::{Bin, Case, Input, Results, RESULTS_FILE};
 use anyhow::{Context, Result};
-use serde_json::{json, Value};
+use std::fs;
 use std::path::{Path, PathBuf};
-
-/// A binary the guest runs, or why there is none.
-pub type Bin = Result<PathBuf, String>;
-
-/// What the host tells the guest.
-#[derive(Debug, Clone)]
-pub struct Input {
-    /// Seconds each fio job measures.
-    pub runtime: u64,
-    pub plan: Plan,
-    pub kublk: Bin,
-    pub ublkd: Bin,
-    pub ublkctl: Bin,
-    pub csi: Bin,
-}
-
-impl Input {
-    pub fn to_json(&self) -> Value {
-        let bin = |b: &Bin| match b {
-            Ok(p) => json!({ "path": p }),
-            Err(e) => json!({ "missing": e }),
-        };
-        json!({
-            "runtime": self.runtime,
-            "only": self.plan.only,
-            "baseline": self.plan.baseline.as_ref().map(|(label, bin)| json!({ "label": label, "bin": bin })),
-            "kublk": bin(&self.kublk),
-            "ublkd": bin(&self.ublkd),
-            "ublkctl": bin(&self.ublkctl),
-            "csi": bin(&self.csi),
-        })
-    }
-
-    pub fn from_json(v: &Value) -> Result<Self> {
-        let bin = |key: &str| -> Result<Bin> {
-            let b = &v[key];
-            match (b["path"].as_str(), b["missing"].as_str()) {
-                (Some(p), _) => Ok(Ok(PathBuf::from(p))),
-                (None, Some(e)) => Ok(Err(e.to_owned())),
-                _ => anyhow::bail!("no path and no reason for {key} in {b}"),
-            }
-        };
-        let baseline = match &v["baseline"] {
-            Value::Null => None,
-            b => Some((
-                b["label"]
-                    .as_str()
-                    .context("baseline without a label")?
-                    .to_owned(),
-                PathBuf::from(b["bin"].as_str().context("baseline without a binary")?),
-            )),
-        };
-        Ok(Self {
-            runtime: v["runtime"].as_u64().context("no runtime")?,
-            plan: Plan {
-                only: v["only"].as_str().map(str::to_owned),
-                baseline,
-            },
-            kublk: bin("kublk")?,
-            ublkd: bin("ublkd")?,
-            ublkctl: bin("ublkctl")?,
-            csi: bin("csi")?,
-        })
-    }
-}
 
 /// One thing the guest does, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,35 +28,17 @@ pub enum Step {
     PrepareBacking,
     /// That file system unmounted, before anything uses the namespace itself.
     UnmountBacking,
-    /// A case that cannot run: its directory gets `error` with `why`.
+    /// A case that cannot run: it measures nothing, and says why.
     Fail {
         run: String,
         why: String,
     },
-    NullBlk {
+    /// A fio case on `server` (for ublkd, `build`'s binary); a `warmup` runs one discarded job
+    /// instead of the workloads.
+    Fio {
         run: String,
-    },
-    /// A loop device with direct I/O on the backing file.
-    Loop {
-        run: String,
-    },
-    /// `kublk add ARGS`.
-    Kublk {
-        run: String,
-        args: Vec<String>,
-    },
-    /// fio on the namespace itself: passthrough on `/dev/ng0n1`, or io_uring on `/dev/nvme0n1`.
-    RawNvme {
-        run: String,
-        passthru: bool,
-    },
-    /// `ublkd run` with `backend` and `args`, by `build`'s binary; a `warmup` runs one discarded
-    /// job instead of the workloads.
-    Ublkd {
-        run: String,
+        server: Server,
         build: Build,
-        backend: UBackend,
-        args: Vec<String>,
         warmup: bool,
     },
     /// The node service's sections: control plane, CSI, QoS, snapshots, recovery of N volumes,
@@ -147,85 +64,34 @@ pub fn steps(input: &Input) -> Vec<Step> {
     let mut unmounted = false;
     let mut ab_cases = 0;
     for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
-        let id = run.id.to_owned();
-        let on_namespace = matches!(
-            run.server,
-            Server::RawNvme { .. }
-                | Server::Ublkd {
-                    backend: UBackend::Nvme,
-                    ..
-                }
-        );
-        if on_namespace && !unmounted {
+        let (nvme, bin) = match run.server {
+            Server::RawNvme { .. } => (true, Ok(())),
+            Server::Ublkd { backend, .. } => {
+                (backend == UBackend::Nvme, input.ublkd.as_ref().map(drop))
+            }
+            Server::Kublk { .. } => (false, input.kublk.as_ref().map(drop)),
+            Server::Loop | Server::NullBlk => (false, Ok(())),
+        };
+        if nvme && !unmounted {
             out.push(Step::UnmountBacking);
             unmounted = true;
         }
-        match run.server {
-            Server::NullBlk => out.push(Step::NullBlk { run: id }),
-            Server::Loop => out.push(Step::Loop { run: id }),
-            Server::RawNvme { passthru } => out.push(Step::RawNvme { run: id, passthru }),
-            Server::Kublk { batch, auto_zc } => match &input.kublk {
-                Err(e) => out.push(fail(&id, e)),
-                Ok(_) => {
-                    let mut args: Vec<String> = ["-t", "null", "-q", &QUEUES.to_string()]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect();
-                    args.extend(["-d".to_owned(), DEPTH.to_string()]);
-                    if batch {
-                        args.push("-b".into());
-                    }
-                    if auto_zc {
-                        args.push("--auto_zc".into());
-                    }
-                    out.push(Step::Kublk { run: id, args });
-                }
-            },
-            Server::Ublkd {
-                backend,
-                io_path,
-                zero_copy,
-                poll,
-            } => {
-                if let Err(e) = &input.ublkd {
-                    out.push(fail(&id, e));
-                    continue;
-                }
-                let on = |b: bool| if b { "on" } else { "off" };
-                let args: Vec<String> = [
-                    "--queues",
-                    &QUEUES.to_string(),
-                    "--depth",
-                    &DEPTH.to_string(),
-                    "--io-path",
-                    io_path,
-                    "--zero-copy",
-                    on(zero_copy),
-                    "--poll",
-                    on(poll),
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-                let one = |suffix: &str, build: Build, warmup: bool| Step::Ublkd {
-                    run: format!("{id}{suffix}"),
-                    build,
-                    backend,
-                    args: args.clone(),
-                    warmup,
-                };
-                if plan.baseline.is_some() {
-                    // A discarded warm-up, then A B B A (or B A A B).
-                    let order = ab_order(ab_cases);
-                    ab_cases += 1;
-                    out.push(one(WARMUP_SUFFIX, order[0].1, true));
-                    for (suffix, build) in order {
-                        out.push(one(suffix, build, false));
-                    }
-                } else {
-                    out.push(one("", Build::New, false));
-                }
+        let fio = |suffix: &str, build, warmup| Step::Fio {
+            run: format!("{}{suffix}", run.id),
+            server: run.server,
+            build,
+            warmup,
+        };
+        match bin {
+            Err(e) => out.push(fail(run.id, e)),
+            // A discarded warm-up, then A B B A (or B A A B).
+            Ok(()) if plan.ab(run) => {
+                let order = ab_order(ab_cases);
+                ab_cases += 1;
+                out.push(fio(WARMUP_SUFFIX, order[0].1, true));
+                out.extend(order.map(|(suffix, build)| fio(suffix, build, false)));
             }
+            Ok(()) => out.push(fio("", Build::New, false)),
         }
     }
     if !unmounted {
@@ -261,52 +127,60 @@ pub fn script(xtask: &Path, input: &Path) -> String {
     )
 }
 
-/// `xtask bench-guest INPUT`, in the guest: every step, each case's outcome in its directory.
-/// Fails only when the input cannot be read; a case that fails says so in its own files.
+/// `xtask bench-guest INPUT`, in the guest: every step, each one's [`Case`] written into the
+/// run directory's results as it ends. Fails only when the input cannot be read or the results
+/// cannot be written; a case that fails says so in its own [`Case`].
 pub fn main(input: &Path) -> Result<()> {
-    let text =
-        std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
-    let input = Input::from_json(&serde_json::from_str(&text)?)?;
+    let text = fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let input: Input =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", input.display()))?;
     let out = PathBuf::from(std::env::var_os("UBLKD_VM_RUN").context("UBLKD_VM_RUN is not set")?);
-    let g = proc::Guest::new(&input, out);
+    let g = proc::Guest::new(input.clone(), out.clone());
     proc::note(&format!(
         "guest kernel {}, {} CPUs",
-        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
             .trim(),
         std::thread::available_parallelism().map_or(0, usize::from)
     ));
+    let mut results = Results::default();
     let mut backing: Option<PathBuf> = None;
     for step in steps(&input) {
-        match step {
-            Step::PrepareBacking => backing = devices::prepare_backing(&g),
+        let (case, run): (Case, String) = match step {
+            Step::PrepareBacking => {
+                backing = devices::prepare_backing(&g);
+                continue;
+            }
             Step::UnmountBacking => {
                 if backing.take().is_some() {
                     devices::unmount_backing(&g);
                 }
+                continue;
             }
-            Step::Fail { run, why } => g.fail_case(&run, &why),
-            Step::NullBlk { run } => devices::nullblk_case(&g, &run),
-            Step::Loop { run } => match &backing {
-                Some(file) => devices::loop_case(&g, &run, file),
-                None => g.fail_case(&run, &g.no_backing()),
-            },
-            Step::Kublk { run, args } => devices::kublk_case(&g, &run, &args),
-            Step::RawNvme { run, passthru } => devices::raw_nvme_case(&g, &run, passthru),
-            Step::Ublkd {
+            Step::Fail { run, why } => (proc::failed(&run, why), run),
+            Step::Fio {
                 run,
+                server,
                 build,
-                backend,
-                args,
                 warmup,
-            } => devices::ublkd_case(&g, &run, build, backend, &args, warmup, backing.as_deref()),
-            Step::Control => service::control_case(&g),
-            Step::Csi => service::csi_case(&g),
-            Step::Qos => features::qos_case(&g),
-            Step::Snapshot => features::snapshot_case(&g),
-            Step::Recovery(n) => recovery::recovery_case(&g, n),
-            Step::Stall => recovery::stall_case(&g),
-        }
+            } => {
+                let case = devices::fio_case(&g, &run, server, build, warmup, backing.as_deref());
+                (case, run)
+            }
+            Step::Control => (service::control_case(&g), CONTROL_RUN.into()),
+            Step::Csi => (service::csi_case(&g), CSI_RUN.into()),
+            Step::Qos => (features::qos_case(&g), QOS_RUN.into()),
+            Step::Snapshot => (features::snapshot_case(&g), SNAPSHOT_RUN.into()),
+            Step::Recovery(n) => (recovery::recovery_case(&g, n), recovery_run(n)),
+            Step::Stall => (recovery::stall_case(&g), STALL_RUN.into()),
+        };
+        results.0.insert(run, case);
+        // Whole after every step: a guest that dies keeps what it measured.
+        let path = out.join(RESULTS_FILE);
+        let tmp = path.with_extension("tmp");
+        fs::write(&tmp, serde_json::to_string_pretty(&results)? + "\n")
+            .and_then(|()| fs::rename(&tmp, &path))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     proc::note("done");
     Ok(())
@@ -315,25 +189,28 @@ pub fn main(input: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::cases::Plan;
 
-    fn input(plan: Plan, kublk: Bin, ublkd: Bin, ublkctl: Bin) -> Input {
+    fn input(kublk: Bin, ublkd: Bin, ublkctl: Bin, csi: Bin) -> Input {
         Input {
             runtime: 5,
-            plan,
+            plan: Plan::default(),
             kublk,
             ublkd,
             ublkctl,
-            csi: Ok("/t/ublkd-csi".into()),
+            csi,
         }
     }
 
     fn all_binaries(plan: Plan) -> Input {
-        input(
-            plan,
-            Ok("/k/kublk".into()),
-            Ok("/t/ublkd".into()),
-            Ok("/t/ublkctl".into()),
-        )
+        let ok = |p: &str| Ok(p.into());
+        let i = input(
+            ok("/k/kublk"),
+            ok("/t/ublkd"),
+            ok("/t/ublkctl"),
+            ok("/t/csi"),
+        );
+        Input { plan, ..i }
     }
 
     fn at(steps: &[Step], step: &Step) -> usize {
@@ -343,27 +220,20 @@ mod tests {
             .unwrap_or_else(|| panic!("no {step:?} in {steps:#?}"))
     }
 
-    fn ublkd(run: &str, build: Build, io_path: &str, zc: &str, warmup: bool) -> Step {
-        Step::Ublkd {
-            run: run.into(),
-            build,
-            backend: UBackend::Null,
-            args: [
-                "--queues",
-                "2",
-                "--depth",
-                "128",
-                "--io-path",
-                io_path,
-                "--zero-copy",
-                zc,
-                "--poll",
-                "off",
-            ]
-            .map(String::from)
-            .to_vec(),
-            warmup,
-        }
+    /// Where the fio step of `run` (a run id and a suffix) is, checking its build and warm-up.
+    fn fio(steps: &[Step], run: &str, build: Build, warmup: bool) -> usize {
+        let id = run.split('~').next().unwrap_or(run);
+        let server = RUNS.iter().find(|r| r.id == id).map(|r| r.server).unwrap();
+        let run = run.into();
+        at(
+            steps,
+            &Step::Fio {
+                run,
+                server,
+                build,
+                warmup,
+            },
+        )
     }
 
     fn fail(run: &str, why: &str) -> Step {
@@ -374,95 +244,40 @@ mod tests {
     }
 
     #[test]
-    fn the_input_reads_back_as_written() {
-        let mut i = all_binaries(Plan {
-            only: Some("null".into()),
-            baseline: Some(("fdc00eb".into(), "/c/bin/ublkd".into())),
-        });
-        i.kublk = Err("building kublk failed: it's gone".into());
-        let back = Input::from_json(&i.to_json()).expect("reads back");
-        assert_eq!(format!("{back:?}"), format!("{i:?}"));
-        let plain = all_binaries(Plan::default());
-        let back = Input::from_json(&plain.to_json()).expect("reads back");
-        assert_eq!(format!("{back:?}"), format!("{plain:?}"));
-    }
-
-    #[test]
     fn every_case_runs_and_missing_binaries_are_reported() {
+        let ok = |p: &str| Ok(p.into());
         let s = steps(&input(
-            Plan::default(),
-            Ok("/cache/kublk".into()),
+            ok("/k"),
             Err("building ublkd failed".into()),
-            Ok("/t/ublkctl".into()),
+            ok("/c"),
+            ok("/s"),
         ));
-        let kublk = |run: &str, extra: &[&str]| {
-            let mut args: Vec<String> = ["-t", "null", "-q", "2", "-d", "128"]
-                .map(String::from)
-                .to_vec();
-            args.extend(extra.iter().map(|s| s.to_string()));
-            Step::Kublk {
-                run: run.into(),
-                args,
-            }
-        };
-        at(&s, &kublk("kublk-null", &[]));
-        at(&s, &kublk("kublk-null-batch", &["-b"]));
-        at(&s, &kublk("kublk-null-batch-zc", &["-b", "--auto_zc"]));
+        let kublk = fio(&s, "kublk-null-batch-zc", Build::New, false);
+        assert_eq!(
+            devices::args(RUNS[8].server),
+            "-t null -q 2 -d 128 -b --auto_zc"
+        );
         at(&s, &fail("ublkd-null-per-io", "building ublkd failed"));
         at(&s, &fail(CONTROL_RUN, "building ublkd failed"));
         at(&s, &fail(STALL_RUN, "building ublkd failed"));
-        at(
-            &s,
-            &Step::NullBlk {
-                run: "null_blk".into(),
-            },
-        );
-        let lp = at(
-            &s,
-            &Step::Loop {
-                run: "loop-dio".into(),
-            },
-        );
+        let lp = fio(&s, "loop-dio", Build::New, false);
+        assert!(fio(&s, "null_blk", Build::New, false) < kublk);
 
-        let s = steps(&input(
-            Plan::default(),
-            Err("no kublk".into()),
-            Ok("/t/ublkd".into()),
-            Ok("/t/ublkctl".into()),
-        ));
-        at(
-            &s,
-            &ublkd("ublkd-null-batch", Build::New, "batch", "off", false),
-        );
-        at(
-            &s,
-            &ublkd("ublkd-null-batch-zc", Build::New, "batch", "on", false),
+        let s = steps(&input(Err("no kublk".into()), ok("/u"), ok("/c"), ok("/s")));
+        fio(&s, "ublkd-null-batch-zc", Build::New, false);
+        assert_eq!(
+            devices::args(RUNS[7].server),
+            "--queues 2 --depth 128 --io-path batch --zero-copy on --poll off"
         );
         at(&s, &fail("kublk-null", "no kublk"));
         // The backing file is made first; its file system is gone before anything uses the
         // namespace itself, and after the last file case.
         assert_eq!(s[0], Step::PrepareBacking);
         let um = at(&s, &Step::UnmountBacking);
-        assert!(lp < um);
-        let file_copy = s
-            .iter()
-            .position(|x| matches!(x, Step::Ublkd { run, .. } if run == "ublkd-file-copy"))
-            .expect("ublkd-file-copy");
-        let passthru = at(
-            &s,
-            &Step::RawNvme {
-                run: "fio-ng0n1-passthru".into(),
-                passthru: true,
-            },
-        );
-        assert!(file_copy < um && um < passthru);
-        assert!(s.iter().any(|x| matches!(
-            x,
-            Step::Ublkd { run, backend: UBackend::Nvme, .. } if run == "ublkd-nvme-poll"
-        )));
+        let file_copy = fio(&s, "ublkd-file-copy", Build::New, false);
+        let passthru = fio(&s, "fio-ng0n1-passthru", Build::New, false);
+        assert!(lp < um && file_copy < um && um < passthru);
         // The node service's sections come after every fio case, recovery last.
-        let control = at(&s, &Step::Control);
-        assert!(s.iter().rposition(|x| matches!(x, Step::Ublkd { .. })) < Some(control));
         let order = [
             Step::Control,
             Step::Csi,
@@ -475,14 +290,12 @@ mod tests {
         ];
         let places: Vec<usize> = order.iter().map(|x| at(&s, x)).collect();
         assert!(places.windows(2).all(|w| w[0] < w[1]), "{places:?}");
+        let last_fio = s.iter().rposition(|x| matches!(x, Step::Fio { .. }));
+        assert!(last_fio < Some(places[0]));
 
         // Without ublkctl, every section says so; without ublkd-csi, only the CSI run.
-        let s = steps(&input(
-            Plan::default(),
-            Err("no kublk".into()),
-            Ok("/t/ublkd".into()),
-            Err("building ublkctl failed".into()),
-        ));
+        let no_ctl = Err("building ublkctl failed".into());
+        let s = steps(&input(ok("/k"), ok("/u"), no_ctl, ok("/s")));
         for run in [
             CONTROL_RUN,
             CSI_RUN,
@@ -494,9 +307,7 @@ mod tests {
             at(&s, &fail(run, "building ublkctl failed"));
         }
         assert!(!s.contains(&Step::Control) && !s.contains(&Step::Stall));
-        let mut i = all_binaries(Plan::default());
-        i.csi = Err("no csi".into());
-        let s = steps(&i);
+        let s = steps(&input(ok("/k"), ok("/u"), ok("/c"), Err("no csi".into())));
         at(&s, &fail(CSI_RUN, "no csi"));
         at(&s, &Step::Control);
     }
@@ -507,39 +318,39 @@ mod tests {
             only: Some("null-batch".into()),
             baseline: Some(("fdc00eb".into(), "/c/bin/fdc00eb/ublkd".into())),
         }));
-        let b = |run: &str, build, warmup| at(&s, &ublkd(run, build, "batch", "off", warmup));
+        let b =
+            |run: &str, build, warmup| fio(&s, &format!("ublkd-null-batch{run}"), build, warmup);
         let (w, a1, b1, b2, a2) = (
-            b("ublkd-null-batch~warm", Build::New, true),
-            b("ublkd-null-batch", Build::New, false),
-            b("ublkd-null-batch~base", Build::Baseline, false),
-            b("ublkd-null-batch~base2", Build::Baseline, false),
-            b("ublkd-null-batch~2", Build::New, false),
+            b("~warm", Build::New, true),
+            b("", Build::New, false),
+            b("~base", Build::Baseline, false),
+            b("~base2", Build::Baseline, false),
+            b("~2", Build::New, false),
         );
         assert!(w < a1 && a1 < b1 && b1 < b2 && b2 < a2);
         // The next ublkd case runs B A A B, its warm-up with the baseline.
-        let z = |run: &str, build, warmup| at(&s, &ublkd(run, build, "batch", "on", warmup));
+        let z = |run: &str, build, warmup| b(&format!("-zc{run}"), build, warmup);
         let (w, b1, a1, a2, b2) = (
-            z("ublkd-null-batch-zc~warm", Build::Baseline, true),
-            z("ublkd-null-batch-zc~base", Build::Baseline, false),
-            z("ublkd-null-batch-zc", Build::New, false),
-            z("ublkd-null-batch-zc~2", Build::New, false),
-            z("ublkd-null-batch-zc~base2", Build::Baseline, false),
+            z("~warm", Build::Baseline, true),
+            z("~base", Build::Baseline, false),
+            z("", Build::New, false),
+            z("~2", Build::New, false),
+            z("~base2", Build::Baseline, false),
         );
         assert!(w < b1 && b1 < a1 && a1 < a2 && a2 < b2);
         // The selected peers run once; what --only leaves out, and the sections, do not run.
-        let kublk = |run: &str| {
-            s.iter()
-                .filter(|x| matches!(x, Step::Kublk { run: r, .. } if r == run))
-                .count()
-        };
-        assert_eq!((kublk("kublk-null-batch"), kublk("kublk-null")), (1, 0));
-        assert!(!s.iter().any(|x| matches!(
-            x,
-            Step::NullBlk { .. } | Step::Control | Step::Stall | Step::Qos
-        )));
+        let runs: Vec<&str> = s
+            .iter()
+            .filter_map(|x| match x {
+                Step::Fio { run, .. } => Some(run.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(runs.len(), 2 * 5 + 2, "{runs:?}");
+        assert!(runs.contains(&"kublk-null-batch") && runs.contains(&"kublk-null-batch-zc"));
         assert!(!s
             .iter()
-            .any(|x| matches!(x, Step::Ublkd { run, .. } if run.starts_with("ublkd-file"))));
+            .any(|x| matches!(x, Step::Control | Step::Stall | Step::Qos)));
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! The fio cases: one server per case (`ublkd run`, kublk, loop, null_blk, the raw namespace),
 //! every workload against its device, the server's CPU time around each.
 
-use super::super::cases::{Build, UBackend, BACKING_BYTES, NULL_BYTES};
+use super::super::cases::{Build, Server, UBackend, BACKING_BYTES, DEPTH, NULL_BYTES, QUEUES};
+use super::super::results::{Case, FioRun, Measured};
+use super::fio::{fio, run, workloads, DIRECT, HIPRI, PASSTHRU, RANDREAD_QD32};
 use super::proc::{
-    append, fio, fresh, is_blk, note, put, run_logged, tail_of, wait_blk, Engine, Guest, Proc,
-    RANDREAD_QD32,
+    failed, is_blk, note, output, run_logged, tail_of, vmrss_kib, wait_blk, Guest, Proc,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Where the backing file's file system is mounted.
@@ -26,333 +27,293 @@ fn backing_mount(g: &Guest) -> PathBuf {
 /// 2026-12-03: 396 IOPS against 7371 for the same build a minute later, the host disk 90 %
 /// busy with 527 reads a second). Reading it all here pays that before anything is measured.
 pub fn prepare_backing(g: &Guest) -> Option<PathBuf> {
-    let log = g.out.join("backing.log");
-    let mnt = backing_mount(g);
+    let (log, mnt) = (g.out.join("backing.log"), backing_mount(g));
     let file = mnt.join("backing");
-    if let Err(e) = fs::create_dir_all(&mnt) {
-        append(&log, &format!("mkdir {}: {e}", mnt.display()));
-        note(&format!("backing file failed: {}", tail_of(&log)));
-        return None;
-    }
-    let steps: [Vec<String>; 4] = [
-        ["mkfs.ext4", "-q", "-F", "/dev/nvme0n1"]
-            .map(String::from)
-            .to_vec(),
-        vec![
-            "mount".into(),
-            "/dev/nvme0n1".into(),
-            mnt.display().to_string(),
-        ],
-        vec![
-            "dd".into(),
-            "if=/dev/zero".into(),
-            format!("of={}", file.display()),
-            "bs=1M".into(),
-            format!("count={}", BACKING_BYTES >> 20),
-            "oflag=direct".into(),
-            "status=none".into(),
-        ],
-        [
-            "dd",
-            "if=/dev/nvme0n1",
-            "of=/dev/null",
-            "bs=1M",
-            "iflag=direct",
-            "status=none",
-        ]
-        .map(String::from)
-        .to_vec(),
-    ];
-    for step in &steps {
-        let mut c = Command::new(&step[0]);
-        c.args(&step[1..]);
-        let rc = run_logged(c, &log);
-        if rc != 0 {
-            append(&log, &format!("{} exited with {rc}", step.join(" ")));
-            note(&format!("backing file failed: {}", tail_of(&log)));
-            return None;
+    let (m, f, mib) = (mnt.display(), file.display(), BACKING_BYTES >> 20);
+    let script = format!(
+        "mkdir -p {m} && mkfs.ext4 -q -F /dev/nvme0n1 && mount /dev/nvme0n1 {m} && \
+         dd if=/dev/zero of={f} bs=1M count={mib} oflag=direct status=none && \
+         dd if=/dev/nvme0n1 of=/dev/null bs=1M iflag=direct status=none"
+    );
+    let mut c = Command::new("sh");
+    c.args(["-xc", &script]);
+    match run_logged(c, &log) {
+        Ok(0) => {
+            note(&format!("backing file {f} ready"));
+            Some(file)
+        }
+        rc => {
+            note(&format!("backing file failed ({rc:?}): {}", tail_of(&log)));
+            None
         }
     }
-    note(&format!("backing file {} ready", file.display()));
-    Some(file)
 }
 
 /// Unmounts the backing file's file system: the namespace is used on its own next.
 pub fn unmount_backing(g: &Guest) {
     let mut c = Command::new("umount");
     c.arg(backing_mount(g));
-    let rc = run_logged(c, &g.out.join("backing.log"));
-    if rc != 0 {
-        note(&format!("umount of the backing file system failed ({rc})"));
+    match run_logged(c, &g.out.join("backing.log")) {
+        Ok(0) => {}
+        rc => note(&format!(
+            "umount of the backing file system failed ({rc:?})"
+        )),
+    }
+}
+
+/// A fio run that measured: every workload on `dev` through `engine`, the CPU time of `pids`
+/// around each.
+fn measured(g: &Guest, run_id: &str, dev: &Path, engine: &str, pids: &[u32]) -> FioRun {
+    FioRun {
+        samples: workloads(g, run_id, dev, pids, engine),
+        rss_kib: Err("not measured for this server".into()),
+    }
+}
+
+fn case(run: FioRun) -> Case {
+    Case {
+        measured: Ok(Measured::Fio(run)),
+        teardown: vec![],
+    }
+}
+
+/// One fio case: its server set up, measured, torn down.
+pub fn fio_case(
+    g: &Guest,
+    run_id: &str,
+    server: Server,
+    build: Build,
+    warmup: bool,
+    backing: Option<&Path>,
+) -> Case {
+    match (server, backing) {
+        (Server::NullBlk, _) => nullblk_case(g, run_id),
+        (Server::Loop, Some(file)) => loop_case(g, run_id, file),
+        (Server::Loop, None) => failed(run_id, g.no_backing()),
+        (Server::RawNvme { passthru }, _) => raw_nvme_case(g, run_id, passthru),
+        (Server::Kublk { .. }, _) => kublk_case(g, run_id, &args(server)),
+        (Server::Ublkd { backend, .. }, _) => {
+            ublkd_case(g, run_id, backend, &args(server), build, warmup, backing)
+        }
+    }
+}
+
+/// The arguments of `kublk add` or `ublkd run` that make `server`.
+pub fn args(server: Server) -> String {
+    let on = |b: bool| if b { "on" } else { "off" };
+    match server {
+        Server::Kublk { batch, auto_zc } => format!(
+            "-t null -q {QUEUES} -d {DEPTH}{}{}",
+            if batch { " -b" } else { "" },
+            if auto_zc { " --auto_zc" } else { "" }
+        ),
+        Server::Ublkd {
+            io_path,
+            zero_copy,
+            poll,
+            ..
+        } => format!(
+            "--queues {QUEUES} --depth {DEPTH} --io-path {io_path} --zero-copy {} --poll {}",
+            on(zero_copy),
+            on(poll)
+        ),
+        Server::Loop | Server::NullBlk | Server::RawNvme { .. } => String::new(),
     }
 }
 
 /// `ublkd run --backend B --size S ARGS` with `build`'s binary: waits for its READY line,
-/// records `status.idle` (its /proc status, one volume idle), runs every workload (or, for a
-/// warm-up, one discarded job), stops it with SIGTERM and checks the device is gone.
-pub fn ublkd_case(
+/// reads its RSS with the volume idle, runs every workload (or, for a warm-up, one discarded
+/// job), stops it with SIGTERM and checks the device is gone.
+fn ublkd_case(
     g: &Guest,
-    run: &str,
-    build: Build,
+    run_id: &str,
     backend: UBackend,
-    args: &[String],
+    args: &str,
+    build: Build,
     warmup: bool,
     backing: Option<&Path>,
-) {
+) -> Case {
     let Some(bin) = g.ublkd(build) else {
-        g.fail_case(run, "no ublkd binary for this build");
-        return;
+        return failed(run_id, "no ublkd binary for this build".into());
     };
-    let (backend, size) = match backend {
-        UBackend::Null => ("null".to_owned(), NULL_BYTES),
-        UBackend::File => match backing {
-            Some(f) => (format!("file:{}", f.display()), BACKING_BYTES),
-            None => return g.fail_case(run, &g.no_backing()),
+    let sectors = || fs::read_to_string("/sys/block/nvme0n1/size").map(|s| s.trim().parse::<u64>());
+    let (backend, size) = match (backend, backing) {
+        (UBackend::Null, _) => ("null".to_owned(), NULL_BYTES),
+        (UBackend::File, Some(f)) => (format!("file:{}", f.display()), BACKING_BYTES),
+        (UBackend::File, None) => return failed(run_id, g.no_backing()),
+        (UBackend::Nvme, _) => match sectors() {
+            Ok(Ok(s)) => ("nvme:/dev/ng0n1".to_owned(), s * 512),
+            _ => return failed(run_id, "no /sys/block/nvme0n1/size".into()),
         },
-        UBackend::Nvme => {
-            let sectors = fs::read_to_string("/sys/block/nvme0n1/size")
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok());
-            match sectors {
-                Some(s) => ("nvme:/dev/ng0n1".to_owned(), s * 512),
-                None => return g.fail_case(run, "no /sys/block/nvme0n1/size"),
-            }
-        }
     };
-    let d = g.dir(run);
+    let d = g.dir(run_id);
     let mut c = Command::new(bin);
     c.args(["run", "--backend", &backend, "--size", &size.to_string()])
-        .args(args);
-    note(&format!(
-        "{run}: ublkd run --backend {backend} {}",
-        args.join(" ")
-    ));
+        .args(args.split_whitespace());
+    note(&format!("{run_id}: ublkd run --backend {backend} {args}"));
     let mut p = match Proc::spawn(c, &d) {
         Ok(p) => p,
-        Err(e) => return g.fail_case(run, &format!("ublkd {e}")),
+        Err(e) => return failed(run_id, format!("ublkd {e}")),
     };
-    let out = d.join("server.out");
-    let mut dev = None;
+    let ready = || {
+        let out = fs::read_to_string(d.join("server.out")).unwrap_or_default();
+        let dev = out.lines().find_map(|l| l.strip_prefix("READY "))?;
+        let dev = dev.split_whitespace().next()?;
+        dev.starts_with("/dev/").then(|| PathBuf::from(dev))
+    };
     let end = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < end && dev.is_none() && p.exited().is_none() {
-        dev = fs::read_to_string(&out)
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("READY "))
-            .and_then(|rest| rest.split_whitespace().next())
-            .filter(|w| w.starts_with("/dev/"))
-            .map(PathBuf::from);
-        if dev.is_none() {
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    while Instant::now() < end && ready().is_none() && p.exited().is_none() {
+        std::thread::sleep(Duration::from_millis(100));
     }
-    let server = || tail_of(&d.join("server.err"));
-    let Some(dev) = dev else {
-        match p.exited() {
-            Some(rc) => g.fail_case(
-                run,
-                &format!("ublkd exited with status {rc} before READY: {}", server()),
-            ),
-            None => {
-                g.fail_case(
-                    run,
-                    &format!("ublkd printed no READY line within 60 s: {}", server()),
-                );
-                p.stop(None);
-            }
-        }
-        return;
+    let dev = match (ready(), p.exited()) {
+        (Some(dev), _) if wait_blk(&dev) => Ok(dev),
+        (Some(dev), _) => Err(format!(
+            "ublkd said READY {}, but that is no block device",
+            dev.display()
+        )),
+        (None, Some(rc)) => Err(format!(
+            "ublkd exited with status {rc} before READY: {}",
+            p.err_tail()
+        )),
+        (None, None) => Err(format!(
+            "ublkd printed no READY line within 60 s: {}",
+            p.err_tail()
+        )),
     };
-    if !wait_blk(&dev) {
-        g.fail_case(
-            run,
-            &format!(
-                "ublkd said READY {}, but that is no block device",
-                dev.display()
-            ),
-        );
-        p.stop(None);
-        return;
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    if let Ok(s) = fs::read_to_string(format!("/proc/{}/status", p.pid())) {
-        put(&d.join("status.idle"), &s);
-    }
-    if warmup {
-        // A warm-up before an A/B group: one job of randread QD32, measured by nobody.
-        let mut c = fio(g.runtime);
-        c.arg("--name=warmup")
-            .arg(format!("--filename={}", dev.display()))
-            .args(Engine::Direct.args())
-            .args(RANDREAD_QD32)
-            .arg(format!("--runtime={}", g.runtime));
-        let rc = run_logged(c, &d.join("warmup.log"));
-        note(&format!("{run}: warm-up fio exit {rc}"));
-    } else {
-        g.run_workloads(run, &dev, &[p.pid()], Engine::Direct);
-    }
-    p.stop(Some(&dev));
+    let mut case = match &dev {
+        Err(why) => failed(run_id, why.clone()),
+        Ok(dev) if warmup => {
+            // A warm-up before an A/B group: one job of randread QD32, measured by nobody.
+            let runtime = g.input.runtime;
+            let json = d.join("warmup.json");
+            let args = format!("{DIRECT} {RANDREAD_QD32} --runtime={runtime}");
+            let c = fio(runtime, "warmup", dev, &json, &args);
+            let r = run(c, &json, &d.join("warmup.log"));
+            note(&format!("{run_id}: warm-up fio: {:?}", r.map(|_| "done")));
+            case(FioRun {
+                samples: Default::default(),
+                rss_kib: Err("a warm-up".into()),
+            })
+        }
+        Ok(dev) => {
+            std::thread::sleep(Duration::from_secs(1));
+            let rss_kib = vmrss_kib(p.pid());
+            case(FioRun {
+                rss_kib,
+                ..measured(g, run_id, dev, DIRECT, &[p.pid()])
+            })
+        }
+    };
+    p.stop(dev.as_ref().ok().map(PathBuf::as_path), &mut case.teardown);
+    case
 }
 
 /// `kublk add ARGS`: measures its daemon, then `kublk del`.
-pub fn kublk_case(g: &Guest, run: &str, args: &[String]) {
-    let Some(kublk) = &g.kublk else {
-        return g.fail_case(run, "no kublk binary");
+fn kublk_case(g: &Guest, run_id: &str, args: &str) -> Case {
+    let Ok(kublk) = &g.input.kublk else {
+        return failed(run_id, "no kublk binary".into());
     };
-    let d = g.dir(run);
-    note(&format!("{run}: kublk add {}", args.join(" ")));
-    let added = Command::new("timeout")
-        .arg("60")
-        .arg(kublk)
-        .arg("add")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(fresh(&d.join("server.out")))
-        .stderr(fresh(&d.join("server.err")))
-        .status();
-    if !added.is_ok_and(|s| s.success()) {
-        return g.fail_case(
-            run,
-            &format!(
-                "kublk add {} failed: {}",
-                args.join(" "),
-                tail_of(&d.join("server.err"))
-            ),
-        );
-    }
-    let out = fs::read_to_string(d.join("server.out")).unwrap_or_default();
-    // "dev id N: ..." and "... daemon pid N ..."
-    let id = out.lines().find_map(|l| {
-        l.strip_prefix("dev id ")
-            .and_then(|r| r.split(':').next())
-            .and_then(|n| n.parse::<u32>().ok())
-    });
-    let pid = out.lines().find_map(|l| {
-        l.split_once("daemon pid ").and_then(|(_, r)| {
-            r.split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|n| n.parse::<u32>().ok())
-        })
-    });
-    let del = |id: u32| {
-        Command::new("timeout")
-            .arg("60")
-            .arg(kublk)
-            .args(["del", "-n", &id.to_string()])
-            .stdin(Stdio::null())
-            .stdout(fresh(&d.join("del.log")))
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let (Some(id), Some(pid)) = (id, pid) else {
-        g.fail_case(
-            run,
-            &format!(
-                "no dev id or daemon pid in the output of kublk add: {}",
-                tail_of(&d.join("server.out"))
-            ),
-        );
-        if let Some(id) = id {
-            del(id);
+    let out = g.dir(run_id).join("server.out");
+    note(&format!("{run_id}: kublk add {args}"));
+    // Into a file: the daemon kublk leaves behind keeps its output open.
+    let kublk = |args: &[&str]| {
+        let mut c = Command::new("timeout");
+        c.arg("60").arg(kublk).args(args);
+        match run_logged(c, &out) {
+            Ok(0) => Ok(fs::read_to_string(&out).unwrap_or_default()),
+            rc => Err(format!("{rc:?}: {}", tail_of(&out))),
         }
-        return;
     };
-    let dev = PathBuf::from(format!("/dev/ublkb{id}"));
-    if wait_blk(&dev) {
-        g.run_workloads(run, &dev, &[pid], Engine::Direct);
-    } else {
-        g.fail_case(
-            run,
-            &format!(
-                "kublk added device {id}, but {} did not appear",
-                dev.display()
-            ),
-        );
+    let add: Vec<&str> = ["add"].into_iter().chain(args.split_whitespace()).collect();
+    let text = match kublk(&add) {
+        Ok(text) => text,
+        Err(e) => return failed(run_id, format!("kublk {} failed {e}", add.join(" "))),
+    };
+    // "dev id N: ..." and "... daemon pid N ..."
+    let number = |after: &str| {
+        let (_, r) = text.split_once(after)?;
+        r.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse::<u32>()
+            .ok()
+    };
+    let (id, pid) = (number("dev id "), number("daemon pid "));
+    let dev = id.map(|id| PathBuf::from(format!("/dev/ublkb{id}")));
+    let mut case = match (&dev, pid) {
+        (Some(dev), Some(pid)) if wait_blk(dev) => case(measured(g, run_id, dev, DIRECT, &[pid])),
+        (Some(dev), Some(_)) => failed(
+            run_id,
+            format!("kublk added {}, but it did not appear", dev.display()),
+        ),
+        _ => failed(
+            run_id,
+            format!("no dev id or daemon pid in the output of kublk add: {text}"),
+        ),
+    };
+    if let Some(id) = id {
+        if let Err(e) = kublk(&["del", "-n", &id.to_string()]) {
+            case.teardown.push(format!("kublk del -n {id} failed: {e}"));
+        }
     }
-    if !del(id) {
-        append(
-            &d.join("teardown_error"),
-            &format!("kublk del -n {id} failed: {}", tail_of(&d.join("del.log"))),
-        );
-    }
+    case
 }
 
 /// fio on the namespace itself, polled: passthrough on `/dev/ng0n1` with fixed buffers, or
 /// io_uring on `/dev/nvme0n1`.
-pub fn raw_nvme_case(g: &Guest, run: &str, passthru: bool) {
-    g.dir(run);
+fn raw_nvme_case(g: &Guest, run_id: &str, passthru: bool) -> Case {
     let poll = fs::read_to_string("/sys/block/nvme0n1/queue/io_poll").unwrap_or_default();
     if poll.trim() != "1" {
-        return g.fail_case(run, "/dev/nvme0n1 has no poll queues");
+        return failed(run_id, "/dev/nvme0n1 has no poll queues".into());
     }
-    if passthru {
-        note(&format!(
-            "{run}: fio io_uring_cmd on /dev/ng0n1 (hipri, fixedbufs)"
-        ));
-        g.run_workloads(run, Path::new("/dev/ng0n1"), &[], Engine::Passthru);
-    } else {
-        note(&format!("{run}: fio io_uring on /dev/nvme0n1 (hipri)"));
-        g.run_workloads(run, Path::new("/dev/nvme0n1"), &[], Engine::Hipri);
-    }
+    let (dev, engine) = match passthru {
+        true => ("/dev/ng0n1", PASSTHRU),
+        false => ("/dev/nvme0n1", HIPRI),
+    };
+    note(&format!("{run_id}: fio {} on {dev}", engine));
+    case(measured(g, run_id, Path::new(dev), engine, &[]))
 }
 
 /// A loop device with direct I/O on `file`.
-pub fn loop_case(g: &Guest, run: &str, file: &Path) {
-    let d = g.dir(run);
-    note(&format!("{run}: losetup --direct-io=on {}", file.display()));
-    let made = Command::new("losetup")
-        .args(["--direct-io=on", "--find", "--show"])
-        .arg(file)
-        .stdin(Stdio::null())
-        .stderr(fresh(&d.join("server.err")))
-        .output();
+fn loop_case(g: &Guest, run_id: &str, file: &Path) -> Case {
+    let err = g.dir(run_id).join("server.err");
+    note(&format!(
+        "{run_id}: losetup --direct-io=on {}",
+        file.display()
+    ));
+    let mut c = Command::new("losetup");
+    let made = output(
+        c.args(["--direct-io=on", "--find", "--show"]).arg(file),
+        &err,
+    );
     let dev = match made {
-        Ok(o) if o.status.success() => {
-            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        }
-        _ => {
-            return g.fail_case(
-                run,
-                &format!("losetup failed: {}", tail_of(&d.join("server.err"))),
-            )
-        }
+        Ok(dev) => PathBuf::from(dev),
+        Err(e) => return failed(run_id, format!("losetup failed: {e}")),
     };
-    let name = dev
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = dev.file_name().unwrap_or_default().to_string_lossy();
     let dio = fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap_or_default();
-    if dio.trim() == "1" {
-        g.run_workloads(run, &dev, &[], Engine::Direct);
-    } else {
-        g.fail_case(
-            run,
-            &format!("{} did not switch to direct I/O", dev.display()),
-        );
+    let mut case = match dio.trim() {
+        "1" => case(measured(g, run_id, &dev, DIRECT, &[])),
+        _ => failed(
+            run_id,
+            format!("{} did not switch to direct I/O", dev.display()),
+        ),
+    };
+    if output(Command::new("losetup").arg("-d").arg(&dev), &err).is_err() {
+        case.teardown
+            .push(format!("losetup -d {} failed", dev.display()));
     }
-    let detached = Command::new("losetup")
-        .arg("-d")
-        .arg(&dev)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !detached {
-        append(
-            &d.join("teardown_error"),
-            &format!("losetup -d {} failed", dev.display()),
-        );
-    }
+    case
 }
 
 /// The kernel's null_blk, loaded at boot.
-pub fn nullblk_case(g: &Guest, run: &str) {
-    g.dir(run);
-    note(&format!("{run}: /dev/nullb0"));
+fn nullblk_case(g: &Guest, run_id: &str) -> Case {
+    note(&format!("{run_id}: /dev/nullb0"));
     let dev = Path::new("/dev/nullb0");
-    if is_blk(dev) {
-        g.run_workloads(run, dev, &[], Engine::Direct);
-    } else {
-        g.fail_case(run, "/dev/nullb0 is missing (null_blk not loaded?)");
+    match is_blk(dev) {
+        true => case(measured(g, run_id, dev, DIRECT, &[])),
+        false => failed(
+            run_id,
+            "/dev/nullb0 is missing (null_blk not loaded?)".into(),
+        ),
     }
 }

@@ -2,103 +2,64 @@
 //! an XFS with reflink.
 
 use super::super::cases::{
-    QosJob, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN, QOS_RUNTIME_SECS, QOS_SIZE, SNAPSHOT_FILL_MIB,
-    SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS, SNAPSHOT_REPEATS, SNAPSHOT_RUN,
+    QosJob, QosLimit, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN, QOS_RUNTIME_SECS, QOS_SIZE,
+    SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS, SNAPSHOT_REPEATS,
+    SNAPSHOT_RUN,
 };
-use super::proc::{append, fio, note, put, run_logged, tail_of, wait_blk, Engine, Guest, Node};
+use super::super::results::{Case, Measured, Outcome, Qos, SnapSize, Snapshots, Timed};
+use super::fio::{fio, run, DIRECT};
+use super::proc::{failed, note, sh, timed, Guest, Node};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
 
 /// One null volume per QoS job, its limit set at create-volume, fio at `QOS_QD` on it for
 /// `QOS_RUNTIME_SECS` after 1 s of ramp (the burst allowance is spent in the ramp), deleted
-/// before the next. Per job ID: `ID.json`, `ID.rc`, `ID.log` (fio), `ID.volume.json` (the limits
-/// as the daemon took them), `ID.error` (no measurement, and why).
-pub fn qos_case(g: &Guest) {
-    let run = QOS_RUN;
-    let Some(mut node) = Node::new(g, run, QOS_METRICS) else {
-        return;
-    };
+/// before the next.
+pub fn qos_case(g: &Guest) -> Case {
     note(&format!(
-        "{run}: null volumes with I/O limits, fio {QOS_RUNTIME_SECS} s at QD{QOS_QD} on each"
+        "{QOS_RUN}: null volumes with I/O limits, fio {QOS_RUNTIME_SECS} s at QD{QOS_QD} on each"
     ));
-    put(&node.d.join("volumes"), "");
-    node.spawn();
-    if !node.wait_up(g, run) {
-        return;
-    }
-    for job in QOS_JOBS {
-        qos_job(&node, job);
-    }
-    node.teardown();
+    Node::run(g, QOS_RUN, QOS_METRICS, |node| {
+        let jobs = QOS_JOBS
+            .iter()
+            .map(|j| (j.id(), qos_job(node, j)))
+            .collect();
+        Ok(Measured::Qos(Qos { jobs }))
+    })
 }
 
-fn qos_job(node: &Node, job: &QosJob) {
-    let d = &node.d;
-    let id = job.id();
-    let flags = job.flags();
-    let mut args = vec![
-        "create-volume",
-        &id,
-        "--size",
-        QOS_SIZE,
-        "--backend",
-        "null",
-    ];
-    args.extend(flags.split_whitespace());
-    let dev = match node.ctl(&args, &d.join("create.err")) {
-        Ok(dev) => PathBuf::from(dev),
-        Err(e) => {
-            let why = format!("create-volume {id} {flags} failed {e}");
-            put(&d.join(format!("{id}.error")), &format!("{why}\n"));
-            note(&format!("{id}: {why}"));
-            return;
+/// The figure fio measured that the job's limit bounds: read IOPS, or write MiB/s.
+fn qos_job(node: &mut Node, job: &QosJob) -> Outcome<f64> {
+    let (d, id) = (node.d.clone(), job.id());
+    let volume = format!("--size {QOS_SIZE} --backend null {}", job.flags());
+    let (dev, _) = node.create(&id, &volume, &d.join("create.err"))?;
+    let json = d.join(format!("{id}.json"));
+    let (bs, rw, secs) = (job.bs, job.rw, QOS_RUNTIME_SECS);
+    let args = format!(
+        "{DIRECT} --bs={bs} --rw={rw} --iodepth={QOS_QD} --numjobs=1 --norandommap --time_based \
+         --runtime={secs} --ramp_time=1"
+    );
+    let c = fio(secs, &id, &dev, &json, &args);
+    let measured = run(c, &json, &d.join(format!("{id}.log"))).and_then(|j| {
+        let (dir, name, rate) = match job.limit {
+            QosLimit::Unlimited | QosLimit::ReadIops(_) => (&j.read, "read", j.read.iops),
+            QosLimit::WriteMibps(_) => (&j.write, "write", j.write.bw_bytes / (1 << 20) as f64),
+        };
+        match dir.total_ios {
+            0 => Err(format!("fio completed no {name}")),
+            _ => Ok(rate),
         }
-    };
-    append(&d.join("volumes"), &format!("{id} {}", dev.display()));
-    if wait_blk(&dev) {
-        if let Ok(v) = node.ctl(&["get-volume", &id, "-o", "json"], &d.join("create.err")) {
-            put(&d.join(format!("{id}.volume.json")), &v);
-        }
-        let mut c = fio(QOS_RUNTIME_SECS);
-        c.arg(format!("--name={id}"))
-            .arg(format!("--filename={}", dev.display()))
-            .args(Engine::Direct.args())
-            .arg(format!("--bs={}", job.bs))
-            .arg(format!("--rw={}", job.rw))
-            .arg(format!("--iodepth={QOS_QD}"))
-            .args(["--numjobs=1", "--norandommap", "--time_based"])
-            .arg(format!("--runtime={QOS_RUNTIME_SECS}"))
-            .args(["--ramp_time=1", "--output-format=json"])
-            .arg(format!(
-                "--output={}",
-                d.join(format!("{id}.json")).display()
-            ));
-        let log = d.join(format!("{id}.log"));
-        let _ = fs::remove_file(&log); // absent before the job: nothing to remove is fine
-        let rc = run_logged(c, &log);
-        put(&d.join(format!("{id}.rc")), &format!("{rc}\n"));
-        note(&format!("{id}: fio exit {rc}"));
-    } else {
-        put(
-            &d.join(format!("{id}.error")),
-            &format!(
-                "create-volume {id} returned {}, which is no block device\n",
-                dev.display()
-            ),
-        );
+    });
+    note(&format!("{id}: {measured:?}"));
+    if let Err(e) = node.ctl(&format!("delete-volume {id}"), &d.join("delete.err")) {
+        node.problems.push(format!("delete-volume {id} failed {e}"));
     }
-    if let Err(e) = node.ctl(&["delete-volume", &id], &d.join("delete.err")) {
-        append(
-            &d.join("teardown_error"),
-            &format!("delete-volume {id} failed {e}"),
-        );
-    }
+    measured
 }
 
 /// The snapshot run's file system: an XFS with reflink=1 on a loop device over a sparse file
 /// in the tmpfs, mounted as the node's allowed root.
+#[derive(Debug)]
 struct Xfs {
     img: PathBuf,
     root: PathBuf,
@@ -106,87 +67,51 @@ struct Xfs {
 }
 
 impl Xfs {
-    /// Makes and mounts it; how that went is in `fs.log`.
-    fn make(node: &Node) -> Result<Self, String> {
+    /// Makes and mounts it on the node's root; how that went is in `fs.log`.
+    fn make(node: &Node) -> Outcome<Self> {
         let log = node.d.join("fs.log");
-        let mut x = Self {
-            img: node.c.join("xfs.img"),
-            root: node.c.join("roots"),
-            dev: None,
+        let (img, root) = (node.c.join("xfs.img"), node.c.join("roots"));
+        let (i, r) = (img.display(), root.display());
+        let losetup = format!("truncate -s {SNAPSHOT_FS_GIB}G {i} && losetup --find --show {i}");
+        let dev = sh(&losetup, &log)?;
+        let made = sh(
+            &format!("mkfs.xfs -q -f -m reflink=1 {dev} && mount {dev} {r}"),
+            &log,
+        );
+        let x = Self {
+            img: img.clone(),
+            root: root.clone(),
+            dev: Some(dev),
         };
-        let run = |c: &mut Command| -> Result<String, String> {
-            let out = c
-                .stdin(Stdio::null())
-                .stderr(super::proc::log_file(&log))
-                .output()
-                .map_err(|e| e.to_string())?;
-            if out.status.success() {
-                Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-            } else {
-                Err(tail_of(&log))
+        match made {
+            Ok(_) => Ok(x),
+            Err(e) => {
+                x.teardown(&mut Vec::new());
+                Err(e)
             }
-        };
-        run(Command::new("truncate")
-            .args(["-s", &format!("{SNAPSHOT_FS_GIB}G")])
-            .arg(&x.img))?;
-        let dev = run(Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&x.img))?;
-        x.dev = Some(dev.clone());
-        run(Command::new("mkfs.xfs").args(["-q", "-f", "-m", "reflink=1", &dev]))?;
-        run(Command::new("mount").arg(&dev).arg(&x.root))?;
-        Ok(x)
-    }
-
-    /// Bytes in use on it once it is synced, or `-`.
-    fn used(&self) -> String {
-        let synced = Command::new("sync")
-            .arg("-f")
-            .arg(&self.root)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !synced {
-            note("sync -f failed before df");
         }
-        Command::new("df")
-            .args(["-B1", "--output=used"])
-            .arg(&self.root)
-            .output()
-            .ok()
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .nth(1)
-                    .map(|l| l.trim().to_owned())
-            })
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| "-".into())
     }
 
-    /// Unmounts it, detaches its loop device, removes its image; problems go to
-    /// `teardown_error`.
-    fn teardown(self, d: &Path) {
-        let te = d.join("teardown_error");
-        let mounted = Command::new("mountpoint")
-            .arg("-q")
-            .arg(&self.root)
-            .status()
-            .is_ok_and(|s| s.success());
-        if mounted
-            && !Command::new("umount")
-                .arg(&self.root)
-                .status()
-                .is_ok_and(|s| s.success())
-        {
-            append(&te, &format!("umount {} failed", self.root.display()));
+    /// Bytes in use on it once it is synced.
+    fn used(&self, log: &Path) -> Outcome<i64> {
+        let r = self.root.display();
+        let used = sh(
+            &format!("sync -f {r} && df -B1 --output=used {r} | tail -n 1"),
+            log,
+        )?;
+        used.parse()
+            .map_err(|_| format!("df gave no used bytes: {used:?}"))
+    }
+
+    /// Unmounts it, detaches its loop device, removes its image; problems go to `problems`.
+    fn teardown(self, problems: &mut Vec<String>) {
+        let (r, log) = (self.root.display(), self.root.with_extension("log"));
+        if let Err(e) = sh(&format!("! mountpoint -q {r} || umount {r}"), &log) {
+            problems.push(format!("umount {r} failed: {e}"));
         }
         if let Some(dev) = &self.dev {
-            if !Command::new("losetup")
-                .args(["-d", dev])
-                .status()
-                .is_ok_and(|s| s.success())
-            {
-                append(&te, &format!("losetup -d {dev} failed"));
+            if let Err(e) = sh(&format!("losetup -d {dev}"), &log) {
+                problems.push(format!("losetup -d {dev} failed: {e}"));
             }
         }
         // The image lives in the guest's tmpfs, which goes with the guest.
@@ -194,202 +119,172 @@ impl Xfs {
     }
 }
 
-/// File volumes of each `SNAPSHOT_GIB` size on an XFS with reflink: `noop.ns` (the floor of
-/// any call: `ublkctl node-info`, `SNAPSHOT_REPEATS` times), then [`snapshot_size`] per size.
+/// File volumes of each `SNAPSHOT_GIB` size on an XFS with reflink: the floor of any call
+/// (`ublkctl node-info`, `SNAPSHOT_REPEATS` times), then [`snapshot_size`] per size.
 /// Snapshots, volumes, the daemon, the file system and its loop device are all gone at the end
-/// (or `teardown_error` says).
-pub fn snapshot_case(g: &Guest) {
-    let run = SNAPSHOT_RUN;
-    let Some(mut node) = Node::new(g, run, SNAPSHOT_METRICS) else {
-        return;
-    };
+/// (or the case's teardown says why not).
+pub fn snapshot_case(g: &Guest) -> Case {
     let gib: Vec<String> = SNAPSHOT_GIB.iter().map(u64::to_string).collect();
     note(&format!(
-        "{run}: file volumes of {} GiB on XFS (reflink=1), {SNAPSHOT_REPEATS} snapshots and \
-         clones of each",
+        "{SNAPSHOT_RUN}: file volumes of {} GiB on XFS (reflink=1), {SNAPSHOT_REPEATS} \
+         snapshots and clones of each",
         gib.join(" ")
     ));
-    let d = node.d.clone();
-    put(&d.join("volumes"), "");
-    put(&d.join("snapshots"), "");
+    let node = match Node::new(g, SNAPSHOT_RUN, SNAPSHOT_METRICS) {
+        Ok(n) => n,
+        Err(why) => return failed(SNAPSHOT_RUN, why),
+    };
     let xfs = match Xfs::make(&node) {
         Ok(x) => x,
         Err(e) => {
-            g.fail_case(run, &format!("no XFS with reflink for the volumes: {e}"));
-            return;
+            return failed(
+                SNAPSHOT_RUN,
+                format!("no XFS with reflink for the volumes: {e}"),
+            )
         }
     };
-    if let Ok(o) = Command::new("xfs_info").arg(&xfs.root).output() {
-        put(&d.join("fs.txt"), &String::from_utf8_lossy(&o.stdout));
-    }
-    node.spawn();
-    if !node.wait_up(g, run) {
-        xfs.teardown(&d);
-        return;
-    }
-    let mut noop = String::new();
-    for _ in 0..SNAPSHOT_REPEATS {
-        let t0 = Instant::now();
-        let r = node.ctl(&["node-info"], &d.join("noop.err"));
-        if r.is_ok() {
-            noop.push_str(&format!("{}\n", t0.elapsed().as_nanos()));
-        }
-    }
-    put(&d.join("noop.ns"), &noop);
-    for gib in SNAPSHOT_GIB {
-        snapshot_size(&node, &xfs, gib);
-    }
-    let snapshots = fs::read_to_string(d.join("snapshots")).unwrap_or_default();
-    for sid in snapshots.lines() {
-        if let Err(e) = node.ctl(&["delete-snapshot", sid], &d.join("delete.err")) {
-            append(
-                &d.join("teardown_error"),
-                &format!("delete-snapshot {sid} failed {e}"),
-            );
-        }
-    }
-    node.teardown();
-    xfs.teardown(&d);
+    let mut case = node.serve(SNAPSHOT_RUN, |node| snapshots(node, &xfs));
+    xfs.teardown(&mut case.teardown);
+    case
 }
 
-/// One size: `src-Ng` on a new sparse backing file (`create.Ng.ns`), `SNAPSHOT_FILL_MIB` MiB
-/// written into it by fio (randwrite 64k across the whole volume, so the file has thousands of
-/// extents; `fill.Ng.*`), synced, its extents counted (`extents.Ng`: filefrag). Then
-/// `SNAPSHOT_REPEATS` times create-snapshot and create-volume --from-snapshot, each timed
-/// (`snapshot.Ng.ns`, `clone.Ng.ns`: `ID NS USED_BEFORE USED_AFTER`). Failures: `Ng.error`
-/// (nothing to snapshot), `snapshot.Ng.error`, `clone.Ng.error`.
-fn snapshot_size(node: &Node, xfs: &Xfs, gib: u64) {
-    let d = &node.d;
-    let s = format!("{gib}g");
-    let src = format!("src-{s}");
-    let size = format!("{gib}GiB");
-    let backend = |name: &str| format!("file+create:{}/{name}.img", xfs.root.display());
-    let t0 = Instant::now();
-    let created = node.ctl(
-        &[
-            "create-volume",
-            &src,
-            "--size",
-            &size,
-            "--backend",
-            &backend(&src),
-        ],
-        &d.join("create.err"),
+fn snapshots(node: &mut Node, xfs: &Xfs) -> Outcome<Measured> {
+    let info = sh(
+        &format!("xfs_info {}", xfs.root.display()),
+        &node.d.join("fs.log"),
     );
-    let ns = t0.elapsed().as_nanos();
-    let dev = match created {
-        Ok(dev) => PathBuf::from(dev),
-        Err(e) => {
-            put(
-                &d.join(format!("{s}.error")),
-                &format!("create-volume {src} failed {e}\n"),
-            );
-            return;
-        }
-    };
-    append(&d.join("volumes"), &format!("{src} {}", dev.display()));
-    put(&d.join(format!("create.{s}.ns")), &format!("{ns}\n"));
-    if !wait_blk(&dev) {
-        put(
-            &d.join(format!("{s}.error")),
-            &format!(
-                "create-volume {src} returned {}, which is no block device\n",
-                dev.display()
-            ),
-        );
-        return;
-    }
-    let mut c = fio(120);
-    c.arg("--name=fill")
-        .arg(format!("--filename={}", dev.display()))
-        .args(Engine::Direct.args())
-        .args(["--bs=64k", "--rw=randwrite", "--iodepth=16", "--numjobs=1"])
-        .arg(format!("--io_size={SNAPSHOT_FILL_MIB}m"))
-        .arg("--output-format=json")
-        .arg(format!(
-            "--output={}",
-            d.join(format!("fill.{s}.json")).display()
-        ));
-    let log = d.join(format!("fill.{s}.log"));
-    let rc = run_logged(c, &log);
-    if rc != 0 {
-        put(
-            &d.join(format!("{s}.error")),
-            &format!(
-                "fio writing {SNAPSHOT_FILL_MIB} MiB into {src} failed (exit {rc}): {}\n",
-                tail_of(&log)
-            ),
-        );
-        return;
-    }
-    if !Command::new("sync").status().is_ok_and(|st| st.success()) {
-        note("sync failed before filefrag");
-    }
-    let extents = Command::new("filefrag")
-        .arg(xfs.root.join(format!("{src}.img")))
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    let reflink = info.ok().map(|o| o.contains("reflink=1"));
+    let err = node.d.join("noop.err");
+    let noop_ms = (0..SNAPSHOT_REPEATS)
+        .map(|_| match timed(|| node.ctl("node-info", &err)) {
+            (Ok(_), ms) => Ok(ms),
+            (Err(e), _) => Err(format!("ublkctl node-info failed {e}")),
         })
-        .unwrap_or_else(|e| format!("filefrag: {e}\n"));
-    put(&d.join(format!("extents.{s}")), &extents);
-    note(&format!("{SNAPSHOT_RUN}: {}", extents.trim()));
-    let (mut snaps, mut clones) = (String::new(), String::new());
-    for k in 1..=SNAPSHOT_REPEATS {
-        let sid = format!("snap-{s}-{k}");
-        let u0 = xfs.used();
-        let t0 = Instant::now();
-        let r = node.ctl(
-            &["create-snapshot", &sid, "--volume", &src],
-            &d.join("snapshot.err"),
-        );
-        let ns = t0.elapsed().as_nanos();
-        if let Err(e) = r {
-            put(
-                &d.join(format!("snapshot.{s}.error")),
-                &format!("create-snapshot {sid} failed {e}\n"),
-            );
-            break;
+        .collect();
+    let mut snaps = Vec::new();
+    let sizes = SNAPSHOT_GIB
+        .iter()
+        .map(|&gib| snapshot_size(node, xfs, gib, &mut snaps))
+        .collect();
+    for sid in snaps {
+        if let Err(e) = node.ctl(
+            &format!("delete-snapshot {sid}"),
+            &node.d.join("delete.err"),
+        ) {
+            node.problems
+                .push(format!("delete-snapshot {sid} failed {e}"));
         }
-        append(&d.join("snapshots"), &sid);
-        snaps.push_str(&format!("{sid} {ns} {u0} {}\n", xfs.used()));
-        let name = format!("clone-{s}-{k}");
-        let u0 = xfs.used();
-        let t0 = Instant::now();
-        let r = node.ctl(
-            &[
-                "create-volume",
-                &name,
-                "--size",
-                &size,
-                "--backend",
-                &backend(&name),
-                "--from-snapshot",
-                &sid,
-            ],
-            &d.join("clone.err"),
+    }
+    Ok(Measured::Snapshots(Snapshots {
+        noop_ms,
+        sizes,
+        reflink,
+    }))
+}
+
+/// One size: `src-Ng` on a new sparse backing file (its create timed), `SNAPSHOT_FILL_MIB` MiB
+/// written into it by fio (randwrite 64k across the whole volume, so that the file has
+/// thousands of extents), synced, its extents counted (filefrag). Then `SNAPSHOT_REPEATS` times
+/// create-snapshot and create-volume --from-snapshot, each timed with df's used bytes around
+/// it. The snapshots made go into `snaps`.
+fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) -> SnapSize {
+    let d = node.d.clone();
+    let s = format!("{gib}g");
+    let (src, size) = (format!("src-{s}"), format!("{gib}GiB"));
+    let backend = |name: &str| format!("file+create:{}/{name}.img", xfs.root.display());
+    let mut z = SnapSize {
+        gib,
+        create_ms: Err(String::new()),
+        snapshot: Err(String::new()),
+        clone: Err(String::new()),
+        extents: None,
+    };
+    let fail = |mut z: SnapSize, why: String| {
+        z.create_ms = z.create_ms.or(Err(why.clone()));
+        (z.snapshot, z.clone) = (Err(why.clone()), Err(why));
+        z
+    };
+    let create = format!("--size {size} --backend {}", backend(&src));
+    let dev = match node.create(&src, &create, &d.join("create.err")) {
+        Ok((dev, ms)) => {
+            z.create_ms = Ok(ms);
+            dev
+        }
+        Err(e) => return fail(z, e),
+    };
+    let json = d.join(format!("fill.{s}.json"));
+    let args = format!(
+        "{DIRECT} --bs=64k --rw=randwrite --iodepth=16 --numjobs=1 --io_size={SNAPSHOT_FILL_MIB}m"
+    );
+    let c = fio(120, "fill", &dev, &json, &args);
+    if let Err(e) = run(c, &json, &d.join(format!("fill.{s}.log"))) {
+        return fail(
+            z,
+            format!("fio writing {SNAPSHOT_FILL_MIB} MiB into {src} failed: {e}"),
         );
-        let ns = t0.elapsed().as_nanos();
-        match r {
-            Ok(cdev) => {
-                let shown = if cdev.is_empty() { "-".into() } else { cdev };
-                append(&d.join("volumes"), &format!("{name} {shown}"));
-                clones.push_str(&format!("{name} {ns} {u0} {}\n", xfs.used()));
-            }
+    }
+    let img = xfs.root.join(format!("{src}.img"));
+    let frag = sh(
+        &format!("sync && filefrag {}", img.display()),
+        &d.join("fs.log"),
+    );
+    let frag = frag.unwrap_or_default();
+    note(&format!("{SNAPSHOT_RUN}: {frag}"));
+    // `PATH: 4093 extents found`
+    z.extents = frag
+        .rsplit_once(": ")
+        .and_then(|(_, t)| t.split(' ').next()?.parse().ok());
+    let (mut snapshot, mut clone) = (Vec::new(), Vec::new());
+    let mut failure = None;
+    for k in 1..=SNAPSHOT_REPEATS {
+        let (sid, name) = (format!("snap-{s}-{k}"), format!("clone-{s}-{k}"));
+        let args = format!("create-snapshot {sid} --volume {src}");
+        let made = call(node, xfs, &args, &d.join("snapshot.err")).and_then(|(_, t)| {
+            snaps.push(sid.clone());
+            t
+        });
+        match made {
+            Ok(t) => snapshot.push(t),
             Err(e) => {
-                put(
-                    &d.join(format!("clone.{s}.error")),
-                    &format!("create-volume {name} --from-snapshot {sid} failed {e}\n"),
-                );
+                failure = Some((true, e));
+                break;
+            }
+        }
+        let from = format!("--from-snapshot {sid} --backend {}", backend(&name));
+        let args = format!("create-volume {name} --size {size} {from}");
+        let made = call(node, xfs, &args, &d.join("clone.err")).and_then(|(dev, t)| {
+            node.volumes.push((name.clone(), dev.into()));
+            t
+        });
+        match made {
+            Ok(t) => clone.push(t),
+            Err(e) => {
+                failure = Some((false, e));
                 break;
             }
         }
     }
-    put(&d.join(format!("snapshot.{s}.ns")), &snaps);
-    put(&d.join(format!("clone.{s}.ns")), &clones);
     note(&format!(
         "{SNAPSHOT_RUN}: {s}: {} snapshots, {} clones timed",
-        snaps.lines().count(),
-        clones.lines().count()
+        snapshot.len(),
+        clone.len()
     ));
+    (z.snapshot, z.clone) = match failure {
+        None => (Ok(snapshot), Ok(clone)),
+        // A clone needs its snapshot: when that failed, that is why there is no clone.
+        Some((true, e)) => (Err(e.clone()), Err(format!("no snapshot to clone: {e}"))),
+        Some((false, e)) => (Ok(snapshot), Err(e)),
+    };
+    z
+}
+
+/// `ublkctl ARGS` timed: its output, and the call with the growth of the file system's used
+/// bytes over it (which df may have failed to give), or why the call failed.
+fn call(node: &Node, xfs: &Xfs, args: &str, err: &Path) -> Outcome<(String, Outcome<Timed>)> {
+    let u0 = xfs.used(err);
+    let (r, ms) = timed(|| node.ctl(args, err));
+    let what: Vec<&str> = args.split(' ').take(2).collect();
+    let out = r.map_err(|e| format!("{} failed {e}", what.join(" ")))?;
+    let growth = xfs.used(err).and_then(|u1| Ok((u1 - u0?) as f64 / 1024.0));
+    Ok((out, growth.map(|growth_kib| Timed { ms, growth_kib })))
 }

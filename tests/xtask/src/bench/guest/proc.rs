@@ -1,19 +1,29 @@
-//! What every guest case uses: the run directory and its files, fio with the counters around
-//! each job, processes (a `ublkd` node service, `ublkctl` calls) and waits.
+//! What every guest case uses: the guest's setting, logs in the run directory, processes (a
+//! `ublkd` node service driven by `ublkctl`) and waits.
 
-use super::super::cases::{Build, Workload, WORKLOADS};
-use super::Input;
-use std::fs::{self, File, OpenOptions};
+use super::super::cases::Build;
+use super::super::results::{Case, Input, Measured, Outcome, Restart};
+use serde::Deserialize;
+use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// A line on the guest's console.
 pub fn note(msg: &str) {
     println!("bench: {msg}");
+}
+
+/// A case that measured nothing, and why.
+pub fn failed(run: &str, why: String) -> Case {
+    note(&format!("{run}: {why}"));
+    Case {
+        measured: Err(why),
+        teardown: Vec::new(),
+    }
 }
 
 /// The last five lines of `path`, on one line (what a failure message quotes).
@@ -23,7 +33,7 @@ pub fn tail_of(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join(" ")
 }
 
-/// Appends `line` to `path` (created if missing).
+/// Appends `line` to the log `path` (created if missing).
 pub fn append(path: &Path, line: &str) {
     let written = OpenOptions::new()
         .create(true)
@@ -31,13 +41,6 @@ pub fn append(path: &Path, line: &str) {
         .open(path)
         .and_then(|mut f| writeln!(f, "{line}"));
     if let Err(e) = written {
-        note(&format!("cannot write {}: {e}", path.display()));
-    }
-}
-
-/// Writes `text` as the whole of `path`.
-pub fn put(path: &Path, text: &str) {
-    if let Err(e) = fs::write(path, text) {
         note(&format!("cannot write {}: {e}", path.display()));
     }
 }
@@ -53,17 +56,38 @@ pub fn log_file(path: &Path) -> Stdio {
     }
 }
 
-/// Wall-clock nanoseconds: the clock fio's logs and the host's readers share.
-pub fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
 /// A process's exit status as the shell writes it (128 + signal when killed).
 pub fn code(s: ExitStatus) -> i32 {
     s.code()
         .unwrap_or_else(|| 128 + s.signal().unwrap_or_default())
+}
+
+/// Runs `c` with stdout and stderr appended to `log`: its exit code, or why it did not start.
+pub fn run_logged(mut c: Command, log: &Path) -> Outcome<i32> {
+    c.stdin(Stdio::null())
+        .stdout(log_file(log))
+        .stderr(log_file(log));
+    c.status()
+        .map(code)
+        .map_err(|e| format!("could not start: {e}"))
+}
+
+/// Runs `c` with its stderr in `log`: its stdout, or the log's tail.
+pub fn output(c: &mut Command, log: &Path) -> Outcome<String> {
+    let out = c
+        .stdin(Stdio::null())
+        .stderr(log_file(log))
+        .output()
+        .map_err(|e| e.to_string())?;
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        false => Err(tail_of(log)),
+    }
+}
+
+/// `sh -c SCRIPT` with its stderr in `log`: its stdout, or the log's tail.
+pub fn sh(script: &str, log: &Path) -> Outcome<String> {
+    output(Command::new("sh").args(["-c", script]), log)
 }
 
 /// Polls `done` every `every` until it holds or `within` passed; whether it held.
@@ -101,171 +125,71 @@ pub fn signal(pid: u32, sig: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Field `n` (from 0) of `/sys/block/<blk>/stat`.
-fn blk_stat(blk: &str, n: usize) -> Option<u64> {
-    let s = fs::read_to_string(format!("/sys/block/{blk}/stat")).ok()?;
-    s.split_whitespace().nth(n)?.parse().ok()
+/// ms from `a` to `b`, when both happened in that order.
+pub fn span_ms(a: Option<Instant>, b: Option<Instant>) -> Option<f64> {
+    Some(b?.checked_duration_since(a?)?.as_secs_f64() * 1e3)
 }
 
-/// Reads and writes completed by block device `blk`, or `-`.
-fn dev_ios(blk: &str) -> String {
-    match (blk_stat(blk, 0), blk_stat(blk, 4)) {
-        (Some(r), Some(w)) => (r + w).to_string(),
-        _ => "-".into(),
-    }
+/// ms that `f` took, with its result.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let t0 = Instant::now();
+    let r = f();
+    (r, t0.elapsed().as_secs_f64() * 1e3)
 }
 
-/// Writes completed by block device `blk` (0 when unreadable).
-pub fn dev_writes(blk: &str) -> u64 {
-    blk_stat(blk, 4).unwrap_or(0)
+/// `VmRSS` of process `pid` in KiB (`VmRSS:\t   12345 kB` in its `/proc/PID/status`).
+pub fn vmrss_kib(pid: u32) -> Outcome<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("no /proc/{pid}/status (process gone?): {e}"))?;
+    parse_vmrss(&status)
 }
 
-/// Every CPU's busy time (user, nice, system, irq, softirq), in clock ticks: fio, the server
-/// and the kernel together, so that each case has a CPU cost per I/O, the kernel's peers too.
-fn sys_ticks() -> String {
-    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return "-".into();
-    };
-    let f: Vec<u64> = cpu
+fn parse_vmrss(status: &str) -> Outcome<f64> {
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .ok_or("no VmRSS line in /proc/PID/status (process gone?)")?;
+    match line["VmRSS:".len()..]
         .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    match f.get(..7) {
-        Some(f) => (f[0] + f[1] + f[2] + f[5] + f[6]).to_string(),
-        None => "-".into(),
+        .collect::<Vec<_>>()[..]
+    {
+        [n, "kB"] => n.parse::<u64>().map(|k| k as f64).ok(),
+        _ => None,
     }
+    .ok_or_else(|| format!("odd VmRSS line {line:?}"))
 }
 
-/// utime + stime, in clock ticks, summed over `pids`: `none` without any, `-` if one is gone.
-fn cpu_ticks(pids: &[u32]) -> String {
-    if pids.is_empty() {
-        return "none".into();
-    }
-    let mut total = 0u64;
-    for p in pids {
-        let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else {
-            return "-".into();
-        };
-        // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
-        let Some((_, rest)) = stat.rsplit_once(") ") else {
-            return "-".into();
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        match (
-            f.get(11).and_then(|x| x.parse::<u64>().ok()),
-            f.get(12).and_then(|x| x.parse::<u64>().ok()),
-        ) {
-            (Some(u), Some(s)) => total += u + s,
-            _ => return "-".into(),
-        }
-    }
-    total.to_string()
-}
-
-/// The block device's name under /sys/block, following links.
-pub fn blk_name(dev: &Path) -> String {
-    let real = fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
-    real.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// How fio reaches a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// io_uring with direct I/O: every block device.
-    Direct,
-    /// NVMe passthrough on the char device, polled, fixed buffers and files.
-    Passthru,
-    /// io_uring on the namespace's block device, polled, fixed buffers and files.
-    Hipri,
-}
-
-impl Engine {
-    pub fn args(self) -> &'static [&'static str] {
-        match self {
-            Engine::Direct => &["--ioengine=io_uring", "--direct=1"],
-            Engine::Passthru => &[
-                "--ioengine=io_uring_cmd",
-                "--cmd_type=nvme",
-                "--hipri=1",
-                "--fixedbufs=1",
-                "--registerfiles=1",
-            ],
-            Engine::Hipri => &[
-                "--ioengine=io_uring",
-                "--direct=1",
-                "--hipri=1",
-                "--fixedbufs=1",
-                "--registerfiles=1",
-            ],
-        }
-    }
-}
-
-/// The 4 KiB randread at QD32 that the warm-ups and the control plane's load run, after
-/// `fio`'s engine arguments.
-pub const RANDREAD_QD32: &[&str] = &[
-    "--bs=4k",
-    "--rw=randread",
-    "--iodepth=32",
-    "--norandommap",
-    "--time_based",
-];
-
-/// `fio` under timeout(1): killed 60 s after `secs` if it has not ended.
-pub fn fio(secs: u64) -> Command {
-    let mut c = Command::new("timeout");
-    c.args(["-k", "5", &(secs + 60).to_string(), "fio"]);
-    c
-}
-
-/// The whole guest's setting: the run directory, binaries, seconds per job.
+/// The whole guest's setting: the run directory, the host's input, the clock tick rate.
+#[derive(Debug)]
 pub struct Guest {
     pub out: PathBuf,
     pub tmp: PathBuf,
-    pub runtime: u64,
-    hz: String,
-    pub kublk: Option<PathBuf>,
-    ublkd_new: Option<PathBuf>,
-    ublkd_base: Option<PathBuf>,
-    pub ublkctl: Option<PathBuf>,
-    pub csi: Option<PathBuf>,
+    pub input: Input,
+    /// Clock ticks per second of `/proc`'s CPU times.
+    pub hz: f64,
 }
 
 impl Guest {
-    pub fn new(input: &Input, out: PathBuf) -> Self {
-        let hz = Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .filter(|s| s.parse::<u64>().is_ok())
-            .unwrap_or_else(|| "100".into());
+    pub fn new(input: Input, out: PathBuf) -> Self {
+        let getconf = Command::new("getconf").arg("CLK_TCK").output();
+        let hz = getconf.map(|o| String::from_utf8_lossy(&o.stdout).trim().parse());
         Self {
             out,
             tmp: std::env::temp_dir(),
-            runtime: input.runtime,
-            hz,
-            kublk: input.kublk.clone().ok(),
-            ublkd_new: input.ublkd.clone().ok(),
-            ublkd_base: input.plan.baseline.as_ref().map(|(_, b)| b.clone()),
-            ublkctl: input.ublkctl.clone().ok(),
-            csi: input.csi.clone().ok(),
+            input,
+            hz: hz.ok().and_then(Result::ok).unwrap_or(100.0),
         }
     }
 
     /// The ublkd binary of `build`.
     pub fn ublkd(&self, build: Build) -> Option<&Path> {
         match build {
-            Build::New => self.ublkd_new.as_deref(),
-            Build::Baseline => self.ublkd_base.as_deref(),
+            Build::New => self.input.ublkd.as_deref().ok(),
+            Build::Baseline => self.input.plan.baseline.as_ref().map(|(_, b)| b.as_path()),
         }
     }
 
-    /// The case's directory, made.
+    /// The case's directory for its logs, made.
     pub fn dir(&self, run: &str) -> PathBuf {
         let d = self.out.join(run);
         if let Err(e) = fs::create_dir_all(&d) {
@@ -274,87 +198,14 @@ impl Guest {
         d
     }
 
-    /// A case that did not measure: `error` says why.
-    pub fn fail_case(&self, run: &str, why: &str) {
-        put(&self.dir(run).join("error"), &format!("{why}\n"));
-        note(&format!("{run}: {why}"));
-    }
-
     pub fn no_backing(&self) -> String {
-        format!(
-            "no backing file: {}",
-            tail_of(&self.out.join("backing.log"))
-        )
-    }
-
-    /// Every workload on `dev`, with the CPU time of `pids` (the server) around each.
-    pub fn run_workloads(&self, run: &str, dev: &Path, pids: &[u32], engine: Engine) {
-        for wl in WORKLOADS {
-            self.run_fio(run, dev, wl, pids, engine);
-        }
-    }
-
-    /// One workload: `<wl>.json` (fio's report), `<wl>.log`, `<wl>.rc`, `<wl>.counters`
-    /// (`cpu_ticks_before cpu_ticks_after hz ios_before ios_after`) and `<wl>.syscounters` (the
-    /// same with every CPU's busy ticks).
-    fn run_fio(&self, run: &str, dev: &Path, wl: &Workload, pids: &[u32], engine: Engine) {
-        let d = self.dir(run);
-        let blk = blk_name(dev);
-        let (ios0, t0, s0) = (dev_ios(&blk), cpu_ticks(pids), sys_ticks());
-        let mut c = fio(self.runtime);
-        c.arg(format!("--name={}", wl.id))
-            .arg(format!("--filename={}", dev.display()))
-            .args(engine.args())
-            .arg(format!("--bs={}", wl.bs))
-            .arg(format!("--rw={}", wl.rw));
-        if wl.rw == "randrw" {
-            c.arg("--rwmixread=70");
-        }
-        c.arg(format!("--iodepth={}", wl.qd))
-            .arg(format!("--numjobs={}", wl.jobs))
-            .args(["--group_reporting", "--norandommap", "--time_based"])
-            .arg(format!("--runtime={}", self.runtime))
-            .args(["--ramp_time=1", "--output-format=json"])
-            .arg(format!(
-                "--output={}",
-                d.join(format!("{}.json", wl.id)).display()
-            ));
-        let rc = run_logged(c, &d.join(format!("{}.log", wl.id)));
-        let (s1, t1, ios1) = (sys_ticks(), cpu_ticks(pids), dev_ios(&blk));
-        put(&d.join(format!("{}.rc", wl.id)), &format!("{rc}\n"));
-        let hz = &self.hz;
-        put(
-            &d.join(format!("{}.counters", wl.id)),
-            &format!("{t0} {t1} {hz} {ios0} {ios1}\n"),
-        );
-        put(
-            &d.join(format!("{}.syscounters", wl.id)),
-            &format!("{s0} {s1} {hz} {ios0} {ios1}\n"),
-        );
-        let ios = match (ios0.parse::<i64>(), ios1.parse::<i64>()) {
-            (Ok(a), Ok(b)) => (b - a).to_string(),
-            _ => "-".into(),
-        };
-        note(&format!("{run} {}: fio exit {rc}, {ios} I/Os", wl.id));
-    }
-}
-
-/// Runs `c` with stdout and stderr appended to `log`; its exit code as the shell gives it (-1
-/// if it did not start, which `log` then says).
-pub fn run_logged(mut c: Command, log: &Path) -> i32 {
-    c.stdin(Stdio::null())
-        .stdout(log_file(log))
-        .stderr(log_file(log));
-    match c.status() {
-        Ok(s) => code(s),
-        Err(e) => {
-            append(log, &format!("could not start: {e}"));
-            -1
-        }
+        let log = self.out.join("backing.log");
+        format!("no backing file: {}", tail_of(&log))
     }
 }
 
 /// A server process the case started, logging into its directory.
+#[derive(Debug)]
 pub struct Proc {
     child: Child,
     dir: PathBuf,
@@ -363,7 +214,7 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `c` with stdout to `dir/server.out` and stderr to `dir/server.err` (appended).
-    pub fn spawn(mut c: Command, dir: &Path) -> Result<Self, String> {
+    pub fn spawn(mut c: Command, dir: &Path) -> Outcome<Self> {
         c.stdin(Stdio::null())
             .stdout(log_file(&dir.join("server.out")))
             .stderr(log_file(&dir.join("server.err")));
@@ -395,91 +246,151 @@ impl Proc {
         self.exited()
     }
 
-    /// SIGKILL, and waits for it.
+    /// The tail of its stderr.
+    pub fn err_tail(&self) -> String {
+        tail_of(&self.dir.join("server.err"))
+    }
+
+    /// SIGKILL.
     pub fn kill9(&mut self) {
         if self.exited().is_none() && !signal(self.pid(), "KILL") {
             note(&format!("kill -9 {} failed", self.pid()));
         }
     }
 
-    /// SIGTERM, then waits for the exit and for `dev`'s removal; what went wrong goes to
-    /// `teardown_error`.
-    pub fn stop(&mut self, dev: Option<&Path>) {
-        let te = self.dir.join("teardown_error");
+    /// SIGTERM, then waits for the exit and for `dev`'s removal; what went wrong goes into
+    /// `problems`.
+    pub fn stop(&mut self, dev: Option<&Path>, problems: &mut Vec<String>) {
         if self.exited().is_none() {
             signal(self.pid(), "TERM");
         }
         match self.wait_exit(Duration::from_secs(30), Duration::from_millis(100)) {
             None => {
-                append(&te, "did not exit within 30 s of SIGTERM (killed)");
+                problems.push("did not exit within 30 s of SIGTERM (killed)".into());
                 self.kill9();
                 self.wait_exit(Duration::from_secs(5), Duration::from_millis(100));
             }
             Some(0) => {}
-            Some(rc) => append(
-                &te,
-                &format!(
-                    "exited with status {rc} after SIGTERM: {}",
-                    tail_of(&self.dir.join("server.err"))
-                ),
-            ),
+            Some(rc) => problems.push(format!(
+                "exited with status {rc} after SIGTERM: {}",
+                self.err_tail()
+            )),
         }
-        if let Some(dev) = dev {
-            let gone = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+        let gone = |dev: &Path| {
+            wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
                 !dev.exists()
-            });
-            if !gone {
-                append(
-                    &te,
-                    &format!("{} still exists after ublkd exited", dev.display()),
-                );
-            }
+            })
+        };
+        if let Some(dev) = dev.filter(|d| !gone(d)) {
+            problems.push(format!("{} still exists after ublkd exited", dev.display()));
         }
     }
 }
 
+/// `ublkctl list-volumes -o json`, as far as the bench reads it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct VolumeList {
+    pub volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Volume {
+    pub id: String,
+    /// The state's name, or its number when ublkctl does not know it.
+    pub state: serde_json::Value,
+    pub io_path_in_use: serde_json::Value,
+    pub message: String,
+}
+
 /// `ublkd --config` as a node service, driven by `ublkctl` over its socket, everything under
-/// its own directory in the guest's tmpfs.
+/// its own directory in the guest's tmpfs, and what happened to it.
+#[derive(Debug, Default)]
 pub struct Node {
-    /// The case's directory in the run directory.
+    /// The case's directory in the run directory (its logs).
     pub d: PathBuf,
     /// Its configuration, state, roots and socket.
     pub c: PathBuf,
     ublkd: PathBuf,
     ublkctl: PathBuf,
     proc: Option<Proc>,
+    /// Volumes made (name, device): their devices must be gone after the teardown.
+    pub volumes: Vec<(String, PathBuf)>,
+    /// What went wrong after the measurements.
+    pub problems: Vec<String>,
+    /// When the running process was started, when the last one was killed, when the volumes
+    /// were last seen READY.
+    pub started: Option<Instant>,
+    pub killed: Option<Instant>,
+    pub ready: Option<Instant>,
+    /// One more `list-volumes` once all were READY (ms), and the first volume's I/O path.
+    pub list_call_ms: Option<f64>,
+    pub io_path: Option<String>,
 }
 
 impl Node {
-    /// A fresh directory and `ublkd.toml` for `run` (metrics on `metrics`); not started.
-    pub fn new(g: &Guest, run: &str, metrics: &str) -> Option<Self> {
-        let (Some(ublkd), Some(ublkctl)) = (g.ublkd(Build::New), &g.ublkctl) else {
-            g.fail_case(run, "no ublkd or ublkctl binary");
-            return None;
+    /// A fresh `ublkd --config` for `run` (metrics on `metrics`), served by [`Node::serve`].
+    pub fn run(
+        g: &Guest,
+        run: &str,
+        metrics: &str,
+        f: impl FnOnce(&mut Node) -> Outcome<Measured>,
+    ) -> Case {
+        match Node::new(g, run, metrics) {
+            Ok(node) => node.serve(run, f),
+            Err(why) => failed(run, why),
+        }
+    }
+
+    /// A fresh directory and `ublkd.toml` for `run`; not started.
+    pub fn new(g: &Guest, run: &str, metrics: &str) -> Outcome<Self> {
+        let (Some(ublkd), Ok(ublkctl)) = (g.ublkd(Build::New), &g.input.ublkctl) else {
+            return Err("no ublkd or ublkctl binary".into());
         };
         let c = g.tmp.join(run);
         // A leftover of an earlier run in this boot would be read as state.
         let _ = fs::remove_dir_all(&c); // absent on a fresh boot: nothing to remove is fine
-        if let Err(e) = fs::create_dir_all(c.join("roots")) {
-            g.fail_case(run, &format!("cannot make {}: {e}", c.display()));
-            return None;
-        }
         let cd = c.display();
-        put(
-            &c.join("ublkd.toml"),
-            &format!(
-                "state_dir = \"{cd}/state\"\nallowed_roots = [\"{cd}/roots\"]\nram_dir = \"{cd}/ram\"\n\
-                 on_exit = \"keep\"\n\n[grpc]\nlisten = [\"unix://{cd}/ublkd.sock\"]\n\n\
-                 [metrics]\nlisten = \"{metrics}\"\n\n[dataplane]\ncpus = [0, 1]\n"
-            ),
+        let config = format!(
+            "state_dir = \"{cd}/state\"\nallowed_roots = [\"{cd}/roots\"]\nram_dir = \"{cd}/ram\"\n\
+             on_exit = \"keep\"\n\n[grpc]\nlisten = [\"unix://{cd}/ublkd.sock\"]\n\n[metrics]\n\
+             listen = \"{metrics}\"\n\n[dataplane]\ncpus = [0, 1]\n"
         );
-        Some(Self {
+        fs::create_dir_all(c.join("roots"))
+            .and_then(|()| fs::write(c.join("ublkd.toml"), config))
+            .map_err(|e| format!("cannot make {cd}: {e}"))?;
+        Ok(Self {
             d: g.dir(run),
             c,
             ublkd: ublkd.to_path_buf(),
             ublkctl: ublkctl.clone(),
-            proc: None,
+            ..Self::default()
         })
+    }
+
+    /// Starts it and waits until it answers; `f` measures with it; then every volume it lists
+    /// is deleted and it is stopped.
+    pub fn serve(mut self, run: &str, f: impl FnOnce(&mut Node) -> Outcome<Measured>) -> Case {
+        self.spawn();
+        let measured = match self.wait_up() {
+            Ok(()) => {
+                let m = f(&mut self);
+                self.teardown();
+                m
+            }
+            Err(e) => {
+                self.stop();
+                Err(e)
+            }
+        };
+        if let Err(why) = &measured {
+            note(&format!("{run}: {why}"));
+        }
+        Case {
+            measured,
+            teardown: self.problems,
+        }
     }
 
     pub fn sock(&self) -> PathBuf {
@@ -492,64 +403,52 @@ impl Node {
 
     /// Whether it has exited (or never started), with its status.
     pub fn exited(&mut self) -> Option<i32> {
-        match &mut self.proc {
-            Some(p) => p.exited(),
-            None => Some(-1),
-        }
+        self.proc.as_mut().map_or(Some(-1), Proc::exited)
     }
 
-    /// Starts it; `start.ns` is the moment right before.
+    fn err_tail(&self) -> String {
+        tail_of(&self.d.join("server.err"))
+    }
+
+    /// Starts it (`started`: the moment right before).
     pub fn spawn(&mut self) {
-        put(&self.d.join("start.ns"), &format!("{}\n", now_ns()));
+        self.started = Some(Instant::now());
         let mut c = Command::new(&self.ublkd);
         c.arg("--config").arg(self.c.join("ublkd.toml"));
-        match Proc::spawn(c, &self.d) {
-            Ok(p) => self.proc = Some(p),
-            Err(e) => {
-                append(&self.d.join("server.err"), &e);
-                self.proc = None;
-            }
-        }
+        self.proc = Proc::spawn(c, &self.d)
+            .map_err(|e| append(&self.d.join("server.err"), &e))
+            .ok();
     }
 
-    /// Waits up to 60 s for its socket to answer node-info; if it does not, says why
-    /// (`error`), stops it and returns false.
-    pub fn wait_up(&mut self, g: &Guest, run: &str) -> bool {
-        let (out, err) = (self.d.join("node-info.out"), self.d.join("node-info.err"));
+    /// Waits up to 60 s for its socket to answer node-info; why not, if it does not.
+    fn wait_up(&mut self) -> Outcome<()> {
+        let err = self.d.join("node-info.err");
         let end = Instant::now() + Duration::from_secs(60);
         while Instant::now() < end && self.exited().is_none() {
-            if let Ok(o) = self.ctl(&["node-info"], &err) {
-                put(&out, &o);
-                return true;
+            if self.ctl("node-info", &err).is_ok() {
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let server = tail_of(&self.d.join("server.err"));
-        match self.exited() {
-            Some(rc) => g.fail_case(
-                run,
-                &format!("ublkd exited with status {rc} before its socket answered: {server}"),
+        Err(match self.exited() {
+            Some(rc) => format!(
+                "ublkd exited with status {rc} before its socket answered: {}",
+                self.err_tail()
             ),
-            None => {
-                g.fail_case(
-                    run,
-                    &format!(
-                        "ublkd's socket did not answer node-info within 60 s: {} {server}",
-                        tail_of(&err)
-                    ),
-                );
-                self.stop();
-            }
-        }
-        false
+            None => format!(
+                "ublkd's socket did not answer node-info within 60 s: {} {}",
+                tail_of(&err),
+                self.err_tail()
+            ),
+        })
     }
 
-    /// `ublkctl ARGS` against it: its stdout, or the tail of `err` (where its stderr went).
-    pub fn ctl(&self, args: &[&str], err: &Path) -> Result<String, String> {
+    /// `ublkctl ARGS` (words) against it: its stdout, or the tail of `err` (its stderr).
+    pub fn ctl(&self, args: &str, err: &Path) -> Outcome<String> {
         let out = Command::new(&self.ublkctl)
             .arg("--endpoint")
             .arg(format!("unix://{}", self.sock().display()))
-            .args(args)
+            .args(args.split_whitespace())
             .stdin(Stdio::null())
             .stderr(log_file(err))
             .output()
@@ -561,19 +460,38 @@ impl Node {
         }
     }
 
+    /// `create-volume NAME ARGS` (words), timed (ms, ublkctl end to end): its block device, once
+    /// it is one (remembered for the teardown's check).
+    pub fn create(&mut self, name: &str, args: &str, err: &Path) -> Outcome<(PathBuf, f64)> {
+        let (out, ms) = timed(|| self.ctl(&format!("create-volume {name} {args}"), err));
+        let dev = PathBuf::from(out.map_err(|e| format!("create-volume {name} failed {e}"))?);
+        self.volumes.push((name.to_owned(), dev.clone()));
+        if !wait_blk(&dev) {
+            return Err(format!(
+                "create-volume {name} returned {}, which is no block device",
+                dev.display()
+            ));
+        }
+        Ok((dev, ms))
+    }
+
+    /// The volumes it lists.
+    pub fn list(&self, err: &Path) -> Outcome<VolumeList> {
+        let text = self.ctl("list-volumes -o json", err)?;
+        serde_json::from_str(&text).map_err(|e| format!("list-volumes gave no volume list: {e}"))
+    }
+
     /// SIGTERM and the wait (see [`Proc::stop`]).
     pub fn stop(&mut self) {
         if let Some(p) = &mut self.proc {
-            p.stop(None);
+            p.stop(None, &mut self.problems);
         }
     }
 
-    /// kill -9 (`kill.ns` the moment), waits until it is gone (10 s at most), starts it again.
-    pub fn crash_restart(&mut self) -> Result<(), String> {
-        put(&self.d.join("kill.ns"), &format!("{}\n", now_ns()));
-        let Some(p) = &mut self.proc else {
-            return Err("ublkd was not running".into());
-        };
+    /// kill -9 (`killed`), waits until it is gone (10 s at most), starts it again.
+    pub fn crash_restart(&mut self) -> Outcome<()> {
+        self.killed = Some(Instant::now());
+        let p = self.proc.as_mut().ok_or("ublkd was not running")?;
         p.kill9();
         if p.wait_exit(Duration::from_secs(10), Duration::from_millis(10))
             .is_none()
@@ -584,50 +502,45 @@ impl Node {
         Ok(())
     }
 
-    /// Polls `list-volumes -o json` every 20 ms until it shows `n` volumes READY, then writes
-    /// `list.json` (that answer), `ready.ns` (`START_NS READY_NS`: the exec and the moment that
-    /// answer arrived) and `poll.ns` (`BEFORE_NS AFTER_NS` of one more call, what a poll
-    /// costs). Gives up when a volume FAILED, the daemon exited, or 60 s passed.
-    pub fn wait_ready(&mut self, n: usize) -> Result<(), String> {
+    /// Polls `list-volumes` every 20 ms until it shows `n` volumes READY: ms from the exec
+    /// until that answer (`ready`); then times one more call (`list_call_ms`) and notes the
+    /// I/O path. Gives up when a volume FAILED, the daemon exited, or 60 s passed.
+    pub fn wait_ready(&mut self, n: usize) -> Outcome<f64> {
         let err = self.d.join("list.err");
         let end = Instant::now() + Duration::from_secs(60);
-        let mut last = String::new();
+        let state = |v: &Volume, s: &str| v.state.as_str() == Some(s);
+        let mut seen = 0;
         loop {
-            if let Ok(list) = self.ctl(&["list-volumes", "-o", "json"], &err) {
-                let t1 = now_ns();
-                if list.matches("\"VOLUME_STATE_READY\"").count() == n {
-                    put(&self.d.join("list.json"), &list);
-                    let start = fs::read_to_string(self.d.join("start.ns")).unwrap_or_default();
-                    put(
-                        &self.d.join("ready.ns"),
-                        &format!("{} {t1}\n", start.trim()),
-                    );
-                    let p0 = now_ns();
+            if let Ok(list) = self.list(&err) {
+                seen = list
+                    .volumes
+                    .iter()
+                    .filter(|v| state(v, "VOLUME_STATE_READY"))
+                    .count();
+                if seen == n {
+                    self.ready = Some(Instant::now());
                     // Only its duration counts: an error here shows in list.err.
-                    let _ = self.ctl(&["list-volumes", "-o", "json"], &err);
-                    put(&self.d.join("poll.ns"), &format!("{p0} {}\n", now_ns()));
-                    return Ok(());
+                    let ((), ms) = timed(|| drop(self.list(&err)));
+                    self.list_call_ms = Some(ms);
+                    let path = list.volumes.first().map(|v| &v.io_path_in_use);
+                    self.io_path = path.map(|p| p.as_str().map_or(p.to_string(), str::to_owned));
+                    return span_ms(self.started, self.ready).ok_or("no start time".into());
                 }
-                if list.contains("\"VOLUME_STATE_FAILED\"") {
-                    let msg = list
-                        .lines()
-                        .find(|l| l.contains("\"message\"") && !l.contains("\"\""))
-                        .unwrap_or_default()
-                        .trim();
-                    return Err(format!("a volume FAILED to come back: {msg}"));
+                if let Some(v) = list
+                    .volumes
+                    .iter()
+                    .find(|v| state(v, "VOLUME_STATE_FAILED"))
+                {
+                    return Err(format!("a volume FAILED to come back: {}", v.message));
                 }
-                last = list;
             }
             if let Some(rc) = self.exited() {
-                return Err(format!(
-                    "the new ublkd exited with status {rc}: {}",
-                    tail_of(&self.d.join("server.err"))
-                ));
+                let tail = self.err_tail();
+                return Err(format!("the new ublkd exited with status {rc}: {tail}"));
             }
             if Instant::now() >= end {
                 return Err(format!(
-                    "not all {n} volumes READY within 60 s of the restart: {} READY; {}",
-                    last.matches("\"VOLUME_STATE_READY\"").count(),
+                    "not all {n} volumes READY within 60 s of the restart: {seen} READY; {}",
                     tail_of(&err)
                 ));
             }
@@ -635,83 +548,55 @@ impl Node {
         }
     }
 
+    /// What the last restart took, READY `ready_ms` after the exec.
+    pub fn restart(&self, ready_ms: Outcome<f64>) -> Restart {
+        Restart {
+            ready_ms,
+            kill_to_exec_ms: span_ms(self.killed, self.started),
+            kill_to_ready_ms: span_ms(self.killed, self.ready),
+            list_call_ms: self.list_call_ms,
+            io_path: self.io_path.clone(),
+        }
+    }
+
     /// Deletes every volume the daemon lists (starting it again first if it is gone), checks
-    /// that the devices in `volumes` (`NAME DEVICE` lines) are gone, stops the daemon.
-    /// Problems go to `teardown_error`.
-    pub fn teardown(&mut self) {
-        let te = self.d.join("teardown_error");
+    /// that the devices of `volumes` are gone, stops the daemon; problems go to `problems`.
+    fn teardown(&mut self) {
         let del = self.d.join("delete.err");
         if self.exited().is_some() {
             self.spawn();
             wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-                self.exited().is_some() || self.ctl(&["node-info"], &del).is_ok()
+                self.exited().is_some() || self.ctl("node-info", &del).is_ok()
             });
         }
-        let ids = match self.ctl(&["list-volumes", "-o", "json"], &del) {
+        match self.list(&del) {
             Ok(list) => {
-                put(&self.d.join("final.json"), &list);
-                volume_ids(&list)
-            }
-            Err(e) => {
-                append(&te, &format!("list-volumes failed before the deletes: {e}"));
-                Vec::new()
-            }
-        };
-        for id in ids {
-            if let Err(e) = self.ctl(&["delete-volume", &id], &del) {
-                append(&te, &format!("delete-volume {id} failed: {e}"));
-            }
-        }
-        let volumes = fs::read_to_string(self.d.join("volumes")).unwrap_or_default();
-        for line in volumes.lines() {
-            if let Some((name, dev)) = line.split_once(' ') {
-                if Path::new(dev).exists() {
-                    append(
-                        &te,
-                        &format!("{dev} ({name}) still exists after the deletes"),
-                    );
+                for v in list.volumes {
+                    if let Err(e) = self.ctl(&format!("delete-volume {}", v.id), &del) {
+                        self.problems
+                            .push(format!("delete-volume {} failed: {e}", v.id));
+                    }
                 }
             }
+            Err(e) => self
+                .problems
+                .push(format!("list-volumes failed before the deletes: {e}")),
         }
-        if let Some(rc) = self.exited() {
-            append(
-                &te,
-                &format!(
-                    "ublkd was not running for the deletes (status {rc}): {}",
-                    tail_of(&self.d.join("server.err"))
-                ),
-            );
-        } else {
-            self.stop();
+        for (name, dev) in &self.volumes {
+            if dev.exists() {
+                let dev = dev.display();
+                self.problems
+                    .push(format!("{dev} ({name}) still exists after the deletes"));
+            }
         }
-    }
-}
-
-/// The ids of the volumes in `ublkctl list-volumes -o json`'s answer.
-pub fn volume_ids(list: &str) -> Vec<String> {
-    let v: serde_json::Value = serde_json::from_str(list).unwrap_or_default();
-    let items = match &v {
-        serde_json::Value::Array(a) => a.clone(),
-        serde_json::Value::Object(o) => o
-            .get("volumes")
-            .and_then(|x| x.as_array())
-            .cloned()
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    items
-        .iter()
-        .filter_map(|x| x["id"].as_str().map(str::to_owned))
-        .collect()
-}
-
-/// The file of `path` for writing (truncated): a process's whole output.
-pub fn fresh(path: &Path) -> Stdio {
-    match File::create(path) {
-        Ok(f) => Stdio::from(f),
-        Err(e) => {
-            note(&format!("cannot write {}: {e}", path.display()));
-            Stdio::null()
+        match self.exited() {
+            Some(rc) => {
+                let tail = self.err_tail();
+                self.problems.push(format!(
+                    "ublkd was not running for the deletes (status {rc}): {tail}"
+                ));
+            }
+            None => self.stop(),
         }
     }
 }
@@ -721,12 +606,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn volume_ids_come_from_the_list_as_ublkctl_prints_it() {
-        let list = r#"[{"id": "r001", "state": "VOLUME_STATE_READY", "snapshot": {"id": "x"}},
-                       {"id": "r002"}]"#;
-        assert_eq!(volume_ids(list), ["r001", "r002"]);
-        assert_eq!(volume_ids(r#"{"volumes": [{"id": "a"}]}"#), ["a"]);
-        assert!(volume_ids("not json").is_empty());
+    fn rss_and_volume_lists_read_as_ublkctl_and_proc_write_them() {
+        let status = "Name:\tublkd\nVmHWM:\t   9000 kB\nVmRSS:\t    8520 kB\nThreads:\t5\n";
+        assert_eq!(parse_vmrss(status), Ok(8520.0));
+        assert!(parse_vmrss("Name:\tublkd\n").is_err_and(|e| e.contains("no VmRSS")));
+        assert!(parse_vmrss("VmRSS:\t12 MB\n").is_err());
+        assert!(parse_vmrss("VmRSS:\t12 kB extra\n").is_err());
+        let list = r#"{"volumes": [{"id": "r001", "state": "VOLUME_STATE_READY",
+            "io_path_in_use": "IO_PATH_BATCH", "spec": {"size": 1}}, {"id": "r002", "state": 9}]}"#;
+        let l: VolumeList = serde_json::from_str(list).unwrap();
+        assert_eq!(l.volumes[0].io_path_in_use, "IO_PATH_BATCH");
+        assert_eq!(
+            (l.volumes[1].id.as_str(), l.volumes[1].state.as_u64()),
+            ("r002", Some(9))
+        );
     }
 
     #[test]

@@ -2,237 +2,242 @@
 //! all are READY) and under I/O (the longest stall fio saw).
 
 use super::super::cases::{
-    recovery_run, RECOVERY_DEPTH, RECOVERY_METRICS, RECOVERY_SIZE, STALL_KILL_AT_SECS, STALL_RUN,
+    recovery_run, CONTROL_DEPTH, CONTROL_SIZE, RECOVERY_METRICS, STALL_KILL_AT_SECS, STALL_RUN,
     STALL_RUNTIME_SECS, STALL_SIZE,
 };
+use super::super::results::{Case, Measured, Outcome, Stall};
+use super::fio::{fio, report, DIRECT};
 use super::proc::{
-    append, blk_name, dev_writes, fio, is_blk, log_file, note, now_ns, put, tail_of, wait_blk,
-    wait_until, Guest, Node,
+    code, is_blk, log_file, note, signal, span_ms, tail_of, wait_until, Guest, Node,
 };
 use std::fs;
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::Duration;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
-/// A fresh daemon, `n` null volumes (1 queue each), kill -9, start it again; `ready.ns` times
-/// the new process from its exec until list-volumes shows all `n` READY. Then every volume is
-/// deleted and the daemon stopped.
-pub fn recovery_case(g: &Guest, n: usize) {
+/// A fresh daemon, `n` null volumes (1 queue each), kill -9, start it again: the time from the
+/// new process's exec until list-volumes shows all `n` READY.
+pub fn recovery_case(g: &Guest, n: usize) -> Case {
     let run = recovery_run(n);
-    let Some(mut node) = Node::new(g, &run, RECOVERY_METRICS) else {
-        return;
-    };
-    let d = node.d.clone();
     note(&format!(
         "{run}: {n} null volumes, kill -9 ublkd, start it again"
     ));
-    put(&d.join("volumes"), "");
-    node.spawn();
-    if !node.wait_up(g, &run) {
-        return;
-    }
-    let mut devs = Vec::new();
-    for k in 1..=n {
-        let name = format!("r{k:03}");
-        let depth = RECOVERY_DEPTH.to_string();
-        let args = [
-            "create-volume",
-            &name,
-            "--size",
-            RECOVERY_SIZE,
-            "--backend",
-            "null",
-            "--queues",
-            "1",
-            "--depth",
-            &depth,
-        ];
-        match node.ctl(&args, &d.join("create.err")) {
-            Ok(dev) => {
-                append(&d.join("volumes"), &format!("{name} {dev}"));
-                devs.push(PathBuf::from(dev));
-            }
-            Err(e) => {
-                g.fail_case(&run, &format!("create-volume {name} failed {e}"));
-                node.teardown();
-                return;
-            }
+    Node::run(g, &run, RECOVERY_METRICS, |node| {
+        let err = node.d.join("create.err");
+        let volume =
+            format!("--size {CONTROL_SIZE} --backend null --queues 1 --depth {CONTROL_DEPTH}");
+        let mut devs = Vec::new();
+        for k in 1..=n {
+            devs.push(node.create(&format!("r{k:03}"), &volume, &err)?.0);
         }
-    }
-    match node.crash_restart() {
-        Err(why) => g.fail_case(&run, &why),
-        Ok(()) => {
+        let ready_ms = node.crash_restart().and_then(|()| {
             let gone: Vec<String> = devs
                 .iter()
                 .filter(|d| !is_blk(d))
                 .map(|d| d.display().to_string())
                 .collect();
-            if let Err(why) = node.wait_ready(n) {
-                g.fail_case(&run, &why);
-            } else if !gone.is_empty() {
-                g.fail_case(
-                    &run,
-                    &format!(
-                        "devices gone after kill -9 (they must survive the daemon): {}",
-                        gone.join(" ")
-                    ),
-                );
+            let ms = node.wait_ready(n)?;
+            match gone.is_empty() {
+                true => Ok(ms),
+                false => Err(format!(
+                    "devices gone after kill -9 (they must survive the daemon): {}",
+                    gone.join(" ")
+                )),
             }
-        }
-    }
-    let ready = fs::read_to_string(d.join("ready.ns")).unwrap_or_else(|_| "not READY".into());
-    note(&format!("{run}: {}", ready.trim()));
-    node.teardown();
+        });
+        note(&format!("{run}: READY after {ready_ms:?} ms"));
+        Ok(Measured::Recovery(node.restart(ready_ms)))
+    })
 }
 
 /// fio randwrite 4k QD16 on a RAM volume for `STALL_RUNTIME_SECS` with a per-I/O completion
-/// latency log (`clat.log`); `STALL_KILL_AT_SECS` after the device completed its first write,
-/// kill -9 ublkd and start it again at once. `times.ns`: `FIO_LAUNCH_NS FIRST_WRITE_NS`;
-/// `kill.ns`, `ready.ns`, `poll.ns` as in recovery; `fio.json`, `fio.rc`.
-pub fn stall_case(g: &Guest) {
-    let run = STALL_RUN;
-    let Some(mut node) = Node::new(g, run, RECOVERY_METRICS) else {
-        return;
-    };
-    let d = node.d.clone();
+/// latency log; `STALL_KILL_AT_SECS` after the device completed its first write, kill -9 ublkd
+/// and start it again at once.
+pub fn stall_case(g: &Guest) -> Case {
     note(&format!(
-        "{run}: fio on a RAM volume for {STALL_RUNTIME_SECS} s, kill -9 ublkd \
+        "{STALL_RUN}: fio on a RAM volume for {STALL_RUNTIME_SECS} s, kill -9 ublkd \
          {STALL_KILL_AT_SECS} s in"
     ));
-    put(&d.join("volumes"), "");
-    node.spawn();
-    if !node.wait_up(g, run) {
-        return;
-    }
-    let created = node.ctl(
-        &[
-            "create-volume",
-            "s1",
-            "--size",
-            STALL_SIZE,
-            "--backend",
-            "ram",
-        ],
-        &d.join("create.err"),
-    );
-    let dev = match created {
-        Ok(dev) => PathBuf::from(dev),
-        Err(e) => {
-            g.fail_case(run, &format!("create-volume s1 failed {e}"));
-            node.teardown();
-            return;
-        }
-    };
-    put(&d.join("volumes"), &format!("s1 {}\n", dev.display()));
-    if !wait_blk(&dev) {
-        g.fail_case(
-            run,
-            &format!(
-                "create-volume returned {}, which is no block device",
-                dev.display()
-            ),
-        );
-        node.teardown();
-        return;
-    }
+    Node::run(g, STALL_RUN, RECOVERY_METRICS, |node| {
+        stall(node).map(Measured::Stall)
+    })
+}
+
+fn stall(node: &mut Node) -> Outcome<Stall> {
+    let d = node.d.clone();
+    let volume = format!("--size {STALL_SIZE} --backend ram");
+    let (dev, _) = node.create("s1", &volume, &d.join("create.err"))?;
     let logs = node.c.join("fio");
-    if let Err(e) = fs::create_dir_all(&logs) {
-        g.fail_case(run, &format!("mkdir {}: {e}", logs.display()));
-        node.teardown();
-        return;
-    }
-    let mut c = fio(STALL_RUNTIME_SECS);
-    c.arg("--name=stall")
-        .arg(format!("--filename={}", dev.display()))
-        .args([
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--bs=4k",
-            "--rw=randwrite",
-        ])
-        .args([
-            "--iodepth=16",
-            "--numjobs=1",
-            "--norandommap",
-            "--time_based",
-        ])
-        .arg(format!("--runtime={STALL_RUNTIME_SECS}"))
-        .args(["--disable_slat=1", "--disable_lat=1"])
-        .arg(format!("--write_lat_log={}", logs.join("stall").display()))
-        .args(["--log_avg_msec=0", "--output-format=json"])
-        .arg(format!("--output={}", d.join("fio.json").display()))
-        .stdin(Stdio::null())
-        .stdout(log_file(&d.join("fio.log")))
-        .stderr(log_file(&d.join("fio.log")));
-    let t0 = now_ns();
-    let mut fio = match c.spawn() {
-        Ok(f) => f,
-        Err(e) => {
-            g.fail_case(run, &format!("could not start fio: {e}"));
-            node.teardown();
-            return;
-        }
-    };
-    let mut rc: Option<i32> = None;
-    let mut ended = |fio: &mut std::process::Child| {
+    fs::create_dir_all(&logs).map_err(|e| format!("mkdir {}: {e}", logs.display()))?;
+    let (json, log) = (d.join("fio.json"), d.join("fio.log"));
+    let lat_log = logs.join("stall");
+    let args = format!(
+        "{DIRECT} --bs=4k --rw=randwrite --iodepth=16 --numjobs=1 --norandommap --time_based \
+         --runtime={STALL_RUNTIME_SECS} --disable_slat=1 --disable_lat=1 --log_avg_msec=0 \
+         --write_lat_log={}",
+        lat_log.display()
+    );
+    let mut c = fio(STALL_RUNTIME_SECS, "stall", &dev, &json, &args);
+    c.stdin(Stdio::null())
+        .stdout(log_file(&log))
+        .stderr(log_file(&log));
+    let launched = Instant::now();
+    let mut fio = c.spawn().map_err(|e| format!("could not start fio: {e}"))?;
+    let mut rc = None;
+    let mut ended = |fio: &mut Child| {
         if rc.is_none() {
-            if let Ok(Some(s)) = fio.try_wait() {
-                rc = Some(super::proc::code(s));
-            }
+            rc = fio.try_wait().ok().flatten().map(code);
         }
         rc
     };
     // fio can take seconds to start its job (TCG): count from the device's first write.
-    let blk = blk_name(&dev);
+    let blk = fs::canonicalize(&dev).unwrap_or_else(|_| dev.clone());
+    let stat = Path::new("/sys/block")
+        .join(blk.file_name().unwrap_or_default())
+        .join("stat");
+    let writes = || {
+        let s = fs::read_to_string(&stat).unwrap_or_default();
+        s.split_whitespace()
+            .nth(4)
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     wait_until(Duration::from_secs(60), Duration::from_millis(10), || {
-        dev_writes(&blk) > 0 || ended(&mut fio).is_some()
+        writes() > 0 || ended(&mut fio).is_some()
     });
-    let t1 = now_ns();
-    put(&d.join("times.ns"), &format!("{t0} {t1}\n"));
-    if dev_writes(&blk) == 0 {
-        g.fail_case(
-            run,
-            &format!(
-                "fio wrote nothing to {} within 60 s: {}",
-                dev.display(),
-                tail_of(&d.join("fio.log"))
-            ),
-        );
+    let first_write = Instant::now();
+    let ready = if writes() == 0 {
+        let tail = tail_of(&log);
+        Err(format!(
+            "fio wrote nothing to {} within 60 s: {tail}",
+            dev.display()
+        ))
     } else {
         std::thread::sleep(Duration::from_secs(STALL_KILL_AT_SECS));
-        if let Err(why) = node.crash_restart().and_then(|()| node.wait_ready(1)) {
-            g.fail_case(run, &why);
-        }
-    }
+        node.crash_restart().and_then(|()| node.wait_ready(1))
+    };
+    let mut failure = ready.clone().map(drop);
     let within = STALL_RUNTIME_SECS + 70;
     wait_until(
         Duration::from_secs(within),
         Duration::from_millis(100),
         || ended(&mut fio).is_some(),
     );
-    match ended(&mut fio) {
-        Some(rc) => put(&d.join("fio.rc"), &format!("{rc}\n")),
-        None => {
-            g.fail_case(run, &format!("fio did not end within {within} s"));
-            super::proc::signal(fio.id(), "KILL");
-            // Reaped so that no zombie outlives the case; its status is the kill.
-            let _ = fio.wait();
+    if ended(&mut fio).is_none() {
+        failure = failure.and(Err(format!("fio did not end within {within} s")));
+        signal(fio.id(), "KILL");
+        // Reaped so that no zombie outlives the case; its status is the kill.
+        let _ = fio.wait();
+    }
+    let clat = fs::read_to_string(logs.join("stall_clat.1.log"))
+        .map_err(|e| format!("no completion latency log from fio: {e}: {}", tail_of(&log)))
+        .and_then(|t| parse_clat_log(&t));
+    let fio_report = report(&json);
+    let kill_after_ms = span_ms(Some(first_write), node.killed);
+    let restart = node.restart(ready);
+    let max_ms = failure.and_then(|()| {
+        match rc {
+            Some(0) => {}
+            rc => return Err(format!("fio exited with status {rc:?}: {}", tail_of(&log))),
+        }
+        let errors: u64 = fio_report.as_ref()?.jobs.iter().map(|j| j.error).sum();
+        if errors > 0 {
+            return Err(format!("fio saw {errors} errors across the restart"));
+        }
+        let (ms, at, _) = clat.clone()?;
+        check_stall(ms, at, kill_after_ms, restart.kill_to_exec_ms).map(|()| ms)
+    });
+    note(&format!(
+        "{STALL_RUN}: fio exit {rc:?}, longest I/O {max_ms:?} ms"
+    ));
+    let fio_max = fio_report.ok().and_then(|r| {
+        let max = r.jobs.iter().filter_map(|j| j.write.clat_ns.max);
+        max.reduce(f64::max)
+    });
+    let clat = clat.ok();
+    Ok(Stall {
+        max_ms,
+        max_at_ms: clat.map(|(_, at, _)| at),
+        ios: clat.map(|(_, _, n)| n),
+        fio_max_ms: fio_max.map(|ns| ns / 1e6),
+        first_write_ms: span_ms(Some(launched), Some(first_write)),
+        kill_after_ms,
+        restart,
+    })
+}
+
+/// The longest completion latency in a fio latency log with one line per I/O
+/// (`TIME_MS, LATENCY_NS, DIR, BS, OFFSET[, PRIO]`): (latency ms, completion time ms, I/Os).
+fn parse_clat_log(text: &str) -> Outcome<(f64, f64, usize)> {
+    let mut best: Option<(u64, u64)> = None;
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut f = line.split(',').map(|x| x.trim().parse::<u64>());
+        let (Some(Ok(t)), Some(Ok(ns))) = (f.next(), f.next()) else {
+            return Err(format!("odd fio latency log line {line:?}"));
+        };
+        n += 1;
+        if best.is_none_or(|(_, b)| ns > b) {
+            best = Some((t, ns));
         }
     }
-    if let Err(e) = fs::copy(logs.join("stall_clat.1.log"), d.join("clat.log")) {
-        append(
-            &d.join("fio.log"),
-            &format!("fio wrote no completion latency log: {e}"),
-        );
+    let (t, ns) = best.ok_or("fio's latency log is empty (no I/O completed?)")?;
+    Ok((ns as f64 / 1e6, t as f64, n))
+}
+
+/// Whether the longest completion latency in fio's log (`max_ms`, completed `at_ms` into the
+/// job) can be the stall across the restart: fio's I/O was in flight when ublkd was killed and
+/// could not complete before the new one ran, so that I/O lasted at least from the kill to the
+/// new exec (`kill_to_exec_ms`), and it completed after the kill, which came `kill_after_ms`
+/// after the device's first write (itself after the job's start, fio's time zero).
+fn check_stall(
+    max_ms: f64,
+    at_ms: f64,
+    kill_after_ms: Option<f64>,
+    kill_to_exec_ms: Option<f64>,
+) -> Outcome<()> {
+    let (Some(after), Some(gap)) = (kill_after_ms, kill_to_exec_ms) else {
+        return Err("no kill or restart time recorded".to_owned());
+    };
+    if max_ms < gap {
+        return Err(format!(
+            "fio's longest I/O ({max_ms:.1} ms) is shorter than the time from the kill to the \
+             new ublkd ({gap:.1} ms): the log missed the stall"
+        ));
     }
-    let logged = fs::read_to_string(d.join("clat.log"))
-        .map(|s| s.lines().count())
-        .unwrap_or(0);
-    note(&format!(
-        "{run}: fio exit {}, {logged} I/Os logged",
-        fs::read_to_string(d.join("fio.rc"))
-            .unwrap_or_default()
-            .trim()
-    ));
-    node.teardown();
+    if at_ms < after {
+        return Err(format!(
+            "fio's longest I/O completed {at_ms:.0} ms into the job, before the kill (at least \
+             {after:.0} ms in): the log missed the stall"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_io_is_read_from_fios_latency_log() {
+        // fio 3.33 per-I/O log: time ms, latency ns, direction, block size, offset (and prio).
+        let log = "0, 92132, 1, 4096, 0\n3001, 45123456, 1, 4096, 8192\n\
+                   3002, 45000000, 1, 4096, 0, 0\n7999, 80000, 1, 4096, 4096\n";
+        assert_eq!(parse_clat_log(log), Ok((45.123456, 3001.0, 4)));
+        assert!(parse_clat_log("").is_err_and(|e| e.contains("empty")));
+        assert!(parse_clat_log("0, lots, 1, 4096, 0\n").is_err());
+        assert!(parse_clat_log("garbage\n").is_err());
+    }
+
+    #[test]
+    fn a_stall_must_span_the_restart() {
+        // Killed 3000 ms after the first write; 10 ms from the kill to the new exec.
+        assert_eq!(check_stall(35.0, 3030.0, Some(3000.0), Some(10.0)), Ok(()));
+        assert_eq!(check_stall(10.0, 3001.0, Some(3000.0), Some(10.0)), Ok(()));
+        assert!(check_stall(9.0, 3030.0, Some(3000.0), Some(10.0))
+            .is_err_and(|e| e.contains("shorter than the time from the kill")));
+        assert!(check_stall(1500.0, 1528.0, Some(3000.0), Some(1000.0))
+            .is_err_and(|e| e.contains("before the kill")));
+        assert!(check_stall(35.0, 3030.0, None, Some(10.0)).is_err());
+    }
 }

@@ -3,256 +3,217 @@
 //! the kubelet would.
 
 use super::super::cases::{
-    CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_METRICS, CONTROL_RUN, CONTROL_SIZE, CONTROL_VOLUMES,
-    CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES,
+    CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_METRICS, CONTROL_RUN, CONTROL_SCRAPES, CONTROL_SIZE,
+    CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES,
 };
-use super::proc::{
-    append, log_file, note, put, signal, tail_of, Engine, Guest, Node, RANDREAD_QD32,
-};
+use super::super::results::{Case, Control, Csi, Measured, Outcome};
+use super::fio::{report, DIRECT, RANDREAD_QD32};
+use super::proc::{log_file, note, signal, tail_of, timed, vmrss_kib, wait_until, Guest, Node};
 use std::fs;
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Nanoseconds `f` took, with its result.
-fn timed<T>(f: impl FnOnce() -> T) -> (T, u128) {
-    let t0 = Instant::now();
-    let r = f();
-    (r, t0.elapsed().as_nanos())
+/// Several failures (one per volume) as the first one and a count.
+fn first_of(problems: &[String]) -> Option<String> {
+    match problems {
+        [] => None,
+        [one] => Some(one.clone()),
+        [first, more @ ..] => Some(format!("{first} (and {} more)", more.len())),
+    }
 }
 
-/// The control plane: the daemon's /proc status with no volumes (`status.0`) and with
-/// `CONTROL_VOLUMES` idle null volumes (`status.full`); each create-volume (`create.ns`: NAME
-/// DEVICE NS) and delete-volume (`delete.ns`: NAME NS) timed end to end, ublkctl's start-up
-/// included; a scrape of /metrics with every volume present (`scrape.ns`); and creates and
-/// deletes again while fio keeps the workers of the first two volumes busy (`load_create.ns`,
-/// `load_delete.ns`; `load.json`: fio's report of the load).
-pub fn control_case(g: &Guest) {
-    let run = CONTROL_RUN;
-    let Some(mut node) = Node::new(g, run, CONTROL_METRICS) else {
-        return;
-    };
-    let d = node.d.clone();
+/// The control plane: the daemon's RSS with no volumes and with `CONTROL_VOLUMES` idle null
+/// volumes; each create-volume and delete-volume timed end to end, ublkctl's start-up
+/// included; scrapes of /metrics with every volume present; and creates and deletes again
+/// while fio keeps the workers of the first two volumes busy.
+pub fn control_case(g: &Guest) -> Case {
     note(&format!(
-        "{run}: ublkd --config, then {CONTROL_VOLUMES} volumes through ublkctl"
+        "{CONTROL_RUN}: ublkd --config, then {CONTROL_VOLUMES} volumes through ublkctl"
     ));
-    node.spawn();
-    if !node.wait_up(g, run) {
-        return;
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let status = |name: &str, pid: Option<u32>| {
-        if let Some(s) = pid.and_then(|p| fs::read_to_string(format!("/proc/{p}/status")).ok()) {
-            put(&d.join(name), &s);
-        }
-    };
-    status("status.0", node.pid());
+    Node::run(g, CONTROL_RUN, CONTROL_METRICS, |node| {
+        Ok(Measured::Control(control(node)))
+    })
+}
 
-    let err = d.join("create.err");
-    let mut created: Vec<(String, String)> = Vec::new();
-    let mut lines = String::new();
+fn control(node: &mut Node) -> Control {
+    let rss = |node: &Node| {
+        node.pid()
+            .ok_or("ublkd is not running".into())
+            .and_then(vmrss_kib)
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let rss_empty_kib = rss(node);
+    let err = node.d.join("create.err");
+    // Null volumes of one queue (the server's default).
+    let volume = format!("--size {CONTROL_SIZE} --backend null --depth {CONTROL_DEPTH}");
+    let (mut created, mut create_ms) = (Vec::new(), Ok(Vec::new()));
     for k in 1..=CONTROL_VOLUMES {
         let name = format!("v{k:03}");
-        let depth = CONTROL_DEPTH.to_string();
-        let args = [
-            "create-volume",
-            &name,
-            "--size",
-            CONTROL_SIZE,
-            "--backend",
-            "null",
-            "--depth",
-            &depth,
-        ];
-        let (r, ns) = timed(|| node.ctl(&args, &err));
-        let dev = match r {
-            Ok(dev) => dev,
-            Err(e) => {
-                put(
-                    &d.join("create_error"),
-                    &format!("create-volume {name} failed {e}\n"),
-                );
+        match (node.create(&name, &volume, &err), &mut create_ms) {
+            (Ok((dev, ms)), Ok(times)) => {
+                times.push(ms);
+                created.push((name, dev));
+            }
+            (r, _) => {
+                create_ms = r.map(|_| vec![]);
                 break;
             }
-        };
-        // Created: deleted below, whatever else goes wrong.
-        let shown = if dev.is_empty() { "-" } else { dev.as_str() };
-        lines.push_str(&format!("{name} {shown} {ns}\n"));
-        created.push((name.clone(), dev.clone()));
-        if !super::proc::is_blk(Path::new(&dev)) {
-            put(
-                &d.join("create_error"),
-                &format!("create-volume {name} returned {shown}, which is no block device\n"),
-            );
-            break;
         }
     }
-    put(&d.join("create.ns"), &lines);
-    note(&format!("{run}: {} volumes created", created.len()));
+    note(&format!("{CONTROL_RUN}: {} volumes created", created.len()));
     std::thread::sleep(Duration::from_secs(1));
-    status("status.full", node.pid());
-    scrape(&d, CONTROL_METRICS);
-    under_load(g, &node, &created);
+    let not_all = |e: &String| format!("not all {CONTROL_VOLUMES} volumes were created: {e}");
+    let rss_full_kib = create_ms.as_ref().map_err(not_all).and_then(|_| rss(node));
+    let scrape_ms = scrape(CONTROL_METRICS);
+    let load = under_load(node, &created, &volume);
 
-    let mut deleted = String::new();
-    let err = d.join("delete.err");
+    let err = node.d.join("delete.err");
+    let (mut delete_ms, mut problems) = (Vec::new(), Vec::new());
     for (name, dev) in &created {
-        let (r, ns) = timed(|| node.ctl(&["delete-volume", name], &err));
-        if let Err(e) = r {
-            append(
-                &d.join("delete_error"),
-                &format!("delete-volume {name} failed {e}"),
-            );
-            continue;
+        match timed(|| node.ctl(&format!("delete-volume {name}"), &err)) {
+            (Err(e), _) => problems.push(format!("delete-volume {name} failed {e}")),
+            (Ok(_), ms) => delete_ms.push(ms),
         }
-        deleted.push_str(&format!("{name} {ns}\n"));
-        if Path::new(dev).exists() {
-            append(
-                &d.join("delete_error"),
-                &format!("{dev} still exists after delete-volume {name} returned"),
-            );
+        if dev.exists() {
+            let dev = dev.display();
+            problems.push(format!(
+                "{dev} still exists after delete-volume {name} returned"
+            ));
         }
     }
-    put(&d.join("delete.ns"), &deleted);
     note(&format!(
-        "{run}: {} volumes deleted",
-        deleted.lines().count()
+        "{CONTROL_RUN}: {} volumes deleted",
+        delete_ms.len()
     ));
-    node.stop();
+    let delete_ms = match (&create_ms, first_of(&problems)) {
+        (Err(e), _) => Err(not_all(e)),
+        (_, Some(e)) => Err(e),
+        _ => Ok(delete_ms),
+    };
+    Control {
+        rss_empty_kib,
+        rss_full_kib,
+        create_ms,
+        delete_ms,
+        scrape_ms,
+        load_create_ms: load.clone().map(|l| l.0),
+        load_delete_ms: load.clone().map(|l| l.1),
+        load_iops: load.map(|l| l.2),
+    }
 }
 
-/// Ten GETs of /metrics at `addr`, each timed inside this process (`scrape.ns`: one NS per
-/// line); a failure goes to `scrape_error`.
-fn scrape(d: &Path, addr: &str) {
-    let mut lines = String::new();
-    for _ in 0..10 {
-        let t0 = Instant::now();
-        let got = TcpStream::connect(addr).and_then(|mut c| {
-            c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-            let mut body = Vec::new();
-            c.read_to_end(&mut body)?;
-            Ok(body)
-        });
-        let ns = t0.elapsed().as_nanos();
-        match got {
-            Ok(body) => {
-                let head = body.split(|&b| b == b'\r').next().unwrap_or_default();
-                let head = String::from_utf8_lossy(head);
-                if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
-                    put(
-                        &d.join("scrape_error"),
-                        &format!("GET /metrics did not answer 200: {head}\n"),
-                    );
-                    break;
-                }
-                lines.push_str(&format!("{ns}\n"));
-            }
-            Err(e) => {
-                put(&d.join("scrape_error"), &format!("GET /metrics: {e}\n"));
-                break;
-            }
+/// GETs of /metrics at `addr`, each timed inside this process (ms).
+fn scrape(addr: &str) -> Outcome<Vec<f64>> {
+    let get = || -> Outcome<()> {
+        let mut c = TcpStream::connect(addr).map_err(|e| format!("GET /metrics: {e}"))?;
+        let mut body = Vec::new();
+        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .and_then(|()| c.read_to_end(&mut body))
+            .map_err(|e| format!("GET /metrics: {e}"))?;
+        let head = body.split(|&b| b == b'\r').next().unwrap_or_default();
+        let head = String::from_utf8_lossy(head);
+        match head.starts_with("HTTP/1.") && head.contains(" 200 ") {
+            true => Ok(()),
+            false => Err(format!("GET /metrics did not answer 200: {head}")),
         }
-    }
-    put(&d.join("scrape.ns"), &lines);
+    };
+    (0..CONTROL_SCRAPES)
+        .map(|_| match timed(get) {
+            (Ok(()), ms) => Ok(ms),
+            (Err(e), _) => Err(e),
+        })
+        .collect()
 }
 
 /// Round trips to busy workers: a create hands the new queue to a worker and waits for its
 /// answer (the worker reads commands between completions), a delete tears the queue down
-/// through it. Timed while fio keeps the workers busy on the first two volumes.
-fn under_load(g: &Guest, node: &Node, created: &[(String, String)]) {
-    let d = &node.d;
+/// through it. Timed while fio keeps the workers busy on the first two volumes: (creates ms,
+/// deletes ms, the IOPS of the load).
+fn under_load(
+    node: &mut Node,
+    created: &[(String, PathBuf)],
+    volume: &str,
+) -> Outcome<(Vec<f64>, Vec<f64>, f64)> {
     let [(_, a), (_, b), ..] = created else {
-        put(&d.join("load_error"), "fewer than 2 volumes to load\n");
-        return;
+        return Err("fewer than 2 volumes to load".into());
     };
-    let mut fio = Command::new("fio");
-    fio.args(Engine::Direct.args())
-        .args(RANDREAD_QD32)
+    let (json, log) = (node.d.join("load.json"), node.d.join("load.log"));
+    let mut fio = Command::new("fio")
+        .args(DIRECT.split_whitespace())
+        .args(RANDREAD_QD32.split_whitespace())
         .args(["--runtime=300", "--output-format=json"])
-        .arg(format!("--output={}", d.join("load.json").display()))
-        .args(["--name=load0", &format!("--filename={a}")])
-        .args(["--name=load1", &format!("--filename={b}")])
+        .arg(format!("--output={}", json.display()))
+        .args(["--name=load0", &format!("--filename={}", a.display())])
+        .args(["--name=load1", &format!("--filename={}", b.display())])
         .stdin(Stdio::null())
-        .stdout(log_file(&d.join("load.log")))
-        .stderr(log_file(&d.join("load.log")));
-    let mut fio = match fio.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            put(
-                &d.join("load_error"),
-                &format!("could not start fio: {e}\n"),
-            );
-            return;
-        }
-    };
+        .stdout(log_file(&log))
+        .stderr(log_file(&log))
+        .spawn()
+        .map_err(|e| format!("could not start fio: {e}"))?;
     std::thread::sleep(Duration::from_secs(2));
-    let err = d.join("load.err");
-    let (mut creates, mut deletes) = (String::new(), String::new());
-    let mut failed = false;
-    for k in 1..=CONTROL_LOAD_CALLS {
-        if !matches!(fio.try_wait(), Ok(None)) {
-            break;
-        }
-        let name = format!("l{k:03}");
-        let args = [
-            "create-volume",
-            &name,
-            "--size",
-            "64MiB",
-            "--backend",
-            "null",
-            "--depth",
-            "32",
-        ];
-        let (r, c_ns) = timed(|| node.ctl(&args, &err));
-        if let Err(e) = r {
-            put(
-                &d.join("load_error"),
-                &format!("create-volume {name} failed under load {e}\n"),
-            );
-            failed = true;
-            break;
-        }
-        let (r, d_ns) = timed(|| node.ctl(&["delete-volume", &name], &err));
-        if let Err(e) = r {
-            put(
-                &d.join("load_error"),
-                &format!("delete-volume {name} failed under load {e}\n"),
-            );
-            failed = true;
-            break;
-        }
-        creates.push_str(&format!("{name} {c_ns}\n"));
-        deletes.push_str(&format!("{name} {d_ns}\n"));
-    }
-    put(&d.join("load_create.ns"), &creates);
-    put(&d.join("load_delete.ns"), &deletes);
-    if !failed && !matches!(fio.try_wait(), Ok(None)) {
-        put(
-            &d.join("load_error"),
-            &format!(
-                "the fio load ended before the timed calls did: {}\n",
-                tail_of(&d.join("load.log"))
-            ),
-        );
-    }
+    let calls = load_calls(node, &mut fio, &log, volume);
     // SIGINT: fio stops and writes its report.
     signal(fio.id(), "INT");
     if let Err(e) = fio.wait() {
         note(&format!("waiting for the fio load: {e}"));
     }
+    let (creates, deletes) = calls?;
     note(&format!(
-        "{CONTROL_RUN}: {} creates and deletes timed under load (runtime {} s per job elsewhere)",
-        creates.lines().count(),
-        g.runtime
+        "{CONTROL_RUN}: {} creates and deletes timed under load",
+        creates.len()
     ));
+    let mut iops = 0.0;
+    for job in report(&json)?.jobs {
+        if job.error != 0 {
+            return Err(format!("the fio load reported error {}", job.error));
+        }
+        iops += job.read.iops + job.write.iops + job.trim.iops;
+    }
+    match iops > 0.0 {
+        true => Ok((creates, deletes, iops)),
+        false => Err("the fio load did no I/O".into()),
+    }
+}
+
+/// `CONTROL_LOAD_CALLS` creates and deletes, timed while `fio` runs.
+fn load_calls(
+    node: &mut Node,
+    fio: &mut Child,
+    log: &Path,
+    volume: &str,
+) -> Outcome<(Vec<f64>, Vec<f64>)> {
+    let err = node.d.join("load.err");
+    let (mut creates, mut deletes) = (Vec::new(), Vec::new());
+    for k in 0..=CONTROL_LOAD_CALLS {
+        if !matches!(fio.try_wait(), Ok(None)) {
+            return Err(format!(
+                "the fio load ended before the timed calls did: {}",
+                tail_of(log)
+            ));
+        }
+        if k == CONTROL_LOAD_CALLS {
+            break;
+        }
+        let name = format!("l{:03}", k + 1);
+        let (_, c_ms) = node
+            .create(&name, volume, &err)
+            .map_err(|e| format!("{e} (under load)"))?;
+        match timed(|| node.ctl(&format!("delete-volume {name}"), &err)) {
+            (Err(e), _) => return Err(format!("delete-volume {name} failed under load {e}")),
+            (Ok(_), d_ms) => deletes.push(d_ms),
+        }
+        creates.push(c_ms);
+    }
+    Ok((creates, deletes))
 }
 
 /// The CSI driver of the CSI run and what it needs: its binary (copied to tmpfs, so that
 /// process start-up stays off the 9p root), socket and kubelet directory.
-struct Csi {
+#[derive(Debug)]
+struct Driver {
     bin: PathBuf,
     sock: PathBuf,
     kubelet: PathBuf,
@@ -261,245 +222,176 @@ struct Csi {
     made: Vec<String>,
 }
 
-impl Csi {
-    /// `ublkd-csi ctl ARGS` against the driver; stderr goes to `err`.
-    fn ctl(&self, args: &[&str], err: &Path) -> Result<(), String> {
-        let ok = Command::new(&self.bin)
-            .arg("ctl")
+impl Driver {
+    /// `ublkd-csi ctl ARGS` (words) against the driver; stderr goes to `err`.
+    fn command(&self, args: &str, err: &Path) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("ctl")
             .arg("--csi-endpoint")
             .arg(format!("unix://{}", self.sock.display()))
-            .args(args)
+            .args(args.split_whitespace())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log_file(err))
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            Ok(())
-        } else {
-            Err(tail_of(err))
+            .stderr(log_file(err));
+        c
+    }
+
+    fn ctl(&self, args: &str, err: &Path) -> Outcome<()> {
+        match self.command(args, err).status() {
+            Ok(s) if s.success() => Ok(()),
+            _ => Err(tail_of(err)),
         }
     }
 
-    fn staging(&self, name: &str) -> String {
-        self.kubelet
-            .join("staging")
-            .join(name)
-            .display()
-            .to_string()
+    /// A volume's staging path and its pod's target path.
+    fn paths(&self, name: &str) -> (String, String) {
+        let k = self.kubelet.display();
+        (format!("{k}/staging/{name}"), format!("{k}/pods/p/{name}"))
     }
 
-    fn target(&self, name: &str) -> String {
-        self.kubelet.join("pods/p").join(name).display().to_string()
-    }
-
-    fn create(
-        &mut self,
-        name: &str,
-        size: u64,
-        fs: Option<&str>,
-        err: &Path,
-    ) -> Result<(), String> {
+    fn create(&mut self, name: &str, size: u64, fs: Option<&str>, err: &Path) -> Outcome<()> {
         self.made.push(name.to_owned());
-        let size = size.to_string();
-        let root = format!("root={}", self.roots.display());
-        let mut args = vec!["create", name, "--size", &size];
-        let fs_param = fs.map(|f| format!("fsType={f}"));
-        if let Some(f) = fs {
-            args.extend(["--fs", f]);
-        }
-        args.extend(["--param", "backend=file", "--param", &root]);
-        if let Some(p) = &fs_param {
-            args.extend(["--param", p]);
-        }
-        self.ctl(&args, err)
+        let fs = fs.map_or(String::new(), |f| format!("--fs {f} --param fsType={f}"));
+        let root = self.roots.display();
+        let params = format!("--param backend=file --param root={root} {fs}");
+        self.ctl(&format!("create {name} --size {size} {params}"), err)
     }
 
     /// CreateVolume, NodeStageVolume and NodePublishVolume, as the provisioner and the kubelet
     /// make them for a pod's first start.
-    fn up(&mut self, name: &str, size: u64, fs: &str, err: &Path) -> Result<(), String> {
+    fn up(&mut self, name: &str, size: u64, fs: &str, err: &Path) -> Outcome<()> {
         self.create(name, size, Some(fs), err)?;
-        let (staging, target) = (self.staging(name), self.target(name));
-        self.ctl(&["stage", name, &staging, "--fs", fs], err)?;
-        self.ctl(&["publish", name, &staging, &target, "--fs", fs], err)
+        let (staging, target) = self.paths(name);
+        self.ctl(&format!("stage {name} {staging} --fs {fs}"), err)?;
+        self.ctl(&format!("publish {name} {staging} {target} --fs {fs}"), err)
     }
 
     /// Unpublishes, unstages and deletes every volume made (each a no-op where there is
-    /// nothing to undo); failures go to `teardown_error`.
-    fn teardown(&mut self, d: &Path) {
+    /// nothing to undo); failures go to `problems`.
+    fn teardown(&mut self, d: &Path, problems: &mut Vec<String>) {
         let err = d.join("teardown.err");
         for name in std::mem::take(&mut self.made) {
-            let (staging, target) = (self.staging(&name), self.target(&name));
+            let (staging, target) = self.paths(&name);
             let down = self
-                .ctl(&["unpublish", &name, &target], &err)
-                .and_then(|()| self.ctl(&["unstage", &name, &staging], &err))
-                .and_then(|()| self.ctl(&["delete", &name], &err));
+                .ctl(&format!("unpublish {name} {target}"), &err)
+                .and_then(|()| self.ctl(&format!("unstage {name} {staging}"), &err))
+                .and_then(|()| self.ctl(&format!("delete {name}"), &err));
             if let Err(e) = down {
-                append(
-                    &d.join("teardown_error"),
-                    &format!("tearing down {name} failed: {e}"),
-                );
+                problems.push(format!("tearing down {name} failed: {e}"));
             }
         }
     }
 }
 
 /// ublkd with ublkd-csi in front of it: for ext4 and xfs, `CSI_VOLUMES` file volumes each timed
-/// from CreateVolume to a published, mounted file system (`<fs>.ns`), each torn down before the
-/// next (the node's capacity is a tmpfs); then `CSI_PARALLEL` fresh ext4 volumes staged one at
-/// a time (`stage_seq.ns`: total NS), torn down, and as many staged all at once
-/// (`stage_par.ns`). Problems go to `error` or `teardown_error`.
-pub fn csi_case(g: &Guest) {
-    let run = CSI_RUN;
-    let Some(mut node) = Node::new(g, run, CSI_METRICS) else {
-        return;
-    };
-    let d = node.d.clone();
-    let Some(src) = &g.csi else {
-        return g.fail_case(run, "no ublkd-csi binary");
-    };
-    // In the node's own directory: the tmpfs, and never a path the node uses.
-    let bin = node.c.join("ublkd-csi.bin");
-    if let Err(e) = fs::copy(src, &bin) {
-        return g.fail_case(run, &format!("copying ublkd-csi to {}: {e}", bin.display()));
-    }
-    let kubelet = node.c.join("kubelet");
-    if let Err(e) = fs::create_dir_all(&kubelet) {
-        return g.fail_case(run, &format!("mkdir {}: {e}", kubelet.display()));
-    }
+/// from CreateVolume to a published, mounted file system, each torn down before the next (the
+/// node's capacity is a tmpfs); then `CSI_PARALLEL` fresh ext4 volumes staged one at a time,
+/// torn down, and as many staged all at once.
+pub fn csi_case(g: &Guest) -> Case {
     note(&format!(
-        "{run}: {CSI_VOLUMES} volumes per file system to a mounted pod path; \
+        "{CSI_RUN}: {CSI_VOLUMES} volumes per file system to a mounted pod path; \
          {CSI_PARALLEL} stages in sequence, {CSI_PARALLEL} in parallel"
     ));
-    node.spawn();
-    if !node.wait_up(g, run) {
-        return;
-    }
-    let mut csi = Csi {
-        sock: node.c.join("csi.sock"),
-        roots: node.c.join("roots"),
-        kubelet,
-        bin,
-        made: Vec::new(),
-    };
-    let driver = Command::new(&csi.bin)
-        .arg("--csi-endpoint")
-        .arg(format!("unix://{}", csi.sock.display()))
-        .arg("--ublkd")
-        .arg(format!("unix://{}", node.sock().display()))
-        .args(["--node-id", "bench", "--kubelet-dir"])
-        .arg(&csi.kubelet)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file(&d.join("csi.log")))
-        .spawn();
-    let mut driver = match driver {
-        Ok(c) => c,
-        Err(e) => {
-            g.fail_case(run, &format!("could not start ublkd-csi: {e}"));
-            node.stop();
-            return;
+    Node::run(g, CSI_RUN, CSI_METRICS, |node| {
+        let src = g
+            .input
+            .csi
+            .as_ref()
+            .map_err(|e| format!("no ublkd-csi binary: {e}"))?;
+        // In the node's own directory: the tmpfs, and never a path the node uses.
+        let mut drv = Driver {
+            bin: node.c.join("ublkd-csi.bin"),
+            sock: node.c.join("csi.sock"),
+            kubelet: node.c.join("kubelet"),
+            roots: node.c.join("roots"),
+            made: Vec::new(),
+        };
+        fs::copy(src, &drv.bin)
+            .and_then(|_| fs::create_dir_all(&drv.kubelet))
+            .map_err(|e| format!("preparing ublkd-csi in {}: {e}", node.c.display()))?;
+        let mut driver = Command::new(&drv.bin)
+            .arg("--csi-endpoint")
+            .arg(format!("unix://{}", drv.sock.display()))
+            .arg("--ublkd")
+            .arg(format!("unix://{}", node.sock().display()))
+            .args(["--node-id", "bench", "--kubelet-dir"])
+            .arg(&drv.kubelet)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file(&node.d.join("csi.log")))
+            .spawn()
+            .map_err(|e| format!("could not start ublkd-csi: {e}"))?;
+        wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+            drv.sock.exists()
+        });
+        let measured = csi(&mut drv, &node.d, &mut node.problems);
+        drv.teardown(&node.d, &mut node.problems);
+        signal(driver.id(), "TERM");
+        if let Err(e) = driver.wait() {
+            note(&format!("waiting for ublkd-csi: {e}"));
         }
-    };
-    super::proc::wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        csi.sock.exists()
-    });
+        measured.map(Measured::Csi)
+    })
+}
+
+fn csi(drv: &mut Driver, d: &Path, problems: &mut Vec<String>) -> Outcome<Csi> {
     let err = d.join("csi.err");
-    let error = d.join("error");
-    for fs in ["ext4", "xfs"] {
+    let mut mounted = [Vec::new(), Vec::new()];
+    for (fs, times) in ["ext4", "xfs"].into_iter().zip(&mut mounted) {
         // xfs refuses file systems under 300 MB.
         let size: u64 = if fs == "xfs" { 320 << 20 } else { 64 << 20 };
-        let mut times = String::new();
         for k in 1..=CSI_VOLUMES {
             let name = format!("pvc-{fs}-{k:03}");
-            let (r, ns) = timed(|| csi.up(&name, size, fs, &err));
-            csi.teardown(&d);
-            match r {
-                Ok(()) => times.push_str(&format!("{ns}\n")),
-                Err(e) => {
-                    put(&error, &format!("{name}: {e}\n"));
-                    break;
-                }
-            }
-        }
-        put(&d.join(format!("{fs}.ns")), &times);
-        if error.exists() {
-            break;
+            let (r, ms) = timed(|| drv.up(&name, size, fs, &err));
+            drv.teardown(d, problems);
+            r.map_err(|e| format!("{name}: {e}"))?;
+            times.push(ms);
         }
     }
-    for set in ["seq", "par"] {
-        if error.exists() {
-            break;
-        }
-        for k in 1..=CSI_PARALLEL {
-            let name = format!("pvc-{set}-{k:03}");
-            if let Err(e) = csi.create(&name, 64 << 20, None, &err) {
-                put(&error, &format!("{name}: {e}\n"));
-                break;
-            }
-        }
-        if error.exists() {
-            break;
-        }
+    note(&format!(
+        "{CSI_RUN}: {} volumes timed to mounted",
+        2 * CSI_VOLUMES
+    ));
+    let mut stages = [0.0; 2];
+    for (parallel, total) in [false, true].into_iter().zip(&mut stages) {
+        let set = if parallel { "par" } else { "seq" };
         let names: Vec<String> = (1..=CSI_PARALLEL)
             .map(|k| format!("pvc-{set}-{k:03}"))
             .collect();
-        let t0 = Instant::now();
-        if set == "seq" {
-            for name in &names {
-                if let Err(e) = csi.ctl(&["stage", name, &csi.staging(name)], &err) {
-                    append(&error, &format!("stage {name} failed: {e}"));
-                }
-            }
-        } else {
-            let children: Vec<_> = names
-                .iter()
-                .map(|name| {
-                    Command::new(&csi.bin)
-                        .arg("ctl")
-                        .arg("--csi-endpoint")
-                        .arg(format!("unix://{}", csi.sock.display()))
-                        .args(["stage", name, &csi.staging(name)])
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::null())
-                        .stderr(log_file(&err))
-                        .spawn()
-                        .map(|c| (name, c))
-                })
-                .collect();
-            for child in children {
-                let ok = match child {
-                    Ok((name, mut c)) => (name.as_str(), c.wait().is_ok_and(|s| s.success())),
-                    Err(e) => {
-                        append(&error, &format!("could not start a stage: {e}"));
-                        continue;
-                    }
-                };
-                if !ok.1 {
-                    append(&error, &format!("stage {} failed: {}", ok.0, tail_of(&err)));
-                }
-            }
+        for name in &names {
+            drv.create(name, 64 << 20, None, &err)
+                .map_err(|e| format!("{name}: {e}"))?;
         }
-        put(
-            &d.join(format!("stage_{set}.ns")),
-            &format!("{}\n", t0.elapsed().as_nanos()),
-        );
-        csi.teardown(&d);
+        let t0 = Instant::now();
+        let stage = |n: &String| drv.command(&format!("stage {n} {}", drv.paths(n).0), &err);
+        let failed = |n: &String| format!("stage {n} failed: {}", tail_of(&err));
+        let failures: Vec<String> = if parallel {
+            let children: Vec<_> = names.iter().map(|n| (n, stage(n).spawn())).collect();
+            let waited = children
+                .into_iter()
+                .map(|(n, c)| (n, c.map(|mut c| c.wait())));
+            waited
+                .filter_map(|(n, r)| match r {
+                    Ok(Ok(s)) if s.success() => None,
+                    Ok(_) => Some(failed(n)),
+                    Err(e) => Some(format!("could not start the stage of {n}: {e}")),
+                })
+                .collect()
+        } else {
+            let ok = |n: &&String| stage(n).status().is_ok_and(|s| s.success());
+            names.iter().filter(|n| !ok(n)).map(failed).collect()
+        };
+        *total = t0.elapsed().as_secs_f64() * 1e3;
+        drv.teardown(d, problems);
+        if let Some(e) = first_of(&failures) {
+            return Err(e);
+        }
     }
-    let timed_count: usize = ["ext4.ns", "xfs.ns"]
-        .iter()
-        .map(|f| {
-            fs::read_to_string(d.join(f))
-                .unwrap_or_default()
-                .lines()
-                .count()
-        })
-        .sum();
-    note(&format!("{run}: {timed_count} volumes timed to mounted"));
-    csi.teardown(&d);
-    signal(driver.id(), "TERM");
-    if let Err(e) = driver.wait() {
-        note(&format!("waiting for ublkd-csi: {e}"));
-    }
-    node.stop();
+    let [ext4_ms, xfs_ms] = mounted;
+    Ok(Csi {
+        ext4_ms,
+        xfs_ms,
+        stage_seq_ms: stages[0],
+        stage_par_ms: stages[1],
+    })
 }

@@ -1,0 +1,267 @@
+//! fio in the guest: the command, its JSON report read into serde structs, and one workload
+//! against a device with the CPU and I/O counters read around it.
+
+use super::super::cases::WORKLOADS;
+use super::super::results::{Outcome, Sample};
+use super::proc::{note, run_logged, tail_of, Guest};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+/// fio's JSON report, as far as the bench reads it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Report {
+    pub jobs: Vec<Job>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Job {
+    pub error: u64,
+    pub read: Dir,
+    pub write: Dir,
+    pub trim: Dir,
+}
+
+/// One direction of a job.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Dir {
+    pub iops: f64,
+    pub total_ios: u64,
+    pub bw_bytes: f64,
+    pub lat_ns: Stat,
+    pub clat_ns: Stat,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Stat {
+    pub mean: f64,
+    pub max: Option<f64>,
+}
+
+/// fio's report in `path` (after any notes fio printed before it), with at least one job.
+pub fn report(path: &Path) -> Outcome<Report> {
+    parse(&fs::read_to_string(path).map_err(|e| format!("no fio output: {e}"))?)
+}
+
+fn parse(text: &str) -> Outcome<Report> {
+    let start = text.find('{').ok_or("no JSON in fio output")?;
+    let r: Report =
+        serde_json::from_str(&text[start..]).map_err(|e| format!("bad fio JSON: {e}"))?;
+    match r.jobs.is_empty() {
+        true => Err("no job in fio output".into()),
+        false => Ok(r),
+    }
+}
+
+/// Runs fio `c` with its output in `log` and reads its report from `json`: the first job,
+/// unless fio failed or reported an error.
+pub fn run(c: Command, json: &Path, log: &Path) -> Outcome<Job> {
+    let _ = fs::remove_file(json); // a report of an earlier job would be read as this one's
+    match run_logged(c, log)? {
+        0 => {}
+        rc => return Err(format!("fio exited with status {rc}: {}", tail_of(log))),
+    }
+    let job = report(json)?.jobs.remove(0);
+    match job.error {
+        0 => Ok(job),
+        e => Err(format!("fio reported error {e}")),
+    }
+}
+
+/// How fio reaches a device: io_uring with direct I/O (every block device); NVMe passthrough
+/// on the namespace's char device, polled, with fixed buffers and files; io_uring on its block
+/// device, polled, the same.
+pub const DIRECT: &str = "--ioengine=io_uring --direct=1";
+pub const PASSTHRU: &str =
+    "--ioengine=io_uring_cmd --cmd_type=nvme --hipri=1 --fixedbufs=1 --registerfiles=1";
+pub const HIPRI: &str = "--ioengine=io_uring --direct=1 --hipri=1 --fixedbufs=1 --registerfiles=1";
+
+/// The 4 KiB randread at QD32 that the warm-ups and the control plane's load run.
+pub const RANDREAD_QD32: &str = "--bs=4k --rw=randread --iodepth=32 --norandommap --time_based";
+
+/// fio under timeout(1), killed 60 s after `secs` if it has not ended: job `name` on `dev`, its
+/// JSON report to `json`, then `args` (words).
+pub fn fio(secs: u64, name: &str, dev: &Path, json: &Path, args: &str) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", &(secs + 60).to_string(), "fio"])
+        .arg(format!("--name={name}"))
+        .arg(format!("--filename={}", dev.display()))
+        .arg("--output-format=json")
+        .arg(format!("--output={}", json.display()))
+        .args(args.split_whitespace());
+    c
+}
+
+/// IOPS and mean latency (µs) of a job running `rw`: a mixed job counts both directions, and
+/// its latency is the reads'.
+fn rate(job: &Job, rw: &str) -> Outcome<(f64, f64)> {
+    let dirs = match rw {
+        "randrw" => vec![&job.read, &job.write],
+        rw if rw.contains("write") => vec![&job.write],
+        _ => vec![&job.read],
+    };
+    if dirs.iter().map(|d| d.total_ios).sum::<u64>() == 0 {
+        return Err("fio completed no I/O".into());
+    }
+    Ok((
+        dirs.iter().map(|d| d.iops).sum(),
+        dirs[0].lat_ns.mean / 1000.0,
+    ))
+}
+
+/// What the guest counts around a job: the server's CPU ticks (utime + stime of `pids`), every
+/// CPU's busy ticks (user, nice, system, irq, softirq), and the I/Os the device completed.
+#[derive(Debug)]
+struct Counters {
+    server: Outcome<u64>,
+    all: Outcome<u64>,
+    ios: Outcome<u64>,
+}
+
+/// Whitespace-separated numbers of `text` (from field `skip`).
+fn numbers(text: &str, skip: usize) -> Vec<u64> {
+    text.split_whitespace()
+        .skip(skip)
+        .map_while(|x| x.parse().ok())
+        .collect()
+}
+
+fn counters(blk: &str, pids: &[u32]) -> Counters {
+    let server = || -> Outcome<u64> {
+        if pids.is_empty() {
+            return Err("no server process".into());
+        }
+        let mut total = 0;
+        for p in pids {
+            let stat = fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // After the command's closing parenthesis: utime is field 14, stime 15.
+            let f = stat.rsplit_once(") ").map(|(_, r)| numbers(r, 11));
+            match f.as_deref() {
+                Some([u, s, ..]) => total += u + s,
+                _ => return Err("server CPU time unreadable (process gone?)".into()),
+            }
+        }
+        Ok(total)
+    };
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().find_map(|l| l.strip_prefix("cpu "));
+    let all = match cpu.map(|l| numbers(l, 0)).as_deref() {
+        Some([user, nice, system, _, _, irq, softirq, ..]) => {
+            Ok(user + nice + system + irq + softirq)
+        }
+        _ => Err("no cpu line in /proc/stat".into()),
+    };
+    let dev = fs::read_to_string(format!("/sys/block/{blk}/stat")).unwrap_or_default();
+    let ios = match numbers(&dev, 0)[..] {
+        [reads, _, _, _, writes, ..] => Ok(reads + writes),
+        _ => Err(format!("no I/O counts in /sys/block/{blk}/stat")),
+    };
+    Counters {
+        server: server(),
+        all,
+        ios,
+    }
+}
+
+/// CPU seconds per million I/Os (= µs per I/O) between two readings.
+fn per_mio(t0: &Outcome<u64>, t1: &Outcome<u64>, hz: f64, ios: &Outcome<u64>) -> Outcome<f64> {
+    let ticks = t1.clone()?.saturating_sub(t0.clone()?);
+    match ios.clone()? {
+        0 => Err("the device completed no I/O".into()),
+        ios => Ok(ticks as f64 / hz / (ios as f64 / 1e6)),
+    }
+}
+
+/// Every workload on `dev`, with the CPU time of `pids` (the server) around each.
+pub fn workloads(
+    g: &Guest,
+    run_id: &str,
+    dev: &Path,
+    pids: &[u32],
+    engine: &str,
+) -> BTreeMap<String, Outcome<Sample>> {
+    let d = g.dir(run_id);
+    let real = fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
+    let blk = real
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let mut out = BTreeMap::new();
+    for wl in WORKLOADS {
+        let json = d.join(format!("{}.json", wl.id));
+        let (runtime, mix) = (
+            g.input.runtime,
+            if wl.rw == "randrw" {
+                "--rwmixread=70"
+            } else {
+                ""
+            },
+        );
+        let job = format!(
+            "{engine} --bs={} --rw={} {mix} --iodepth={} --numjobs={} --group_reporting \
+             --norandommap --time_based --runtime={runtime} --ramp_time=1",
+            wl.bs, wl.rw, wl.qd, wl.jobs
+        );
+        let c = fio(runtime, wl.id, dev, &json, &job);
+        let before = counters(&blk, pids);
+        let job = run(c, &json, &d.join(format!("{}.log", wl.id)));
+        let after = counters(&blk, pids);
+        let ios = after
+            .ios
+            .clone()
+            .and_then(|a| Ok(a.saturating_sub(before.ios.clone()?)));
+        let done = match (&job, &ios) {
+            (Ok(_), Ok(n)) => format!("{n} I/Os"),
+            (Err(e), _) | (_, Err(e)) => e.clone(),
+        };
+        note(&format!("{run_id} {}: {done}", wl.id));
+        let sample = job.and_then(|job| {
+            let (iops, lat_us) = rate(&job, wl.rw)?;
+            Ok(Sample {
+                iops,
+                lat_us,
+                cpu_s_per_mio: per_mio(&before.server, &after.server, g.hz, &ios),
+                sys_us_per_io: per_mio(&before.all, &after.all, g.hz, &ios),
+            })
+        });
+        out.insert(wl.id.to_owned(), sample);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(text: &str) -> Job {
+        parse(text).unwrap().jobs.remove(0)
+    }
+
+    #[test]
+    fn fio_reports_and_counters_read_into_numbers() {
+        let text = r#"note: both iodepth >= 1 and synchronous I/O engine
+{"jobs":[{"error":0,"read":{"iops":8123.5,"total_ios":40000,"lat_ns":{"mean":3900000.0}},
+          "write":{"iops":0.0,"total_ios":0,"lat_ns":{"mean":0.0}}}]}"#;
+        assert_eq!(rate(&job(text), "randread"), Ok((8123.5, 3900.0)));
+        assert!(rate(&job(text), "randwrite").is_err());
+        // Mixed: both directions' IOPS, the reads' latency.
+        let mixed = r#"{"jobs":[{"error":0,"read":{"iops":700.0,"total_ios":7000,"lat_ns":{"mean":2000.0}},
+          "write":{"iops":300.0,"total_ios":3000,"lat_ns":{"mean":9000.0}, "clat_ns":{"max":5.0}}}]}"#;
+        let j = job(mixed);
+        assert_eq!(rate(&j, "randrw"), Ok((1000.0, 2.0)));
+        assert_eq!((j.write.clat_ns.max, j.read.clat_ns.max), (Some(5.0), None));
+        assert!(parse("garbage").is_err() && parse(r#"{"jobs":[]}"#).is_err());
+
+        // 150 ticks at 100 Hz = 1.5 s over 3 million I/Os.
+        assert_eq!(per_mio(&Ok(100), &Ok(250), 100.0, &Ok(3_000_000)), Ok(0.5));
+        let none = Err("no server process".into());
+        assert!(per_mio(&none, &none, 100.0, &Ok(5)).is_err_and(|e| e.contains("no server")));
+        assert!(per_mio(&Ok(1), &Ok(2), 100.0, &Ok(0)).is_err_and(|e| e.contains("no I/O")));
+        assert_eq!(numbers("1 2 x 3", 0), [1, 2]);
+    }
+}
