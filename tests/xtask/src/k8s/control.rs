@@ -102,6 +102,7 @@ impl Drop for ControlPlane {
         }
         std::thread::sleep(Duration::from_secs(3));
         for c in children.iter_mut() {
+            // KILL after the TERM: one that has exited on the TERM is what this wants.
             let _ = c.kill();
             if let Err(e) = c.wait() {
                 eprintln!("xtask: k8s-test: waiting for a control-plane component: {e}");
