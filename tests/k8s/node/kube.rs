@@ -15,6 +15,15 @@ use std::time::{Duration, Instant};
 /// The node's name, as its kubelet registers it.
 pub const NODE: &str = "ublkd-vm";
 
+/// kubectl's arguments that name the ublkd pods (after `get`, or as `jp`'s `what`).
+pub const UBLKD_PODS: [&str; 5] = [
+    "-n",
+    "ublkd-system",
+    "pod",
+    "-l",
+    "app.kubernetes.io/name=ublkd",
+];
+
 /// kubectl's arguments for the node plugin's own log.
 pub const CSI_NODE_LOGS: [&str; 6] = [
     "-n",
@@ -499,13 +508,7 @@ spec:
     }
 
     pub fn ublkd_pod(&self) -> Result<String> {
-        let sel = [
-            "-n",
-            "ublkd-system",
-            "pod",
-            "-l",
-            "app.kubernetes.io/name=ublkd",
-        ];
+        let sel = UBLKD_PODS;
         self.jp(&sel, "{.items[0].metadata.name}")
     }
 

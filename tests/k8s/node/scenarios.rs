@@ -2,7 +2,9 @@
 //! function each, read top to bottom, every call it makes in its own log
 //! (`logs/scenario-NAME.log` in the run directory).
 
-use crate::kube::{field, fill, has_line, local, mib, Daemon, Mode, Node, Sc, CSI_NODE_LOGS, NODE};
+use crate::kube::{
+    field, fill, has_line, local, mib, Daemon, Mode, Node, Sc, CSI_NODE_LOGS, NODE, UBLKD_PODS,
+};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use std::fs::{self, File};
@@ -144,13 +146,7 @@ fn files_named(dir: &Path, part: &str) -> Vec<PathBuf> {
 fn driver(s: &Sc) -> Result<()> {
     // How long ublkd took from its container's start to binding the listener of its startup
     // probe (for the record: a probe before that bind is a warning event, warnings).
-    let sel = [
-        "-n",
-        "ublkd-system",
-        "pod",
-        "-l",
-        "app.kubernetes.io/name=ublkd",
-    ];
+    let sel = UBLKD_PODS;
     let path =
         r#"{.items[0].status.containerStatuses[?(@.name=="ublkd")].state.running.startedAt}"#;
     let started = s.jp(&sel, path)?;
@@ -812,15 +808,7 @@ spec:
     )?;
     s.say(s.helm(&[&["history", "ublkd"][..], &ns].concat())?);
     let on_node = format!("spec.nodeName={NODE}");
-    let sel = [
-        "-n",
-        "ublkd-system",
-        "pod",
-        "-l",
-        "app.kubernetes.io/name=ublkd",
-        "--field-selector",
-    ];
-    s.delete(&[&sel[..], &[&on_node]].concat())?;
+    s.delete(&[&UBLKD_PODS[..], &["--field-selector", &on_node]].concat())?;
     let image = r#"{.spec.containers[?(@.name=="ublkd")].image}"#;
     let rolled = || {
         s.ublkd_pod().is_ok_and(|p| {
@@ -1349,13 +1337,7 @@ spec:
             .is_ok_and(|o| o.lines().any(|l| l.trim() == "lost-vol"))
     };
     s.wait(300, "ublkctl orphans lists lost-vol", reported)?;
-    let sel = [
-        "-n",
-        "ublkd-system",
-        "pod",
-        "-l",
-        "app.kubernetes.io/name=ublkd",
-    ];
+    let sel = UBLKD_PODS;
     let ip = s.jp(&sel, "{.items[0].status.podIP}")?;
     let metrics = local("curl", &["-fsS", &format!("http://{ip}:9580/metrics")])?;
     let n = metrics
