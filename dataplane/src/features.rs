@@ -39,10 +39,19 @@ impl Features {
     pub const USER_RECOVERY_REISSUE: Features = Features(sys::UBLK_F_USER_RECOVERY_REISSUE);
     pub const UPDATE_SIZE: Features = Features(sys::UBLK_F_UPDATE_SIZE);
     pub const QUIESCE: Features = Features(sys::UBLK_F_QUIESCE);
+    /// What ublkd refuses to run without: a device outlives its server, and the next one takes
+    /// it over, its in-flight requests reissued (ARCHITECTURE.md, "Crash safety").
+    pub const RECOVERY: Features =
+        Features(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE);
 
     /// True when every bit of `other` is set here.
     pub fn contains(self, other: Features) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// The bits of `wanted` not set here.
+    pub fn missing(self, wanted: Features) -> Features {
+        Features(wanted.0 & !self.0)
     }
 
     /// Names of the known flags that are set, in bit order.

@@ -1,9 +1,10 @@
-//! The control thread: its state (workers, devices, devices being taken over), its command
-//! loop, and the commands that span every device (shutdown, listing, stats).
+//! The control thread's state (workers, devices, devices being taken over) and the commands
+//! with no step file of their own: drain and resume, limits, statistics, the kernel's device
+//! list, deleting a device ublkd does not own, the shutdown that keeps devices. Its command loop
+//! is in the parent module; a device's life in `lifecycle.rs` and `recover.rs`.
 
 use super::{
-    kernel_device_ids, Command, DataplaneError, DeviceInfo, DeviceStats, KernelDevice, KernelState,
-    WorkerSnapshot,
+    kernel_device_ids, DataplaneError, DeviceInfo, DeviceStats, KernelDevice, KernelState,
 };
 use crate::backend;
 use crate::ctrl::{ControlDevice, CtrlError};
@@ -12,7 +13,6 @@ use crate::features::Features;
 use crate::ids::{DevId, QueueId};
 use crate::placement::PlacementPolicy;
 use crate::qos::{QosLimits, Throttle};
-use crate::reply::Answer;
 use crate::stats::{CleanupErrors, CleanupStep, QueueStats, StatsSnapshot, WorkerStats};
 use crate::sys::{self, os};
 use crate::worker::WorkerCmd;
@@ -113,103 +113,6 @@ pub(super) struct Control {
 }
 
 impl Control {
-    pub(super) fn run(mut self, rx: Receiver<Command>) {
-        while let Ok(cmd) = rx.recv() {
-            match cmd {
-                Command::Add { spec, reply } => {
-                    reply.answer(self.add(spec));
-                }
-                Command::Delete { dev_id: id, reply } => {
-                    reply.answer(self.delete(id));
-                }
-                Command::Resize {
-                    dev_id: id,
-                    size_bytes: size,
-                    growth,
-                    reply,
-                } => {
-                    reply.answer(self.resize(id, size, growth));
-                }
-                Command::Drain { dev_id: id, reply } => {
-                    reply.answer(self.drain(id));
-                }
-                Command::Resume { dev_id: id, reply } => {
-                    reply.answer(self.resume(id));
-                }
-                Command::SetQos {
-                    dev_id: id,
-                    limits,
-                    reply,
-                } => {
-                    reply.answer(self.set_qos(id, limits));
-                }
-                Command::Stats { dev_id: id, reply } => {
-                    reply.answer(self.stats(id));
-                }
-                Command::StatsAll(reply) => {
-                    let all = self
-                        .devices
-                        .keys()
-                        .filter_map(|&id| self.stats(id).ok())
-                        .collect();
-                    reply.answer(Ok(all));
-                }
-                Command::List(reply) => {
-                    reply.answer(Ok(self.devices.values().map(|d| d.info.clone()).collect()));
-                }
-                Command::Workers(reply) => {
-                    reply.answer(Ok(self
-                        .workers
-                        .iter()
-                        .map(|w| {
-                            let (busy, idle) = w.stats.seconds();
-                            let (batch_buckets, batch_sum) = w.stats.batches();
-                            WorkerSnapshot {
-                                cpu: w.cpu,
-                                busy_seconds: busy,
-                                idle_seconds: idle,
-                                batch_buckets,
-                                batch_sum,
-                                down_errno: w.stats.down_errno(),
-                                ring_retries: w.stats.ring_retries(),
-                                iowq_limits: w.stats.iowq_limits(),
-                                pinned: w.stats.pinned(),
-                                cleanup_errors: w.stats.cleanup_errors(),
-                                idle_spin: w.spin,
-                                waits: w.stats.waits(),
-                            }
-                        })
-                        .collect()));
-                }
-                Command::ControlCleanup(reply) => {
-                    reply.answer(Ok(self.cleanup.counts()));
-                }
-                Command::Shutdown(reply) => {
-                    reply.answer(self.shutdown());
-                    return;
-                }
-                Command::Recover { spec, reply } => {
-                    reply.answer(self.recover(spec));
-                }
-                Command::KernelDevices(reply) => {
-                    reply.answer(self.kernel_devices());
-                }
-                Command::DeleteForeign { dev_id: id, reply } => {
-                    reply.answer(self.delete_foreign(id));
-                }
-                Command::ShutdownKeep(reply) => {
-                    reply.answer(self.shutdown_keep());
-                    return;
-                }
-            }
-        }
-        // Every Handle is gone: clean up as on shutdown. Nobody is left to tell of a failure
-        // but the count (the process is exiting, or its server dropped the dataplane).
-        if self.shutdown().is_err() {
-            self.cleanup.failed(CleanupStep::ShutdownWithoutHandles);
-        }
-    }
-
     /// Asks every worker to hold the device's new requests and waits until each has none
     /// with the backend; on a timeout the device is resumed and the drain fails.
     pub(super) fn drain(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
@@ -302,31 +205,6 @@ impl Control {
         if device.throttle.take().is_some() {
             Self::send_throttle(&self.workers, device.info.dev_id, None);
         }
-    }
-
-    pub(super) fn shutdown(&mut self) -> Result<(), DataplaneError> {
-        let ids: Vec<DevId> = self
-            .devices
-            .keys()
-            .chain(self.recovering.keys())
-            .copied()
-            .collect();
-        let mut first_err = None;
-        for id in ids {
-            if let Err(e) = self.delete(id) {
-                first_err.get_or_insert(e);
-            }
-        }
-        for w in &mut self.workers {
-            // A worker whose thread has ended is already shut down.
-            w.tell(WorkerCmd::Shutdown);
-            // A worker that stopped on a fatal error stays parked until the process exits.
-            if w.stats.down_errno().is_some() {
-                continue;
-            }
-            w.join();
-        }
-        first_err.map_or(Ok(()), Err)
     }
 
     pub(super) fn kernel_devices(&mut self) -> Result<Vec<KernelDevice>, DataplaneError> {

@@ -3,6 +3,7 @@
 use crate::backend::BackendError;
 use crate::ctrl::CtrlError;
 use crate::device::SpecError;
+use crate::features::Features;
 use crate::ids::{DevId, QueueId};
 use crate::ring::RingError;
 use crate::worker::WorkerError;
@@ -29,6 +30,11 @@ pub enum DataplaneError {
     Backend(#[from] BackendError),
     #[error("ublk control command failed")]
     Ctrl(#[from] CtrlError),
+    #[error("the ublk driver offers no user recovery (missing {missing}): a device would not outlive a restart of its server")]
+    NoUserRecovery {
+        features: Features,
+        missing: Features,
+    },
     #[error("the kernel granted flags {granted:#x}, missing {missing:#x}")]
     FlagsRefused { granted: u64, missing: u64 },
     #[error("cannot open {path}")]
@@ -97,7 +103,8 @@ impl DataplaneError {
                 ErrorKind::NotFound
             }
             DataplaneError::Backend(_) => ErrorKind::InvalidArgument,
-            DataplaneError::Ctrl(CtrlError::Open { .. }) => ErrorKind::FailedPrecondition,
+            DataplaneError::Ctrl(CtrlError::Open { .. })
+            | DataplaneError::NoUserRecovery { .. } => ErrorKind::FailedPrecondition,
             DataplaneError::Ctrl(CtrlError::Timeout { .. }) => ErrorKind::Unavailable,
             DataplaneError::NoSuchDevice(_) => ErrorKind::NotFound,
             DataplaneError::Busy { .. } | DataplaneError::NotRecoverable { .. } => {

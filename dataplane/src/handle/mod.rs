@@ -19,7 +19,7 @@ use crate::sys::{self, os};
 use crate::worker::Worker;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -272,6 +272,7 @@ impl Handle {
         let mut ctrl = ControlDevice::open()?;
         ctrl.set_timeout(config.timeout);
         let features = ctrl.features()?;
+        check_features(features)?;
         // Whether ublk commands may share an IOPOLL ring (Linux >= 7.1): probed, never guessed.
         let iopoll_shared =
             !crate::hooks::fire(crate::hooks::Fault::IopollSplit) && ctrl.iopoll_takes_ublk_cmds();
@@ -305,7 +306,7 @@ impl Handle {
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("ublkd-ctrl".into())
-            .spawn(move || control.run(rx))
+            .spawn(move || run_control(control, rx))
             .map_err(DataplaneError::Spawn)?;
         Ok(Handle {
             tx,
@@ -455,6 +456,121 @@ impl Handle {
     }
 }
 
+/// Refuses a driver without user recovery: ublkd's every promise across a restart (devices
+/// taken over, never deleted; in-flight I/O reissued) rests on it.
+fn check_features(features: Features) -> Result<(), DataplaneError> {
+    let missing = features.missing(Features::RECOVERY);
+    if missing.0 == 0 {
+        Ok(())
+    } else {
+        Err(DataplaneError::NoUserRecovery { features, missing })
+    }
+}
+
+/// The control thread: takes each command in turn and answers it, handing a device's life
+/// (add, delete, resize, takeover) to the file that owns it; cleans up as on shutdown once every
+/// `Handle` is gone.
+fn run_control(mut control: Control, rx: Receiver<Command>) {
+    while let Ok(cmd) = rx.recv() {
+        match cmd {
+            Command::Add { spec, reply } => {
+                reply.answer(lifecycle::add(&mut control, spec));
+            }
+            Command::Delete { dev_id: id, reply } => {
+                reply.answer(lifecycle::delete(&mut control, id));
+            }
+            Command::Resize {
+                dev_id: id,
+                size_bytes: size,
+                growth,
+                reply,
+            } => {
+                reply.answer(lifecycle::resize(&mut control, id, size, growth));
+            }
+            Command::Drain { dev_id: id, reply } => {
+                reply.answer(control.drain(id));
+            }
+            Command::Resume { dev_id: id, reply } => {
+                reply.answer(control.resume(id));
+            }
+            Command::SetQos {
+                dev_id: id,
+                limits,
+                reply,
+            } => {
+                reply.answer(control.set_qos(id, limits));
+            }
+            Command::Stats { dev_id: id, reply } => {
+                reply.answer(control.stats(id));
+            }
+            Command::StatsAll(reply) => {
+                let all = control
+                    .devices
+                    .keys()
+                    .filter_map(|&id| control.stats(id).ok())
+                    .collect();
+                reply.answer(Ok(all));
+            }
+            Command::List(reply) => {
+                reply.answer(Ok(control
+                    .devices
+                    .values()
+                    .map(|d| d.info.clone())
+                    .collect()));
+            }
+            Command::Workers(reply) => {
+                reply.answer(Ok(control
+                    .workers
+                    .iter()
+                    .map(|w| {
+                        let (busy, idle) = w.stats.seconds();
+                        let (batch_buckets, batch_sum) = w.stats.batches();
+                        WorkerSnapshot {
+                            cpu: w.cpu,
+                            busy_seconds: busy,
+                            idle_seconds: idle,
+                            batch_buckets,
+                            batch_sum,
+                            down_errno: w.stats.down_errno(),
+                            ring_retries: w.stats.ring_retries(),
+                            iowq_limits: w.stats.iowq_limits(),
+                            pinned: w.stats.pinned(),
+                            cleanup_errors: w.stats.cleanup_errors(),
+                            idle_spin: w.spin,
+                            waits: w.stats.waits(),
+                        }
+                    })
+                    .collect()));
+            }
+            Command::ControlCleanup(reply) => {
+                reply.answer(Ok(control.cleanup.counts()));
+            }
+            Command::Shutdown(reply) => {
+                reply.answer(lifecycle::shutdown(&mut control));
+                return;
+            }
+            Command::Recover { spec, reply } => {
+                reply.answer(recover::recover(&mut control, spec));
+            }
+            Command::KernelDevices(reply) => {
+                reply.answer(control.kernel_devices());
+            }
+            Command::DeleteForeign { dev_id: id, reply } => {
+                reply.answer(control.delete_foreign(id));
+            }
+            Command::ShutdownKeep(reply) => {
+                reply.answer(control.shutdown_keep());
+                return;
+            }
+        }
+    }
+    // Every Handle is gone: clean up as on shutdown. Nobody is left to tell of a failure
+    // but the count (the process is exiting, or its server dropped the dataplane).
+    if lifecycle::shutdown(&mut control).is_err() {
+        control.cleanup.failed(CleanupStep::ShutdownWithoutHandles);
+    }
+}
+
 fn spawn_worker(cpu: usize, spin: Duration) -> Result<WorkerThread, DataplaneError> {
     let (tx, rx) = mpsc::channel();
     let event = Arc::new(os::EventFd::new().map_err(DataplaneError::Spawn)?);
@@ -545,4 +661,33 @@ pub fn kernel_device_ids() -> Vec<DevId> {
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_features, DataplaneError, ErrorKind, Features};
+
+    #[test]
+    fn a_driver_without_user_recovery_is_refused() {
+        let full = Features::RECOVERY | Features::BATCH_IO;
+        assert!(check_features(full).is_ok());
+        let e = check_features(Features::USER_RECOVERY | Features::BATCH_IO)
+            .expect_err("no reissue: refused");
+        assert!(
+            matches!(e, DataplaneError::NoUserRecovery { missing, .. } if missing == Features::USER_RECOVERY_REISSUE),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), ErrorKind::FailedPrecondition);
+        assert_eq!(
+            e.to_string(),
+            "the ublk driver offers no user recovery (missing USER_RECOVERY_REISSUE): a device \
+             would not outlive a restart of its server"
+        );
+        let none = check_features(Features::default()).expect_err("none: refused");
+        assert!(
+            none.to_string()
+                .contains("USER_RECOVERY|USER_RECOVERY_REISSUE"),
+            "{none}"
+        );
+    }
 }

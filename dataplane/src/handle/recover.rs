@@ -1,7 +1,9 @@
 //! Taking over a device a previous ublkd left (START/END_USER_RECOVERY), resumable when an
-//! attempt fails part way.
+//! attempt fails part way. Functions of the control thread's `Control`, named at each call
+//! (`recover::recover`).
 
 use super::control::{Control, Device};
+use super::lifecycle;
 use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo, KernelState};
 use crate::backend::{self, Growth};
 use crate::ctrl::CtrlError;
@@ -12,194 +14,195 @@ use crate::placement;
 use crate::sys::{self, os};
 use std::time::{Duration, Instant};
 
-impl Control {
-    /// Waits until the device's previous server has let go (the kernel releases its queues
-    /// asynchronously after the process dies); returns the device's info.
-    pub(super) fn wait_released(
-        &mut self,
-        dev_id: DevId,
-    ) -> Result<sys::ublksrv_ctrl_dev_info, DataplaneError> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let info = match self.ctrl.dev_info(dev_id) {
-                Ok(i) => i,
-                Err(CtrlError::Command { source, .. })
-                    if source.raw_os_error() == Some(libc::ENODEV) =>
-                {
-                    return Err(DataplaneError::NoSuchDevice(dev_id))
-                }
-                Err(e) => return Err(e.into()),
-            };
-            match KernelState::from_raw(info.state) {
-                KernelState::Quiesced | KernelState::FailIo => return Ok(info),
-                KernelState::Dead => {
-                    return Err(DataplaneError::NotRecoverable {
-                        dev_id,
-                        why: "it was stopped".into(),
-                    })
-                }
-                KernelState::Live | KernelState::Unknown(_) => {
-                    let pid = info.ublksrv_pid;
-                    if pid > 0 && pid as u32 != std::process::id() && os::pid_alive(pid) {
-                        return Err(DataplaneError::Busy { dev_id, pid });
-                    }
-                    if Instant::now() >= deadline {
-                        return Err(DataplaneError::ReleaseTimeout(dev_id));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+/// Waits until the device's previous server has let go (the kernel releases its queues
+/// asynchronously after the process dies); returns the device's info.
+pub(super) fn wait_released(
+    control: &mut Control,
+    dev_id: DevId,
+) -> Result<sys::ublksrv_ctrl_dev_info, DataplaneError> {
+    let deadline = Instant::now() + control.timeout;
+    loop {
+        let info = match control.ctrl.dev_info(dev_id) {
+            Ok(i) => i,
+            Err(CtrlError::Command { source, .. })
+                if source.raw_os_error() == Some(libc::ENODEV) =>
+            {
+                return Err(DataplaneError::NoSuchDevice(dev_id))
             }
-        }
-    }
-
-    pub(super) fn recover(&mut self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
-        let dev_id = spec.dev_id.ok_or(DataplaneError::NotRecoverable {
-            dev_id: DevId(u32::MAX),
-            why: "no device id given".into(),
-        })?;
-        if self.devices.contains_key(&dev_id) {
-            return Err(DataplaneError::AlreadyOwned(dev_id));
-        }
-        if let Some(device) = self.recovering.remove(&dev_id) {
-            // A takeover that failed half way: the device is still ours and quiesced.
-            let kernel_size = device.info.spec.size_bytes;
-            return self.finish_recovery(device, kernel_size, spec.size_bytes);
-        }
-        spec.validate(max_queues())?;
-        let info = self.wait_released(dev_id)?;
-        if info.nr_hw_queues != spec.queues || info.queue_depth != spec.queue_depth {
-            return Err(DataplaneError::NotRecoverable {
-                dev_id,
-                why: format!(
-                    "the kernel device has {} queue(s) of depth {}, the volume {} of depth {}",
-                    info.nr_hw_queues, info.queue_depth, spec.queues, spec.queue_depth
-                ),
-            });
-        }
-        if let Some(name) = unservable_flags(info.flags) {
-            return Err(DataplaneError::NotRecoverable {
-                dev_id,
-                why: format!("the device uses {name}, which ublkd does not serve"),
-            });
-        }
-        let path = if info.flags & sys::UBLK_F_BATCH_IO != 0 {
-            IoPath::Batch
-        } else {
-            IoPath::PerIo
+            Err(e) => return Err(e.into()),
         };
-        let kernel_size = self.ctrl.params(dev_id)?.basic.dev_sectors * 512;
-        let backend = backend::open(
-            &spec.backend,
-            spec.size_bytes.max(kernel_size),
-            spec.block_size,
-        )?;
-        self.check_claim(backend.as_ref(), Some(dev_id))?;
-        let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
-        let (zero_copy, polled, poll_reason) =
-            self.modes(&spec, backend.as_ref(), Some(kernel_zc))?;
-        let (placement, placement_reason) = placement::decide(self.placement, self.dedicated_cpus);
-        // A zero-copy device whose new backend must copy (an orphan adopted as a RAM volume):
-        // every request takes the fallback, served by copy, which needs USER_COPY.
-        let copy_only = zero_copy && !backend.zero_copy();
-        if copy_only && info.flags & sys::UBLK_F_USER_COPY == 0 {
-            return Err(DataplaneError::NotRecoverable {
-                dev_id,
-                why: "the device is zero copy without USER_COPY, and this backend copies".into(),
-            });
-        }
-        let device = Device::new(
-            DeviceInfo {
-                dev_id,
-                spec: DeviceSpec {
-                    max_io_bytes: info.max_io_buf_bytes,
-                    // Never shrink a device on takeover; a larger recorded size is applied below.
-                    size_bytes: kernel_size,
-                    ..spec.clone()
-                },
-                io_path: path,
-                flags: info.flags,
-                zero_copy,
-                polled,
-                poll_reason,
-                copy_queues: 0,
-                every_request_by_copy: copy_only,
-                placement,
-                placement_reason,
-                queue_cpus: Vec::new(),
-                erased: None,
-                block_device: block_device(dev_id),
-                char_device: char_device(dev_id),
-            },
-            backend,
-        );
-        self.start_recovery(dev_id)?;
-        self.finish_recovery(device, kernel_size, spec.size_bytes)
-    }
-
-    /// START_USER_RECOVERY, retrying -EBUSY with a bounded back-off: the driver marks the
-    /// device QUIESCED before it clears its open bit, so a device found released can still be
-    /// busy for a moment.
-    pub(super) fn start_recovery(&mut self, dev_id: DevId) -> Result<(), DataplaneError> {
-        let deadline = Instant::now() + self.timeout;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let r = if hooks::fire(Fault::RecoverBusy) {
-                Err(CtrlError::Command {
-                    command: "START_USER_RECOVERY",
-                    source: std::io::Error::from_raw_os_error(libc::EBUSY),
+        match KernelState::from_raw(info.state) {
+            KernelState::Quiesced | KernelState::FailIo => return Ok(info),
+            KernelState::Dead => {
+                return Err(DataplaneError::NotRecoverable {
+                    dev_id,
+                    why: "it was stopped".into(),
                 })
-            } else {
-                self.ctrl.start_recovery(dev_id)
-            };
-            match r {
-                Err(CtrlError::Command { ref source, .. })
-                    if source.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            KernelState::Live | KernelState::Unknown(_) => {
+                let pid = info.ublksrv_pid;
+                if pid > 0 && pid as u32 != std::process::id() && os::pid_alive(pid) {
+                    return Err(DataplaneError::Busy { dev_id, pid });
                 }
-                other => return Ok(other?),
+                if Instant::now() >= deadline {
+                    return Err(DataplaneError::ReleaseTimeout(dev_id));
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
+}
 
-    /// Attaches the queues not attached yet and ends the recovery. On failure nothing is torn
-    /// down: the device stays quiesced in the kernel (applications wait, mounts and open files
-    /// stay) and is kept for the next `recover` of its id, which resumes here.
-    pub(super) fn finish_recovery(
-        &mut self,
-        mut device: Device,
-        kernel_size: u64,
-        wanted_size: u64,
-    ) -> Result<DeviceInfo, DataplaneError> {
-        let dev_id = device.info.dev_id;
-        if device.stuck {
-            self.recovering.insert(dev_id, device);
-            return Err(DataplaneError::RecoveryStuck(dev_id));
-        }
-        let r = self
-            .attach_queues(&mut device, true)
-            .and_then(|()| Ok(self.ctrl.end_recovery(dev_id)?));
-        if let Err(e) = r {
-            self.recovering.insert(dev_id, device);
-            return Err(e);
-        }
-        if wanted_size > kernel_size {
-            // A grow recorded but not (or not wholly) applied before a crash. The device serves
-            // either way: if growing fails it keeps its size, which its info reports.
-            let grown = device
-                .backend
-                .resize(wanted_size, Growth::Erase)
-                .map_err(DataplaneError::from)
-                .and_then(|()| Ok(self.ctrl.update_size(dev_id, wanted_size / 512)?));
-            if grown.is_ok() {
-                device.info.spec.size_bytes = wanted_size;
-            }
-        }
-        let out = device.info.clone();
-        self.devices.insert(dev_id, device);
-        Ok(out)
+pub(super) fn recover(
+    control: &mut Control,
+    spec: DeviceSpec,
+) -> Result<DeviceInfo, DataplaneError> {
+    let dev_id = spec.dev_id.ok_or(DataplaneError::NotRecoverable {
+        dev_id: DevId(u32::MAX),
+        why: "no device id given".into(),
+    })?;
+    if control.devices.contains_key(&dev_id) {
+        return Err(DataplaneError::AlreadyOwned(dev_id));
     }
+    if let Some(device) = control.recovering.remove(&dev_id) {
+        // A takeover that failed half way: the device is still ours and quiesced.
+        let kernel_size = device.info.spec.size_bytes;
+        return finish_recovery(control, device, kernel_size, spec.size_bytes);
+    }
+    spec.validate(max_queues())?;
+    let info = wait_released(control, dev_id)?;
+    if info.nr_hw_queues != spec.queues || info.queue_depth != spec.queue_depth {
+        return Err(DataplaneError::NotRecoverable {
+            dev_id,
+            why: format!(
+                "the kernel device has {} queue(s) of depth {}, the volume {} of depth {}",
+                info.nr_hw_queues, info.queue_depth, spec.queues, spec.queue_depth
+            ),
+        });
+    }
+    if let Some(name) = unservable_flags(info.flags) {
+        return Err(DataplaneError::NotRecoverable {
+            dev_id,
+            why: format!("the device uses {name}, which ublkd does not serve"),
+        });
+    }
+    let path = if info.flags & sys::UBLK_F_BATCH_IO != 0 {
+        IoPath::Batch
+    } else {
+        IoPath::PerIo
+    };
+    let kernel_size = control.ctrl.params(dev_id)?.basic.dev_sectors * 512;
+    let backend = backend::open(
+        &spec.backend,
+        spec.size_bytes.max(kernel_size),
+        spec.block_size,
+    )?;
+    lifecycle::check_claim(control, backend.as_ref(), Some(dev_id))?;
+    let kernel_zc = info.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
+    let (zero_copy, polled, poll_reason) =
+        lifecycle::modes(control, &spec, backend.as_ref(), Some(kernel_zc))?;
+    let (placement, placement_reason) =
+        placement::decide(control.placement, control.dedicated_cpus);
+    // A zero-copy device whose new backend must copy (an orphan adopted as a RAM volume):
+    // every request takes the fallback, served by copy, which needs USER_COPY.
+    let copy_only = zero_copy && !backend.zero_copy();
+    if copy_only && info.flags & sys::UBLK_F_USER_COPY == 0 {
+        return Err(DataplaneError::NotRecoverable {
+            dev_id,
+            why: "the device is zero copy without USER_COPY, and this backend copies".into(),
+        });
+    }
+    let device = Device::new(
+        DeviceInfo {
+            dev_id,
+            spec: DeviceSpec {
+                max_io_bytes: info.max_io_buf_bytes,
+                // Never shrink a device on takeover; a larger recorded size is applied below.
+                size_bytes: kernel_size,
+                ..spec.clone()
+            },
+            io_path: path,
+            flags: info.flags,
+            zero_copy,
+            polled,
+            poll_reason,
+            copy_queues: 0,
+            every_request_by_copy: copy_only,
+            placement,
+            placement_reason,
+            queue_cpus: Vec::new(),
+            erased: None,
+            block_device: block_device(dev_id),
+            char_device: char_device(dev_id),
+        },
+        backend,
+    );
+    start_recovery(control, dev_id)?;
+    finish_recovery(control, device, kernel_size, spec.size_bytes)
+}
+
+/// START_USER_RECOVERY, retrying -EBUSY with a bounded back-off: the driver marks the
+/// device QUIESCED before it clears its open bit, so a device found released can still be
+/// busy for a moment.
+pub(super) fn start_recovery(control: &mut Control, dev_id: DevId) -> Result<(), DataplaneError> {
+    let deadline = Instant::now() + control.timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let r = if hooks::fire(Fault::RecoverBusy) {
+            Err(CtrlError::Command {
+                command: "START_USER_RECOVERY",
+                source: std::io::Error::from_raw_os_error(libc::EBUSY),
+            })
+        } else {
+            control.ctrl.start_recovery(dev_id)
+        };
+        match r {
+            Err(CtrlError::Command { ref source, .. })
+                if source.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+/// Attaches the queues not attached yet and ends the recovery. On failure nothing is torn
+/// down: the device stays quiesced in the kernel (applications wait, mounts and open files
+/// stay) and is kept for the next `recover` of its id, which resumes here.
+pub(super) fn finish_recovery(
+    control: &mut Control,
+    mut device: Device,
+    kernel_size: u64,
+    wanted_size: u64,
+) -> Result<DeviceInfo, DataplaneError> {
+    let dev_id = device.info.dev_id;
+    if device.stuck {
+        control.recovering.insert(dev_id, device);
+        return Err(DataplaneError::RecoveryStuck(dev_id));
+    }
+    let r = lifecycle::attach_queues(control, &mut device, true)
+        .and_then(|()| Ok(control.ctrl.end_recovery(dev_id)?));
+    if let Err(e) = r {
+        control.recovering.insert(dev_id, device);
+        return Err(e);
+    }
+    if wanted_size > kernel_size {
+        // A grow recorded but not (or not wholly) applied before a crash. The device serves
+        // either way: if growing fails it keeps its size, which its info reports.
+        let grown = device
+            .backend
+            .resize(wanted_size, Growth::Erase)
+            .map_err(DataplaneError::from)
+            .and_then(|()| Ok(control.ctrl.update_size(dev_id, wanted_size / 512)?));
+        if grown.is_ok() {
+            device.info.spec.size_bytes = wanted_size;
+        }
+    }
+    let out = device.info.clone();
+    control.devices.insert(dev_id, device);
+    Ok(out)
 }
 
 /// The data path a device's flags ask for that this server does not speak, if any: serving such

@@ -9,39 +9,35 @@
 //! Queues of polled NVMe volumes live on a second ring with IORING_SETUP_IOPOLL (created on first
 //! use). While passthrough I/O is in flight there, the worker spins on it; when none is, it
 //! sleeps on the main ring, which the poll ring wakes through the same eventfd.
+//!
+//! The `Worker` keeps its loop, the dispatch of each completion to the queue it is for, the
+//! control thread's commands (attach and teardown in `attach.rs`, drains in `drain.rs`) and the
+//! flush of batch commits. A `Queue` (`queue.rs`) owns what one of its requests goes through,
+//! the ublk paths' own steps in `per_io.rs` and `batch.rs`.
 
-use crate::backend::{Backend, Request};
+use crate::backend::Backend;
 use crate::device::IoPath;
-use crate::ids::{DevId, QueueId, Tag};
+use crate::ids::{DevId, QueueId};
 use crate::qos::Throttle;
 use crate::reply::Answer;
-use crate::ring::{BufRing, Completion, Op, Region, RingError, WorkerRing};
-use crate::stats::{QueueStats, Wait, WorkerStats};
-use crate::sys::os::{DescMap, EventFd, Mapping};
-use crate::sys::{self};
-use std::collections::VecDeque;
+use crate::ring::{Completion, Op, RingError, WorkerRing};
+use crate::stats::{CleanupStep, QueueStats, Wait, WorkerStats};
+use crate::sys::os::{EventFd, Mapping};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod attach;
 mod batch;
 mod drain;
 mod per_io;
 mod queue;
-mod request;
 mod state;
-mod throttle;
 mod token;
 
-use state::{Commits, Life, COMMIT_BUFS};
+use queue::Queue;
 use token::Token;
-
-/// Times a backend operation that failed for a passing reason is sent again, and the first
-/// back-off (doubled each time: 1, 2, 4, 8, 16 ms).
-const MAX_RETRIES: u8 = 5;
-const FIRST_BACKOFF_NS: u64 = 1_000_000;
 
 /// Fixed-buffer slots per worker ring: the kernel's maximum, since zero copy takes one per tag.
 const FIXED_BUFFERS: u32 = 16384;
@@ -54,15 +50,6 @@ const POLL_CQ_ENTRIES: u32 = POLL_FIXED_BUFFERS * 2;
 const POLL_FIXED_BUFFERS: u32 = 8192;
 /// The buffer slot handed to the kernel when every registration must fail (test hook).
 const NO_SLOT: u16 = u16::MAX;
-/// Most fetch buffers per provided-buffer group. Each multishot completion takes a whole buffer
-/// and carries at least one tag, and a tag is not delivered again before we commit it, so
-/// `depth` buffers per group mean the kernel never runs out (-ENOBUFS). Running out would end
-/// the fetch with tags still queued in the kernel, and with both fetches ended those tags wait
-/// for the next request to arrive: a stall if none comes.
-const MAX_FETCH_BUFS: u16 = 256;
-/// Batch element sizes: with a buffer address (copy mode), and the bare header (zero copy).
-const ELEM_BYTES_COPY: u8 = 16;
-const ELEM_BYTES_ZC: u8 = 8;
 
 /// Which of the worker's rings a queue's commands go on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,137 +165,6 @@ pub enum WorkerCmd {
     /// kernel's own cleanup (as after a crash) hands the devices to the next server.
     Abandon,
 }
-
-#[derive(Debug, Clone, Copy)]
-struct TagState {
-    req: Request,
-    started: Option<Instant>,
-    /// Zero copy failed to register this request's buffer: it is served by copy.
-    fallback: bool,
-    /// The backend's result while a fallback read's data is copied out to the kernel.
-    result: i32,
-    /// Times the backend operation was sent again.
-    retries: u8,
-}
-
-#[derive(Debug)]
-struct Batch {
-    groups: [BufRing; 2],
-    commit: [Arc<Mapping>; COMMIT_BUFS],
-    /// Finished tags on their way to the kernel, pending or in flight.
-    commits: Commits,
-    scratch: Vec<u16>,
-}
-
-#[derive(Debug)]
-struct Queue {
-    setup: Box<QueueSetup>,
-    desc: DescMap,
-    /// Copy buffers, one `max_io` region per tag. With zero copy they exist only once a request
-    /// needs the fallback.
-    bufs: Option<Arc<Mapping>>,
-    /// Fixed-buffer slot of `bufs` on the backend's ring, when the backend reads and writes
-    /// through the ring.
-    buf_index: Option<u16>,
-    /// Zero copy: each tag's slot in the ublk ring's buffer table (reserved for the kernel).
-    zc_slots: Vec<u16>,
-    /// Per-tag command payload memory (16 bytes per tag).
-    scratch: Arc<Mapping>,
-    tags: Vec<TagState>,
-    batch: Option<Batch>,
-    /// What the kernel still holds of the queue, and whether it is stopping.
-    life: Life,
-    /// The control thread waits for the kernel to accept this queue's commands.
-    attach_reply: Option<AttachReply>,
-    /// Requests over the device's limits, `[reads, writes]`, in arrival order: each waits in
-    /// the worker until its direction's buckets admit it (at most `depth` of them).
-    waiting: [VecDeque<Tag>; 2],
-    /// A timer to look at `waiting` again is in flight.
-    throttle_timer: bool,
-    /// Requests fetched and not yet committed (waiting, held or with the backend).
-    active: usize,
-    /// Drained: new requests are held in `held`, not started, until resumed.
-    paused: bool,
-    held: VecDeque<Tag>,
-}
-
-impl Queue {
-    fn fd(&self) -> i32 {
-        self.setup.cdev.as_raw_fd()
-    }
-
-    fn tag_region(&self, tag: Tag) -> Region {
-        Region {
-            offset: tag.index() * self.setup.max_io as usize,
-            len: self.setup.max_io as usize,
-        }
-    }
-
-    fn elem_bytes(&self) -> u8 {
-        if self.setup.zero_copy {
-            ELEM_BYTES_ZC
-        } else {
-            ELEM_BYTES_COPY
-        }
-    }
-
-    /// The kernel buffer slot of `tag` (zero copy).
-    fn zc_slot(&self, tag: Tag) -> u16 {
-        self.zc_slots.get(tag.index()).copied().unwrap_or(NO_SLOT)
-    }
-
-    /// The AUTO_BUF_REG word for `tag`'s next request (zero copy), else None.
-    fn auto_buf(&self, tag: Tag) -> Option<u64> {
-        self.setup
-            .zero_copy
-            .then(|| sys::auto_buf_reg(self.zc_slot(tag), self.fallback_flag()))
-    }
-
-    fn fallback_flag(&self) -> u8 {
-        if self.setup.user_copy {
-            sys::UBLK_AUTO_BUF_REG_FALLBACK
-        } else {
-            0
-        }
-    }
-
-    /// Copy mode's per-tag buffer for a ublk command (None with zero copy).
-    fn cmd_buf(&self, tag: Tag) -> Option<(&Arc<Mapping>, Region)> {
-        if self.setup.zero_copy {
-            return None;
-        }
-        self.bufs.as_ref().map(|b| (b, self.tag_region(tag)))
-    }
-
-    /// `tag`'s command payload (one NVMe DSM range).
-    fn scratch_region(&self, tag: Tag) -> Region {
-        Region {
-            offset: tag.index() * SCRATCH_BYTES,
-            len: PAYLOAD_BYTES,
-        }
-    }
-
-    /// `tag`'s back-off timespec, apart from its payload (a retried discard still needs it).
-    fn timespec_region(&self, tag: Tag) -> Region {
-        Region {
-            offset: tag.index() * SCRATCH_BYTES + PAYLOAD_BYTES,
-            len: 16,
-        }
-    }
-
-    /// The queue's own timespec (the throttle timer), after every tag's scratch.
-    fn throttle_timespec(&self) -> Region {
-        Region {
-            offset: usize::from(self.setup.depth) * SCRATCH_BYTES + PAYLOAD_BYTES,
-            len: 16,
-        }
-    }
-}
-
-/// Command payload bytes per tag (one NVMe DSM range).
-const PAYLOAD_BYTES: usize = 16;
-/// Scratch bytes per tag: the payload, then a `__kernel_timespec` for retry back-offs.
-const SCRATCH_BYTES: usize = PAYLOAD_BYTES + 16;
 
 /// A worker's rings: the main one, and the IOPOLL one once a polled queue needs it.
 #[derive(Debug)]
@@ -466,14 +322,14 @@ impl Worker {
             }
             self.cqes = cqes;
             if !self.attaching.is_empty() {
-                self.answer_attaches();
+                attach::answer_attaches(self);
             }
             if !self.drains.is_empty() {
-                self.answer_drains();
+                drain::answer_drains(self);
             }
             self.flush_commits();
             self.stats.batch(std::mem::take(&mut self.handled));
-            self.reap_dead_queues();
+            attach::reap_dead_queues(self);
             self.stats.busy(busy_from.elapsed());
             if self.shutdown && self.queues.iter().all(Option::is_none) {
                 return Ok(());
@@ -582,20 +438,82 @@ impl Worker {
                 self.commands();
                 self.arm_event()?;
             }
-            Token::Io { slot, tag } => self.on_io_cmd(slot, tag, c.result),
+            // The rest are a queue's: handed to it, if it is still there, with what of the
+            // worker its request path needs.
+            Token::Io { slot, tag } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    per_io::on_io_cmd(
+                        q,
+                        &mut self.rings,
+                        &mut self.dirty,
+                        &mut self.handled,
+                        slot,
+                        tag,
+                        c.result,
+                    );
+                }
+            }
             Token::Backend { slot, tag } => {
                 if on_poll {
                     self.rings.polled = self.rings.polled.saturating_sub(1);
                 }
-                self.on_backend(slot, tag, c.result)
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    q.on_backend(&mut self.rings, &mut self.dirty, slot, tag, c.result);
+                }
             }
-            Token::Prep { slot } => self.on_prep(slot, c.result),
-            Token::Fetch { slot, group } => self.on_fetch(slot, group, c),
-            Token::Commit { slot, buf } => self.on_commit(slot, buf, c.result),
-            Token::CopyIn { slot, tag } => self.on_copy_in(slot, tag, c.result),
-            Token::CopyOut { slot, tag } => self.on_copy_out(slot, tag, c.result),
-            Token::Retry { slot, tag } => self.on_retry(slot, tag),
-            Token::Throttle { slot } => self.on_throttle_timer(slot),
+            Token::Prep { slot } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    batch::on_prep(q, c.result);
+                }
+            }
+            Token::Fetch { slot, group } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    let rearmed = batch::on_fetch(
+                        q,
+                        &mut self.rings,
+                        &mut self.dirty,
+                        &mut self.handled,
+                        slot,
+                        group,
+                        c,
+                    );
+                    // The queue stopped without its fetch: the volume's statistics count it
+                    // as a protocol error, the worker's as a clean-up step that failed.
+                    if let Err(e) = rearmed {
+                        self.stats.cleanup_failed(CleanupStep::FetchRearm);
+                        let errno = match &e {
+                            WorkerError::Ring(r) => r.errno(),
+                            _ => libc::EIO,
+                        };
+                        q.setup.stats.protocol_error(errno);
+                    }
+                }
+            }
+            Token::Commit { slot, buf } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    batch::on_commit(q, &mut self.dirty, slot, buf, c.result);
+                }
+            }
+            Token::CopyIn { slot, tag } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    q.on_copy_in(&mut self.rings, &mut self.dirty, slot, tag, c.result);
+                }
+            }
+            Token::CopyOut { slot, tag } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    q.on_copy_out(&mut self.rings, &mut self.dirty, slot, tag, c.result);
+                }
+            }
+            Token::Retry { slot, tag } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    q.on_retry(&mut self.rings, &mut self.dirty, slot, tag);
+                }
+            }
+            Token::Throttle { slot } => {
+                if let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) {
+                    q.on_throttle_timer(&mut self.rings, &mut self.dirty, slot);
+                }
+            }
         }
         Ok(())
     }
@@ -604,16 +522,60 @@ impl Worker {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
                 WorkerCmd::Attach { setup, reply } => {
-                    if let Err(e) = self.attach(setup, reply.clone()) {
+                    if let Err(e) = attach::attach(self, setup, reply.clone()) {
                         reply.answer(Err(e));
                     }
                 }
                 WorkerCmd::Throttle { dev_id, throttle } => self.set_throttle(dev_id, throttle),
-                WorkerCmd::Drain { dev_id, reply } => self.drain(dev_id, reply),
-                WorkerCmd::Resume { dev_id } => self.resume(dev_id),
+                WorkerCmd::Drain { dev_id, reply } => drain::drain(self, dev_id, reply),
+                WorkerCmd::Resume { dev_id } => drain::resume(self, dev_id),
                 WorkerCmd::Shutdown => self.shutdown = true,
                 WorkerCmd::Abandon => self.abandon = true,
             }
+        }
+    }
+
+    /// The control thread changed a device's limits from or to unlimited.
+    fn set_throttle(&mut self, dev_id: DevId, throttle: Option<Arc<Throttle>>) {
+        for slot in 0..self.queues.len() {
+            let Some(Some(q)) = self.queues.get_mut(slot) else {
+                continue;
+            };
+            if q.setup.dev_id != dev_id {
+                continue;
+            }
+            q.setup.throttle = throttle.clone();
+            if q.setup.throttle.is_none() && !q.throttle_timer {
+                // Nothing will wake the waiters (none normally: the timer is armed while any
+                // wait), so admit them now.
+                q.admit_waiting(&mut self.rings, &mut self.dirty, slot as u16);
+            }
+        }
+    }
+
+    /// Sends each touched batch queue's finished tags in one COMMIT_IO_CMDS.
+    fn flush_commits(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &slot in &dirty {
+            let Some(Some(q)) = self.queues.get_mut(usize::from(slot)) else {
+                continue;
+            };
+            // Out of the queue while its commit is built, so the queue's other fields stay
+            // readable; put back below.
+            let Some(mut b) = q.batch.take() else {
+                continue;
+            };
+            let ring = self.rings.get(q.setup.placement.ublk_on_poll());
+            if batch::commit(q, ring, &mut b, slot) {
+                self.dirty.push(slot);
+            }
+            q.batch = Some(b);
+        }
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
         }
     }
 }
