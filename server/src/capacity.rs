@@ -148,31 +148,45 @@ pub fn pool_space(
     }
 }
 
-/// GetCapacity for the backend `req` names, with the node's volumes as they are now.
+/// GetCapacity for the backend `req` names, with the node's volumes as they are now;
+/// `serving`: whether the dataplane runs.
 pub fn capacity(
     req: &v1::GetCapacityRequest,
     volumes: &[Volume],
     settings: &crate::config::Settings,
+    serving: bool,
 ) -> Result<v1::Capacity, VolumeError> {
     use v1::get_capacity_request::Backend;
-    let (available, total, extents) = match &req.backend {
+    let pool = match &req.backend {
         None => {
             return Err(VolumeError::ValidateRequest(
                 "backend is required: file, ram or nvme".into(),
             ))
         }
-        Some(Backend::File(f)) => {
-            let root = crate::validate::capacity_root(&f.root, &settings.allowed_roots)?;
-            let (a, t) = file_capacity(&root, volumes)?;
+        Some(Backend::File(f)) => Pool::File(crate::validate::capacity_root(
+            &f.root,
+            &settings.allowed_roots,
+        )?),
+        Some(Backend::Ram(_)) => Pool::Ram,
+        Some(Backend::Nvme(n)) => Pool::Nvme(crate::validate::nvme_device(&n.device)?),
+    };
+    if !serving {
+        // No volume can be made here: nothing is offered, as an answer rather than an error,
+        // so that the provisioner replaces the node's CSIStorageCapacity instead of keeping
+        // the last one it read.
+        return Ok(v1::Capacity::default());
+    }
+    let (available, total, extents) = match &pool {
+        Pool::File(root) => {
+            let (a, t) = file_capacity(root, volumes)?;
             (a, t, Vec::new())
         }
-        Some(Backend::Ram(_)) => {
+        Pool::Ram => {
             let (a, t) = ram_capacity(&settings.ram_dir, volumes)?;
             (a, t, Vec::new())
         }
-        Some(Backend::Nvme(n)) => {
-            let device = crate::validate::nvme_device(&n.device)?;
-            let (t, free) = nvme_capacity(&device, volumes)?;
+        Pool::Nvme(device) => {
+            let (t, free) = nvme_capacity(device, volumes)?;
             (free.iter().map(|e| e.len).sum(), t, free)
         }
     };
@@ -265,7 +279,7 @@ mod tests {
                 root: root.display().to_string(),
             })),
         };
-        let answer = capacity(&req, &vols[..1], &settings).unwrap();
+        let answer = capacity(&req, &vols[..1], &settings, true).unwrap();
         assert_eq!(total, answer.total_bytes);
         // The file system may move by a few blocks between the two reads.
         assert!(
@@ -290,7 +304,7 @@ mod tests {
                 root: r.display().to_string(),
             })),
         };
-        let empty = capacity(&req(&root), &[], &settings).unwrap();
+        let empty = capacity(&req(&root), &[], &settings, true).unwrap();
         assert!(empty.total_bytes > 0 && empty.available_bytes <= empty.total_bytes);
         // A 64 MiB sparse backing file: nothing written yet, all of it promised.
         let f = root.join("v.img");
@@ -299,7 +313,7 @@ mod tests {
             .set_len(64 << 20)
             .unwrap();
         let vols = [file_volume("v", &f, 64 << 20)];
-        let with = capacity(&req(&root), &vols, &settings).unwrap();
+        let with = capacity(&req(&root), &vols, &settings, true).unwrap();
         let held = empty.available_bytes.saturating_sub(with.available_bytes);
         // The file system may move by a few blocks meanwhile.
         assert!(
@@ -309,15 +323,59 @@ mod tests {
         assert_eq!(with.volumes_left as usize, settings.limits.max_volumes - 1);
         // Outside the roots, missing, relative: refused with their own errors.
         assert!(matches!(
-            capacity(&req(Path::new("/")), &[], &settings),
+            capacity(&req(Path::new("/")), &[], &settings, true),
             Err(VolumeError::BackingPathOutsideRoots(_))
         ));
         assert!(matches!(
-            capacity(&req(&root.join("nope")), &[], &settings),
+            capacity(&req(&root.join("nope")), &[], &settings, true),
             Err(VolumeError::BackingPathMissing(_))
         ));
         assert!(matches!(
-            capacity(&v1::GetCapacityRequest { backend: None }, &[], &settings),
+            capacity(
+                &v1::GetCapacityRequest { backend: None },
+                &[],
+                &settings,
+                true
+            ),
+            Err(VolumeError::ValidateRequest(_))
+        ));
+    }
+
+    #[test]
+    fn a_node_without_a_dataplane_offers_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let settings = crate::config::Settings {
+            allowed_roots: vec![root.clone()],
+            ram_dir: root.join("ram"),
+            ..Default::default()
+        };
+        use v1::get_capacity_request::Backend;
+        for backend in [
+            Backend::File(v1::FileCapacity {
+                root: root.display().to_string(),
+            }),
+            Backend::Ram(v1::RamBackend {}),
+            // a namespace that is not there: nothing is measured
+            Backend::Nvme(v1::NvmeCapacity {
+                device: "/dev/ng-none".into(),
+            }),
+        ] {
+            let req = v1::GetCapacityRequest {
+                backend: Some(backend),
+            };
+            let answer = capacity(&req, &[], &settings, false).unwrap();
+            assert_eq!(answer, v1::Capacity::default(), "{req:?}");
+            assert_eq!((answer.volumes_left, answer.available_bytes), (0, 0));
+        }
+        // The request is still checked.
+        assert!(matches!(
+            capacity(
+                &v1::GetCapacityRequest { backend: None },
+                &[],
+                &settings,
+                false
+            ),
             Err(VolumeError::ValidateRequest(_))
         ));
     }

@@ -242,6 +242,8 @@ pub struct NodeFacts {
     pub volumes: usize,
     pub orphans: Vec<KernelDevice>,
     pub without_pv: Vec<VolumeId>,
+    /// Why the dataplane could not start; None while it runs.
+    pub dataplane_error: Option<String>,
 }
 
 /// The backends a node serves: every one, where the kernel lets ublkd serve at all.
@@ -281,5 +283,6 @@ pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
             })
             .collect(),
         volumes_without_pv: f.without_pv.iter().map(ToString::to_string).collect(),
+        dataplane_error: f.dataplane_error.unwrap_or_default(),
     }
 }

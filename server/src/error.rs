@@ -96,7 +96,7 @@ pub enum VolumeError {
     /// The volume has no device to act on (it is not READY).
     #[error("volume {id:?} has no device ({state})")]
     NotServing { id: VolumeId, state: &'static str },
-    #[error("the kernel has no ublk driver (modprobe ublk_drv): {0}")]
+    #[error("no usable ublk driver (modprobe ublk_drv; user recovery needed): {0}")]
     OpenDataplane(String),
     #[error("dataplane")]
     Dataplane(#[from] DataplaneError),

@@ -162,6 +162,10 @@ fn probe() -> anyhow::Result<()> {
     if features.unknown_bits() != 0 {
         println!("  (unknown bits {:#x})", features.unknown_bits());
     }
+    let missing = features.missing(ublkd_dataplane::Features::RECOVERY);
+    if missing.0 != 0 {
+        anyhow::bail!("the driver lacks {missing}: ublkd serves no volume without user recovery");
+    }
     Ok(())
 }
 
@@ -438,7 +442,7 @@ async fn daemon(settings: Arc<config::Settings>) -> anyhow::Result<()> {
         idle_spin: std::time::Duration::from_micros(settings.dataplane.idle_spin_us),
     });
     if let Err(e) = &handle {
-        tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail until ublk_drv is loaded and ublkd restarted");
+        tracing::error!(error = %error::chain(e), "no ublk dataplane: volume calls will fail and the node offers no capacity until a ublk_drv with user recovery is loaded and ublkd restarted");
     }
     let volumes = Arc::new(volumes::Volumes::new(
         handle.map(|h| Arc::new(h) as Arc<dyn devices::Devices>),

@@ -275,6 +275,8 @@ impl VolumeService for Api {
                 },
                 throttled_requests: s.total.throttled,
                 throttled_seconds: s.total.throttled_ns as f64 / 1e9,
+                protocol_errors: s.total.protocol_errors,
+                last_protocol_errno: u32::try_from(s.total.last_protocol_errno).unwrap_or(u32::MAX),
             })
         })
         .await
@@ -295,6 +297,7 @@ impl NodeService for Api {
                 volumes: v.list().await.len(),
                 orphans: v.orphans().await,
                 without_pv: v.without_pv().await,
+                dataplane_error: v.dataplane_error().map(str::to_owned),
             }))
         })
         .await
@@ -344,9 +347,10 @@ impl NodeService for Api {
             let req = req.into_inner();
             let volumes = self.volumes.list().await;
             let settings = Arc::clone(&self.settings);
+            let serving = self.volumes.dataplane_error().is_none();
             // statfs, FIEMAP and Identify block: never on the runtime's two threads.
             tokio::task::spawn_blocking(move || {
-                crate::capacity::capacity(&req, &volumes, &settings)
+                crate::capacity::capacity(&req, &volumes, &settings, serving)
             })
             .await
             .map_err(|e| VolumeError::JoinVolumeTask(e.to_string()))?

@@ -205,6 +205,15 @@ pub async fn write(volumes: &Volumes, all: &[(Volume, Option<DeviceStats>)], out
         Kind::Gauge,
         |f| f.gauge(&[], without_pv as f64),
     );
+    let up = volumes.dataplane_error().is_none();
+    family(
+        out,
+        "ublkd_dataplane_up",
+        "1 while the ublk dataplane runs; 0 when it could not start (no ublk driver, or one \
+         without user recovery): the node serves no volume and offers no capacity",
+        Kind::Gauge,
+        |f| f.gauge(&[], f64::from(u8::from(up))),
+    );
 }
 
 /// One family with samples from each volume that has statistics.

@@ -331,6 +331,12 @@ impl Volumes {
         self.handle.as_ref().map(|h| h.features())
     }
 
+    /// Why this node serves no volumes (the dataplane could not start: no ublk driver, or one
+    /// without user recovery); None while it serves.
+    pub fn dataplane_error(&self) -> Option<&str> {
+        self.handle.is_none().then_some(self.no_ublk.as_str())
+    }
+
     /// Writes `record` to the registry on the blocking pool: a write and two fsyncs, which
     /// must not hold one of the runtime's two threads.
     async fn put_record(&self, record: &VolumeRecord) -> Result<(), VolumeError> {
