@@ -33,7 +33,8 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (API ublkd.v1)");
 
 /// Exit codes, shown under `--help`.
 const AFTER_HELP: &str = "Exit status: 0 success, 1 ublkd answered with an error, 2 usage error, \
-                          3 ublkd cannot be reached (or TLS refused a certificate).";
+                          3 ublkd cannot be reached (or TLS refused a certificate), 4 \
+                          (node-info --ready) ublkd serves no volume.";
 
 /// Manage the volumes of one ublkd node over its gRPC API.
 #[derive(Debug, Parser)]
@@ -175,7 +176,12 @@ pub enum Call {
     #[command(flatten)]
     Snapshot(SnapshotCall),
     /// Show what the node offers: kernel, ublk features, workers, backends, orphan devices
-    NodeInfo,
+    NodeInfo {
+        /// Exit 4, saying why, when ublkd serves no volume (no usable ublk driver): the
+        /// readiness probe of ublkd's pod
+        #[arg(long)]
+        ready: bool,
+    },
     /// Show what the node can still provide for a backend: ram, file:/DIR or nvme:/dev/ngXnY
     Capacity {
         /// ram, file:/DIR (a directory under an allowed root) or nvme:/dev/ngXnY

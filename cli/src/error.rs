@@ -19,6 +19,8 @@ pub enum Error {
     Tls(String),
     /// The daemon answered with an error. Exit 1.
     Status(Status),
+    /// `node-info --ready`: the daemon answers but serves no volume; why. Exit 4.
+    NotReady(String),
 }
 
 impl Error {
@@ -27,6 +29,7 @@ impl Error {
             Error::Status(_) => 1,
             Error::Usage(_) => 2,
             Error::Unreachable { .. } | Error::Tls(_) => 3,
+            Error::NotReady(_) => 4,
         }
     }
 }
@@ -35,6 +38,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Usage(msg) | Error::Tls(msg) => f.write_str(msg),
+            Error::NotReady(why) => write!(f, "not ready: ublkd serves no volume: {why}"),
             Error::Unreachable { endpoint, cause } => {
                 write!(
                     f,

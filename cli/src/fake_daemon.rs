@@ -42,6 +42,8 @@ struct Fake {
     deadline_header: Mutex<Option<String>>,
     /// The last `AdoptDevice` request.
     adopted: Mutex<Option<AdoptDeviceRequest>>,
+    /// What NodeInfo says of the dataplane (empty: it runs).
+    dataplane_error: Mutex<String>,
 }
 
 impl Fake {
@@ -299,6 +301,7 @@ impl NodeService for Fake {
             worker_cpus: vec![0, 1],
             volumes: u32::from(self.volume.lock().unwrap().is_some()),
             orphans: self.orphans.lock().unwrap().clone(),
+            dataplane_error: self.dataplane_error.lock().unwrap().clone(),
             ..NodeInfo::default()
         }))
     }
@@ -674,5 +677,31 @@ async fn capacity_against_a_fake_daemon() {
     assert_eq!(v["available_bytes"], 5u64 << 30);
     assert_eq!(v["volumes_left"], 9);
     assert!(Cli::try_parse_from(["ublkctl", "capacity", "disk:/x"]).is_err());
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[tokio::test]
+async fn node_info_ready_fails_with_exit_4_while_ublkd_has_no_dataplane() {
+    let (fake, sock) = serve(Vec::new());
+    let text = run(&sock, &["node-info", "--ready"]).await.unwrap();
+    assert!(text.contains("version:"), "{text}");
+    assert!(!text.contains("dataplane"), "{text}");
+    let why = "ublk control command failed: cannot open /dev/ublk-control";
+    *fake.dataplane_error.lock().unwrap() = why.into();
+    let err = run(&sock, &["node-info", "--ready"]).await.unwrap_err();
+    assert_eq!(err.exit_code(), 4);
+    assert_eq!(
+        err.to_string(),
+        format!("not ready: ublkd serves no volume: {why}")
+    );
+    // Without --ready it is a report, not a failure.
+    let text = run(&sock, &["node-info"]).await.unwrap();
+    assert!(
+        text.contains(&format!("dataplane:     none: {why}")),
+        "{text}"
+    );
+    let json = run(&sock, &["-o", "json", "node-info"]).await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["dataplane_error"], why);
     let _ = std::fs::remove_file(&sock);
 }

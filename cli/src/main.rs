@@ -251,9 +251,12 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 output::capacity_text(&cap)
             }
         }
-        Call::NodeInfo => {
+        Call::NodeInfo { ready } => {
             let request = client.request(GetNodeInfoRequest {});
             let info = client.call(client.node().get_node_info(request)).await?;
+            if *ready && !info.dataplane_error.is_empty() {
+                return Err(Error::NotReady(info.dataplane_error));
+            }
             if json {
                 output::node_json(&info)
             } else {

@@ -401,13 +401,23 @@ pub fn stats_text(s: &VolumeStats) -> String {
         &rows,
         true,
     );
-    let totals = fields(&[
+    let mut totals = vec![
         ("errors", s.errors.to_string()),
         ("inflight", s.inflight.to_string()),
         ("memory", format_size(s.memory_bytes)),
         ("mean latency", latency_text(s.latency_mean_seconds)),
         ("throttled", throttled_text(s)),
-    ]);
+    ];
+    if s.protocol_errors > 0 {
+        totals.push((
+            "protocol errors",
+            format!(
+                "{} (last errno {})",
+                s.protocol_errors, s.last_protocol_errno
+            ),
+        ));
+    }
+    let totals = fields(&totals);
     format!("volume {}\n\n{ops}\n\n{totals}", s.id)
 }
 
@@ -437,6 +447,8 @@ pub fn stats_json(s: &VolumeStats) -> String {
         "latency_mean_seconds": s.latency_mean_seconds,
         "throttled_requests": s.throttled_requests,
         "throttled_seconds": s.throttled_seconds,
+        "protocol_errors": s.protocol_errors,
+        "last_protocol_errno": s.last_protocol_errno,
     }))
 }
 
@@ -497,6 +509,9 @@ pub fn node_text(n: &NodeInfo) -> String {
         ("backends".into(), or_dash(&n.backends.join(", "))),
         ("volumes".into(), n.volumes.to_string()),
     ];
+    if !n.dataplane_error.is_empty() {
+        pairs.push(("dataplane".into(), format!("none: {}", n.dataplane_error)));
+    }
     if n.orphans.is_empty() {
         pairs.push(("orphans".into(), "none".into()));
     }
@@ -582,6 +597,7 @@ pub fn node_json(n: &NodeInfo) -> String {
         "backends": n.backends,
         "volumes": n.volumes,
         "orphans": orphans_value(&n.orphans),
+        "dataplane_error": n.dataplane_error,
     }))
 }
 
@@ -886,6 +902,8 @@ created:     2023-11-14T22:13:20Z";
             latency_mean_seconds: 0.000_042_5,
             throttled_requests: 12,
             throttled_seconds: 0.35,
+            protocol_errors: 0,
+            last_protocol_errno: 0,
         };
         let expected = "\
 volume vol-1
@@ -913,6 +931,12 @@ throttled:    12 requests, 350.0 ms waited";
             ..stats.clone()
         };
         assert!(stats_text(&never).ends_with("throttled:    0 requests"));
+        let broken = VolumeStats {
+            protocol_errors: 2,
+            last_protocol_errno: 5,
+            ..stats.clone()
+        };
+        assert!(stats_text(&broken).ends_with("protocol errors: 2 (last errno 5)"));
         let j: Value = serde_json::from_str(&stats_json(&stats)).unwrap();
         assert_eq!(j["ops"][0]["bytes"], 4800 << 10);
         assert_eq!(j["ops"][0]["latency_p99_seconds"], 0.0021);
@@ -933,6 +957,7 @@ throttled:    12 requests, 350.0 ms waited";
             volumes: 2,
             orphans: Vec::new(),
             volumes_without_pv: Vec::new(),
+            dataplane_error: String::new(),
         };
         let expected = "\
 version:       0.1.0

@@ -9,7 +9,7 @@ use crate::error::CsiError;
 use crate::modify::{self, Route};
 use crate::naming::volume_id_for;
 use crate::page::page;
-use crate::params::{Backend, Params};
+use crate::params::{Backend, Encryption, Params, ENCRYPTION};
 use crate::qos::{self, QosChange};
 use crate::size::{at_least, size_for, Floor};
 use crate::snapshot::{self, content_source, source_of};
@@ -160,10 +160,7 @@ impl ControllerService {
         spec::Volume {
             capacity_bytes: size as i64,
             volume_id: id.to_owned(),
-            volume_context: HashMap::from([(
-                "fsType".to_owned(),
-                params.fs_type.name().to_owned(),
-            )]),
+            volume_context: volume_context(params),
             content_source: source.map(content_source),
             accessible_topology: vec![self.topology()],
         }
@@ -243,6 +240,16 @@ impl ControllerService {
             minimum_volume_size: Some(i64::from(params.block_size)),
         })
     }
+}
+
+/// What the node needs of a StorageClass's parameters: the file system to make, and the
+/// encryption to open it under.
+fn volume_context(params: &Params) -> HashMap<String, String> {
+    let mut context = HashMap::from([("fsType".to_owned(), params.fs_type.name().to_owned())]);
+    if params.encryption != Encryption::None {
+        context.insert(ENCRYPTION.to_owned(), params.encryption.name().to_owned());
+    }
+    context
 }
 
 fn capability(

@@ -74,6 +74,15 @@ pub enum CsiError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "encryption luks2 needs a key: the StorageClass's {which} must name a Secret with an \
+         entry \"key\""
+    )]
+    EncryptionKeyMissing { which: &'static str },
+    #[error("the key does not open {}: wrong key (nothing was written)", device.display())]
+    EncryptionKeyRefused { device: PathBuf },
+    #[error("the mapping {name} is open on {}, not on this volume's device", device.display())]
+    MappingTaken { name: String, device: PathBuf },
     #[error("{command} failed: {output}")]
     Command { command: String, output: String },
     #[error("{step} {}", path.display())]
@@ -134,7 +143,9 @@ impl CsiError {
             | E::SnapshotMismatch { .. } => Code::AlreadyExists,
             E::SourceNotFound { .. } => Code::NotFound,
             E::SourceUnsupported(_) => Code::InvalidArgument,
-            E::ModifyUnconfigured => Code::FailedPrecondition,
+            E::ModifyUnconfigured | E::EncryptionKeyMissing { .. } => Code::FailedPrecondition,
+            E::EncryptionKeyRefused { .. } => Code::PermissionDenied,
+            E::MappingTaken { .. } => Code::AlreadyExists,
             E::NodesUnreachable { .. } => Code::Unavailable,
             E::OperationPending(_) | E::BadToken(_) => Code::Aborted,
             E::Command { .. } | E::Io { .. } => Code::Internal,
@@ -225,6 +236,12 @@ mod tests {
                 Code::AlreadyExists,
             ),
             (E::ModifyUnconfigured, Code::FailedPrecondition),
+            (
+                E::EncryptionKeyRefused {
+                    device: "/dev/ublkb0".into(),
+                },
+                Code::PermissionDenied,
+            ),
             (
                 E::DeviceNotBlank {
                     device: "/dev/ublkb0".into(),

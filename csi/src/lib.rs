@@ -19,8 +19,10 @@ pub mod spec {
 
 pub mod caps;
 pub mod controller;
+pub mod crypt;
 pub mod ctl;
 pub mod error;
+pub mod faults;
 pub mod identity;
 pub mod modify;
 pub mod mount;

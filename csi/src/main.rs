@@ -72,6 +72,14 @@ struct Args {
     /// none.
     #[arg(long, default_value_t = 0)]
     report_without_pv_every: u64,
+    /// Seconds between two looks at ublkd for the Events of its faults (ublkd_csi::faults: on
+    /// a volume's claim and its pods, and on the Node; needs the API server: in a pod, its
+    /// service account; the chart's csiNode.faultEventsEvery, 10); 0: none.
+    #[arg(long, default_value_t = 0)]
+    fault_events_every: u64,
+    /// Seconds a volume may stay RECOVERING before a VolumeRecoveringTooLong Event.
+    #[arg(long, default_value_t = 60)]
+    recovering_too_long: u64,
     /// Staging and target paths must lie under this directory.
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
@@ -239,6 +247,16 @@ async fn main() -> Result<()> {
         tokio::spawn(async move {
             if let Err(e) = ublkd_csi::pvreport::run(ublkd, node, every).await {
                 tracing::error!(error = %e, "no reports of the volumes without a PersistentVolume");
+            }
+        });
+    }
+    if args.fault_events_every > 0 && !args.resizer_only {
+        let every = Duration::from_secs(args.fault_events_every);
+        let bound = Duration::from_secs(args.recovering_too_long);
+        let (ublkd, node) = (ublkd.clone(), node.clone());
+        tokio::spawn(async move {
+            if let Err(e) = ublkd_csi::faults::run(ublkd, node, every, bound).await {
+                tracing::error!(error = %e, "no fault events: faults are in the logs and metrics only");
             }
         });
     }

@@ -101,7 +101,7 @@ pub fn dev_number(dev: &Path) -> Result<String, CsiError> {
 /// Runs blocking work (a command, a read of a device that may hang) without holding up the
 /// runtime: on the multi-threaded runtime the worker hands its other tasks on first, so two
 /// slow mkfs never stop the driver's probes and other calls. Plain calls elsewhere (tests).
-fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)

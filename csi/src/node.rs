@@ -4,10 +4,11 @@
 //! Unpublish and unstage never delete anything: a pod restart must find its data.
 
 use crate::caps::{self, Access};
+use crate::crypt;
 use crate::error::CsiError;
 use crate::mount;
 use crate::naming;
-use crate::params::FsType;
+use crate::params::{Encryption, FsType};
 use crate::size;
 use crate::spec::volume_capability::access_mode::Mode;
 use crate::spec::{self, node_server::Node as NodeApi};
@@ -18,6 +19,10 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use tonic::{Request, Response, Status};
 use ublkd_client::v1;
+
+/// The StorageClass parameters that name the Secrets an encrypted volume's key comes from.
+const STAGE_SECRET: &str = "csi.storage.k8s.io/node-stage-secret-name";
+const EXPAND_SECRET: &str = "csi.storage.k8s.io/node-expand-secret-name";
 
 #[derive(Debug, Clone)]
 pub struct NodeService {
@@ -108,10 +113,30 @@ impl NodeService {
             .as_ref()
             .ok_or(CsiError::MissingField("volume_capability"))?;
         let (access, read_only) = caps::check(cap, default_fs(&req.volume_context))?;
+        let encryption = Encryption::of_context(&req.volume_context)?;
+        // The key first: a missing one fails before the device is touched.
+        let key = match encryption {
+            Encryption::Luks2 => Some(crypt::Key::from_secrets(&req.secrets, STAGE_SECRET)?),
+            Encryption::None => None,
+        };
         let _busy = self.begin(&req.volume_id)?;
-        let (_, dev) = self.device(&req.volume_id).await?;
+        let (_, ublk) = self.device(&req.volume_id).await?;
+        // An encrypted volume's file system lives on its mapping. `unwritten`: the LUKS2
+        // header says nothing was ever written through it, so its (decrypted) bytes are noise
+        // that need no blank check.
+        let (dev, unwritten) = match &key {
+            Some(key) => {
+                let opened = crypt::open(&req.volume_id, &ublk, key)?;
+                (opened.path, opened.unwritten)
+            }
+            None => (ublk.clone(), false),
+        };
         let Access::Mount { fs, flags } = access else {
-            // Block access: the device is published straight from /dev.
+            // Block access: the device (or its mapping) is published straight from /dev, and
+            // the pod may write through it from now on.
+            if unwritten {
+                crypt::mark_written(&ublk)?;
+            }
             return Ok(());
         };
         let want = mount::dev_number(&dev)?;
@@ -135,8 +160,11 @@ impl NodeService {
         match mount::signature(&dev)? {
             None => {
                 // blkid's "nothing" may be "could not read" (it probes the device's end too):
-                // only a device whose two ends read back as zeroes is formatted.
-                mount::check_blank(&dev, mount::read_ends(&dev)?)?;
+                // only a device whose two ends read back as zeroes is formatted (or a mapping
+                // nothing was written through).
+                if !unwritten {
+                    mount::check_blank(&dev, mount::read_ends(&dev)?)?;
+                }
                 tracing::info!(volume = %req.volume_id, fs = fs.name(), device = %dev.display(), "making a file system");
                 mount::mkfs(fs, &dev)?;
             }
@@ -148,6 +176,10 @@ impl NodeService {
                     wanted: fs.name(),
                 })
             }
+        }
+        if unwritten {
+            // Only once the file system is there: a crash before this makes it again.
+            crypt::mark_written(&ublk)?;
         }
         let mut flags = flags;
         if read_only {
@@ -165,6 +197,7 @@ impl NodeService {
         let staging = self.path(&req.staging_target_path, "staging_target_path")?;
         let _busy = self.begin(&req.volume_id)?;
         mount::unmount_all(&staging)?;
+        crypt::close(&req.volume_id)?;
         tracing::info!(volume = %req.volume_id, staging = %staging.display(), "volume unstaged");
         Ok(())
     }
@@ -180,8 +213,21 @@ impl NodeService {
             .ok_or(CsiError::MissingField("volume_capability"))?;
         let (access, mode_ro) = caps::check(cap, default_fs(&req.volume_context))?;
         let read_only = req.readonly || mode_ro;
+        let encrypted = Encryption::of_context(&req.volume_context)? != Encryption::None;
         let _busy = self.begin(&req.volume_id)?;
         let (_, dev) = self.device(&req.volume_id).await?;
+        // An encrypted volume is published from its mapping, which only stage opens: never
+        // its device, which holds ciphertext.
+        let dev = match (encrypted, crypt::is_open(&req.volume_id)) {
+            (true, true) => crypt::mapping_path(&req.volume_id),
+            (true, false) => {
+                return Err(CsiError::VolumeFailed {
+                    id: req.volume_id.clone(),
+                    message: "its encrypted mapping is not open (not staged)".into(),
+                })
+            }
+            (false, _) => dev,
+        };
         let want = mount::dev_number(&dev)?;
         if let Some(m) = mount::mounted_at(&target)? {
             if m.holds(&dev, &want) {
@@ -301,7 +347,7 @@ impl NodeService {
             .ok_or_else(|| CsiError::VolumeNotFound(req.volume_id.clone()))?;
         // The volume must be what is at that path (while it has a device to compare).
         if v.state() == v1::VolumeState::Ready {
-            let dev = PathBuf::from(&v.device_path);
+            let dev = crypt::served(&req.volume_id, PathBuf::from(&v.device_path));
             let num = mount::dev_number(&dev)?;
             if !mount::mounted_at(&path)?.is_some_and(|m| m.holds(&dev, &num)) {
                 return Err(CsiError::VolumeNotAtPath {
@@ -349,6 +395,12 @@ impl NodeService {
         let path = PathBuf::from(&req.volume_path);
         let _busy = self.begin(&req.volume_id)?;
         let (v, dev) = self.device(&req.volume_id).await?;
+        // The key first: a missing one fails before the device grows.
+        let key = if crypt::is_open(&req.volume_id) {
+            Some(crypt::Key::from_secrets(&req.secrets, EXPAND_SECRET)?)
+        } else {
+            None
+        };
         if !path.exists() {
             return Err(CsiError::PathMissing(path));
         }
@@ -368,6 +420,14 @@ impl NodeService {
             size
         } else {
             spec.size_bytes
+        };
+        // The mapping grows with its device, then the file system with the mapping.
+        let dev = match &key {
+            Some(key) => {
+                crypt::grow(&req.volume_id, key)?;
+                crypt::mapping_path(&req.volume_id)
+            }
+            None => dev,
         };
         let block_access = req.volume_capability.as_ref().is_some_and(|c| {
             matches!(

@@ -10,6 +10,7 @@
 //! | `ioPath` | `auto`, `batch`, `per-io` (`per_io` is read too) | `auto` |
 //! | `zeroCopy`, `poll` | `auto`, `on`, `off` | `auto` (poll: only on CPUs dedicated to ublkd's workers) |
 //! | `fsType` | `ext4`, `xfs` | `ext4` (a capability's own fs_type wins) |
+//! | `encryption` | `luks2`, `none`: LUKS2 on the node, keyed by the node-stage Secret (`crypt`) | `none` |
 //! | `readIops`, `writeIops` | I/Os per second (`qos`) | unlimited |
 //! | `readBandwidth`, `writeBandwidth` | bytes per second: `200Mi`, `200MiB/s` (`qos`) | unlimited |
 //! | `qosBurst` | `100ms`, `2s`, at most `60s` (`qos`) | 100 ms |
@@ -59,6 +60,41 @@ impl FsType {
     }
 }
 
+/// The StorageClass parameter of [`Encryption`], kept in the volume context for the node.
+pub const ENCRYPTION: &str = "encryption";
+
+/// Whether a volume's bytes are encrypted on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encryption {
+    #[default]
+    None,
+    Luks2,
+}
+
+impl Encryption {
+    pub fn parse(v: &str) -> Result<Self, CsiError> {
+        match v {
+            "" | "none" => Ok(Encryption::None),
+            "luks2" => Ok(Encryption::Luks2),
+            other => Err(CsiError::BadParameter(format!(
+                "parameter {ENCRYPTION}={other:?}: expected luks2 or none"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Encryption::None => "none",
+            Encryption::Luks2 => "luks2",
+        }
+    }
+
+    /// What CreateVolume put in the volume context (none where it says nothing).
+    pub fn of_context(context: &HashMap<String, String>) -> Result<Self, CsiError> {
+        Encryption::parse(context.get(ENCRYPTION).map_or("", String::as_str))
+    }
+}
+
 /// Where a volume's bytes live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -84,6 +120,8 @@ pub struct Params {
     pub zero_copy: v1::Toggle,
     pub poll: v1::Toggle,
     pub fs_type: FsType,
+    /// LUKS2 on the node (`crypt`), or none.
+    pub encryption: Encryption,
     /// The I/O limits a new volume starts with.
     pub qos: v1::QosLimits,
     /// The claim the provisioner made the volume for (`--extra-create-metadata`), if it said.
@@ -144,11 +182,12 @@ impl Params {
                     | "zeroCopy"
                     | "poll"
                     | "fsType"
+                    | "encryption"
             ) || qos::KEYS.contains(&key.as_str());
             if !known && !qos::is_sidecar_key(key) {
                 return Err(CsiError::BadParameter(format!(
                     "unknown parameter {key:?} (backend, root, namespace, queues, queueDepth, \
-                     blockSize, ioPath, zeroCopy, poll, fsType, {})",
+                     blockSize, ioPath, zeroCopy, poll, fsType, encryption, {})",
                     qos::KEYS.join(", ")
                 )));
             }
@@ -203,6 +242,7 @@ impl Params {
                 .unwrap_or(v1::Toggle::Auto),
             fs_type: FsType::parse(get("fsType").unwrap_or("ext4"))
                 .map_err(|_| bad("fsType", get("fsType").unwrap_or(""), "ext4 or xfs"))?,
+            encryption: Encryption::parse(get(ENCRYPTION).unwrap_or(""))?,
             qos: QosChange::from_params(map)?.apply(&v1::QosLimits::default()),
             claim: claim(map),
         })
@@ -260,6 +300,21 @@ impl Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parameter_reads_luks2_or_none_and_nothing_else() {
+        assert_eq!(Encryption::parse("luks2").unwrap(), Encryption::Luks2);
+        assert_eq!(Encryption::parse("").unwrap(), Encryption::None);
+        assert_eq!(Encryption::parse("none").unwrap(), Encryption::None);
+        let e = Encryption::parse("LUKS").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let ctx = HashMap::from([(ENCRYPTION.to_owned(), "luks2".to_owned())]);
+        assert_eq!(Encryption::of_context(&ctx).unwrap(), Encryption::Luks2);
+        assert_eq!(
+            Encryption::of_context(&HashMap::new()).unwrap(),
+            Encryption::None
+        );
+    }
 
     fn params(kv: &[(&str, &str)]) -> Result<Params, CsiError> {
         Params::parse(

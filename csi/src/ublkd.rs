@@ -118,6 +118,17 @@ impl Ublkd {
             .volumes)
     }
 
+    /// Volume `id`'s I/O counters (a volume with a device: READY).
+    pub async fn stats(&self, id: &str) -> Result<v1::VolumeStats, UblkdError> {
+        let req = self.request(v1::GetVolumeStatsRequest { id: id.into() });
+        Ok(self
+            .volumes()
+            .await?
+            .get_volume_stats(req)
+            .await?
+            .into_inner())
+    }
+
     pub async fn create(&self, id: &str, spec: v1::VolumeSpec) -> Result<v1::Volume, UblkdError> {
         let req = self.request(v1::CreateVolumeRequest {
             id: id.into(),

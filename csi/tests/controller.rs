@@ -28,6 +28,8 @@ const NO_REFLINK: &str = "/ext4/";
 struct State {
     volumes: BTreeMap<String, v1::Volume>,
     snapshots: BTreeMap<String, v1::Snapshot>,
+    /// ublkd runs without a dataplane: GetCapacity answers all zero, as ublkd does then.
+    no_dataplane: bool,
 }
 
 /// ublkd as the driver sees it: ids, specs, sources and limits; no devices.
@@ -258,6 +260,9 @@ impl v1::node_service_server::NodeService for FakeUblkd {
         &self,
         _req: Request<v1::GetCapacityRequest>,
     ) -> Result<Response<v1::Capacity>, Status> {
+        if self.0.lock().unwrap().no_dataplane {
+            return Ok(Response::new(v1::Capacity::default()));
+        }
         Ok(Response::new(v1::Capacity {
             available_bytes: 1 << 40,
             maximum_volume_bytes: 1 << 40,
@@ -721,6 +726,24 @@ async fn snapshots_are_taken_listed_in_pages_and_restored_on_this_node() {
         .unwrap()
         .snapshots
         .contains_key(&s1.snapshot_id));
+}
+
+#[tokio::test]
+async fn a_node_without_a_dataplane_offers_zero_capacity_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, mut c) = start(dir.path(), Route::Local).await;
+    let ask = || spec::GetCapacityRequest {
+        parameters: kv(FILE),
+        ..Default::default()
+    };
+    let before = c.get_capacity(ask()).await.unwrap().into_inner();
+    assert_eq!(before.available_capacity, 1 << 40);
+    fake.0.lock().unwrap().no_dataplane = true;
+    // An answer, not an error: the provisioner replaces the node's CSIStorageCapacity with it
+    // (on an error it would keep the last one).
+    let now = c.get_capacity(ask()).await.unwrap().into_inner();
+    assert_eq!(now.available_capacity, 0);
+    assert_eq!(now.maximum_volume_size, Some(0));
 }
 
 #[tokio::test]
