@@ -286,6 +286,12 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
     // only the program is checked here).
     let modprobe = root.run(&["/bin/sh", "-c", "modprobe --version"])?;
     assert!(modprobe.contains("kmod version"), "modprobe: {modprobe}");
+    // The CSI driver's encrypted volumes (`encryption: luks2`) run the distribution's cryptsetup.
+    let cryptsetup = root.run(&["/bin/sh", "-c", "cryptsetup --version"])?;
+    assert!(
+        cryptsetup.starts_with("cryptsetup 2."),
+        "cryptsetup: {cryptsetup}"
+    );
 
     // ublkd as the DaemonSet starts it, with the ConfigMap's configuration.
     std::fs::write(root.path("/etc/ublkd/ublkd.toml"), configmap_ublkd_toml()?)?;

@@ -28,11 +28,17 @@ pub const PLAN: &[&[Scenario]] = &[
     &[("monitoring", monitoring), ("plugin", plugin)],
     &[("snapshots", snapshots)],
     &[("warnings", warnings)],
-    &[("modify", modify)],
+    // After warnings: a wrong key is a Warning on purpose. modify's claim, class and fio are
+    // its own.
+    &[("modify", modify), ("encrypted", encrypted)],
     &[("ublkd-restart", ublkd_restart)],
     &[("kubelet-restart", kubelet_restart)],
     &[("drain", drain)],
     &[("stuck", stuck)],
+    // After warnings: both make Warning Events on purpose. Alone: one kills ublkd, the other
+    // takes its driver away.
+    &[("volume-fault", volume_fault)],
+    &[("ublk-missing", ublk_missing)],
     &[("node-loss", node_loss)],
     // deletes and re-registers this node: after every scenario that needs it untouched
     &[("node-alive", node_alive)],
@@ -125,6 +131,17 @@ fn cpu_ticks() -> Option<(u64, u64)> {
         .collect();
     let busy = f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)?;
     Some((busy, busy + f.get(3)? + f.get(4)?))
+}
+
+/// The size of the file system at /data in `pod`, in KiB. `-P`: one line per file system
+/// (busybox wraps a long device name, such as an encrypted volume's mapping).
+fn df_kib(s: &Sc, pod: &str) -> Result<u64> {
+    let out = s.in_pod(pod, "df -kP /data | tail -1")?;
+    let kib = out
+        .split_whitespace()
+        .nth(1)
+        .context("df printed no size")?;
+    kib.parse().with_context(|| format!("df's size {kib:?}"))
 }
 
 /// Files under `dir` whose name contains `part`.
@@ -231,14 +248,7 @@ fn filesystem(s: &Sc, class: &str) -> Result<()> {
         got == "ublkd-k8s-data",
         "the data is there after the pod is recreated ({got})"
     );
-    let df = || -> Result<u64> {
-        let out = s.q(&["exec", &pod, "--", "/bin/sh", "-c", "df -k /data | tail -1"])?;
-        let kib = out
-            .split_whitespace()
-            .nth(1)
-            .context("df printed no size")?;
-        kib.parse().with_context(|| format!("df's size {kib:?}"))
-    };
+    let df = || df_kib(s, &pod);
     let before = df()?;
     // What the driver gave (an xfs class rounds a claim up to xfs's smallest, 300 MiB), and
     // 64 MiB more of it.
@@ -735,16 +745,23 @@ fn modify(s: &Sc) -> Result<()> {
     s.delete(&["pvc", "m-data"])
 }
 
-/// A pod writes with fsync (each write a new block, each checked) while ublkd is killed with
-/// SIGKILL and then upgraded to a new image the way docs/kubernetes.md ("Upgrading") says (helm
+/// Two pods write with fsync (each write a new block, each checked), one of them through
+/// dm-crypt (`encryption: luks2`), while ublkd is killed with SIGKILL and then upgraded to a new image the way docs/kubernetes.md ("Upgrading") says (helm
 /// upgrade, then the node's pod deleted: OnDelete). The devices wait for the next ublkd; the
-/// writer ends with no I/O error.
+/// writers end with no I/O error.
 fn ublkd_restart(s: &Sc) -> Result<()> {
-    s.pvc("w-data", "ublkd-file", "64Mi", Mode::Filesystem)?;
-    s.apply(
-        r#"apiVersion: v1
+    // Two writers: one on a plain file volume, one through dm-crypt on an encrypted one.
+    luks_classes(s, "right-key-51c7")?;
+    let writers = [
+        ("p-writer", "w-data", "ublkd-file"),
+        ("p-e-writer", "we-data", "ublkd-file-luks"),
+    ];
+    for (pod, claim, class) in writers {
+        s.pvc(claim, class, "64Mi", Mode::Filesystem)?;
+        s.apply(&fill(
+            r#"apiVersion: v1
 kind: Pod
-metadata: {name: p-writer}
+metadata: {name: @POD@}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
@@ -763,15 +780,15 @@ spec:
           done
           echo "wrote $i blocks with fsync, none failed"
       volumeMounts: [{name: v, mountPath: /data}]
-  volumes: [{name: v, persistentVolumeClaim: {claimName: w-data}}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: @CLAIM@}}]
 "#,
-    )?;
-    s.k(&[
-        "wait",
-        "--for=condition=Ready",
-        "pod/p-writer",
-        "--timeout=600s",
-    ])?;
+            &[("POD", pod), ("CLAIM", claim)],
+        ))?;
+    }
+    for (pod, _, _) in writers {
+        let pod = format!("pod/{pod}");
+        s.k(&["wait", "--for=condition=Ready", &pod, "--timeout=600s"])?;
+    }
     std::thread::sleep(Duration::from_secs(5));
     let before = s.ublkd_restarts()?;
     let pids = local("pidof", &["ublkd"]).context("no ublkd process on the node")?;
@@ -789,10 +806,12 @@ spec:
             let pod = s.ublkd_pod().unwrap_or_default();
             s.tail(20, &["-n", "ublkd-system", "describe", "pod", &pod]);
         })?;
-    s.say(format!(
-        "the writer: {}",
-        s.jp(&["pod", "p-writer"], "{.status.phase}")?
-    ));
+    for (pod, _, _) in writers {
+        s.say(format!(
+            "{pod}: {}",
+            s.jp(&["pod", pod], "{.status.phase}")?
+        ));
+    }
     // The roll, as docs/kubernetes.md ("Upgrading") says: helm upgrade to a new image tag (the
     // same build pushed to the node's registry as :roll), then the node's pod deleted.
     let old = s.ublkd_pod()?;
@@ -820,19 +839,22 @@ spec:
     s.wait(600, "the rolled ublkd pod Ready", rolled)
         .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods", "-o", "wide"]))?;
     std::thread::sleep(Duration::from_secs(5));
-    s.in_pod("p-writer", "touch /data/stop")?;
-    let done = || {
-        s.jp(&["pod", "p-writer"], "{.status.phase}")
-            .is_ok_and(|p| p == "Succeeded")
-    };
-    s.wait(300, "the writer finished cleanly", done)
-        .inspect_err(|_| {
-            s.tail(5, &["logs", "p-writer"]);
-            s.tail(10, &["describe", "pod", "p-writer"]);
-        })?;
-    s.show(&["logs", "p-writer"]);
-    s.delete(&["pod", "p-writer"])?;
-    s.delete(&["pvc", "w-data"])
+    for (pod, claim, _) in writers {
+        s.in_pod(pod, "touch /data/stop")?;
+        let done = || {
+            s.jp(&["pod", pod], "{.status.phase}")
+                .is_ok_and(|p| p == "Succeeded")
+        };
+        s.wait(300, &format!("{pod} finished cleanly"), done)
+            .inspect_err(|_| {
+                s.tail(5, &["logs", pod]);
+                s.tail(10, &["describe", "pod", pod]);
+            })?;
+        s.show(&["logs", pod]);
+        s.delete(&["pod", pod])?;
+        s.delete(&["pvc", claim])?;
+    }
+    luks_classes_gone(s)
 }
 
 /// `kubectl ublkd` (the plugin, found on kubectl's PATH like any plugin; it reaches ublkd by
@@ -1065,6 +1087,385 @@ fn drain(s: &Sc) -> Result<()> {
     );
     s.delete(&["pod", "p-r2"])?;
     s.delete(&["pvc", "r-data"])
+}
+
+/// Events of `reason` about the claim `name` (in default), their messages.
+fn claim_events(s: &Sc, name: &str, reason: &str) -> String {
+    let sel = format!(
+        "involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name},reason={reason}"
+    );
+    s.jp(&["events", "--field-selector", &sel], "{.items[*].message}")
+        .unwrap_or_default()
+}
+
+/// A volume that cannot come back reaches the people using it: the backing file of a claim in
+/// use is moved away and ublkd killed, so its takeover fails and the volume is FAILED.
+/// `kubectl describe pvc` shows a VolumeFailed Warning within 60 s, and the pod has one too.
+/// With the file back, ublkd's own retry brings the volume back, a VolumeRecovered Event
+/// follows, and the pod reads its device again.
+fn volume_fault(s: &Sc) -> Result<()> {
+    s.pvc("f-data", "ublkd-file", "64Mi", Mode::Block)?;
+    s.pod("p-fault", "f-data", Mode::Block)?;
+    let read = "dd if=/dev/xvda of=/dev/null bs=4096 count=16 iflag=direct 2>&1";
+    s.say(s.in_pod("p-fault", read)?);
+    let vol = s.volume_of("f-data")?;
+    let files = files_named(Path::new("/var/lib/ublkd/volumes"), &vol);
+    let [file] = files.as_slice() else {
+        bail!("not one backing file of {vol}: {files:?}");
+    };
+    let away = file.with_extension("away");
+    fs::rename(file, &away)?;
+    s.say(format!("moved {} away", file.display()));
+    let pids = local("pidof", &["ublkd"]).context("no ublkd process on the node")?;
+    let pid = pids.split_whitespace().next().context("no ublkd pid")?;
+    local("kill", &["-9", pid])?;
+    s.say(format!("SIGKILL to ublkd (pid {pid})"));
+    let state = |want: &str| {
+        s.ublkctl(&["get-volume", &vol])
+            .is_ok_and(|i| field(&i, "state") == Some(want))
+    };
+    let described = || {
+        s.q(&["describe", "pvc", "f-data"])
+            .is_ok_and(|d| d.contains("VolumeFailed"))
+    };
+    // From the moment ublkd reports the volume FAILED, the claim has 60 s to show it.
+    let shown = s
+        .wait(300, "ublkd back, the volume FAILED", || state("failed"))
+        .and_then(|()| s.wait(60, "kubectl describe pvc shows VolumeFailed", described));
+    // The file goes back whatever happened, so that the claim can be deleted.
+    fs::rename(&away, file)?;
+    shown.inspect_err(|_| {
+        s.tail(15, &["describe", "pvc", "f-data"]);
+        s.tail(30, &CSI_NODE_LOGS);
+    })?;
+    let failed = claim_events(s, "f-data", "VolumeFailed");
+    s.say(format!("VolumeFailed: {failed}"));
+    ensure!(
+        failed.contains(&vol) || failed.to_lowercase().contains("fail"),
+        "the Event says nothing of the failure: {failed:?}"
+    );
+    let on_pod = || {
+        s.q(&["describe", "pod", "p-fault"])
+            .is_ok_and(|d| d.contains("VolumeFailed"))
+    };
+    s.wait(60, "the pod's Events show VolumeFailed too", on_pod)?;
+    let recovered = || !claim_events(s, "f-data", "VolumeRecovered").is_empty();
+    s.wait(180, "a VolumeRecovered Event on the claim", recovered)
+        .inspect_err(|_| {
+            s.tail(
+                20,
+                &["-n", "ublkd-system", "logs", "ds/ublkd", "-c", "ublkd"],
+            )
+        })?;
+    s.wait(60, "the volume READY again", || state("ready"))?;
+    s.say(s.in_pod("p-fault", read)?);
+    let kinds = s.q(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=f-data",
+        "-o",
+        "custom-columns=TYPE:.type,REASON:.reason",
+        "--no-headers",
+    ])?;
+    s.say(&kinds);
+    ensure!(
+        has_line(&kinds, "Normal VolumeRecovered"),
+        "VolumeRecovered is not a Normal Event"
+    );
+    s.delete(&["pod", "p-fault"])?;
+    s.delete(&["pvc", "f-data"])
+}
+
+/// Capacity where ublk cannot serve: /dev/ublk-control hidden on the node and ublkd's pod
+/// restarted, as on a node whose kernel has no ublk_drv. ublkd stays up saying why, its pod
+/// is not Ready, the Node has a UblkUnavailable Event, every CSIStorageCapacity of the node
+/// reads 0, and a claim waiting for a pod stays Pending with the scheduler's reason. With the
+/// device back and the pod restarted: Ready, capacity, the claim bound, UblkAvailable.
+fn ublk_missing(s: &Sc) -> Result<()> {
+    let ctl = Path::new("/dev/ublk-control");
+    let hidden = Path::new("/dev/ublk-control.hidden");
+    let restart = || -> Result<()> {
+        let old = s.ublkd_pod()?;
+        s.delete(&["-n", "ublkd-system", "pod", &old])?;
+        let new = || s.ublkd_pod().is_ok_and(|p| p != old);
+        s.wait(120, "a new ublkd pod", new)
+    };
+    let capacities = || {
+        s.jp(&["csistoragecapacities", "-A"], "{.items[*].capacity}")
+            .unwrap_or_default()
+    };
+    s.say(format!("capacities before: {}", capacities()));
+    fs::rename(ctl, hidden)?;
+    s.say("/dev/ublk-control hidden");
+    let hidden_run = (|| -> Result<()> {
+        restart()?;
+        let logs = ["-n", "ublkd-system", "logs", "ds/ublkd", "-c", "ublkd"];
+        let says = || s.q(&logs).is_ok_and(|l| l.contains("no ublk dataplane"));
+        s.wait(120, "ublkd's log says it has no ublk dataplane", says)?;
+        // Not Ready because its readiness probe fails, saying why (not merely not yet probed).
+        let pod = s.ublkd_pod()?;
+        let sel = format!("involvedObject.name={pod},reason=Unhealthy");
+        let probe = || {
+            s.jp(
+                &["-n", "ublkd-system", "events", "--field-selector", &sel],
+                "{.items[*].message}",
+            )
+            .is_ok_and(|m| m.contains("serves no volume"))
+        };
+        s.wait(
+            120,
+            "the readiness probe fails: ublkd serves no volume",
+            probe,
+        )?;
+        ensure!(!s.ublkd_ready(), "ublkd's pod is Ready without ublk");
+        let event = || s.node_event(NODE, "UblkUnavailable");
+        s.wait(120, "a UblkUnavailable Event on the Node", event)?;
+        s.node_events(NODE);
+        let zero = || {
+            let c = capacities();
+            !c.is_empty() && c.split_whitespace().all(|q| q == "0")
+        };
+        s.wait(240, "every CSIStorageCapacity reads 0", zero)?;
+        s.pvc("u-data", "ublkd-ram", "64Mi", Mode::Filesystem)?;
+        s.start_pod("p-u", "u-data", Mode::Filesystem)?;
+        let sel = "involvedObject.name=p-u,reason=FailedScheduling";
+        let why = || {
+            s.jp(&["events", "--field-selector", sel], "{.items[*].message}")
+                .is_ok_and(|m| m.to_lowercase().contains("storage"))
+        };
+        s.wait(300, "a FailedScheduling event naming storage", why)?;
+        ensure!(
+            s.jp(&["pvc", "u-data"], "{.status.phase}")? == "Pending",
+            "u-data left Pending"
+        );
+        Ok(())
+    })();
+    fs::rename(hidden, ctl)?;
+    s.say("/dev/ublk-control back");
+    restart()?;
+    s.wait(300, "ublkd Ready again", || s.ublkd_ready())?;
+    hidden_run?;
+    s.k(&["wait", "--for=condition=Ready", "pod/p-u", "--timeout=600s"])
+        .inspect_err(|_| s.tail(15, &["describe", "pod", "p-u"]))?;
+    s.wait(120, "a UblkAvailable Event on the Node", || {
+        s.node_event(NODE, "UblkAvailable")
+    })?;
+    s.say(format!("capacities after: {}", capacities()));
+    s.delete(&["pod", "p-u"])?;
+    s.delete(&["pvc", "u-data"])
+}
+
+/// The Secret and the two encrypted classes (a file and an NVMe one) of `encrypted` and
+/// `ublkd-restart`; `key` is the Secret's key (applied again: the same, or another).
+fn luks_classes(s: &Sc, key: &str) -> Result<()> {
+    let class = |name: &str, backend: &str| {
+        fill(
+            r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: @NAME@}
+provisioner: ublkd.io
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters:
+  @BACKEND@
+  encryption: luks2
+  csi.storage.k8s.io/node-stage-secret-name: e-key
+  csi.storage.k8s.io/node-stage-secret-namespace: default
+  csi.storage.k8s.io/node-expand-secret-name: e-key
+  csi.storage.k8s.io/node-expand-secret-namespace: default
+"#,
+            &[("NAME", name), ("BACKEND", backend)],
+        )
+    };
+    s.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: e-key}}\nstringData: {{key: {key}}}\n"
+    ))?;
+    s.apply(&class(
+        "ublkd-file-luks",
+        "backend: file\n  root: /var/lib/ublkd/volumes",
+    ))?;
+    s.apply(&class(
+        "ublkd-nvme-luks",
+        "backend: nvme\n  namespace: /dev/ng0n1",
+    ))
+}
+
+/// Takes away what `luks_classes` made: the chart's uninstall must leave no StorageClass.
+fn luks_classes_gone(s: &Sc) -> Result<()> {
+    s.delete(&["storageclass", "ublkd-file-luks", "ublkd-nvme-luks"])?;
+    s.delete(&["secret", "e-key"])
+}
+
+/// Whether ASCII `marker` occurs in the `len` bytes of `path` from `offset`, read 4 MiB at a
+/// time. Searched as text (std's searcher, fast in a debug build too): a lossy conversion
+/// replaces only bytes that are not ASCII, so an ASCII marker is found wherever it is.
+fn holds(path: &Path, offset: u64, len: u64, marker: &str) -> Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut f = f.take(len);
+    let mut buf = vec![0u8; 4 << 20];
+    // Each chunk keeps the end of the last, so that a match across two reads is found.
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        carry.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&carry).contains(marker) {
+            return Ok(true);
+        }
+        let keep = carry.len().saturating_sub(marker.len());
+        carry.drain(..keep);
+    }
+}
+
+/// Whether a LUKS header starts at `offset` of `path` (its magic, `LUKS\xba\xbe`).
+fn luks_at(path: &Path, offset: u64) -> Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut magic = [0u8; 6];
+    f.read_exact(&mut magic)?;
+    Ok(&magic == b"LUKS\xba\xbe")
+}
+
+/// Encrypted volumes (`encryption: luks2`, the key in a Secret): a marker written in the pod
+/// is nowhere in the file volume's backing file nor in the NVMe volume's window, which start
+/// with a LUKS2 header; the file system grows online through the mapping; a wrong key fails
+/// the pod's mount with an event that says so and changes nothing, and the right one opens the
+/// same data again. (A SIGKILL of ublkd under an fsync writer through dm-crypt is
+/// `ublkd-restart`'s.)
+fn encrypted(s: &Sc) -> Result<()> {
+    luks_classes(s, "right-key-51c7")?;
+    let marker = format!("ublkd-secret-marker-{}", std::process::id());
+    s.pvc("e-file", "ublkd-file-luks", "64Mi", Mode::Filesystem)?;
+    s.pvc("e-nvme", "ublkd-nvme-luks", "64Mi", Mode::Block)?;
+    s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
+    s.pod("p-e-nvme", "e-nvme", Mode::Block)?;
+    let file_pod_ready = || {
+        let ready = [
+            "wait",
+            "--for=condition=Ready",
+            "pod/p-e-file",
+            "--timeout=600s",
+        ];
+        s.k(&ready)
+            .inspect_err(|_| s.tail(30, &CSI_NODE_LOGS))
+            .map(drop)
+    };
+    file_pod_ready()?;
+    // The marker many times over, pushed to the device.
+    s.in_pod(
+        "p-e-file",
+        &format!("for i in $(seq 256); do echo {marker}; done >/data/m && sync"),
+    )?;
+    s.in_pod(
+        "p-e-nvme",
+        &format!(
+            "for i in $(seq 256); do echo {marker}; done >/tmp/m && \
+             dd if=/tmp/m of=/dev/xvda bs=4096 seek=100 oflag=direct conv=fsync 2>&1"
+        ),
+    )?;
+    let back = s.in_pod(
+        "p-e-nvme",
+        "dd if=/dev/xvda bs=4096 skip=100 count=1 2>/dev/null | head -1",
+    )?;
+    ensure!(back == marker, "the block device reads back {back:?}");
+    // The file volume's backing file.
+    let vol = s.volume_of("e-file")?;
+    let files = files_named(Path::new("/var/lib/ublkd/volumes"), &vol);
+    let [file] = files.as_slice() else {
+        bail!("not one backing file of {vol}: {files:?}");
+    };
+    let len = fs::metadata(file)?.len();
+    ensure!(
+        luks_at(file, 0)?,
+        "{} starts with no LUKS header",
+        file.display()
+    );
+    ensure!(
+        !holds(file, 0, len, &marker)?,
+        "the marker is in the clear in {}",
+        file.display()
+    );
+    s.say(format!(
+        "{}: LUKS header, no marker in its {len} bytes",
+        file.display()
+    ));
+    // The NVMe volume's window of the namespace.
+    let nvol = s.volume_of("e-nvme")?;
+    let info: Value = serde_json::from_str(&s.ublkctl(&["-o", "json", "get-volume", &nvol])?)?;
+    let window = &info["spec"]["nvme"];
+    let (offset, length) = (
+        window["offset_bytes"]
+            .as_u64()
+            .context("no window offset")?,
+        window["length_bytes"]
+            .as_u64()
+            .context("no window length")?,
+    );
+    let ns = Path::new("/dev/nvme0n1");
+    ensure!(
+        luks_at(ns, offset)?,
+        "the window at {offset} has no LUKS header"
+    );
+    ensure!(
+        !holds(ns, offset, length, &marker)?,
+        "the marker is in the clear in the window at {offset}"
+    );
+    s.say(format!(
+        "nvme window {offset}+{length}: LUKS header, no marker"
+    ));
+    s.delete(&["pod", "p-e-nvme"])?;
+    s.delete(&["pvc", "e-nvme"])?;
+    // Online growth: the ublk device, then the mapping (with the node-expand Secret's key),
+    // then ext4.
+    let df = || df_kib(s, "p-e-file");
+    let before = df()?;
+    s.k(&[
+        "patch",
+        "pvc",
+        "e-file",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}"#,
+    ])?;
+    let pv = s.jp(&["pvc", "e-file"], "{.spec.volumeName}")?;
+    let pv_grown = || {
+        s.jp(&["pv", &pv], "{.spec.capacity.storage}")
+            .is_ok_and(|c| mib(&c).is_ok_and(|m| m >= 128))
+    };
+    s.wait(300, "the PV grew", pv_grown)?;
+    // An update to the pod makes the kubelet sync it (and expand) at once (`filesystem`).
+    let resync = format!("ublkd.test/resync={:.0}", s.node.now());
+    s.k(&["annotate", "pod", "p-e-file", "--overwrite", &resync])?;
+    let grown = || df().is_ok_and(|k| k > before + 32768);
+    s.wait(420, "df grew through the mapping", grown)
+        .inspect_err(|_| s.tail(15, &["describe", "pvc", "e-file"]))?;
+    s.say(format!("df: {before} KiB, then {} KiB", df()?));
+    // A wrong key: the pod's mount fails, saying so, and nothing is written.
+    s.delete(&["pod", "p-e-file"])?;
+    luks_classes(s, "wrong-key-0000")?;
+    s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
+    let said = || {
+        s.q(&["describe", "pod", "p-e-file"])
+            .is_ok_and(|d| d.contains("wrong key"))
+    };
+    let shown = s.wait(180, "the pod's events say: wrong key", said);
+    s.show(&["describe", "pod", "p-e-file"]);
+    luks_classes(s, "right-key-51c7")?;
+    shown?;
+    file_pod_ready()?;
+    let first = s.in_pod("p-e-file", "head -1 /data/m")?;
+    ensure!(
+        first == marker,
+        "after the wrong key, /data/m reads {first:?}"
+    );
+    s.delete(&["pod", "p-e-file"])?;
+    s.delete(&["pvc", "e-file"])?;
+    luks_classes_gone(s)
 }
 
 /// A pod stuck in ContainerCreating, looked at as docs/kubernetes.md ("Troubleshooting") says:

@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, SystemTime};
 
 /// Suites searched for a guest kernel, newest first in spirit; the newest version wins anyway.
 const KERNEL_SUITES: &[&str] = &["trixie-backports", "trixie", "sid"];
@@ -19,6 +20,8 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("depmod", "kmod"),
     ("xz", "xz-utils"),
     ("fio", "fio"),
+    // the bench's encrypted file case (LUKS2, as the CSI driver opens it)
+    ("cryptsetup", "cryptsetup-bin"),
     ("mkfs.ext4", "e2fsprogs"),
     // The CSI driver's xfs volumes (mkfs, grow) in the VM tests.
     ("mkfs.xfs", "xfsprogs"),
@@ -35,17 +38,32 @@ const HOST_TOOLS: &[(&str, &str)] = &[
 /// Installs whatever host packages are missing; does nothing (and downloads nothing) when all are
 /// there.
 pub fn ensure_host_tools() -> Result<()> {
-    let mut missing: Vec<&str> = HOST_TOOLS
+    ensure_tools(HOST_TOOLS)?;
+    // The initramfs needs a static busybox; a dynamic one from another package would not run.
+    if !busybox_is_static() {
+        install_packages(&["busybox-static"])?;
+    }
+    Ok(())
+}
+
+/// Installs the packages of the `(command, package)` pairs whose command is not found.
+pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<()> {
+    let mut missing: Vec<&str> = tools
         .iter()
         .filter(|(cmd, _)| which(cmd).is_none())
         .map(|(_, pkg)| *pkg)
         .collect();
-    // The initramfs needs a static busybox; a dynamic one from another package would not run.
-    if which("busybox").is_some() && !busybox_is_static() {
-        missing.push("busybox-static");
-    }
     missing.dedup();
     install_packages(&missing)
+}
+
+/// The full path of `cmd`, its Debian `package` installed first when it is not found: a tool a
+/// check needs is installed, never skipped.
+pub fn require(cmd: &str, package: &str) -> Result<PathBuf> {
+    if which(cmd).is_none() {
+        install_packages(&[package])?;
+    }
+    which(cmd).with_context(|| format!("{cmd} not found after installing {package}"))
 }
 
 /// Installs Debian packages on the host with apt-get, refreshing the package lists once when the
@@ -100,6 +118,32 @@ pub fn which(cmd: &str) -> Option<PathBuf> {
     found
 }
 
+/// Whether `path` exists and was modified less than `age` ago: a cached file still fresh.
+pub fn modified_within(path: &Path, age: Duration) -> bool {
+    fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .is_some_and(|a| a < age)
+}
+
+/// Extracts every `.deb` in `dir` into `root` (`dpkg-deb -x`: no maintainer script runs), in
+/// name order.
+pub fn extract_debs(dir: &Path, root: &Path) -> Result<()> {
+    let mut debs = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        debs.push(entry?.path());
+    }
+    debs.sort();
+    for deb in debs
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+    {
+        run_ok(Command::new("dpkg-deb").arg("-x").arg(deb).arg(root))?;
+    }
+    Ok(())
+}
+
 pub fn run_ok(cmd: &mut Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
@@ -122,24 +166,17 @@ pub fn output_ok(cmd: &mut Command) -> Result<String> {
 
 /// The Debian archive URI this machine's apt uses (not the security archive).
 pub fn debian_mirror() -> Result<String> {
-    let mut candidates = Vec::new();
-    let mut texts = Vec::new();
-    if let Ok(t) = fs::read_to_string("/etc/apt/sources.list") {
-        texts.push(t);
-    }
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
     if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
-        let mut paths: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        paths.sort();
-        for p in paths {
-            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-            if ext == "sources" || ext == "list" {
-                if let Ok(t) = fs::read_to_string(&p) {
-                    texts.push(t);
-                }
-            }
-        }
+        let mut more: Vec<PathBuf> = dir
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "sources" || e == "list"))
+            .collect();
+        more.sort();
+        files.extend(more);
     }
-    for text in &texts {
+    let mut candidates = Vec::new();
+    for text in files.iter().filter_map(|f| fs::read_to_string(f).ok()) {
         for line in text.lines() {
             let line = line.trim();
             if let Some(rest) = line.strip_prefix("URIs:") {
@@ -148,11 +185,7 @@ pub fn debian_mirror() -> Result<String> {
                 // deb [options] URI suite components
                 let mut words = rest.split_whitespace().peekable();
                 if words.peek().is_some_and(|w| w.starts_with('[')) {
-                    for w in words.by_ref() {
-                        if w.ends_with(']') {
-                            break;
-                        }
-                    }
+                    words.by_ref().find(|w| w.ends_with(']'));
                 }
                 if let Some(uri) = words.next() {
                     candidates.push(uri.to_owned());
@@ -212,10 +245,8 @@ impl PrivateApt {
     }
 
     pub fn update(&self) -> Result<()> {
-        eprintln!(
-            "xtask: reading kernel suites ({})",
-            KERNEL_SUITES.join(", ")
-        );
+        let suites = KERNEL_SUITES.join(", ");
+        eprintln!("xtask: reading kernel suites ({suites})");
         run_ok(
             Command::new("apt-get")
                 .args(self.options())
@@ -225,11 +256,8 @@ impl PrivateApt {
 
     /// Package names matching an apt-cache regex.
     pub fn search_names(&self, regex: &str) -> Result<Vec<String>> {
-        let out = output_ok(Command::new("apt-cache").args(self.options()).args([
-            "search",
-            "--names-only",
-            regex,
-        ]))?;
+        let search = ["search", "--names-only", regex];
+        let out = output_ok(Command::new("apt-cache").args(self.options()).args(search))?;
         Ok(out
             .lines()
             .filter_map(|l| l.split(" - ").next())
@@ -249,15 +277,6 @@ impl PrivateApt {
             .filter_map(|l| l.split('|').nth(1))
             .map(|v| v.trim().to_owned())
             .collect())
-    }
-
-    pub fn has_package(&self, name: &str) -> bool {
-        Command::new("apt-cache")
-            .args(self.options())
-            .args(["show", "--no-all-versions", name])
-            .output()
-            .map(|o| o.status.success() && !o.stdout.is_empty())
-            .unwrap_or(false)
     }
 
     /// Downloads `packages` into `dest` (apt-get download; newest version of each).

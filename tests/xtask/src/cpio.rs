@@ -9,10 +9,6 @@ pub struct Archive {
 }
 
 impl Archive {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     pub fn dir(&mut self, name: &str) {
         self.entry(name, 0o040_755, &[]);
     }
@@ -24,21 +20,10 @@ impl Archive {
     fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
         self.ino += 1;
         let name = name.trim_start_matches('/');
-        let fields = [
-            self.ino,
-            mode,
-            0,
-            0,
-            1,
-            0,
-            data.len() as u32,
-            0,
-            0,
-            0,
-            0,
-            name.len() as u32 + 1,
-            0,
-        ];
+        let (size, name_size) = (data.len() as u32, name.len() as u32 + 1);
+        // ino, mode, uid, gid, nlink, mtime, filesize, dev and rdev (major, minor), namesize,
+        // check.
+        let fields = [self.ino, mode, 0, 0, 1, 0, size, 0, 0, 0, 0, name_size, 0];
         self.buf.extend_from_slice(b"070701");
         for f in fields {
             self.buf.extend_from_slice(format!("{f:08x}").as_bytes());
@@ -70,7 +55,7 @@ mod tests {
 
     #[test]
     fn entries_are_four_byte_aligned_and_end_with_trailer() {
-        let mut a = Archive::new();
+        let mut a = Archive::default();
         a.dir("bin");
         a.file("bin/x", 0o755, b"hello");
         let mut out = Vec::new();

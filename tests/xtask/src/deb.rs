@@ -21,18 +21,31 @@ use anyhow::{Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-const MAINTAINER_SCRIPTS: &[&str] = &["postinst", "prerm", "postrm"];
+/// The package's files from the repository (from, to in the package): the maintainer scripts
+/// run (mode 755), the rest is read (644).
+const FILES: &[(&str, &str)] = &[
+    (
+        "deploy/systemd/ublkd.service",
+        "usr/lib/systemd/system/ublkd.service",
+    ),
+    (
+        "deploy/debian/ublkd.service.d-debian.conf",
+        "usr/lib/systemd/system/ublkd.service.d/debian.conf",
+    ),
+    ("deploy/systemd/ublkd.toml", "etc/ublkd/ublkd.toml"),
+    ("deploy/debian/postinst", "DEBIAN/postinst"),
+    ("deploy/debian/prerm", "DEBIAN/prerm"),
+    ("deploy/debian/postrm", "DEBIAN/postrm"),
+];
 
 /// `cargo xtask deb`: builds the package and prints its path.
 pub fn run(ws: &Path) -> Result<()> {
     let deb = build(ws)?;
     println!("package: {}", deb.display());
-    println!(
-        "size: {:.1} MiB",
-        fs::metadata(&deb)?.len() as f64 / (1024.0 * 1024.0)
-    );
+    let mib = fs::metadata(&deb)?.len() as f64 / (1024.0 * 1024.0);
+    println!("size: {mib:.1} MiB");
     Ok(())
 }
 
@@ -44,39 +57,20 @@ pub fn build(ws: &Path) -> Result<PathBuf> {
         .to_owned();
     let out = ws.join("target/deb");
     let tree = out.join("tree");
-    if tree.exists() {
-        fs::remove_dir_all(&tree)?;
-    }
+    dist::empty_dir(&tree)?;
     for bin in ["ublkd", "ublkctl"] {
         dist::install_stripped(&bins.join(bin), &tree.join("usr/bin").join(bin))?;
     }
-    let copy = |from: &str, to: &str, mode: u32| -> Result<()> {
+    for (from, to) in FILES {
         let dest = tree.join(to);
         fs::create_dir_all(dest.parent().context("no parent")?)?;
         fs::copy(ws.join(from), &dest).with_context(|| format!("copying {from}"))?;
-        dist::set_mode(&dest, mode)
-    };
-    copy(
-        "deploy/systemd/ublkd.service",
-        "usr/lib/systemd/system/ublkd.service",
-        0o644,
-    )?;
-    copy(
-        "deploy/debian/ublkd.service.d-debian.conf",
-        "usr/lib/systemd/system/ublkd.service.d/debian.conf",
-        0o644,
-    )?;
-    copy("deploy/systemd/ublkd.toml", "etc/ublkd/ublkd.toml", 0o644)?;
+        let script = to.starts_with("DEBIAN/");
+        dist::set_mode(&dest, if script { 0o755 } else { 0o644 })?;
+    }
     let doc = tree.join("usr/share/doc/ublkd");
     fs::create_dir_all(&doc)?;
     fs::write(doc.join("copyright"), copyright(&release))?;
-    for script in MAINTAINER_SCRIPTS {
-        copy(
-            &format!("deploy/debian/{script}"),
-            &format!("DEBIAN/{script}"),
-            0o755,
-        )?;
-    }
     fs::write(tree.join("DEBIAN/conffiles"), "/etc/ublkd/ublkd.toml\n")?;
     let installed_kib = du_kib(&tree)?;
     fs::write(
@@ -158,28 +152,17 @@ const SCRATCH_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// week.
 pub fn scratch_root(ws: &Path) -> Result<PathBuf> {
     let tar = ws.join("target/deb/scratch-root.tar");
-    let fresh = fs::metadata(&tar)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| SystemTime::now().duration_since(t).ok())
-        .is_some_and(|age| age < SCRATCH_MAX_AGE);
-    if fresh {
+    if apt::modified_within(&tar, SCRATCH_MAX_AGE) {
         return Ok(tar);
     }
-    if apt::which("mmdebstrap").is_none() {
-        apt::install_packages(&["mmdebstrap"])?;
-    }
+    apt::require("mmdebstrap", "mmdebstrap")?;
     fs::create_dir_all(tar.parent().context("no parent")?)?;
     let partial = tar.with_extension("partial.tar");
     eprintln!("xtask: scratch root for the package test: mmdebstrap --variant=essential");
     apt::run_ok(
         Command::new("mmdebstrap")
-            .args([
-                "--quiet",
-                "--variant=essential",
-                "--mode=root",
-                "--include=passwd",
-            ])
+            .args(["--quiet", "--variant=essential", "--mode=root"])
+            .arg("--include=passwd")
             .arg(dist::debian_suite()?)
             .arg(&partial)
             .arg(apt::debian_mirror()?),

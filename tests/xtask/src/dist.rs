@@ -36,10 +36,8 @@ impl Release {
         let git = |args: &[&str]| apt::output_ok(Command::new("git").args(args).current_dir(ws));
         let mut revision = git(&["rev-parse", "HEAD"])?.trim().to_owned();
         // Untracked files do not change what is built from tracked ones, but edits do.
-        if !git(&["status", "--porcelain", "--untracked-files=no"])?
-            .trim()
-            .is_empty()
-        {
+        let edits = git(&["status", "--porcelain", "--untracked-files=no"])?;
+        if !edits.trim().is_empty() {
             revision.push_str("-dirty");
         }
         let epoch = git(&["log", "-1", "--format=%ct"])?
@@ -56,14 +54,10 @@ impl Release {
 
     /// The epoch as RFC 3339 (UTC), for OCI `created` fields.
     pub fn created(&self) -> Result<String> {
-        Ok(apt::output_ok(Command::new("date").args([
-            "-u",
-            "-d",
-            &format!("@{}", self.epoch),
-            "+%Y-%m-%dT%H:%M:%SZ",
-        ]))?
-        .trim()
-        .to_owned())
+        let at = format!("@{}", self.epoch);
+        let date =
+            apt::output_ok(Command::new("date").args(["-u", "-d", &at, "+%Y-%m-%dT%H:%M:%SZ"]))?;
+        Ok(date.trim().to_owned())
     }
 }
 
@@ -89,12 +83,12 @@ pub const RELEASE_PACKAGES: [&str; 4] = ["ublkd-server", "ublkctl", "ublkd-csi",
 /// them), all in one `cargo xtask test`.
 pub fn release_build(ws: &Path) -> Result<PathBuf> {
     eprintln!("xtask: release build of {}", RELEASE_PACKAGES.join(", "));
-    let mut cmd = crate::cargo();
-    cmd.current_dir(ws).args(["build", "--release", "--locked"]);
-    for p in RELEASE_PACKAGES {
-        cmd.args(["-p", p]);
-    }
-    apt::run_ok(&mut cmd)?;
+    apt::run_ok(
+        crate::cargo()
+            .current_dir(ws)
+            .args(["build", "--release", "--locked"])
+            .args(RELEASE_PACKAGES.iter().flat_map(|p| ["-p", p])),
+    )?;
     Ok(ws.join("target/release"))
 }
 
@@ -111,6 +105,14 @@ pub fn install_stripped(bin: &Path, dest: &Path) -> Result<()> {
     )
     .with_context(|| format!("stripping {}", bin.display()))?;
     set_mode(dest, 0o755)
+}
+
+/// `dir`, emptied: removed with all it holds, then made again.
+pub fn empty_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
 }
 
 pub fn set_mode(path: &Path, mode: u32) -> Result<()> {

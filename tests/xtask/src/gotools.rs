@@ -9,7 +9,7 @@
 //! installed here runs inside the VM unchanged.
 
 use crate::apt;
-use anyhow::{bail, Context, Result};
+use anyhow::{ensure, Context, Result};
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
@@ -30,78 +30,45 @@ pub const CSI_SANITY: GoTool = GoTool {
     binary: "csi-sanity",
 };
 
-impl GoTool {
-    fn cached(&self) -> PathBuf {
-        crate::image::cache_dir()
-            .join("go")
-            .join(format!("{}@{}", self.binary, self.version))
-            .join(self.binary)
-    }
-}
-
 /// The `go` command: on PATH, or where the Go distribution installs itself.
 pub fn go() -> Result<PathBuf> {
-    if let Some(p) = apt::which("go") {
-        return Ok(p);
-    }
     let default = PathBuf::from("/usr/local/go/bin/go");
-    if default.is_file() {
-        return Ok(default);
-    }
-    bail!("the go command is not installed (not on PATH, not /usr/local/go/bin/go)")
+    apt::which("go")
+        .or_else(|| default.is_file().then_some(default))
+        .context("the go command is not installed (not on PATH, not /usr/local/go/bin/go)")
 }
 
 /// The tool's binary, installed first when this version is not cached yet.
 pub fn ensure(tool: GoTool) -> Result<PathBuf> {
-    let bin = tool.cached();
+    let dir = crate::image::cache_dir()
+        .join("go")
+        .join(format!("{}@{}", tool.binary, tool.version));
+    let bin = dir.join(tool.binary);
     if bin.is_file() {
         return Ok(bin);
     }
-    let dir = bin.parent().context("tool cache path has no parent")?;
     let staging = dir.with_extension("partial");
-    if staging.exists() {
-        fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
-    }
-    fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    eprintln!(
-        "xtask: installing {}@{} with go install (cached in {})",
-        tool.package,
-        tool.version,
-        dir.display()
-    );
+    crate::dist::empty_dir(&staging)?;
+    let at = format!("{}@{}", tool.package, tool.version);
+    let cached = dir.display();
+    eprintln!("xtask: installing {at} with go install (cached in {cached})");
     let started = std::time::Instant::now();
-    let status = Command::new(go()?)
-        .args(["install", &format!("{}@{}", tool.package, tool.version)])
-        .env("GOBIN", &staging)
-        // Static, so the guest runs it whatever its libc.
-        .env("CGO_ENABLED", "0")
-        .status()
-        .context("running go install")?;
-    if !status.success() {
-        bail!(
-            "go install {}@{} failed ({status}); the module proxy this machine's Go names \
-             (go env GOPROXY) must serve it",
-            tool.package,
-            tool.version
-        );
-    }
+    apt::run_ok(
+        Command::new(go()?)
+            .args(["install", &at])
+            .env("GOBIN", &staging)
+            // Static, so the guest runs it whatever its libc.
+            .env("CGO_ENABLED", "0"),
+    )
+    .context("the module proxy this machine's Go names (go env GOPROXY) must serve it")?;
     let built = staging.join(tool.binary);
-    if !built.is_file() {
-        bail!(
-            "go install left no {} in {}",
-            tool.binary,
-            staging.display()
-        );
-    }
-    if dir.exists() {
-        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    fs::rename(&staging, dir).with_context(|| format!("moving {} into place", dir.display()))?;
+    ensure!(built.is_file(), "go install left no {}", built.display());
+    let _ = fs::remove_dir_all(&dir); // a stale build, if any: the rename says what went wrong
+    fs::rename(&staging, &dir).with_context(|| format!("moving {} into place", dir.display()))?;
+    let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "xtask: {}@{} installed in {:.1} s",
-        tool.binary,
-        tool.version,
-        started.elapsed().as_secs_f64()
+        "xtask: {}@{} installed in {secs:.1} s",
+        tool.binary, tool.version
     );
     Ok(bin)
 }

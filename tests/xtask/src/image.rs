@@ -14,7 +14,7 @@ use std::fs;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Oldest kernel accepted: BATCH_IO, AUTO_BUF_REG and ublk commands on IOPOLL rings.
 const KERNEL_MIN: &[u64] = &[7, 1];
@@ -31,6 +31,14 @@ const MODULES: &[&str] = &[
     "xfs",
     // The writable root of the Kubernetes tier (`ublkd.overlay=1`).
     "overlay",
+    // Encrypted volumes: dm-crypt with aes-xts, and the kernel crypto API cryptsetup uses for
+    // LUKS2 keyslots (the guest loads no module on demand).
+    "dm_crypt",
+    "xts",
+    // AES-NI (offered by `-cpu max` too): aes-xts as hosts run it, not the table-driven C
+    "aesni_intel",
+    "algif_skcipher",
+    "algif_hash",
 ];
 const RESOLVE_EVERY: Duration = Duration::from_secs(7 * 24 * 3600);
 const INIT: &str = include_str!("init.sh");
@@ -60,7 +68,7 @@ pub fn prepare(_ws: &Path) -> Result<Kernel> {
     let kver = resolve_kernel(&cache)?;
     let kdir = cache.join("kernel").join(&kver);
     let root = kdir.join("root");
-    let vmlinuz = find_vmlinuz(&root, &kver)
+    let vmlinuz = find_kernel_file(&root, &kver, "vmlinuz")
         .with_context(|| format!("no vmlinuz for {kver} under {}", root.display()))?;
     let initramfs = build_initramfs(&kdir, &root, &kver)?;
     Ok(Kernel {
@@ -79,25 +87,16 @@ fn resolve_kernel(cache: &Path) -> Result<String> {
     }
     let marker = cache.join("kernel.resolved");
     let refresh = std::env::var("UBLKD_VM_REFRESH").is_ok_and(|v| v == "1");
-    if !refresh {
-        if let Ok(kver) = fs::read_to_string(&marker) {
-            let kver = kver.trim().to_owned();
-            let fresh = fs::metadata(&marker)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| SystemTime::now().duration_since(t).ok())
-                .is_some_and(|age| age < RESOLVE_EVERY);
-            if fresh && is_extracted(cache, &kver) {
-                return Ok(kver);
-            }
-        }
+    let fresh = !refresh && apt::modified_within(&marker, RESOLVE_EVERY);
+    let resolved = fs::read_to_string(&marker).map(|k| k.trim().to_owned());
+    if let Some(kver) = resolved.ok().filter(|k| fresh && is_extracted(cache, k)) {
+        return Ok(kver);
     }
     let apt = PrivateApt::new(&cache.join("apt"))?;
     apt.update()?;
     let mut candidates: Vec<String> = apt
-        .search_names("^linux-binary-[0-9][^ ]*-amd64$")?
+        .search_names("^linux-(binary|image)-[0-9][^ ]*-amd64$")?
         .into_iter()
-        .chain(apt.search_names("^linux-image-[0-9][^ ]*-amd64$")?)
         .filter_map(|p| {
             p.strip_prefix("linux-binary-")
                 .or_else(|| p.strip_prefix("linux-image-"))
@@ -145,55 +144,36 @@ fn ensure_extracted(cache: &Path, apt: &PrivateApt, kver: &str, update: bool) ->
     let root = kdir.join("root");
     let _ = fs::remove_dir_all(&kdir);
     fs::create_dir_all(&root)?;
-    let new_layout = apt.has_package(&format!("linux-binary-{kver}"));
-    let packages: Vec<String> = if new_layout {
-        ["binary", "modules", "base"]
-            .iter()
-            .map(|p| format!("linux-{p}-{kver}"))
-            .collect()
-    } else {
-        vec![format!("linux-image-{kver}")]
+    let new_layout = !apt.versions(&format!("linux-binary-{kver}"))?.is_empty();
+    let kinds: &[&str] = match new_layout {
+        true => &["binary", "modules", "base"],
+        false => &["image"],
     };
+    let packages: Vec<String> = kinds.iter().map(|p| format!("linux-{p}-{kver}")).collect();
     // The config decides whether this kernel is any use; fetch the small package holding it first.
     let config_pkg = packages.last().cloned().unwrap_or_default();
     apt.download(std::slice::from_ref(&config_pkg), &debs)?;
-    extract_all(&debs, &root)?;
-    let config = find_config(&root, kver).context("kernel config not found")?;
+    apt::extract_debs(&debs, &root)?;
+    fs::remove_dir_all(&debs)?;
+    let config = find_kernel_file(&root, kver, "config").context("kernel config not found")?;
     let config = fs::read_to_string(&config)?;
     for option in ["CONFIG_BLK_DEV_UBLK", "CONFIG_BLK_DEV_NVME"] {
-        let ok = config
-            .lines()
-            .any(|l| l == format!("{option}=m") || l == format!("{option}=y"));
-        if !ok {
+        let set = |l: &str| matches!(l.strip_prefix(option), Some("=m" | "=y"));
+        if !config.lines().any(set) {
             bail!("{option} is not enabled");
         }
     }
     let rest: Vec<String> = packages.into_iter().filter(|p| *p != config_pkg).collect();
     if !rest.is_empty() {
         apt.download(&rest, &debs)?;
-        extract_all(&debs, &root)?;
+        apt::extract_debs(&debs, &root)?;
+        fs::remove_dir_all(&debs)?;
     }
-    find_vmlinuz(&root, kver).context("no vmlinuz in the kernel packages")?;
+    find_kernel_file(&root, kver, "vmlinuz").context("no vmlinuz in the kernel packages")?;
     eprintln!("xtask: indexing modules of {kver}");
-    apt::run_ok(
-        Command::new("depmod")
-            .arg("-b")
-            .arg(modules_base(&root, kver))
-            .arg(kver),
-    )?;
-    fs::remove_dir_all(&debs)?;
+    let base = modules_base(&root, kver);
+    apt::run_ok(Command::new("depmod").arg("-b").arg(base).arg(kver))?;
     fs::write(kdir.join("ready"), "")?;
-    Ok(())
-}
-
-fn extract_all(debs: &Path, root: &Path) -> Result<()> {
-    for entry in fs::read_dir(debs)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "deb") {
-            apt::run_ok(Command::new("dpkg-deb").arg("-x").arg(&path).arg(root))?;
-            fs::remove_file(&path)?;
-        }
-    }
     Ok(())
 }
 
@@ -206,19 +186,12 @@ fn modules_base(root: &Path, kver: &str) -> PathBuf {
     }
 }
 
-fn find_config(root: &Path, kver: &str) -> Option<PathBuf> {
+/// The kernel's `name` (`vmlinuz`, `config`): beside its modules in the new layout, in /boot
+/// in the old.
+fn find_kernel_file(root: &Path, kver: &str, name: &str) -> Option<PathBuf> {
     [
-        root.join("usr/lib/modules").join(kver).join("config"),
-        root.join("boot").join(format!("config-{kver}")),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-}
-
-fn find_vmlinuz(root: &Path, kver: &str) -> Option<PathBuf> {
-    [
-        root.join("usr/lib/modules").join(kver).join("vmlinuz"),
-        root.join("boot").join(format!("vmlinuz-{kver}")),
+        root.join("usr/lib/modules").join(kver).join(name),
+        root.join("boot").join(format!("{name}-{kver}")),
     ]
     .into_iter()
     .find(|p| p.exists())
@@ -229,15 +202,9 @@ fn module_order(root: &Path, kver: &str) -> Result<Vec<PathBuf>> {
     let base = modules_base(root, kver);
     let mut order: Vec<PathBuf> = Vec::new();
     for m in MODULES {
-        let out = apt::output_ok(
-            Command::new("modprobe")
-                .arg("-d")
-                .arg(&base)
-                .arg("-S")
-                .arg(kver)
-                .arg("--show-depends")
-                .arg(m),
-        )?;
+        let mut modprobe = Command::new("modprobe");
+        modprobe.arg("-d").arg(&base);
+        let out = apt::output_ok(modprobe.args(["-S", kver, "--show-depends", m]))?;
         for line in out.lines() {
             if let Some(path) = line.strip_prefix("insmod ") {
                 let path = PathBuf::from(path.trim());
@@ -262,19 +229,11 @@ fn build_initramfs(kdir: &Path, root: &Path, kver: &str) -> Result<PathBuf> {
         return Ok(out);
     }
     eprintln!("xtask: building initramfs for {kver}");
-    let mut a = cpio::Archive::new();
-    for d in [
-        "bin",
-        "dev",
-        "proc",
-        "sys",
-        "lib",
-        "lib/modules",
-        "newroot",
-        "tmp",
-    ] {
+    let mut a = cpio::Archive::default();
+    for d in ["bin", "dev", "proc", "sys", "lib", "newroot", "tmp"] {
         a.dir(d);
     }
+    a.dir("lib/modules");
     a.file("bin/busybox", 0o755, &fs::read(&busybox)?);
     a.file("init", 0o755, INIT.as_bytes());
     let mut names = Vec::new();
@@ -283,28 +242,15 @@ fn build_initramfs(kdir: &Path, root: &Path, kver: &str) -> Result<PathBuf> {
             .file_name()
             .and_then(|n| n.to_str())
             .context("odd module file name")?;
-        let (name, data) = if let Some(stem) = file.strip_suffix(".xz") {
-            (
-                stem.to_owned(),
-                Command::new("xz")
-                    .arg("-dc")
-                    .arg(path)
-                    .output()
-                    .context("running xz")?
-                    .stdout,
-            )
-        } else if let Some(stem) = file.strip_suffix(".zst") {
-            (
-                stem.to_owned(),
-                Command::new("zstd")
-                    .arg("-dc")
-                    .arg(path)
-                    .output()
-                    .context("running zstd")?
-                    .stdout,
-            )
-        } else {
-            (file.to_owned(), fs::read(path)?)
+        let compressed = [(".xz", "xz"), (".zst", "zstd")]
+            .into_iter()
+            .find_map(|(ext, tool)| Some((file.strip_suffix(ext)?, tool)));
+        let (name, data) = match compressed {
+            Some((stem, tool)) => {
+                let out = Command::new(tool).arg("-dc").arg(path).output();
+                (stem, out.with_context(|| format!("running {tool}"))?.stdout)
+            }
+            None => (file, fs::read(path)?),
         };
         if data.is_empty() {
             bail!("could not decompress {}", path.display());

@@ -27,21 +27,11 @@ pub const CRATES: &[&str] = &[
 /// relative to `src`: such a file reaches everything its parent can, so what it depends on
 /// is written nowhere.
 pub fn parent_globs(src: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    sources(src, &mut files)?;
-    let mut found = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        if without_tests(&text)
-            .lines()
-            .any(|l| l.trim() == "use super::*;")
-        {
-            found.push(file.strip_prefix(src).unwrap_or(&file).to_path_buf());
-        }
-    }
-    found.sort();
-    Ok(found)
+    Ok(sources(src)?
+        .into_iter()
+        .filter(|(_, code)| code.lines().any(|l| l.trim() == "use super::*;"))
+        .map(|(rel, _)| rel)
+        .collect())
 }
 
 /// Module path (`worker::queue`; the crate root is empty) to the modules it imports.
@@ -62,16 +52,28 @@ fn module_of(rel: &Path) -> String {
     parts.join("::")
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        if path.is_dir() {
-            sources(&path, out)?;
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
+/// Every `.rs` file under `src`, sorted: its path relative to `src`, and its text before its
+/// inline tests (`without_tests`).
+fn sources(src: &Path) -> Result<Vec<(PathBuf, String)>> {
+    let mut found = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let rel = path.strip_prefix(src).unwrap_or(&path).to_path_buf();
+                found.push((rel, without_tests(&text).to_owned()));
+            }
         }
     }
-    Ok(())
+    found.sort();
+    Ok(found)
 }
 
 /// The text of a file before its inline test module (`#[cfg(test)]`, or
@@ -95,34 +97,38 @@ fn without_tests(text: &str) -> &str {
     text
 }
 
+/// Whether `c` may be part of an identifier.
+fn ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Whether a `crate::` or `super::` right after `before` is a path of its own: not `$crate::`,
+/// not the end of `ublkd_crate::` or of `a::super::`.
+fn path_starts_after(before: Option<char>) -> bool {
+    !before.is_some_and(|c| ident(c) || c == ':' || c == '$')
+}
+
 /// Every `crate::a::b` path in `code`, as its segments, expanding one level of `{a, b::c}`.
 fn crate_paths(code: &str) -> Vec<Vec<String>> {
     let mut found = Vec::new();
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut rest = code;
     while let Some(at) = rest.find("crate::") {
         let before = rest[..at].chars().next_back();
         let tail = &rest[at + "crate::".len()..];
         rest = tail;
-        if before.is_some_and(|c| ident(c) || c == ':' || c == '$') {
+        if !path_starts_after(before) {
             continue; // `$crate::`, `ublkd_crate::`: not this crate's root.
         }
-        let mut segs = Vec::new();
-        let mut t = tail;
-        loop {
-            let len = t.find(|c: char| !ident(c)).unwrap_or(t.len());
-            if len == 0 {
-                break;
-            }
-            segs.push(t[..len].to_owned());
-            t = &t[len..];
-            if let Some(next) = t.strip_prefix("::") {
-                t = next;
-            } else {
-                break;
-            }
-        }
-        if let Some(group) = t.strip_prefix('{') {
+        // The path: identifiers and `::`, up to what follows it (a `{` group, a `(`, a `;`).
+        let end = tail
+            .find(|c: char| !ident(c) && c != ':')
+            .unwrap_or(tail.len());
+        let segs: Vec<String> = tail[..end]
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if let Some(group) = tail[end..].strip_prefix('{') {
             let inner = &group[..group.find('}').unwrap_or(group.len())];
             for item in inner.split(',') {
                 let mut path = segs.clone();
@@ -143,22 +149,17 @@ fn crate_paths(code: &str) -> Vec<Vec<String>> {
 
 /// The import graph of the crate whose sources are under `src`.
 pub fn graph(src: &Path) -> Result<Graph> {
-    let mut files = Vec::new();
-    sources(src, &mut files)?;
-    let mut texts = BTreeMap::new();
-    for f in &files {
-        let rel = f.strip_prefix(src).unwrap_or(f);
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        texts.insert(module_of(rel), text);
-    }
+    let texts: BTreeMap<String, String> = sources(src)?
+        .into_iter()
+        .map(|(rel, code)| (module_of(&rel), code))
+        .collect();
     let modules: BTreeSet<String> = texts.keys().cloned().collect();
     let mut graph = Graph::new();
     for (module, text) in &texts {
         let targets = graph.entry(module.clone()).or_default();
         // `super::x` names the parent's `x`: read as the `crate::` path it is, so that two
         // sibling files calling each other show as the circle they are.
-        let code = supers_as_crate_paths(without_tests(text), module);
+        let code = supers_as_crate_paths(text, module);
         for path in crate_paths(&code) {
             // The longest prefix of the path that is a module of this crate.
             let target = (1..=path.len())
@@ -184,14 +185,13 @@ fn supers_as_crate_paths(code: &str, module: &str) -> String {
         Some(i) => format!("crate::{}::", &module[..i]),
         None => "crate::".to_owned(),
     };
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut out = String::with_capacity(code.len());
     let mut rest = code;
     while let Some(at) = rest.find("super::") {
         out.push_str(&rest[..at]);
         let before = out.chars().next_back();
         let tail = &rest[at + "super::".len()..];
-        if before.is_some_and(|c| ident(c) || c == ':' || c == '$') || tail.starts_with("super::") {
+        if !path_starts_after(before) || tail.starts_with("super::") {
             out.push_str("super::");
         } else {
             out.push_str(&parent);
@@ -224,9 +224,7 @@ pub fn layers_of_map(map: &str) -> BTreeMap<String, Layers> {
             let names = l.split("--").next().unwrap_or("");
             let layer: BTreeSet<String> = names
                 .split(|c: char| c.is_whitespace() || c == ',' || c == '│')
-                .filter(|w| {
-                    !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                })
+                .filter(|w| !w.is_empty() && w.chars().all(ident))
                 .map(str::to_owned)
                 .collect();
             if !layer.is_empty() {
@@ -291,15 +289,7 @@ pub fn contradictions(graph: &Graph, layers: &Layers) -> Vec<String> {
 /// `T`'s file nor `Trait`'s. Each as `file: impl header`. Types the crate does not define are
 /// not its to place; a name two files define may be implemented in either.
 pub fn foreign_impls(src: &Path) -> Result<Vec<String>> {
-    let mut files = Vec::new();
-    sources(src, &mut files)?;
-    let mut texts = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let rel = file.strip_prefix(src).unwrap_or(&file).to_path_buf();
-        texts.push((rel, without_tests(&text).to_owned()));
-    }
+    let texts = sources(src)?;
     let mut types: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
     let mut traits: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
     for (rel, text) in &texts {
@@ -335,24 +325,19 @@ pub fn foreign_impls(src: &Path) -> Result<Vec<String>> {
             let Some((of_trait, of_type)) = impl_names(&header) else {
                 continue;
             };
-            let home = |map: &BTreeMap<String, BTreeSet<PathBuf>>, name: &str| {
-                map.get(name).is_some_and(|fs| fs.contains(rel))
-            };
             let Some(type_files) = types.get(&of_type) else {
                 continue; // not this crate's type
             };
+            let in_trait_file = |tr: &str| traits.get(tr).is_some_and(|fs| fs.contains(rel));
             let at_home =
-                type_files.contains(rel) || of_trait.as_deref().is_some_and(|tr| home(&traits, tr));
+                type_files.contains(rel) || of_trait.as_deref().is_some_and(in_trait_file);
             if !at_home {
+                let of = of_trait.map(|tr| format!("{tr} for ")).unwrap_or_default();
+                let homes: Vec<String> =
+                    type_files.iter().map(|f| f.display().to_string()).collect();
+                let (file, homes) = (rel.display(), homes.join(", "));
                 found.push(format!(
-                    "{}: impl {}{of_type} (the type is in {})",
-                    rel.display(),
-                    of_trait.map(|tr| format!("{tr} for ")).unwrap_or_default(),
-                    type_files
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "{file}: impl {of}{of_type} (the type is in {homes})"
                 ));
             }
         }
@@ -367,23 +352,14 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
 
 /// The name a line defines with one of `kinds` (`pub(crate) struct Name<T> {`), if it does.
 fn defined(line: &str, kinds: &[&str]) -> Option<String> {
-    let mut words = line.split_whitespace().peekable();
-    while let Some(w) = words.peek() {
-        if w.starts_with("pub") || *w == "unsafe" {
-            words.next();
-        } else {
-            break;
-        }
-    }
+    let mut words = line
+        .split_whitespace()
+        .skip_while(|w| w.starts_with("pub") || *w == "unsafe");
     let kind = words.next()?;
     if !kinds.contains(&kind) {
         return None;
     }
-    let name: String = words
-        .next()?
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect();
+    let name: String = words.next()?.chars().take_while(|c| ident(*c)).collect();
     (!name.is_empty()).then_some(name)
 }
 
@@ -393,20 +369,7 @@ fn impl_names(header: &str) -> Option<(Option<String>, String)> {
     let mut h = header.trim_start();
     if h.starts_with('<') {
         // The impl's own generics.
-        let mut depth = 0;
-        let mut end = 0;
-        for (k, c) in h.char_indices() {
-            match c {
-                '<' => depth += 1,
-                '>' => depth -= 1,
-                _ => {}
-            }
-            if depth == 0 {
-                end = k + 1;
-                break;
-            }
-        }
-        h = &h[end..];
+        h = &h[outside_brackets(h).next()? + 1..];
     }
     let h = h[..h.find('{').unwrap_or(h.len())].trim();
     let h = h.split(" where ").next().unwrap_or(h).trim();
@@ -421,19 +384,23 @@ fn impl_names(header: &str) -> Option<(Option<String>, String)> {
         (!name.is_empty() && !name.starts_with('$')).then(|| name.to_owned())
     };
     // ` for ` outside the trait's own generics.
+    match outside_brackets(h).find(|&k| h.as_bytes()[k..].starts_with(b" for ")) {
+        Some(k) => Some((Some(last(&h[..k])?), last(&h[k + 5..])?)),
+        None => Some((None, last(h)?)),
+    }
+}
+
+/// The byte offsets of `h` outside every `<…>` and `(…)` (a closing bracket's own included).
+fn outside_brackets(h: &str) -> impl Iterator<Item = usize> + '_ {
     let mut depth = 0i32;
-    let bytes = h.as_bytes();
-    for k in 0..bytes.len() {
-        match bytes[k] {
+    h.bytes().enumerate().filter_map(move |(k, b)| {
+        match b {
             b'<' | b'(' => depth += 1,
             b'>' | b')' => depth -= 1,
-            b' ' if depth == 0 && h[k..].starts_with(" for ") => {
-                return Some((Some(last(&h[..k])?), last(&h[k + 5..])?));
-            }
             _ => {}
         }
-    }
-    Some((None, last(h)?))
+        (depth == 0).then_some(k)
+    })
 }
 
 /// The circles of `graph`: each as the modules on one loop, found once from its least module.
@@ -501,12 +468,18 @@ mod tests {
         );
     }
 
+    /// A graph of `modules` (those that import nothing too) and the `imports` between them.
+    fn graph_of(modules: &[&str], imports: &[(&str, &str)]) -> Graph {
+        let mut g: Graph = modules.iter().map(|m| (m.to_string(), [].into())).collect();
+        for (a, b) in imports {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        g
+    }
+
     #[test]
     fn a_circle_is_found_once() {
-        let mut g = Graph::new();
-        for (a, b) in [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")] {
-            g.entry(a.into()).or_default().insert(b.into());
-        }
+        let g = graph_of(&[], &[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]);
         assert_eq!(circles(&g), vec![vec!["a", "b", "c"]]);
     }
 
@@ -526,16 +499,23 @@ mod tests {
         assert_eq!(found, vec![PathBuf::from("m/a.rs")]);
     }
 
+    /// What `check` finds in every crate (given its source root as CRATES names it, and that
+    /// root's path), each finding after its crate's name.
+    fn in_every_crate(check: impl Fn(&str, &Path) -> Vec<String>) -> Vec<String> {
+        let ws = crate::workspace_root().unwrap();
+        let found = CRATES.iter().map(|k| (k, check(k, &ws.join(k))));
+        found
+            .flat_map(|(k, f)| f.into_iter().map(move |f| format!("{k}: {f}")))
+            .collect()
+    }
+
     /// Every module names what it takes from its parent: no `use super::*;` outside tests.
     #[test]
     fn no_module_glob_imports_its_parent() {
-        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut all = Vec::new();
-        for krate in CRATES {
-            for f in parent_globs(&ws.join(krate)).unwrap() {
-                all.push(format!("{krate}/{}", f.display()));
-            }
-        }
+        let all = in_every_crate(|_, src| {
+            let found = parent_globs(src).unwrap();
+            found.iter().map(|f| f.display().to_string()).collect()
+        });
         assert!(
             all.is_empty(),
             "use super::* outside tests:\n{}",
@@ -570,62 +550,26 @@ mod tests {
         );
     }
 
-    /// The dataplane's worker and control-thread step files that still extend `Worker`, `Queue`
-    /// and `Control` from outside their files (issue 39, item 2, not done). Turning them into
-    /// functions of those types drew the step files into import circles (a request's start and
-    /// its throttle call each other; the control loop and the steps it dispatches), so they wait
-    /// for `Queue` to get a file of its own holding what one request goes through. The list only
-    /// shrinks: a new block fails, and so does an entry that no longer matches one.
-    const NOT_YET: &[&str] = &[
-        "dataplane/src/handle/lifecycle.rs: impl Control",
-        "dataplane/src/handle/recover.rs: impl Control",
-        "dataplane/src/worker/batch.rs: impl Queue",
-        "dataplane/src/worker/batch.rs: impl Worker",
-        "dataplane/src/worker/drain.rs: impl Worker",
-        "dataplane/src/worker/per_io.rs: impl Queue",
-        "dataplane/src/worker/per_io.rs: impl Worker",
-        "dataplane/src/worker/queue.rs: impl Queue",
-        "dataplane/src/worker/queue.rs: impl Worker",
-        "dataplane/src/worker/request.rs: impl Queue",
-        "dataplane/src/worker/request.rs: impl Worker",
-        "dataplane/src/worker/throttle.rs: impl Queue",
-        "dataplane/src/worker/throttle.rs: impl Worker",
-    ];
-
     /// A type's methods are in its file (a trait's impl in the trait's file or the type's): a
     /// file that is one step over another file's type holds functions of it, named at each call.
     #[test]
     fn every_impl_is_in_its_types_file() {
-        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut all = BTreeSet::new();
-        for krate in CRATES {
-            for f in foreign_impls(&ws.join(krate)).unwrap() {
-                let block = f.split(" (the type is in").next().unwrap_or(&f).to_owned();
-                all.insert(format!("{krate}/{block}"));
-            }
-        }
-        let listed: BTreeSet<String> = NOT_YET.iter().map(|s| (*s).to_owned()).collect();
-        let new: Vec<&String> = all.difference(&listed).collect();
-        let gone: Vec<&String> = listed.difference(&all).collect();
-        assert!(new.is_empty(), "impl outside its type's file: {new:#?}");
+        let all = in_every_crate(|_, src| foreign_impls(src).unwrap());
         assert!(
-            gone.is_empty(),
-            "no longer outside its type's file, take it off NOT_YET: {gone:#?}"
+            all.is_empty(),
+            "impl outside its type's file:\n{}",
+            all.join("\n")
         );
     }
 
     /// No module of any crate imports another that imports it back, through any loop.
     #[test]
     fn no_crate_has_an_import_circle() {
-        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut all = Vec::new();
-        for krate in CRATES {
-            let g = graph(&ws.join(krate)).unwrap();
+        let all = in_every_crate(|krate, src| {
+            let g = graph(src).unwrap();
             assert!(g.len() > 1, "{krate}: no modules read");
-            for c in circles(&g) {
-                all.push(format!("{krate}: {}", c.join(" -> ")));
-            }
-        }
+            circles(&g).iter().map(|c| c.join(" -> ")).collect()
+        });
         assert!(all.is_empty(), "import circles:\n{}", all.join("\n"));
     }
 
@@ -636,28 +580,20 @@ mod tests {
         let x = &layers["x/src"];
         assert_eq!(x.len(), 3);
         assert!(x[1].contains("capacity"));
-        let mut g = Graph::new();
-        for (a, b) in [
+        // Every module is in the graph, those that import nothing too.
+        let mut arrows = vec![
             ("service", "volumes::change"),
             ("volumes::change", "volumes"),
             ("volumes", "registry"),
-        ] {
-            g.entry(a.into()).or_default().insert(b.into());
-        }
-        // Every module is in the graph, those that import nothing too.
-        for m in ["capacity", "registry"] {
-            g.entry(m.into()).or_default();
-        }
+        ];
+        let g = graph_of(&["capacity", "registry"], &arrows);
         assert!(contradictions(&g, x).is_empty());
-        g.entry("registry".into())
-            .or_default()
-            .insert("volumes".into());
-        g.entry("capacity".into())
-            .or_default()
-            .insert("volumes".into());
-        g.entry("error".into())
-            .or_default()
-            .insert("registry".into());
+        arrows.extend([
+            ("registry", "volumes"),
+            ("capacity", "volumes"),
+            ("error", "registry"),
+        ]);
+        let g = graph_of(&["capacity", "registry"], &arrows);
         assert_eq!(
             contradictions(&g, x),
             vec![
@@ -668,9 +604,7 @@ mod tests {
         );
         // A room the map names that the crate lacks (a module removed, its line left).
         let ghost = layers_of_map("```layers x/src\nservice\nghost volumes\n```\n");
-        let mut g = Graph::new();
-        g.entry("service".into()).or_default();
-        g.entry("volumes".into()).or_default();
+        let g = graph_of(&["service", "volumes"], &[]);
         assert_eq!(
             contradictions(&g, &ghost["x/src"]),
             ["ghost: on the map, but no such module"]
@@ -681,22 +615,12 @@ mod tests {
     /// crate has its drawing.
     #[test]
     fn every_crate_keeps_the_layers_of_the_map() {
-        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let map = std::fs::read_to_string(ws.join("ARCHITECTURE.md")).unwrap();
-        let layers = layers_of_map(&map);
-        let mut all = Vec::new();
-        for krate in CRATES {
-            let Some(l) = layers.get(*krate) else {
-                all.push(format!(
-                    "{krate}: no `layers {krate}` block in ARCHITECTURE.md"
-                ));
-                continue;
-            };
-            let g = graph(&ws.join(krate)).unwrap();
-            for c in contradictions(&g, l) {
-                all.push(format!("{krate}: {c}"));
-            }
-        }
+        let map = crate::workspace_root().unwrap().join("ARCHITECTURE.md");
+        let layers = layers_of_map(&std::fs::read_to_string(map).unwrap());
+        let all = in_every_crate(|krate, src| match layers.get(krate) {
+            Some(l) => contradictions(&graph(src).unwrap(), l),
+            None => vec![format!("no `layers {krate}` block in ARCHITECTURE.md")],
+        });
         assert!(
             all.is_empty(),
             "the map and the code disagree:\n{}",

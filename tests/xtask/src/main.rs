@@ -110,14 +110,11 @@ enum Task {
     PushArchive {
         /// The OCI archive `image` wrote.
         archive: PathBuf,
-        /// The registry reference, HOST[:PORT]/NAME:TAG.
-        reference: String,
+        #[command(flatten)]
+        push: oci::Push,
         /// The archive's manifest digest, which the registry must then serve.
         #[arg(long)]
         manifest: String,
-        /// The registry speaks plain HTTP or has a certificate not to verify.
-        #[arg(long)]
-        insecure: bool,
     },
     /// The bench's guest side, run by `bench` inside the VM on the input it wrote.
     #[command(hide = true)]
@@ -158,75 +155,28 @@ fn main() -> ExitCode {
 fn run(command: Task) -> Result<ExitCode> {
     let ws = workspace_root()?;
     match command {
-        Task::Test => {
-            let t = Instant::now();
-            host_tests(&ws)?;
-            let host = t.elapsed();
-            let outcome = suite::run(&ws, None)?;
-            let vm = t.elapsed() - host;
-            let tier = k8s::run_tier(&ws, &[])?;
-            let cluster = t.elapsed() - host - vm;
-            // Both summaries last, the VM suite's failures with their reasons: all a CI log's
-            // tail keeps; then where the time went, builds included, for CI's time budget.
-            println!("\nVM suite:\n{}", outcome.summary());
-            println!("{}", tier.summary);
-            println!(
-                "time: host tests {:.0} s, VM suite {:.0} s, Kubernetes tier {:.0} s \
-                 (each with its builds); {:.0} s in all",
-                host.as_secs_f64(),
-                vm.as_secs_f64(),
-                cluster.as_secs_f64(),
-                t.elapsed().as_secs_f64()
-            );
-            let ok = outcome.ok() && tier.ok();
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-        Task::VmTest { filter } => {
-            let outcome = suite::run(&ws, filter.as_deref())?;
-            Ok(outcome.exit_code())
-        }
-        Task::VmRun(args) => vm_run(&ws, &args),
-        Task::K8sTest {
-            scenarios,
-            prepare: true,
-        } => {
-            k8s::prepare(&ws, &scenarios)?;
-            Ok(ExitCode::SUCCESS)
+        Task::Test => return test(&ws),
+        Task::VmTest { filter } => return Ok(exit_code(suite::run(&ws, filter.as_deref())?.ok())),
+        Task::VmRun(a) => {
+            let script: Vec<String> = a.cmd.iter().map(|w| vm::shell_quote(w)).collect();
+            return boot_and_run(&ws, &script.join(" "), |vm| {
+                vm.timeout = a.timeout;
+                vm.multipath = a.multipath;
+                vm.writable_root = a.writable_root;
+            });
         }
         Task::K8sTest {
             scenarios,
             prepare: false,
-        } => k8s::run(&ws, &scenarios),
-        Task::Demo => demo(&ws),
-        Task::Bench(args) => bench::run(&ws, &args),
-        Task::PushArchive {
-            archive,
-            reference,
-            manifest,
-            insecure,
-        } => {
-            oci::push_archive(
-                &archive,
-                &manifest,
-                &oci::Push {
-                    reference,
-                    insecure,
-                },
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Task::BenchGuest { input } => {
-            bench::guest::main(&input)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Task::Deb => {
-            deb::run(&ws)?;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => return k8s::run(&ws, &scenarios),
+        Task::K8sTest {
+            scenarios,
+            prepare: true,
+        } => k8s::prepare(&ws, &scenarios)?,
+        Task::Demo => return demo(&ws),
+        Task::Bench(args) => return bench::run(&ws, &args),
+        Task::BenchGuest { input } => bench::guest::main(&input)?,
+        Task::Deb => deb::run(&ws)?,
         Task::Image {
             check,
             push,
@@ -237,52 +187,75 @@ fn run(command: Task) -> Result<ExitCode> {
                 insecure,
             });
             oci::run(&ws, check, push.as_ref())?;
-            Ok(ExitCode::SUCCESS)
         }
+        Task::PushArchive {
+            archive,
+            push,
+            manifest,
+        } => oci::push_archive(&archive, &manifest, &push)?,
         Task::Sim { seeds } => {
             eprintln!("xtask: sim: {seeds} seeded histories of the volume manager");
-            let status = cargo()
-                .current_dir(&ws)
-                .env("UBLKD_SIM_SEEDS", seeds.to_string())
-                .args([
-                    "test",
-                    "--release",
-                    "-p",
-                    "ublkd-server",
-                    "simulated_histories",
-                    "--",
-                    "--nocapture",
-                ])
-                .status()
-                .context("running the simulation")?;
-            Ok(if status.success() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            apt::run_ok(
+                cargo()
+                    .current_dir(&ws)
+                    .env("UBLKD_SIM_SEEDS", seeds.to_string())
+                    .args(["test", "--release", "-p", "ublkd-server"])
+                    .args(["simulated_histories", "--", "--nocapture"]),
+            )?;
         }
         Task::Manifests => {
             deploy::manifest_checks(&ws, true)?;
             eprintln!("xtask: manifests: written, and every render passes its checks");
-            Ok(ExitCode::SUCCESS)
         }
         Task::Prepare => {
             let kernel = image::prepare(&ws)?;
             println!("kernel {} ready: {}", kernel.kver, kernel.vmlinuz.display());
             println!("initramfs: {}", kernel.initramfs.display());
-            Ok(ExitCode::SUCCESS)
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cargo xtask test`: the host tests, the VM suite, then the Kubernetes tier.
+fn test(ws: &Path) -> Result<ExitCode> {
+    let t = Instant::now();
+    host_tests(ws)?;
+    let host = t.elapsed();
+    let outcome = suite::run(ws, None)?;
+    let vm = t.elapsed() - host;
+    let tier = k8s::run_tier(ws, &[])?;
+    let cluster = t.elapsed() - host - vm;
+    // Both summaries last, the VM suite's failures with their reasons: all a CI log's tail
+    // keeps; then where the time went, builds included, for CI's time budget.
+    println!("\nVM suite:\n{}", outcome.summary());
+    println!("{}", tier.summary);
+    println!(
+        "time: host tests {:.0} s, VM suite {:.0} s, Kubernetes tier {:.0} s \
+         (each with its builds); {:.0} s in all",
+        host.as_secs_f64(),
+        vm.as_secs_f64(),
+        cluster.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(exit_code(outcome.ok() && tier.ok()))
+}
+
+/// The process's exit status for a run that passed or failed.
+fn exit_code(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
 /// The workspace root: two levels above this crate's manifest.
 fn workspace_root() -> Result<PathBuf> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = manifest
-        .ancestors()
-        .nth(2)
-        .context("xtask manifest is not two levels below the workspace")?;
-    Ok(root.to_path_buf())
+    let root = manifest.ancestors().nth(2);
+    Ok(root
+        .context("xtask manifest is not two levels below the workspace")?
+        .to_path_buf())
 }
 
 fn cargo() -> Command {
@@ -303,22 +276,17 @@ fn host_tests(ws: &Path) -> Result<()> {
     // Echoed as it comes; each test binary's time kept for the slowest five.
     let mut took = Vec::new();
     let mut current = String::new();
-    if let Some(out) = child.stdout.take() {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(out).lines() {
-            let line = line.context("reading cargo test's output")?;
-            println!("{line}");
-            let l = line.trim();
-            if l.starts_with("Running ") || l.starts_with("Doc-tests ") {
-                current = l.to_owned();
-            }
-            if let Some(secs) = line
-                .split("finished in ")
-                .nth(1)
-                .and_then(|r| r.trim_end_matches('s').parse::<f64>().ok())
-            {
-                took.push((secs, current.clone()));
-            }
+    let out = child.stdout.take().context("cargo test's output")?;
+    for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        let l = line.trim();
+        if l.starts_with("Running ") || l.starts_with("Doc-tests ") {
+            current = l.to_owned();
+        }
+        let finished = line.split("finished in ").nth(1);
+        if let Some(secs) = finished.and_then(|r| r.trim_end_matches('s').parse::<f64>().ok()) {
+            took.push((secs, current.clone()));
         }
     }
     let status = child.wait().context("waiting for cargo test")?;
@@ -332,130 +300,70 @@ fn host_tests(ws: &Path) -> Result<()> {
     }
     // The test hooks' own language (arming, ranges, entries that read as nothing), which the
     // shipped build leaves out.
-    eprintln!("xtask: host tests: the test hooks (cargo test -p ublkd-dataplane --features test-hooks --lib hooks)");
-    let status = cargo()
-        .current_dir(ws)
-        .args([
-            "test",
-            "-p",
-            "ublkd-dataplane",
-            "--features",
-            "test-hooks",
-            "--lib",
-            "hooks",
-        ])
-        .status()
-        .context("running cargo test")?;
-    if !status.success() {
-        bail!("the test hooks' host tests failed ({status})");
-    }
+    eprintln!("xtask: host tests: the test hooks");
+    apt::run_ok(
+        cargo()
+            .current_dir(ws)
+            .args(["test", "-p", "ublkd-dataplane", "--lib", "hooks"])
+            .args(["--features", "test-hooks"]),
+    )?;
     alert_rule_tests(ws)?;
     deploy::manifest_checks(ws, false)?;
     shell_script_checks(ws)
 }
 
 /// The Prometheus alert rules the chart ships (deploy/helm/ublkd/files), with their tests in
-/// deploy/prometheus: checked and unit-tested with
-/// promtool (Debian's `prometheus` package, installed when missing; never skipped).
+/// deploy/prometheus: checked and unit-tested with promtool.
 fn alert_rule_tests(ws: &Path) -> Result<()> {
-    if apt::which("promtool").is_none() {
-        apt::install_packages(&["prometheus"])?;
-    }
-    let promtool =
-        apt::which("promtool").context("promtool not found after installing prometheus")?;
-    let dir = ws.join("deploy/prometheus");
+    let promtool = apt::require("promtool", "prometheus")?;
     eprintln!("xtask: alert rules: promtool check rules, promtool test rules");
     for args in [
         ["check", "rules", "../helm/ublkd/files/ublkd-rules.yaml"],
         ["test", "rules", "ublkd-rules.test.yaml"],
     ] {
-        let status = Command::new(&promtool)
-            .args(args)
-            .current_dir(&dir)
-            .status()
-            .context("running promtool")?;
-        if !status.success() {
-            bail!("promtool {} failed ({status})", args.join(" "));
-        }
+        apt::run_ok(
+            Command::new(&promtool)
+                .args(args)
+                .current_dir(ws.join("deploy/prometheus")),
+        )?;
     }
     Ok(())
 }
 
-/// Every shell script in the repository, checked with shellcheck (Debian's `shellcheck` package,
-/// installed when missing; never skipped). Each names its dialect, which shellcheck requires: a
-/// `#!` line (`.ci/run`), or a `# shellcheck shell=` directive where a shell reads the file
-/// (the guest's /init under busybox sh, the demo under `bash -s`, the bench under /bin/sh).
+/// Every shell script in the repository, checked with shellcheck. Each names its dialect, which
+/// shellcheck requires: a `#!` line (`.ci/run`), or a `# shellcheck shell=` directive where a
+/// shell reads the file (the guest's /init under busybox sh, the demo under `bash -s`).
 fn shell_script_checks(ws: &Path) -> Result<()> {
     let scripts = shell_scripts(ws)?;
     if scripts.is_empty() {
         bail!("no shell scripts found to check in {}", ws.display());
     }
-    if apt::which("shellcheck").is_none() {
-        apt::install_packages(&["shellcheck"])?;
-    }
-    let shellcheck =
-        apt::which("shellcheck").context("shellcheck not found after installing shellcheck")?;
+    let shellcheck = apt::require("shellcheck", "shellcheck")?;
     let names: Vec<String> = scripts.iter().map(|p| p.display().to_string()).collect();
     eprintln!("xtask: shell scripts: shellcheck {}", names.join(" "));
-    let status = Command::new(&shellcheck)
-        .args(&scripts)
-        .current_dir(ws)
-        .status()
-        .context("running shellcheck")?;
-    if !status.success() {
-        bail!(
-            "shellcheck found problems in {} ({status}): fix them, or disable a check on its line \
-             with `# shellcheck disable=SCxxxx` and a comment saying why",
-            names.join(" ")
-        );
-    }
-    Ok(())
+    apt::run_ok(Command::new(&shellcheck).args(&scripts).current_dir(ws)).context(
+        "shellcheck found problems: fix them, or disable a check on its line with \
+         `# shellcheck disable=SCxxxx` and a comment saying why",
+    )
 }
 
 /// The repository's shell scripts, relative to `ws` and sorted: the files git lists (tracked, or
 /// new and not ignored, so never `target/`) that end in `.sh` or start with a `#!` line naming a
-/// shell (`.ci/run`).
+/// shell (`.ci/run`, the Debian maintainer scripts).
 fn shell_scripts(ws: &Path) -> Result<Vec<PathBuf>> {
-    use std::io::Read;
-    use std::os::unix::ffi::OsStrExt;
-
-    let out = Command::new("git")
-        .args([
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ])
-        .current_dir(ws)
-        .output()
-        .context("running git ls-files (the shell script check lists the repository's files)")?;
-    if !out.status.success() {
-        bail!(
-            "git ls-files failed in {} ({}): {}",
-            ws.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let listed = apt::output_ok(
+        Command::new("git")
+            .args(["ls-files", "-z", "--cached", "--others"])
+            .arg("--exclude-standard")
+            .current_dir(ws),
+    )?;
     let mut scripts = Vec::new();
-    for name in out.stdout.split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let rel = PathBuf::from(std::ffi::OsStr::from_bytes(name));
-        let path = ws.join(&rel);
-        // Listed but not a file here: deleted in the work tree, or a submodule.
-        if !path.is_file() {
+    for rel in listed.split_terminator('\0').map(PathBuf::from) {
+        // Listed but not a file here (deleted in the work tree, a submodule): nothing to check.
+        let Ok(text) = std::fs::read(ws.join(&rel)) else {
             continue;
-        }
-        let script = if rel.extension().is_some_and(|e| e == "sh") {
-            true
-        } else {
-            let mut head = Vec::new();
-            std::fs::File::open(&path)
-                .and_then(|f| f.take(256).read_to_end(&mut head))
-                .with_context(|| format!("reading {}", path.display()))?;
-            shebang_names_shell(&head)
         };
-        if script {
+        if rel.extension().is_some_and(|e| e == "sh") || shebang_names_shell(&text) {
             scripts.push(rel);
         }
     }
@@ -471,74 +379,39 @@ fn shebang_names_shell(head: &[u8]) -> bool {
         return false;
     };
     let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut words = line
+    String::from_utf8_lossy(line)
         .split_whitespace()
-        .map(|w| w.rsplit_once('/').map_or(w, |(_, base)| base));
-    let mut program = words.next();
-    // `env` and `busybox` run the program a later word names (after env's options and settings).
-    while matches!(program, Some("env" | "busybox")) {
-        program = words.find(|w| !w.starts_with('-') && !w.contains('='));
-    }
-    matches!(program, Some("sh" | "ash" | "dash" | "bash" | "ksh"))
+        .map(|w| w.rsplit_once('/').map_or(w, |(_, base)| base))
+        .any(|w| matches!(w, "sh" | "ash" | "dash" | "bash" | "ksh"))
 }
 
-fn vm_run(ws: &Path, args: &VmRunArgs) -> Result<ExitCode> {
-    let VmRunArgs {
-        timeout,
-        multipath,
-        writable_root,
-        cmd,
-    } = args;
-    let script = cmd
-        .iter()
-        .map(|a| vm::shell_quote(a))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let kernel = image::prepare(ws)?;
-    let run = vm::Vm::new(ws, &kernel)?
-        .timeout_secs(*timeout)
-        .multipath(*multipath)
-        .writable_root(*writable_root)
-        .echo(true)
-        .run(&script)?;
-    match &run.exit {
-        vm::Exit::Code(c) => Ok(ExitCode::from(
-            u8::try_from((*c).clamp(0, 255)).unwrap_or(1),
-        )),
-        other => {
-            eprintln!(
-                "xtask: guest {other}; console tail:\n{}",
-                run.console_tail(40)
-            );
-            Ok(ExitCode::FAILURE)
-        }
+/// Boots the VM (set up by `setup`), runs `script` with the console echoed, and returns the
+/// guest command's exit status; a guest that ends without one fails, with its console's tail.
+fn boot_and_run(ws: &Path, script: &str, setup: impl FnOnce(&mut vm::Vm)) -> Result<ExitCode> {
+    let mut guest = vm::Vm::new(ws, &image::prepare(ws)?)?;
+    guest.echo = true;
+    setup(&mut guest);
+    let run = guest.run(script)?;
+    if run.exit != vm::Exit::Code(0) {
+        let tail = run.console_tail(40);
+        eprintln!("xtask: guest {}; console tail:\n{tail}", run.exit);
     }
+    Ok(match run.exit {
+        vm::Exit::Code(c) => ExitCode::from(u8::try_from(c.clamp(0, 255)).unwrap_or(1)),
+        _ => ExitCode::FAILURE,
+    })
 }
 
 fn demo(ws: &Path) -> Result<ExitCode> {
-    suite::build_node_binaries(ws, &[])?;
-    let bin = |name: &str| vm::shell_quote(&ws.join("target/debug").join(name).to_string_lossy());
-    let kernel = image::prepare(ws)?;
+    let bins = suite::build_node_binaries(ws, &[])?;
+    let bin = |name: &str| vm::shell_quote(&bins.join(name).to_string_lossy());
+    let [ublkd, ublkctl, csi] = ["ublkd", "ublkctl", "ublkd-csi"].map(bin);
     // /dev/tcp in the script needs bash; the guest runs the host's shells.
     let script = format!(
-        "export UBLKD={} UBLKCTL={} UBLKD_CSI={}\nexec bash -s <<'DEMO'\n{}DEMO\n",
-        bin("ublkd"),
-        bin("ublkctl"),
-        bin("ublkd-csi"),
+        "export UBLKD={ublkd} UBLKCTL={ublkctl} UBLKD_CSI={csi}\nexec bash -s <<'DEMO'\n{}DEMO\n",
         include_str!("demo.sh")
     );
-    let run = vm::Vm::new(ws, &kernel)?
-        .timeout_secs(600)
-        .echo(true)
-        .run(&script)?;
-    match run.exit {
-        vm::Exit::Code(0) => Ok(ExitCode::SUCCESS),
-        other => {
-            eprintln!("xtask: demo failed: guest {other}");
-            Ok(ExitCode::FAILURE)
-        }
-    }
+    boot_and_run(ws, &script, |vm| vm.timeout = 600)
 }
 
 #[cfg(test)]
@@ -565,6 +438,7 @@ mod tests {
             "#!/usr/bin/env\n",
             "echo #!/bin/sh\n",
             "#![allow(dead_code)]\n",
+            "#!/usr/bin/python3\nimport sh\n",
         ] {
             assert!(!shebang_names_shell(head.as_bytes()), "{head:?}");
         }
@@ -577,8 +451,8 @@ mod tests {
         let scripts = shell_scripts(&ws).unwrap();
         for expected in [
             ".ci/run",
+            "deploy/debian/postinst",
             "tests/xtask/src/demo.sh",
-            "tests/xtask/src/init.sh",
         ] {
             assert!(
                 scripts.iter().any(|p| p == Path::new(expected)),
@@ -600,61 +474,60 @@ mod tests {
     fn the_command_line_is_read_as_documented() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+        let refused = |args: &[&str]| parse(args).is_err();
         // vm-run: its options, then the command, with or without `--`, dashes and all.
-        match parse(&["vm-run", "--timeout", "30", "--", "ls", "-l"]) {
-            Ok(Task::VmRun(a)) => {
-                assert_eq!((a.timeout, a.multipath), (30, false));
-                assert_eq!(a.cmd, ["ls", "-l"]);
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["vm-run", "--multipath", "sh", "-c", "true"]) {
-            Ok(Task::VmRun(a)) => assert_eq!((a.timeout, a.multipath, a.cmd.len()), (600, true, 3)),
-            other => panic!("{other:?}"),
-        }
-        assert!(parse(&["vm-run"]).is_err(), "vm-run needs a command");
-        assert!(parse(&["vm-run", "--timeout", "soon", "ls"]).is_err());
-        match parse(&["vm-test", "qos,nvme"]) {
-            Ok(Task::VmTest { filter }) => assert_eq!(filter.as_deref(), Some("qos,nvme")),
-            other => panic!("{other:?}"),
-        }
-        match parse(&["k8s-test", "driver", "warnings"]) {
-            Ok(Task::K8sTest { scenarios, .. }) => assert_eq!(scenarios, ["driver", "warnings"]),
-            other => panic!("{other:?}"),
-        }
+        let dashes = parse(&["vm-run", "--timeout", "30", "--", "ls", "-l"]);
         assert!(matches!(
-            parse(&["image", "--check"]),
+            dashes,
+            Ok(Task::VmRun(a)) if (a.timeout, a.multipath) == (30, false) && a.cmd == ["ls", "-l"]
+        ));
+        assert!(matches!(
+            parse(&["vm-run", "--multipath", "sh", "-c", "true"]),
+            Ok(Task::VmRun(a)) if (a.timeout, a.multipath, a.cmd.len()) == (600, true, 3)
+        ));
+        assert!(refused(&["vm-run"]), "vm-run needs a command");
+        assert!(refused(&["vm-run", "--timeout", "soon", "ls"]));
+        assert!(matches!(
+            parse(&["vm-test", "qos,nvme"]),
+            Ok(Task::VmTest { filter: Some(f) }) if f == "qos,nvme"
+        ));
+        assert!(matches!(
+            parse(&["k8s-test", "driver", "warnings"]),
+            Ok(Task::K8sTest { scenarios, prepare: false }) if scenarios == ["driver", "warnings"]
+        ));
+        let check = parse(&["image", "--check"]);
+        assert!(matches!(
+            check,
             Ok(Task::Image {
                 check: true,
                 push: None,
                 insecure: false
             })
         ));
-        match parse(&["image", "--push", "localhost:5000/ublkd:t", "--insecure"]) {
-            Ok(Task::Image {
-                check: false,
-                push: Some(r),
-                insecure: true,
-            }) => assert_eq!(r, "localhost:5000/ublkd:t"),
-            other => panic!("{other:?}"),
-        }
+        let to = "localhost:5000/ublkd:t";
+        assert!(matches!(
+            parse(&["image", "--push", to, "--insecure"]),
+            Ok(Task::Image { check: false, push: Some(r), insecure: true }) if r == to
+        ));
+        assert!(refused(&["image", "--push"]), "--push needs a reference");
         assert!(
-            parse(&["image", "--push"]).is_err(),
-            "--push needs a reference"
-        );
-        assert!(
-            parse(&["image", "--insecure"]).is_err(),
+            refused(&["image", "--insecure"]),
             "--insecure only with --push"
         );
         assert!(
-            parse(&["compare", "fdc00eb", "work"]).is_err(),
+            refused(&["compare", "fdc00eb", "work"]),
             "folded into bench --baseline"
         );
+        let baseline = parse(&["bench", "--baseline", "e3edd49", "--only", "null"]);
+        assert!(matches!(baseline, Ok(Task::Bench(_))));
+        assert!(refused(&["bench", "--fast"]));
+        // As the Kubernetes tier's node runs it (tests/k8s/node).
+        let push = parse(&["push-archive", "a", "r/u:t", "--manifest=m", "--insecure"]);
         assert!(matches!(
-            parse(&["bench", "--baseline", "e3edd49", "--only", "null"]),
-            Ok(Task::Bench(_))
+            push,
+            Ok(Task::PushArchive { push: oci::Push { reference, insecure: true }, manifest, .. })
+                if reference == "r/u:t" && manifest == "m"
         ));
-        assert!(parse(&["bench", "--fast"]).is_err());
-        assert!(parse(&["no-such-task"]).is_err());
+        assert!(refused(&["no-such-task"]));
     }
 }

@@ -5,7 +5,7 @@
 //! 1. **base**: a root file system of Debian packages, extracted by `mmdebstrap` from the
 //!    machine's own apt mirror: only the programs ublkd, ublkd-csi and the DaemonSet exec (`sh`,
 //!    `modprobe`, `mount`, `umount`, `blkid`, `blockdev`, `wipefs`, `mkfs.ext4`, `resize2fs`,
-//!    `mkfs.xfs`, `xfs_growfs`) and the libraries they load. What none of them runs is pruned
+//!    `mkfs.xfs`, `xfs_growfs`, `cryptsetup`) and the libraries they load. What none of them runs is pruned
 //!    (documentation, locales, Python and ICU, which only `xfs_scrub` uses).
 //! 2. **ublkd**: release builds of `ublkd`, `ublkctl` and `ublkd-csi` in `/usr/local/bin`.
 //!
@@ -21,7 +21,7 @@
 use crate::apt;
 use crate::dist::{self, Release};
 use anyhow::{ensure, Context, Result};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,9 +36,13 @@ const PACKAGES: &[&str] = &[
     "util-linux",
     "e2fsprogs",
     "xfsprogs",
+    // cryptsetup: encrypted volumes (`encryption: luks2`, ublkd_csi::crypt)
+    "cryptsetup-bin",
 ];
 
-/// Paths removed from the base layer: nothing ublkd's programs run reads them.
+/// Paths removed from the base layer: nothing ublkd's programs run reads them. A name ending in
+/// `*` removes every entry of its directory whose name starts with the rest: Python and ICU
+/// serve only `xfs_scrub` and `xfs_scrub_all`, removed with them.
 const PRUNE: &[&str] = &[
     "usr/share/doc",
     "usr/share/man",
@@ -59,36 +63,31 @@ const PRUNE: &[&str] = &[
     "var/log",
     "var/lib/apt",
     "var/lib/dpkg",
-];
-
-/// Files pruned by prefix of their name in these directories: Python and ICU serve only
-/// `xfs_scrub` and `xfs_scrub_all`, removed with them.
-const PRUNE_PREFIXES: &[(&str, &str)] = &[
-    ("usr/bin", "python3"),
-    ("usr/lib/x86_64-linux-gnu", "libpython3"),
-    ("usr/lib/x86_64-linux-gnu", "libicu"),
-    ("usr/sbin", "xfs_scrub"),
-    ("sbin", "xfs_scrub"),
+    "usr/bin/python3*",
+    "usr/lib/x86_64-linux-gnu/libpython3*",
+    "usr/lib/x86_64-linux-gnu/libicu*",
+    "usr/sbin/xfs_scrub*",
+    "sbin/xfs_scrub*",
 ];
 
 /// The binaries of the image (of `dist::RELEASE_PACKAGES`: ublkd-server's `ublkd`, ublkctl,
 /// ublkd-csi).
 const BINARIES: &[&str] = &["ublkd", "ublkctl", "ublkd-csi"];
 
-/// What one build produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one build produced (and `image.json` holds).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Built {
-    pub layout: PathBuf,
+    pub version: String,
+    pub revision: String,
     pub archive: PathBuf,
     /// Compressed layer digests, base first.
     pub layers: Vec<String>,
     pub manifest: String,
     /// Bytes of the compressed layers and of the files they hold.
-    pub compressed: u64,
-    pub uncompressed: u64,
+    pub compressed_bytes: u64,
+    pub uncompressed_bytes: u64,
 }
 
-/// `cargo xtask image [--check]`.
 /// `cargo xtask image [--check]`: with `check`, a second build from nothing must give the same
 /// layers.
 pub fn run(ws: &Path, check: bool, push: Option<&Push>) -> Result<()> {
@@ -114,13 +113,14 @@ pub fn run(ws: &Path, check: bool, push: Option<&Push>) -> Result<()> {
     Ok(())
 }
 
-/// Where `cargo xtask image --push` sends the image.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where `cargo xtask image --push` sends the image (and `push-archive`'s arguments).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct Push {
     /// A registry reference, `HOST[:PORT]/NAME:TAG`.
     pub reference: String,
     /// Plain HTTP, or TLS without verifying the registry's certificate (a registry on
     /// loopback, a test registry).
+    #[arg(long)]
     pub insecure: bool,
 }
 
@@ -137,33 +137,14 @@ pub fn push_args(archive: &Path, p: &Push) -> Vec<String> {
 /// Pushes the OCI archive with skopeo (Debian's, installed when missing), then reads the pushed
 /// manifest back and checks its digest is `manifest`, the archive's.
 pub fn push_archive(archive: &Path, manifest: &str, p: &Push) -> Result<()> {
-    if apt::which("skopeo").is_none() {
-        apt::install_packages(&["skopeo"])?;
-    }
-    let skopeo = apt::which("skopeo").context("skopeo not found after installing it")?;
+    let skopeo = apt::require("skopeo", "skopeo")?;
     eprintln!("xtask: image: skopeo copy to {}", p.reference);
-    let status = Command::new(&skopeo)
-        .args(push_args(archive, p))
-        .status()
-        .context("running skopeo copy")?;
-    ensure!(
-        status.success(),
-        "skopeo copy to {} failed ({status})",
-        p.reference
-    );
-    let out = Command::new(&skopeo)
-        .arg("inspect")
-        .arg(format!("--tls-verify={}", !p.insecure))
-        .arg(format!("docker://{}", p.reference))
-        .output()
-        .context("running skopeo inspect")?;
-    ensure!(
-        out.status.success(),
-        "skopeo inspect of {} failed: {}",
-        p.reference,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pushed: Value = serde_json::from_slice(&out.stdout)?;
+    apt::run_ok(Command::new(&skopeo).args(push_args(archive, p)))
+        .with_context(|| format!("skopeo copy to {}", p.reference))?;
+    let tls = format!("--tls-verify={}", !p.insecure);
+    let docker = format!("docker://{}", p.reference);
+    let out = apt::output_ok(Command::new(&skopeo).args(["inspect", &tls, &docker]))?;
+    let pushed: Value = serde_json::from_str(&out)?;
     let digest = pushed["Digest"].as_str().unwrap_or("no digest");
     ensure!(
         digest == manifest,
@@ -183,23 +164,17 @@ fn report(b: &Built) {
     }
     println!(
         "size: {:.1} MiB compressed, {:.1} MiB unpacked",
-        b.compressed as f64 / MIB,
-        b.uncompressed as f64 / MIB
+        b.compressed_bytes as f64 / MIB,
+        b.uncompressed_bytes as f64 / MIB
     );
 }
 
 /// Builds the image into `out` from nothing.
 pub fn build(ws: &Path, out: &Path) -> Result<Built> {
-    for (cmd, pkg) in [("mmdebstrap", "mmdebstrap"), ("umoci", "umoci")] {
-        if apt::which(cmd).is_none() {
-            apt::install_packages(&[pkg])?;
-        }
-    }
+    apt::require("mmdebstrap", "mmdebstrap")?;
     let release = Release::of(ws)?;
     let bins = dist::release_build(ws)?;
-    if out.exists() {
-        fs::remove_dir_all(out)?;
-    }
+    dist::empty_dir(out)?;
     let work = out.join("work");
     fs::create_dir_all(&work)?;
 
@@ -217,7 +192,7 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
     let base_epoch = dist::newest_file_time(&base.join("usr"))?.min(release.epoch);
     dist::reproducible_tar(&base, &base_tar, base_epoch)?;
     dist::reproducible_tar(&app, &app_tar, release.epoch)?;
-    let uncompressed = fs::metadata(&base_tar)?.len() + fs::metadata(&app_tar)?.len();
+    let uncompressed_bytes = fs::metadata(&base_tar)?.len() + fs::metadata(&app_tar)?.len();
 
     let layout = out.join("oci");
     assemble(&layout, &release, &base_tar, &app_tar)?;
@@ -225,26 +200,19 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
     dist::reproducible_tar(&layout, &archive, release.epoch)?;
     fs::remove_dir_all(&work)?;
 
-    let (manifest, layers, compressed) = describe(&layout)?;
+    let (manifest, layers, compressed_bytes) = describe(&layout)?;
     let built = Built {
-        layout,
+        version: release.version,
+        revision: release.revision,
         archive,
         layers,
         manifest,
-        compressed,
-        uncompressed,
+        compressed_bytes,
+        uncompressed_bytes,
     };
-    let summary = json!({
-        "version": release.version,
-        "revision": release.revision,
-        "manifest": built.manifest,
-        "layers": built.layers,
-        "compressed_bytes": built.compressed,
-        "uncompressed_bytes": built.uncompressed,
-    });
     fs::write(
         out.join("image.json"),
-        serde_json::to_string_pretty(&summary)?,
+        serde_json::to_string_pretty(&built)?,
     )?;
     Ok(built)
 }
@@ -254,10 +222,8 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
 fn debian_root(dir: &Path, epoch: u64) -> Result<()> {
     let suite = dist::debian_suite()?;
     let mirror = apt::debian_mirror()?;
-    eprintln!(
-        "xtask: image base: mmdebstrap {suite} ({} packages)",
-        PACKAGES.len()
-    );
+    let n = PACKAGES.len();
+    eprintln!("xtask: image base: mmdebstrap {suite} ({n} packages)");
     apt::run_ok(
         Command::new("mmdebstrap")
             .args(["--quiet", "--variant=extract", "--mode=root"])
@@ -269,22 +235,21 @@ fn debian_root(dir: &Path, epoch: u64) -> Result<()> {
     )
     .context("mmdebstrap could not build the image's base")?;
     for p in PRUNE {
-        let path = dir.join(p);
-        if path.is_dir() {
-            fs::remove_dir_all(&path)?;
-        } else if path.exists() {
-            fs::remove_file(&path)?;
-        }
-    }
-    for (sub, prefix) in PRUNE_PREFIXES {
-        let d = dir.join(sub);
-        let Ok(entries) = fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries {
-            let e = e?;
-            if e.file_name().to_string_lossy().starts_with(prefix) {
-                fs::remove_file(e.path())?;
+        let (sub, name) = p.rsplit_once('/').unwrap_or(("", p));
+        for e in fs::read_dir(dir.join(sub)).into_iter().flatten() {
+            let path = e?.path();
+            let found = path
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            let hit = match name.strip_suffix('*') {
+                Some(prefix) => found.starts_with(prefix),
+                None => found == name,
+            };
+            if hit && path.is_dir() {
+                fs::remove_dir_all(&path)?;
+            } else if hit {
+                fs::remove_file(&path)?;
             }
         }
     }
@@ -308,75 +273,76 @@ fn debian_root(dir: &Path, epoch: u64) -> Result<()> {
     Ok(())
 }
 
-/// The image layout: the two layers added verbatim, then the configuration and labels, every
-/// timestamp the commit's.
+/// The image layout: the two layers, then the configuration and labels, every timestamp the
+/// commit's.
 fn assemble(layout: &Path, r: &Release, base: &Path, app: &Path) -> Result<()> {
     let created = r.created()?;
-    let image = format!("{}:{}", layout.display(), r.version);
-    let umoci = |args: &[&str]| apt::run_ok(Command::new("umoci").args(args));
-    umoci(&["init", "--layout", &layout.to_string_lossy()])?;
-    umoci(&["new", "--image", &image])?;
-    let layer = |tar: &Path, by: &str| {
-        umoci(&[
-            "raw",
-            "add-layer",
-            "--image",
-            &image,
-            "--history.created",
-            &created,
-            "--history.created_by",
-            by,
-            &tar.to_string_lossy(),
-        ])
-    };
-    layer(
-        base,
-        &format!(
-            "mmdebstrap --variant=extract --include={}",
-            PACKAGES.join(",")
-        ),
-    )?;
-    layer(app, "cargo build --release: ublkd ublkctl ublkd-csi")?;
+    let mmdebstrap = format!(
+        "mmdebstrap --variant=extract --include={}",
+        PACKAGES.join(",")
+    );
+    let layers = [
+        (base, mmdebstrap.as_str()),
+        (app, "cargo build --release: ublkd ublkctl ublkd-csi"),
+    ];
     let labels = [
-        ("org.opencontainers.image.title", "ublkd".to_owned()),
+        ("title", "ublkd".to_owned()),
         (
-            "org.opencontainers.image.description",
+            "description",
             "ublkd: block volumes over ublk, with ublkctl and the ublkd-csi CSI driver".into(),
         ),
-        ("org.opencontainers.image.version", r.version.clone()),
-        ("org.opencontainers.image.revision", r.revision.clone()),
-        ("org.opencontainers.image.source", r.source.clone()),
-        ("org.opencontainers.image.licenses", "Apache-2.0".into()),
-        ("org.opencontainers.image.created", created.clone()),
+        ("version", r.version.clone()),
+        ("revision", r.revision.clone()),
+        ("source", r.source.clone()),
+        ("licenses", "Apache-2.0".into()),
+        ("created", created.clone()),
     ];
-    let mut args: Vec<String> = [
-        "config",
-        "--image",
-        &image,
-        "--no-history",
-        "--created",
-        &created,
-        "--architecture",
-        "amd64",
-        "--os",
-        "linux",
-        "--config.entrypoint",
-        "/usr/local/bin/ublkd",
-        "--config.env",
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut config = vec![
+        "--config.entrypoint=/usr/local/bin/ublkd".to_owned(),
+        "--config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    ];
     for (k, v) in &labels {
-        args.push("--config.label".into());
-        args.push(format!("{k}={v}"));
-        args.push("--manifest.annotation".into());
-        args.push(format!("{k}={v}"));
+        let label = format!("org.opencontainers.image.{k}={v}");
+        config.push(format!("--config.label={label}"));
+        config.push(format!("--manifest.annotation={label}"));
     }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    umoci(&args)?;
-    umoci(&["gc", "--layout", &layout.to_string_lossy()])?;
+    umoci_layout(layout, &r.version, &created, &layers, &config)
+}
+
+/// An OCI image layout made with umoci at `layout`, its image tagged `tag`: `layers`
+/// (uncompressed tars, base first, each with the history line that says how it was made) added
+/// verbatim, then `config` (umoci config's flags), every timestamp `created`.
+pub fn umoci_layout(
+    layout: &Path,
+    tag: &str,
+    created: &str,
+    layers: &[(&Path, &str)],
+    config: &[String],
+) -> Result<()> {
+    apt::require("umoci", "umoci")?;
+    let image = format!("{}:{tag}", layout.display());
+    let umoci = |args: &[&str]| {
+        let mut c = Command::new("umoci");
+        c.args(args);
+        c
+    };
+    let dir = layout.to_string_lossy();
+    apt::run_ok(&mut umoci(&["init", "--layout", &dir]))?;
+    apt::run_ok(&mut umoci(&["new", "--image", &image]))?;
+    for (tar, by) in layers {
+        apt::run_ok(
+            umoci(&["raw", "add-layer", "--image", &image])
+                .args(["--history.created", created, "--history.created_by", by])
+                .arg(tar),
+        )?;
+    }
+    apt::run_ok(
+        umoci(&["config", "--image", &image, "--no-history"])
+            .args(["--created", created])
+            .args(["--architecture", "amd64", "--os", "linux"])
+            .args(config),
+    )?;
+    apt::run_ok(&mut umoci(&["gc", "--layout", &dir]))?;
     // umoci writes blobs readable by their owner only; an image is public.
     for e in fs::read_dir(layout.join("blobs/sha256"))? {
         dist::set_mode(&e?.path(), 0o644)?;
@@ -392,18 +358,13 @@ fn describe(layout: &Path) -> Result<(String, Vec<String>, u64)> {
         .context("index.json names no manifest")?
         .to_owned();
     let m: Value = serde_json::from_slice(&fs::read(blob(layout, &manifest)?)?)?;
-    let mut layers = Vec::new();
-    let mut size = 0;
+    let (mut layers, mut size) = (Vec::new(), 0);
     for l in m["layers"]
         .as_array()
         .context("the manifest has no layers")?
     {
-        layers.push(
-            l["digest"]
-                .as_str()
-                .context("a layer without digest")?
-                .to_owned(),
-        );
+        let digest = l["digest"].as_str().context("a layer without digest")?;
+        layers.push(digest.to_owned());
         size += l["size"].as_u64().context("a layer without size")?;
     }
     // The digest umoci wrote must be the file's: check one, as a reader would.
@@ -430,26 +391,20 @@ mod tests {
 
     #[test]
     fn a_push_copies_the_archive_to_the_reference_verifying_tls_unless_told() {
-        let p = Push {
-            reference: "reg.test:5000/ublkd:0.1.0".into(),
+        let reference = "reg.test:5000/ublkd:0.1.0".into();
+        let mut p = Push {
+            reference,
             insecure: false,
         };
-        assert_eq!(
-            push_args(Path::new("/w/target/image/ublkd-oci.tar"), &p),
-            [
-                "copy",
-                "--dest-tls-verify=true",
-                "oci-archive:/w/target/image/ublkd-oci.tar",
-                "docker://reg.test:5000/ublkd:0.1.0"
-            ]
-        );
-        let loopback = Push {
-            insecure: true,
-            ..p
-        };
-        assert_eq!(
-            push_args(Path::new("/a.tar"), &loopback)[1],
-            "--dest-tls-verify=false"
-        );
+        let archive = Path::new("/w/target/image/ublkd-oci.tar");
+        let copy = [
+            "copy",
+            "--dest-tls-verify=true",
+            "oci-archive:/w/target/image/ublkd-oci.tar",
+            "docker://reg.test:5000/ublkd:0.1.0",
+        ];
+        assert_eq!(push_args(archive, &p), copy);
+        p.insecure = true;
+        assert_eq!(push_args(archive, &p)[1], "--dest-tls-verify=false");
     }
 }

@@ -7,7 +7,7 @@ use crate::vm::{self, Exit, Vm};
 use anyhow::{bail, Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, Stdio};
 
 /// Bound on one test inside the guest.
 const PER_TEST_SECS: u64 = 300;
@@ -15,10 +15,9 @@ const PER_TEST_SECS: u64 = 300;
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub passed: Vec<String>,
-    pub failed: Vec<String>,
     /// Each failed test's name and the lines of its output that say why, printed again after
     /// the closing count so that a log's tail (all CI keeps) shows the cause.
-    pub reasons: Vec<(String, String)>,
+    pub failed: Vec<(String, String)>,
 }
 
 impl Outcome {
@@ -26,27 +25,15 @@ impl Outcome {
         self.failed.is_empty() && !self.passed.is_empty()
     }
 
-    pub fn exit_code(&self) -> ExitCode {
-        if self.ok() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        }
-    }
-
     /// Why each failed test failed, then the count: what the log's tail must hold.
     pub fn summary(&self) -> String {
-        let mut out: String = self
-            .reasons
+        let why: String = self
+            .failed
             .iter()
             .map(|(name, why)| format!("\n--- why {name} failed ---\n{why}\n"))
             .collect();
-        out.push_str(&format!(
-            "{} passed, {} failed",
-            self.passed.len(),
-            self.failed.len()
-        ));
-        out
+        let (passed, failed) = (self.passed.len(), self.failed.len());
+        format!("{why}{passed} passed, {failed} failed")
     }
 }
 
@@ -54,8 +41,6 @@ impl Outcome {
 struct TestCase {
     binary: PathBuf,
     name: String,
-    /// Runs in the boot with the multipath NVMe subsystem (`Vm::multipath`).
-    multipath: bool,
     /// The test file (binary stem) it belongs to.
     file: String,
 }
@@ -69,31 +54,14 @@ const INSTALL_FILE: &str = "install";
 /// The test file that drives the CSI driver with the conformance suite.
 const CSI_FILE: &str = "csi";
 
-/// What the install tests use, built on the host before the boot: the image (twice, to check it
-/// is reproducible), the package, and a Debian root to install the package into.
-fn install_artifacts(ws: &Path) -> Result<()> {
-    crate::oci::run(ws, true, None)?;
-    crate::deb::build(ws)?;
-    crate::deb::scratch_root(ws)?;
-    Ok(())
-}
-
 /// Builds the VM test binaries and returns their paths.
 pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
     eprintln!("xtask: building VM tests (cargo test -p ublkd-tests --features vm --no-run)");
     let out = crate::cargo()
         .current_dir(ws)
-        .args([
-            "test",
-            "--package",
-            "ublkd-tests",
-            "--features",
-            "vm",
-            "--test",
-            "*",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(["test", "-p", "ublkd-tests", "--features", "vm"])
+        .args(["--test", "*", "--no-run"])
+        .arg("--message-format=json-render-diagnostics")
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo")?;
@@ -114,49 +82,27 @@ pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
     Ok(bins)
 }
 
-/// Makes sure the binaries the VM tests drive are built (ublkd with its test hooks, ublkctl,
-/// ublkd-csi).
-fn build_daemon_binaries(ws: &Path) -> Result<()> {
-    build_node_binaries(ws, &["--features", "ublkd-server/test-hooks"])
-}
-
-/// Builds what runs on a node (ublkd, ublkctl, ublkd-csi) into target/debug, with `extra`
-/// cargo arguments.
-pub fn build_node_binaries(ws: &Path, extra: &[&str]) -> Result<()> {
-    eprintln!("xtask: building ublkd, ublkctl and ublkd-csi");
-    let status = crate::cargo()
-        .current_dir(ws)
-        .args(["build"])
-        .args(NODE_PACKAGES.iter().flat_map(|p| ["--package", p]))
-        .args(extra)
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("building ublkd, ublkctl and ublkd-csi failed ({status})");
-    }
-    Ok(())
-}
-
+/// The packages of what runs on a node: ublkd, ublkctl, ublkd-csi.
 const NODE_PACKAGES: [&str; 3] = ["ublkd-server", "ublkctl", "ublkd-csi"];
 
-fn list_tests(binary: &Path) -> Result<Vec<String>> {
-    let out = Command::new(binary)
-        .args(["--list", "--format", "terse"])
-        .output()
-        .with_context(|| format!("listing tests of {}", binary.display()))?;
-    if !out.status.success() {
-        bail!("{} --list failed", binary.display());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_suffix(": test"))
-        .map(str::to_owned)
-        .collect())
+/// Builds what runs on a node (ublkd, ublkctl, ublkd-csi) with `extra` cargo arguments, and
+/// returns where they are, target/debug.
+pub fn build_node_binaries(ws: &Path, extra: &[&str]) -> Result<PathBuf> {
+    eprintln!("xtask: building ublkd, ublkctl and ublkd-csi");
+    crate::apt::run_ok(
+        crate::cargo()
+            .current_dir(ws)
+            .arg("build")
+            .args(NODE_PACKAGES.iter().flat_map(|p| ["-p", p]))
+            .args(extra),
+    )?;
+    Ok(ws.join("target/debug"))
 }
 
 pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
     let kernel = image::prepare(ws)?;
-    build_daemon_binaries(ws)?;
+    // The binaries the VM tests drive, ublkd with its test hooks.
+    let bins = build_node_binaries(ws, &["--features", "ublkd-server/test-hooks"])?;
     let mut cases = Vec::new();
     for binary in build_test_binaries(ws)? {
         // A filter matches a test's name, or the whole test file (binary `daemon-<hash>`).
@@ -166,7 +112,9 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             .and_then(|n| n.rsplit_once('-'))
             .map_or("", |(stem, _)| stem)
             .to_owned();
-        for name in list_tests(&binary)? {
+        let mut list = Command::new(&binary);
+        let list = crate::apt::output_ok(list.args(["--list", "--format", "terse"]))?;
+        for name in list.lines().filter_map(|l| l.strip_suffix(": test")) {
             // Several filters, comma-separated: a test that matches any of them.
             let matches = |f: &str| {
                 f.split(',')
@@ -175,35 +123,37 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
             if filter.is_none_or(matches) {
                 cases.push(TestCase {
                     binary: binary.clone(),
-                    name,
-                    multipath: file == MULTIPATH_FILE,
+                    name: name.to_owned(),
                     file: file.clone(),
                 });
             }
         }
     }
     if cases.is_empty() {
-        bail!(
-            "no VM test matches {:?}: nothing would run",
-            filter.unwrap_or("")
-        );
+        let filter = filter.unwrap_or("");
+        bail!("no VM test matches {filter:?}: nothing would run");
     }
     if cases.iter().any(|c| c.file == INSTALL_FILE) {
-        install_artifacts(ws)?;
+        // What the install tests use, built on the host before the boot: the image (twice, to
+        // check it is reproducible), the package, and a Debian root to install the package into.
+        crate::oci::run(ws, true, None)?;
+        crate::deb::build(ws)?;
+        crate::deb::scratch_root(ws)?;
     }
-    // Installed whenever a csi test runs; a test that needs it fails when it is absent.
-    let csi_sanity = if cases.iter().any(|c| c.file == CSI_FILE) {
-        Some(crate::gotools::ensure(crate::gotools::CSI_SANITY)?)
-    } else {
-        None
-    };
-    let env = GuestEnv { csi_sanity };
+    // The exports of the guest's script: the binaries the tests drive, and the conformance
+    // suite's whenever a csi test runs (a test that needs it fails when it is absent).
+    let [ublkd, ublkctl, csi] = ["ublkd", "ublkctl", "ublkd-csi"].map(|b| quoted(&bins.join(b)));
+    let mut exports = format!("export UBLKD_BIN={ublkd} UBLKCTL_BIN={ublkctl} UBLKD_CSI_BIN={csi}");
+    if cases.iter().any(|c| c.file == CSI_FILE) {
+        let csi_sanity = crate::gotools::ensure(crate::gotools::CSI_SANITY)?;
+        exports.push_str(&format!(" UBLKD_CSI_SANITY={}", quoted(&csi_sanity)));
+    }
     let mut outcome = Outcome::default();
     let (multipath, plain): (Vec<TestCase>, Vec<TestCase>) =
-        cases.into_iter().partition(|c| c.multipath);
+        cases.into_iter().partition(|c| c.file == MULTIPATH_FILE);
     for (boot, multipath) in [(plain, false), (multipath, true)] {
         if !boot.is_empty() {
-            run_boot(ws, &kernel, &boot, multipath, &env, &mut outcome)?;
+            run_boot(ws, &kernel, &boot, multipath, &exports, &mut outcome)?;
         }
     }
     println!("{}", outcome.summary());
@@ -252,11 +202,9 @@ fn failure_excerpt(console: &[String], name: &str) -> String {
     out.join("\n")
 }
 
-/// Paths of host-built tools the guest's tests read from their environment.
-#[derive(Debug, Default)]
-struct GuestEnv {
-    /// `UBLKD_CSI_SANITY`: the conformance suite's binary.
-    csi_sanity: Option<PathBuf>,
+/// `path` quoted for the guest's shell.
+fn quoted(path: &Path) -> String {
+    vm::shell_quote(&path.to_string_lossy())
 }
 
 /// Runs `cases` in one boot of the guest, adding their results to `outcome`.
@@ -265,23 +213,18 @@ fn run_boot(
     kernel: &image::Kernel,
     cases: &[TestCase],
     multipath: bool,
-    env: &GuestEnv,
+    exports: &str,
     outcome: &mut Outcome,
 ) -> Result<()> {
-    eprintln!(
-        "xtask: running {} VM test(s) in one boot of {}{}",
-        cases.len(),
-        kernel.kver,
-        if multipath {
-            " with the multipath NVMe subsystem"
-        } else {
-            ""
-        }
-    );
+    let (n, kver) = (cases.len(), &kernel.kver);
+    let topology = match multipath {
+        true => " with the multipath NVMe subsystem",
+        false => "",
+    };
+    eprintln!("xtask: running {n} VM test(s) in one boot of {kver}{topology}");
 
-    let target = ws.join("target/debug");
     let mut script = format!(
-        "cd {ws}\nexport RUST_BACKTRACE=1 UBLKD_BIN={ublkd} UBLKCTL_BIN={ublkctl} UBLKD_CSI_BIN={csi}\n\
+        "cd {ws}\n{exports} RUST_BACKTRACE=1\n\
          echo \"ublkd-vm: guest kernel $(uname -r)\"\n\
          run_test() {{\n  echo \"=== RUN  $2\"\n  t0=$(date +%s%N)\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
          ms=$(( ($(date +%s%N) - t0) / 1000000 ))\n  \
@@ -290,77 +233,49 @@ fn run_boot(
          left=$(du -sm \"${{TMPDIR:-/tmp}}\" 2>/dev/null | cut -f1)\n  \
          find \"${{TMPDIR:-/tmp}}\" -mindepth 1 -maxdepth 1 -exec rm -rf --one-file-system {{}} + 2>/dev/null\n  \
          echo \"=== END  $2 rc=$rc (left ${{left:-?}} MiB in ${{TMPDIR:-/tmp}}, removed)\"\n}}\n",
-        ws = vm::shell_quote(&ws.to_string_lossy()),
-        ublkd = vm::shell_quote(&target.join("ublkd").to_string_lossy()),
-        ublkctl = vm::shell_quote(&target.join("ublkctl").to_string_lossy()),
-        csi = vm::shell_quote(&target.join("ublkd-csi").to_string_lossy()),
+        ws = quoted(ws),
     );
-    if let Some(p) = &env.csi_sanity {
-        script.push_str(&format!(
-            "export UBLKD_CSI_SANITY={}\n",
-            vm::shell_quote(&p.to_string_lossy())
-        ));
-    }
     for c in cases {
         script.push_str(&format!(
             "run_test {} {}\n",
-            vm::shell_quote(&c.binary.to_string_lossy()),
+            quoted(&c.binary),
             vm::shell_quote(&c.name)
         ));
     }
     script.push_str("exit 0\n");
 
-    let timeout = std::env::var("UBLKD_VM_TIMEOUT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(120 + (PER_TEST_SECS + 15) * cases.len() as u64);
-    let vm = Vm::new(ws, kernel)?
-        .timeout_secs(timeout)
-        .multipath(multipath)
-        .echo(true);
+    let timeout = 120 + (PER_TEST_SECS + 15) * cases.len() as u64;
+    let mut vm = Vm::new(ws, kernel)?;
+    (vm.timeout, vm.multipath, vm.echo) = (timeout, multipath, true);
     let run = vm.run(&script)?;
 
     let results = fs::read_to_string(run.run_dir.join("results")).unwrap_or_default();
-    let mut boot = Outcome::default();
     // The whole log, not the bounded tail kept in memory: a failure early in a long boot.
     let console: Vec<String> = fs::read_to_string(run.run_dir.join("console.log"))
         .map(|s| s.lines().map(str::to_owned).collect())
         .unwrap_or_else(|_| run.console.clone());
+    let secs = run.wall.as_secs_f64();
+    println!("\nVM suite ({}, {secs:.1} s):", kernel.kver);
     let mut took: Vec<(u64, &str)> = Vec::new();
+    let failed_before = outcome.failed.len();
     for c in cases {
-        let rc = results.lines().find_map(|l| {
+        // Each line of `results`: `RC MS NAME`.
+        let result = results.lines().find_map(|l| {
             let (rc, rest) = l.split_once(' ')?;
             let (ms, name) = rest.split_once(' ')?;
-            (name == c.name).then(|| {
-                took.push((ms.parse().unwrap_or(0), &c.name));
-                rc.parse::<i32>().unwrap_or(-1)
-            })
+            (name == c.name).then(|| (rc.parse::<i32>().unwrap_or(-1), ms.parse().unwrap_or(0)))
         });
-        match rc {
-            Some(0) => boot.passed.push(c.name.clone()),
-            _ => {
-                boot.failed.push(c.name.clone());
-                boot.reasons
-                    .push((c.name.clone(), failure_excerpt(&console, &c.name)));
-            }
+        if let Some((_, ms)) = result {
+            took.push((ms, &c.name));
         }
-    }
-    println!();
-    println!(
-        "VM suite ({}, {:.1} s):",
-        kernel.kver,
-        run.wall.as_secs_f64()
-    );
-    let secs = |name: &str| {
-        took.iter()
-            .find(|(_, n)| *n == name)
-            .map_or(0.0, |(ms, _)| *ms as f64 / 1000.0)
-    };
-    for name in &boot.passed {
-        println!("  ok      {name} ({:.1} s)", secs(name));
-    }
-    for name in &boot.failed {
-        println!("  FAILED  {name}");
+        if let Some((0, ms)) = result {
+            println!("  ok      {} ({:.1} s)", c.name, ms as f64 / 1000.0);
+            outcome.passed.push(c.name.clone());
+        } else {
+            println!("  FAILED  {}", c.name);
+            let why = failure_excerpt(&console, &c.name);
+            outcome.failed.push((c.name.clone(), why));
+        }
     }
     took.sort_by(|a, b| b.cmp(a));
     println!("  slowest five:");
@@ -368,20 +283,14 @@ fn run_boot(
         println!("    {:7.1} s  {name}", *ms as f64 / 1000.0);
     }
     if run.exit != Exit::Code(0) {
-        println!(
-            "guest {}; console tail:\n{}",
-            run.exit,
-            run.console_tail(40)
-        );
+        let tail = run.console_tail(40);
+        println!("guest {}; console tail:\n{tail}", run.exit);
     }
-    if boot.failed.is_empty() && run.exit == Exit::Code(0) {
+    if outcome.failed.len() == failed_before && run.exit == Exit::Code(0) {
         let _ = fs::remove_dir_all(&run.run_dir);
     } else {
         println!("logs kept in {}", run.run_dir.display());
     }
-    outcome.passed.append(&mut boot.passed);
-    outcome.failed.append(&mut boot.failed);
-    outcome.reasons.append(&mut boot.reasons);
     Ok(())
 }
 

@@ -61,22 +61,36 @@ impl RunResult {
     }
 }
 
+/// One guest to boot, set up through its public fields before `run`.
 #[derive(Debug)]
 pub struct Vm {
     kernel: Kernel,
-    run_dir: PathBuf,
+    /// Where this run's files are (shared with the guest as `UBLKD_VM_RUN`).
+    pub run_dir: PathBuf,
     /// The workspace or the run directory is under /tmp (CI's fresh clone, whose `target` may
     /// link elsewhere): the guest keeps the host's /tmp and makes its scratch under /run.
     host_tmp: bool,
-    timeout: u64,
-    echo: bool,
+    /// Seconds before the guest is killed.
+    pub timeout: u64,
+    /// The console echoed as it comes (also with `UBLKD_VM_VERBOSE=1`).
+    pub echo: bool,
     accel: Option<String>,
-    multipath: bool,
-    writable_root: bool,
-    memory_mib: u32,
-    tcg_single_thread: bool,
-    clock: Clock,
-    network: Option<Network>,
+    /// A second NVMe subsystem with two controllers, the topology of native multipath:
+    /// namespace 1 private to the second controller (its char device is named by the
+    /// controller, its disk by the subsystem) with 4 KiB blocks, and namespace 2 shared by both
+    /// (one multipath head). The first controller and its `ng0n1` stay as in every boot, but
+    /// controller numbering is then racy (asynchronous probe), so only tests that find their
+    /// devices by serial run in such a boot.
+    pub multipath: bool,
+    /// The host root under a tmpfs overlay, so the guest may write anywhere (the Kubernetes
+    /// tier: containerd, the kubelet and etcd keep their state where they expect it). Writes stay
+    /// in the guest's memory and go with it.
+    pub writable_root: bool,
+    pub memory_mib: u32,
+    /// What the guest's clock counts under TCG (`Clock`); KVM ignores it.
+    pub clock: Clock,
+    /// A NIC on QEMU's user network, QEMU in the namespace given (`Network`).
+    pub network: Option<Network>,
 }
 
 /// What the guest's clock counts under TCG.
@@ -96,6 +110,10 @@ pub struct Vm {
 /// by `Wall`. It is slow: a busy guest second is 10^9 instructions, about 5 host seconds.
 /// `sleep=on` lets an idle guest wait in real time for the emulated devices instead of
 /// jumping its clock to the next timer, which would add whole timer periods to each NVMe I/O.
+/// The guest boots with transparent huge pages off under it: whether fio's buffers get a huge
+/// page depends on how fragmented memory is by then, and a 128 KiB copy-path job moved by 6 %
+/// with it (6,290 IOPS with THP against 5,934 without, each repeating within 0.2 %), which
+/// made one run in four of the large-block cases jump in an A/B of identical code.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Clock {
     #[default]
@@ -112,11 +130,13 @@ impl Clock {
     }
 }
 
-/// QEMU's accelerator arguments for TCG.
-fn tcg_args(single_thread: bool, clock: Clock, cpu: &str) -> Vec<String> {
-    let thread = match (single_thread, clock) {
-        (_, Clock::Instructions) | (true, Clock::Wall) => "single",
-        (false, Clock::Wall) => "multi",
+/// QEMU's accelerator arguments for TCG: one host thread per vCPU (with one thread for both,
+/// the Kubernetes tier's kubelet and containerd kept it busy and a pod took minutes to start),
+/// but one for all of them under the instruction clock, which needs it.
+fn tcg_args(clock: Clock, cpu: &str) -> Vec<String> {
+    let thread = match clock {
+        Clock::Wall => "multi",
+        Clock::Instructions => "single",
     };
     let mut args = vec![
         "-accel".to_owned(),
@@ -168,74 +188,9 @@ impl Vm {
             multipath: false,
             writable_root: false,
             memory_mib: 4096,
-            tcg_single_thread: false,
             clock: Clock::Wall,
             network: None,
         })
-    }
-
-    pub fn timeout_secs(mut self, secs: u64) -> Self {
-        self.timeout = secs;
-        self
-    }
-
-    pub fn echo(mut self, on: bool) -> Self {
-        self.echo = self.echo || on;
-        self
-    }
-
-    /// Adds a second NVMe subsystem with two controllers, the topology of native multipath:
-    /// namespace 1 private to the second controller (its char device is named by the
-    /// controller, its disk by the subsystem) with 4 KiB blocks, and namespace 2 shared by both
-    /// (one multipath head). The first controller and its `ng0n1` stay as in every boot, but
-    /// controller numbering is then racy (asynchronous probe), so only tests that find their
-    /// devices by serial run in such a boot.
-    pub fn multipath(mut self, on: bool) -> Self {
-        self.multipath = on;
-        self
-    }
-
-    /// The host root under a tmpfs overlay, so the guest may write anywhere (the Kubernetes
-    /// tier: containerd, the kubelet and etcd keep their state where they expect it). Writes stay
-    /// in the guest's memory and go with it.
-    pub fn writable_root(mut self, on: bool) -> Self {
-        self.writable_root = on;
-        self
-    }
-
-    /// Under TCG, one host thread for all vCPUs. Multi-threaded TCG has oopsed the guest kernel
-    /// (int3 in kmalloc: a static key patched on one vCPU while another ran the code) when
-    /// the Kubernetes tier's daemons start; one thread makes cross-vCPU code patching safe.
-    pub fn tcg_single_thread(mut self, on: bool) -> Self {
-        self.tcg_single_thread = on;
-        self
-    }
-
-    /// What the guest's clock counts under TCG (`Clock`); KVM ignores it.
-    pub fn clock(mut self, clock: Clock) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// A NIC on QEMU's user network, QEMU in the namespace given (`Network`).
-    pub fn network(mut self, net: Network) -> Self {
-        self.network = Some(net);
-        self
-    }
-
-    /// Where this run's files are (shared with the guest as `UBLKD_VM_RUN`).
-    pub fn run_dir(&self) -> &Path {
-        &self.run_dir
-    }
-
-    pub fn memory_mib(mut self, mib: u32) -> Self {
-        self.memory_mib = mib;
-        self
-    }
-
-    fn with_accel(mut self, accel: &str) -> Self {
-        self.accel = Some(accel.to_owned());
-        self
     }
 
     /// Boots the guest and runs `script` (POSIX sh) inside; `$UBLKD_VM_RUN` there names the
@@ -268,15 +223,10 @@ impl Vm {
         let image = rd.join("nvme.img");
         fs::File::create(&image)?.set_len(NVME_BYTES)?;
         let qemu = apt::which("qemu-system-x86_64").context("qemu-system-x86_64 not found")?;
-        let mut cmd = match &self.network {
-            Some(net) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", &net.netns]).arg(&qemu);
-                c
-            }
-            None => Command::new(&qemu),
-        };
+        let mut cmd = Command::new(&qemu);
         if let Some(net) = &self.network {
+            cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &net.netns]).arg(&qemu);
             let mut user = "user,id=net0,net=10.0.2.0/24".to_owned();
             for f in &net.forwards {
                 user.push_str(",hostfwd=");
@@ -291,39 +241,32 @@ impl Vm {
             cmd.args(["-accel", "kvm", "-cpu", "host"]);
         } else {
             let cpu = std::env::var("UBLKD_VM_CPU").unwrap_or_else(|_| "max".into());
-            cmd.args(tcg_args(self.tcg_single_thread, self.clock, &cpu));
+            cmd.args(tcg_args(self.clock, &cpu));
         }
+        let icount = self.clock == Clock::Instructions;
+        let flags = [
+            (self.writable_root, " ublkd.overlay=1"),
+            (self.host_tmp, " ublkd.hosttmp=1"),
+            (icount, " transparent_hugepage=never"),
+        ];
+        let flags: String = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+        let (run, img) = (rd.display(), image.display());
+        let xfer = format!("local,path={run},mount_tag=xfer,security_model=none");
+        let nvme =
+            format!("file={img},if=none,id=nvm,format=raw,cache=none,aio=io_uring,discard=unmap");
         cmd.arg("-kernel")
             .arg(&self.kernel.vmlinuz)
             .arg("-initrd")
             .arg(&self.kernel.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={}{}{}",
-                rd.display(),
-                if self.writable_root {
-                    " ublkd.overlay=1"
-                } else {
-                    ""
-                },
-                if self.host_tmp { " ublkd.hosttmp=1" } else { "" }
+                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={run}{flags}"
             ))
             .arg("-virtfs")
             .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
-            .arg("-virtfs")
-            .arg(format!(
-                "local,path={},mount_tag=xfer,security_model=none",
-                rd.display()
-            ))
-            .arg("-drive")
-            .arg(format!(
-                "file={},if=none,id=nvm,format=raw,cache=none,aio=io_uring,discard=unmap",
-                image.display()
-            ))
-            .args([
-                "-device",
-                "nvme,serial=ublkd-nvme0,drive=nvm,max_ioqpairs=8",
-            ])
+            .args(["-virtfs", &xfer, "-drive", &nvme])
+            .arg("-device")
+            .arg("nvme,serial=ublkd-nvme0,drive=nvm,max_ioqpairs=8")
             .args(self.multipath_args()?)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -410,19 +353,15 @@ impl Vm {
             wall,
         })
     }
-}
 
-/// KVM when it is asked for or a probe boot works on this host, else TCG. The probe's answer is
-/// cached per host kernel: a host whose KVM cannot run a stock kernel (PVM) fails the probe once.
-impl Vm {
     fn multipath_args(&self) -> Result<Vec<String>> {
         if !self.multipath {
             return Ok(Vec::new());
         }
         let mut args = Vec::new();
-        for (id, bytes) in [("mp1", MPATH_NS_BYTES), ("mp2", MPATH_NS_BYTES)] {
+        for id in ["mp1", "mp2"] {
             let image = self.run_dir.join(format!("{id}.img"));
-            fs::File::create(&image)?.set_len(bytes)?;
+            fs::File::create(&image)?.set_len(MPATH_NS_BYTES)?;
             args.push("-drive".to_owned());
             args.push(format!(
                 "file={},if=none,id={id},format=raw,cache=none,aio=io_uring",
@@ -436,23 +375,23 @@ impl Vm {
             "nvme-ns,drive=mp1,nsid=1,bus=mpc1,shared=off,logical_block_size=4096,physical_block_size=4096",
             "nvme-ns,drive=mp2,nsid=2,shared=on",
         ] {
-            args.push("-device".to_owned());
-            args.push(dev.to_owned());
+            args.extend(["-device".to_owned(), dev.to_owned()]);
         }
         Ok(args)
     }
 }
 
+/// KVM when it is asked for or a probe boot works on this host, else TCG. The probe's answer is
+/// cached per host kernel: a host whose KVM cannot run a stock kernel (PVM) fails the probe once.
 fn choose_accel(kernel: &Kernel) -> Result<String> {
     if let Ok(a) = std::env::var("UBLKD_VM_ACCEL") {
         return Ok(a);
     }
-    if fs::OpenOptions::new()
+    let kvm = fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open("/dev/kvm")
-        .is_err()
-    {
+        .open("/dev/kvm");
+    if kvm.is_err() {
         return Ok("tcg".into());
     }
     let host = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -465,15 +404,13 @@ fn choose_accel(kernel: &Kernel) -> Result<String> {
     eprintln!("xtask: probing whether KVM can boot the guest kernel (once per host kernel)");
     let probe_dir = std::env::temp_dir().join(format!("ublkd-kvm-probe-{}", std::process::id()));
     fs::create_dir_all(&probe_dir)?;
-    let probe = Vm::new(&probe_dir, kernel)?
-        .timeout_secs(60)
-        .with_accel("kvm")
-        .run("exit 0")?;
+    let mut probe = Vm::new(&probe_dir, kernel)?;
+    (probe.timeout, probe.accel) = (60, Some("kvm".into()));
+    let probe = probe.run("exit 0")?;
     let _ = fs::remove_dir_all(&probe_dir);
-    let accel = if probe.exit == Exit::Code(0) {
-        "kvm"
-    } else {
-        "tcg"
+    let accel = match probe.exit {
+        Exit::Code(0) => "kvm",
+        _ => "tcg",
     };
     eprintln!("xtask: KVM probe {}: using {accel}", probe.exit);
     fs::write(&marker, accel)?;
@@ -505,11 +442,10 @@ mod tests {
 
     #[test]
     fn instruction_clock_is_icount_on_one_thread() {
-        let wall = tcg_args(false, Clock::Wall, "max");
+        let wall = tcg_args(Clock::Wall, "max");
         assert_eq!(wall, ["-accel", "tcg,thread=multi", "-cpu", "max"]);
         assert!(!wall.iter().any(|a| a == "-icount"));
-        assert_eq!(tcg_args(true, Clock::Wall, "max")[1], "tcg,thread=single");
-        let ins = tcg_args(false, Clock::Instructions, "max");
+        let ins = tcg_args(Clock::Instructions, "max");
         assert_eq!(ins[1], "tcg,thread=single", "icount needs one TCG thread");
         let at = ins.iter().position(|a| a == "-icount").expect("-icount");
         assert_eq!(ins[at + 1], "shift=0,sleep=on");

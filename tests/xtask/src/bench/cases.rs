@@ -16,13 +16,11 @@ pub const BACKING_BYTES: u64 = 512 << 20;
 pub const QUEUES: u32 = 2;
 pub const DEPTH: u32 = 128;
 
-/// Where each node-service section's daemon serves metrics (only the control plane's is
-/// scraped); one each, so that no section waits for the last one's port.
-pub const CONTROL_METRICS: &str = "127.0.0.1:9581";
-pub const RECOVERY_METRICS: &str = "127.0.0.1:9582";
-pub const CSI_METRICS: &str = "127.0.0.1:9583";
-pub const QOS_METRICS: &str = "127.0.0.1:9584";
-pub const SNAPSHOT_METRICS: &str = "127.0.0.1:9585";
+/// Guest seconds budgeted for the sections, with margin for TCG: the control plane (240 ublkctl
+/// calls), CSI (100 volumes to mounted and back, 40 stages, mkfs), QoS (six fio jobs of 6 s),
+/// snapshots (mkfs, 512 MiB written, 14 volumes), recovery and the stall (162 ublkctl calls, 4
+/// daemons, 2 restarts each, fio).
+pub const SECTIONS_BUDGET_SECS: u64 = 360 + 600 + 240 + 300 + 400;
 
 /// The control-plane run: its name, the volumes it creates and deletes (null, of this size, one
 /// queue of this depth), the creates and deletes timed again while fio keeps the workers busy
@@ -33,8 +31,6 @@ pub const CONTROL_SIZE: &str = "64MiB";
 pub const CONTROL_DEPTH: u32 = 32;
 pub const CONTROL_LOAD_CALLS: usize = 20;
 pub const CONTROL_SCRAPES: usize = 10;
-/// Guest seconds budgeted for the control-plane run (240 ublkctl calls under TCG, with margin).
-pub const CONTROL_BUDGET_SECS: u64 = 360;
 
 /// The CSI run: `ublkd-csi` in front of a ublkd, driven as the provisioner and kubelet would;
 /// volumes timed from CreateVolume to a published, mounted file system, per file system; volumes
@@ -42,8 +38,6 @@ pub const CONTROL_BUDGET_SECS: u64 = 360;
 pub const CSI_RUN: &str = "ublkd-csi";
 pub const CSI_VOLUMES: usize = 50;
 pub const CSI_PARALLEL: usize = 20;
-/// Guest seconds budgeted for the CSI run (100 volumes to mounted and back, 40 stages, mkfs).
-pub const CSI_BUDGET_SECS: u64 = 600;
 
 /// The recovery runs, `ublkd-recovery-N` for each number of volumes N (null volumes like the
 /// control-plane run's), restarted by kill -9.
@@ -54,81 +48,78 @@ pub const STALL_RUN: &str = "ublkd-stall";
 pub const STALL_SIZE: &str = "128MiB";
 pub const STALL_RUNTIME_SECS: u64 = 8;
 pub const STALL_KILL_AT_SECS: u64 = 3;
-/// Guest seconds budgeted for the recovery and stall runs (162 ublkctl calls, 4 daemons, 2
-/// restarts each, fio), with margin for TCG.
-pub const RECOVERY_BUDGET_SECS: u64 = 400;
 
-/// The QoS run: one null volume of `QOS_SIZE` per entry of `QOS_JOBS` (each limit set at
-/// CreateVolume), fio at `QOS_QD` on it for `QOS_RUNTIME_SECS` after one second of ramp that
-/// the burst allowance (100 ms of the limit) falls into; fixed, so that accuracy compares from
-/// run to run.
+/// The name of the recovery run with `n` volumes.
+pub fn recovery_run(n: usize) -> String {
+    format!("ublkd-recovery-{n}")
+}
+
+/// The QoS run: one null volume of `QOS_SIZE` per limit of `QOS_JOBS` (set at CreateVolume), fio
+/// at `QOS_QD` on it for `QOS_RUNTIME_SECS` after one second of ramp that the burst allowance
+/// (100 ms of the limit) falls into; fixed, so that accuracy compares from run to run.
 pub const QOS_RUN: &str = "ublkd-qos";
 pub const QOS_SIZE: &str = "1GiB";
 pub const QOS_QD: u32 = 32;
 pub const QOS_RUNTIME_SECS: u64 = 5;
-/// Guest seconds budgeted for the QoS run: six fio jobs of 6 s, their volumes, and margin.
-pub const QOS_BUDGET_SECS: u64 = 240;
 
-/// Which limit a QoS job sets, and so which of fio's numbers it reads.
+/// The limit of one QoS job, and so its fio job and the figure read: randread 4k IOPS against
+/// `--read-iops N`, randwrite 64k MiB/s against `--write-bw N MiB/s`. `Unlimited` (randread) is
+/// the ceiling of this setup, to read the others against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QosLimit {
-    /// No limit: the ceiling of this setup, to read the others against.
     Unlimited,
-    /// `--read-iops N`, measured as read IOPS.
     ReadIops(u64),
-    /// `--write-bw N MiB/s`, measured as write MiB/s.
     WriteMibps(u64),
 }
 
-/// One QoS job: a null volume with `limit`, fio `rw` at `bs` on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QosJob {
-    pub limit: QosLimit,
-    pub rw: &'static str,
-    pub bs: &'static str,
-}
-
-impl QosJob {
+impl QosLimit {
     /// Its case in `results.json` and its volume's id.
-    pub fn id(&self) -> String {
-        match self.limit {
-            QosLimit::Unlimited => format!("qos-{}-unlimited", self.rw),
+    pub fn id(self) -> String {
+        match self {
+            QosLimit::Unlimited => "qos-randread-unlimited".into(),
             QosLimit::ReadIops(n) => format!("qos-read-iops-{n}"),
             QosLimit::WriteMibps(n) => format!("qos-write-bw-{n}mibps"),
         }
     }
 
-    /// The `ublkctl create-volume` flags that set its limit.
-    pub fn flags(&self) -> String {
-        match self.limit {
+    /// The `ublkctl create-volume` flags that set it.
+    pub fn flags(self) -> String {
+        match self {
             QosLimit::Unlimited => String::new(),
             QosLimit::ReadIops(n) => format!("--read-iops {n}"),
             QosLimit::WriteMibps(n) => format!("--write-bw {n}MiB/s"),
         }
     }
 
-    /// The limit as a number in the unit fio's figure is read in (IOPS or MiB/s).
-    pub fn limit_value(&self) -> Option<f64> {
-        match self.limit {
+    /// fio's `rw` and `bs`.
+    pub fn fio(self) -> (&'static str, &'static str) {
+        match self {
+            QosLimit::WriteMibps(_) => ("randwrite", "64k"),
+            QosLimit::Unlimited | QosLimit::ReadIops(_) => ("randread", "4k"),
+        }
+    }
+
+    /// The limit in the unit fio's figure is read in (IOPS or MiB/s).
+    pub fn value(self) -> Option<f64> {
+        match self {
             QosLimit::Unlimited => None,
             QosLimit::ReadIops(n) | QosLimit::WriteMibps(n) => Some(n as f64),
         }
     }
 }
 
-const fn qos(limit: QosLimit, rw: &'static str, bs: &'static str) -> QosJob {
-    QosJob { limit, rw, bs }
-}
-
 /// In the order they run: the ceiling first, then IOPS limits below and near it, then bandwidth.
-pub const QOS_JOBS: &[QosJob] = &[
-    qos(QosLimit::Unlimited, "randread", "4k"),
-    qos(QosLimit::ReadIops(1000), "randread", "4k"),
-    qos(QosLimit::ReadIops(5000), "randread", "4k"),
-    qos(QosLimit::ReadIops(20000), "randread", "4k"),
-    qos(QosLimit::WriteMibps(8), "randwrite", "64k"),
-    qos(QosLimit::WriteMibps(32), "randwrite", "64k"),
-];
+pub const QOS_JOBS: [QosLimit; 6] = {
+    use QosLimit::{ReadIops, Unlimited, WriteMibps};
+    [
+        Unlimited,
+        ReadIops(1000),
+        ReadIops(5000),
+        ReadIops(20000),
+        WriteMibps(8),
+        WriteMibps(32),
+    ]
+};
 
 /// The snapshot run: file volumes of each size in `SNAPSHOT_GIB` (the times must not grow with
 /// it) on an XFS of `SNAPSHOT_FS_GIB` made with reflink=1 (a loop device over a sparse file in
@@ -140,8 +131,6 @@ pub const SNAPSHOT_GIB: [u64; 2] = [1, 16];
 pub const SNAPSHOT_FS_GIB: u64 = 20;
 pub const SNAPSHOT_FILL_MIB: u64 = 256;
 pub const SNAPSHOT_REPEATS: usize = 3;
-/// Guest seconds budgeted for the snapshot run: mkfs, 512 MiB written, 14 volumes, margin.
-pub const SNAPSHOT_BUDGET_SECS: u64 = 300;
 
 /// What serves the block device in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,17 +148,19 @@ pub enum Server {
     Loop,
     /// The kernel's null_blk (`/dev/nullb0`, loaded at boot).
     NullBlk,
+    /// `ublkd-file`'s setup with a LUKS2 dm-crypt mapping on its device, opened as the CSI
+    /// driver opens an `encryption: luks2` volume (ublkd_csi::crypt): fio on the mapping.
+    Luks2File,
     /// fio straight on the NVMe namespace, polled: NVMe passthrough on `/dev/ng0n1`
     /// (io_uring_cmd, hipri, fixed buffers: the limit), or io_uring on `/dev/nvme0n1` (hipri).
     RawNvme { passthru: bool },
 }
 
-/// The backend of a `ublkd run`.
+/// The backend of a `ublkd run`; `Nvme` is the whole guest namespace, `/dev/ng0n1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UBackend {
     Null,
     File,
-    /// The whole guest namespace, `/dev/ng0n1`.
     Nvme,
 }
 
@@ -180,19 +171,11 @@ pub struct Run {
     pub server: Server,
 }
 
-impl Run {
-    /// A run of ublkd's, which `--baseline` repeats with the baseline's binary.
-    pub fn is_ublkd(&self) -> bool {
-        matches!(self.server, Server::Ublkd { .. })
-    }
-}
-
-/// Which ublkd binary served a run.
+/// Which ublkd binary served a run: the one measured (the working tree's release build, or
+/// `UBLKD_BENCH_UBLKD`), or `--baseline REV`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Build {
-    /// The one measured: the working tree's release build (or `UBLKD_BENCH_UBLKD`).
     New,
-    /// `--baseline REV`'s.
     Baseline,
 }
 
@@ -215,10 +198,9 @@ pub const WARMUP_SUFFIX: &str = "~warm";
 /// The order the `n`th ublkd case (counted from 0) runs its builds in: [`ABBA`] when `n` is even,
 /// B A A B when it is odd.
 pub fn ab_order(n: usize) -> [(&'static str, Build); 4] {
-    if n % 2 == 0 {
-        ABBA
-    } else {
-        [ABBA[1], ABBA[0], ABBA[3], ABBA[2]]
+    match n % 2 {
+        0 => ABBA,
+        _ => [ABBA[1], ABBA[0], ABBA[3], ABBA[2]],
     }
 }
 
@@ -245,9 +227,9 @@ impl Plan {
         self.only.is_none()
     }
 
-    /// Whether `run` happens A B B A against the baseline.
+    /// Whether `run` happens A B B A against the baseline: a run of ublkd's, with a baseline.
     pub fn ab(&self, run: &Run) -> bool {
-        self.baseline.is_some() && run.is_ublkd()
+        self.baseline.is_some() && matches!(run.server, Server::Ublkd { .. })
     }
 }
 
@@ -284,6 +266,7 @@ pub const RUNS: &[Run] = {
         run("ublkd-file", ublkd(File, "per-io", true, false)),
         run("loop-dio", Server::Loop),
         run("ublkd-file-copy", ublkd(File, "per-io", false, false)),
+        run("ublkd-file-luks2", Server::Luks2File),
         run("ublkd-nvme-poll", ublkd(Nvme, "batch", true, true)),
         run("fio-ng0n1-passthru", Server::RawNvme { passthru: true }),
         run("fio-nvme0n1-hipri", Server::RawNvme { passthru: false }),
@@ -291,168 +274,185 @@ pub const RUNS: &[Run] = {
     ]
 };
 
-/// What a workload reports as its headline number.
+/// The server of run `id`.
+pub fn server_of(id: &str) -> Option<Server> {
+    RUNS.iter().find(|r| r.id == id).map(|r| r.server)
+}
+
+/// The unit of a results entry: its name in `results.json` and the decimals shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    Iops,
-    LatencyUs,
-}
+pub struct Unit(pub &'static str, pub usize);
 
-/// One fio job, run against every device.
-#[derive(Debug, Clone, Copy)]
-pub struct Workload {
-    pub id: &'static str,
-    pub label: &'static str,
-    /// fio's `rw`; `randrw` is mixed 70 % reads, 30 % writes (IOPS of both counted).
-    pub rw: &'static str,
-    /// fio's `bs`.
-    pub bs: &'static str,
-    /// Depth per fio job.
-    pub qd: u32,
-    /// fio jobs (processes), reported together (`--group_reporting`).
-    pub jobs: u32,
-    pub metric: Metric,
-}
+impl Unit {
+    pub const IOPS: Unit = Unit("IOPS", 0);
+    pub const US: Unit = Unit("us", 1);
+    pub const CPU_PER_MIO: Unit = Unit("cpu_s_per_mio", 3);
+    pub const FRACTION_OF_NULL_BLK: Unit = Unit("fraction_of_null_blk", 3);
+    pub const MS: Unit = Unit("ms", 2);
+    pub const MIB: Unit = Unit("MiB", 1);
+    pub const KIB: Unit = Unit("KiB", 0);
+    pub const MIBPS: Unit = Unit("MiB/s", 2);
 
-const fn wl(id: &'static str, label: &'static str, rw: &'static str, bs: &'static str) -> Workload {
-    Workload {
-        id,
-        label,
-        rw,
-        bs,
-        qd: 32,
-        jobs: 1,
-        metric: Metric::Iops,
+    /// `ours / peer`, except latency, where `peer / ours` so that above 1 is better for us.
+    /// CPU per I/O keeps `ours / peer` (below 1 is better for us), and so do the node service's
+    /// units.
+    pub fn ratio(self, ours: f64, peer: f64) -> Option<f64> {
+        let (num, den) = match self {
+            Unit::US => (peer, ours),
+            _ => (ours, peer),
+        };
+        let r = num / den;
+        (den > 0.0 && r.is_finite()).then_some(r)
     }
 }
 
+/// One fio job, run against every device: fio's `rw` (`randrw` is mixed 70 % reads, 30 %
+/// writes, IOPS of both counted) and `bs`, the depth per fio job, and the fio jobs (processes),
+/// reported together (`--group_reporting`).
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub rw: &'static str,
+    pub bs: &'static str,
+    pub qd: u32,
+    pub jobs: u32,
+}
+
+impl Workload {
+    /// Its name in the fio table and the raw results: `randread-qd32`, `randrw-64k-qd32`,
+    /// `randread-qd32-4jobs`.
+    pub fn id(&self) -> String {
+        self.words(self.rw, format!("{}jobs", self.jobs)).join("-")
+    }
+
+    /// Its name in the entries' cases: `randread qd32`, `randrw 70/30 64k qd32`, `randread qd32
+    /// x4 jobs`.
+    pub fn label(&self) -> String {
+        let rw = match self.rw {
+            "randrw" => "randrw 70/30",
+            rw => rw,
+        };
+        self.words(rw, format!("x{} jobs", self.jobs)).join(" ")
+    }
+
+    /// `rw`, the block size unless 4 KiB, the depth, and `jobs` when more than one.
+    fn words(&self, rw: &str, jobs: String) -> Vec<String> {
+        let bs = (self.bs != "4k").then(|| self.bs.to_owned());
+        let qd = Some(format!("qd{}", self.qd));
+        let jobs = (self.jobs > 1).then_some(jobs);
+        let all = [Some(rw.to_owned()), bs, qd, jobs];
+        all.into_iter().flatten().collect()
+    }
+
+    /// Its headline number: QD1's mean latency, the others' IOPS.
+    pub fn unit(&self) -> Unit {
+        match self.qd {
+            1 => Unit::US,
+            _ => Unit::IOPS,
+        }
+    }
+}
+
+const fn wl(rw: &'static str, bs: &'static str, qd: u32, jobs: u32) -> Workload {
+    Workload { rw, bs, qd, jobs }
+}
+
 pub const WORKLOADS: &[Workload] = &[
-    wl("randread-qd32", "randread qd32", "randread", "4k"),
+    wl("randread", "4k", 32, 1),
     // More submitters than CPUs on one 2-queue device: the shape of a busy node.
-    Workload {
-        jobs: 4,
-        ..wl(
-            "randread-qd32-4jobs",
-            "randread qd32 x4 jobs",
-            "randread",
-            "4k",
-        )
-    },
-    wl("randwrite-qd32", "randwrite qd32", "randwrite", "4k"),
-    Workload {
-        qd: 1,
-        metric: Metric::LatencyUs,
-        ..wl("randread-qd1", "randread qd1", "randread", "4k")
-    },
+    wl("randread", "4k", 32, 4),
+    wl("randwrite", "4k", 32, 1),
+    wl("randread", "4k", 1, 1),
     // Beyond 4 KiB: where the kernel's copy, not the server's work per request, is the cost.
-    wl(
-        "randread-128k-qd32",
-        "randread 128k qd32",
-        "randread",
-        "128k",
-    ),
-    wl("randrw-64k-qd32", "randrw 70/30 64k qd32", "randrw", "64k"),
+    wl("randread", "128k", 32, 1),
+    wl("randrw", "64k", 32, 1),
+    wl("randwrite", "128k", 32, 1),
 ];
 
-/// One comparison: our run against a peer's, optionally with server CPU and the null_blk ceiling.
+/// One comparison: our run against a peer's (named so in `results.json`). Server CPU is compared
+/// when the peer is a userspace server (kublk, or ublkd); ours against null_blk's IOPS when
+/// ours is a null volume.
 #[derive(Debug, Clone, Copy)]
 pub struct Pair {
     pub case: &'static str,
     pub ours: &'static str,
     pub peer: &'static str,
     pub peer_name: &'static str,
-    /// The peer is a userspace process whose CPU time can be compared with ours.
-    pub cpu: bool,
-    /// Report both as fractions of null_blk's IOPS.
-    pub ceiling: bool,
 }
 
-const fn pair(
-    case: &'static str,
-    (ours, peer): (&'static str, &'static str),
-    peer_name: &'static str,
-    cpu: bool,
-    ceiling: bool,
-) -> Pair {
+impl Pair {
+    pub fn cpu(&self) -> bool {
+        let peer = server_of(self.peer);
+        matches!(peer, Some(Server::Ublkd { .. } | Server::Kublk { .. }))
+    }
+
+    pub fn ceiling(&self) -> bool {
+        let ours = server_of(self.ours);
+        matches!(ours, Some(Server::Ublkd { backend, .. }) if backend == UBackend::Null)
+    }
+}
+
+const fn pair(case: &'static str, runs: (&'static str, &'static str), name: &'static str) -> Pair {
+    let (ours, peer) = runs;
     Pair {
         case,
         ours,
         peer,
-        peer_name,
-        cpu,
-        ceiling,
+        peer_name: name,
     }
 }
 
 const POLL: &str = "ublkd-nvme-poll";
 
 pub const PAIRS: &[Pair] = &[
-    pair(
-        "null per-io",
-        ("ublkd-null-per-io", "kublk-null"),
-        "kublk",
-        true,
-        true,
-    ),
+    pair("null per-io", ("ublkd-null-per-io", "kublk-null"), "kublk"),
     pair(
         "null batch",
         ("ublkd-null-batch", "kublk-null-batch"),
         "kublk",
-        true,
-        true,
     ),
     pair(
         "null per-io zero copy",
         ("ublkd-null-per-io-zc", "kublk-null-zc"),
         "kublk --auto_zc",
-        true,
-        true,
     ),
     pair(
         "null batch zero copy",
         ("ublkd-null-batch-zc", "kublk-null-batch-zc"),
         "kublk -b --auto_zc",
-        true,
-        true,
     ),
-    pair("file", ("ublkd-file", "loop-dio"), "loop", false, false),
+    pair("file", ("ublkd-file", "loop-dio"), "loop"),
     pair(
         "file zero copy vs copy",
         ("ublkd-file", "ublkd-file-copy"),
         "ublkd copy",
-        true,
-        false,
+    ),
+    pair(
+        "file encrypted (LUKS2) vs plain",
+        ("ublkd-file-luks2", "ublkd-file"),
+        "ublkd plain",
     ),
     pair(
         "nvme polled zc vs ng0n1 passthru",
         (POLL, "fio-ng0n1-passthru"),
         "fio ng0n1",
-        false,
-        false,
     ),
     pair(
         "nvme polled zc vs nvme0n1 hipri",
         (POLL, "fio-nvme0n1-hipri"),
         "fio nvme0n1",
-        false,
-        false,
     ),
     pair(
         "nvme polled vs interrupt",
         (POLL, "ublkd-nvme-irq"),
         "ublkd irq",
-        true,
-        false,
     ),
 ];
 pub const CEILING_RUN: &str = "null_blk";
 pub const OURS_NAME: &str = "ublkd";
-/// The peer of a measurement that has none (the node service's entries).
-pub const NO_PEER: &str = "none";
 
 /// Zero copy against copy in daemon memory: `ublkd run` RSS with its one volume idle (2 queues
 /// of depth 128), ours = zero copy, peer = copy.
-pub const RSS_PAIRS: &[(&str, &str, &str)] = &[
+pub const RSS_PAIRS: [(&str, &str, &str); 2] = [
     (
         "ublkd RSS, one idle file volume, zero copy vs copy",
         "ublkd-file",
@@ -465,35 +465,46 @@ pub const RSS_PAIRS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The name of the recovery run with `n` volumes.
-pub fn recovery_run(n: usize) -> String {
-    format!("ublkd-recovery-{n}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// `--only a,b` selects the runs that either names, as `--only a` and `--only b` would
-    /// together: the file volume and loop in one boot.
+    /// together: the file volume and loop in one boot. The workloads keep the names that
+    /// `results.json`'s cases are made of.
     #[test]
-    fn several_only_substrings_select_the_union() {
-        let plan = |only: &str| Plan {
-            only: Some(only.into()),
-            baseline: None,
+    fn only_selects_the_union_and_workloads_keep_their_names() {
+        let picked = |only: &str| -> Vec<&str> {
+            let (only, baseline) = (Some(only.into()), None);
+            let p = Plan { only, baseline };
+            let ids = RUNS.iter().map(|r| r.id);
+            ids.filter(|id| p.selected(id)).collect()
         };
-        let picked = |p: &Plan| -> Vec<&str> {
-            RUNS.iter()
-                .filter(|r| p.selected(r.id))
-                .map(|r| r.id)
-                .collect()
-        };
+        let file = [
+            "ublkd-file",
+            "loop-dio",
+            "ublkd-file-copy",
+            "ublkd-file-luks2",
+        ];
+        assert_eq!(picked("ublkd-file,loop-dio"), file);
+        assert_eq!(picked("loop-dio"), ["loop-dio"]);
+        assert!(picked(",").is_empty());
+        let names: Vec<(String, String)> = WORKLOADS.iter().map(|w| (w.id(), w.label())).collect();
+        let expected = [
+            ("randread-qd32", "randread qd32"),
+            ("randread-qd32-4jobs", "randread qd32 x4 jobs"),
+            ("randwrite-qd32", "randwrite qd32"),
+            ("randread-qd1", "randread qd1"),
+            ("randread-128k-qd32", "randread 128k qd32"),
+            ("randrw-64k-qd32", "randrw 70/30 64k qd32"),
+            ("randwrite-128k-qd32", "randwrite 128k qd32"),
+        ];
+        assert_eq!(names, expected.map(|(i, l)| (i.to_owned(), l.to_owned())));
+        let cpu: Vec<bool> = PAIRS.iter().map(Pair::cpu).collect();
         assert_eq!(
-            picked(&plan("ublkd-file,loop-dio")),
-            ["ublkd-file", "loop-dio", "ublkd-file-copy"]
+            cpu,
+            [true, true, true, true, false, true, true, false, false, true]
         );
-        assert_eq!(picked(&plan("loop-dio")), ["loop-dio"]);
-        assert!(picked(&plan(",")).is_empty());
-        assert!(!plan("x").sections());
+        assert_eq!(PAIRS.iter().filter(|p| p.ceiling()).count(), 4);
     }
 }

@@ -16,7 +16,7 @@ use super::cases::{
     ab_order, recovery_run, Build, Server, UBackend, CONTROL_RUN, CSI_RUN, QOS_RUN,
     RECOVERY_VOLUMES, RUNS, SNAPSHOT_RUN, STALL_RUN, WARMUP_SUFFIX,
 };
-use super::results::{Bin, Case, Input, Results, RESULTS_FILE};
+use super::results::{Bin, Input, Results, RESULTS_FILE};
 use anyhow::{Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,11 +28,8 @@ pub enum Step {
     PrepareBacking,
     /// That file system unmounted, before anything uses the namespace itself.
     UnmountBacking,
-    /// A case that cannot run: it measures nothing, and says why.
-    Fail {
-        run: String,
-        why: String,
-    },
+    /// A case that cannot run (its run, and why): it measures nothing, and says why.
+    Fail(String, String),
     /// A fio case on `server` (for ublkd, `build`'s binary); a `warmup` runs one discarded job
     /// instead of the workloads.
     Fio {
@@ -56,10 +53,7 @@ pub enum Step {
 /// binary is missing is a [`Step::Fail`] saying why.
 pub fn steps(input: &Input) -> Vec<Step> {
     let plan = &input.plan;
-    let fail = |run: &str, why: &str| Step::Fail {
-        run: run.to_owned(),
-        why: why.to_owned(),
-    };
+    let fail = |run: &str, why: &str| Step::Fail(run.into(), why.into());
     let mut out = vec![Step::PrepareBacking];
     let mut unmounted = false;
     let mut ab_cases = 0;
@@ -69,6 +63,7 @@ pub fn steps(input: &Input) -> Vec<Step> {
             Server::Ublkd { backend, .. } => {
                 (backend == UBackend::Nvme, input.ublkd.as_ref().map(drop))
             }
+            Server::Luks2File => (false, input.ublkd.as_ref().map(drop)),
             Server::Kublk { .. } => (false, input.kublk.as_ref().map(drop)),
             Server::Loop | Server::NullBlk => (false, Ok(())),
         };
@@ -120,11 +115,8 @@ pub fn steps(input: &Input) -> Vec<Step> {
 /// The script the guest's init runs: this binary, over the host's root, on `input` (a file in
 /// the run directory).
 pub fn script(xtask: &Path, input: &Path) -> String {
-    format!(
-        "exec {} bench-guest {}\n",
-        crate::vm::shell_quote(&xtask.to_string_lossy()),
-        crate::vm::shell_quote(&input.to_string_lossy())
-    )
+    let quote = |p: &Path| crate::vm::shell_quote(&p.to_string_lossy());
+    format!("exec {} bench-guest {}\n", quote(xtask), quote(input))
 }
 
 /// `xtask bench-guest INPUT`, in the guest: every step, each one's [`Case`] written into the
@@ -135,18 +127,15 @@ pub fn main(input: &Path) -> Result<()> {
     let input: Input =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", input.display()))?;
     let out = PathBuf::from(std::env::var_os("UBLKD_VM_RUN").context("UBLKD_VM_RUN is not set")?);
-    let g = proc::Guest::new(input.clone(), out.clone());
-    proc::note(&format!(
-        "guest kernel {}, {} CPUs",
-        fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim(),
-        std::thread::available_parallelism().map_or(0, usize::from)
-    ));
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    proc::note(&format!("guest kernel {}, {cpus} CPUs", kernel.trim()));
+    let (steps, tmp) = (steps(&input), std::env::temp_dir());
+    let g = proc::Guest { out, tmp, input };
     let mut results = Results::default();
     let mut backing: Option<PathBuf> = None;
-    for step in steps(&input) {
-        let (case, run): (Case, String) = match step {
+    for step in steps {
+        let (run, case) = match step {
             Step::PrepareBacking => {
                 backing = devices::prepare_backing(&g);
                 continue;
@@ -157,7 +146,7 @@ pub fn main(input: &Path) -> Result<()> {
                 }
                 continue;
             }
-            Step::Fail { run, why } => (proc::failed(&run, why), run),
+            Step::Fail(run, why) => (run.clone(), proc::failed(&run, why)),
             Step::Fio {
                 run,
                 server,
@@ -165,18 +154,18 @@ pub fn main(input: &Path) -> Result<()> {
                 warmup,
             } => {
                 let case = devices::fio_case(&g, &run, server, build, warmup, backing.as_deref());
-                (case, run)
+                (run, case)
             }
-            Step::Control => (service::control_case(&g), CONTROL_RUN.into()),
-            Step::Csi => (service::csi_case(&g), CSI_RUN.into()),
-            Step::Qos => (features::qos_case(&g), QOS_RUN.into()),
-            Step::Snapshot => (features::snapshot_case(&g), SNAPSHOT_RUN.into()),
-            Step::Recovery(n) => (recovery::recovery_case(&g, n), recovery_run(n)),
-            Step::Stall => (recovery::stall_case(&g), STALL_RUN.into()),
+            Step::Control => (CONTROL_RUN.into(), service::control_case(&g)),
+            Step::Csi => (CSI_RUN.into(), service::csi_case(&g)),
+            Step::Qos => (QOS_RUN.into(), features::qos_case(&g)),
+            Step::Snapshot => (SNAPSHOT_RUN.into(), features::snapshot_case(&g)),
+            Step::Recovery(n) => (recovery_run(n), recovery::recovery_case(&g, n)),
+            Step::Stall => (STALL_RUN.into(), recovery::stall_case(&g)),
         };
         results.0.insert(run, case);
         // Whole after every step: a guest that dies keeps what it measured.
-        let path = out.join(RESULTS_FILE);
+        let path = g.out.join(RESULTS_FILE);
         let tmp = path.with_extension("tmp");
         fs::write(&tmp, serde_json::to_string_pretty(&results)? + "\n")
             .and_then(|()| fs::rename(&tmp, &path))
@@ -191,176 +180,112 @@ mod tests {
     use super::*;
     use crate::bench::cases::Plan;
 
-    fn input(kublk: Bin, ublkd: Bin, ublkctl: Bin, csi: Bin) -> Input {
-        Input {
+    /// The steps for `plan` with the binaries `bins` (kublk, ublkd, ublkctl, ublkd-csi; the empty
+    /// path stands for a failed build), each step in a few words.
+    fn steps_of(plan: Plan, bins: [&str; 4]) -> Vec<String> {
+        let [kublk, ublkd, ublkctl, csi] = bins.map(|b| match b {
+            "" => Err("not built".to_owned()),
+            b => Ok(PathBuf::from(b)),
+        });
+        let input = Input {
             runtime: 5,
-            plan: Plan::default(),
+            plan,
             kublk,
             ublkd,
             ublkctl,
             csi,
-        }
-    }
-
-    fn all_binaries(plan: Plan) -> Input {
-        let ok = |p: &str| Ok(p.into());
-        let i = input(
-            ok("/k/kublk"),
-            ok("/t/ublkd"),
-            ok("/t/ublkctl"),
-            ok("/t/csi"),
-        );
-        Input { plan, ..i }
-    }
-
-    fn at(steps: &[Step], step: &Step) -> usize {
-        steps
-            .iter()
-            .position(|s| s == step)
-            .unwrap_or_else(|| panic!("no {step:?} in {steps:#?}"))
-    }
-
-    /// Where the fio step of `run` (a run id and a suffix) is, checking its build and warm-up.
-    fn fio(steps: &[Step], run: &str, build: Build, warmup: bool) -> usize {
-        let id = run.split('~').next().unwrap_or(run);
-        let server = RUNS.iter().find(|r| r.id == id).map(|r| r.server).unwrap();
-        let run = run.into();
-        at(
-            steps,
-            &Step::Fio {
+        };
+        let word = |s: Step| match s {
+            Step::Fail(run, why) => format!("{run}: {why}"),
+            Step::Fio {
                 run,
-                server,
-                build,
+                build: Build::Baseline,
                 warmup,
-            },
-        )
-    }
-
-    fn fail(run: &str, why: &str) -> Step {
-        Step::Fail {
-            run: run.into(),
-            why: why.into(),
-        }
+                ..
+            } => format!("{run} B {warmup}"),
+            Step::Fio { run, warmup, .. } => format!("{run} {warmup}"),
+            Step::Recovery(n) => recovery_run(n),
+            other => format!("{other:?}"),
+        };
+        steps(&input).into_iter().map(word).collect()
     }
 
     #[test]
-    fn every_case_runs_and_missing_binaries_are_reported() {
-        let ok = |p: &str| Ok(p.into());
-        let s = steps(&input(
-            ok("/k"),
-            Err("building ublkd failed".into()),
-            ok("/c"),
-            ok("/s"),
-        ));
-        let kublk = fio(&s, "kublk-null-batch-zc", Build::New, false);
+    fn every_case_runs_in_order_and_missing_binaries_are_reported() {
+        // The backing file is made first; its file system is gone before anything uses the
+        // namespace itself, and after the last file case; the sections come last.
+        let s = steps_of(Plan::default(), ["", "/u", "/c", ""]);
+        let expected = [
+            "PrepareBacking",
+            "null_blk false",
+            "ublkd-null-per-io false",
+            "kublk-null: not built",
+            "ublkd-null-batch false",
+            "kublk-null-batch: not built",
+            "ublkd-null-per-io-zc false",
+            "kublk-null-zc: not built",
+            "ublkd-null-batch-zc false",
+            "kublk-null-batch-zc: not built",
+            "ublkd-file false",
+            "loop-dio false",
+            "ublkd-file-copy false",
+            "ublkd-file-luks2 false",
+            "UnmountBacking",
+            "ublkd-nvme-poll false",
+            "fio-ng0n1-passthru false",
+            "fio-nvme0n1-hipri false",
+            "ublkd-nvme-irq false",
+            "Control",
+            "ublkd-csi: not built",
+            "Qos",
+            "Snapshot",
+            "ublkd-recovery-1",
+            "ublkd-recovery-16",
+            "ublkd-recovery-64",
+            "Stall",
+        ];
+        assert_eq!(s, expected);
+        // Without ublkd, its runs and every section say so; without ublkctl, the sections.
+        let failed = |s: Vec<String>| s.iter().filter(|x| x.ends_with("not built")).count();
+        assert_eq!(
+            failed(steps_of(Plan::default(), ["/k", "", "/c", "/s"])),
+            9 + 8
+        );
+        assert_eq!(failed(steps_of(Plan::default(), ["/k", "/u", "", "/s"])), 8);
         assert_eq!(
             devices::args(RUNS[8].server),
             "-t null -q 2 -d 128 -b --auto_zc"
         );
-        at(&s, &fail("ublkd-null-per-io", "building ublkd failed"));
-        at(&s, &fail(CONTROL_RUN, "building ublkd failed"));
-        at(&s, &fail(STALL_RUN, "building ublkd failed"));
-        let lp = fio(&s, "loop-dio", Build::New, false);
-        assert!(fio(&s, "null_blk", Build::New, false) < kublk);
-
-        let s = steps(&input(Err("no kublk".into()), ok("/u"), ok("/c"), ok("/s")));
-        fio(&s, "ublkd-null-batch-zc", Build::New, false);
-        assert_eq!(
-            devices::args(RUNS[7].server),
-            "--queues 2 --depth 128 --io-path batch --zero-copy on --poll off"
-        );
-        at(&s, &fail("kublk-null", "no kublk"));
-        // The backing file is made first; its file system is gone before anything uses the
-        // namespace itself, and after the last file case.
-        assert_eq!(s[0], Step::PrepareBacking);
-        let um = at(&s, &Step::UnmountBacking);
-        let file_copy = fio(&s, "ublkd-file-copy", Build::New, false);
-        let passthru = fio(&s, "fio-ng0n1-passthru", Build::New, false);
-        assert!(lp < um && file_copy < um && um < passthru);
-        // The node service's sections come after every fio case, recovery last.
-        let order = [
-            Step::Control,
-            Step::Csi,
-            Step::Qos,
-            Step::Snapshot,
-            Step::Recovery(1),
-            Step::Recovery(16),
-            Step::Recovery(64),
-            Step::Stall,
-        ];
-        let places: Vec<usize> = order.iter().map(|x| at(&s, x)).collect();
-        assert!(places.windows(2).all(|w| w[0] < w[1]), "{places:?}");
-        let last_fio = s.iter().rposition(|x| matches!(x, Step::Fio { .. }));
-        assert!(last_fio < Some(places[0]));
-
-        // Without ublkctl, every section says so; without ublkd-csi, only the CSI run.
-        let no_ctl = Err("building ublkctl failed".into());
-        let s = steps(&input(ok("/k"), ok("/u"), no_ctl, ok("/s")));
-        for run in [
-            CONTROL_RUN,
-            CSI_RUN,
-            QOS_RUN,
-            SNAPSHOT_RUN,
-            "ublkd-recovery-64",
-            STALL_RUN,
-        ] {
-            at(&s, &fail(run, "building ublkctl failed"));
-        }
-        assert!(!s.contains(&Step::Control) && !s.contains(&Step::Stall));
-        let s = steps(&input(ok("/k"), ok("/u"), ok("/c"), Err("no csi".into())));
-        at(&s, &fail(CSI_RUN, "no csi"));
-        at(&s, &Step::Control);
+        let zc = "--queues 2 --depth 128 --io-path batch --zero-copy on --poll off";
+        assert_eq!(devices::args(RUNS[7].server), zc);
     }
 
     #[test]
     fn a_baseline_runs_each_selected_ublkd_case_a_b_b_a_after_a_warm_up() {
-        let s = steps(&all_binaries(Plan {
+        let plan = Plan {
             only: Some("null-batch".into()),
             baseline: Some(("fdc00eb".into(), "/c/bin/fdc00eb/ublkd".into())),
-        }));
-        let b =
-            |run: &str, build, warmup| fio(&s, &format!("ublkd-null-batch{run}"), build, warmup);
-        let (w, a1, b1, b2, a2) = (
-            b("~warm", Build::New, true),
-            b("", Build::New, false),
-            b("~base", Build::Baseline, false),
-            b("~base2", Build::Baseline, false),
-            b("~2", Build::New, false),
-        );
-        assert!(w < a1 && a1 < b1 && b1 < b2 && b2 < a2);
-        // The next ublkd case runs B A A B, its warm-up with the baseline.
-        let z = |run: &str, build, warmup| b(&format!("-zc{run}"), build, warmup);
-        let (w, b1, a1, a2, b2) = (
-            z("~warm", Build::Baseline, true),
-            z("~base", Build::Baseline, false),
-            z("", Build::New, false),
-            z("~2", Build::New, false),
-            z("~base2", Build::Baseline, false),
-        );
-        assert!(w < b1 && b1 < a1 && a1 < a2 && a2 < b2);
-        // The selected peers run once; what --only leaves out, and the sections, do not run.
-        let runs: Vec<&str> = s
-            .iter()
-            .filter_map(|x| match x {
-                Step::Fio { run, .. } => Some(run.as_str()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(runs.len(), 2 * 5 + 2, "{runs:?}");
-        assert!(runs.contains(&"kublk-null-batch") && runs.contains(&"kublk-null-batch-zc"));
-        assert!(!s
-            .iter()
-            .any(|x| matches!(x, Step::Control | Step::Stall | Step::Qos)));
-    }
-
-    #[test]
-    fn the_script_runs_this_binary_on_the_input() {
-        assert_eq!(
-            script(
-                Path::new("/w/target/debug/xtask"),
-                Path::new("/r/bench input.json")
-            ),
-            "exec /w/target/debug/xtask bench-guest '/r/bench input.json'\n"
-        );
+        };
+        // The next ublkd case runs B A A B, its warm-up with the baseline; the selected peers
+        // run once; what --only leaves out, and the sections, do not run.
+        let expected = [
+            "PrepareBacking",
+            "ublkd-null-batch~warm true",
+            "ublkd-null-batch false",
+            "ublkd-null-batch~base B false",
+            "ublkd-null-batch~base2 B false",
+            "ublkd-null-batch~2 false",
+            "kublk-null-batch false",
+            "ublkd-null-batch-zc~warm B true",
+            "ublkd-null-batch-zc~base B false",
+            "ublkd-null-batch-zc false",
+            "ublkd-null-batch-zc~2 false",
+            "ublkd-null-batch-zc~base2 B false",
+            "kublk-null-batch-zc false",
+            "UnmountBacking",
+        ];
+        assert_eq!(steps_of(plan, ["/k", "/u", "/c", "/s"]), expected);
+        let script = script(Path::new("/w/xtask"), Path::new("/r/bench input.json"));
+        assert_eq!(script, "exec /w/xtask bench-guest '/r/bench input.json'\n");
     }
 }

@@ -17,14 +17,10 @@ pub fn ensure_kublk(kernel: &Kernel) -> Result<PathBuf> {
         return Ok(bin);
     }
     let (series, upstream) = kernel_series(&kernel.kver)?;
-    let mut build_tools = Vec::new();
-    if apt::which("gcc").is_none() {
-        build_tools.push("gcc");
-    }
+    apt::require("gcc", "gcc")?;
     if !Path::new("/usr/lib/x86_64-linux-gnu/libc.a").exists() {
-        build_tools.push("libc6-dev");
+        apt::install_packages(&["libc6-dev"])?;
     }
-    apt::install_packages(&build_tools)?;
 
     let apt = PrivateApt::new(&image::cache_dir().join("apt"))?;
     let source = format!("linux-source-{series}");
@@ -33,33 +29,21 @@ pub fn ensure_kublk(kernel: &Kernel) -> Result<PathBuf> {
         apt.update()?;
         versions = find_versions(&apt, &source, &upstream)?;
     }
-    let source_version = versions
-        .0
-        .with_context(|| format!("no {source} of version {upstream} in the suites"))?;
-    let headers_version = versions
-        .1
-        .with_context(|| format!("no linux-libc-dev of version {upstream} in the suites"))?;
+    let (source_version, headers_version) = versions;
+    let missing = |what: &str| format!("no {what} of version {upstream} in the suites");
+    let source_version = source_version.with_context(|| missing(&source))?;
+    let headers_version = headers_version.with_context(|| missing("linux-libc-dev"))?;
     eprintln!("xtask: building kublk from {source} {source_version}");
 
     let work = dir.join("build.tmp");
     let _ = fs::remove_dir_all(&work);
-    let debs = work.join("debs");
-    let root = work.join("root");
-    let src = work.join("src");
+    let (debs, root, src) = (work.join("debs"), work.join("root"), work.join("src"));
     fs::create_dir_all(&root)?;
     fs::create_dir_all(&src)?;
-    apt.download(
-        &[
-            format!("{source}={source_version}"),
-            format!("linux-libc-dev={headers_version}"),
-            "liburing-dev".to_owned(),
-        ],
-        &debs,
-    )?;
-    for entry in fs::read_dir(&debs).with_context(|| format!("reading {}", debs.display()))? {
-        let deb = entry?.path();
-        apt::run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
-    }
+    let source_deb = format!("{source}={source_version}");
+    let headers_deb = format!("linux-libc-dev={headers_version}");
+    apt.download(&[source_deb, headers_deb, "liburing-dev".into()], &debs)?;
+    apt::extract_debs(&debs, &root)?;
     fs::remove_dir_all(&debs)?;
 
     // Only the selftest and the shared selftest headers out of the 170 MB tarball.
@@ -69,12 +53,8 @@ pub fn ensure_kublk(kernel: &Kernel) -> Result<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.to_string_lossy().ends_with(".tar.xz"))
         .with_context(|| format!("no source tarball in {}", usr_src.display()))?;
-    let top = tarball
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_suffix(".tar.xz"))
-        .context("odd source tarball name")?
-        .to_owned();
+    let name = tarball.file_name().unwrap_or_default().to_string_lossy();
+    let top = name.trim_end_matches(".tar.xz");
     let selftests = format!("{top}/tools/testing/selftests");
     apt::run_ok(
         Command::new("tar")
@@ -124,10 +104,8 @@ pub fn ensure_kublk(kernel: &Kernel) -> Result<PathBuf> {
             .arg(&out),
     )?;
     fs::rename(&out, &bin).with_context(|| format!("installing {}", bin.display()))?;
-    fs::write(
-        dir.join("versions"),
-        format!("{source} {source_version}\nlinux-libc-dev {headers_version}\n"),
-    )?;
+    let versions = format!("{source} {source_version}\nlinux-libc-dev {headers_version}\n");
+    fs::write(dir.join("versions"), versions)?;
     fs::remove_dir_all(&work)?;
     Ok(bin)
 }
@@ -152,27 +130,21 @@ fn find_versions(
 /// The first (newest) version in `versions` of upstream release `upstream` (`7.3.4-1~bpo13+1`
 /// for `7.3.4`).
 fn pick_version(versions: &[String], upstream: &str) -> Option<String> {
-    versions
-        .iter()
-        .find(|v| {
-            v.strip_prefix(upstream)
-                .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('+'))
-        })
-        .cloned()
+    let of_release = |v: &&String| {
+        v.strip_prefix(upstream)
+            .is_some_and(|r| r.starts_with(['-', '+']))
+    };
+    versions.iter().find(of_release).cloned()
 }
 
 /// `7.3.4+deb13-amd64` → (`7.3`, `7.3.4`).
 fn kernel_series(kver: &str) -> Result<(String, String)> {
-    let upstream = kver
-        .split(['+', '-'])
-        .next()
-        .filter(|v| !v.is_empty())
-        .with_context(|| format!("odd kernel version {kver:?}"))?;
+    let upstream = kver.split(['+', '-']).next().unwrap_or_default();
     let parts: Vec<&str> = upstream.split('.').collect();
     if parts.len() < 2 || parts.iter().any(|p| p.parse::<u64>().is_err()) {
         bail!("odd kernel version {kver:?}");
     }
-    Ok((format!("{}.{}", parts[0], parts[1]), upstream.to_owned()))
+    Ok((parts[..2].join("."), upstream.to_owned()))
 }
 
 #[cfg(test)]
@@ -181,14 +153,10 @@ mod tests {
 
     #[test]
     fn kernel_release_maps_to_its_source_package() {
-        assert_eq!(
-            kernel_series("7.3.4+deb13-amd64").ok(),
-            Some(("7.3".to_owned(), "7.3.4".to_owned()))
-        );
+        let series = kernel_series("7.3.4+deb13-amd64").unwrap();
+        assert_eq!((series.0.as_str(), series.1.as_str()), ("7.3", "7.3.4"));
         assert!(kernel_series("amd64").is_err());
-        let versions: Vec<String> = ["7.3.40-1", "7.3.4-2~bpo13+1", "7.3.4-1~bpo13+1"]
-            .map(String::from)
-            .to_vec();
+        let versions = ["7.3.40-1", "7.3.4-2~bpo13+1", "7.3.4-1~bpo13+1"].map(String::from);
         assert_eq!(
             pick_version(&versions, "7.3.4").as_deref(),
             Some("7.3.4-2~bpo13+1")

@@ -3,65 +3,12 @@
 //! cases and `--baseline` here; the node service's sections in `sections`.
 
 use super::cases::{
-    Metric, Plan, Run, Workload, ABBA, CEILING_RUN, NO_PEER, OURS_NAME, PAIRS, RSS_PAIRS, RUNS,
+    Build, Plan, Run, Unit, Workload, ABBA, CEILING_RUN, OURS_NAME, PAIRS, RSS_PAIRS, RUNS,
     WORKLOADS,
 };
 use super::results::{mean, Outcome, Results, Sample};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-
-/// The unit of a results entry: its name in `results.json` and the decimals shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unit(pub &'static str, pub usize);
-
-impl Unit {
-    pub const IOPS: Unit = Unit("IOPS", 0);
-    pub const US: Unit = Unit("us", 1);
-    pub const CPU_PER_MIO: Unit = Unit("cpu_s_per_mio", 3);
-    pub const FRACTION_OF_NULL_BLK: Unit = Unit("fraction_of_null_blk", 3);
-    pub const MS: Unit = Unit("ms", 2);
-    pub const MIB: Unit = Unit("MiB", 1);
-    pub const KIB: Unit = Unit("KiB", 0);
-    pub const MIBPS: Unit = Unit("MiB/s", 2);
-
-    /// `ours / peer`, except latency, where `peer / ours` so that above 1 is better for us.
-    /// CPU per I/O keeps `ours / peer` (below 1 is better for us), and so do the node service's
-    /// units.
-    pub fn ratio(self, ours: f64, peer: f64) -> Option<f64> {
-        let (num, den) = if self == Unit::US {
-            (peer, ours)
-        } else {
-            (ours, peer)
-        };
-        let r = num / den;
-        (den > 0.0 && r.is_finite()).then_some(r)
-    }
-
-    pub fn of(m: Metric) -> Self {
-        match m {
-            Metric::Iops => Unit::IOPS,
-            Metric::LatencyUs => Unit::US,
-        }
-    }
-}
-
-/// One side of a comparison: who, the value or why there is none, and its teardown problems.
-#[derive(Debug)]
-pub struct Side {
-    pub name: String,
-    pub value: Outcome<f64>,
-    pub teardown: Option<String>,
-}
-
-impl Side {
-    pub fn new(name: &str, value: Outcome<f64>, teardown: Option<String>) -> Self {
-        Side {
-            name: name.to_owned(),
-            value,
-            teardown,
-        }
-    }
-}
 
 /// One line of `results.json`, and of the tables.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,46 +19,45 @@ pub struct Entry {
     pub peer_value: Option<f64>,
     pub ratio: Option<f64>,
     pub unit: Unit,
+    /// Each side's failure (`NAME: ...`) and teardown problem (`NAME teardown: ...`).
     pub error: Option<String>,
     /// What the table shows beside the numbers; not in `results.json`.
     pub detail: Option<String>,
 }
 
 impl Entry {
-    /// Ours against `peer`'s value, or alone (peer `none`, no ratio); every side's failure and
-    /// teardown problem in `error`.
-    pub fn new(case: impl Into<String>, unit: Unit, ours: Side, peer: Option<Side>) -> Self {
-        let mut errors = Vec::new();
-        for side in std::iter::once(&ours).chain(&peer) {
-            if let Err(e) = &side.value {
-                errors.push(format!("{}: {e}", side.name));
-            }
-            if let Some(t) = &side.teardown {
-                errors.push(format!("{} teardown: {t}", side.name));
-            }
-        }
-        let ours = ours.value.ok();
-        let peer_value = peer.as_ref().and_then(|p| p.value.clone().ok());
-        Entry {
+    /// Ours alone (peer `none`, no ratio), with its run's teardown problem.
+    pub fn new(case: impl Into<String>, unit: Unit, ours: Outcome<f64>, t: Option<String>) -> Self {
+        let mut e = Entry {
             case: case.into(),
-            ours,
-            peer: peer.map_or_else(|| NO_PEER.to_owned(), |p| p.name),
-            peer_value,
-            ratio: ours.zip(peer_value).and_then(|(o, p)| unit.ratio(o, p)),
+            ours: ours.clone().ok(),
+            peer: "none".into(),
+            peer_value: None,
+            ratio: None,
             unit,
-            error: (!errors.is_empty()).then(|| errors.join("; ")),
+            error: None,
             detail: None,
-        }
+        };
+        e.failed(OURS_NAME, ours.err(), t);
+        e
     }
 
-    /// Ours alone, as `OURS_NAME`.
-    pub fn alone(
-        case: impl Into<String>,
-        unit: Unit,
-        value: Outcome<f64>,
-        t: Option<String>,
-    ) -> Self {
-        Self::new(case, unit, Side::new(OURS_NAME, value, t), None)
+    /// Ours against `peer`'s value, with the peer run's teardown problem.
+    pub fn vs(mut self, peer: &str, value: Outcome<f64>, t: Option<String>) -> Self {
+        self.peer = peer.to_owned();
+        self.peer_value = value.clone().ok();
+        let both = self.ours.zip(self.peer_value);
+        self.ratio = both.and_then(|(o, p)| self.unit.ratio(o, p));
+        self.failed(peer, value.err(), t);
+        self
+    }
+
+    /// `who`'s failure and teardown problem, added to `error`.
+    fn failed(&mut self, who: &str, e: Option<String>, t: Option<String>) {
+        let e = e.map(|e| format!("{who}: {e}"));
+        let t = t.map(|t| format!("{who} teardown: {t}"));
+        let all: Vec<String> = self.error.take().into_iter().chain(e).chain(t).collect();
+        self.error = (!all.is_empty()).then(|| all.join("; "));
     }
 
     pub fn with_detail(mut self, detail: String) -> Self {
@@ -227,24 +173,15 @@ pub fn entries_table(entries: &[Entry]) -> String {
     table(&header, &rows)
 }
 
-/// Whether `run` is measured A B B A against the baseline.
-fn is_ab(plan: &Plan, run: &str) -> bool {
-    RUNS.iter().any(|r| r.id == run && plan.ab(r))
-}
-
 /// Each build's runs of ublkd run `run` under workload `wl` in the order they ran: (new,
 /// baseline), two each.
-pub fn ab_runs(
-    results: &Results,
-    run: &str,
-    wl: &str,
-) -> (Vec<Outcome<Sample>>, Vec<Outcome<Sample>>) {
+pub fn ab_runs(r: &Results, run: &str, wl: &str) -> (Vec<Outcome<Sample>>, Vec<Outcome<Sample>>) {
     let (mut new, mut base) = (Vec::new(), Vec::new());
     for (suffix, build) in ABBA {
-        let s = results.sample(&format!("{run}{suffix}"), wl);
+        let s = r.sample(&format!("{run}{suffix}"), wl);
         match build {
-            super::cases::Build::New => new.push(s),
-            super::cases::Build::Baseline => base.push(s),
+            Build::New => new.push(s),
+            Build::Baseline => base.push(s),
         }
     }
     (new, base)
@@ -252,41 +189,26 @@ pub fn ab_runs(
 
 /// What `run` measured under `wl`: with a baseline, a ublkd run's is the mean of the new
 /// build's two runs.
-pub fn sample(results: &Results, plan: &Plan, run: &str, wl: &str) -> Outcome<Sample> {
-    if is_ab(plan, run) {
-        mean(&ab_runs(results, run, wl).0)
-    } else {
-        results.sample(run, wl)
+pub fn sample(r: &Results, plan: &Plan, run: &str, wl: &Workload) -> Outcome<Sample> {
+    match RUNS.iter().any(|x| x.id == run && plan.ab(x)) {
+        true => mean(&ab_runs(r, run, &wl.id()).0),
+        false => r.sample(run, &wl.id()),
     }
 }
 
 /// Every selected run and workload with what it measured, in run order.
-pub fn fio_samples(
-    results: &Results,
-    plan: &Plan,
-) -> Vec<(&'static Run, &'static Workload, Outcome<Sample>)> {
-    let mut out = Vec::new();
-    for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
-        for wl in WORKLOADS {
-            out.push((run, wl, sample(results, plan, run.id, wl.id)));
-        }
-    }
-    out
+pub fn fio_samples(r: &Results, plan: &Plan) -> Vec<(&'static Run, Workload, Outcome<Sample>)> {
+    let runs = RUNS.iter().filter(|run| plan.selected(run.id));
+    let all = runs.flat_map(|run| WORKLOADS.iter().map(move |wl| (run, *wl)));
+    let measured = |(run, wl): (&'static Run, Workload)| (run, wl, sample(r, plan, run.id, &wl));
+    all.map(measured).collect()
 }
 
 /// Every run and workload: IOPS, mean latency, server CPU and every CPU per I/O, each failure
 /// and each run's teardown problems below its lines.
-pub fn fio_table(results: &Results, plan: &Plan) -> String {
-    let header = [
-        "run",
-        "workload",
-        "IOPS",
-        "mean lat us",
-        "cpu s/M I/O",
-        "all CPUs us/IO",
-    ];
+pub fn fio_table(r: &Results, plan: &Plan) -> String {
     let mut rows: Vec<Row> = Vec::new();
-    for (run, wl, s) in fio_samples(results, plan) {
+    for (run, wl, s) in fio_samples(r, plan) {
         let cells = match &s {
             Ok(s) => vec![
                 format!("{:.0}", s.iops),
@@ -297,121 +219,105 @@ pub fn fio_table(results: &Results, plan: &Plan) -> String {
             Err(_) => vec!["FAILED".into(); 4],
         };
         let mut error = s.err();
-        if wl.id == WORKLOADS[WORKLOADS.len() - 1].id {
-            if let Some(t) = results.fio(run.id).teardown {
-                error = Some(error.map_or(String::new(), |e| e + "; ") + "teardown: " + &t);
-            }
+        let last = WORKLOADS.last().is_some_and(|w| w.id() == wl.id());
+        if let Some(t) = r.fio(run.id).teardown.filter(|_| last) {
+            error = Some(error.map_or(String::new(), |e| e + "; ") + "teardown: " + &t);
         }
-        rows.push(([vec![run.id.into(), wl.id.into()], cells].concat(), error));
+        rows.push(([vec![run.id.into(), wl.id()], cells].concat(), error));
     }
+    let header = [
+        "run",
+        "workload",
+        "IOPS",
+        "mean lat us",
+        "cpu s/M I/O",
+        "all CPUs us/IO",
+    ];
     table(&header, &rows)
 }
 
 /// Every comparison of the fio cases whose runs `plan` selected, in table order: each pair per
 /// workload, its server CPU, both against null_blk's IOPS; then RSS, zero copy against copy.
-pub fn fio_entries(results: &Results, plan: &Plan) -> Vec<Entry> {
-    let side = |name: &str, run: &str, value| Side::new(name, value, results.fio(run).teardown);
-    let get = |run: &str, wl: &Workload| sample(results, plan, run, wl.id);
+pub fn fio_entries(r: &Results, plan: &Plan) -> Vec<Entry> {
+    let get = |run: &str, wl: &Workload| sample(r, plan, run, wl);
     let mut out = Vec::new();
-    for p in PAIRS
-        .iter()
-        .filter(|p| plan.selected(p.ours) && plan.selected(p.peer))
-    {
-        let both = |case: String, unit, f: &dyn Fn(&str) -> Outcome<f64>| {
-            let peer = side(p.peer_name, p.peer, f(p.peer));
-            Entry::new(case, unit, side(OURS_NAME, p.ours, f(p.ours)), Some(peer))
+    let pairs = PAIRS.iter().filter(|p| plan.selected(p.ours));
+    for p in pairs.filter(|p| plan.selected(p.peer)) {
+        let mut both = |case: String, unit, f: &dyn Fn(&str) -> Outcome<f64>| {
+            let t = |run: &str| r.fio(run).teardown;
+            let e = Entry::new(case, unit, f(p.ours), t(p.ours));
+            out.push(e.vs(p.peer_name, f(p.peer), t(p.peer)));
         };
         for wl in WORKLOADS {
-            out.push(both(
-                format!("{} {}", p.case, wl.label),
-                Unit::of(wl.metric),
-                &|r| get(r, wl).map(|s| s.metric(wl.metric)),
-            ));
+            let (case, u) = (format!("{} {}", p.case, wl.label()), wl.unit());
+            both(case, u, &|run| get(run, wl).map(|s| s.metric(u)));
         }
-        for wl in WORKLOADS.iter().filter(|_| p.cpu) {
-            out.push(both(
-                format!("{} {} cpu", p.case, wl.label),
-                Unit::CPU_PER_MIO,
-                &|r| get(r, wl).and_then(|s| s.cpu_s_per_mio),
-            ));
+        for wl in WORKLOADS.iter().filter(|_| p.cpu()) {
+            let case = format!("{} {} cpu", p.case, wl.label());
+            let cpu = |run: &str| get(run, wl).and_then(|s| s.cpu_s_per_mio);
+            both(case, Unit::CPU_PER_MIO, &cpu);
         }
-        if !(p.ceiling && plan.selected(CEILING_RUN)) {
+        if !(p.ceiling() && plan.selected(CEILING_RUN)) {
             continue;
         }
-        for wl in WORKLOADS.iter().filter(|w| w.metric == Metric::Iops) {
-            let ceiling = get(CEILING_RUN, wl)
-                .map(|s| s.iops)
-                .map_err(|e| format!("{CEILING_RUN}: {e}"));
-            let fraction = |r: &str| {
-                let (iops, c) = (get(r, wl)?.iops, ceiling.clone()?);
-                match c > 0.0 {
-                    true => Ok(iops / c),
-                    false => Err(format!("{CEILING_RUN} did no I/O")),
-                }
+        for wl in WORKLOADS.iter().filter(|w| w.unit() == Unit::IOPS) {
+            let ceiling = get(CEILING_RUN, wl).map(|s| s.iops);
+            let ceiling = ceiling.map_err(|e| format!("{CEILING_RUN}: {e}"));
+            let fraction = |run: &str| match (get(run, wl)?.iops, ceiling.clone()?) {
+                (_, 0.0) => Err(format!("{CEILING_RUN} did no I/O")),
+                (iops, c) => Ok(iops / c),
             };
-            let case = format!("{} {} vs null_blk", p.case, wl.label);
-            out.push(both(case, Unit::FRACTION_OF_NULL_BLK, &fraction));
+            let case = format!("{} {} vs null_blk", p.case, wl.label());
+            both(case, Unit::FRACTION_OF_NULL_BLK, &fraction);
         }
     }
     let rss = |run: &str| {
-        let kib = results.fio(run).value.and_then(|f| f.rss_kib.clone());
+        let kib = r.fio(run).value.and_then(|f| f.rss_kib.clone());
         kib.map(|k| k / 1024.0).map_err(|e| format!("{run}: {e}"))
     };
-    for &(case, ours, peer) in RSS_PAIRS
-        .iter()
-        .filter(|(_, o, p)| plan.selected(o) && plan.selected(p))
-    {
-        let peer = Side::new("ublkd copy", rss(peer), None);
-        let ours = Side::new(OURS_NAME, rss(ours), None);
-        out.push(Entry::new(case, Unit::MIB, ours, Some(peer)));
+    for (case, ours, peer) in RSS_PAIRS {
+        if plan.selected(ours) && plan.selected(peer) {
+            let e = Entry::new(case, Unit::MIB, rss(ours), None);
+            out.push(e.vs("ublkd copy", rss(peer), None));
+        }
     }
     out
 }
 
 /// `--baseline`: every selected ublkd run against the baseline's, per workload, each side the
-/// mean of its two runs (A B B A); a failed run of either fails the comparison.
-pub fn baseline_entries(results: &Results, plan: &Plan, label: &str) -> Vec<Entry> {
+/// mean of its two runs (A B B A); a failed run of either fails the comparison. Also the runs
+/// behind them, one line per ublkd run and workload: each build's runs in the order they ran,
+/// so that a drift within the boot shows.
+pub fn baseline(r: &Results, plan: &Plan, label: &str) -> (Vec<Entry>, String) {
     let peer = format!("baseline {label}");
-    let mut out = Vec::new();
-    for run in RUNS.iter().filter(|r| plan.ab(r) && plan.selected(r.id)) {
+    let (mut out, mut rows) = (Vec::new(), Vec::<Row>::new());
+    for run in RUNS.iter().filter(|run| plan.ab(run)) {
+        if !plan.selected(run.id) {
+            continue;
+        }
         for wl in WORKLOADS {
-            let (new, base) = ab_runs(results, run.id, wl.id);
-            let (new, base) = (mean(&new), mean(&base));
-            let compare = |case: String, unit, f: &dyn Fn(Sample) -> Outcome<f64>| {
-                let ours = Side::new(OURS_NAME, new.clone().and_then(f), None);
-                let base = Side::new(&peer, base.clone().and_then(f), None);
-                Entry::new(case, unit, ours, Some(base))
+            let (new, base) = ab_runs(r, run.id, &wl.id());
+            let m = wl.unit();
+            let one = |s: &Outcome<Sample>| match s {
+                Ok(s) => format!("{:.0}", s.metric(m)),
+                Err(_) => "failed".into(),
             };
-            let label = format!("{} {}", run.id, wl.label);
-            let metric = |s: Sample| Ok(s.metric(wl.metric));
-            out.push(compare(label.clone(), Unit::of(wl.metric), &metric));
+            let fmt = |v: &[Outcome<Sample>]| v.iter().map(one).collect::<Vec<_>>().join(" ");
+            rows.push((vec![run.id.into(), wl.id(), fmt(&new), fmt(&base)], None));
+            let (new, base) = (mean(&new), mean(&base));
+            let label = format!("{} {}", run.id, wl.label());
+            let compare = |case: String, unit, f: &dyn Fn(Sample) -> Outcome<f64>| {
+                let e = Entry::new(case, unit, new.clone().and_then(f), None);
+                e.vs(&peer, base.clone().and_then(f), None)
+            };
+            out.push(compare(label.clone(), m, &|s| Ok(s.metric(m))));
             let cpu = |s: Sample| s.cpu_s_per_mio;
             out.push(compare(label + " cpu", Unit::CPU_PER_MIO, &cpu));
         }
     }
-    out
-}
-
-/// The runs behind `baseline_entries`, one line per ublkd run and workload: each build's runs
-/// in the order they ran, so that a drift within the boot shows.
-pub fn baseline_runs_table(results: &Results, plan: &Plan) -> String {
-    let mut rows: Vec<Row> = Vec::new();
-    for run in RUNS.iter().filter(|r| plan.ab(r) && plan.selected(r.id)) {
-        for wl in WORKLOADS {
-            let (new, base) = ab_runs(results, run.id, wl.id);
-            let fmt = |v: &[Outcome<Sample>]| {
-                let one = |r: &Outcome<Sample>| {
-                    r.as_ref()
-                        .map_or("failed".into(), |s| format!("{:.0}", s.metric(wl.metric)))
-                };
-                v.iter().map(one).collect::<Vec<_>>().join(" ")
-            };
-            let cells = vec![run.id.into(), wl.id.into(), fmt(&new), fmt(&base)];
-            rows.push((cells, None));
-        }
-    }
-    table(&["run", "workload", "new A1 A2", "baseline B1 B2"], &rows)
-        + "(IOPS; qd1: mean latency us)\n"
+    let header = ["run", "workload", "new A1 A2", "baseline B1 B2"];
+    let runs = table(&header, &rows) + "(IOPS; qd1: mean latency us)\n";
+    (out, runs)
 }
 
 #[cfg(test)]
@@ -420,53 +326,34 @@ mod tests {
     use crate::bench::results::{Case, FioRun, Measured};
 
     fn sample(iops: f64, lat_us: f64, cpu: f64) -> Outcome<Sample> {
-        Ok(Sample {
+        let (cpu_s_per_mio, sys_us_per_io) = (Ok(cpu), Ok(cpu * 2.0));
+        let s = Sample {
             iops,
             lat_us,
-            cpu_s_per_mio: Ok(cpu),
-            sys_us_per_io: Ok(cpu * 2.0),
-        })
+            cpu_s_per_mio,
+            sys_us_per_io,
+        };
+        Ok(s)
     }
 
     /// Every run of `RUNS` (and of `suffixes` of it), each workload measured by `f`.
     fn results_with(suffixes: &[&str], f: impl Fn(&str, &str) -> Outcome<Sample>) -> Results {
-        let mut r = Results::default();
-        for run in RUNS {
-            for suffix in suffixes {
-                let id = format!("{}{suffix}", run.id);
-                let samples = WORKLOADS
-                    .iter()
-                    .map(|w| (w.id.into(), f(&id, w.id)))
-                    .collect();
-                let fio = FioRun {
-                    samples,
-                    rss_kib: Ok(2048.0),
-                };
-                let case = Case {
-                    measured: Ok(Measured::Fio(fio)),
-                    teardown: vec![],
-                };
-                r.0.insert(id, case);
-            }
-        }
-        r
+        let runs = |r: &'static Run| suffixes.iter().map(move |s| r.id.to_owned() + s);
+        let ids = RUNS.iter().flat_map(runs);
+        let case = |id: &str| {
+            let samples = WORKLOADS.iter().map(|w| (w.id(), f(id, &w.id()))).collect();
+            let rss_kib = Ok(2048.0);
+            let (measured, teardown) = (Ok(Measured::Fio(FioRun { samples, rss_kib })), vec![]);
+            Case { measured, teardown }
+        };
+        Results(ids.map(|id| (id.clone(), case(&id))).collect())
     }
 
-    fn find<'a>(entries: &'a [Entry], case: &str) -> &'a Entry {
-        entries
-            .iter()
-            .find(|e| e.case == case)
-            .unwrap_or_else(|| panic!("no entry {case:?}"))
-    }
-
-    #[test]
-    fn ratios_point_the_way_the_unit_says() {
-        assert_eq!(Unit::IOPS.ratio(8000.0, 4000.0), Some(2.0));
-        // Latency: lower is better, so peer/ours.
-        assert_eq!(Unit::US.ratio(50.0, 100.0), Some(2.0));
-        assert_eq!(Unit::CPU_PER_MIO.ratio(1.0, 4.0), Some(0.25));
-        assert_eq!(Unit::IOPS.ratio(1.0, 0.0), None);
-        assert_eq!(Unit::US.ratio(0.0, 1.0), None);
+    /// The table of the entries of `cases`, in that order.
+    fn table_of(entries: &[Entry], cases: &[&str]) -> String {
+        let find = |c: &&str| entries.iter().find(|e| e.case == *c).cloned();
+        let some: Option<Vec<Entry>> = cases.iter().map(find).collect();
+        entries_table(&some.unwrap_or_else(|| panic!("not all of {cases:?}")))
     }
 
     #[test]
@@ -477,40 +364,35 @@ mod tests {
             _ => sample(8000.0, 125.0, 4.0),
         });
         let entries = fio_entries(&results, &Plan::default());
-        // 9 pairs x 6 workloads, CPU for 6 pairs x 6, 5 IOPS workloads x 4 ceilings, 2 RSS.
-        assert_eq!(entries.len(), 54 + 36 + 20 + 2);
+        // 10 pairs x 7 workloads, CPU for 7 pairs x 7, 6 IOPS workloads x 4 ceilings, 2 RSS.
+        assert_eq!(entries.len(), 70 + 49 + 24 + 2);
         assert!(entries.iter().all(|e| e.error.is_none()));
-        let e = find(&entries, "null per-io randread qd32");
+        // Latency: lower is better, so peer / ours; CPU: ours / peer, below 1 is better.
+        let cases = [
+            "null per-io randread qd32",
+            "file randread qd1",
+            "null batch randwrite qd32 cpu",
+            "null batch randread qd32 vs null_blk",
+        ];
+        let expected = "\
+case                                   ours  peer   peer value  ratio  unit
+null per-io randread qd32             10000  kublk        8000  1.250  IOPS
+file randread qd1                     100.0  loop        125.0  1.250  us
+null batch randwrite qd32 cpu         2.000  kublk       4.000  0.500  cpu_s_per_mio
+null batch randread qd32 vs null_blk  0.500  kublk       0.400  1.250  fraction_of_null_blk
+";
+        assert_eq!(table_of(&entries, &cases), expected);
+        let rss = ["ublkd RSS, one idle null volume, zero copy vs copy"];
+        let rss = table_of(&entries, &rss);
+        let copy = "2.0  ublkd copy         2.0  1.000  MiB";
+        assert!(rss.contains(copy), "{rss}");
         assert_eq!(
-            (e.ours, e.peer_value, e.ratio),
-            (Some(10000.0), Some(8000.0), Some(1.25))
+            entries[0].to_json(),
+            json!({"case": "null per-io randread qd32", "ours": 10000.0, "peer": "kublk",
+                   "peer_value": 8000.0, "ratio": 1.25, "unit": "IOPS"})
         );
-        assert_eq!((e.peer.as_str(), e.unit), ("kublk", Unit::IOPS));
-        let e = find(&entries, "file randread qd1");
-        assert_eq!(
-            (e.peer.as_str(), e.unit, e.ratio),
-            ("loop", Unit::US, Some(1.25))
-        );
-        let e = find(&entries, "null batch randwrite qd32 cpu");
-        assert_eq!(
-            (e.ours, e.peer_value, e.ratio),
-            (Some(2.0), Some(4.0), Some(0.5))
-        );
-        let e = find(&entries, "null batch randread qd32 vs null_blk");
-        assert_eq!(
-            (e.ours, e.peer_value, e.unit),
-            (Some(0.5), Some(0.4), Unit::FRACTION_OF_NULL_BLK)
-        );
-        let e = find(
-            &entries,
-            "ublkd RSS, one idle null volume, zero copy vs copy",
-        );
-        assert_eq!((e.ours, e.unit), (Some(2.0), Unit::MIB));
-        assert_eq!(
-            e.to_json(),
-            json!({"case": "ublkd RSS, one idle null volume, zero copy vs copy", "ours": 2.0,
-                   "peer": "ublkd copy", "peer_value": 2.0, "ratio": 1.0, "unit": "MiB"})
-        );
+        let zero = (Unit::IOPS.ratio(1.0, 0.0), Unit::US.ratio(0.0, 1.0));
+        assert_eq!(zero, (None, None));
     }
 
     #[test]
@@ -523,37 +405,19 @@ mod tests {
             c.teardown.push("kublk del failed".into());
         }
         let entries = fio_entries(&results, &Plan::default());
-        let e = find(&entries, "null per-io randread qd32");
-        assert_eq!((e.ours, e.peer_value, e.ratio), (None, Some(8000.0), None));
-        let err = e.error.as_deref().unwrap_or_default();
-        assert!(err.contains("ublkd: ublkd exited with status 2"), "{err}");
-        assert!(err.contains("kublk teardown: kublk del failed"), "{err}");
-        let v = e.to_json();
-        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        keys.sort_unstable();
         assert_eq!(
-            keys,
-            [
-                "case",
-                "error",
-                "ours",
-                "peer",
-                "peer_value",
-                "ratio",
-                "unit"
-            ]
+            entries[0].to_json(),
+            json!({"case": "null per-io randread qd32", "ours": null, "peer": "kublk",
+                   "peer_value": 8000.0, "ratio": null, "unit": "IOPS",
+                   "error": "ublkd: ublkd exited with status 2 before READY; \
+                             kublk teardown: kublk del failed"})
         );
-        assert!(v["ours"].is_null() && v["ratio"].is_null());
-
-        let t = entries_table(&entries[..1]);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3, "{t}");
-        assert!(
-            lines[1].starts_with("null per-io randread qd32  FAILED  kublk"),
-            "{t}"
-        );
-        assert!(lines[1].ends_with("8000      -  IOPS"), "{t}");
-        assert!(lines[2].starts_with("    ! ublkd: ublkd exited"), "{t}");
+        let expected = "\
+case                         ours  peer   peer value  ratio  unit
+null per-io randread qd32  FAILED  kublk        8000      -  IOPS
+    ! ublkd: ublkd exited with status 2 before READY; kublk teardown: kublk del failed
+";
+        assert_eq!(table_of(&entries, &["null per-io randread qd32"]), expected);
         let raw = fio_table(&results, &Plan::default());
         assert!(raw.contains("teardown: kublk del failed"), "{raw}");
         assert!(raw.contains("! ublkd exited with status 2"), "{raw}");
@@ -572,65 +436,39 @@ mod tests {
             only: Some("null-batch".into()),
             baseline: Some(("fdc00eb".into(), "/b/ublkd".into())),
         };
-        let e = baseline_entries(&results, &plan, "fdc00eb");
-        // Two ublkd runs (batch, batch-zc) x 6 workloads x IOPS and CPU.
-        assert_eq!(e.len(), 24);
-        let read = find(&e, "ublkd-null-batch randread qd32");
-        assert_eq!(read.peer, "baseline fdc00eb");
-        assert_eq!(
-            (read.ours, read.peer_value, read.ratio),
-            (Some(200.0), Some(100.0), Some(2.0))
-        );
-        assert_eq!(
-            find(&e, "ublkd-null-batch randread qd32 cpu").ratio,
-            Some(0.5)
-        );
-        // A failed run of either build fails the comparison, never a mean of what is left.
-        let qd1 = find(&e, "ublkd-null-batch randread qd1");
-        assert!(
-            qd1.ratio.is_none() && qd1.error.as_deref().is_some_and(|x| x.contains("status 1"))
-        );
+        let (e, runs) = baseline(&results, &plan, "fdc00eb");
+        // Two ublkd runs (batch, batch-zc) x 7 workloads x IOPS and CPU. A failed run of either
+        // build fails the comparison, never a mean of what is left.
+        assert_eq!(e.len(), 28);
+        let cases = [
+            "ublkd-null-batch randread qd32",
+            "ublkd-null-batch randread qd32 cpu",
+            "ublkd-null-batch randread qd1",
+        ];
+        let expected = "\
+case                                  ours  peer              peer value  ratio  unit
+ublkd-null-batch randread qd32         200  baseline fdc00eb         100  2.000  IOPS
+ublkd-null-batch randread qd32 cpu   2.000  baseline fdc00eb       4.000  0.500  cpu_s_per_mio
+ublkd-null-batch randread qd1       FAILED  baseline fdc00eb       400.0      -  us
+    ! ublkd: fio exited with status 1
+";
+        assert_eq!(table_of(&e, &cases), expected);
         // The fio table and the pairs read the new build's mean.
-        let s = sample_of(&results, &plan, "ublkd-null-batch", "randwrite-qd32");
-        assert_eq!(s, 200.0);
-        let t = baseline_runs_table(&results, &plan);
-        assert!(
-            t.contains("150 250") && t.contains("100 100") && t.contains("200 failed"),
-            "{t}"
-        );
-    }
-
-    fn sample_of(r: &Results, plan: &Plan, run: &str, wl: &str) -> f64 {
-        super::sample(r, plan, run, wl).map_or(0.0, |s| s.iops)
-    }
-
-    #[test]
-    fn json_entry_has_the_documented_shape() {
-        let e = Entry::new(
-            "null per-io randread qd32",
-            Unit::IOPS,
-            Side::new("ublkd", Ok(8123.0), None),
-            Some(Side::new("kublk", Ok(8000.0), None)),
-        );
-        assert_eq!(
-            e.to_json(),
-            json!({"case": "null per-io randread qd32", "ours": 8123.0, "peer": "kublk",
-                   "peer_value": 8000.0, "ratio": 1.0154, "unit": "IOPS"})
-        );
+        let s = super::sample(&results, &plan, "ublkd-null-batch", &WORKLOADS[2]);
+        assert_eq!(s.map(|s| s.iops), Ok(200.0));
+        let drift = ["150 250", "100 100", "200 failed"];
+        assert!(drift.iter().all(|d| runs.contains(d)), "{runs}");
     }
 
     #[test]
     fn percentiles_take_the_nearest_rank() {
         let hundred: Vec<f64> = (1..=100).rev().map(f64::from).collect();
-        assert_eq!(percentile(&hundred, 50), Some(50.0));
-        assert_eq!(percentile(&hundred, 99), Some(99.0));
-        assert_eq!(percentile(&hundred, 100), Some(100.0));
+        let p = |v: &[f64], ps: [u32; 3]| ps.map(|p| percentile(v, p));
+        assert_eq!(p(&hundred, [50, 99, 100]), [50.0, 99.0, 100.0].map(Some));
         // Rank ceil(p/100 * n): 2 of 3 for p50, 3 of 3 for p99.
-        assert_eq!(percentile(&[3.0, 1.0, 2.0], 50), Some(2.0));
-        assert_eq!(percentile(&[3.0, 1.0, 2.0], 99), Some(3.0));
+        assert_eq!(p(&[3.0, 1.0, 2.0], [50, 99, 1]), [2.0, 3.0, 1.0].map(Some));
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50), Some(2.0));
+        assert_eq!(p(&[1.0], [0, 101, 50]), [None, None, Some(1.0)]);
         assert_eq!(percentile(&[], 50), None);
-        assert_eq!(percentile(&[1.0], 0), None);
-        assert_eq!(percentile(&[1.0], 101), None);
     }
 }

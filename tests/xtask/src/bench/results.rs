@@ -4,7 +4,7 @@
 //! measured). Each step of the guest is one [`Case`]: what it measured or why it measured
 //! nothing, and what went wrong tearing it down.
 
-use super::cases::{Metric, Plan};
+use super::cases::{Plan, Unit};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -57,11 +57,13 @@ pub enum Measured {
     Stall(Stall),
 }
 
+/// What each workload measured, by workload id.
+pub type Samples = BTreeMap<String, Outcome<Sample>>;
+
 /// One server under every workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FioRun {
-    /// By workload id.
-    pub samples: BTreeMap<String, Outcome<Sample>>,
+    pub samples: Samples,
     /// The server's VmRSS (KiB) with its one volume idle, before the first job (ublkd only).
     pub rss_kib: Outcome<f64>,
 }
@@ -81,11 +83,11 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// The workload's headline number.
-    pub fn metric(&self, m: Metric) -> f64 {
-        match m {
-            Metric::Iops => self.iops,
-            Metric::LatencyUs => self.lat_us,
+    /// The workload's headline number, in `unit` (`Workload::unit`).
+    pub fn metric(&self, unit: Unit) -> f64 {
+        match unit {
+            Unit::US => self.lat_us,
+            _ => self.iops,
         }
     }
 }
@@ -168,6 +170,19 @@ pub struct Restart {
     pub io_path: Option<String>,
 }
 
+impl Restart {
+    /// A restart that did not happen, or that never became READY, and why.
+    pub fn failed(why: String) -> Self {
+        Restart {
+            ready_ms: Err(why),
+            kill_to_exec_ms: None,
+            kill_to_ready_ms: None,
+            list_call_ms: None,
+            io_path: None,
+        }
+    }
+}
+
 /// fio on a RAM volume across a kill -9 and restart; ms.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stall {
@@ -208,23 +223,14 @@ impl Results {
 
     /// `run` as `pick` reads its kind of measurement.
     pub fn view<'a, T>(&'a self, run: &str, pick: fn(&Measured) -> Option<&T>) -> View<'a, T> {
-        let Some(case) = self.0.get(run) else {
-            return View {
-                value: Err("did not run (the guest ended early)".into()),
-                teardown: None,
-            };
+        let case = self.0.get(run);
+        let value = match case.map(|c| &c.measured) {
+            None => Err("did not run (the guest ended early)".into()),
+            Some(Ok(m)) => pick(m).ok_or_else(|| format!("{run} measured something else")),
+            Some(Err(e)) => Err(e.clone()),
         };
-        View {
-            value: match &case.measured {
-                Ok(m) => pick(m).ok_or_else(|| format!("{run} measured something else")),
-                Err(e) => Err(e.clone()),
-            },
-            teardown: match case.teardown.as_slice() {
-                [] => None,
-                [one] => Some(one.clone()),
-                [first, more @ ..] => Some(format!("{first} (and {} more)", more.len())),
-            },
-        }
+        let teardown = case.and_then(|c| first_of(&c.teardown));
+        View { value, teardown }
     }
 
     /// The fio run `run`.
@@ -245,13 +251,23 @@ impl Results {
     }
 }
 
+/// Several problems as the first one and a count.
+pub fn first_of(problems: &[String]) -> Option<String> {
+    match problems {
+        [] => None,
+        [one] => Some(one.clone()),
+        [first, more @ ..] => Some(format!("{first} (and {} more)", more.len())),
+    }
+}
+
 /// The mean of runs that all succeeded (each figure on its own: CPU may be missing in one);
 /// otherwise the first failure.
 pub fn mean(runs: &[Outcome<Sample>]) -> Outcome<Sample> {
-    let ok: Vec<&Sample> = runs
+    let ok: Outcome<Vec<&Sample>> = runs
         .iter()
         .map(|r| r.as_ref().map_err(Clone::clone))
-        .collect::<Result<_, _>>()?;
+        .collect();
+    let ok = ok?;
     if ok.is_empty() {
         return Err("no runs".into());
     }
@@ -281,32 +297,19 @@ mod tests {
     }
 
     #[test]
-    fn results_read_back_as_the_guest_wrote_them() {
+    fn results_and_the_input_read_back_as_written() {
+        let failed = Err("fio exited with status 1".into());
         let samples = [
             ("randread-qd32".into(), sample(8000.0, Ok(1.5))),
-            (
-                "randread-qd1".into(),
-                Err("fio exited with status 1".into()),
-            ),
+            ("randread-qd1".into(), failed),
         ];
-        let fio = FioRun {
-            samples: samples.into(),
-            rss_kib: Err("not measured".into()),
-        };
-        let case = |measured, teardown: &[&str]| Case {
-            measured,
-            teardown: teardown.iter().map(|t| t.to_string()).collect(),
-        };
-        let r = Results(
-            [
-                (
-                    "kublk-null".into(),
-                    case(Ok(Measured::Fio(fio)), &["del failed", "x"]),
-                ),
-                ("ublkd-qos".into(), case(Err("no ublkctl".into()), &[])),
-            ]
-            .into(),
-        );
+        let (samples, rss_kib) = (samples.into(), Err("not measured".into()));
+        let measured = Ok(Measured::Fio(FioRun { samples, rss_kib }));
+        let teardown = vec!["del failed".into(), "x".into()];
+        let kublk = ("kublk-null".into(), Case { measured, teardown });
+        let (measured, teardown) = (Err("no ublkctl".into()), vec![]);
+        let qos = ("ublkd-qos".into(), Case { measured, teardown });
+        let r = Results([kublk, qos].into());
         let dir = std::env::temp_dir().join(format!("xtask-results-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         assert_eq!(Results::read(&dir).unwrap(), Results::default());
@@ -320,16 +323,11 @@ mod tests {
         let iops = back.sample("kublk-null", "randread-qd32").map(|s| s.iops);
         assert_eq!(iops, Ok(8000.0));
         assert!(back.sample("kublk-null", "randwrite-qd32").is_err());
-        assert_eq!(
-            back.fio("ublkd-qos").value.err().as_deref(),
-            Some("no ublkctl")
-        );
+        let qos = back.fio("ublkd-qos").value.err();
+        assert_eq!(qos.as_deref(), Some("no ublkctl"));
         let none = back.sample("null_blk", "randread-qd32");
         assert!(none.is_err_and(|e| e.contains("did not run")));
-    }
 
-    #[test]
-    fn the_input_reads_back_as_written() {
         let i = Input {
             runtime: 5,
             plan: Plan {
@@ -348,25 +346,14 @@ mod tests {
     #[test]
     fn each_builds_runs_average_and_a_failure_is_kept() {
         let m = mean(&[sample(100.0, Ok(2.0)), sample(300.0, Ok(4.0))]).unwrap();
-        assert_eq!(
-            (m.iops, m.cpu_s_per_mio, m.sys_us_per_io),
-            (200.0, Ok(3.0), Ok(20.0))
-        );
-        let failed = mean(&[
-            sample(100.0, Ok(1.0)),
-            Err("ublkd exited with status 2".into()),
-        ]);
-        assert_eq!(failed, Err("ublkd exited with status 2".into()));
+        let both = (200.0, Ok(3.0), Ok(20.0));
+        assert_eq!((m.iops, m.cpu_s_per_mio, m.sys_us_per_io), both);
+        let failed = Err("ublkd exited with status 2".to_owned());
+        assert_eq!(mean(&[sample(100.0, Ok(1.0)), failed.clone()]), failed);
         // CPU missing in one run: IOPS still averages, CPU says why.
-        let m = mean(&[
-            sample(100.0, Ok(2.0)),
-            sample(200.0, Err("no server process".into())),
-        ])
-        .unwrap();
-        assert_eq!(
-            (m.iops, m.cpu_s_per_mio),
-            (150.0, Err("no server process".into()))
-        );
+        let none = Err("no server process".to_owned());
+        let m = mean(&[sample(100.0, Ok(2.0)), sample(200.0, none.clone())]).unwrap();
+        assert_eq!((m.iops, m.cpu_s_per_mio), (150.0, none));
         assert!(mean(&[]).is_err());
     }
 }

@@ -2,13 +2,23 @@
 //! `none`, but for a few comparisons) and the notes printed under its table.
 
 use super::cases::{
-    recovery_run, QosLimit, CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_RUN, CONTROL_SIZE,
-    CONTROL_VOLUMES, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, OURS_NAME, QOS_JOBS, QOS_QD, QOS_RUN,
+    recovery_run, QosLimit, Unit, CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_RUN, CONTROL_SIZE,
+    CONTROL_VOLUMES, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES, QOS_JOBS, QOS_QD, QOS_RUN,
     QOS_RUNTIME_SECS, QOS_SIZE, RECOVERY_VOLUMES, SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB,
     SNAPSHOT_REPEATS, SNAPSHOT_RUN, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS, STALL_SIZE,
 };
-use super::report::{percentile, Entry, Side, Unit};
-use super::results::{Control, Measured, Outcome, Results, SnapSize, Timed};
+use super::report::{percentile, Entry};
+use super::results::{Control, Measured, Outcome, Restart, Results, SnapSize, Timed};
+
+/// What run `$run` of the results `$r` measured, as the kind `$kind` (a variant of `Measured`).
+macro_rules! view {
+    ($r:expr, $run:expr, $kind:path) => {
+        $r.view($run, |m| match m {
+            $kind(x) => Some(x),
+            _ => None,
+        })
+    };
+}
 
 /// One section: a title, its entries, and what the numbers include.
 #[derive(Debug)]
@@ -29,17 +39,12 @@ fn pct(ms: Outcome<&Vec<f64>>, p: u32) -> Outcome<f64> {
 }
 
 fn control(r: &Results) -> Section {
-    let v = r.view(CONTROL_RUN, |m| match m {
-        Measured::Control(c) => Some(c),
-        _ => None,
-    });
-    let entry = |case: String, unit, value| Entry::alone(case, unit, value, v.teardown.clone());
+    let v = view!(r, CONTROL_RUN, Measured::Control);
+    let entry = |case: String, unit, value| Entry::new(case, unit, value, v.teardown.clone());
     let field = |f: fn(&Control) -> &Outcome<f64>| v.value.clone().and_then(|c| f(c).clone());
     let calls = |case: &str, ps: [u32; 2], f: fn(&Control) -> &Outcome<Vec<f64>>| {
-        let ms = v
-            .value
-            .clone()
-            .and_then(|c| f(c).as_ref().map_err(Clone::clone));
+        let ms = v.value.clone();
+        let ms = ms.and_then(|c| f(c).as_ref().map_err(Clone::clone));
         ps.map(|p| entry(format!("{case} p{p}"), Unit::MS, pct(ms.clone(), p)))
     };
     let (empty, full) = (field(|c| &c.rss_empty_kib), field(|c| &c.rss_full_kib));
@@ -47,36 +52,26 @@ fn control(r: &Results) -> Section {
         (Ok(e), Ok(f)) => Ok((f - e) / CONTROL_VOLUMES as f64),
         (Err(e), _) | (_, Err(e)) => Err(e.clone()),
     };
-    let mut entries = Vec::new();
-    entries.extend(calls("ublkctl create-volume", [50, 99], |c| &c.create_ms));
-    entries.extend(calls("ublkctl delete-volume", [50, 99], |c| &c.delete_ms));
-    entries.push(entry(
-        "ublkd RSS, 0 volumes".into(),
-        Unit::MIB,
-        empty.map(|k| k / 1024.0),
-    ));
+    let mib = |kib: Outcome<f64>| kib.map(|k| k / 1024.0);
+    let mut e = Vec::new();
+    e.extend(calls("ublkctl create-volume", [50, 99], |c| &c.create_ms));
+    e.extend(calls("ublkctl delete-volume", [50, 99], |c| &c.delete_ms));
+    e.push(entry("ublkd RSS, 0 volumes".into(), Unit::MIB, mib(empty)));
     let case = format!("ublkd RSS, {CONTROL_VOLUMES} idle volumes");
-    entries.push(entry(case, Unit::MIB, full.map(|k| k / 1024.0)));
-    entries.push(entry(
-        "ublkd RSS per idle volume".into(),
-        Unit::KIB,
-        per_volume,
-    ));
-    let case = format!("GET /metrics, {CONTROL_VOLUMES} volumes,");
-    entries.extend(calls(&case, [50, 100], |c| &c.scrape_ms));
-    let case = "ublkctl create-volume under load";
-    entries.extend(calls(case, [50, 99], |c| &c.load_create_ms));
-    let case = "ublkctl delete-volume under load";
-    entries.extend(calls(case, [50, 99], |c| &c.load_delete_ms));
-    let iops = field(|c| &c.load_iops);
-    entries.push(entry(
-        "fio load during those calls".into(),
-        Unit::IOPS,
-        iops,
-    ));
+    e.push(entry(case, Unit::MIB, mib(full)));
+    let case = "ublkd RSS per idle volume".into();
+    e.push(entry(case, Unit::KIB, per_volume));
+    let scrape = format!("GET /metrics, {CONTROL_VOLUMES} volumes,");
+    e.extend(calls(&scrape, [50, 100], |c| &c.scrape_ms));
+    let load = "ublkctl create-volume under load";
+    e.extend(calls(load, [50, 99], |c| &c.load_create_ms));
+    let load = "ublkctl delete-volume under load";
+    e.extend(calls(load, [50, 99], |c| &c.load_delete_ms));
+    let case = "fio load during those calls".into();
+    e.push(entry(case, Unit::IOPS, field(|c| &c.load_iops)));
     Section {
         title: "control plane (ublkd --config, driven by ublkctl)",
-        entries,
+        entries: e,
         notes: vec![format!(
             "note: create/delete latencies are as seen by ublkctl, including its start-up (one \
              process per call); create-volume returns when /dev/ublkbN serves I/O. \
@@ -90,38 +85,26 @@ fn control(r: &Results) -> Section {
 }
 
 fn csi(r: &Results) -> Section {
-    let v = r.view(CSI_RUN, |m| match m {
-        Measured::Csi(c) => Some(c),
-        _ => None,
-    });
+    let v = view!(r, CSI_RUN, Measured::Csi);
     let t = || v.teardown.clone();
     let mut entries = Vec::new();
-    for fs in ["ext4", "xfs"] {
-        for p in [50, 99] {
-            let ms = v
-                .value
-                .clone()
-                .map(|c| if fs == "ext4" { &c.ext4_ms } else { &c.xfs_ms });
-            let case = format!("CSI CreateVolume to mounted {fs} p{p}");
-            entries.push(Entry::alone(case, Unit::MS, pct(ms, p), t()));
-        }
+    for (fs, p) in [("ext4", 50), ("ext4", 99), ("xfs", 50), ("xfs", 99)] {
+        let ms = v.value.clone();
+        let ms = ms.map(|c| if fs == "ext4" { &c.ext4_ms } else { &c.xfs_ms });
+        let case = format!("CSI CreateVolume to mounted {fs} p{p}");
+        entries.push(Entry::new(case, Unit::MS, pct(ms, p), t()));
     }
     let seq = v.value.clone().map(|c| c.stage_seq_ms);
     let par = v.value.clone().map(|c| c.stage_par_ms);
     let case = format!("CSI {CSI_PARALLEL} stages one at a time");
-    entries.push(Entry::alone(case, Unit::MS, seq.clone(), t()));
-    entries.push(Entry::new(
-        format!("CSI {CSI_PARALLEL} stages in parallel vs one at a time"),
-        Unit::MS,
-        Side::new(OURS_NAME, par.clone(), t()),
-        Some(Side::new("one at a time", seq.clone(), None)),
-    ));
+    entries.push(Entry::new(case, Unit::MS, seq.clone(), t()));
+    let case = format!("CSI {CSI_PARALLEL} stages in parallel vs one at a time");
+    let e = Entry::new(case, Unit::MS, par.clone(), t());
+    entries.push(e.vs("one at a time", seq.clone(), None));
     let mut notes = Vec::new();
     if let (Ok(seq), Ok(par)) = (seq, par) {
-        notes.push(format!(
-            "parallel stages finish {:.2}x faster in total",
-            seq / par
-        ));
+        let x = seq / par;
+        notes.push(format!("parallel stages finish {x:.2}x faster in total"));
     }
     notes.push(format!(
         "note: each CSI call is one `ublkd-csi ctl` process (its start-up included) against a \
@@ -140,29 +123,26 @@ fn csi(r: &Results) -> Section {
 /// One entry per job, in run order: ours the measured rate, the limit as the peer's value,
 /// measured / limit as the ratio; the unlimited job alone, the ceiling of this setup.
 fn qos(r: &Results) -> Section {
-    let v = r.view(QOS_RUN, |m| match m {
-        Measured::Qos(q) => Some(q),
-        _ => None,
-    });
+    let v = view!(r, QOS_RUN, Measured::Qos);
     let mut entries = Vec::new();
-    for job in QOS_JOBS {
+    for limit in QOS_JOBS {
         let measured = v.value.clone().and_then(|q| {
-            let m = q.jobs.get(&job.id()).cloned();
+            let m = q.jobs.get(&limit.id()).cloned();
             m.unwrap_or_else(|| Err("did not run".into()))
         });
-        let unit = match job.limit {
+        let unit = match limit {
             QosLimit::WriteMibps(_) => Unit::MIBPS,
             QosLimit::Unlimited | QosLimit::ReadIops(_) => Unit::IOPS,
         };
-        let limit = job.limit_value().map(|l| Side::new("limit", Ok(l), None));
-        let ours = Side::new(OURS_NAME, measured, v.teardown.clone());
-        let e = Entry::new(job.id(), unit, ours, limit);
+        let mut e = Entry::new(limit.id(), unit, measured, v.teardown.clone());
+        if let Some(l) = limit.value() {
+            e = e.vs("limit", Ok(l), None);
+        }
         // How far from the limit, in percent of it (above 0: over the limit).
-        let off = e
-            .ratio
-            .map_or(String::new(), |x| format!(", {:+.2} %", (x - 1.0) * 100.0));
-        let detail = format!("fio {} {} qd{QOS_QD}{off}", job.rw, job.bs);
-        entries.push(e.with_detail(detail));
+        let off = |x: f64| format!(", {:+.2} %", (x - 1.0) * 100.0);
+        let off = e.ratio.map_or(String::new(), off);
+        let (rw, bs) = limit.fio();
+        entries.push(e.with_detail(format!("fio {rw} {bs} qd{QOS_QD}{off}")));
     }
     Section {
         title: "QoS accuracy (a null volume per limit, fio against it)",
@@ -183,59 +163,47 @@ fn qos(r: &Results) -> Section {
 /// `snapshot-Ng` and `clone-Ng` (medians, ms; every size but the first against the first's,
 /// since the times must not grow with size), `snapshot-Ng-df-growth` and `clone-Ng-df-growth`.
 fn snapshots(r: &Results) -> Section {
-    let v = r.view(SNAPSHOT_RUN, |m| match m {
-        Measured::Snapshots(s) => Some(s),
-        _ => None,
-    });
+    let v = view!(r, SNAPSHOT_RUN, Measured::Snapshots);
     let t = || v.teardown.clone();
     let median = |l: Outcome<Vec<f64>>| pct(l.as_ref().map_err(Clone::clone), 50);
-    let calls = |l: &Outcome<Vec<Timed>>, f: fn(&Timed) -> f64| {
-        median(l.clone().map(|l| l.iter().map(f).collect()))
-    };
     let noop = median(v.value.clone().and_then(|s| s.noop_ms.clone()));
-    let mut entries = vec![Entry::alone("ublkctl-node-info", Unit::MS, noop, t())];
-    // Per size: the medians of create, snapshot and clone (ms), of each growth (KiB), extents.
-    let sized = SNAPSHOT_GIB.map(|gib| {
+    let mut entries = vec![Entry::new("ublkctl-node-info", Unit::MS, noop, t())];
+    let mut first: Option<(u64, [Outcome<f64>; 3])> = None;
+    for gib in SNAPSHOT_GIB {
         let z = v.value.clone().and_then(|s| {
             let z = s.sizes.iter().find(|z| z.gib == gib);
             z.ok_or_else(|| format!("{gib} GiB not measured"))
         });
-        let of = |f: &dyn Fn(&SnapSize) -> Outcome<f64>| z.clone().and_then(f);
-        let times = [
-            of(&|z| z.create_ms.clone()),
-            of(&|z| calls(&z.snapshot, |t| t.ms)),
-            of(&|z| calls(&z.clone, |t| t.ms)),
-        ];
-        let growth = [
-            of(&|z| calls(&z.snapshot, |t| t.growth_kib)),
-            of(&|z| calls(&z.clone, |t| t.growth_kib)),
-        ];
-        (gib, times, growth, z.ok().and_then(|z| z.extents))
-    });
-    let (base_gib, base) = (sized[0].0, sized[0].1.clone());
-    for (gib, times, growth, extents) in sized {
-        for (k, (op, ms)) in ["create-volume", "snapshot", "clone"]
-            .into_iter()
-            .zip(times)
-            .enumerate()
-        {
-            let ours = Side::new(OURS_NAME, ms, t());
-            let peer = (gib != base_gib)
-                .then(|| Side::new(&format!("{base_gib} GiB"), base[k].clone(), None));
-            let e = Entry::new(format!("{op}-{gib}g"), Unit::MS, ours, peer);
+        // The median of each call of `l` as `f` reads it.
+        let of = |l: fn(&SnapSize) -> &Outcome<Vec<Timed>>, f: fn(&Timed) -> f64| {
+            let l = z.clone().and_then(|z| l(z).clone());
+            median(l.map(|l| l.iter().map(f).collect()))
+        };
+        let create = z.clone().and_then(|z| z.create_ms.clone());
+        let (snapshot, clone) = (of(|z| &z.snapshot, |t| t.ms), of(|z| &z.clone, |t| t.ms));
+        let times = [create, snapshot, clone];
+        let ops = ["create-volume", "snapshot", "clone"];
+        for (k, (op, ms)) in ops.into_iter().zip(times.clone()).enumerate() {
+            let mut e = Entry::new(format!("{op}-{gib}g"), Unit::MS, ms, t());
+            if let Some((base_gib, base)) = &first {
+                e = e.vs(&format!("{base_gib} GiB"), base[k].clone(), None);
+            }
+            let extents = z.as_ref().ok().and_then(|z| z.extents);
             entries.push(match (op, extents) {
                 ("snapshot", Some(n)) => e.with_detail(format!("{n} extents after the fill")),
                 _ => e,
             });
         }
-        for (op, g) in ["snapshot", "clone"].into_iter().zip(growth) {
-            entries.push(Entry::alone(
-                format!("{op}-{gib}g-df-growth"),
-                Unit::KIB,
-                g,
-                t(),
-            ));
+        let snapshot = of(|z| &z.snapshot, |t| t.growth_kib);
+        let growth = [
+            ("snapshot", snapshot),
+            ("clone", of(|z| &z.clone, |t| t.growth_kib)),
+        ];
+        for (op, g) in growth {
+            let case = format!("{op}-{gib}g-df-growth");
+            entries.push(Entry::new(case, Unit::KIB, g, t()));
         }
+        first.get_or_insert((gib, times));
     }
     let reflink = match v.value.as_ref().map(|s| s.reflink) {
         Ok(Some(true)) => "",
@@ -260,49 +228,34 @@ fn snapshots(r: &Results) -> Section {
 
 fn recovery(r: &Results) -> Section {
     let mut entries = Vec::new();
-    let (mut paths, mut calls) = (Vec::new(), Vec::new());
+    let (mut paths, mut calls, mut stall) = (Vec::new(), Vec::new(), String::new());
+    let mut seen = |x: &Restart| {
+        paths.extend(x.io_path.clone());
+        calls.extend(x.list_call_ms);
+    };
     for n in RECOVERY_VOLUMES {
-        let v = r.view(&recovery_run(n), |m| match m {
-            Measured::Recovery(x) => Some(x),
-            _ => None,
-        });
-        if let Ok(x) = v.value {
-            paths.extend(x.io_path.clone());
-            calls.extend(x.list_call_ms);
-        }
+        let v = view!(r, &recovery_run(n), Measured::Recovery);
+        v.value.clone().map(&mut seen).unwrap_or_default();
         let s = if n == 1 { "" } else { "s" };
         let ready = v.value.and_then(|x| x.ready_ms.clone());
         let case = format!("ublkd restart to READY, {n} volume{s}");
-        entries.push(Entry::alone(case, Unit::MS, ready, v.teardown));
+        entries.push(Entry::new(case, Unit::MS, ready, v.teardown));
     }
-    let v = r.view(STALL_RUN, |m| match m {
-        Measured::Stall(x) => Some(x),
-        _ => None,
-    });
-    let mut stall = String::new();
+    let v = view!(r, STALL_RUN, Measured::Stall);
     if let Ok(x) = v.value.clone().map(|x| &x.restart) {
-        paths.extend(x.io_path.clone());
-        calls.extend(x.list_call_ms);
+        seen(x);
         if let (Some(k), Ok(r)) = (x.kill_to_ready_ms, &x.ready_ms) {
-            stall = format!(
-                "; there the volume was READY {k:.1} ms after the kill, {r:.1} ms after the exec"
-            );
+            let after = format!("{k:.1} ms after the kill, {r:.1} ms after the exec");
+            stall = format!("; there the volume was READY {after}");
         }
     }
     let max = v.value.and_then(|x| x.max_ms.clone());
-    entries.push(Entry::alone(
-        "fio max I/O stall across kill -9",
-        Unit::MS,
-        max,
-        v.teardown,
-    ));
+    let case = "fio max I/O stall across kill -9";
+    entries.push(Entry::new(case, Unit::MS, max, v.teardown));
     paths.sort_unstable();
     paths.dedup();
-    let paths = if paths.is_empty() {
-        "unknown".into()
-    } else {
-        paths.join(", ")
-    };
+    let paths = Some(paths.join(", ")).filter(|p| !p.is_empty());
+    let paths = paths.unwrap_or_else(|| "unknown".into());
     let call = percentile(&calls, 50).map_or_else(String::new, |c| {
         format!("; one call took {c:.0} ms here, so READY is seen up to that much late")
     });
@@ -328,11 +281,13 @@ mod tests {
     use crate::bench::results::{Case, Qos, SnapSize, Snapshots};
 
     fn with(run: &str, m: Measured, teardown: &[&str]) -> Results {
-        let case = Case {
-            measured: Ok(m),
-            teardown: teardown.iter().map(|t| t.to_string()).collect(),
-        };
-        Results([(run.to_owned(), case)].into())
+        let (measured, teardown) = (Ok(m), teardown.iter().map(|t| t.to_string()).collect());
+        Results([(run.to_owned(), Case { measured, teardown })].into())
+    }
+
+    fn find(s: &Section, case: &str) -> Entry {
+        let e = s.entries.iter().find(|e| e.case == case);
+        e.cloned().unwrap_or_else(|| panic!("no {case} in {s:?}"))
     }
 
     #[test]
@@ -340,13 +295,9 @@ mod tests {
         let all = sections(&Results::default());
         let counts: Vec<usize> = all.iter().map(|s| s.entries.len()).collect();
         assert_eq!(counts, [14, 6, 6, 11, 4]);
-        for e in all.iter().flat_map(|s| &s.entries) {
-            assert_eq!((e.ours, e.ratio), (None, None), "{e:?}");
-            assert!(
-                e.error.as_ref().is_some_and(|x| x.contains("did not run")),
-                "{e:?}"
-            );
-        }
+        let why = |e: &Entry| e.error.as_ref().is_some_and(|x| x.contains("did not run"));
+        let failed = |e: &Entry| e.ours.is_none() && why(e);
+        assert!(all.iter().flat_map(|s| &s.entries).all(failed));
     }
 
     #[test]
@@ -363,103 +314,66 @@ mod tests {
             load_iops: Ok(15000.0),
         };
         let s = control(&with(CONTROL_RUN, Measured::Control(c), &[]));
-        let got: Vec<(&str, Option<f64>)> = s
-            .entries
-            .iter()
-            .map(|e| (e.case.as_str(), e.ours))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("ublkctl create-volume p50", Some(50.0)),
-                ("ublkctl create-volume p99", Some(99.0)),
-                ("ublkctl delete-volume p50", None),
-                ("ublkctl delete-volume p99", None),
-                ("ublkd RSS, 0 volumes", Some(10.0)),
-                ("ublkd RSS, 100 idle volumes", Some(14.6875)),
-                ("ublkd RSS per idle volume", Some(48.0)),
-                ("GET /metrics, 100 volumes, p50", Some(5.0)),
-                ("GET /metrics, 100 volumes, p100", Some(10.0)),
-                ("ublkctl create-volume under load p50", Some(10.0)),
-                ("ublkctl create-volume under load p99", Some(20.0)),
-                ("ublkctl delete-volume under load p50", Some(20.0)),
-                ("ublkctl delete-volume under load p99", Some(40.0)),
-                ("fio load during those calls", Some(15000.0)),
-            ]
-        );
-        assert!(s
-            .entries
-            .iter()
-            .all(|e| e.peer == "none" && e.ratio.is_none()));
+        let got: Vec<(&str, Option<f64>)> =
+            s.entries.iter().map(|e| (&e.case[..], e.ours)).collect();
+        let expected = [
+            ("ublkctl create-volume p50", Some(50.0)),
+            ("ublkctl create-volume p99", Some(99.0)),
+            ("ublkctl delete-volume p50", None),
+            ("ublkctl delete-volume p99", None),
+            ("ublkd RSS, 0 volumes", Some(10.0)),
+            ("ublkd RSS, 100 idle volumes", Some(14.6875)),
+            ("ublkd RSS per idle volume", Some(48.0)),
+            ("GET /metrics, 100 volumes, p50", Some(5.0)),
+            ("GET /metrics, 100 volumes, p100", Some(10.0)),
+            ("ublkctl create-volume under load p50", Some(10.0)),
+            ("ublkctl create-volume under load p99", Some(20.0)),
+            ("ublkctl delete-volume under load p50", Some(20.0)),
+            ("ublkctl delete-volume under load p99", Some(40.0)),
+            ("fio load during those calls", Some(15000.0)),
+        ];
+        assert_eq!(got, expected);
+        let alone = |e: &Entry| e.peer == "none" && e.ratio.is_none();
+        assert!(s.entries.iter().all(alone));
         let t = entries_table(&s.entries);
-        assert!(
-            t.contains("    ! ublkd: delete-volume v004 failed (exit 1)"),
-            "{t}"
-        );
+        let error = "    ! ublkd: delete-volume v004 failed (exit 1)";
+        assert!(t.contains(error), "{t}");
     }
 
     #[test]
     fn qos_and_snapshots_compare_with_the_limit_and_the_smallest_size() {
-        let jobs = QOS_JOBS
-            .iter()
-            .map(|j| (j.id(), Ok(j.limit_value().unwrap_or(9e4) * 1.02)));
-        let q = qos(&with(
-            QOS_RUN,
-            Measured::Qos(Qos {
-                jobs: jobs.collect(),
-            }),
-            &["busy"],
-        ));
-        let e = &q.entries[2];
-        assert_eq!(
-            (e.case.as_str(), e.peer.as_str()),
-            ("qos-read-iops-5000", "limit")
-        );
-        assert_eq!(
-            (e.ours, e.peer_value, e.ratio),
-            (Some(5100.0), Some(5000.0), Some(1.02))
-        );
+        let jobs = QOS_JOBS.map(|l| (l.id(), Ok(l.value().unwrap_or(9e4) * 1.02)));
+        let q = Measured::Qos(Qos { jobs: jobs.into() });
+        let q = qos(&with(QOS_RUN, q, &["busy"]));
+        let e = find(&q, "qos-read-iops-5000");
+        let limited = (Some(5100.0), Some(5000.0), Some(1.02));
+        assert_eq!((e.ours, e.peer_value, e.ratio), limited);
         assert_eq!(e.detail.as_deref(), Some("fio randread 4k qd32, +2.00 %"));
-        assert!(e
-            .error
-            .as_ref()
-            .is_some_and(|x| x.contains("ublkd teardown: busy")));
-        assert_eq!(
-            (q.entries[0].peer.as_str(), q.entries[4].unit),
-            ("none", Unit::MIBPS)
-        );
+        assert!(e.error.is_some_and(|x| x.contains("ublkd teardown: busy")));
+        assert_eq!(find(&q, "qos-randread-unlimited").peer, "none");
+        assert_eq!(find(&q, "qos-write-bw-8mibps").unit, Unit::MIBPS);
 
-        let timed = |ms: f64| {
-            Ok(vec![
-                Timed {
-                    ms,
-                    growth_kib: 4.0
-                };
-                3
-            ])
-        };
+        let growth_kib = 4.0;
         let size = |gib, ms| SnapSize {
             gib,
             create_ms: Ok(30.0),
-            snapshot: timed(ms),
+            snapshot: Ok(vec![Timed { ms, growth_kib }; 3]),
             clone: Err("create-volume clone-16g-1 failed".into()),
             extents: Some(4093),
         };
+        let sizes = vec![size(1, 20.0), size(16, 22.0)];
+        let (noop_ms, reflink) = (Ok(vec![8.0, 7.0, 9.0]), Some(true));
         let s = Snapshots {
-            noop_ms: Ok(vec![8.0, 7.0, 9.0]),
-            sizes: vec![size(1, 20.0), size(16, 22.0)],
-            reflink: Some(true),
+            noop_ms,
+            sizes,
+            reflink,
         };
         let s = snapshots(&with(SNAPSHOT_RUN, Measured::Snapshots(s), &[]));
-        let find = |case: &str| s.entries.iter().find(|e| e.case == case).cloned();
-        assert_eq!(find("ublkctl-node-info").and_then(|e| e.ours), Some(8.0));
-        let big = find("snapshot-16g").unwrap();
+        assert_eq!(find(&s, "ublkctl-node-info").ours, Some(8.0));
+        let big = find(&s, "snapshot-16g");
         assert_eq!((big.peer.as_str(), big.ratio), ("1 GiB", Some(1.1)));
         assert_eq!(big.detail.as_deref(), Some("4093 extents after the fill"));
-        assert!(find("clone-16g-df-growth").and_then(|e| e.error).is_some());
-        assert_eq!(
-            find("snapshot-1g-df-growth").and_then(|e| e.ours),
-            Some(4.0)
-        );
+        assert!(find(&s, "clone-16g-df-growth").error.is_some());
+        assert_eq!(find(&s, "snapshot-1g-df-growth").ours, Some(4.0));
     }
 }

@@ -1,146 +1,170 @@
 //! The Kubernetes objects have one source, the Helm chart `deploy/helm/ublkd`. `cargo xtask
 //! manifests` renders its defaults into `deploy/kubernetes/ublkd.yaml` (what `kubectl apply -k
 //! deploy/kubernetes` installs, for those without Helm); the host tier renders it again and fails
-//! when the committed file is not that render. Then the chart, rendered with each option on
-//! (remote access, cert-manager, snapshots, ModifyVolume), must hold what the option needs
-//! (`base`, `components`), and `helm` checks what only the chart does (lint, schema, hooks,
-//! monitoring, another kubelet directory, versions).
+//! when the committed file is not that render. Then the chart is rendered with each option
+//! (remote access, cert-manager, snapshots, ModifyVolume, another kubelet directory,
+//! monitoring, classes of one's own), each render read as JSON, and held to the rows of `needs`
+//! that apply to it and to the checks of `check` a row cannot say, each proven able to fail on
+//! that very render; `helm` lints the chart and checks what it must refuse.
 
 use anyhow::{bail, Context, Result};
+use check::{alerts, grpc_ingress, modify_volume, Check};
+use needs::*;
+use serde_json::Value;
+use std::io::Write;
 use std::path::Path;
+use std::process::{Command, Stdio};
 
-mod base;
-mod components;
+mod check;
 pub mod helm;
-mod yaml;
+mod needs;
 
 #[cfg(test)]
 mod tests;
 
-use components::{
-    check_cert_manager, check_csi_modify_volume, check_csi_snapshots, check_remote_access,
-};
-use yaml::{objects, Object};
-
 /// The committed render of the chart's defaults, from the workspace root.
 pub const RENDER: &str = "deploy/kubernetes/ublkd.yaml";
 
-/// What one option of the chart must add to the render, given its objects.
-type OptionCheck = fn(&[Object]) -> Vec<String>;
+/// The chart's renders the checks read: a name, the values set (Helm's `--set`), the tables of
+/// `needs` that apply, and the checks a row cannot say.
+type Render = (&'static str, &'static str, Tables, &'static [Check]);
+type Tables = &'static [&'static [&'static str]];
 
-/// The chart's options as the checks render them: a name, the values set, and the checks of
-/// what each must add (the base's checks run on every render).
-const OPTIONS: &[(&str, &[&str], &[OptionCheck])] = &[
-    ("defaults", &[], &[]),
+const RENDERS: &[Render] = &[
+    ("defaults", "", &[BASE, DEFAULTS], &[]),
     (
         "remote access",
-        &["remoteAccess.enabled=true"],
-        &[check_remote_access],
+        "remoteAccess.enabled=true",
+        &[BASE, REMOTE],
+        &[grpc_ingress],
     ),
     (
         "remote access with cert-manager",
-        &[
-            "remoteAccess.enabled=true",
-            "remoteAccess.certManager.enabled=true",
-        ],
-        &[check_remote_access, check_cert_manager],
+        "remoteAccess.enabled=true,remoteAccess.certManager.enabled=true",
+        &[BASE, REMOTE, CERT_MANAGER],
+        &[grpc_ingress],
     ),
     (
         "snapshots",
-        &["snapshots.enabled=true"],
-        &[check_csi_snapshots],
+        "snapshots.enabled=true",
+        &[BASE, SNAPSHOTS],
+        &[],
     ),
     (
         "ModifyVolume",
-        &["remoteAccess.enabled=true", "modifyVolume.enabled=true"],
-        &[check_remote_access, check_csi_modify_volume],
+        "remoteAccess.enabled=true,modifyVolume.enabled=true",
+        &[BASE, REMOTE, MODIFY],
+        &[grpc_ingress, modify_volume],
+    ),
+    (
+        "another kubelet directory",
+        "kubeletDir=/var/lib/k0s/kubelet",
+        &[KUBELET_DIR],
+        &[],
+    ),
+    (
+        "monitoring",
+        "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,\
+         monitoring.serviceMonitor.labels.release=prometheus",
+        &[MONITORING],
+        &[alerts],
+    ),
+    (
+        "classes of one's own",
+        "storageClasses[0].name=fast,storageClasses[0].backend=ram,\
+         storageClasses[0].default=true,storageClasses[0].parameters.queues=4",
+        &[CLASSES],
+        &[],
     ),
 ];
 
-/// The release's Namespace: a release lives in a namespace made before it, so the chart has
-/// none; the render for kubectl users carries it.
-fn namespace() -> String {
-    format!(
-        "# The namespace ublkd runs in: its pods are privileged (they drive the kernel's ublk\n\
+/// The file `cargo xtask manifests` writes: a header, the Namespace (a release lives in a
+/// namespace made before it, so the chart has none), then the chart's default render without
+/// its hooks (the uninstall step is a command for kubectl users: docs/kubernetes.md), Helm's
+/// own two labels (nothing here is managed by Helm) or its `# Source:` lines (the header names
+/// the chart).
+fn render(helm: &Path, ws: &Path) -> Result<String> {
+    let chart = helm::template(helm, ws, "", false)?;
+    let helms = ["helm.sh/chart: ", "app.kubernetes.io/managed-by: "];
+    let body: Vec<&str> = chart
+        .lines()
+        .filter(|l| !helms.iter().any(|h| l.trim_start().starts_with(h)))
+        .filter(|l| !l.starts_with("# Source: "))
+        .collect();
+    Ok(format!(
+        "# The Helm chart deploy/helm/ublkd rendered with its default values by `cargo xtask\n\
+         # manifests`; do not edit (the host tests fail when this is not the chart's render).\n\
+         # `kubectl apply -k deploy/kubernetes` installs it; for remote access, snapshots,\n\
+         # ModifyVolume or another kubelet directory use the chart's values (deploy/README.md).\n\
+         # The namespace ublkd runs in: its pods are privileged (they drive the kernel's ublk\n\
          # driver), so Pod Security Admission must allow the \"privileged\" level here.\n\
          apiVersion: v1\n\
          kind: Namespace\n\
          metadata:\n  name: {}\n  labels:\n    app.kubernetes.io/part-of: ublkd\n\
          \x20   pod-security.kubernetes.io/enforce: privileged\n\
          \x20   pod-security.kubernetes.io/audit: privileged\n\
-         \x20   pod-security.kubernetes.io/warn: privileged\n",
-        helm::NAMESPACE
-    )
-}
-
-/// The chart rendered with `sets`, without its hooks (the uninstall step is a command for
-/// kubectl users: docs/kubernetes.md), without Helm's own two labels (nothing here is
-/// managed by Helm) and without Helm's `# Source:` line above each object (the header names
-/// the chart), after the Namespace.
-fn render_with(helm: &Path, ws: &Path, sets: &[&str]) -> Result<String> {
-    let chart = helm::template(helm, ws, sets, false)?;
-    let body: Vec<&str> = chart
-        .lines()
-        .filter(|l| !helm::is_helm_label(l) && !l.starts_with("# Source: "))
-        .collect();
-    Ok(format!("{}{}\n", namespace(), body.join("\n")))
-}
-
-/// The file `cargo xtask manifests` writes: a header, then the chart's default render.
-pub fn render(helm: &Path, ws: &Path) -> Result<String> {
-    Ok(format!(
-        "# The Helm chart deploy/helm/ublkd rendered with its default values by `cargo xtask\n\
-         # manifests`; do not edit (the host tests fail when this is not the chart's render).\n\
-         # `kubectl apply -k deploy/kubernetes` installs it; for remote access, snapshots,\n\
-         # ModifyVolume or another kubelet directory use the chart's values (deploy/README.md).\n{}",
-        render_with(helm, ws, &[])?
+         \x20   pod-security.kubernetes.io/warn: privileged\n{}\n",
+        helm::NAMESPACE,
+        body.join("\n")
     ))
+}
+
+/// The objects kubectl reads from `input` (`-f -` for `yaml`, `-k DIR`), as JSON: offline,
+/// `label --local` that removes a label no object has prints each object as it read it.
+fn objects(kubectl: &Path, input: &[&str], yaml: &str) -> Result<Vec<Value>> {
+    let mut child = Command::new(kubectl)
+        .args(["label", "--local", "-o", "json", "xtask-none-"])
+        .args(input)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running kubectl label --local")?;
+    let mut stdin = child.stdin.take().context("kubectl's stdin")?;
+    // Written while kubectl's output is read: it prints each object as it reads the next.
+    let yaml = yaml.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(yaml.as_bytes()));
+    let out = child.wait_with_output().context("running kubectl")?;
+    let _ = writer.join(); // a write kubectl cut short shows in its status
+    if !out.status.success() {
+        bail!(
+            "kubectl label --local {}: {}",
+            input.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .context("reading kubectl's JSON")
 }
 
 /// `cargo xtask manifests`: writes the render (`write`) or checks that the committed one is
 /// current, then runs every check; kubectl (Debian's kubernetes-client) and helm are installed
 /// when missing, never skipped.
 pub fn manifest_checks(ws: &Path, write: bool) -> Result<()> {
-    if crate::apt::which("kubectl").is_none() {
-        crate::apt::install_packages(&["kubernetes-client"])?;
-    }
-    let kubectl = crate::apt::which("kubectl").context("kubectl not found after installing it")?;
+    let kubectl = crate::apt::require("kubectl", "kubernetes-client")?;
     let helm = crate::gotools::ensure(helm::HELM)?;
-    let mut problems = Vec::new();
     let rendered = render(&helm, ws)?;
-    let path = ws.join(RENDER);
+    let mut problems = Vec::new();
     if write {
-        std::fs::write(&path, &rendered).with_context(|| format!("writing {RENDER}"))?;
+        std::fs::write(ws.join(RENDER), &rendered).with_context(|| format!("writing {RENDER}"))?;
         eprintln!("xtask: manifests: wrote {RENDER}");
-    } else if std::fs::read_to_string(&path).unwrap_or_default() != rendered {
+    } else if std::fs::read_to_string(ws.join(RENDER)).unwrap_or_default() != rendered {
         problems.push(format!(
             "{RENDER} is not the chart's render: run `cargo xtask manifests` and commit it"
         ));
     }
-    // What kubectl users install renders, and holds the Namespace and the chart's objects.
-    let kustomized = helm::kustomize(&kubectl, &ws.join("deploy/kubernetes"))?;
-    if !objects(&kustomized)
-        .iter()
-        .any(|o| o.kind == "Namespace" && o.name == helm::NAMESPACE)
-    {
-        problems.push("kubectl kustomize deploy/kubernetes has no Namespace".into());
-    }
-    let scratch = std::env::temp_dir().join(format!("xtask-manifests-{}", std::process::id()));
-    for (name, sets, checks) in OPTIONS {
+    let dir = ws.join("deploy/kubernetes");
+    let installed = objects(&kubectl, &["-k", &dir.to_string_lossy()], "")?;
+    let kustomize = "kubectl kustomize deploy/kubernetes";
+    problems.extend(check::render(kustomize, &installed, &[KUSTOMIZE], &[]));
+    for (name, sets, tables, checks) in RENDERS {
         eprintln!("xtask: manifests: the chart's {name}");
-        let text = helm::normalise(&kubectl, &render_with(&helm, ws, sets)?, &scratch)?;
-        let mut found = base::check(&text);
-        if sets.is_empty() {
-            found.extend(base::check_base_is_local(&text));
-        }
-        let objs = objects(&text);
-        for check in *checks {
-            found.extend(check(&objs));
-        }
-        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+        let chart = helm::template(&helm, ws, sets, true)?;
+        let objs = objects(&kubectl, &["-f", "-"], &chart)?;
+        problems.extend(check::render(name, &objs, tables, checks));
     }
-    // Only the scratch copy of a render: nothing to keep.
-    let _ = std::fs::remove_dir_all(&scratch);
     problems.extend(helm::checks(&helm, ws)?);
     if !problems.is_empty() {
         bail!(

@@ -28,6 +28,7 @@ const NODE_IP: &str = "10.10.0.1";
 const HOST_IP: &str = "10.0.2.2";
 
 /// What the control plane runs, built or unpacked by the tier.
+#[derive(Debug, Clone)]
 pub struct Tools {
     /// The Kubernetes binaries.
     pub bin: PathBuf,
@@ -44,14 +45,12 @@ pub struct Tools {
 pub struct ControlPlane {
     pub netns: String,
     pub pki: PathBuf,
-    children: Arc<Mutex<Vec<Child>>>,
-    stop: Arc<AtomicBool>,
+    up: Arc<Components>,
 }
 
 impl ControlPlane {
     pub fn start(run_dir: &Path, t: Tools) -> Result<Self> {
-        let pki = run_dir.join("pki");
-        let logs = run_dir.join("logs");
+        let (pki, logs) = (run_dir.join("pki"), run_dir.join("logs"));
         fs::create_dir_all(&pki)?;
         fs::create_dir_all(&logs)?;
         make_pki(&pki, &t.bin).context("making the cluster's certificates")?;
@@ -62,37 +61,30 @@ impl ControlPlane {
         let netns = format!("ublkd-k8s-{}-{}", std::process::id(), suffix.unwrap_or("0"));
         apt::run_ok(Command::new("ip").args(["netns", "add", &netns]))
             .context("making the control plane's network namespace")?;
-        let cp = Self {
+        let up = Arc::new(Components {
             netns: netns.clone(),
             pki: pki.clone(),
-            children: Arc::default(),
-            stop: Arc::default(),
-        };
-        let up = Components {
-            netns,
-            pki,
             logs,
             tools: t,
-            children: cp.children.clone(),
-            stop: cp.stop.clone(),
-        };
-        let up = Arc::new(up);
-        let serve = up.clone();
+            children: Mutex::default(),
+            stop: AtomicBool::default(),
+        });
+        let (serve, run) = (up.clone(), up.clone());
         let requests = run_dir.join("kubectl");
         std::thread::spawn(move || serve.serve_requests(&requests));
         std::thread::spawn(move || {
-            if let Err(e) = up.run() {
+            if let Err(e) = run.run() {
                 eprintln!("xtask: k8s-test: the control plane: {e:#}");
             }
         });
-        Ok(cp)
+        Ok(Self { netns, pki, up })
     }
 }
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        self.up.stop.store(true, Ordering::Relaxed);
+        let mut children = self.up.children.lock().unwrap_or_else(|e| e.into_inner());
         // TERM first, so that each flushes its log; then KILL whatever is left.
         for c in children.iter() {
             // One already gone is what this wants.
@@ -123,8 +115,8 @@ struct Components {
     pki: PathBuf,
     logs: PathBuf,
     tools: Tools,
-    children: Arc<Mutex<Vec<Child>>>,
-    stop: Arc<AtomicBool>,
+    children: Mutex<Vec<Child>>,
+    stop: AtomicBool,
 }
 
 impl Components {
@@ -153,50 +145,28 @@ impl Components {
     }
 
     fn run(&self) -> Result<()> {
-        let ip = |args: &[&str]| {
-            apt::run_ok(
-                Command::new("ip")
-                    .args(["netns", "exec", &self.netns, "ip"])
-                    .args(args),
-            )
-        };
-        ip(&["link", "set", "lo", "up"])?;
-        ip(&["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])?;
+        // `ip ARGS` in the namespace (no argument here has a space).
+        let ip = |args: &str| apt::run_ok(self.command(Path::new("ip"), &[]).args(args.split(' ')));
+        ip("link set lo up")?;
+        ip(&format!("addr add {NODE_IP}/32 dev lo"))?;
         // Connections to the node leave from the loopback's 127.0.0.1, which QEMU shows the
         // guest as its host, 10.0.2.2. From the node's own address (the default source for a
         // local destination) the guest would answer itself, and the API server's TLS handshake
         // with the kubelet timed out (every exec and logs request).
-        ip(&[
-            "route",
-            "replace",
-            "local",
-            NODE_IP,
-            "dev",
-            "lo",
-            "proto",
-            "kernel",
-            "scope",
-            "host",
-            "src",
-            "127.0.0.1",
-            "table",
-            "local",
-        ])?;
+        ip(&format!(
+            "route replace local {NODE_IP} dev lo proto kernel scope host src 127.0.0.1 table local"
+        ))?;
         let (b, p) = (&self.tools.bin, self.pki.display());
         let etcd_dir = self.pki.with_file_name("etcd");
         self.spawn(
             "etcd",
             &self.tools.debs.join("usr/bin/etcd"),
             &[
-                "--data-dir",
-                &etcd_dir.to_string_lossy(),
+                &format!("--data-dir={}", etcd_dir.display()),
                 "--unsafe-no-fsync",
-                "--listen-client-urls",
-                "http://127.0.0.1:2379",
-                "--advertise-client-urls",
-                "http://127.0.0.1:2379",
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
+                "--listen-client-urls=http://127.0.0.1:2379",
+                "--advertise-client-urls=http://127.0.0.1:2379",
+                "--listen-peer-urls=http://127.0.0.1:2380",
             ],
         )?;
         // The node is reached at its InternalIP (its host name resolves only in the guest).
@@ -322,11 +292,8 @@ impl Components {
             eprintln!("xtask: k8s-test: cannot answer {}", run.display());
         }
         // How long each request took here, against the node's view in its scenario log.
-        let line = format!(
-            "{} ms: {}\n",
-            t0.elapsed().as_millis(),
-            words.join(" ").chars().take(120).collect::<String>()
-        );
+        let what: String = words.join(" ").chars().take(120).collect();
+        let line = format!("{} ms: {what}\n", t0.elapsed().as_millis());
         if let Ok(mut f) = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -340,23 +307,18 @@ impl Components {
     fn tool(&self, words: &[String], stdin: &Path, out: &Path, err: &Path) -> Result<i32> {
         let (tool, args) = words.split_first().context("an empty request")?;
         let admin = self.pki.join("admin-host.conf");
+        let kubeconfig = format!("--kubeconfig={}", admin.display());
         let mut c = match tool.as_str() {
             // KUBECONFIG rather than --kubeconfig: kubectl looks for a plugin (kubectl ublkd)
             // only when no flag comes before its name.
             "kubectl" => {
                 let mut c = self.command(&self.tools.bin.join("kubectl"), &[]);
-                let path = format!(
-                    "{}:{}",
-                    self.tools.plugins.display(),
-                    std::env::var("PATH").unwrap_or_default()
-                );
+                let path = std::env::var("PATH").unwrap_or_default();
+                let path = format!("{}:{path}", self.tools.plugins.display());
                 c.env("KUBECONFIG", &admin).env("PATH", path);
                 c
             }
-            "helm" => self.command(
-                &self.tools.helm,
-                &[&format!("--kubeconfig={}", admin.display())],
-            ),
+            "helm" => self.command(&self.tools.helm, &[&kubeconfig]),
             other => bail!("no tool {other}"),
         };
         let input = if stdin.exists() {
@@ -374,53 +336,37 @@ impl Components {
     }
 }
 
+/// `openssl ARGS` in the pki directory `p`, its files named relative to it (no argument here
+/// has a space).
+fn openssl(p: &Path, args: &str) -> Result<()> {
+    apt::run_ok(Command::new("openssl").current_dir(p).args(args.split(' ')))
+}
+
 /// EC P-256 keys: the guest's TLS handshakes are emulated, and EC is far cheaper there than RSA.
 fn key(p: &Path, name: &str) -> Result<()> {
-    let out = p.join(format!("{name}.key"));
-    apt::run_ok(
-        Command::new("openssl")
-            .args([
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-            ])
-            .arg(out),
+    openssl(
+        p,
+        &format!("ecparam -name prime256v1 -genkey -noout -out {name}.key"),
     )
 }
 
 /// A certificate of the CA for `subject`, with its alternative names.
 fn cert(p: &Path, name: &str, subject: &str, alt: Option<&str>) -> Result<()> {
     key(p, name)?;
-    let file = |ext: &str| p.join(format!("{name}.{ext}"));
-    apt::run_ok(
-        Command::new("openssl")
-            .args(["req", "-new", "-key"])
-            .arg(file("key"))
-            .args(["-subj", subject, "-out"])
-            .arg(file("csr")),
+    openssl(
+        p,
+        &format!("req -new -key {name}.key -subj {subject} -out {name}.csr"),
     )?;
-    let mut ext = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
-                   extendedKeyUsage=serverAuth,clientAuth\n"
-        .to_owned();
-    if let Some(alt) = alt {
-        ext.push_str(&format!("subjectAltName={alt}\n"));
-    }
-    fs::write(file("ext"), ext)?;
-    apt::run_ok(
-        Command::new("openssl")
-            .args(["x509", "-req", "-in"])
-            .arg(file("csr"))
-            .arg("-CA")
-            .arg(p.join("ca.crt"))
-            .arg("-CAkey")
-            .arg(p.join("ca.key"))
-            .args(["-CAcreateserial", "-days", "7", "-sha256", "-extfile"])
-            .arg(file("ext"))
-            .arg("-out")
-            .arg(file("crt")),
+    let ext = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+               extendedKeyUsage=serverAuth,clientAuth\n";
+    let alt = alt.map_or(String::new(), |a| format!("subjectAltName={a}\n"));
+    fs::write(p.join(format!("{name}.ext")), format!("{ext}{alt}"))?;
+    openssl(
+        p,
+        &format!(
+            "x509 -req -in {name}.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 -sha256 \
+             -extfile {name}.ext -out {name}.crt"
+        ),
     )
 }
 
@@ -434,42 +380,23 @@ fn kubeconfig(p: &Path, bin: &Path, user: &str, server: &str, file: &str) -> Res
                 .args(args),
         )
     };
+    let server = format!("--server=https://{server}:6443");
     let ca = format!("--certificate-authority={}/ca.crt", p.display());
-    kubectl(&[
-        "set-cluster",
-        "test",
-        &format!("--server=https://{server}:6443"),
-        &ca,
-        "--embed-certs",
-    ])?;
+    kubectl(&["set-cluster", "test", &server, &ca, "--embed-certs"])?;
     let crt = format!("--client-certificate={}/{user}.crt", p.display());
     let key = format!("--client-key={}/{user}.key", p.display());
     kubectl(&["set-credentials", user, &crt, &key, "--embed-certs"])?;
-    kubectl(&[
-        "set-context",
-        "test",
-        "--cluster=test",
-        &format!("--user={user}"),
-    ])?;
+    let user = format!("--user={user}");
+    kubectl(&["set-context", "test", "--cluster=test", &user])?;
     kubectl(&["use-context", "test"])
 }
 
 /// One CA, every component's certificate and kubeconfig, and the service accounts' key.
 fn make_pki(p: &Path, bin: &Path) -> Result<()> {
     key(p, "ca")?;
-    apt::run_ok(
-        Command::new("openssl")
-            .args(["req", "-x509", "-new", "-key"])
-            .arg(p.join("ca.key"))
-            .args([
-                "-sha256",
-                "-days",
-                "7",
-                "-subj",
-                "/CN=ublkd-test-ca",
-                "-out",
-            ])
-            .arg(p.join("ca.crt")),
+    openssl(
+        p,
+        "req -x509 -new -key ca.key -sha256 -days 7 -subj /CN=ublkd-test-ca -out ca.crt",
     )?;
     let apiserver = format!(
         "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,\
@@ -510,14 +437,7 @@ fn make_pki(p: &Path, bin: &Path) -> Result<()> {
         cert(p, name, subject, alt)?;
     }
     key(p, "sa")?;
-    apt::run_ok(
-        Command::new("openssl")
-            .args(["ec", "-in"])
-            .arg(p.join("sa.key"))
-            .arg("-pubout")
-            .arg("-out")
-            .arg(p.join("sa.pub")),
-    )?;
+    openssl(p, "ec -in sa.key -pubout -out sa.pub")?;
     // this side's components on the loopback; the node's through QEMU's address for the host
     for c in ["controller-manager", "scheduler"] {
         kubeconfig(p, bin, c, "127.0.0.1", c)?;

@@ -2,15 +2,16 @@
 //! every workload against its device, the server's CPU time around each.
 
 use super::super::cases::{Build, Server, UBackend, BACKING_BYTES, DEPTH, NULL_BYTES, QUEUES};
-use super::super::results::{Case, FioRun, Measured};
-use super::fio::{fio, run, workloads, DIRECT, HIPRI, PASSTHRU, RANDREAD_QD32};
+use super::super::results::{Case, FioRun, Measured, Outcome, Samples};
+use super::fio::{fio, job, run, workloads, DIRECT, HIPRI, PASSTHRU};
 use super::proc::{
-    failed, is_blk, note, output, run_logged, tail_of, vmrss_kib, wait_blk, Guest, Proc,
+    failed, is_blk, note, output, run_logged, sh, tail_of, vmrss_kib, wait_blk, wait_secs, Guest,
+    Proc,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where the backing file's file system is mounted.
 fn backing_mount(g: &Guest) -> PathBuf {
@@ -37,44 +38,39 @@ pub fn prepare_backing(g: &Guest) -> Option<PathBuf> {
     );
     let mut c = Command::new("sh");
     c.args(["-xc", &script]);
-    match run_logged(c, &log) {
-        Ok(0) => {
-            note(&format!("backing file {f} ready"));
-            Some(file)
-        }
-        rc => {
-            note(&format!("backing file failed ({rc:?}): {}", tail_of(&log)));
-            None
-        }
+    let rc = run_logged(c, &log);
+    let ready = rc == Ok(0);
+    match ready {
+        true => note(&format!("backing file {f} ready")),
+        false => note(&format!("backing file failed ({rc:?}): {}", tail_of(&log))),
     }
+    ready.then_some(file)
 }
 
 /// Unmounts the backing file's file system: the namespace is used on its own next.
 pub fn unmount_backing(g: &Guest) {
     let mut c = Command::new("umount");
     c.arg(backing_mount(g));
-    match run_logged(c, &g.out.join("backing.log")) {
-        Ok(0) => {}
-        rc => note(&format!(
+    let rc = run_logged(c, &g.out.join("backing.log"));
+    if rc != Ok(0) {
+        note(&format!(
             "umount of the backing file system failed ({rc:?})"
-        )),
+        ));
     }
 }
 
-/// A fio run that measured: every workload on `dev` through `engine`, the CPU time of `pids`
-/// around each.
-fn measured(g: &Guest, run_id: &str, dev: &Path, engine: &str, pids: &[u32]) -> FioRun {
-    FioRun {
-        samples: workloads(g, run_id, dev, pids, engine),
-        rss_kib: Err("not measured for this server".into()),
-    }
-}
-
-fn case(run: FioRun) -> Case {
+/// A fio case that measured `samples` (by workload) and the server's RSS.
+fn fio_run(samples: Samples, rss_kib: Outcome<f64>) -> Case {
+    let measured = Ok(Measured::Fio(FioRun { samples, rss_kib }));
     Case {
-        measured: Ok(Measured::Fio(run)),
+        measured,
         teardown: vec![],
     }
+}
+
+/// The RSS of a server that is not ublkd's.
+fn no_rss() -> Outcome<f64> {
+    Err("not measured for this server".into())
 }
 
 /// One fio case: its server set up, measured, torn down.
@@ -87,13 +83,34 @@ pub fn fio_case(
     backing: Option<&Path>,
 ) -> Case {
     match (server, backing) {
-        (Server::NullBlk, _) => nullblk_case(g, run_id),
+        (Server::NullBlk, _) => {
+            note(&format!("{run_id}: /dev/nullb0"));
+            let dev = Path::new("/dev/nullb0");
+            let missing = "/dev/nullb0 is missing (null_blk not loaded?)";
+            match is_blk(dev) {
+                true => fio_run(workloads(g, run_id, dev, &[], DIRECT), no_rss()),
+                false => failed(run_id, missing.into()),
+            }
+        }
         (Server::Loop, Some(file)) => loop_case(g, run_id, file),
         (Server::Loop, None) => failed(run_id, g.no_backing()),
-        (Server::RawNvme { passthru }, _) => raw_nvme_case(g, run_id, passthru),
+        (Server::RawNvme { passthru }, _) => {
+            // fio on the namespace itself, polled: passthrough on `/dev/ng0n1` with fixed
+            // buffers, or io_uring on `/dev/nvme0n1`.
+            let poll = fs::read_to_string("/sys/block/nvme0n1/queue/io_poll").unwrap_or_default();
+            if poll.trim() != "1" {
+                return failed(run_id, "/dev/nvme0n1 has no poll queues".into());
+            }
+            let (dev, engine) = match passthru {
+                true => ("/dev/ng0n1", PASSTHRU),
+                false => ("/dev/nvme0n1", HIPRI),
+            };
+            note(&format!("{run_id}: fio {engine} on {dev}"));
+            fio_run(workloads(g, run_id, Path::new(dev), &[], engine), no_rss())
+        }
         (Server::Kublk { .. }, _) => kublk_case(g, run_id, &args(server)),
-        (Server::Ublkd { backend, .. }, _) => {
-            ublkd_case(g, run_id, backend, &args(server), build, warmup, backing)
+        (Server::Ublkd { .. } | Server::Luks2File, _) => {
+            ublkd_case(g, run_id, server, build, warmup, backing)
         }
     }
 }
@@ -117,34 +134,72 @@ pub fn args(server: Server) -> String {
             on(zero_copy),
             on(poll)
         ),
+        Server::Luks2File => args(Server::Ublkd {
+            backend: UBackend::File,
+            io_path: "per-io",
+            zero_copy: true,
+            poll: false,
+        }),
         Server::Loop | Server::NullBlk | Server::RawNvme { .. } => String::new(),
+    }
+}
+
+/// The mapping of a `Luks2File` run.
+const MAPPING: &str = "ublkd-bench";
+
+/// Formats `dev` with LUKS2 and opens it as the CSI driver does (`ublkd_csi::crypt`: no
+/// dm-crypt work queues; argon2id kept small, which only the open's time sees).
+fn open_luks2(dev: &Path, log: &Path) -> Outcome<PathBuf> {
+    let d = dev.display();
+    let key = "printf bench-key-0123456789";
+    sh(
+        &format!(
+            "{key} | cryptsetup luksFormat --type luks2 --batch-mode --key-file=- --pbkdf argon2id \
+             --pbkdf-memory 65536 --iter-time 100 {d} && {key} | cryptsetup open --type luks2 \
+             --key-file=- --perf-no_read_workqueue --perf-no_write_workqueue {d} {MAPPING}"
+        ),
+        log,
+    )?;
+    // By its kernel name, /dev/dm-N: fio's I/O counts are read from /sys/block/dm-N.
+    let dm = fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| fs::read_to_string(e.path().join("dm/name")).is_ok_and(|n| n.trim() == MAPPING));
+    let dev = dm.map(|e| Path::new("/dev").join(e.file_name()));
+    match dev {
+        Some(dev) if wait_blk(&dev) => Ok(dev),
+        _ => Err(format!("cryptsetup opened no {MAPPING} in /sys/block")),
     }
 }
 
 /// `ublkd run --backend B --size S ARGS` with `build`'s binary: waits for its READY line,
 /// reads its RSS with the volume idle, runs every workload (or, for a warm-up, one discarded
-/// job), stops it with SIGTERM and checks the device is gone.
+/// job; on a LUKS2 mapping over the device for `Luks2File`), stops it with SIGTERM and checks
+/// the device is gone.
 fn ublkd_case(
     g: &Guest,
     run_id: &str,
-    backend: UBackend,
-    args: &str,
+    server: Server,
     build: Build,
     warmup: bool,
     backing: Option<&Path>,
 ) -> Case {
+    let (backend, luks2) = match server {
+        Server::Ublkd { backend, .. } => (backend, false),
+        _ => (UBackend::File, true),
+    };
+    let args = &args(server);
     let Some(bin) = g.ublkd(build) else {
         return failed(run_id, "no ublkd binary for this build".into());
     };
-    let sectors = || fs::read_to_string("/sys/block/nvme0n1/size").map(|s| s.trim().parse::<u64>());
-    let (backend, size) = match (backend, backing) {
-        (UBackend::Null, _) => ("null".to_owned(), NULL_BYTES),
-        (UBackend::File, Some(f)) => (format!("file:{}", f.display()), BACKING_BYTES),
-        (UBackend::File, None) => return failed(run_id, g.no_backing()),
-        (UBackend::Nvme, _) => match sectors() {
-            Ok(Ok(s)) => ("nvme:/dev/ng0n1".to_owned(), s * 512),
-            _ => return failed(run_id, "no /sys/block/nvme0n1/size".into()),
-        },
+    let sectors = fs::read_to_string("/sys/block/nvme0n1/size");
+    let (backend, size) = match (backend, backing, sectors.map(|s| s.trim().parse::<u64>())) {
+        (UBackend::Null, _, _) => ("null".to_owned(), NULL_BYTES),
+        (UBackend::File, Some(f), _) => (format!("file:{}", f.display()), BACKING_BYTES),
+        (UBackend::File, None, _) => return failed(run_id, g.no_backing()),
+        (UBackend::Nvme, _, Ok(Ok(s))) => ("nvme:/dev/ng0n1".to_owned(), s * 512),
+        (UBackend::Nvme, _, _) => return failed(run_id, "no /sys/block/nvme0n1/size".into()),
     };
     let d = g.dir(run_id);
     let mut c = Command::new(bin);
@@ -161,47 +216,48 @@ fn ublkd_case(
         let dev = dev.split_whitespace().next()?;
         dev.starts_with("/dev/").then(|| PathBuf::from(dev))
     };
-    let end = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < end && ready().is_none() && p.exited().is_none() {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let dev = match (ready(), p.exited()) {
+    wait_secs(60, || ready().is_some() || p.exited().is_some());
+    let (dev, tail) = (ready(), p.err_tail());
+    let dev = match (dev, p.exited()) {
         (Some(dev), _) if wait_blk(&dev) => Ok(dev),
         (Some(dev), _) => Err(format!(
-            "ublkd said READY {}, but that is no block device",
-            dev.display()
+            "ublkd said READY {dev:?}, but that is no block device"
         )),
         (None, Some(rc)) => Err(format!(
-            "ublkd exited with status {rc} before READY: {}",
-            p.err_tail()
+            "ublkd exited with status {rc} before READY: {tail}"
         )),
-        (None, None) => Err(format!(
-            "ublkd printed no READY line within 60 s: {}",
-            p.err_tail()
-        )),
+        (None, None) => Err(format!("ublkd printed no READY line within 60 s: {tail}")),
     };
     let mut case = match &dev {
         Err(why) => failed(run_id, why.clone()),
         Ok(dev) if warmup => {
             // A warm-up before an A/B group: one job of randread QD32, measured by nobody.
-            let runtime = g.input.runtime;
-            let json = d.join("warmup.json");
-            let args = format!("{DIRECT} {RANDREAD_QD32} --runtime={runtime}");
-            let c = fio(runtime, "warmup", dev, &json, &args);
-            let r = run(c, &json, &d.join("warmup.log"));
+            let (secs, json, log) = (g.input.runtime, d.join("warmup.json"), d.join("warmup.log"));
+            let args = format!("{DIRECT} {}", job("randread", "4k", 32, secs));
+            let r = run(fio(secs, "warmup", dev, &json, &args), &json, &log);
             note(&format!("{run_id}: warm-up fio: {:?}", r.map(|_| "done")));
-            case(FioRun {
-                samples: Default::default(),
-                rss_kib: Err("a warm-up".into()),
-            })
+            fio_run(Samples::new(), Err("a warm-up".into()))
+        }
+        Ok(dev) if luks2 => {
+            let log = d.join("cryptsetup.log");
+            let case = match open_luks2(dev, &log) {
+                Ok(mapping) => {
+                    let rss = vmrss_kib(p.pid());
+                    fio_run(workloads(g, run_id, &mapping, &[p.pid()], DIRECT), rss)
+                }
+                Err(e) => failed(run_id, format!("LUKS2 on {}: {e}", dev.display())),
+            };
+            let mut case = case;
+            if let Err(e) = sh(&format!("cryptsetup close {MAPPING}"), &log) {
+                case.teardown
+                    .push(format!("cryptsetup close {MAPPING} failed: {e}"));
+            }
+            case
         }
         Ok(dev) => {
             std::thread::sleep(Duration::from_secs(1));
-            let rss_kib = vmrss_kib(p.pid());
-            case(FioRun {
-                rss_kib,
-                ..measured(g, run_id, dev, DIRECT, &[p.pid()])
-            })
+            let rss = vmrss_kib(p.pid());
+            fio_run(workloads(g, run_id, dev, &[p.pid()], DIRECT), rss)
         }
     };
     p.stop(dev.as_ref().ok().map(PathBuf::as_path), &mut case.teardown);
@@ -240,10 +296,12 @@ fn kublk_case(g: &Guest, run_id: &str, args: &str) -> Case {
     let (id, pid) = (number("dev id "), number("daemon pid "));
     let dev = id.map(|id| PathBuf::from(format!("/dev/ublkb{id}")));
     let mut case = match (&dev, pid) {
-        (Some(dev), Some(pid)) if wait_blk(dev) => case(measured(g, run_id, dev, DIRECT, &[pid])),
+        (Some(dev), Some(pid)) if wait_blk(dev) => {
+            fio_run(workloads(g, run_id, dev, &[pid], DIRECT), no_rss())
+        }
         (Some(dev), Some(_)) => failed(
             run_id,
-            format!("kublk added {}, but it did not appear", dev.display()),
+            format!("kublk added {dev:?}, but it did not appear"),
         ),
         _ => failed(
             run_id,
@@ -258,21 +316,6 @@ fn kublk_case(g: &Guest, run_id: &str, args: &str) -> Case {
     case
 }
 
-/// fio on the namespace itself, polled: passthrough on `/dev/ng0n1` with fixed buffers, or
-/// io_uring on `/dev/nvme0n1`.
-fn raw_nvme_case(g: &Guest, run_id: &str, passthru: bool) -> Case {
-    let poll = fs::read_to_string("/sys/block/nvme0n1/queue/io_poll").unwrap_or_default();
-    if poll.trim() != "1" {
-        return failed(run_id, "/dev/nvme0n1 has no poll queues".into());
-    }
-    let (dev, engine) = match passthru {
-        true => ("/dev/ng0n1", PASSTHRU),
-        false => ("/dev/nvme0n1", HIPRI),
-    };
-    note(&format!("{run_id}: fio {} on {dev}", engine));
-    case(measured(g, run_id, Path::new(dev), engine, &[]))
-}
-
 /// A loop device with direct I/O on `file`.
 fn loop_case(g: &Guest, run_id: &str, file: &Path) -> Case {
     let err = g.dir(run_id).join("server.err");
@@ -281,39 +324,19 @@ fn loop_case(g: &Guest, run_id: &str, file: &Path) -> Case {
         file.display()
     ));
     let mut c = Command::new("losetup");
-    let made = output(
-        c.args(["--direct-io=on", "--find", "--show"]).arg(file),
-        &err,
-    );
-    let dev = match made {
+    c.args(["--direct-io=on", "--find", "--show"]).arg(file);
+    let dev = match output(&mut c, &err) {
         Ok(dev) => PathBuf::from(dev),
         Err(e) => return failed(run_id, format!("losetup failed: {e}")),
     };
     let name = dev.file_name().unwrap_or_default().to_string_lossy();
     let dio = fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap_or_default();
     let mut case = match dio.trim() {
-        "1" => case(measured(g, run_id, &dev, DIRECT, &[])),
-        _ => failed(
-            run_id,
-            format!("{} did not switch to direct I/O", dev.display()),
-        ),
+        "1" => fio_run(workloads(g, run_id, &dev, &[], DIRECT), no_rss()),
+        _ => failed(run_id, format!("{dev:?} did not switch to direct I/O")),
     };
     if output(Command::new("losetup").arg("-d").arg(&dev), &err).is_err() {
-        case.teardown
-            .push(format!("losetup -d {} failed", dev.display()));
+        case.teardown.push(format!("losetup -d {dev:?} failed"));
     }
     case
-}
-
-/// The kernel's null_blk, loaded at boot.
-fn nullblk_case(g: &Guest, run_id: &str) -> Case {
-    note(&format!("{run_id}: /dev/nullb0"));
-    let dev = Path::new("/dev/nullb0");
-    match is_blk(dev) {
-        true => case(measured(g, run_id, dev, DIRECT, &[])),
-        false => failed(
-            run_id,
-            "/dev/nullb0 is missing (null_blk not loaded?)".into(),
-        ),
-    }
 }

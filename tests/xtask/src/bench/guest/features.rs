@@ -2,13 +2,12 @@
 //! an XFS with reflink.
 
 use super::super::cases::{
-    QosJob, QosLimit, QOS_JOBS, QOS_METRICS, QOS_QD, QOS_RUN, QOS_RUNTIME_SECS, QOS_SIZE,
-    SNAPSHOT_FILL_MIB, SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_METRICS, SNAPSHOT_REPEATS,
-    SNAPSHOT_RUN,
+    QosLimit, QOS_JOBS, QOS_QD, QOS_RUN, QOS_RUNTIME_SECS, QOS_SIZE, SNAPSHOT_FILL_MIB,
+    SNAPSHOT_FS_GIB, SNAPSHOT_GIB, SNAPSHOT_REPEATS, SNAPSHOT_RUN,
 };
 use super::super::results::{Case, Measured, Outcome, Qos, SnapSize, Snapshots, Timed};
-use super::fio::{fio, run, DIRECT};
-use super::proc::{failed, note, sh, timed, Guest, Node};
+use super::fio::{fio, job, run, DIRECT};
+use super::proc::{failed, note, sh, Guest, Node};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -19,31 +18,27 @@ pub fn qos_case(g: &Guest) -> Case {
     note(&format!(
         "{QOS_RUN}: null volumes with I/O limits, fio {QOS_RUNTIME_SECS} s at QD{QOS_QD} on each"
     ));
-    Node::run(g, QOS_RUN, QOS_METRICS, |node| {
-        let jobs = QOS_JOBS
-            .iter()
-            .map(|j| (j.id(), qos_job(node, j)))
-            .collect();
-        Ok(Measured::Qos(Qos { jobs }))
+    Node::run(g, QOS_RUN, |node| {
+        let jobs = QOS_JOBS.map(|limit| (limit.id(), qos_job(node, limit)));
+        Ok(Measured::Qos(Qos { jobs: jobs.into() }))
     })
 }
 
 /// The figure fio measured that the job's limit bounds: read IOPS, or write MiB/s.
-fn qos_job(node: &mut Node, job: &QosJob) -> Outcome<f64> {
-    let (d, id) = (node.d.clone(), job.id());
-    let volume = format!("--size {QOS_SIZE} --backend null {}", job.flags());
+fn qos_job(node: &mut Node, limit: QosLimit) -> Outcome<f64> {
+    let (d, id, (rw, bs)) = (node.d.clone(), limit.id(), limit.fio());
+    let volume = format!("--size {QOS_SIZE} --backend null {}", limit.flags());
     let (dev, _) = node.create(&id, &volume, &d.join("create.err"))?;
     let json = d.join(format!("{id}.json"));
-    let (bs, rw, secs) = (job.bs, job.rw, QOS_RUNTIME_SECS);
     let args = format!(
-        "{DIRECT} --bs={bs} --rw={rw} --iodepth={QOS_QD} --numjobs=1 --norandommap --time_based \
-         --runtime={secs} --ramp_time=1"
+        "{DIRECT} {} --ramp_time=1",
+        job(rw, bs, QOS_QD, QOS_RUNTIME_SECS)
     );
-    let c = fio(secs, &id, &dev, &json, &args);
+    let c = fio(QOS_RUNTIME_SECS, &id, &dev, &json, &args);
     let measured = run(c, &json, &d.join(format!("{id}.log"))).and_then(|j| {
-        let (dir, name, rate) = match job.limit {
-            QosLimit::Unlimited | QosLimit::ReadIops(_) => (&j.read, "read", j.read.iops),
+        let (dir, name, rate) = match limit {
             QosLimit::WriteMibps(_) => (&j.write, "write", j.write.bw_bytes / (1 << 20) as f64),
+            QosLimit::Unlimited | QosLimit::ReadIops(_) => (&j.read, "read", j.read.iops),
         };
         match dir.total_ios {
             0 => Err(format!("fio completed no {name}")),
@@ -51,19 +46,19 @@ fn qos_job(node: &mut Node, job: &QosJob) -> Outcome<f64> {
         }
     });
     note(&format!("{id}: {measured:?}"));
-    if let Err(e) = node.ctl(&format!("delete-volume {id}"), &d.join("delete.err")) {
-        node.problems.push(format!("delete-volume {id} failed {e}"));
+    if let Err(e) = node.delete(&id, &d.join("delete.err")) {
+        node.problems.push(e);
     }
     measured
 }
 
-/// The snapshot run's file system: an XFS with reflink=1 on a loop device over a sparse file
-/// in the tmpfs, mounted as the node's allowed root.
+/// The snapshot run's file system: an XFS with reflink=1 on a loop device (`dev`) over a sparse
+/// file in the tmpfs (`img`), mounted as the node's allowed root.
 #[derive(Debug)]
 struct Xfs {
     img: PathBuf,
     root: PathBuf,
-    dev: Option<String>,
+    dev: String,
 }
 
 impl Xfs {
@@ -81,7 +76,7 @@ impl Xfs {
         let x = Self {
             img: img.clone(),
             root: root.clone(),
-            dev: Some(dev),
+            dev,
         };
         match made {
             Ok(_) => Ok(x),
@@ -105,14 +100,13 @@ impl Xfs {
 
     /// Unmounts it, detaches its loop device, removes its image; problems go to `problems`.
     fn teardown(self, problems: &mut Vec<String>) {
-        let (r, log) = (self.root.display(), self.root.with_extension("log"));
+        let (r, dev) = (self.root.display(), &self.dev);
+        let log = self.root.with_extension("log");
         if let Err(e) = sh(&format!("! mountpoint -q {r} || umount {r}"), &log) {
             problems.push(format!("umount {r} failed: {e}"));
         }
-        if let Some(dev) = &self.dev {
-            if let Err(e) = sh(&format!("losetup -d {dev}"), &log) {
-                problems.push(format!("losetup -d {dev} failed: {e}"));
-            }
+        if let Err(e) = sh(&format!("losetup -d {dev}"), &log) {
+            problems.push(format!("losetup -d {dev} failed: {e}"));
         }
         // The image lives in the guest's tmpfs, which goes with the guest.
         let _ = fs::remove_file(&self.img);
@@ -130,18 +124,14 @@ pub fn snapshot_case(g: &Guest) -> Case {
          snapshots and clones of each",
         gib.join(" ")
     ));
-    let node = match Node::new(g, SNAPSHOT_RUN, SNAPSHOT_METRICS) {
-        Ok(n) => n,
+    let made = Node::new(g, SNAPSHOT_RUN).and_then(|node| {
+        let xfs = Xfs::make(&node);
+        xfs.map(|x| (node, x))
+            .map_err(|e| format!("no XFS with reflink for the volumes: {e}"))
+    });
+    let (node, xfs) = match made {
+        Ok(made) => made,
         Err(why) => return failed(SNAPSHOT_RUN, why),
-    };
-    let xfs = match Xfs::make(&node) {
-        Ok(x) => x,
-        Err(e) => {
-            return failed(
-                SNAPSHOT_RUN,
-                format!("no XFS with reflink for the volumes: {e}"),
-            )
-        }
     };
     let mut case = node.serve(SNAPSHOT_RUN, |node| snapshots(node, &xfs));
     xfs.teardown(&mut case.teardown);
@@ -156,25 +146,17 @@ fn snapshots(node: &mut Node, xfs: &Xfs) -> Outcome<Measured> {
     let reflink = info.ok().map(|o| o.contains("reflink=1"));
     let err = node.d.join("noop.err");
     let noop_ms = (0..SNAPSHOT_REPEATS)
-        .map(|_| match timed(|| node.ctl("node-info", &err)) {
-            (Ok(_), ms) => Ok(ms),
-            (Err(e), _) => Err(format!("ublkctl node-info failed {e}")),
-        })
+        .map(|_| node.call("node-info", &err).map(|(_, ms)| ms))
         .collect();
     let mut snaps = Vec::new();
-    let sizes = SNAPSHOT_GIB
-        .iter()
-        .map(|&gib| snapshot_size(node, xfs, gib, &mut snaps))
-        .collect();
+    let sizes = SNAPSHOT_GIB.map(|gib| snapshot_size(node, xfs, gib, &mut snaps));
     for sid in snaps {
-        if let Err(e) = node.ctl(
-            &format!("delete-snapshot {sid}"),
-            &node.d.join("delete.err"),
-        ) {
-            node.problems
-                .push(format!("delete-snapshot {sid} failed {e}"));
+        let args = format!("delete-snapshot {sid}");
+        if let Err(e) = node.call(&args, &node.d.join("delete.err")) {
+            node.problems.push(e);
         }
     }
+    let sizes = sizes.into();
     Ok(Measured::Snapshots(Snapshots {
         noop_ms,
         sizes,
@@ -186,42 +168,32 @@ fn snapshots(node: &mut Node, xfs: &Xfs) -> Outcome<Measured> {
 /// written into it by fio (randwrite 64k across the whole volume, so that the file has
 /// thousands of extents), synced, its extents counted (filefrag). Then `SNAPSHOT_REPEATS` times
 /// create-snapshot and create-volume --from-snapshot, each timed with df's used bytes around
-/// it. The snapshots made go into `snaps`.
+/// it, until one fails. The snapshots made go into `snaps`.
 fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) -> SnapSize {
-    let d = node.d.clone();
-    let s = format!("{gib}g");
+    let (d, s) = (node.d.clone(), format!("{gib}g"));
     let (src, size) = (format!("src-{s}"), format!("{gib}GiB"));
     let backend = |name: &str| format!("file+create:{}/{name}.img", xfs.root.display());
+    let create = format!("--size {size} --backend {}", backend(&src));
+    let made = node.create(&src, &create, &d.join("create.err"));
+    let create_ms = made.as_ref().map(|(_, ms)| *ms).map_err(Clone::clone);
+    let filled = made.and_then(|(dev, _)| {
+        let json = d.join(format!("fill.{s}.json"));
+        let fill = format!("--bs=64k --rw=randwrite --iodepth=16 --io_size={SNAPSHOT_FILL_MIB}m");
+        let args = format!("{DIRECT} {fill}");
+        let log = d.join(format!("fill.{s}.log"));
+        run(fio(120, "fill", &dev, &json, &args), &json, &log)
+            .map_err(|e| format!("fio writing {SNAPSHOT_FILL_MIB} MiB into {src} failed: {e}"))
+    });
     let mut z = SnapSize {
         gib,
-        create_ms: Err(String::new()),
-        snapshot: Err(String::new()),
-        clone: Err(String::new()),
+        create_ms,
+        snapshot: Ok(Vec::new()),
+        clone: Ok(Vec::new()),
         extents: None,
     };
-    let fail = |mut z: SnapSize, why: String| {
-        z.create_ms = z.create_ms.or(Err(why.clone()));
-        (z.snapshot, z.clone) = (Err(why.clone()), Err(why));
-        z
-    };
-    let create = format!("--size {size} --backend {}", backend(&src));
-    let dev = match node.create(&src, &create, &d.join("create.err")) {
-        Ok((dev, ms)) => {
-            z.create_ms = Ok(ms);
-            dev
-        }
-        Err(e) => return fail(z, e),
-    };
-    let json = d.join(format!("fill.{s}.json"));
-    let args = format!(
-        "{DIRECT} --bs=64k --rw=randwrite --iodepth=16 --numjobs=1 --io_size={SNAPSHOT_FILL_MIB}m"
-    );
-    let c = fio(120, "fill", &dev, &json, &args);
-    if let Err(e) = run(c, &json, &d.join(format!("fill.{s}.log"))) {
-        return fail(
-            z,
-            format!("fio writing {SNAPSHOT_FILL_MIB} MiB into {src} failed: {e}"),
-        );
+    if let Err(e) = filled {
+        (z.snapshot, z.clone) = (Err(e.clone()), Err(e));
+        return z;
     }
     let img = xfs.root.join(format!("{src}.img"));
     let frag = sh(
@@ -234,8 +206,6 @@ fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) 
     z.extents = frag
         .rsplit_once(": ")
         .and_then(|(_, t)| t.split(' ').next()?.parse().ok());
-    let (mut snapshot, mut clone) = (Vec::new(), Vec::new());
-    let mut failure = None;
     for k in 1..=SNAPSHOT_REPEATS {
         let (sid, name) = (format!("snap-{s}-{k}"), format!("clone-{s}-{k}"));
         let args = format!("create-snapshot {sid} --volume {src}");
@@ -243,12 +213,10 @@ fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) 
             snaps.push(sid.clone());
             t
         });
-        match made {
-            Ok(t) => snapshot.push(t),
-            Err(e) => {
-                failure = Some((true, e));
-                break;
-            }
+        if let Err(e) = push(&mut z.snapshot, made) {
+            // A clone needs its snapshot: when that failed, that is why there is no clone.
+            z.clone = Err(format!("no snapshot to clone: {e}"));
+            break;
         }
         let from = format!("--from-snapshot {sid} --backend {}", backend(&name));
         let args = format!("create-volume {name} --size {size} {from}");
@@ -256,35 +224,38 @@ fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) 
             node.volumes.push((name.clone(), dev.into()));
             t
         });
-        match made {
-            Ok(t) => clone.push(t),
-            Err(e) => {
-                failure = Some((false, e));
-                break;
-            }
+        if push(&mut z.clone, made).is_err() {
+            break;
         }
     }
+    let n = |l: &Outcome<Vec<Timed>>| l.as_ref().map_or(0, Vec::len);
+    let (ns, nc) = (n(&z.snapshot), n(&z.clone));
     note(&format!(
-        "{SNAPSHOT_RUN}: {s}: {} snapshots, {} clones timed",
-        snapshot.len(),
-        clone.len()
+        "{SNAPSHOT_RUN}: {s}: {ns} snapshots, {nc} clones timed"
     ));
-    (z.snapshot, z.clone) = match failure {
-        None => (Ok(snapshot), Ok(clone)),
-        // A clone needs its snapshot: when that failed, that is why there is no clone.
-        Some((true, e)) => (Err(e.clone()), Err(format!("no snapshot to clone: {e}"))),
-        Some((false, e)) => (Ok(snapshot), Err(e)),
-    };
     z
+}
+
+/// `t` added to `list`, or its failure in `list`'s place (and returned).
+fn push(list: &mut Outcome<Vec<Timed>>, t: Outcome<Timed>) -> Outcome<()> {
+    match (list.as_mut(), t) {
+        (Ok(l), Ok(t)) => {
+            l.push(t);
+            Ok(())
+        }
+        (_, Err(e)) => {
+            *list = Err(e.clone());
+            Err(e)
+        }
+        (Err(e), _) => Err(e.clone()),
+    }
 }
 
 /// `ublkctl ARGS` timed: its output, and the call with the growth of the file system's used
 /// bytes over it (which df may have failed to give), or why the call failed.
 fn call(node: &Node, xfs: &Xfs, args: &str, err: &Path) -> Outcome<(String, Outcome<Timed>)> {
     let u0 = xfs.used(err);
-    let (r, ms) = timed(|| node.ctl(args, err));
-    let what: Vec<&str> = args.split(' ').take(2).collect();
-    let out = r.map_err(|e| format!("{} failed {e}", what.join(" ")))?;
+    let (out, ms) = node.call(args, err)?;
     let growth = xfs.used(err).and_then(|u1| Ok((u1 - u0?) as f64 / 1024.0));
     Ok((out, growth.map(|growth_kib| Timed { ms, growth_kib })))
 }

@@ -2,10 +2,9 @@
 //! against a device with the CPU and I/O counters read around it.
 
 use super::super::cases::WORKLOADS;
-use super::super::results::{Outcome, Sample};
-use super::proc::{note, run_logged, tail_of, Guest};
+use super::super::results::{Outcome, Sample, Samples};
+use super::proc::{note, run_logged, tail_of, Guest, USER_HZ};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -23,7 +22,6 @@ pub struct Job {
     pub error: u64,
     pub read: Dir,
     pub write: Dir,
-    pub trim: Dir,
 }
 
 /// One direction of a job.
@@ -46,10 +44,7 @@ pub struct Stat {
 
 /// fio's report in `path` (after any notes fio printed before it), with at least one job.
 pub fn report(path: &Path) -> Outcome<Report> {
-    parse(&fs::read_to_string(path).map_err(|e| format!("no fio output: {e}"))?)
-}
-
-fn parse(text: &str) -> Outcome<Report> {
+    let text = fs::read_to_string(path).map_err(|e| format!("no fio output: {e}"))?;
     let start = text.find('{').ok_or("no JSON in fio output")?;
     let r: Report =
         serde_json::from_str(&text[start..]).map_err(|e| format!("bad fio JSON: {e}"))?;
@@ -82,8 +77,10 @@ pub const PASSTHRU: &str =
     "--ioengine=io_uring_cmd --cmd_type=nvme --hipri=1 --fixedbufs=1 --registerfiles=1";
 pub const HIPRI: &str = "--ioengine=io_uring --direct=1 --hipri=1 --fixedbufs=1 --registerfiles=1";
 
-/// The 4 KiB randread at QD32 that the warm-ups and the control plane's load run.
-pub const RANDREAD_QD32: &str = "--bs=4k --rw=randread --iodepth=32 --norandommap --time_based";
+/// fio's arguments for `rw` of `bs` blocks at depth `qd` for `secs` seconds.
+pub fn job(rw: &str, bs: &str, qd: u32, secs: u64) -> String {
+    format!("--bs={bs} --rw={rw} --iodepth={qd} --norandommap --time_based --runtime={secs}")
+}
 
 /// fio under timeout(1), killed 60 s after `secs` if it has not ended: job `name` on `dev`, its
 /// JSON report to `json`, then `args` (words).
@@ -109,47 +106,37 @@ fn rate(job: &Job, rw: &str) -> Outcome<(f64, f64)> {
     if dirs.iter().map(|d| d.total_ios).sum::<u64>() == 0 {
         return Err("fio completed no I/O".into());
     }
-    Ok((
-        dirs.iter().map(|d| d.iops).sum(),
-        dirs[0].lat_ns.mean / 1000.0,
-    ))
-}
-
-/// What the guest counts around a job: the server's CPU ticks (utime + stime of `pids`), every
-/// CPU's busy ticks (user, nice, system, irq, softirq), and the I/Os the device completed.
-#[derive(Debug)]
-struct Counters {
-    server: Outcome<u64>,
-    all: Outcome<u64>,
-    ios: Outcome<u64>,
+    let iops = dirs.iter().map(|d| d.iops).sum();
+    Ok((iops, dirs[0].lat_ns.mean / 1000.0))
 }
 
 /// Whitespace-separated numbers of `text` (from field `skip`).
 fn numbers(text: &str, skip: usize) -> Vec<u64> {
-    text.split_whitespace()
-        .skip(skip)
-        .map_while(|x| x.parse().ok())
-        .collect()
+    let words = text.split_whitespace().skip(skip);
+    words.map_while(|x| x.parse().ok()).collect()
 }
 
-fn counters(blk: &str, pids: &[u32]) -> Counters {
-    let server = || -> Outcome<u64> {
-        if pids.is_empty() {
-            return Err("no server process".into());
+/// What the guest counts around a job: the server's CPU ticks (utime + stime of `pids`), every
+/// CPU's busy ticks (user, nice, system, irq, softirq), and the I/Os `blk` completed.
+fn counters(blk: &str, pids: &[u32]) -> [Outcome<u64>; 3] {
+    let read = |path: String| fs::read_to_string(path).unwrap_or_default();
+    let process = |p: &u32| {
+        // After the command's closing parenthesis: utime is field 14, stime 15.
+        let stat = read(format!("/proc/{p}/stat"));
+        match stat
+            .rsplit_once(") ")
+            .map(|(_, r)| numbers(r, 11))
+            .as_deref()
+        {
+            Some([u, s, ..]) => Ok(u + s),
+            _ => Err("server CPU time unreadable (process gone?)".to_owned()),
         }
-        let mut total = 0;
-        for p in pids {
-            let stat = fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            // After the command's closing parenthesis: utime is field 14, stime 15.
-            let f = stat.rsplit_once(") ").map(|(_, r)| numbers(r, 11));
-            match f.as_deref() {
-                Some([u, s, ..]) => total += u + s,
-                _ => return Err("server CPU time unreadable (process gone?)".into()),
-            }
-        }
-        Ok(total)
     };
-    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let server = match pids {
+        [] => Err("no server process".into()),
+        _ => pids.iter().map(process).sum(),
+    };
+    let stat = read("/proc/stat".into());
     let cpu = stat.lines().find_map(|l| l.strip_prefix("cpu "));
     let all = match cpu.map(|l| numbers(l, 0)).as_deref() {
         Some([user, nice, system, _, _, irq, softirq, ..]) => {
@@ -157,79 +144,80 @@ fn counters(blk: &str, pids: &[u32]) -> Counters {
         }
         _ => Err("no cpu line in /proc/stat".into()),
     };
-    let dev = fs::read_to_string(format!("/sys/block/{blk}/stat")).unwrap_or_default();
-    let ios = match numbers(&dev, 0)[..] {
-        [reads, _, _, _, writes, ..] => Ok(reads + writes),
+    let ios = io_counts(blk).map(|(reads, writes)| reads + writes);
+    [server, all, ios]
+}
+
+/// The block device behind `dev` (its name under `/sys/block`).
+pub fn blk_of(dev: &Path) -> String {
+    let real = fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
+    real.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into()
+}
+
+/// The reads and writes block device `blk` completed.
+pub fn io_counts(blk: &str) -> Outcome<(u64, u64)> {
+    let stat = fs::read_to_string(format!("/sys/block/{blk}/stat")).unwrap_or_default();
+    match numbers(&stat, 0)[..] {
+        [reads, _, _, _, writes, ..] => Ok((reads, writes)),
         _ => Err(format!("no I/O counts in /sys/block/{blk}/stat")),
-    };
-    Counters {
-        server: server(),
-        all,
-        ios,
     }
 }
 
-/// CPU seconds per million I/Os (= µs per I/O) between two readings.
-fn per_mio(t0: &Outcome<u64>, t1: &Outcome<u64>, hz: f64, ios: &Outcome<u64>) -> Outcome<f64> {
-    let ticks = t1.clone()?.saturating_sub(t0.clone()?);
+/// `a` less `b`, counters read after and before.
+fn delta(a: &Outcome<u64>, b: &Outcome<u64>) -> Outcome<u64> {
+    Ok(a.clone()?.saturating_sub(b.clone()?))
+}
+
+/// CPU seconds per million I/Os (= µs per I/O): `ticks` over `ios`.
+fn per_mio(ticks: Outcome<u64>, ios: &Outcome<u64>) -> Outcome<f64> {
     match ios.clone()? {
         0 => Err("the device completed no I/O".into()),
-        ios => Ok(ticks as f64 / hz / (ios as f64 / 1e6)),
+        ios => Ok(ticks? as f64 / USER_HZ / (ios as f64 / 1e6)),
     }
 }
 
-/// Every workload on `dev`, with the CPU time of `pids` (the server) around each.
-pub fn workloads(
-    g: &Guest,
-    run_id: &str,
-    dev: &Path,
-    pids: &[u32],
-    engine: &str,
-) -> BTreeMap<String, Outcome<Sample>> {
+/// Every workload through `engine` on `dev`, with the CPU time of `pids` (the server) around
+/// each.
+pub fn workloads(g: &Guest, run_id: &str, dev: &Path, pids: &[u32], engine: &str) -> Samples {
     let d = g.dir(run_id);
-    let real = fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
-    let blk = real
-        .file_name()
-        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
-    let mut out = BTreeMap::new();
+    let blk = blk_of(dev);
+    let mut out = Samples::new();
     for wl in WORKLOADS {
-        let json = d.join(format!("{}.json", wl.id));
-        let (runtime, mix) = (
-            g.input.runtime,
-            if wl.rw == "randrw" {
-                "--rwmixread=70"
-            } else {
-                ""
-            },
+        let (id, secs) = (wl.id(), g.input.runtime);
+        let json = d.join(format!("{id}.json"));
+        let mix = if wl.rw == "randrw" {
+            "--rwmixread=70"
+        } else {
+            ""
+        };
+        let job = job(wl.rw, wl.bs, wl.qd, secs);
+        let args = format!(
+            "{engine} {job} {mix} --numjobs={} --group_reporting --ramp_time=1",
+            wl.jobs
         );
-        let job = format!(
-            "{engine} --bs={} --rw={} {mix} --iodepth={} --numjobs={} --group_reporting \
-             --norandommap --time_based --runtime={runtime} --ramp_time=1",
-            wl.bs, wl.rw, wl.qd, wl.jobs
-        );
-        let c = fio(runtime, wl.id, dev, &json, &job);
+        let c = fio(secs, &id, dev, &json, &args);
         let before = counters(&blk, pids);
-        let job = run(c, &json, &d.join(format!("{}.log", wl.id)));
-        let after = counters(&blk, pids);
-        let ios = after
-            .ios
-            .clone()
-            .and_then(|a| Ok(a.saturating_sub(before.ios.clone()?)));
+        let job = run(c, &json, &d.join(format!("{id}.log")));
+        let [server, all, ios] = counters(&blk, pids);
+        let ios = delta(&ios, &before[2]);
         let done = match (&job, &ios) {
             (Ok(_), Ok(n)) => format!("{n} I/Os"),
             (Err(e), _) | (_, Err(e)) => e.clone(),
         };
-        note(&format!("{run_id} {}: {done}", wl.id));
+        note(&format!("{run_id} {id}: {done}"));
         let sample = job.and_then(|job| {
             let (iops, lat_us) = rate(&job, wl.rw)?;
             Ok(Sample {
                 iops,
                 lat_us,
-                cpu_s_per_mio: per_mio(&before.server, &after.server, g.hz, &ios),
-                sys_us_per_io: per_mio(&before.all, &after.all, g.hz, &ios),
+                cpu_s_per_mio: per_mio(delta(&server, &before[0]), &ios),
+                sys_us_per_io: per_mio(delta(&all, &before[1]), &ios),
             })
         });
-        out.insert(wl.id.to_owned(), sample);
+        out.insert(id, sample);
     }
     out
 }
@@ -239,7 +227,11 @@ mod tests {
     use super::*;
 
     fn job(text: &str) -> Job {
-        parse(text).unwrap().jobs.remove(0)
+        let path = std::env::temp_dir().join(format!("xtask-fio-{}", std::process::id()));
+        fs::write(&path, text).unwrap();
+        let r = report(&path);
+        let _ = fs::remove_file(&path); // a temp file
+        r.map(|mut r| r.jobs.remove(0)).unwrap_or_default()
     }
 
     #[test]
@@ -255,13 +247,15 @@ mod tests {
         let j = job(mixed);
         assert_eq!(rate(&j, "randrw"), Ok((1000.0, 2.0)));
         assert_eq!((j.write.clat_ns.max, j.read.clat_ns.max), (Some(5.0), None));
-        assert!(parse("garbage").is_err() && parse(r#"{"jobs":[]}"#).is_err());
+        // Garbage and a report without jobs read as no job at all.
+        assert!(rate(&job("garbage"), "randread").is_err());
+        assert!(rate(&job(r#"{"jobs":[]}"#), "randread").is_err());
 
         // 150 ticks at 100 Hz = 1.5 s over 3 million I/Os.
-        assert_eq!(per_mio(&Ok(100), &Ok(250), 100.0, &Ok(3_000_000)), Ok(0.5));
+        assert_eq!(per_mio(delta(&Ok(250), &Ok(100)), &Ok(3_000_000)), Ok(0.5));
         let none = Err("no server process".into());
-        assert!(per_mio(&none, &none, 100.0, &Ok(5)).is_err_and(|e| e.contains("no server")));
-        assert!(per_mio(&Ok(1), &Ok(2), 100.0, &Ok(0)).is_err_and(|e| e.contains("no I/O")));
+        assert!(per_mio(delta(&none, &none), &Ok(5)).is_err_and(|e| e.contains("no server")));
+        assert!(per_mio(Ok(1), &Ok(0)).is_err_and(|e| e.contains("no I/O")));
         assert_eq!(numbers("1 2 x 3", 0), [1, 2]);
     }
 }

@@ -5,12 +5,16 @@ use super::super::cases::Build;
 use super::super::results::{Case, Input, Measured, Outcome, Restart};
 use serde::Deserialize;
 use std::fs::{self, OpenOptions};
-use std::io::Write as _;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
+
+/// Clock ticks per second of `/proc`'s CPU times: USER_HZ (`getconf CLK_TCK`), which Linux fixes
+/// at 100 on x86.
+pub const USER_HZ: f64 = 100.0;
 
 /// A line on the guest's console.
 pub fn note(msg: &str) {
@@ -20,10 +24,8 @@ pub fn note(msg: &str) {
 /// A case that measured nothing, and why.
 pub fn failed(run: &str, why: String) -> Case {
     note(&format!("{run}: {why}"));
-    Case {
-        measured: Err(why),
-        teardown: Vec::new(),
-    }
+    let (measured, teardown) = (Err(why), Vec::new());
+    Case { measured, teardown }
 }
 
 /// The last five lines of `path`, on one line (what a failure message quotes).
@@ -33,19 +35,7 @@ pub fn tail_of(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join(" ")
 }
 
-/// Appends `line` to the log `path` (created if missing).
-pub fn append(path: &Path, line: &str) {
-    let written = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| writeln!(f, "{line}"));
-    if let Err(e) = written {
-        note(&format!("cannot write {}: {e}", path.display()));
-    }
-}
-
-/// A file to append a process's output to.
+/// A file to append a process's output to (created if missing).
 pub fn log_file(path: &Path) -> Stdio {
     match OpenOptions::new().create(true).append(true).open(path) {
         Ok(f) => Stdio::from(f),
@@ -72,20 +62,17 @@ pub fn run_logged(mut c: Command, log: &Path) -> Outcome<i32> {
         .map_err(|e| format!("could not start: {e}"))
 }
 
-/// Runs `c` with its stderr in `log`: its stdout, or the log's tail.
+/// Runs `c` with its stderr appended to `log`: its stdout, or its status and the log's tail.
 pub fn output(c: &mut Command, log: &Path) -> Outcome<String> {
-    let out = c
-        .stdin(Stdio::null())
-        .stderr(log_file(log))
-        .output()
-        .map_err(|e| e.to_string())?;
+    let out = c.stdin(Stdio::null()).stderr(log_file(log)).output();
+    let out = out.map_err(|e| format!("could not start {:?}: {e}", c.get_program()))?;
     match out.status.success() {
         true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
-        false => Err(tail_of(log)),
+        false => Err(format!("(exit {}) {}", code(out.status), tail_of(log))),
     }
 }
 
-/// `sh -c SCRIPT` with its stderr in `log`: its stdout, or the log's tail.
+/// `sh -c SCRIPT`, as [`output`].
 pub fn sh(script: &str, log: &Path) -> Outcome<String> {
     output(Command::new("sh").args(["-c", script]), log)
 }
@@ -104,23 +91,25 @@ pub fn wait_until(within: Duration, every: Duration, mut done: impl FnMut() -> b
     }
 }
 
+/// Polls `done` every 100 ms for up to `secs` seconds; whether it held.
+pub fn wait_secs(secs: u64, done: impl FnMut() -> bool) -> bool {
+    wait_until(Duration::from_secs(secs), Duration::from_millis(100), done)
+}
+
 pub fn is_blk(dev: &Path) -> bool {
     fs::metadata(dev).is_ok_and(|m| m.file_type().is_block_device())
 }
 
 /// Waits up to 10 s for block device `dev` to appear.
 pub fn wait_blk(dev: &Path) -> bool {
-    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        is_blk(dev)
-    })
+    wait_secs(10, || is_blk(dev))
 }
 
 /// Sends `sig` (a name, e.g. `TERM`) to `pid`; whether kill(1) did.
 pub fn signal(pid: u32, sig: &str) -> bool {
-    Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
+    let mut kill = Command::new("kill");
+    kill.arg(format!("-{sig}")).arg(pid.to_string());
+    kill.stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
 }
@@ -145,42 +134,21 @@ pub fn vmrss_kib(pid: u32) -> Outcome<f64> {
 }
 
 fn parse_vmrss(status: &str) -> Outcome<f64> {
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .ok_or("no VmRSS line in /proc/PID/status (process gone?)")?;
-    match line["VmRSS:".len()..]
-        .split_whitespace()
-        .collect::<Vec<_>>()[..]
-    {
-        [n, "kB"] => n.parse::<u64>().map(|k| k as f64).ok(),
-        _ => None,
-    }
-    .ok_or_else(|| format!("odd VmRSS line {line:?}"))
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"));
+    let kib = line.and_then(|l| l.trim().strip_suffix(" kB")?.trim().parse::<u64>().ok());
+    kib.map(|k| k as f64)
+        .ok_or_else(|| format!("no VmRSS in kB in /proc/PID/status: {line:?}"))
 }
 
-/// The whole guest's setting: the run directory, the host's input, the clock tick rate.
+/// The whole guest's setting: the run directory, the guest's tmpfs, the host's input.
 #[derive(Debug)]
 pub struct Guest {
     pub out: PathBuf,
     pub tmp: PathBuf,
     pub input: Input,
-    /// Clock ticks per second of `/proc`'s CPU times.
-    pub hz: f64,
 }
 
 impl Guest {
-    pub fn new(input: Input, out: PathBuf) -> Self {
-        let getconf = Command::new("getconf").arg("CLK_TCK").output();
-        let hz = getconf.map(|o| String::from_utf8_lossy(&o.stdout).trim().parse());
-        Self {
-            out,
-            tmp: std::env::temp_dir(),
-            input,
-            hz: hz.ok().and_then(Result::ok).unwrap_or(100.0),
-        }
-    }
-
     /// The ublkd binary of `build`.
     pub fn ublkd(&self, build: Build) -> Option<&Path> {
         match build {
@@ -204,26 +172,24 @@ impl Guest {
     }
 }
 
-/// A server process the case started, logging into its directory.
+/// A server process the case started, its stdout in `server.out` and its stderr in
+/// `server.err` of the case's directory.
 #[derive(Debug)]
 pub struct Proc {
     child: Child,
-    dir: PathBuf,
+    err: PathBuf,
     exit: Option<i32>,
 }
 
 impl Proc {
-    /// Starts `c` with stdout to `dir/server.out` and stderr to `dir/server.err` (appended).
     pub fn spawn(mut c: Command, dir: &Path) -> Outcome<Self> {
+        let err = dir.join("server.err");
         c.stdin(Stdio::null())
             .stdout(log_file(&dir.join("server.out")))
-            .stderr(log_file(&dir.join("server.err")));
+            .stderr(log_file(&err));
         let child = c.spawn().map_err(|e| format!("could not start: {e}"))?;
-        Ok(Self {
-            child,
-            dir: dir.to_path_buf(),
-            exit: None,
-        })
+        let exit = None;
+        Ok(Self { child, err, exit })
     }
 
     pub fn pid(&self) -> u32 {
@@ -233,22 +199,22 @@ impl Proc {
     /// Its exit code, once it has exited.
     pub fn exited(&mut self) -> Option<i32> {
         if self.exit.is_none() {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                self.exit = Some(code(s));
-            }
+            self.exit = self.child.try_wait().ok().flatten().map(code);
         }
         self.exit
     }
 
-    /// Waits up to `within` for it to exit.
-    pub fn wait_exit(&mut self, within: Duration, every: Duration) -> Option<i32> {
-        wait_until(within, every, || self.exited().is_some());
-        self.exited()
+    /// Waits up to `secs` seconds for it to exit.
+    pub fn wait_exit(&mut self, secs: u64) -> Option<i32> {
+        wait_until(Duration::from_secs(secs), Duration::from_millis(10), || {
+            self.exited().is_some()
+        });
+        self.exit
     }
 
     /// The tail of its stderr.
     pub fn err_tail(&self) -> String {
-        tail_of(&self.dir.join("server.err"))
+        tail_of(&self.err)
     }
 
     /// SIGKILL.
@@ -264,24 +230,19 @@ impl Proc {
         if self.exited().is_none() {
             signal(self.pid(), "TERM");
         }
-        match self.wait_exit(Duration::from_secs(30), Duration::from_millis(100)) {
+        match self.wait_exit(30) {
             None => {
                 problems.push("did not exit within 30 s of SIGTERM (killed)".into());
                 self.kill9();
-                self.wait_exit(Duration::from_secs(5), Duration::from_millis(100));
+                self.wait_exit(5);
             }
             Some(0) => {}
-            Some(rc) => problems.push(format!(
-                "exited with status {rc} after SIGTERM: {}",
-                self.err_tail()
-            )),
+            Some(rc) => {
+                let tail = self.err_tail();
+                problems.push(format!("exited with status {rc} after SIGTERM: {tail}"));
+            }
         }
-        let gone = |dev: &Path| {
-            wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
-                !dev.exists()
-            })
-        };
-        if let Some(dev) = dev.filter(|d| !gone(d)) {
+        if let Some(dev) = dev.filter(|d| !wait_secs(5, || !d.exists())) {
             problems.push(format!("{} still exists after ublkd exited", dev.display()));
         }
     }
@@ -294,11 +255,11 @@ pub struct VolumeList {
     pub volumes: Vec<Volume>,
 }
 
+/// A volume's state is its name, or its number when ublkctl does not know it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct Volume {
     pub id: String,
-    /// The state's name, or its number when ublkctl does not know it.
     pub state: serde_json::Value,
     pub io_path_in_use: serde_json::Value,
     pub message: String,
@@ -306,7 +267,7 @@ pub struct Volume {
 
 /// `ublkd --config` as a node service, driven by `ublkctl` over its socket, everything under
 /// its own directory in the guest's tmpfs, and what happened to it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Node {
     /// The case's directory in the run directory (its logs).
     pub d: PathBuf,
@@ -314,37 +275,31 @@ pub struct Node {
     pub c: PathBuf,
     ublkd: PathBuf,
     ublkctl: PathBuf,
+    /// Where it serves /metrics.
+    pub metrics: String,
     proc: Option<Proc>,
+    /// When the running process was started.
+    started: Instant,
     /// Volumes made (name, device): their devices must be gone after the teardown.
     pub volumes: Vec<(String, PathBuf)>,
     /// What went wrong after the measurements.
     pub problems: Vec<String>,
-    /// When the running process was started, when the last one was killed, when the volumes
-    /// were last seen READY.
-    pub started: Option<Instant>,
-    pub killed: Option<Instant>,
-    pub ready: Option<Instant>,
-    /// One more `list-volumes` once all were READY (ms), and the first volume's I/O path.
-    pub list_call_ms: Option<f64>,
-    pub io_path: Option<String>,
 }
 
 impl Node {
-    /// A fresh `ublkd --config` for `run` (metrics on `metrics`), served by [`Node::serve`].
-    pub fn run(
-        g: &Guest,
-        run: &str,
-        metrics: &str,
-        f: impl FnOnce(&mut Node) -> Outcome<Measured>,
-    ) -> Case {
-        match Node::new(g, run, metrics) {
+    /// A fresh `ublkd --config` for `run`, served by [`Node::serve`].
+    pub fn run(g: &Guest, run: &str, f: impl FnOnce(&mut Node) -> Outcome<Measured>) -> Case {
+        match Node::new(g, run) {
             Ok(node) => node.serve(run, f),
             Err(why) => failed(run, why),
         }
     }
 
-    /// A fresh directory and `ublkd.toml` for `run`; not started.
-    pub fn new(g: &Guest, run: &str, metrics: &str) -> Outcome<Self> {
+    /// A fresh directory and `ublkd.toml` for `run`, with a metrics port of its own (no daemon
+    /// waits for the last one's port to be free); not started.
+    pub fn new(g: &Guest, run: &str) -> Outcome<Self> {
+        static PORT: AtomicU16 = AtomicU16::new(9581);
+        let metrics = format!("127.0.0.1:{}", PORT.fetch_add(1, Ordering::Relaxed));
         let (Some(ublkd), Ok(ublkctl)) = (g.ublkd(Build::New), &g.input.ublkctl) else {
             return Err("no ublkd or ublkctl binary".into());
         };
@@ -365,7 +320,11 @@ impl Node {
             c,
             ublkd: ublkd.to_path_buf(),
             ublkctl: ublkctl.clone(),
-            ..Self::default()
+            metrics,
+            proc: None,
+            started: Instant::now(),
+            volumes: Vec::new(),
+            problems: Vec::new(),
         })
     }
 
@@ -373,24 +332,17 @@ impl Node {
     /// is deleted and it is stopped.
     pub fn serve(mut self, run: &str, f: impl FnOnce(&mut Node) -> Outcome<Measured>) -> Case {
         self.spawn();
-        let measured = match self.wait_up() {
-            Ok(()) => {
-                let m = f(&mut self);
-                self.teardown();
-                m
-            }
-            Err(e) => {
-                self.stop();
-                Err(e)
-            }
-        };
+        let up = self.wait_up(60);
+        let measured = up.clone().and_then(|()| f(&mut self));
+        match up {
+            Ok(()) => self.teardown(),
+            Err(_) => self.stop(),
+        }
         if let Err(why) = &measured {
             note(&format!("{run}: {why}"));
         }
-        Case {
-            measured,
-            teardown: self.problems,
-        }
+        let teardown = self.problems;
+        Case { measured, teardown }
     }
 
     pub fn sock(&self) -> PathBuf {
@@ -411,68 +363,79 @@ impl Node {
     }
 
     /// Starts it (`started`: the moment right before).
-    pub fn spawn(&mut self) {
-        self.started = Some(Instant::now());
+    fn spawn(&mut self) {
+        self.started = Instant::now();
         let mut c = Command::new(&self.ublkd);
         c.arg("--config").arg(self.c.join("ublkd.toml"));
-        self.proc = Proc::spawn(c, &self.d)
-            .map_err(|e| append(&self.d.join("server.err"), &e))
-            .ok();
+        let p = Proc::spawn(c, &self.d);
+        self.proc = p.map_err(|e| note(&format!("ublkd {e}"))).ok();
     }
 
-    /// Waits up to 60 s for its socket to answer node-info; why not, if it does not.
-    fn wait_up(&mut self) -> Outcome<()> {
+    /// SIGTERM and the wait (see [`Proc::stop`]).
+    fn stop(&mut self) {
+        if let Some(p) = &mut self.proc {
+            p.stop(None, &mut self.problems);
+        }
+    }
+
+    /// Waits up to `secs` seconds for its socket to answer node-info; why not, if it does not.
+    fn wait_up(&mut self, secs: u64) -> Outcome<()> {
         let err = self.d.join("node-info.err");
-        let end = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < end && self.exited().is_none() {
-            if self.ctl("node-info", &err).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let up = wait_secs(secs, || {
+            self.exited().is_some() || self.ctl("node-info", &err).is_ok()
+        });
+        let (tail, node_info) = (self.err_tail(), tail_of(&err));
+        match (up, self.exited()) {
+            (_, Some(rc)) => Err(format!(
+                "ublkd exited with status {rc} before its socket answered: {tail}"
+            )),
+            (true, None) => Ok(()),
+            (false, None) => Err(format!(
+                "ublkd's socket did not answer node-info within {secs} s: {node_info} {tail}"
+            )),
         }
-        Err(match self.exited() {
-            Some(rc) => format!(
-                "ublkd exited with status {rc} before its socket answered: {}",
-                self.err_tail()
-            ),
-            None => format!(
-                "ublkd's socket did not answer node-info within 60 s: {} {}",
-                tail_of(&err),
-                self.err_tail()
-            ),
-        })
     }
 
-    /// `ublkctl ARGS` (words) against it: its stdout, or the tail of `err` (its stderr).
+    /// `ublkctl ARGS` (words) against it: its stdout, or why not (its stderr in `err`).
     pub fn ctl(&self, args: &str, err: &Path) -> Outcome<String> {
-        let out = Command::new(&self.ublkctl)
-            .arg("--endpoint")
+        let mut c = Command::new(&self.ublkctl);
+        c.arg("--endpoint")
             .arg(format!("unix://{}", self.sock().display()))
-            .args(args.split_whitespace())
-            .stdin(Stdio::null())
-            .stderr(log_file(err))
-            .output()
-            .map_err(|e| format!("could not start ublkctl: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        } else {
-            Err(format!("(exit {}) {}", code(out.status), tail_of(err)))
+            .args(args.split_whitespace());
+        output(&mut c, err)
+    }
+
+    /// `ublkctl ARGS` timed (ms, end to end): its stdout and the time, or which call failed
+    /// (its first two words) and why.
+    pub fn call(&self, args: &str, err: &Path) -> Outcome<(String, f64)> {
+        let (out, ms) = timed(|| self.ctl(args, err));
+        let what = args
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        out.map(|o| (o, ms))
+            .map_err(|e| format!("{what} failed {e}"))
+    }
+
+    /// `create-volume NAME ARGS` (words), timed as [`Node::call`]: its block device, once it is
+    /// one (remembered for the teardown's check).
+    pub fn create(&mut self, name: &str, args: &str, err: &Path) -> Outcome<(PathBuf, f64)> {
+        let (dev, ms) = self.call(&format!("create-volume {name} {args}"), err)?;
+        let dev = PathBuf::from(dev);
+        self.volumes.push((name.to_owned(), dev.clone()));
+        match wait_blk(&dev) {
+            true => Ok((dev, ms)),
+            false => Err(format!(
+                "create-volume {name} returned {dev:?}, which is no block device"
+            )),
         }
     }
 
-    /// `create-volume NAME ARGS` (words), timed (ms, ublkctl end to end): its block device, once
-    /// it is one (remembered for the teardown's check).
-    pub fn create(&mut self, name: &str, args: &str, err: &Path) -> Outcome<(PathBuf, f64)> {
-        let (out, ms) = timed(|| self.ctl(&format!("create-volume {name} {args}"), err));
-        let dev = PathBuf::from(out.map_err(|e| format!("create-volume {name} failed {e}"))?);
-        self.volumes.push((name.to_owned(), dev.clone()));
-        if !wait_blk(&dev) {
-            return Err(format!(
-                "create-volume {name} returned {}, which is no block device",
-                dev.display()
-            ));
-        }
-        Ok((dev, ms))
+    /// `delete-volume NAME` timed, as [`Node::call`].
+    pub fn delete(&self, name: &str, err: &Path) -> Outcome<f64> {
+        let (_, ms) = self.call(&format!("delete-volume {name}"), err)?;
+        Ok(ms)
     }
 
     /// The volumes it lists.
@@ -481,81 +444,67 @@ impl Node {
         serde_json::from_str(&text).map_err(|e| format!("list-volumes gave no volume list: {e}"))
     }
 
-    /// SIGTERM and the wait (see [`Proc::stop`]).
-    pub fn stop(&mut self) {
-        if let Some(p) = &mut self.proc {
-            p.stop(None, &mut self.problems);
+    /// kill -9, waits until it is gone (10 s at most), starts it again, runs `check` (what must
+    /// hold right after the exec, reported once READY), then polls `list-volumes` every 20 ms
+    /// until it shows `n` volumes READY: what that took.
+    pub fn crash_restart(&mut self, n: usize, check: impl FnOnce() -> Outcome<()>) -> Restart {
+        let killed = Instant::now();
+        let gone = self.proc.as_mut().map(|p| {
+            p.kill9();
+            p.wait_exit(10).is_some()
+        });
+        let mut r = Restart::failed(match gone {
+            None => "ublkd was not running".into(),
+            Some(_) => "ublkd did not exit within 10 s of kill -9".into(),
+        });
+        if gone == Some(true) {
+            self.spawn();
+            r.kill_to_exec_ms = span_ms(Some(killed), Some(self.started));
+            let checked = check();
+            r.ready_ms = self
+                .wait_ready(n, &mut r)
+                .and_then(|ms| checked.map(|()| ms));
+            let ready_ms = r.ready_ms.clone().ok();
+            r.kill_to_ready_ms = r.kill_to_exec_ms.zip(ready_ms).map(|(a, b)| a + b);
         }
+        r
     }
 
-    /// kill -9 (`killed`), waits until it is gone (10 s at most), starts it again.
-    pub fn crash_restart(&mut self) -> Outcome<()> {
-        self.killed = Some(Instant::now());
-        let p = self.proc.as_mut().ok_or("ublkd was not running")?;
-        p.kill9();
-        if p.wait_exit(Duration::from_secs(10), Duration::from_millis(10))
-            .is_none()
-        {
-            return Err("ublkd did not exit within 10 s of kill -9".into());
-        }
-        self.spawn();
-        Ok(())
-    }
-
-    /// Polls `list-volumes` every 20 ms until it shows `n` volumes READY: ms from the exec
-    /// until that answer (`ready`); then times one more call (`list_call_ms`) and notes the
-    /// I/O path. Gives up when a volume FAILED, the daemon exited, or 60 s passed.
-    pub fn wait_ready(&mut self, n: usize) -> Outcome<f64> {
+    /// ms from the exec until `list-volumes` showed `n` volumes READY; then times one more call
+    /// and notes the I/O path, into `r`. Gives up when a volume FAILED, the daemon exited, or
+    /// 60 s passed.
+    fn wait_ready(&mut self, n: usize, r: &mut Restart) -> Outcome<f64> {
         let err = self.d.join("list.err");
         let end = Instant::now() + Duration::from_secs(60);
         let state = |v: &Volume, s: &str| v.state.as_str() == Some(s);
-        let mut seen = 0;
         loop {
-            if let Ok(list) = self.list(&err) {
-                seen = list
-                    .volumes
-                    .iter()
-                    .filter(|v| state(v, "VOLUME_STATE_READY"))
-                    .count();
-                if seen == n {
-                    self.ready = Some(Instant::now());
-                    // Only its duration counts: an error here shows in list.err.
-                    let ((), ms) = timed(|| drop(self.list(&err)));
-                    self.list_call_ms = Some(ms);
-                    let path = list.volumes.first().map(|v| &v.io_path_in_use);
-                    self.io_path = path.map(|p| p.as_str().map_or(p.to_string(), str::to_owned));
-                    return span_ms(self.started, self.ready).ok_or("no start time".into());
-                }
-                if let Some(v) = list
-                    .volumes
-                    .iter()
-                    .find(|v| state(v, "VOLUME_STATE_FAILED"))
-                {
-                    return Err(format!("a volume FAILED to come back: {}", v.message));
-                }
+            let list = self.list(&err).unwrap_or_default().volumes;
+            let seen = list
+                .iter()
+                .filter(|v| state(v, "VOLUME_STATE_READY"))
+                .count();
+            if seen == n {
+                let ready_ms = span_ms(Some(self.started), Some(Instant::now()));
+                // Only its duration counts: an error here shows in list.err.
+                r.list_call_ms = Some(timed(|| self.list(&err)).1);
+                let path = list.first().map(|v| &v.io_path_in_use);
+                r.io_path = path.map(|p| p.as_str().map_or(p.to_string(), str::to_owned));
+                return ready_ms.ok_or("no start time".into());
+            }
+            if let Some(v) = list.iter().find(|v| state(v, "VOLUME_STATE_FAILED")) {
+                return Err(format!("a volume FAILED to come back: {}", v.message));
             }
             if let Some(rc) = self.exited() {
                 let tail = self.err_tail();
                 return Err(format!("the new ublkd exited with status {rc}: {tail}"));
             }
             if Instant::now() >= end {
+                let why = format!("{seen} READY; {}", tail_of(&err));
                 return Err(format!(
-                    "not all {n} volumes READY within 60 s of the restart: {seen} READY; {}",
-                    tail_of(&err)
+                    "not all {n} volumes READY within 60 s of the restart: {why}"
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// What the last restart took, READY `ready_ms` after the exec.
-    pub fn restart(&self, ready_ms: Outcome<f64>) -> Restart {
-        Restart {
-            ready_ms,
-            kill_to_exec_ms: span_ms(self.killed, self.started),
-            kill_to_ready_ms: span_ms(self.killed, self.ready),
-            list_call_ms: self.list_call_ms,
-            io_path: self.io_path.clone(),
         }
     }
 
@@ -565,38 +514,30 @@ impl Node {
         let del = self.d.join("delete.err");
         if self.exited().is_some() {
             self.spawn();
-            wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-                self.exited().is_some() || self.ctl("node-info", &del).is_ok()
-            });
+            let _ = self.wait_up(10); // whether it answers shows in the deletes
         }
-        match self.list(&del) {
-            Ok(list) => {
-                for v in list.volumes {
-                    if let Err(e) = self.ctl(&format!("delete-volume {}", v.id), &del) {
-                        self.problems
-                            .push(format!("delete-volume {} failed: {e}", v.id));
-                    }
-                }
-            }
-            Err(e) => self
-                .problems
-                .push(format!("list-volumes failed before the deletes: {e}")),
-        }
+        let problems = match self.list(&del) {
+            Ok(list) => list
+                .volumes
+                .iter()
+                .filter_map(|v| self.delete(&v.id, &del).err())
+                .collect(),
+            Err(e) => vec![format!("list-volumes failed before the deletes: {e}")],
+        };
+        self.problems.extend(problems);
         for (name, dev) in &self.volumes {
             if dev.exists() {
-                let dev = dev.display();
-                self.problems
-                    .push(format!("{dev} ({name}) still exists after the deletes"));
+                let left = format!("{} ({name}) still exists after the deletes", dev.display());
+                self.problems.push(left);
             }
         }
         match self.exited() {
+            None => self.stop(),
             Some(rc) => {
                 let tail = self.err_tail();
-                self.problems.push(format!(
-                    "ublkd was not running for the deletes (status {rc}): {tail}"
-                ));
+                let why = format!("ublkd was not running for the deletes (status {rc}): {tail}");
+                self.problems.push(why);
             }
-            None => self.stop(),
         }
     }
 }
@@ -606,7 +547,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rss_and_volume_lists_read_as_ublkctl_and_proc_write_them() {
+    fn rss_volume_lists_and_tails_read_as_written() {
         let status = "Name:\tublkd\nVmHWM:\t   9000 kB\nVmRSS:\t    8520 kB\nThreads:\t5\n";
         assert_eq!(parse_vmrss(status), Ok(8520.0));
         assert!(parse_vmrss("Name:\tublkd\n").is_err_and(|e| e.contains("no VmRSS")));
@@ -616,14 +557,8 @@ mod tests {
             "io_path_in_use": "IO_PATH_BATCH", "spec": {"size": 1}}, {"id": "r002", "state": 9}]}"#;
         let l: VolumeList = serde_json::from_str(list).unwrap();
         assert_eq!(l.volumes[0].io_path_in_use, "IO_PATH_BATCH");
-        assert_eq!(
-            (l.volumes[1].id.as_str(), l.volumes[1].state.as_u64()),
-            ("r002", Some(9))
-        );
-    }
-
-    #[test]
-    fn the_tail_of_a_file_is_its_last_five_lines() {
+        let unknown = (l.volumes[1].id.as_str(), l.volumes[1].state.as_u64());
+        assert_eq!(unknown, ("r002", Some(9)));
         let p = std::env::temp_dir().join(format!("xtask-tail-{}", std::process::id()));
         fs::write(&p, "1\n2\n3\n4\n5\n6\n7\n").unwrap();
         assert_eq!(tail_of(&p), "3 4 5 6 7");

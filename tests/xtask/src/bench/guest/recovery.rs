@@ -2,16 +2,15 @@
 //! all are READY) and under I/O (the longest stall fio saw).
 
 use super::super::cases::{
-    recovery_run, CONTROL_DEPTH, CONTROL_SIZE, RECOVERY_METRICS, STALL_KILL_AT_SECS, STALL_RUN,
-    STALL_RUNTIME_SECS, STALL_SIZE,
+    recovery_run, CONTROL_DEPTH, CONTROL_SIZE, STALL_KILL_AT_SECS, STALL_RUN, STALL_RUNTIME_SECS,
+    STALL_SIZE,
 };
-use super::super::results::{Case, Measured, Outcome, Stall};
-use super::fio::{fio, report, DIRECT};
+use super::super::results::{Case, Measured, Outcome, Restart, Stall};
+use super::fio::{blk_of, fio, io_counts, job, report, DIRECT};
 use super::proc::{
-    code, is_blk, log_file, note, signal, span_ms, tail_of, wait_until, Guest, Node,
+    code, is_blk, log_file, note, signal, span_ms, tail_of, wait_secs, wait_until, Guest, Node,
 };
 use std::fs;
-use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,31 +21,29 @@ pub fn recovery_case(g: &Guest, n: usize) -> Case {
     note(&format!(
         "{run}: {n} null volumes, kill -9 ublkd, start it again"
     ));
-    Node::run(g, &run, RECOVERY_METRICS, |node| {
+    Node::run(g, &run, |node| {
         let err = node.d.join("create.err");
         let volume =
             format!("--size {CONTROL_SIZE} --backend null --queues 1 --depth {CONTROL_DEPTH}");
-        let mut devs = Vec::new();
-        for k in 1..=n {
-            devs.push(node.create(&format!("r{k:03}"), &volume, &err)?.0);
-        }
-        let ready_ms = node.crash_restart().and_then(|()| {
+        let devs = (1..=n)
+            .map(|k| Ok(node.create(&format!("r{k:03}"), &volume, &err)?.0))
+            .collect::<Outcome<Vec<_>>>()?;
+        let r = node.crash_restart(n, || {
             let gone: Vec<String> = devs
                 .iter()
                 .filter(|d| !is_blk(d))
                 .map(|d| d.display().to_string())
                 .collect();
-            let ms = node.wait_ready(n)?;
             match gone.is_empty() {
-                true => Ok(ms),
+                true => Ok(()),
                 false => Err(format!(
                     "devices gone after kill -9 (they must survive the daemon): {}",
                     gone.join(" ")
                 )),
             }
         });
-        note(&format!("{run}: READY after {ready_ms:?} ms"));
-        Ok(Measured::Recovery(node.restart(ready_ms)))
+        note(&format!("{run}: READY after {:?} ms", r.ready_ms));
+        Ok(Measured::Recovery(r))
     })
 }
 
@@ -58,9 +55,7 @@ pub fn stall_case(g: &Guest) -> Case {
         "{STALL_RUN}: fio on a RAM volume for {STALL_RUNTIME_SECS} s, kill -9 ublkd \
          {STALL_KILL_AT_SECS} s in"
     ));
-    Node::run(g, STALL_RUN, RECOVERY_METRICS, |node| {
-        stall(node).map(Measured::Stall)
-    })
+    Node::run(g, STALL_RUN, |node| stall(node).map(Measured::Stall))
 }
 
 fn stall(node: &mut Node) -> Outcome<Stall> {
@@ -69,12 +64,10 @@ fn stall(node: &mut Node) -> Outcome<Stall> {
     let (dev, _) = node.create("s1", &volume, &d.join("create.err"))?;
     let logs = node.c.join("fio");
     fs::create_dir_all(&logs).map_err(|e| format!("mkdir {}: {e}", logs.display()))?;
-    let (json, log) = (d.join("fio.json"), d.join("fio.log"));
-    let lat_log = logs.join("stall");
+    let (json, log, lat_log) = (d.join("fio.json"), d.join("fio.log"), logs.join("stall"));
     let args = format!(
-        "{DIRECT} --bs=4k --rw=randwrite --iodepth=16 --numjobs=1 --norandommap --time_based \
-         --runtime={STALL_RUNTIME_SECS} --disable_slat=1 --disable_lat=1 --log_avg_msec=0 \
-         --write_lat_log={}",
+        "{DIRECT} {} --disable_slat=1 --disable_lat=1 --log_avg_msec=0 --write_lat_log={}",
+        job("randwrite", "4k", 16, STALL_RUNTIME_SECS),
         lat_log.display()
     );
     let mut c = fio(STALL_RUNTIME_SECS, "stall", &dev, &json, &args);
@@ -91,39 +84,27 @@ fn stall(node: &mut Node) -> Outcome<Stall> {
         rc
     };
     // fio can take seconds to start its job (TCG): count from the device's first write.
-    let blk = fs::canonicalize(&dev).unwrap_or_else(|_| dev.clone());
-    let stat = Path::new("/sys/block")
-        .join(blk.file_name().unwrap_or_default())
-        .join("stat");
-    let writes = || {
-        let s = fs::read_to_string(&stat).unwrap_or_default();
-        s.split_whitespace()
-            .nth(4)
-            .and_then(|w| w.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let blk = blk_of(&dev);
+    let writes = || io_counts(&blk).map_or(0, |(_, w)| w);
     wait_until(Duration::from_secs(60), Duration::from_millis(10), || {
         writes() > 0 || ended(&mut fio).is_some()
     });
     let first_write = Instant::now();
-    let ready = if writes() == 0 {
-        let tail = tail_of(&log);
-        Err(format!(
-            "fio wrote nothing to {} within 60 s: {tail}",
-            dev.display()
-        ))
-    } else {
-        std::thread::sleep(Duration::from_secs(STALL_KILL_AT_SECS));
-        node.crash_restart().and_then(|()| node.wait_ready(1))
+    let (restart, killed) = match writes() {
+        0 => {
+            let (dev, tail) = (dev.display(), tail_of(&log));
+            let why = format!("fio wrote nothing to {dev} within 60 s: {tail}");
+            (Restart::failed(why), None)
+        }
+        _ => {
+            std::thread::sleep(Duration::from_secs(STALL_KILL_AT_SECS));
+            let killed = Instant::now();
+            (node.crash_restart(1, || Ok(())), Some(killed))
+        }
     };
-    let mut failure = ready.clone().map(drop);
+    let mut failure = restart.ready_ms.clone().map(drop);
     let within = STALL_RUNTIME_SECS + 70;
-    wait_until(
-        Duration::from_secs(within),
-        Duration::from_millis(100),
-        || ended(&mut fio).is_some(),
-    );
-    if ended(&mut fio).is_none() {
+    if !wait_secs(within, || ended(&mut fio).is_some()) {
         failure = failure.and(Err(format!("fio did not end within {within} s")));
         signal(fio.id(), "KILL");
         // Reaped so that no zombie outlives the case; its status is the kill.
@@ -133,8 +114,7 @@ fn stall(node: &mut Node) -> Outcome<Stall> {
         .map_err(|e| format!("no completion latency log from fio: {e}: {}", tail_of(&log)))
         .and_then(|t| parse_clat_log(&t));
     let fio_report = report(&json);
-    let kill_after_ms = span_ms(Some(first_write), node.killed);
-    let restart = node.restart(ready);
+    let kill_after_ms = span_ms(Some(first_write), killed);
     let max_ms = failure.and_then(|()| {
         match rc {
             Some(0) => {}

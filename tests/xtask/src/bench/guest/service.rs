@@ -3,79 +3,61 @@
 //! the kubelet would.
 
 use super::super::cases::{
-    CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_METRICS, CONTROL_RUN, CONTROL_SCRAPES, CONTROL_SIZE,
-    CONTROL_VOLUMES, CSI_METRICS, CSI_PARALLEL, CSI_RUN, CSI_VOLUMES,
+    CONTROL_DEPTH, CONTROL_LOAD_CALLS, CONTROL_RUN, CONTROL_SCRAPES, CONTROL_SIZE, CONTROL_VOLUMES,
+    CSI_PARALLEL, CSI_RUN, CSI_VOLUMES,
 };
-use super::super::results::{Case, Control, Csi, Measured, Outcome};
-use super::fio::{report, DIRECT, RANDREAD_QD32};
-use super::proc::{log_file, note, signal, tail_of, timed, vmrss_kib, wait_until, Guest, Node};
+use super::super::results::{first_of, Case, Control, Csi, Measured, Outcome};
+use super::fio::{job, report, DIRECT};
+use super::proc::{
+    log_file, note, output, signal, tail_of, timed, vmrss_kib, wait_secs, Guest, Node,
+};
 use std::fs;
-use std::io::{Read as _, Write as _};
+use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Several failures (one per volume) as the first one and a count.
-fn first_of(problems: &[String]) -> Option<String> {
-    match problems {
-        [] => None,
-        [one] => Some(one.clone()),
-        [first, more @ ..] => Some(format!("{first} (and {} more)", more.len())),
-    }
-}
 
 /// The control plane: the daemon's RSS with no volumes and with `CONTROL_VOLUMES` idle null
 /// volumes; each create-volume and delete-volume timed end to end, ublkctl's start-up
 /// included; scrapes of /metrics with every volume present; and creates and deletes again
 /// while fio keeps the workers of the first two volumes busy.
 pub fn control_case(g: &Guest) -> Case {
+    let n = CONTROL_VOLUMES;
     note(&format!(
-        "{CONTROL_RUN}: ublkd --config, then {CONTROL_VOLUMES} volumes through ublkctl"
+        "{CONTROL_RUN}: ublkd --config, then {n} volumes through ublkctl"
     ));
-    Node::run(g, CONTROL_RUN, CONTROL_METRICS, |node| {
-        Ok(Measured::Control(control(node)))
-    })
+    Node::run(g, CONTROL_RUN, |node| Ok(Measured::Control(control(node))))
 }
 
 fn control(node: &mut Node) -> Control {
-    let rss = |node: &Node| {
-        node.pid()
-            .ok_or("ublkd is not running".into())
-            .and_then(vmrss_kib)
-    };
+    let rss = |node: &Node| vmrss_kib(node.pid().ok_or("ublkd is not running")?);
     std::thread::sleep(Duration::from_secs(1));
     let rss_empty_kib = rss(node);
     let err = node.d.join("create.err");
     // Null volumes of one queue (the server's default).
     let volume = format!("--size {CONTROL_SIZE} --backend null --depth {CONTROL_DEPTH}");
-    let (mut created, mut create_ms) = (Vec::new(), Ok(Vec::new()));
-    for k in 1..=CONTROL_VOLUMES {
+    let mut created = Vec::new();
+    let mut create = |k| {
         let name = format!("v{k:03}");
-        match (node.create(&name, &volume, &err), &mut create_ms) {
-            (Ok((dev, ms)), Ok(times)) => {
-                times.push(ms);
-                created.push((name, dev));
-            }
-            (r, _) => {
-                create_ms = r.map(|_| vec![]);
-                break;
-            }
-        }
-    }
+        let (dev, ms) = node.create(&name, &volume, &err)?;
+        created.push((name, dev));
+        Ok(ms)
+    };
+    let create_ms: Outcome<Vec<f64>> = (1..=CONTROL_VOLUMES).map(&mut create).collect();
     note(&format!("{CONTROL_RUN}: {} volumes created", created.len()));
     std::thread::sleep(Duration::from_secs(1));
     let not_all = |e: &String| format!("not all {CONTROL_VOLUMES} volumes were created: {e}");
     let rss_full_kib = create_ms.as_ref().map_err(not_all).and_then(|_| rss(node));
-    let scrape_ms = scrape(CONTROL_METRICS);
+    let scrape_ms = scrape(&node.metrics);
     let load = under_load(node, &created, &volume);
 
     let err = node.d.join("delete.err");
     let (mut delete_ms, mut problems) = (Vec::new(), Vec::new());
     for (name, dev) in &created {
-        match timed(|| node.ctl(&format!("delete-volume {name}"), &err)) {
-            (Err(e), _) => problems.push(format!("delete-volume {name} failed {e}")),
-            (Ok(_), ms) => delete_ms.push(ms),
+        match node.delete(name, &err) {
+            Ok(ms) => delete_ms.push(ms),
+            Err(e) => problems.push(e),
         }
         if dev.exists() {
             let dev = dev.display();
@@ -107,25 +89,20 @@ fn control(node: &mut Node) -> Control {
 
 /// GETs of /metrics at `addr`, each timed inside this process (ms).
 fn scrape(addr: &str) -> Outcome<Vec<f64>> {
-    let get = || -> Outcome<()> {
-        let mut c = TcpStream::connect(addr).map_err(|e| format!("GET /metrics: {e}"))?;
+    let get = || -> io::Result<String> {
+        let mut c = TcpStream::connect(addr)?;
         let mut body = Vec::new();
-        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-            .and_then(|()| c.read_to_end(&mut body))
-            .map_err(|e| format!("GET /metrics: {e}"))?;
+        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        c.read_to_end(&mut body)?;
         let head = body.split(|&b| b == b'\r').next().unwrap_or_default();
-        let head = String::from_utf8_lossy(head);
-        match head.starts_with("HTTP/1.") && head.contains(" 200 ") {
-            true => Ok(()),
-            false => Err(format!("GET /metrics did not answer 200: {head}")),
-        }
+        Ok(String::from_utf8_lossy(head).into_owned())
     };
-    (0..CONTROL_SCRAPES)
-        .map(|_| match timed(get) {
-            (Ok(()), ms) => Ok(ms),
-            (Err(e), _) => Err(e),
-        })
-        .collect()
+    let timed_get = |_| match timed(get) {
+        (Ok(head), ms) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => Ok(ms),
+        (Ok(head), _) => Err(format!("GET /metrics did not answer 200: {head}")),
+        (Err(e), _) => Err(format!("GET /metrics: {e}")),
+    };
+    (0..CONTROL_SCRAPES).map(timed_get).collect()
 }
 
 /// Round trips to busy workers: a create hands the new queue to a worker and waits for its
@@ -143,8 +120,8 @@ fn under_load(
     let (json, log) = (node.d.join("load.json"), node.d.join("load.log"));
     let mut fio = Command::new("fio")
         .args(DIRECT.split_whitespace())
-        .args(RANDREAD_QD32.split_whitespace())
-        .args(["--runtime=300", "--output-format=json"])
+        .args(job("randread", "4k", 32, 300).split_whitespace())
+        .arg("--output-format=json")
         .arg(format!("--output={}", json.display()))
         .args(["--name=load0", &format!("--filename={}", a.display())])
         .args(["--name=load1", &format!("--filename={}", b.display())])
@@ -161,16 +138,16 @@ fn under_load(
         note(&format!("waiting for the fio load: {e}"));
     }
     let (creates, deletes) = calls?;
+    let n = creates.len();
     note(&format!(
-        "{CONTROL_RUN}: {} creates and deletes timed under load",
-        creates.len()
+        "{CONTROL_RUN}: {n} creates and deletes timed under load"
     ));
     let mut iops = 0.0;
     for job in report(&json)?.jobs {
         if job.error != 0 {
             return Err(format!("the fio load reported error {}", job.error));
         }
-        iops += job.read.iops + job.write.iops + job.trim.iops;
+        iops += job.read.iops + job.write.iops;
     }
     match iops > 0.0 {
         true => Ok((creates, deletes, iops)),
@@ -189,23 +166,18 @@ fn load_calls(
     let (mut creates, mut deletes) = (Vec::new(), Vec::new());
     for k in 0..=CONTROL_LOAD_CALLS {
         if !matches!(fio.try_wait(), Ok(None)) {
+            let tail = tail_of(log);
             return Err(format!(
-                "the fio load ended before the timed calls did: {}",
-                tail_of(log)
+                "the fio load ended before the timed calls did: {tail}"
             ));
         }
         if k == CONTROL_LOAD_CALLS {
             break;
         }
         let name = format!("l{:03}", k + 1);
-        let (_, c_ms) = node
-            .create(&name, volume, &err)
-            .map_err(|e| format!("{e} (under load)"))?;
-        match timed(|| node.ctl(&format!("delete-volume {name}"), &err)) {
-            (Err(e), _) => return Err(format!("delete-volume {name} failed under load {e}")),
-            (Ok(_), d_ms) => deletes.push(d_ms),
-        }
-        creates.push(c_ms);
+        let under_load = |e| format!("{e} (under load)");
+        creates.push(node.create(&name, volume, &err).map_err(under_load)?.1);
+        deletes.push(node.delete(&name, &err).map_err(under_load)?);
     }
     Ok((creates, deletes))
 }
@@ -237,10 +209,7 @@ impl Driver {
     }
 
     fn ctl(&self, args: &str, err: &Path) -> Outcome<()> {
-        match self.command(args, err).status() {
-            Ok(s) if s.success() => Ok(()),
-            _ => Err(tail_of(err)),
-        }
+        output(&mut self.command(args, err), err).map(drop)
     }
 
     /// A volume's staging path and its pod's target path.
@@ -292,12 +261,9 @@ pub fn csi_case(g: &Guest) -> Case {
         "{CSI_RUN}: {CSI_VOLUMES} volumes per file system to a mounted pod path; \
          {CSI_PARALLEL} stages in sequence, {CSI_PARALLEL} in parallel"
     ));
-    Node::run(g, CSI_RUN, CSI_METRICS, |node| {
-        let src = g
-            .input
-            .csi
-            .as_ref()
-            .map_err(|e| format!("no ublkd-csi binary: {e}"))?;
+    Node::run(g, CSI_RUN, |node| {
+        let src = g.input.csi.as_ref();
+        let src = src.map_err(|e| format!("no ublkd-csi binary: {e}"))?;
         // In the node's own directory: the tmpfs, and never a path the node uses.
         let mut drv = Driver {
             bin: node.c.join("ublkd-csi.bin"),
@@ -321,9 +287,7 @@ pub fn csi_case(g: &Guest) -> Case {
             .stderr(log_file(&node.d.join("csi.log")))
             .spawn()
             .map_err(|e| format!("could not start ublkd-csi: {e}"))?;
-        wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-            drv.sock.exists()
-        });
+        wait_secs(10, || drv.sock.exists());
         let measured = csi(&mut drv, &node.d, &mut node.problems);
         drv.teardown(&node.d, &mut node.problems);
         signal(driver.id(), "TERM");
@@ -359,27 +323,25 @@ fn csi(drv: &mut Driver, d: &Path, problems: &mut Vec<String>) -> Outcome<Csi> {
             .map(|k| format!("pvc-{set}-{k:03}"))
             .collect();
         for name in &names {
-            drv.create(name, 64 << 20, None, &err)
-                .map_err(|e| format!("{name}: {e}"))?;
+            let made = drv.create(name, 64 << 20, None, &err);
+            made.map_err(|e| format!("{name}: {e}"))?;
         }
         let t0 = Instant::now();
-        let stage = |n: &String| drv.command(&format!("stage {n} {}", drv.paths(n).0), &err);
-        let failed = |n: &String| format!("stage {n} failed: {}", tail_of(&err));
-        let failures: Vec<String> = if parallel {
-            let children: Vec<_> = names.iter().map(|n| (n, stage(n).spawn())).collect();
-            let waited = children
-                .into_iter()
-                .map(|(n, c)| (n, c.map(|mut c| c.wait())));
-            waited
-                .filter_map(|(n, r)| match r {
-                    Ok(Ok(s)) if s.success() => None,
-                    Ok(_) => Some(failed(n)),
-                    Err(e) => Some(format!("could not start the stage of {n}: {e}")),
-                })
-                .collect()
-        } else {
-            let ok = |n: &&String| stage(n).status().is_ok_and(|s| s.success());
-            names.iter().filter(|n| !ok(n)).map(failed).collect()
+        let stage = |n: &String| {
+            drv.command(&format!("stage {n} {}", drv.paths(n).0), &err)
+                .spawn()
+        };
+        let wait = |(n, c): (&String, io::Result<Child>)| match c.and_then(|mut c| c.wait()) {
+            Ok(s) if s.success() => None,
+            Ok(_) => Some(format!("stage {n} failed: {}", tail_of(&err))),
+            Err(e) => Some(format!("could not start the stage of {n}: {e}")),
+        };
+        let failures: Vec<String> = match parallel {
+            true => {
+                let children: Vec<_> = names.iter().map(|n| (n, stage(n))).collect();
+                children.into_iter().filter_map(wait).collect()
+            }
+            false => names.iter().filter_map(|n| wait((n, stage(n)))).collect(),
         };
         *total = t0.elapsed().as_secs_f64() * 1e3;
         drv.teardown(d, problems);
