@@ -840,7 +840,17 @@ spec:
         .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods", "-o", "wide"]))?;
     std::thread::sleep(Duration::from_secs(5));
     for (pod, claim, _) in writers {
-        s.in_pod(pod, "touch /data/stop")?;
+        s.in_pod(pod, "touch /data/stop").inspect_err(|_| {
+            s.tail(10, &["logs", pod]);
+            s.tail(20, &["describe", "pod", pod]);
+            if let Ok(k) = local("dmesg", &[]) {
+                let k: Vec<_> = k.lines().rev().take(40).collect();
+                s.say(format!(
+                    "dmesg, last 40 lines, newest first:\n{}",
+                    k.join("\n")
+                ));
+            }
+        })?;
         let done = || {
             s.jp(&["pod", pod], "{.status.phase}")
                 .is_ok_and(|p| p == "Succeeded")
@@ -1917,6 +1927,14 @@ fn uninstall(s: &Sc) -> Result<()> {
         left.trim().is_empty(),
         "claims left before the uninstall:\n{left}"
     );
+    // classes a failed scenario made itself (the chart's carry managed-by=Helm)
+    s.k(&[
+        "delete",
+        "storageclass",
+        "-l",
+        "app.kubernetes.io/managed-by!=Helm",
+        "--ignore-not-found",
+    ])?;
     s.helm(&[
         "uninstall",
         "ublkd",
