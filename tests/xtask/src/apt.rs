@@ -22,6 +22,8 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("fio", "fio"),
     // the bench's encrypted file case (LUKS2, as the CSI driver opens it)
     ("cryptsetup", "cryptsetup-bin"),
+    // the bench's LVM-style peer (a linear device-mapper volume on the namespace)
+    ("dmsetup", "dmsetup"),
     ("mkfs.ext4", "e2fsprogs"),
     // The CSI driver's xfs volumes (mkfs, grow) in the VM tests.
     ("mkfs.xfs", "xfsprogs"),

@@ -142,8 +142,16 @@ pub enum Server {
         zero_copy: bool,
         poll: bool,
     },
-    /// `kublk add -t null`, with `-b` (BATCH_IO) when `batch`, `--auto_zc` when `auto_zc`.
-    Kublk { batch: bool, auto_zc: bool },
+    /// `kublk add`, with `-b` (BATCH_IO) when `batch`, `--auto_zc` when `auto_zc`: `-t null`,
+    /// or `-t loop` over the backing file (`File`) or the namespace `/dev/nvme0n1` (`Nvme`).
+    Kublk {
+        backend: UBackend,
+        batch: bool,
+        auto_zc: bool,
+    },
+    /// A linear device-mapper volume over the whole namespace, as an LVM logical volume
+    /// (TopoLVM, LocalPV-LVM) is: the kernel's own path, fio with io_uring.
+    DmLinear,
     /// The loop driver with direct I/O on the backing file.
     Loop,
     /// The kernel's null_blk (`/dev/nullb0`, loaded at boot).
@@ -246,8 +254,12 @@ const fn ublkd(backend: UBackend, io_path: &'static str, zero_copy: bool, poll: 
     }
 }
 
-const fn kublk(batch: bool, auto_zc: bool) -> Server {
-    Server::Kublk { batch, auto_zc }
+const fn kublk(backend: UBackend, batch: bool, auto_zc: bool) -> Server {
+    Server::Kublk {
+        backend,
+        batch,
+        auto_zc,
+    }
 }
 
 /// In the order they run; each of ours next to its peer so that drift affects both alike.
@@ -256,20 +268,26 @@ pub const RUNS: &[Run] = {
     &[
         run("null_blk", Server::NullBlk),
         run("ublkd-null-per-io", ublkd(Null, "per-io", false, false)),
-        run("kublk-null", kublk(false, false)),
+        run("kublk-null", kublk(Null, false, false)),
         run("ublkd-null-batch", ublkd(Null, "batch", false, false)),
-        run("kublk-null-batch", kublk(true, false)),
+        run("kublk-null-batch", kublk(Null, true, false)),
         run("ublkd-null-per-io-zc", ublkd(Null, "per-io", true, false)),
-        run("kublk-null-zc", kublk(false, true)),
+        run("kublk-null-zc", kublk(Null, false, true)),
         run("ublkd-null-batch-zc", ublkd(Null, "batch", true, false)),
-        run("kublk-null-batch-zc", kublk(true, true)),
+        run("kublk-null-batch-zc", kublk(Null, true, true)),
         run("ublkd-file", ublkd(File, "per-io", true, false)),
         run("loop-dio", Server::Loop),
         run("ublkd-file-copy", ublkd(File, "per-io", false, false)),
         run("ublkd-file-luks2", Server::Luks2File),
+        run("kublk-loop-file", kublk(File, false, false)),
+        run("kublk-loop-file-zc", kublk(File, false, true)),
         run("ublkd-nvme-poll", ublkd(Nvme, "batch", true, true)),
         run("fio-ng0n1-passthru", Server::RawNvme { passthru: true }),
         run("fio-nvme0n1-hipri", Server::RawNvme { passthru: false }),
+        run("dm-linear", Server::DmLinear),
+        run("kublk-loop-nvme", kublk(Nvme, false, false)),
+        run("kublk-loop-nvme-zc", kublk(Nvme, false, true)),
+        run("kublk-loop-nvme-batch-zc", kublk(Nvme, true, true)),
         run("ublkd-nvme-irq", ublkd(Nvme, "batch", true, false)),
     ]
 };
@@ -402,50 +420,29 @@ const fn pair(case: &'static str, runs: (&'static str, &'static str), name: &'st
 }
 
 const POLL: &str = "ublkd-nvme-poll";
+const IRQ: &str = "ublkd-nvme-irq";
 
+/// Ours against a peer: the case, (our run, the peer's run), the peer's name.
+#[rustfmt::skip]
 pub const PAIRS: &[Pair] = &[
     pair("null per-io", ("ublkd-null-per-io", "kublk-null"), "kublk"),
-    pair(
-        "null batch",
-        ("ublkd-null-batch", "kublk-null-batch"),
-        "kublk",
-    ),
-    pair(
-        "null per-io zero copy",
-        ("ublkd-null-per-io-zc", "kublk-null-zc"),
-        "kublk --auto_zc",
-    ),
-    pair(
-        "null batch zero copy",
-        ("ublkd-null-batch-zc", "kublk-null-batch-zc"),
-        "kublk -b --auto_zc",
-    ),
+    pair("null batch", ("ublkd-null-batch", "kublk-null-batch"), "kublk"),
+    pair("null per-io zero copy", ("ublkd-null-per-io-zc", "kublk-null-zc"), "kublk --auto_zc"),
+    pair("null batch zero copy", ("ublkd-null-batch-zc", "kublk-null-batch-zc"), "kublk -b --auto_zc"),
     pair("file", ("ublkd-file", "loop-dio"), "loop"),
-    pair(
-        "file zero copy vs copy",
-        ("ublkd-file", "ublkd-file-copy"),
-        "ublkd copy",
-    ),
-    pair(
-        "file encrypted (LUKS2) vs plain",
-        ("ublkd-file-luks2", "ublkd-file"),
-        "ublkd plain",
-    ),
-    pair(
-        "nvme polled zc vs ng0n1 passthru",
-        (POLL, "fio-ng0n1-passthru"),
-        "fio ng0n1",
-    ),
-    pair(
-        "nvme polled zc vs nvme0n1 hipri",
-        (POLL, "fio-nvme0n1-hipri"),
-        "fio nvme0n1",
-    ),
-    pair(
-        "nvme polled vs interrupt",
-        (POLL, "ublkd-nvme-irq"),
-        "ublkd irq",
-    ),
+    pair("file vs kublk loop", ("ublkd-file", "kublk-loop-file"), "kublk -t loop"),
+    pair("file vs kublk loop zero copy", ("ublkd-file", "kublk-loop-file-zc"), "kublk -t loop --auto_zc"),
+    pair("file zero copy vs copy", ("ublkd-file", "ublkd-file-copy"), "ublkd copy"),
+    pair("file encrypted (LUKS2) vs plain", ("ublkd-file-luks2", "ublkd-file"), "ublkd plain"),
+    pair("nvme polled zc vs ng0n1 passthru", (POLL, "fio-ng0n1-passthru"), "fio ng0n1"),
+    pair("nvme polled zc vs nvme0n1 hipri", (POLL, "fio-nvme0n1-hipri"), "fio nvme0n1"),
+    pair("nvme polled vs interrupt", (POLL, "ublkd-nvme-irq"), "ublkd irq"),
+    pair("nvme polled zc vs dm-linear", (POLL, "dm-linear"), "dm-linear"),
+    pair("nvme irq zc vs dm-linear", (IRQ, "dm-linear"), "dm-linear"),
+    pair("nvme polled zc vs kublk loop", (POLL, "kublk-loop-nvme"), "kublk -t loop"),
+    pair("nvme polled zc vs kublk loop zc", (POLL, "kublk-loop-nvme-zc"), "kublk -t loop --auto_zc"),
+    pair("nvme polled zc vs kublk loop batch zc", (POLL, "kublk-loop-nvme-batch-zc"), "kublk -t loop -b --auto_zc"),
+    pair("nvme irq zc vs kublk loop zc", (IRQ, "kublk-loop-nvme-zc"), "kublk -t loop --auto_zc"),
 ];
 pub const CEILING_RUN: &str = "null_blk";
 pub const OURS_NAME: &str = "ublkd";
@@ -503,7 +500,10 @@ mod tests {
         let cpu: Vec<bool> = PAIRS.iter().map(Pair::cpu).collect();
         assert_eq!(
             cpu,
-            [true, true, true, true, false, true, true, false, false, true]
+            [
+                true, true, true, true, false, true, true, true, true, false, false, true, false,
+                false, true, true, true, true
+            ]
         );
         assert_eq!(PAIRS.iter().filter(|p| p.ceiling()).count(), 4);
     }

@@ -64,7 +64,10 @@ pub fn steps(input: &Input) -> Vec<Step> {
                 (backend == UBackend::Nvme, input.ublkd.as_ref().map(drop))
             }
             Server::Luks2File => (false, input.ublkd.as_ref().map(drop)),
-            Server::Kublk { .. } => (false, input.kublk.as_ref().map(drop)),
+            Server::Kublk { backend, .. } => {
+                (backend == UBackend::Nvme, input.kublk.as_ref().map(drop))
+            }
+            Server::DmLinear => (true, Ok(())),
             Server::Loop | Server::NullBlk => (false, Ok(())),
         };
         if nvme && !unmounted {
@@ -230,10 +233,16 @@ mod tests {
             "loop-dio false",
             "ublkd-file-copy false",
             "ublkd-file-luks2 false",
+            "kublk-loop-file: not built",
+            "kublk-loop-file-zc: not built",
             "UnmountBacking",
             "ublkd-nvme-poll false",
             "fio-ng0n1-passthru false",
             "fio-nvme0n1-hipri false",
+            "dm-linear false",
+            "kublk-loop-nvme: not built",
+            "kublk-loop-nvme-zc: not built",
+            "kublk-loop-nvme-batch-zc: not built",
             "ublkd-nvme-irq false",
             "Control",
             "ublkd-csi: not built",
@@ -255,6 +264,10 @@ mod tests {
         assert_eq!(
             devices::args(RUNS[8].server),
             "-t null -q 2 -d 128 -b --auto_zc"
+        );
+        assert_eq!(
+            devices::args(RUNS[14].server),
+            "-t loop -q 2 -d 128 --auto_zc"
         );
         let zc = "--queues 2 --depth 128 --io-path batch --zero-copy on --poll off";
         assert_eq!(devices::args(RUNS[7].server), zc);

@@ -1,6 +1,6 @@
 //! The peers' binaries: `kublk`, the kernel's ublk selftest server, built from Debian's
-//! `linux-source-<x.y>` of the guest kernel and cached per kernel version. (The loop driver,
-//! null_blk and raw NVMe need nothing built.)
+//! `linux-source-<x.y>` of the guest kernel and cached per kernel version: its null and loop
+//! targets. (The loop driver, dm-linear, null_blk and raw NVMe need nothing built.)
 
 use crate::apt::{self, PrivateApt};
 use crate::image::{self, Kernel};

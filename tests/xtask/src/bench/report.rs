@@ -364,8 +364,8 @@ mod tests {
             _ => sample(8000.0, 125.0, 4.0),
         });
         let entries = fio_entries(&results, &Plan::default());
-        // 10 pairs x 7 workloads, CPU for 7 pairs x 7, 6 IOPS workloads x 4 ceilings, 2 RSS.
-        assert_eq!(entries.len(), 70 + 49 + 24 + 2);
+        // 18 pairs x 7 workloads, CPU for 13 pairs x 7, 6 IOPS workloads x 4 ceilings, 2 RSS.
+        assert_eq!(entries.len(), 126 + 91 + 24 + 2);
         assert!(entries.iter().all(|e| e.error.is_none()));
         // Latency: lower is better, so peer / ours; CPU: ours / peer, below 1 is better.
         let cases = [

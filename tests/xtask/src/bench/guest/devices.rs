@@ -108,7 +108,16 @@ pub fn fio_case(
             note(&format!("{run_id}: fio {engine} on {dev}"));
             fio_run(workloads(g, run_id, Path::new(dev), &[], engine), no_rss())
         }
-        (Server::Kublk { .. }, _) => kublk_case(g, run_id, &args(server)),
+        (Server::DmLinear, _) => dm_linear_case(g, run_id),
+        (Server::Kublk { backend, .. }, backing) => {
+            let over = match (backend, backing) {
+                (UBackend::Null, _) => String::new(),
+                (UBackend::File, Some(file)) => format!(" {}", file.display()),
+                (UBackend::File, None) => return failed(run_id, g.no_backing()),
+                (UBackend::Nvme, _) => " /dev/nvme0n1".into(),
+            };
+            kublk_case(g, run_id, &(args(server) + &over))
+        }
         (Server::Ublkd { .. } | Server::Luks2File, _) => {
             ublkd_case(g, run_id, server, build, warmup, backing)
         }
@@ -119,8 +128,17 @@ pub fn fio_case(
 pub fn args(server: Server) -> String {
     let on = |b: bool| if b { "on" } else { "off" };
     match server {
-        Server::Kublk { batch, auto_zc } => format!(
-            "-t null -q {QUEUES} -d {DEPTH}{}{}",
+        Server::Kublk {
+            backend,
+            batch,
+            auto_zc,
+        } => format!(
+            "-t {} -q {QUEUES} -d {DEPTH}{}{}",
+            if backend == UBackend::Null {
+                "null"
+            } else {
+                "loop"
+            },
             if batch { " -b" } else { "" },
             if auto_zc { " --auto_zc" } else { "" }
         ),
@@ -140,7 +158,7 @@ pub fn args(server: Server) -> String {
             zero_copy: true,
             poll: false,
         }),
-        Server::Loop | Server::NullBlk | Server::RawNvme { .. } => String::new(),
+        Server::Loop | Server::NullBlk | Server::RawNvme { .. } | Server::DmLinear => String::new(),
     }
 }
 
@@ -160,17 +178,7 @@ fn open_luks2(dev: &Path, log: &Path) -> Outcome<PathBuf> {
         ),
         log,
     )?;
-    // By its kernel name, /dev/dm-N: fio's I/O counts are read from /sys/block/dm-N.
-    let dm = fs::read_dir("/sys/block")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| fs::read_to_string(e.path().join("dm/name")).is_ok_and(|n| n.trim() == MAPPING));
-    let dev = dm.map(|e| Path::new("/dev").join(e.file_name()));
-    match dev {
-        Some(dev) if wait_blk(&dev) => Ok(dev),
-        _ => Err(format!("cryptsetup opened no {MAPPING} in /sys/block")),
-    }
+    dm_dev(MAPPING).ok_or(format!("cryptsetup opened no {MAPPING} in /sys/block"))
 }
 
 /// `ublkd run --backend B --size S ARGS` with `build`'s binary: waits for its READY line,
@@ -314,6 +322,43 @@ fn kublk_case(g: &Guest, run_id: &str, args: &str) -> Case {
         }
     }
     case
+}
+
+/// The name of the `DmLinear` run's mapping.
+const LINEAR: &str = "ublkd-bench-lv";
+
+/// `dmsetup create` of one linear target over all of `/dev/nvme0n1`, fio on it, then `dmsetup
+/// remove`.
+fn dm_linear_case(g: &Guest, run_id: &str) -> Case {
+    let log = g.dir(run_id).join("dmsetup.log");
+    let table = "0 $(blockdev --getsz /dev/nvme0n1) linear /dev/nvme0n1 0";
+    note(&format!("{run_id}: dmsetup create {LINEAR} ({table})"));
+    let dev = sh(
+        &format!("dmsetup create --noudevsync {LINEAR} --table \"{table}\""),
+        &log,
+    )
+    .and_then(|_| dm_dev(LINEAR).ok_or(format!("dmsetup made no {LINEAR} in /sys/block")));
+    let mut case = match &dev {
+        Ok(dev) => fio_run(workloads(g, run_id, dev, &[], DIRECT), no_rss()),
+        Err(e) => failed(run_id, format!("dm-linear: {e}")),
+    };
+    if let Err(e) = sh(&format!("dmsetup remove --noudevsync {LINEAR}"), &log) {
+        case.teardown
+            .push(format!("dmsetup remove {LINEAR} failed: {e}"));
+    }
+    case
+}
+
+/// The device-mapper device named `name` by its kernel name, `/dev/dm-N` (fio's I/O counts
+/// are read from /sys/block/dm-N), once it is a block device.
+fn dm_dev(name: &str) -> Option<PathBuf> {
+    let dm = fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| fs::read_to_string(e.path().join("dm/name")).is_ok_and(|n| n.trim() == name))?;
+    let dev = Path::new("/dev").join(dm.file_name());
+    wait_blk(&dev).then_some(dev)
 }
 
 /// A loop device with direct I/O on `file`.
