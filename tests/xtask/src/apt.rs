@@ -98,15 +98,11 @@ fn busybox_is_static() -> bool {
         return false;
     };
     // A static ELF has no PT_INTERP; `ldd` says "not a dynamic executable".
-    Command::new("ldd")
-        .arg(&path)
-        .output()
-        .map(|o| {
-            let text = String::from_utf8_lossy(&o.stdout).to_string()
-                + &String::from_utf8_lossy(&o.stderr);
-            text.contains("not a dynamic executable") || text.contains("statically linked")
-        })
-        .unwrap_or(false)
+    Command::new("ldd").arg(&path).output().is_ok_and(|o| {
+        let text = [o.stdout, o.stderr].concat();
+        let text = String::from_utf8_lossy(&text);
+        text.contains("not a dynamic executable") || text.contains("statically linked")
+    })
 }
 
 /// Full path of `cmd` on PATH (plus the sbin directories root uses).

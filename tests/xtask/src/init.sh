@@ -64,6 +64,8 @@ mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
 mount -t tmpfs shm /newroot/dev/shm
 mount -t tmpfs run /newroot/run
+# the bench counts syscalls with a trigger on raw_syscalls:sys_enter
+mount -t tracefs tracefs /newroot/sys/kernel/tracing
 # The workspace or the run directory under the host's /tmp (ublkd.hosttmp=1): keep it visible,
 # scratch under /run. Else a tmpfs of the guest's own on /tmp.
 if [ "$host_tmp" = 1 ]; then

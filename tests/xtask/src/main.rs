@@ -99,10 +99,10 @@ enum Task {
     /// Render the Helm chart deploy/helm/ublkd's defaults into deploy/kubernetes/ublkd.yaml and
     /// check every render of it (the host tests check the same without writing).
     Manifests,
-    /// In one boot: ublkd vs kublk, loop and null_blk under fio; control-plane latency and RSS;
-    /// recovery time and I/O stall; writes target/bench/results.json (UBLKD_BENCH_RUNTIME:
-    /// seconds per job, default 5; UBLKD_BENCH_UBLKD: a ublkd binary to measure instead of a
-    /// release build).
+    /// In one boot: ublkd vs kublk, loop, dm-linear, raw NVMe and null_blk under fio; control-plane
+    /// latency and RSS; recovery time and I/O stall; writes target/bench/results.json
+    /// (UBLKD_BENCH_RUNTIME: seconds per job, default 5; UBLKD_BENCH_UBLKD: a ublkd binary, kept
+    /// outside /tmp, to measure instead of a release build).
     Bench(bench::Args),
     /// `image --push` of an archive already built (the Kubernetes tier's node pushes the image
     /// the host built to its own registry with this, the same code as `image --push`).
@@ -242,11 +242,15 @@ fn test(ws: &Path) -> Result<ExitCode> {
 
 /// The process's exit status for a run that passed or failed.
 fn exit_code(ok: bool) -> ExitCode {
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    ExitCode::from(u8::from(!ok))
+}
+
+/// The five slowest of `took` (seconds, what), slowest first, a line each after `indent`.
+fn slowest_five(mut took: Vec<(f64, String)>, indent: &str) -> String {
+    took.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let five = took.iter().take(5);
+    five.map(|(secs, what)| format!("{indent}{secs:7.1} s  {what}\n"))
+        .collect()
 }
 
 /// The workspace root: two levels above this crate's manifest.
@@ -290,11 +294,10 @@ fn host_tests(ws: &Path) -> Result<()> {
         }
     }
     let status = child.wait().context("waiting for cargo test")?;
-    took.sort_by(|a, b| b.0.total_cmp(&a.0));
-    println!("host tests: the slowest five test binaries:");
-    for (secs, binary) in took.iter().take(5) {
-        println!("  {secs:7.2} s  {binary}");
-    }
+    print!(
+        "host tests: the slowest five test binaries:\n{}",
+        slowest_five(took, "  ")
+    );
     if !status.success() {
         bail!("host tests failed ({status})");
     }

@@ -163,18 +163,8 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
 /// Lines of one test's console section worth repeating: every line that names an error or a
 /// failed check, and its last lines; bounded so that one verbose test cannot bury the others.
 fn failure_excerpt(console: &[String], name: &str) -> String {
-    const MARKS: &[&str] = &[
-        "Error",
-        "error:",
-        "ERROR",
-        "WARN",
-        "panicked",
-        "[FAIL]",
-        "FAIL!",
-        "TIMEOUT",
-        "Expected",
-        "rpc error",
-    ];
+    // what marks a line worth repeating, `|` between them
+    const MARKS: &str = "Error|error:|ERROR|WARN|panicked|[FAIL]|FAIL!|TIMEOUT|Expected|rpc error";
     const TAIL: usize = 25;
     const MAX_MARKED: usize = 40;
     let start = console
@@ -191,7 +181,7 @@ fn failure_excerpt(console: &[String], name: &str) -> String {
     let tail_from = section.len().saturating_sub(TAIL);
     let mut out: Vec<&str> = section[..tail_from]
         .iter()
-        .filter(|l| MARKS.iter().any(|m| l.contains(m)))
+        .filter(|l| MARKS.split('|').any(|m| l.contains(m)))
         .take(MAX_MARKED)
         .map(String::as_str)
         .collect();
@@ -256,7 +246,7 @@ fn run_boot(
         .unwrap_or_else(|_| run.console.clone());
     let secs = run.wall.as_secs_f64();
     println!("\nVM suite ({}, {secs:.1} s):", kernel.kver);
-    let mut took: Vec<(u64, &str)> = Vec::new();
+    let mut took = Vec::new();
     let failed_before = outcome.failed.len();
     for c in cases {
         // Each line of `results`: `RC MS NAME`.
@@ -266,7 +256,7 @@ fn run_boot(
             (name == c.name).then(|| (rc.parse::<i32>().unwrap_or(-1), ms.parse().unwrap_or(0)))
         });
         if let Some((_, ms)) = result {
-            took.push((ms, &c.name));
+            took.push((ms as f64 / 1000.0, c.name.clone()));
         }
         if let Some((0, ms)) = result {
             println!("  ok      {} ({:.1} s)", c.name, ms as f64 / 1000.0);
@@ -277,11 +267,7 @@ fn run_boot(
             outcome.failed.push((c.name.clone(), why));
         }
     }
-    took.sort_by(|a, b| b.cmp(a));
-    println!("  slowest five:");
-    for (ms, name) in took.iter().take(5) {
-        println!("    {:7.1} s  {name}", *ms as f64 / 1000.0);
-    }
+    print!("  slowest five:\n{}", crate::slowest_five(took, "    "));
     if run.exit != Exit::Code(0) {
         let tail = run.console_tail(40);
         println!("guest {}; console tail:\n{tail}", run.exit);

@@ -5,6 +5,13 @@
 //! stall), all on the helpers of `proc`. Each step's [`Case`] goes into the [`Results`] that the
 //! host reads back, rewritten in the run directory after every step.
 
+/// [`proc::note`] of `format!(ARGS)`.
+macro_rules! note {
+    ($($args:tt)*) => {
+        $crate::bench::guest::proc::note(&format!($($args)*))
+    };
+}
+
 mod devices;
 mod features;
 mod fio;
@@ -57,17 +64,16 @@ pub fn steps(input: &Input) -> Vec<Step> {
     let mut out = vec![Step::PrepareBacking];
     let mut unmounted = false;
     let mut ab_cases = 0;
+    let (ublkd, kublk) = (
+        input.ublkd.as_ref().map(drop),
+        input.kublk.as_ref().map(drop),
+    );
     for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
         let (nvme, bin) = match run.server {
-            Server::RawNvme { .. } => (true, Ok(())),
-            Server::Ublkd { backend, .. } => {
-                (backend == UBackend::Nvme, input.ublkd.as_ref().map(drop))
-            }
-            Server::Luks2File => (false, input.ublkd.as_ref().map(drop)),
-            Server::Kublk { backend, .. } => {
-                (backend == UBackend::Nvme, input.kublk.as_ref().map(drop))
-            }
-            Server::DmLinear => (true, Ok(())),
+            Server::RawNvme { .. } | Server::DmLinear => (true, Ok(())),
+            Server::Ublkd { backend, .. } => (backend == UBackend::Nvme, ublkd),
+            Server::Luks2File => (false, ublkd),
+            Server::Kublk { backend, .. } => (backend == UBackend::Nvme, kublk),
             Server::Loop | Server::NullBlk => (false, Ok(())),
         };
         if nvme && !unmounted {
@@ -197,6 +203,7 @@ mod tests {
             ublkd,
             ublkctl,
             csi,
+            count_syscalls: false,
         };
         let word = |s: Step| match s {
             Step::Fail(run, why) => format!("{run}: {why}"),
@@ -215,45 +222,24 @@ mod tests {
 
     #[test]
     fn every_case_runs_in_order_and_missing_binaries_are_reported() {
-        // The backing file is made first; its file system is gone before anything uses the
-        // namespace itself, and after the last file case; the sections come last.
+        // Every run once in RUNS' order, kublk's saying it was not built; the backing file made
+        // first, its file system gone after the last file case and before anything uses the
+        // namespace itself; the sections last.
         let s = steps_of(Plan::default(), ["", "/u", "/c", ""]);
-        let expected = [
-            "PrepareBacking",
-            "null_blk false",
-            "ublkd-null-per-io false",
-            "kublk-null: not built",
-            "ublkd-null-batch false",
-            "kublk-null-batch: not built",
-            "ublkd-null-per-io-zc false",
-            "kublk-null-zc: not built",
-            "ublkd-null-batch-zc false",
-            "kublk-null-batch-zc: not built",
-            "ublkd-file false",
-            "loop-dio false",
-            "ublkd-file-copy false",
-            "ublkd-file-luks2 false",
-            "kublk-loop-file: not built",
-            "kublk-loop-file-zc: not built",
-            "UnmountBacking",
-            "ublkd-nvme-poll false",
-            "fio-ng0n1-passthru false",
-            "fio-nvme0n1-hipri false",
-            "dm-linear false",
-            "kublk-loop-nvme: not built",
-            "kublk-loop-nvme-zc: not built",
-            "kublk-loop-nvme-batch-zc: not built",
-            "ublkd-nvme-irq false",
-            "Control",
-            "ublkd-csi: not built",
-            "Qos",
-            "Snapshot",
-            "ublkd-recovery-1",
-            "ublkd-recovery-16",
-            "ublkd-recovery-64",
-            "Stall",
-        ];
-        assert_eq!(s, expected);
+        let (u, runs) = (s.iter().position(|x| x == "UnmountBacking"), RUNS.len());
+        let run = |x: &String| x.split([' ', ':']).next().unwrap_or_default().to_owned();
+        let ran = s[1..=runs + 1].iter().filter(|x| *x != "UnmountBacking");
+        let ids: Vec<&str> = RUNS.iter().map(|r| r.id).collect();
+        assert_eq!(ran.map(run).collect::<Vec<_>>(), ids);
+        let mut kublk = s.iter().filter(|x| x.starts_with("kublk"));
+        assert!(kublk.clone().count() == 9 && kublk.all(|x| x.ends_with("not built")));
+        let u = u.expect("the backing file system unmounted");
+        assert_eq!(s[0], "PrepareBacking");
+        assert_eq!(s[u - 1], "kublk-loop-file-zc: not built");
+        assert_eq!(s[u + 1], "ublkd-nvme-poll false");
+        let sections = "Control,ublkd-csi: not built,Qos,Snapshot,ublkd-recovery-1,\
+                        ublkd-recovery-16,ublkd-recovery-64,Stall";
+        assert_eq!(s[runs + 2..].join(","), sections);
         // Without ublkd, its runs and every section say so; without ublkctl, the sections.
         let failed = |s: Vec<String>| s.iter().filter(|x| x.ends_with("not built")).count();
         assert_eq!(

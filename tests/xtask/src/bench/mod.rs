@@ -2,9 +2,10 @@
 //! Benchmarks"; why it runs this way: docs/performance.md, "The bench's own method, measured").
 //!
 //! Peers: the kernel's selftest server `kublk` (built from Debian's `linux-source-<x.y>` of the
-//! guest kernel, `peers`), the loop driver with direct I/O on the same backing file as ublkd's
-//! file backend, `null_blk` as the ceiling for the null cases, and fio on the NVMe namespace
-//! itself. Every case runs the same fio jobs; server CPU time is sampled from `/proc/PID/stat`
+//! guest kernel, `peers`), its null target and its loop target over the namespace and over the
+//! backing file, the loop driver with direct I/O on ublkd's backing file, a linear
+//! device-mapper volume on the namespace (an LVM logical volume), `null_blk` as the ceiling for
+//! the null cases, and fio on the NVMe namespace itself. Every case runs the same fio jobs; server CPU time is sampled from `/proc/PID/stat`
 //! around each job and divided by the I/Os the block device completed in the same window
 //! (`/sys/block/*/stat`). Then the node service's sections, each with a fresh `ublkd --config`
 //! of its own driven by `ublkctl` (release builds): the control plane, CSI, QoS accuracy,
@@ -26,9 +27,7 @@
 //! to judge a code path with on the null cases (`--baseline REV --clock instructions --only
 //! ublkd-null`), at about 5 host seconds per busy guest second.
 //!
-//! `UBLKD_BENCH_RUNTIME` sets the seconds each fio job measures (default 5);
-//! `UBLKD_BENCH_UBLKD` names a ublkd binary to measure instead of building the workspace's
-//! (ublkctl is still built). The binary must live outside `/tmp` (the guest mounts a tmpfs there).
+//! Its environment (`UBLKD_BENCH_RUNTIME`, `UBLKD_BENCH_UBLKD`): `cargo xtask bench --help`.
 
 mod baseline;
 mod cases;
@@ -124,6 +123,7 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         ublkd,
         ublkctl,
         csi,
+        count_syscalls: args.clock == Clock::Instructions,
     };
 
     let selected = RUNS.iter().filter(|r| plan.selected(r.id));

@@ -6,7 +6,7 @@ use super::cases::{
     Build, Plan, Run, Unit, Workload, ABBA, CEILING_RUN, OURS_NAME, PAIRS, RSS_PAIRS, RUNS,
     WORKLOADS,
 };
-use super::results::{mean, Outcome, Results, Sample};
+use super::results::{mean, Outcome, Results, Sample, EVENTS};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
@@ -215,8 +215,11 @@ pub fn fio_table(r: &Results, plan: &Plan) -> String {
                 format!("{:.1}", s.lat_us),
                 fmt_value(s.cpu_s_per_mio.clone().ok(), 3),
                 fmt_value(s.sys_us_per_io.clone().ok(), 1),
-            ],
-            Err(_) => vec!["FAILED".into(); 4],
+            ]
+            .into_iter()
+            .chain(EVENTS.map(|k| fmt_value(s.per_io.get(k).copied(), 2)))
+            .collect(),
+            Err(_) => vec!["FAILED".into(); 4 + EVENTS.len()],
         };
         let mut error = s.err();
         let last = WORKLOADS.last().is_some_and(|w| w.id() == wl.id());
@@ -225,6 +228,7 @@ pub fn fio_table(r: &Results, plan: &Plan) -> String {
         }
         rows.push(([vec![run.id.into(), wl.id()], cells].concat(), error));
     }
+    let events = EVENTS.map(|k| format!("{k}/IO"));
     let header = [
         "run",
         "workload",
@@ -233,6 +237,10 @@ pub fn fio_table(r: &Results, plan: &Plan) -> String {
         "cpu s/M I/O",
         "all CPUs us/IO",
     ];
+    let header: Vec<&str> = header
+        .into_iter()
+        .chain(events.iter().map(|e| &e[..]))
+        .collect();
     table(&header, &rows)
 }
 
@@ -332,6 +340,7 @@ mod tests {
             lat_us,
             cpu_s_per_mio,
             sys_us_per_io,
+            per_io: Default::default(),
         };
         Ok(s)
     }

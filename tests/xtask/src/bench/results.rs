@@ -26,6 +26,8 @@ pub struct Input {
     pub ublkd: Bin,
     pub ublkctl: Bin,
     pub csi: Bin,
+    /// Syscalls counted per I/O too (tracefs): with the instruction clock, which they skew not.
+    pub count_syscalls: bool,
 }
 
 /// The name of the guest's results in the run directory.
@@ -80,7 +82,15 @@ pub struct Sample {
     /// Every CPU's busy time per I/O (µs): fio, the server and the kernel, so that the kernel's
     /// own drivers (loop, null_blk, raw NVMe) have a CPU cost too.
     pub sys_us_per_io: Outcome<f64>,
+    /// The whole guest's kernel events per I/O over the job, by name ([`EVENTS`]); empty when
+    /// they could not be read.
+    pub per_io: BTreeMap<String, f64>,
 }
+
+/// The kernel events counted per I/O, on every CPU (fio's and the server's alike): context
+/// switches and interrupts (/proc/stat ctxt, intr), IPIs (CAL, RES and TLB in /proc/interrupts),
+/// and with `Input::count_syscalls`, syscalls and io_uring_enter calls (raw_syscalls:sys_enter).
+pub const EVENTS: [&str; 5] = ["ctx", "irq", "IPI", "syscall", "enter"];
 
 impl Sample {
     /// The workload's headline number, in `unit` (`Workload::unit`).
@@ -280,6 +290,8 @@ pub fn mean(runs: &[Outcome<Sample>]) -> Outcome<Sample> {
         lat_us: ok.iter().map(|s| s.lat_us).sum::<f64>() / n,
         cpu_s_per_mio: avg(&|s| s.cpu_s_per_mio.clone()),
         sys_us_per_io: avg(&|s| s.sys_us_per_io.clone()),
+        // the first run's events: they count work per I/O, which the runs share
+        per_io: ok[0].per_io.clone(),
     })
 }
 
@@ -293,6 +305,7 @@ mod tests {
             lat_us: 1e6 / iops,
             cpu_s_per_mio: cpu,
             sys_us_per_io: Ok(20.0),
+            per_io: BTreeMap::new(),
         })
     }
 
@@ -338,6 +351,7 @@ mod tests {
             ublkd: Ok("/t/ublkd".into()),
             ublkctl: Ok("/t/ublkctl".into()),
             csi: Ok("/t/ublkd-csi".into()),
+            count_syscalls: true,
         };
         let text = serde_json::to_string(&i).unwrap();
         assert_eq!(serde_json::from_str::<Input>(&text).unwrap(), i);

@@ -368,11 +368,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         summary += &format!("  the guest {}\n", run.exit);
         failed = 1;
     }
-    took.sort_by(|a, b| b.0.total_cmp(&a.0));
-    summary.push_str("  slowest five:\n");
-    for (secs, name) in took.iter().take(5) {
-        summary.push_str(&format!("    {secs:7.1} s  {name}\n"));
-    }
+    summary += &format!("  slowest five:\n{}", crate::slowest_five(took, "    "));
     summary.push_str(&format!("{passed} passed, {failed} failed"));
     Ok(Tier {
         passed,

@@ -5,8 +5,7 @@ use super::super::cases::{Build, Server, UBackend, BACKING_BYTES, DEPTH, NULL_BY
 use super::super::results::{Case, FioRun, Measured, Outcome, Samples};
 use super::fio::{fio, job, run, workloads, DIRECT, HIPRI, PASSTHRU};
 use super::proc::{
-    failed, is_blk, note, output, run_logged, sh, tail_of, vmrss_kib, wait_blk, wait_secs, Guest,
-    Proc,
+    failed, is_blk, output, run_logged, sh, tail_of, vmrss_kib, wait_blk, wait_secs, Guest, Proc,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -41,8 +40,8 @@ pub fn prepare_backing(g: &Guest) -> Option<PathBuf> {
     let rc = run_logged(c, &log);
     let ready = rc == Ok(0);
     match ready {
-        true => note(&format!("backing file {f} ready")),
-        false => note(&format!("backing file failed ({rc:?}): {}", tail_of(&log))),
+        true => note!("backing file {f} ready"),
+        false => note!("backing file failed ({rc:?}): {}", tail_of(&log)),
     }
     ready.then_some(file)
 }
@@ -53,9 +52,7 @@ pub fn unmount_backing(g: &Guest) {
     c.arg(backing_mount(g));
     let rc = run_logged(c, &g.out.join("backing.log"));
     if rc != Ok(0) {
-        note(&format!(
-            "umount of the backing file system failed ({rc:?})"
-        ));
+        note!("umount of the backing file system failed ({rc:?})");
     }
 }
 
@@ -84,7 +81,7 @@ pub fn fio_case(
 ) -> Case {
     match (server, backing) {
         (Server::NullBlk, _) => {
-            note(&format!("{run_id}: /dev/nullb0"));
+            note!("{run_id}: /dev/nullb0");
             let dev = Path::new("/dev/nullb0");
             let missing = "/dev/nullb0 is missing (null_blk not loaded?)";
             match is_blk(dev) {
@@ -105,19 +102,16 @@ pub fn fio_case(
                 true => ("/dev/ng0n1", PASSTHRU),
                 false => ("/dev/nvme0n1", HIPRI),
             };
-            note(&format!("{run_id}: fio {engine} on {dev}"));
+            note!("{run_id}: fio {engine} on {dev}");
             fio_run(workloads(g, run_id, Path::new(dev), &[], engine), no_rss())
         }
         (Server::DmLinear, _) => dm_linear_case(g, run_id),
-        (Server::Kublk { backend, .. }, backing) => {
-            let over = match (backend, backing) {
-                (UBackend::Null, _) => String::new(),
-                (UBackend::File, Some(file)) => format!(" {}", file.display()),
-                (UBackend::File, None) => return failed(run_id, g.no_backing()),
-                (UBackend::Nvme, _) => " /dev/nvme0n1".into(),
-            };
-            kublk_case(g, run_id, &(args(server) + &over))
-        }
+        (Server::Kublk { backend, .. }, backing) => match (backend, backing, args(server)) {
+            (UBackend::File, None, _) => failed(run_id, g.no_backing()),
+            (UBackend::File, Some(f), a) => kublk_case(g, run_id, &format!("{a} {}", f.display())),
+            (UBackend::Nvme, _, a) => kublk_case(g, run_id, &(a + " /dev/nvme0n1")),
+            (UBackend::Null, _, a) => kublk_case(g, run_id, &a),
+        },
         (Server::Ublkd { .. } | Server::Luks2File, _) => {
             ublkd_case(g, run_id, server, build, warmup, backing)
         }
@@ -174,11 +168,12 @@ fn open_luks2(dev: &Path, log: &Path) -> Outcome<PathBuf> {
         &format!(
             "{key} | cryptsetup luksFormat --type luks2 --batch-mode --key-file=- --pbkdf argon2id \
              --pbkdf-memory 65536 --iter-time 100 {d} && {key} | cryptsetup open --type luks2 \
-             --key-file=- --perf-no_read_workqueue --perf-no_write_workqueue {d} {MAPPING}"
+             --key-file=- --perf-no_read_workqueue --perf-no_write_workqueue {d} {MAPPING} && \
+             {DM_DEV} {MAPPING}"
         ),
         log,
-    )?;
-    dm_dev(MAPPING).ok_or(format!("cryptsetup opened no {MAPPING} in /sys/block"))
+    )
+    .and_then(dm_dev)
 }
 
 /// `ublkd run --backend B --size S ARGS` with `build`'s binary: waits for its READY line,
@@ -213,7 +208,7 @@ fn ublkd_case(
     let mut c = Command::new(bin);
     c.args(["run", "--backend", &backend, "--size", &size.to_string()])
         .args(args.split_whitespace());
-    note(&format!("{run_id}: ublkd run --backend {backend} {args}"));
+    note!("{run_id}: ublkd run --backend {backend} {args}");
     let mut p = match Proc::spawn(c, &d) {
         Ok(p) => p,
         Err(e) => return failed(run_id, format!("ublkd {e}")),
@@ -243,7 +238,7 @@ fn ublkd_case(
             let (secs, json, log) = (g.input.runtime, d.join("warmup.json"), d.join("warmup.log"));
             let args = format!("{DIRECT} {}", job("randread", "4k", 32, secs));
             let r = run(fio(secs, "warmup", dev, &json, &args), &json, &log);
-            note(&format!("{run_id}: warm-up fio: {:?}", r.map(|_| "done")));
+            note!("{run_id}: warm-up fio: {:?}", r.map(|_| "done"));
             fio_run(Samples::new(), Err("a warm-up".into()))
         }
         Ok(dev) if luks2 => {
@@ -278,7 +273,7 @@ fn kublk_case(g: &Guest, run_id: &str, args: &str) -> Case {
         return failed(run_id, "no kublk binary".into());
     };
     let out = g.dir(run_id).join("server.out");
-    note(&format!("{run_id}: kublk add {args}"));
+    note!("{run_id}: kublk add {args}");
     // Into a file: the daemon kublk leaves behind keeps its output open.
     let kublk = |args: &[&str]| {
         let mut c = Command::new("timeout");
@@ -332,14 +327,10 @@ const LINEAR: &str = "ublkd-bench-lv";
 fn dm_linear_case(g: &Guest, run_id: &str) -> Case {
     let log = g.dir(run_id).join("dmsetup.log");
     let table = "0 $(blockdev --getsz /dev/nvme0n1) linear /dev/nvme0n1 0";
-    note(&format!("{run_id}: dmsetup create {LINEAR} ({table})"));
-    let dev = sh(
-        &format!("dmsetup create --noudevsync {LINEAR} --table \"{table}\""),
-        &log,
-    )
-    .and_then(|_| dm_dev(LINEAR).ok_or(format!("dmsetup made no {LINEAR} in /sys/block")));
-    let mut case = match &dev {
-        Ok(dev) => fio_run(workloads(g, run_id, dev, &[], DIRECT), no_rss()),
+    note!("{run_id}: dmsetup create {LINEAR} ({table})");
+    let create = format!("dmsetup create --noudevsync {LINEAR} --table \"{table}\"");
+    let mut case = match sh(&format!("{create} && {DM_DEV} {LINEAR}"), &log).and_then(dm_dev) {
+        Ok(dev) => fio_run(workloads(g, run_id, &dev, &[], DIRECT), no_rss()),
         Err(e) => failed(run_id, format!("dm-linear: {e}")),
     };
     if let Err(e) = sh(&format!("dmsetup remove --noudevsync {LINEAR}"), &log) {
@@ -349,25 +340,22 @@ fn dm_linear_case(g: &Guest, run_id: &str) -> Case {
     case
 }
 
-/// The device-mapper device named `name` by its kernel name, `/dev/dm-N` (fio's I/O counts
-/// are read from /sys/block/dm-N), once it is a block device.
-fn dm_dev(name: &str) -> Option<PathBuf> {
-    let dm = fs::read_dir("/sys/block")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| fs::read_to_string(e.path().join("dm/name")).is_ok_and(|n| n.trim() == name))?;
-    let dev = Path::new("/dev").join(dm.file_name());
-    wait_blk(&dev).then_some(dev)
+/// Prints a device-mapper device's kernel name (`dm-N`; fio's I/O counts are read from
+/// /sys/block/dm-N).
+const DM_DEV: &str = "dmsetup info -c --noheadings -o blkdevname";
+
+/// `/dev/dm-N` of the name [`DM_DEV`] printed, once it is a block device.
+fn dm_dev(name: String) -> Outcome<PathBuf> {
+    let dev = Path::new("/dev").join(name.trim());
+    wait_blk(&dev)
+        .then_some(dev)
+        .ok_or(format!("no block device {name:?}"))
 }
 
 /// A loop device with direct I/O on `file`.
 fn loop_case(g: &Guest, run_id: &str, file: &Path) -> Case {
     let err = g.dir(run_id).join("server.err");
-    note(&format!(
-        "{run_id}: losetup --direct-io=on {}",
-        file.display()
-    ));
+    note!("{run_id}: losetup --direct-io=on {}", file.display());
     let mut c = Command::new("losetup");
     c.args(["--direct-io=on", "--find", "--show"]).arg(file);
     let dev = match output(&mut c, &err) {

@@ -7,7 +7,7 @@ use super::super::cases::{
 };
 use super::super::results::{Case, Measured, Outcome, Qos, SnapSize, Snapshots, Timed};
 use super::fio::{fio, job, run, DIRECT};
-use super::proc::{failed, note, sh, Guest, Node};
+use super::proc::{failed, sh, Guest, Node};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 /// `QOS_RUNTIME_SECS` after 1 s of ramp (the burst allowance is spent in the ramp), deleted
 /// before the next.
 pub fn qos_case(g: &Guest) -> Case {
-    note(&format!(
+    note!(
         "{QOS_RUN}: null volumes with I/O limits, fio {QOS_RUNTIME_SECS} s at QD{QOS_QD} on each"
-    ));
+    );
     Node::run(g, QOS_RUN, |node| {
         let jobs = QOS_JOBS.map(|limit| (limit.id(), qos_job(node, limit)));
         Ok(Measured::Qos(Qos { jobs: jobs.into() }))
@@ -45,7 +45,7 @@ fn qos_job(node: &mut Node, limit: QosLimit) -> Outcome<f64> {
             _ => Ok(rate),
         }
     });
-    note(&format!("{id}: {measured:?}"));
+    note!("{id}: {measured:?}");
     if let Err(e) = node.delete(&id, &d.join("delete.err")) {
         node.problems.push(e);
     }
@@ -119,11 +119,11 @@ impl Xfs {
 /// (or the case's teardown says why not).
 pub fn snapshot_case(g: &Guest) -> Case {
     let gib: Vec<String> = SNAPSHOT_GIB.iter().map(u64::to_string).collect();
-    note(&format!(
+    note!(
         "{SNAPSHOT_RUN}: file volumes of {} GiB on XFS (reflink=1), {SNAPSHOT_REPEATS} \
          snapshots and clones of each",
         gib.join(" ")
-    ));
+    );
     let made = Node::new(g, SNAPSHOT_RUN).and_then(|node| {
         let xfs = Xfs::make(&node);
         xfs.map(|x| (node, x))
@@ -201,7 +201,7 @@ fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) 
         &d.join("fs.log"),
     );
     let frag = frag.unwrap_or_default();
-    note(&format!("{SNAPSHOT_RUN}: {frag}"));
+    note!("{SNAPSHOT_RUN}: {frag}");
     // `PATH: 4093 extents found`
     z.extents = frag
         .rsplit_once(": ")
@@ -230,9 +230,7 @@ fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) 
     }
     let n = |l: &Outcome<Vec<Timed>>| l.as_ref().map_or(0, Vec::len);
     let (ns, nc) = (n(&z.snapshot), n(&z.clone));
-    note(&format!(
-        "{SNAPSHOT_RUN}: {s}: {ns} snapshots, {nc} clones timed"
-    ));
+    note!("{SNAPSHOT_RUN}: {s}: {ns} snapshots, {nc} clones timed");
     z
 }
 

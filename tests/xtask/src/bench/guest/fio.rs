@@ -5,6 +5,7 @@ use super::super::cases::WORKLOADS;
 use super::super::results::{Outcome, Sample, Samples};
 use super::proc::{note, run_logged, tail_of, Guest, USER_HZ};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -148,6 +149,53 @@ fn counters(blk: &str, pids: &[u32]) -> [Outcome<u64>; 3] {
     [server, all, ios]
 }
 
+/// The raw_syscalls:sys_enter event, and the hist trigger that counts the guest's syscalls on it
+/// by number.
+const SYS_ENTER: &str = "/sys/kernel/tracing/events/raw_syscalls/sys_enter";
+const HIST: &str = "hist:keys=id.syscall:vals=hitcount";
+
+/// Sets (`on`) or removes the syscall-counting trigger (tracefs is mounted by the guest's init);
+/// whether that worked.
+fn count_syscalls(on: bool) -> bool {
+    let trigger = if on { HIST.into() } else { format!("!{HIST}") };
+    fs::write(format!("{SYS_ENTER}/trigger"), trigger).is_ok()
+}
+
+/// The guest's kernel events so far by name (`results::EVENTS`), with the syscalls counted since
+/// the trigger was set (its hist lines: `{ id: sys_io_uring_enter [426] } hitcount: 12`).
+fn kernel_events(syscalls: bool) -> BTreeMap<String, f64> {
+    let read = |p: &str| fs::read_to_string(p).unwrap_or_default();
+    let (stat, mut e) = (read("/proc/stat"), BTreeMap::new());
+    for (k, line) in [("ctx", "ctxt "), ("irq", "intr ")] {
+        let n = stat.lines().find_map(|l| l.strip_prefix(line));
+        e.extend(n.and_then(|l| numbers(l, 0).first().map(|&n| (k.into(), n as f64))));
+    }
+    let interrupts = read("/proc/interrupts");
+    let mut add = |k: &str, n| *e.entry(k.into()).or_default() += n;
+    let ipi = |l: &&str| matches!(l.split_whitespace().next(), Some("CAL:" | "RES:" | "TLB:"));
+    let ipis = interrupts.lines().filter(ipi).flat_map(|l| numbers(l, 1));
+    add("IPI", ipis.sum::<u64>() as f64);
+    let hist = syscalls.then(|| read(&format!("{SYS_ENTER}/hist")));
+    let count = |l: &str| l.rsplit_once("hitcount:")?.1.trim().parse::<f64>().ok();
+    for l in hist.iter().flat_map(|h| h.lines()) {
+        add("syscall", count(l).unwrap_or(0.0));
+        if l.contains("io_uring_enter") {
+            add("enter", count(l).unwrap_or(0.0));
+        }
+    }
+    e
+}
+
+/// Each count of `after` less `before`'s, over `ios` (none without I/O).
+fn per_io(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+    ios: u64,
+) -> BTreeMap<String, f64> {
+    let d = |(k, a): (&String, &f64)| (k.clone(), (a - before.get(k).unwrap_or(&0.0)) / ios as f64);
+    after.iter().filter(|_| ios > 0).map(d).collect()
+}
+
 /// The block device behind `dev` (its name under `/sys/block`).
 pub fn blk_of(dev: &Path) -> String {
     let real = fs::canonicalize(dev).unwrap_or_else(|_| dev.to_path_buf());
@@ -199,10 +247,16 @@ pub fn workloads(g: &Guest, run_id: &str, dev: &Path, pids: &[u32], engine: &str
             wl.jobs
         );
         let c = fio(secs, &id, dev, &json, &args);
-        let before = counters(&blk, pids);
+        let traced = g.input.count_syscalls && count_syscalls(true);
+        let (before, events) = (counters(&blk, pids), kernel_events(false));
         let job = run(c, &json, &d.join(format!("{id}.log")));
         let [server, all, ios] = counters(&blk, pids);
+        let after = kernel_events(traced);
+        if traced && !count_syscalls(false) {
+            note(&format!("{run_id} {id}: the syscall trigger stayed"));
+        }
         let ios = delta(&ios, &before[2]);
+        let per_io = per_io(&after, &events, ios.clone().unwrap_or(0));
         let done = match (&job, &ios) {
             (Ok(_), Ok(n)) => format!("{n} I/Os"),
             (Err(e), _) | (_, Err(e)) => e.clone(),
@@ -215,6 +269,7 @@ pub fn workloads(g: &Guest, run_id: &str, dev: &Path, pids: &[u32], engine: &str
                 lat_us,
                 cpu_s_per_mio: per_mio(delta(&server, &before[0]), &ios),
                 sys_us_per_io: per_mio(delta(&all, &before[1]), &ios),
+                per_io,
             })
         });
         out.insert(id, sample);
@@ -257,5 +312,13 @@ mod tests {
         assert!(per_mio(delta(&none, &none), &Ok(5)).is_err_and(|e| e.contains("no server")));
         assert!(per_mio(Ok(1), &Ok(0)).is_err_and(|e| e.contains("no I/O")));
         assert_eq!(numbers("1 2 x 3", 0), [1, 2]);
+        // The whole guest's counters move; each count is per I/O, and none without I/O.
+        let (b, a) = (kernel_events(false), kernel_events(false));
+        assert!(a["ctx"] >= b["ctx"] && a["irq"] > 0.0 && !a.contains_key("syscall"));
+        let after = BTreeMap::from([("ctx".into(), 9.0), ("enter".into(), 4.0)]);
+        let before = BTreeMap::from([("ctx".into(), 3.0)]);
+        let want = BTreeMap::from([("ctx".into(), 3.0), ("enter".into(), 2.0)]);
+        assert_eq!(per_io(&after, &before, 2), want);
+        assert!(per_io(&after, &before, 0).is_empty());
     }
 }

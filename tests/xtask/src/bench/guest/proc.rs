@@ -23,7 +23,7 @@ pub fn note(msg: &str) {
 
 /// A case that measured nothing, and why.
 pub fn failed(run: &str, why: String) -> Case {
-    note(&format!("{run}: {why}"));
+    note!("{run}: {why}");
     let (measured, teardown) = (Err(why), Vec::new());
     Case { measured, teardown }
 }
@@ -40,7 +40,7 @@ pub fn log_file(path: &Path) -> Stdio {
     match OpenOptions::new().create(true).append(true).open(path) {
         Ok(f) => Stdio::from(f),
         Err(e) => {
-            note(&format!("cannot open {}: {e}", path.display()));
+            note!("cannot open {}: {e}", path.display());
             Stdio::null()
         }
     }
@@ -161,7 +161,7 @@ impl Guest {
     pub fn dir(&self, run: &str) -> PathBuf {
         let d = self.out.join(run);
         if let Err(e) = fs::create_dir_all(&d) {
-            note(&format!("cannot make {}: {e}", d.display()));
+            note!("cannot make {}: {e}", d.display());
         }
         d
     }
@@ -220,7 +220,7 @@ impl Proc {
     /// SIGKILL.
     pub fn kill9(&mut self) {
         if self.exited().is_none() && !signal(self.pid(), "KILL") {
-            note(&format!("kill -9 {} failed", self.pid()));
+            note!("kill -9 {} failed", self.pid());
         }
     }
 
@@ -339,7 +339,7 @@ impl Node {
             Err(_) => self.stop(),
         }
         if let Err(why) = &measured {
-            note(&format!("{run}: {why}"));
+            note!("{run}: {why}");
         }
         let teardown = self.problems;
         Case { measured, teardown }
@@ -368,7 +368,7 @@ impl Node {
         let mut c = Command::new(&self.ublkd);
         c.arg("--config").arg(self.c.join("ublkd.toml"));
         let p = Proc::spawn(c, &self.d);
-        self.proc = p.map_err(|e| note(&format!("ublkd {e}"))).ok();
+        self.proc = p.map_err(|e| note!("ublkd {e}")).ok();
     }
 
     /// SIGTERM and the wait (see [`Proc::stop`]).

@@ -8,7 +8,7 @@ use super::super::cases::{
 use super::super::results::{Case, Measured, Outcome, Restart, Stall};
 use super::fio::{blk_of, fio, io_counts, job, report, DIRECT};
 use super::proc::{
-    code, is_blk, log_file, note, signal, span_ms, tail_of, wait_secs, wait_until, Guest, Node,
+    code, is_blk, log_file, signal, span_ms, tail_of, wait_secs, wait_until, Guest, Node,
 };
 use std::fs;
 use std::process::{Child, Stdio};
@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 /// new process's exec until list-volumes shows all `n` READY.
 pub fn recovery_case(g: &Guest, n: usize) -> Case {
     let run = recovery_run(n);
-    note(&format!(
-        "{run}: {n} null volumes, kill -9 ublkd, start it again"
-    ));
+    note!("{run}: {n} null volumes, kill -9 ublkd, start it again");
     Node::run(g, &run, |node| {
         let err = node.d.join("create.err");
         let volume =
@@ -42,7 +40,7 @@ pub fn recovery_case(g: &Guest, n: usize) -> Case {
                 )),
             }
         });
-        note(&format!("{run}: READY after {:?} ms", r.ready_ms));
+        note!("{run}: READY after {:?} ms", r.ready_ms);
         Ok(Measured::Recovery(r))
     })
 }
@@ -51,10 +49,10 @@ pub fn recovery_case(g: &Guest, n: usize) -> Case {
 /// latency log; `STALL_KILL_AT_SECS` after the device completed its first write, kill -9 ublkd
 /// and start it again at once.
 pub fn stall_case(g: &Guest) -> Case {
-    note(&format!(
+    note!(
         "{STALL_RUN}: fio on a RAM volume for {STALL_RUNTIME_SECS} s, kill -9 ublkd \
          {STALL_KILL_AT_SECS} s in"
-    ));
+    );
     Node::run(g, STALL_RUN, |node| stall(node).map(Measured::Stall))
 }
 
@@ -127,9 +125,7 @@ fn stall(node: &mut Node) -> Outcome<Stall> {
         let (ms, at, _) = clat.clone()?;
         check_stall(ms, at, kill_after_ms, restart.kill_to_exec_ms).map(|()| ms)
     });
-    note(&format!(
-        "{STALL_RUN}: fio exit {rc:?}, longest I/O {max_ms:?} ms"
-    ));
+    note!("{STALL_RUN}: fio exit {rc:?}, longest I/O {max_ms:?} ms");
     let fio_max = fio_report.ok().and_then(|r| {
         let max = r.jobs.iter().filter_map(|j| j.write.clat_ns.max);
         max.reduce(f64::max)

@@ -8,9 +8,7 @@ use super::super::cases::{
 };
 use super::super::results::{first_of, Case, Control, Csi, Measured, Outcome};
 use super::fio::{job, report, DIRECT};
-use super::proc::{
-    log_file, note, output, signal, tail_of, timed, vmrss_kib, wait_secs, Guest, Node,
-};
+use super::proc::{log_file, output, signal, tail_of, timed, vmrss_kib, wait_secs, Guest, Node};
 use std::fs;
 use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
@@ -24,9 +22,7 @@ use std::time::{Duration, Instant};
 /// while fio keeps the workers of the first two volumes busy.
 pub fn control_case(g: &Guest) -> Case {
     let n = CONTROL_VOLUMES;
-    note(&format!(
-        "{CONTROL_RUN}: ublkd --config, then {n} volumes through ublkctl"
-    ));
+    note!("{CONTROL_RUN}: ublkd --config, then {n} volumes through ublkctl");
     Node::run(g, CONTROL_RUN, |node| Ok(Measured::Control(control(node))))
 }
 
@@ -45,7 +41,7 @@ fn control(node: &mut Node) -> Control {
         Ok(ms)
     };
     let create_ms: Outcome<Vec<f64>> = (1..=CONTROL_VOLUMES).map(&mut create).collect();
-    note(&format!("{CONTROL_RUN}: {} volumes created", created.len()));
+    note!("{CONTROL_RUN}: {} volumes created", created.len());
     std::thread::sleep(Duration::from_secs(1));
     let not_all = |e: &String| format!("not all {CONTROL_VOLUMES} volumes were created: {e}");
     let rss_full_kib = create_ms.as_ref().map_err(not_all).and_then(|_| rss(node));
@@ -66,10 +62,7 @@ fn control(node: &mut Node) -> Control {
             ));
         }
     }
-    note(&format!(
-        "{CONTROL_RUN}: {} volumes deleted",
-        delete_ms.len()
-    ));
+    note!("{CONTROL_RUN}: {} volumes deleted", delete_ms.len());
     let delete_ms = match (&create_ms, first_of(&problems)) {
         (Err(e), _) => Err(not_all(e)),
         (_, Some(e)) => Err(e),
@@ -135,13 +128,11 @@ fn under_load(
     // SIGINT: fio stops and writes its report.
     signal(fio.id(), "INT");
     if let Err(e) = fio.wait() {
-        note(&format!("waiting for the fio load: {e}"));
+        note!("waiting for the fio load: {e}");
     }
     let (creates, deletes) = calls?;
     let n = creates.len();
-    note(&format!(
-        "{CONTROL_RUN}: {n} creates and deletes timed under load"
-    ));
+    note!("{CONTROL_RUN}: {n} creates and deletes timed under load");
     let mut iops = 0.0;
     for job in report(&json)?.jobs {
         if job.error != 0 {
@@ -257,10 +248,10 @@ impl Driver {
 /// node's capacity is a tmpfs); then `CSI_PARALLEL` fresh ext4 volumes staged one at a time,
 /// torn down, and as many staged all at once.
 pub fn csi_case(g: &Guest) -> Case {
-    note(&format!(
+    note!(
         "{CSI_RUN}: {CSI_VOLUMES} volumes per file system to a mounted pod path; \
          {CSI_PARALLEL} stages in sequence, {CSI_PARALLEL} in parallel"
-    ));
+    );
     Node::run(g, CSI_RUN, |node| {
         let src = g.input.csi.as_ref();
         let src = src.map_err(|e| format!("no ublkd-csi binary: {e}"))?;
@@ -292,7 +283,7 @@ pub fn csi_case(g: &Guest) -> Case {
         drv.teardown(&node.d, &mut node.problems);
         signal(driver.id(), "TERM");
         if let Err(e) = driver.wait() {
-            note(&format!("waiting for ublkd-csi: {e}"));
+            note!("waiting for ublkd-csi: {e}");
         }
         measured.map(Measured::Csi)
     })
@@ -312,10 +303,7 @@ fn csi(drv: &mut Driver, d: &Path, problems: &mut Vec<String>) -> Outcome<Csi> {
             times.push(ms);
         }
     }
-    note(&format!(
-        "{CSI_RUN}: {} volumes timed to mounted",
-        2 * CSI_VOLUMES
-    ));
+    note!("{CSI_RUN}: {} volumes timed to mounted", 2 * CSI_VOLUMES);
     let mut stages = [0.0; 2];
     for (parallel, total) in [false, true].into_iter().zip(&mut stages) {
         let set = if parallel { "par" } else { "seq" };
