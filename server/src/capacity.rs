@@ -231,6 +231,7 @@ mod tests {
                 created_unix_ms: 0,
                 dev_id: None,
                 deleting: false,
+                delete_backing: false,
                 zero_copy: Default::default(),
                 poll: Default::default(),
                 qos: Default::default(),

@@ -50,6 +50,9 @@ pub struct VolumeRecord {
     /// A delete was started: the next start finishes it.
     #[serde(default)]
     pub deleting: bool,
+    /// With `deleting`: the delete takes the backing file too (asked by its caller).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub delete_backing: bool,
     /// Absent in records written before zero copy could be chosen: auto.
     #[serde(default)]
     pub zero_copy: Toggle,
@@ -121,6 +124,11 @@ impl Record for VolumeRecord {
     fn id(&self) -> &str {
         self.id.as_str()
     }
+}
+
+/// serde's `skip_serializing_if` for a flag that is off.
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// The volume registry under `state_dir`.

@@ -138,6 +138,7 @@ pub fn spec(
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        delete_backing: false,
         zero_copy,
         poll,
         qos,

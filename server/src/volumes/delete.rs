@@ -1,6 +1,7 @@
-//! Deleting a volume: its device (refused while held open), its NVMe window erased, its record,
-//! its RAM file or (when asked) its backing file, in that order, so that a crash at any step
-//! leaves a record the next start finishes deleting.
+//! Deleting a volume: its record marked (with whether its backing file goes too), its device
+//! (refused while held open), its NVMe window erased, its backing file (when asked) and RAM
+//! file, its record, in that order, so that a crash at any step after the mark leaves a record
+//! the next start finishes deleting.
 
 use super::{blocking, create, erase, Volumes};
 use crate::error::VolumeError;
@@ -45,22 +46,27 @@ pub(super) async fn delete(
             .filter(|d| ids.contains(d))
             .map(|d| (d, ublkd_dataplane::block_device(d)))
     };
-    if let Some((dev_id, block_device)) = served.clone().or_else(kernel) {
-        let handle = volumes.handle()?;
+    let device = served.clone().or_else(kernel);
+    if let Some((_, block_device)) = &device {
         // Something holds the device exclusively: a mount in any namespace, or an
         // exclusive opener. Deleting it would pull the disk from under them.
-        if handle.held_elsewhere(&block_device) {
+        if volumes.handle()?.held_elsewhere(block_device) {
             return Err(VolumeError::DeleteBusy {
                 id: id.clone(),
-                device: block_device,
+                device: block_device.clone(),
             });
         }
-        volumes.set_state(id, State::Deleting, "").await;
-        // Persist the intent: a crash during the delete is finished by the next start.
-        let mut record = vol.record.clone();
-        record.deleting = true;
-        volumes.put_record(&record).await?;
-        fault_point(Point::DeleteAfterMark);
+    }
+    volumes.set_state(id, State::Deleting, "").await;
+    // Persist the intent before anything is destroyed: a crash during the delete is finished
+    // by the next start, the backing file included when it was asked for.
+    let mut record = vol.record.clone();
+    record.deleting = true;
+    record.delete_backing = delete_backing && matches!(record.backend, BackendRecord::File { .. });
+    volumes.put_record(&record).await?;
+    fault_point(Point::DeleteAfterMark);
+    if let Some((dev_id, _)) = device {
+        let handle = volumes.handle()?;
         let deleted = blocking(move || match handle.delete_device(dev_id) {
             // Not the dataplane's (nor being taken over): the kernel's alone when the
             // kernel still has it. An earlier try whose STOP_DEV or DEL_DEV failed took it
@@ -91,8 +97,8 @@ pub(super) async fn delete(
         fault_point(Point::DeleteAfterDevice);
     }
     // A deleted tenant's NVMe blocks are erased before its window is free again, so that no
-    // later volume (a keep_data one included) reads them. Until then the record stays (marked
-    // when it had a device): a retry, or the next start, finishes the delete.
+    // later volume (a keep_data one included) reads them. Until then the record stays
+    // (marked): a retry, or the next start, finishes the delete.
     if let Err(e) = erase_deleted_window(volumes, &vol.record).await {
         volumes
             .set_state(id, State::Failed, &crate::error::chain(&e))
@@ -101,22 +107,11 @@ pub(super) async fn delete(
     }
     // The backing file goes before the record: should its removal fail, the record (and
     // the volume, with the reason) stays, and a retry of the delete finishes it.
-    if let (true, BackendRecord::File { path, .. }) = (delete_backing, &vol.record.backend) {
-        let p = path.clone();
-        // Unlinking a large file frees its extents: seconds, on the blocking pool.
-        let removed = blocking(move || match std::fs::remove_file(&p) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(VolumeError::RemoveBackingFile { path: p, source: e })
-            }
-            _ => Ok(()),
-        })
-        .await;
-        if let Err(e) = removed {
-            volumes
-                .set_state(id, State::Failed, &crate::error::chain(&e))
-                .await;
-            return Err(e);
-        }
+    if let Err(e) = remove_backing_file(&record).await {
+        volumes
+            .set_state(id, State::Failed, &crate::error::chain(&e))
+            .await;
+        return Err(e);
     }
     // A RAM volume's memory goes before its record: a crash in between leaves a record
     // whose restore finds an empty file, never a file a later volume of the id would read.
@@ -124,6 +119,23 @@ pub(super) async fn delete(
     volumes.remove_record(id).await?;
     volumes.inner.lock().await.remove(id);
     Ok(true)
+}
+
+/// Removes the backing file of `record`, marked for deletion with `delete_backing` (nothing
+/// otherwise; a file already gone is no error).
+pub(super) async fn remove_backing_file(record: &VolumeRecord) -> Result<(), VolumeError> {
+    let (true, BackendRecord::File { path, .. }) = (record.delete_backing, &record.backend) else {
+        return Ok(());
+    };
+    let p = path.clone();
+    // Unlinking a large file frees its extents: seconds, on the blocking pool.
+    blocking(move || match std::fs::remove_file(&p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(VolumeError::RemoveBackingFile { path: p, source: e })
+        }
+        _ => Ok(()),
+    })
+    .await
 }
 
 /// Erases the NVMe window of volume `record`, which is being deleted (nothing for other

@@ -100,12 +100,14 @@ fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        delete_backing: false,
         erase_pending: None,
         ..a.clone()
     } == VolumeRecord {
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        delete_backing: false,
         erase_pending: None,
         ..b.clone()
     }

@@ -386,6 +386,7 @@ fn record(id: &str, size_bytes: u64) -> VolumeRecord {
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        delete_backing: false,
         zero_copy: Toggle::Auto,
         poll: Toggle::Auto,
         qos: QosLimits::default(),
@@ -638,6 +639,69 @@ async fn a_restart_takes_over_what_survived_recreates_the_rest_and_finishes_dele
         .map(|r| r.id.as_str().to_owned())
         .collect();
     assert_eq!(records, ["kept", "lost", "stuck"]);
+}
+
+/// A delete that takes the backing file too and dies at its device step (before the device
+/// goes, or after): the mark says so, and the next start finishes the delete, file included.
+#[test]
+fn a_delete_that_dies_takes_its_backing_file_at_the_next_start() {
+    for when in [When::Before, When::After] {
+        // As in the test below: the dead change's thread never returns, so its runtime is let
+        // go of without waiting, a failed assertion included.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(async {
+                let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+                let kernel = FakeKernel::new(dir.path());
+                let dying = Arc::new(volumes(dir.path(), &kernel));
+                let file = dir.path().join("a.img");
+                let mut a = record("a", 64 * MIB);
+                a.backend = BackendRecord::File {
+                    path: file.clone(),
+                    create: true,
+                };
+                dying
+                    .create(a, false)
+                    .await
+                    .unwrap_or_else(|e| panic!("create: {e}"));
+                assert!(file.exists(), "the backing file was made");
+                kernel.kernel().dies = Some((Call::Delete, when));
+                let v = Arc::clone(&dying);
+                tokio::spawn(async move { v.delete(&id("a"), false, true).await.map(drop) });
+                tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
+                    .await
+                    .unwrap_or_else(|_| panic!("{when:?}: the delete never reached the kernel"));
+                let marked = on_disk(dir.path());
+                assert!(
+                    marked[0].deleting && marked[0].delete_backing,
+                    "{when:?}: {marked:?}"
+                );
+                drop(dying);
+                kernel.process_died();
+
+                let v = volumes(dir.path(), &kernel);
+                v.load().await.unwrap_or_else(|e| panic!("load: {e}"));
+                assert!(v.restore().await.is_empty(), "{when:?}");
+                assert!(
+                    on_disk(dir.path()).is_empty(),
+                    "{when:?}: the delete finished"
+                );
+                assert!(kernel.kernel_device_ids().is_empty(), "{when:?}");
+                assert!(
+                    !file.exists(),
+                    "{when:?}: the backing file went with the delete"
+                );
+            })
+        }));
+        rt.shutdown_background();
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
+        }
+    }
 }
 
 /// What a kill -9 inside a change leaves, once the next start has restored it: the same set of

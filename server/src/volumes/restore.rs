@@ -149,6 +149,7 @@ async fn restore_one(
             blocking(move || h.delete_foreign_device(id)).await?;
         }
         delete::erase_deleted_window(volumes, record).await?;
+        delete::remove_backing_file(record).await?;
         volumes.remove_ram_file(record);
         volumes.remove_record(&record.id).await?;
         return Ok(None);

@@ -154,6 +154,7 @@ fn base_record(id: VolumeId, size_bytes: u64, backend: BackendRecord) -> VolumeR
         created_unix_ms: 0,
         dev_id: None,
         deleting: false,
+        delete_backing: false,
         zero_copy: Toggle::Auto,
         poll: Toggle::Auto,
         qos: QosLimits::default(),
