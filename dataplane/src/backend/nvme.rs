@@ -173,8 +173,9 @@ impl NvmeBackend {
     /// Makes `len` bytes of the namespace at byte `offset` read as zeroes: Write Zeroes (with
     /// DEAC where that deallocates, so nothing is written on controllers that thin-provision),
     /// which the spec guarantees reads back zeroes; else Dataset Management deallocate where
-    /// Identify says deallocated blocks read as zeroes; else refused. Synchronous, on the
-    /// control thread, before the range is served.
+    /// Identify says deallocated blocks read as zeroes; else refused. Synchronous, before the
+    /// range is served: on the control thread for a resize's growth, on the server's blocking
+    /// pool for a window (`erase_window`).
     fn erase_range(&self, offset: u64, len: u64) -> Result<Erase, BackendError> {
         let failed = |source| BackendError::EraseFailed {
             path: self.path.clone(),
