@@ -641,66 +641,69 @@ async fn a_restart_takes_over_what_survived_recreates_the_rest_and_finishes_dele
     assert_eq!(records, ["kept", "lost", "stuck"]);
 }
 
+/// Runs `body`, a change killed inside it, on a runtime of its own that is let go of without
+/// waiting: the dead change's thread never returns, and a failed assertion must not leave the
+/// runtime to a drop that waits for it; the panic goes on after.
+fn after_a_kill(body: impl std::future::Future<Output = ()>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(body)));
+    rt.shutdown_background();
+    if let Err(panic) = checked {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// A delete that takes the backing file too and dies at its device step (before the device
 /// goes, or after): the mark says so, and the next start finishes the delete, file included.
 #[test]
 fn a_delete_that_dies_takes_its_backing_file_at_the_next_start() {
     for when in [When::Before, When::After] {
-        // As in the test below: the dead change's thread never returns, so its runtime is let
-        // go of without waiting, a failed assertion included.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
-        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rt.block_on(async {
-                let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-                let kernel = FakeKernel::new(dir.path());
-                let dying = Arc::new(volumes(dir.path(), &kernel));
-                let file = dir.path().join("a.img");
-                let mut a = record("a", 64 * MIB);
-                a.backend = BackendRecord::File {
-                    path: file.clone(),
-                    create: true,
-                };
-                dying
-                    .create(a, false)
-                    .await
-                    .unwrap_or_else(|e| panic!("create: {e}"));
-                assert!(file.exists(), "the backing file was made");
-                kernel.kernel().dies = Some((Call::Delete, when));
-                let v = Arc::clone(&dying);
-                tokio::spawn(async move { v.delete(&id("a"), false, true).await.map(drop) });
-                tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
-                    .await
-                    .unwrap_or_else(|_| panic!("{when:?}: the delete never reached the kernel"));
-                let marked = on_disk(dir.path());
-                assert!(
-                    marked[0].deleting && marked[0].delete_backing,
-                    "{when:?}: {marked:?}"
-                );
-                drop(dying);
-                kernel.process_died();
+        after_a_kill(async {
+            let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+            let kernel = FakeKernel::new(dir.path());
+            let dying = Arc::new(volumes(dir.path(), &kernel));
+            let file = dir.path().join("a.img");
+            let mut a = record("a", 64 * MIB);
+            a.backend = BackendRecord::File {
+                path: file.clone(),
+                create: true,
+            };
+            dying
+                .create(a, false)
+                .await
+                .unwrap_or_else(|e| panic!("create: {e}"));
+            assert!(file.exists(), "the backing file was made");
+            kernel.kernel().dies = Some((Call::Delete, when));
+            let v = Arc::clone(&dying);
+            tokio::spawn(async move { v.delete(&id("a"), false, true).await.map(drop) });
+            tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
+                .await
+                .unwrap_or_else(|_| panic!("{when:?}: the delete never reached the kernel"));
+            let marked = on_disk(dir.path());
+            assert!(
+                marked[0].deleting && marked[0].delete_backing,
+                "{when:?}: {marked:?}"
+            );
+            drop(dying);
+            kernel.process_died();
 
-                let v = volumes(dir.path(), &kernel);
-                v.load().await.unwrap_or_else(|e| panic!("load: {e}"));
-                assert!(v.restore().await.is_empty(), "{when:?}");
-                assert!(
-                    on_disk(dir.path()).is_empty(),
-                    "{when:?}: the delete finished"
-                );
-                assert!(kernel.kernel_device_ids().is_empty(), "{when:?}");
-                assert!(
-                    !file.exists(),
-                    "{when:?}: the backing file went with the delete"
-                );
-            })
-        }));
-        rt.shutdown_background();
-        if let Err(panic) = checked {
-            std::panic::resume_unwind(panic);
-        }
+            let v = volumes(dir.path(), &kernel);
+            v.load().await.unwrap_or_else(|e| panic!("load: {e}"));
+            assert!(v.restore().await.is_empty(), "{when:?}");
+            assert!(
+                on_disk(dir.path()).is_empty(),
+                "{when:?}: the delete finished"
+            );
+            assert!(kernel.kernel_device_ids().is_empty(), "{when:?}");
+            assert!(
+                !file.exists(),
+                "{when:?}: the backing file went with the delete"
+            );
+        });
     }
 }
 
@@ -731,122 +734,108 @@ fn a_kill_at_any_step_of_a_change_leaves_registry_and_kernel_agreeing_after_the_
         ("delete:after_device", Op::Delete, Call::Delete, When::After),
     ];
     for (point, op, call, when) in points {
-        // A runtime per kill, let go of without waiting: the dead change's thread never returns.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
-        // A failed assertion must not leave the runtime to a drop that waits for the dead
-        // change's thread: it is let go of either way, then the panic goes on.
-        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rt.block_on(async {
-                let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-                let kernel = FakeKernel::new(dir.path());
-                let dying = Arc::new(volumes(dir.path(), &kernel));
-                // A bystander that no change touches, and the volume the change is about.
-                for name in ["other", "a"] {
-                    if matches!(op, Op::Create) && name == "a" {
-                        continue;
-                    }
-                    dying
-                        .create(record(name, 64 * MIB), false)
-                        .await
-                        .unwrap_or_else(|e| panic!("{point}: create {name}: {e}"));
+        after_a_kill(async {
+            let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+            let kernel = FakeKernel::new(dir.path());
+            let dying = Arc::new(volumes(dir.path(), &kernel));
+            // A bystander that no change touches, and the volume the change is about.
+            for name in ["other", "a"] {
+                if matches!(op, Op::Create) && name == "a" {
+                    continue;
                 }
-                kernel.kernel().dies = Some((call, when));
-                let v = Arc::clone(&dying);
-                let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let told = Arc::clone(&answered);
-                tokio::spawn(async move {
-                    // Whatever it would answer, it must never get to: the process dies inside it.
-                    let _unreachable = match op {
-                        Op::Create => v.create(record("a", 64 * MIB), false).await.map(drop),
-                        Op::Resize => v.resize(&id("a"), 96 * MIB).await.map(drop),
-                        Op::Delete => v.delete(&id("a"), false, false).await.map(drop),
-                    };
-                    told.store(true, std::sync::atomic::Ordering::SeqCst);
-                });
-                tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
+                dying
+                    .create(record(name, 64 * MIB), false)
                     .await
-                    .unwrap_or_else(|_| panic!("{point}: the change never reached its kill point"));
-                drop(dying);
-                kernel.process_died();
-
-                let v = volumes(dir.path(), &kernel);
-                v.load()
-                    .await
-                    .unwrap_or_else(|e| panic!("{point}: load: {e}"));
-                let failed = v.restore().await;
-                assert!(failed.is_empty(), "{point}: {failed:?} did not come back");
-
-                let records = on_disk(dir.path());
-                let recorded: BTreeSet<DevId> = records.iter().filter_map(|r| r.dev_id).collect();
-                let devices: BTreeSet<DevId> = kernel.kernel_device_ids().into_iter().collect();
-                assert_eq!(
-                    recorded, devices,
-                    "{point}: one device per record, no other"
-                );
-                assert_eq!(
-                    recorded.len(),
-                    records.len(),
-                    "{point}: every record has a device"
-                );
-                for r in &records {
-                    assert!(
-                        !r.deleting,
-                        "{point}: {} is still marked for deletion",
-                        r.id
-                    );
-                    let vol = v
-                        .get(&r.id)
-                        .await
-                        .unwrap_or_else(|e| panic!("{point}: {e}"));
-                    assert_eq!(
-                        vol.state,
-                        State::Ready,
-                        "{point}: {}: {}",
-                        r.id,
-                        vol.message
-                    );
-                    let served = kernel
-                        .kernel()
-                        .devices
-                        .get(&r.dev_id.unwrap_or(DevId(u32::MAX)))
-                        .map(|(i, owned)| (i.spec.size_bytes, *owned));
-                    assert_eq!(
-                        served,
-                        Some((r.size_bytes, true)),
-                        "{point}: {} served at its recorded size",
-                        r.id
-                    );
-                }
-                let sizes: BTreeMap<String, u64> = records
-                    .iter()
-                    .map(|r| (r.id.as_str().to_owned(), r.size_bytes))
-                    .collect();
-                let expected: &[(&str, u64)] = match op {
-                    // Recorded before its device: the volume exists after the restart.
-                    Op::Create => &[("a", 64 * MIB), ("other", 64 * MIB)],
-                    // Recorded before it was applied: the new size holds.
-                    Op::Resize => &[("a", 96 * MIB), ("other", 64 * MIB)],
-                    // Marked before the device went: the restart finishes it.
-                    Op::Delete => &[("other", 64 * MIB)],
+                    .unwrap_or_else(|e| panic!("{point}: create {name}: {e}"));
+            }
+            kernel.kernel().dies = Some((call, when));
+            let v = Arc::clone(&dying);
+            let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let told = Arc::clone(&answered);
+            tokio::spawn(async move {
+                // Whatever it would answer, it must never get to: the process dies inside it.
+                let _unreachable = match op {
+                    Op::Create => v.create(record("a", 64 * MIB), false).await.map(drop),
+                    Op::Resize => v.resize(&id("a"), 96 * MIB).await.map(drop),
+                    Op::Delete => v.delete(&id("a"), false, false).await.map(drop),
                 };
-                let expected: BTreeMap<String, u64> = expected
-                    .iter()
-                    .map(|(n, s)| ((*n).to_owned(), *s))
-                    .collect();
-                assert_eq!(sizes, expected, "{point}");
+                told.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
+                .await
+                .unwrap_or_else(|_| panic!("{point}: the change never reached its kill point"));
+            drop(dying);
+            kernel.process_died();
+
+            let v = volumes(dir.path(), &kernel);
+            v.load()
+                .await
+                .unwrap_or_else(|e| panic!("{point}: load: {e}"));
+            let failed = v.restore().await;
+            assert!(failed.is_empty(), "{point}: {failed:?} did not come back");
+
+            let records = on_disk(dir.path());
+            let recorded: BTreeSet<DevId> = records.iter().filter_map(|r| r.dev_id).collect();
+            let devices: BTreeSet<DevId> = kernel.kernel_device_ids().into_iter().collect();
+            assert_eq!(
+                recorded, devices,
+                "{point}: one device per record, no other"
+            );
+            assert_eq!(
+                recorded.len(),
+                records.len(),
+                "{point}: every record has a device"
+            );
+            for r in &records {
                 assert!(
-                    !answered.load(std::sync::atomic::Ordering::SeqCst),
-                    "{point}: the change went on after the process died"
+                    !r.deleting,
+                    "{point}: {} is still marked for deletion",
+                    r.id
                 );
-            })
-        }));
-        rt.shutdown_background();
-        if let Err(panic) = checked {
-            std::panic::resume_unwind(panic);
-        }
+                let vol = v
+                    .get(&r.id)
+                    .await
+                    .unwrap_or_else(|e| panic!("{point}: {e}"));
+                assert_eq!(
+                    vol.state,
+                    State::Ready,
+                    "{point}: {}: {}",
+                    r.id,
+                    vol.message
+                );
+                let served = kernel
+                    .kernel()
+                    .devices
+                    .get(&r.dev_id.unwrap_or(DevId(u32::MAX)))
+                    .map(|(i, owned)| (i.spec.size_bytes, *owned));
+                assert_eq!(
+                    served,
+                    Some((r.size_bytes, true)),
+                    "{point}: {} served at its recorded size",
+                    r.id
+                );
+            }
+            let sizes: BTreeMap<String, u64> = records
+                .iter()
+                .map(|r| (r.id.as_str().to_owned(), r.size_bytes))
+                .collect();
+            let expected: &[(&str, u64)] = match op {
+                // Recorded before its device: the volume exists after the restart.
+                Op::Create => &[("a", 64 * MIB), ("other", 64 * MIB)],
+                // Recorded before it was applied: the new size holds.
+                Op::Resize => &[("a", 96 * MIB), ("other", 64 * MIB)],
+                // Marked before the device went: the restart finishes it.
+                Op::Delete => &[("other", 64 * MIB)],
+            };
+            let expected: BTreeMap<String, u64> = expected
+                .iter()
+                .map(|(n, s)| ((*n).to_owned(), *s))
+                .collect();
+            assert_eq!(sizes, expected, "{point}");
+            assert!(
+                !answered.load(std::sync::atomic::Ordering::SeqCst),
+                "{point}: the change went on after the process died"
+            );
+        });
     }
 }
