@@ -214,6 +214,7 @@ pub fn capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn file_volume(id: &str, path: &Path, size: u64) -> Volume {
         Volume {
@@ -246,15 +247,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_pools_are_the_roots_the_ram_directory_and_the_namespaces_in_use() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap();
+    /// `dir` (canonical) as the one allowed root, its `ram` the RAM directory.
+    fn settings_in(dir: &Path) -> (PathBuf, crate::config::Settings) {
+        let root = dir.canonicalize().unwrap();
         let settings = crate::config::Settings {
             allowed_roots: vec![root.clone()],
             ram_dir: root.join("ram"),
             ..Default::default()
         };
+        (root, settings)
+    }
+
+    #[test]
+    fn the_pools_are_the_roots_the_ram_directory_and_the_namespaces_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, settings) = settings_in(dir.path());
         let mut nvme = file_volume("n", &root.join("x"), 1 << 20);
         nvme.record.backend = BackendRecord::Nvme {
             device: "/dev/ng0n1".into(),
@@ -345,12 +352,7 @@ mod tests {
     #[test]
     fn a_node_without_a_dataplane_offers_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let settings = crate::config::Settings {
-            allowed_roots: vec![root.clone()],
-            ram_dir: root.join("ram"),
-            ..Default::default()
-        };
+        let (root, settings) = settings_in(dir.path());
         use v1::get_capacity_request::Backend;
         for backend in [
             Backend::File(v1::FileCapacity {
