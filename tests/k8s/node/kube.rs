@@ -325,6 +325,13 @@ impl<'a> Sc<'a> {
             .map(|out| self.say(out))
     }
 
+    /// `kubectl create --dry-run=server` of a manifest in `ns`: every admission step runs
+    /// (Pod Security included), nothing is kept.
+    pub fn dry_run(&self, ns: &str, manifest: &str) -> Result<String> {
+        let args = ["create", "--dry-run=server", "-n", ns, "-f", "-"];
+        self.call("kubectl", &args, Some(manifest), true)
+    }
+
     /// What kubectl prints, into the log (for the record; its failure is logged too).
     pub fn show(&self, args: &[&str]) {
         match self.q(args) {

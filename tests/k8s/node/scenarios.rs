@@ -17,7 +17,7 @@ type Scenario = (&'static str, fn(&Sc) -> Result<()>);
 /// object, no pool that one of them fills and no component that one of them restarts).
 pub const PLAN: &[&[Scenario]] = &[
     &[("driver", driver)],
-    &[("file-ext4", file_ext4)],
+    &[("file-ext4", file_ext4), ("admission", admission)],
     &[("ram", ram)],
     &[("nvme-xfs", nvme_xfs)],
     // Light pairs only. All five of the lines above and this one at once saturated the guest's
@@ -213,6 +213,62 @@ fn driver(s: &Sc) -> Result<()> {
         let n = s.jp(&["csistoragecapacities", "-A"], &path)?;
         ensure!(!n.is_empty(), "a CSIStorageCapacity for {sc}");
     }
+    Ok(())
+}
+
+/// What admission policies ask of the installed chart: every container of ublkd-system's pods
+/// requests CPU and memory and has a securityContext, and all but ublkd's own have a memory
+/// limit (RAM volumes live in ublkd's memory; an OOM kill stalls every volume of the node);
+/// each Deployment's pod is admitted in a namespace that enforces Pod Security "restricted".
+fn admission(s: &Sc) -> Result<()> {
+    let json = |args: &[&str]| -> Result<Value> { Ok(serde_json::from_str(&s.q(args)?)?) };
+    let pods = json(&["-n", "ublkd-system", "get", "pods", "-o", "json"])?;
+    let (mut wrong, mut seen) = (Vec::new(), 0);
+    for p in pods["items"].as_array().into_iter().flatten() {
+        let (pod, spec) = (p["metadata"]["name"].as_str().unwrap_or("?"), &p["spec"]);
+        let all = ["initContainers", "containers"].map(|k| spec[k].as_array().cloned());
+        for c in all.into_iter().flatten().flatten() {
+            let (name, r) = (c["name"].as_str().unwrap_or("?"), &c["resources"]);
+            seen += 1;
+            if r["requests"]["cpu"].is_null() || r["requests"]["memory"].is_null() {
+                wrong.push(format!("{pod}/{name}: no CPU or memory request"));
+            }
+            if r["limits"]["memory"].is_null() && name != "ublkd" {
+                wrong.push(format!("{pod}/{name}: no memory limit"));
+            }
+            if c["securityContext"].is_null() {
+                wrong.push(format!("{pod}/{name}: no securityContext"));
+            }
+        }
+    }
+    s.say(format!("{seen} containers looked at; wrong: {wrong:?}"));
+    ensure!(
+        seen >= 8 && wrong.is_empty(),
+        "every container fits the policies: {wrong:?}"
+    );
+    let ns = "ublkd-restricted";
+    let labels = json!({"pod-security.kubernetes.io/enforce": "restricted"});
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "labels": labels}});
+    s.apply(&namespace.to_string())?;
+    let deployments = json(&["-n", "ublkd-system", "get", "deployments", "-o", "json"])?;
+    let mut admitted = 0;
+    for d in deployments["items"].as_array().into_iter().flatten() {
+        let name = d["metadata"]["name"].as_str().unwrap_or("?");
+        // Its service account is in ublkd-system only: the namespace's default stands in.
+        let mut spec = d["spec"]["template"]["spec"].clone();
+        for key in ["serviceAccountName", "serviceAccount"] {
+            spec.as_object_mut().map(|m| m.remove(key));
+        }
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec});
+        let out = s.dry_run(ns, &pod.to_string());
+        s.say(format!("{name}: {out:?}"));
+        out.with_context(|| format!("{name}'s pod under Pod Security \"restricted\""))?;
+        admitted += 1;
+    }
+    s.delete(&["namespace", ns])?;
+    ensure!(admitted >= 2, "the controller and the resizer were tried");
     Ok(())
 }
 

@@ -10,11 +10,70 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* Labels of every object: the project's, and Helm's own two. */}}
+{{/* Labels of every object: the project's, Helm's, and the operator's own (labels). */}}
 {{- define "ublkd.labels" -}}
 app.kubernetes.io/part-of: ublkd
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A pod template's metadata, called with (list . NAME): its name, the release, podLabels
+and podAnnotations. The selectors match on the name only (immutable once installed). */}}
+{{- define "ublkd.podMetadata" -}}
+{{- $ := index . 0 -}}
+labels:
+  app.kubernetes.io/name: {{ index . 1 }}
+  app.kubernetes.io/part-of: ublkd
+  app.kubernetes.io/instance: {{ $.Release.Name }}
+  {{- with $.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $.Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A sidecar of the node plugin: root, as the sockets and the kubelet's registration
+directory it uses are root's, and nothing more (no capability, no escalation, read-only). */}}
+{{- define "ublkd.sidecar" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+  seccompProfile:
+    type: RuntimeDefault
+{{- with .Values.sidecars.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The pod securityContext of the Deployments and Jobs: Pod Security "restricted". */}}
+{{- define "ublkd.restrictedPod" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  # Secret files (0400) readable by the group: the kubelet gives them to fsGroup.
+  fsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- end }}
+
+{{/* A container of the Deployments and Jobs: Pod Security "restricted". */}}
+{{- define "ublkd.restrictedContainer" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
 {{- end }}
 
 {{/* The DNS name of the remote-access Service: every ublkd's server certificate holds it. */}}

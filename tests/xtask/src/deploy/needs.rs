@@ -8,10 +8,10 @@
 //! `/` (`~1` is a `/` within a key): `[x]` is the items named x or equal to x, `*` every item,
 //! a number that item; `pod` stands for `spec/template/spec`. `{version}` is the workspace's.
 
-/// Every option's render: the driver, its classes, the node plugin (one provisioner and one
-/// snapshotter per node, which refuse leader election, on the node's own name), the central
-/// resizer (never privileged), ublkd (privileged, updated only by deleting its pod, sharing no
-/// mount of its devices back), and the RBAC each service account needs.
+/// Every option's render: the driver, its file classes, the node plugin (a provisioner and a
+/// snapshotter per node, refusing leader election, on the node's name), the resizer and the
+/// controller (Pod Security "restricted"), ublkd (privileged, updated only by deleting its pod,
+/// sharing no mount of its devices back), limits on the sidecars, the RBAC each account needs.
 pub(super) const BASE: &[&str] = &[
     "CSIDriver ublkd.io spec/attachRequired = false",
     "CSIDriver ublkd.io spec/podInfoOnMount = false",
@@ -21,10 +21,10 @@ pub(super) const BASE: &[&str] = &[
     "StorageClass ublkd-file volumeBindingMode = WaitForFirstConsumer",
     "StorageClass ublkd-file allowVolumeExpansion = true",
     "StorageClass ublkd-file parameters/backend = file",
-    "StorageClass ublkd-ram volumeBindingMode = WaitForFirstConsumer",
-    "StorageClass ublkd-ram parameters/backend = ram",
-    "StorageClass ublkd-nvme volumeBindingMode = WaitForFirstConsumer",
-    "StorageClass ublkd-nvme parameters/backend = nvme",
+    "Deployment * pod/securityContext/runAsNonRoot = true",
+    "Deployment * pod/securityContext/seccompProfile/type = RuntimeDefault",
+    r#"Deployment ublkd-csi-resizer pod/containers/[csi-resizer]/securityContext/capabilities/drop = ["ALL"]"#,
+    "DaemonSet ublkd-csi-node pod/containers/[csi-provisioner]/resources/limits/memory = 256Mi",
     "DaemonSet ublkd-csi-node spec/updateStrategy/type = RollingUpdate",
     "DaemonSet ublkd-csi-node pod/serviceAccountName = ublkd-csi-node",
     "DaemonSet ublkd-csi-node pod/containers/[ublkd-csi]/securityContext/privileged = true",
@@ -81,12 +81,13 @@ pub(super) const BASE: &[&str] = &[
     "ClusterRole ublkd-csi-resizer rules/*/resources/[persistentvolumeclaims/status]",
 ];
 
-/// The defaults alone: gRPC stays on the unix socket (no listener setting, no host port, no
-/// TLS Secret, no NetworkPolicy, a resizer that reaches no node), no Prometheus Operator
-/// objects; the uninstall hook stops the controller and takes its finalizer off the nodes
-/// before Helm deletes anything; the chart's version and appVersion (the default image tag)
-/// are the workspace's.
+/// The defaults alone: gRPC on the unix socket only (no listener setting, host port, TLS Secret,
+/// NetworkPolicy; a resizer that reaches no node), no Prometheus Operator objects, no RAM or
+/// NVMe class (opt-in); the uninstall hook takes the controller's finalizer off the nodes before
+/// Helm deletes anything; the chart's version and appVersion (the image tag) are the workspace's.
 pub(super) const DEFAULTS: &[&str] = &[
+    "StorageClass ublkd-ram absent",
+    "StorageClass ublkd-nvme absent",
     "DaemonSet ublkd lacks UBLKD_GRPC__",
     "DaemonSet ublkd lacks hostPort",
     "DaemonSet ublkd lacks secretName",
