@@ -537,6 +537,20 @@ fn monitoring(s: &Sc) -> Result<()> {
                     "firing: {:?}",
                     q(r#"ALERTS{alertname="UblkdPoolAlmostFull"}"#)?
                 ));
+                // What on-call sees: the node by name, and where the runbook is.
+                let all = local("curl", &["-fsS", "http://127.0.0.1:9090/api/v1/alerts"])?;
+                let all: Value = serde_json::from_str(&all)?;
+                let mut alerts = all["data"]["alerts"].as_array().into_iter().flatten();
+                let alert = alerts
+                    .find(|a| a["labels"]["alertname"] == "UblkdPoolAlmostFull")
+                    .context("UblkdPoolAlmostFull not in /api/v1/alerts")?;
+                s.say(format!("the alert: {alert}"));
+                ensure!(alert["labels"]["node"] == NODE, "the alert names its node");
+                let url = alert["annotations"]["runbook_url"].as_str().unwrap_or("");
+                ensure!(
+                    url.ends_with("docs/runbooks.md#ublkdpoolalmostfull"),
+                    "the alert links its runbook section: {url:?}"
+                );
                 return Ok(());
             }
         }

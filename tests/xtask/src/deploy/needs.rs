@@ -170,13 +170,13 @@ pub(super) const KUBELET_DIR: &[&str] = &[
     "DaemonSet ublkd-csi-node pod/volumes/[registration-dir]/hostPath/path = /var/lib/k0s/kubelet/plugins_registry",
 ];
 
-/// Monitoring: a ServiceMonitor on the metrics port, labelled for the user's Prometheus, and
-/// the rules file whole (`check::alerts`).
+/// Monitoring: a ServiceMonitor on the metrics port that names each series' node, labelled for
+/// the user's Prometheus, and a PrometheusRule with the rules file whole (`check::alerts`).
 pub(super) const MONITORING: &[&str] = &[
     "ServiceMonitor ublkd spec/endpoints/*/port = metrics",
     "ServiceMonitor ublkd spec/endpoints/*/relabelings/*/replacement = ublkd",
+    "ServiceMonitor ublkd spec/endpoints/*/relabelings/*/targetLabel = node",
     "ServiceMonitor ublkd metadata/labels/release = prometheus",
-    "PrometheusRule ublkd",
 ];
 
 /// A class of the user's own, made the default.
