@@ -252,22 +252,29 @@ fn admission(s: &Sc) -> Result<()> {
         "metadata": {"name": ns, "labels": labels}});
     s.apply(&namespace.to_string())?;
     let deployments = json(&["-n", "ublkd-system", "get", "deployments", "-o", "json"])?;
-    let mut admitted = 0;
+    let (mut admitted, mut refused) = (0, None);
     for d in deployments["items"].as_array().into_iter().flatten() {
         let name = d["metadata"]["name"].as_str().unwrap_or("?");
         // Its service account is in ublkd-system only: the namespace's default stands in.
         let mut spec = d["spec"]["template"]["spec"].clone();
-        for key in ["serviceAccountName", "serviceAccount"] {
-            spec.as_object_mut().map(|m| m.remove(key));
+        if let Some(m) = spec.as_object_mut() {
+            m.remove("serviceAccountName");
+            m.remove("serviceAccount");
         }
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns}, "spec": spec});
         let out = s.dry_run(ns, &pod.to_string());
         s.say(format!("{name}: {out:?}"));
-        out.with_context(|| format!("{name}'s pod under Pod Security \"restricted\""))?;
+        refused = refused.or(out
+            .err()
+            .map(|e| e.context(format!("{name}'s pod under Pod Security \"restricted\""))));
         admitted += 1;
     }
+    // The namespace goes whether or not a pod was refused.
     s.delete(&["namespace", ns])?;
+    if let Some(e) = refused {
+        return Err(e);
+    }
     ensure!(admitted >= 2, "the controller and the resizer were tried");
     Ok(())
 }

@@ -39,8 +39,9 @@ annotations:
 {{- end }}
 {{- end }}
 
-{{/* A sidecar of the node plugin: root, as the sockets and the kubelet's registration
-directory it uses are root's, and nothing more (no capability, no escalation, read-only). */}}
+{{/* A sidecar: its requests and limits, no capability, no escalation, a read-only root. In
+the node plugin's pod it runs as root (the sockets and the kubelet's registration directory are
+root's); in the resizer's, as the pod's non-root user. */}}
 {{- define "ublkd.sidecar" -}}
 securityContext:
   allowPrivilegeEscalation: false
