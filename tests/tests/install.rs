@@ -275,8 +275,9 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
     let mut root = Chroot::new(dir.join("root"));
     let layers = unpack_image(&layout, &root.root)?;
     assert_eq!(layers.len(), 2, "base and ublkd layers: {layers:?}");
-    root.mount_kernel_fs()?;
     step("unpacked");
+    root.mount_kernel_fs()?;
+    step("kernel file systems mounted");
 
     // What the kernel offers, as the init container and an operator would ask.
     let probe = root.run(&["/usr/local/bin/ublkd", "probe"])?;
