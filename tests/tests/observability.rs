@@ -82,7 +82,7 @@ fn query(expr: &str) -> Result<Vec<serde_json::Value>> {
 
 /// The dashboard's PromQL, with its Grafana variables given values that select everything.
 fn dashboard_queries() -> Result<Vec<(String, String)>> {
-    let path = workspace().join("deploy/grafana/ublkd-dashboard.json");
+    let path = workspace().join("deploy/helm/ublkd/files/ublkd-dashboard.json");
     let d: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     let mut out = Vec::new();
     for p in d["panels"].as_array().context("panels")? {
@@ -91,7 +91,10 @@ fn dashboard_queries() -> Result<Vec<(String, String)>> {
                 let e = e
                     .replace("$__rate_interval", "10s")
                     .replace("$instance", ".*")
-                    .replace("$volume", ".*");
+                    .replace("$volume", ".*")
+                    .replace("$node", ".*")
+                    .replace("$namespace", ".*")
+                    .replace("$claim", ".*");
                 out.push((p["title"].as_str().unwrap_or("?").to_owned(), e));
             }
         }
@@ -103,7 +106,9 @@ fn dashboard_queries() -> Result<Vec<(String, String)>> {
                 .strip_prefix("label_values(")
                 .and_then(|r| r.rsplit_once(','))
             {
-                let metric = inner.0.replace("$instance", ".*");
+                let metric = ["$instance", "$node", "$namespace", "$claim"]
+                    .iter()
+                    .fold(inner.0.to_owned(), |m, v| m.replace(v, ".*"));
                 out.push((format!("variable {}", v["name"]), metric));
             }
         }

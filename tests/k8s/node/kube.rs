@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 /// The node's name, as its kubelet registers it.
 pub const NODE: &str = "ublkd-vm";
 
+/// The node's registry as the host's helm reaches it: the node's address, which QEMU forwards
+/// (the node's containerd pulls from its loopback, 127.0.0.1:5000).
+pub const REGISTRY_FROM_HOST: &str = "10.10.0.1:5000";
+
 /// kubectl's arguments that name the ublkd pods (after `get`, or as `jp`'s `what`).
 pub const UBLKD_PODS: [&str; 5] = [
     "-n",
@@ -317,6 +321,26 @@ impl<'a> Sc<'a> {
 
     pub fn helm(&self, args: &[&str]) -> Result<String> {
         self.call("helm", args, None, true)
+    }
+
+    /// `helm VERB ublkd` of the packaged chart in the node's registry (bring-up pushed it),
+    /// in ublkd-system, with `args`.
+    pub fn helm_chart(&self, verb: &str, args: &[&str]) -> Result<String> {
+        let meta = fs::read_to_string(self.node.input.chart.join("Chart.yaml"))?;
+        let version = meta
+            .lines()
+            .find_map(|l| l.strip_prefix("version: "))
+            .context("Chart.yaml has no version")?;
+        let chart = format!("oci://{REGISTRY_FROM_HOST}/charts/ublkd");
+        let at = [
+            verb,
+            "ublkd",
+            &chart,
+            "--version",
+            version.trim(),
+            "--plain-http",
+        ];
+        self.helm(&[&at[..], &["--namespace", "ublkd-system"], args].concat())
     }
 
     /// `kubectl apply -f -` of a manifest.

@@ -13,7 +13,7 @@
 mod kube;
 mod scenarios;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use kube::{fill, local, wait_for, Daemon, Input, Node, Sc, NODE};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -428,22 +428,54 @@ metadata:
     pod-security.kubernetes.io/enforce: privileged
 ";
     tries(3, || s.apply(ns))?;
-    let chart = i.chart.to_string_lossy();
-    let values = i.values.to_string_lossy();
+    // The chart as a release ships it: packaged with ublkd's image pinned by digest, pushed to
+    // a registry as an OCI artefact, installed from there (helm runs on the host, which
+    // reaches the node's registry at the node's address). The directory's chart is copied into
+    // the run directory, where the host's helm reads and writes.
+    let pkg = node.logs.with_file_name("chart");
+    fs::create_dir_all(&pkg)?;
+    local(
+        "cp",
+        &["-r", &i.chart.to_string_lossy(), &pkg.to_string_lossy()],
+    )?;
+    let values_path = pkg.join("ublkd/values.yaml");
+    let shipped = fs::read_to_string(&values_path)?;
+    let pinned = shipped
+        .replacen("ghcr.io/example/ublkd", &format!("{REGISTRY}/ublkd"), 1)
+        .replacen(
+            "digest: \"\"",
+            &format!("digest: {:?}", i.ublkd_manifest),
+            1,
+        );
+    ensure!(
+        pinned.contains(&format!("{REGISTRY}/ublkd")) && pinned.contains(&i.ublkd_manifest),
+        "the chart's values.yaml no longer has the image.repository and image.digest to pin"
+    );
+    write(&values_path.to_string_lossy(), &pinned)?;
     let out = s.helm(&[
-        "install",
-        "ublkd",
-        &chart,
-        "--namespace",
-        "ublkd-system",
-        "--values",
-        &values,
+        "package",
+        &pkg.join("ublkd").to_string_lossy(),
+        "-d",
+        &pkg.to_string_lossy(),
     ])?;
+    let tgz = out
+        .split_whitespace()
+        .find(|w| w.ends_with(".tgz"))
+        .with_context(|| format!("helm package said no .tgz: {out}"))?;
+    s.helm(&[
+        "push",
+        tgz,
+        &format!("oci://{}/charts", kube::REGISTRY_FROM_HOST),
+        "--plain-http",
+    ])?;
+    node.say(format!("chart packaged and pushed: {tgz}"));
+    let values = i.values.to_string_lossy();
+    let out = s.helm_chart("install", &["--values", &values])?;
     fs::write(
         l("install.log"),
         out + &s.helm(&["status", "ublkd", "--namespace", "ublkd-system"])?,
     )?;
-    node.say("helm install of deploy/helm/ublkd done");
+    node.say("helm install of the packaged chart done");
     if !wait_for(600, || s.all_ready()) {
         for args in [
             &["-n", "ublkd-system", "get", "pods", "-o", "wide"][..],
@@ -459,11 +491,11 @@ metadata:
     node.say("every pod Ready");
     let pulled: Vec<String> = ctr(&["images", "ls", "-q"])?
         .lines()
-        .filter(|l| l.starts_with(&format!("{REGISTRY}/ublkd:")))
+        .filter(|l| l.starts_with(&format!("{REGISTRY}/ublkd@{}", i.ublkd_manifest)))
         .map(str::to_owned)
         .collect();
     if pulled.is_empty() {
-        bail!("ublkd's pods are Ready but no image was pulled from {REGISTRY}");
+        bail!("ublkd's pods are Ready but its image was not pulled from {REGISTRY} by digest");
     }
     node.say(format!(
         "pulled from the node's registry: {}",

@@ -501,6 +501,65 @@ fn monitoring(s: &Sc) -> Result<()> {
         let t = local("curl", &["-fsS", "http://127.0.0.1:9090/api/v1/targets"]);
         s.say(t.unwrap_or_else(|e| format!("{e:#}")));
     })?;
+    // The sidecars' own metrics: every CSI call the provisioner and the resizer made (their
+    // start's GetPluginInfo and Probe at least), by node and container.
+    let sidecars = || -> Result<Vec<(String, String)>> {
+        let r = q("count by (container, node) (csi_sidecar_operations_seconds_count)")?;
+        let label = |r: &Value, l: &str| r["metric"][l].as_str().unwrap_or("").to_owned();
+        Ok(r.iter()
+            .map(|r| (label(r, "container"), label(r, "node")))
+            .collect())
+    };
+    s.wait(
+        120,
+        "the provisioner's and resizer's metrics scraped",
+        || {
+            sidecars().is_ok_and(|seen| {
+                ["csi-provisioner", "csi-resizer"]
+                    .iter()
+                    .all(|c| seen.contains(&(c.to_string(), NODE.to_owned())))
+            })
+        },
+    )
+    .inspect_err(|_| s.say(format!("sidecar series: {:?}", sidecars())))?;
+    // The dashboard as Grafana's sidecar finds it (by its label), and its variables' queries
+    // against these series: the node variable lists this node by name.
+    let cms = s.k(&[
+        "-n",
+        "ublkd-system",
+        "get",
+        "cm",
+        "-l",
+        "grafana_dashboard=1",
+        "-o",
+        "json",
+    ])?;
+    let cms: Value = serde_json::from_str(&cms)?;
+    let json = cms["items"][0]["data"]["ublkd-dashboard.json"]
+        .as_str()
+        .context("no ConfigMap labelled grafana_dashboard=1 with ublkd-dashboard.json")?;
+    let dash: Value = serde_json::from_str(json)?;
+    for v in dash["templating"]["list"].as_array().into_iter().flatten() {
+        let Some(query) = v["query"]["query"].as_str() else {
+            continue;
+        };
+        let (sel, label) = (query.strip_prefix("label_values("))
+            .and_then(|r| r.strip_suffix(')')?.rsplit_once(", "))
+            .with_context(|| format!("variable {}: {query}", v["name"]))?;
+        let sel = ["$node", "$instance", "$namespace", "$claim"]
+            .iter()
+            .fold(sel.to_owned(), |q, var| q.replace(var, ".*"));
+        let values: Vec<String> = (q(&sel)?.iter())
+            .filter_map(|r| r["metric"][label].as_str().map(str::to_owned))
+            .collect();
+        s.say(format!("dashboard variable {}: {values:?}", v["name"]));
+        if v["name"] == "node" {
+            ensure!(
+                values.iter().any(|n| n == NODE),
+                "the node variable lacks {NODE}"
+            );
+        }
+    }
     let pool = "/var/lib/ublkd/volumes";
     let sel = format!(r#"backend="file",pool="{pool}""#);
     let total = value(&format!("ublkd_capacity_bytes{{{sel}}}"))?;
@@ -579,15 +638,9 @@ fn monitoring(s: &Sc) -> Result<()> {
 /// A VolumeSnapshot of a file-xfs claim, a claim restored from it and a clone of the claim, on
 /// the node's reflink XFS: each holds the data of its moment, and deleting them leaves no file.
 fn snapshots(s: &Sc) -> Result<()> {
-    let chart = s.node.input.chart.to_string_lossy();
-    let ns = ["--namespace", "ublkd-system", "--reuse-values"];
-    s.helm(
-        &[
-            &["upgrade", "ublkd", &chart][..],
-            &ns,
-            &["--set", "snapshots.enabled=true"],
-        ]
-        .concat(),
+    s.helm_chart(
+        "upgrade",
+        &["--reuse-values", "--set", "snapshots.enabled=true"],
     )?;
     s.k(&[
         "-n",
@@ -727,21 +780,18 @@ fn modify(s: &Sc) -> Result<()> {
             &ca,
         ])?;
     }
-    let chart = s.node.input.chart.to_string_lossy();
-    s.helm(&[
+    s.helm_chart(
         "upgrade",
-        "ublkd",
-        &chart,
-        "--namespace",
-        "ublkd-system",
-        "--reuse-values",
-        "--set",
-        "snapshots.enabled=true",
-        "--set",
-        "remoteAccess.enabled=true",
-        "--set",
-        "modifyVolume.enabled=true",
-    ])?;
+        &[
+            "--reuse-values",
+            "--set",
+            "snapshots.enabled=true",
+            "--set",
+            "remoteAccess.enabled=true",
+            "--set",
+            "modifyVolume.enabled=true",
+        ],
+    )?;
     let old = s.ublkd_pod()?;
     s.delete(&["-n", "ublkd-system", "pod", &old])?;
     let rolled = || s.ublkd_pod().is_ok_and(|p| p != old) && s.ublkd_ready();
@@ -892,16 +942,16 @@ spec:
     // The roll, as docs/kubernetes.md ("Upgrading") says: helm upgrade to a new image tag (the
     // same build pushed to the node's registry as :roll), then the node's pod deleted.
     let old = s.ublkd_pod()?;
-    let chart = s.node.input.chart.to_string_lossy();
     let ns = ["--namespace", "ublkd-system"];
-    s.helm(
-        &[
-            &["upgrade", "ublkd", &chart][..],
-            &ns,
-            &["--reuse-values", "--set", "image.tag=roll"],
-        ]
-        .concat(),
-    )?;
+    // The packaged chart pins its image by digest: the roll names a tag instead.
+    let roll = [
+        "--reuse-values",
+        "--set",
+        "image.tag=roll",
+        "--set",
+        "image.digest=",
+    ];
+    s.helm_chart("upgrade", &roll)?;
     s.say(s.helm(&[&["history", "ublkd"][..], &ns].concat())?);
     let on_node = format!("spec.nodeName={NODE}");
     s.delete(&[&UBLKD_PODS[..], &["--field-selector", &on_node]].concat())?;

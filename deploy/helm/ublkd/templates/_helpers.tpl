@@ -1,6 +1,10 @@
 {{/* The ublkd image, for ublkd, its init container and the CSI driver alike. */}}
 {{- define "ublkd.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
 {{- end }}
 
 {{/* The pull policy line of a container, when one is set. */}}
@@ -80,6 +84,18 @@ securityContext:
 {{/* The DNS name of the remote-access Service: every ublkd's server certificate holds it. */}}
 {{- define "ublkd.grpcHost" -}}
 ublkd-grpc.{{ .Release.Namespace }}.svc
+{{- end }}
+
+{{/* A pod's nodeSelector, called with (list . NODE_POD): Linux and the image's architecture
+(image.arch) for every pod; the node pods add the operator's nodeSelector, which wins. */}}
+{{- define "ublkd.nodeSelector" -}}
+{{- $ := index . 0 -}}
+{{- $sel := dict "kubernetes.io/os" "linux" "kubernetes.io/arch" $.Values.image.arch -}}
+{{- if index . 1 }}
+{{- $sel = merge (deepCopy $.Values.nodeSelector) $sel -}}
+{{- end }}
+nodeSelector:
+  {{- toYaml $sel | nindent 2 }}
 {{- end }}
 
 {{/* The pods' image pull secrets, when any. */}}

@@ -66,5 +66,40 @@ pub(super) fn checks(helm: &Path, ws: &Path) -> Result<Vec<String>> {
             Err(_) => {}
         }
     }
+    problems.extend(values_reference(ws)?);
     Ok(problems)
+}
+
+/// The chart README's values table against the schema: every key of the schema is a row, or
+/// inside one, or around some; every row is a key of the schema.
+fn values_reference(ws: &Path) -> Result<Vec<String>> {
+    let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        ws.join(CHART).join("values.schema.json"),
+    )?)?;
+    let mut keys = Vec::new();
+    let mut walk = vec![(String::new(), &schema)];
+    while let Some((at, v)) = walk.pop() {
+        // A `$ref` (the sidecars' shared definition) read where it points.
+        let v = (v["$ref"].as_str())
+            .and_then(|r| schema.pointer(r.trim_start_matches('#')))
+            .unwrap_or(v);
+        for (k, v) in v["properties"].as_object().into_iter().flatten() {
+            keys.push(format!("{at}{k}"));
+            walk.push((format!("{at}{k}."), v));
+        }
+    }
+    let readme = std::fs::read_to_string(ws.join(CHART).join("README.md"))?;
+    let table: Vec<&str> = (readme.lines().filter_map(|l| l.strip_prefix("| `")))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    let within = |k: &str, t: &str| k == t || k.starts_with(&format!("{t}."));
+    let missing = (keys.iter()).filter(|k| !table.iter().any(|t| within(k, t) || within(t, k)));
+    let unknown = table.iter().filter(|t| !keys.iter().any(|k| k == *t));
+    Ok(
+        (missing.map(|k| format!("{CHART}/README.md's values table lacks {k}")))
+            .chain(unknown.map(|t| {
+                format!("{CHART}/README.md's values table names {t}, which the schema lacks")
+            }))
+            .collect(),
+    )
 }

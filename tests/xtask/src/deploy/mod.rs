@@ -24,6 +24,8 @@ mod tests;
 
 /// The committed render of the chart's defaults, from the workspace root.
 pub const RENDER: &str = "deploy/kubernetes/ublkd.yaml";
+/// Every image of that render, for mirrors.
+const IMAGES: &str = "deploy/kubernetes/images.txt";
 
 /// The chart's renders the checks read: a name, the values set (Helm's `--set`), the tables of
 /// `needs` that apply, and the checks a row cannot say.
@@ -65,7 +67,7 @@ const RENDERS: &[Render] = &[
     (
         "monitoring",
         "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,\
-         monitoring.serviceMonitor.labels.release=prometheus",
+         monitoring.serviceMonitor.labels.release=prometheus,monitoring.dashboard.enabled=true",
         &[MONITORING],
         &[alerts],
     ),
@@ -157,6 +159,21 @@ pub fn manifest_checks(ws: &Path, write: bool) -> Result<()> {
     }
     let dir = ws.join("deploy/kubernetes");
     let installed = objects(&kubectl, &["-k", &dir.to_string_lossy()], "")?;
+    // Every image the default install pulls, one per line: what an air-gapped site mirrors.
+    let mut images: Vec<&str> = (installed.iter())
+        .flat_map(|o| [o, o].into_iter().zip(["containers", "initContainers"]))
+        .flat_map(|(o, c)| check::at(o, &format!("pod/{c}/*/image")))
+        .filter_map(Value::as_str)
+        .collect();
+    (images.sort(), images.dedup());
+    let images = images.iter().map(|i| format!("{i}\n")).collect::<String>();
+    if write {
+        std::fs::write(ws.join(IMAGES), &images).with_context(|| format!("writing {IMAGES}"))?;
+    } else if std::fs::read_to_string(ws.join(IMAGES)).unwrap_or_default() != images {
+        problems.push(format!(
+            "{IMAGES} is not the default render's images: run `cargo xtask manifests`"
+        ));
+    }
     let kustomize = "kubectl kustomize deploy/kubernetes";
     problems.extend(check::render(kustomize, &installed, &[KUSTOMIZE], &[]));
     for (name, sets, tables, checks) in RENDERS {

@@ -21,6 +21,10 @@ pub(super) const BASE: &[&str] = &[
     "StorageClass ublkd-file volumeBindingMode = WaitForFirstConsumer",
     "StorageClass ublkd-file allowVolumeExpansion = true",
     "StorageClass ublkd-file parameters/backend = file",
+    "Deployment * pod/nodeSelector/kubernetes.io~1arch = amd64",
+    "DaemonSet * pod/nodeSelector/kubernetes.io~1arch = amd64",
+    "DaemonSet ublkd-csi-node pod/containers/[csi-provisioner]/args/[--http-endpoint=:9809]",
+    "Service ublkd-csi-sidecars spec/ports/[metrics-resize]/targetPort = metrics-resize",
     "Deployment * pod/securityContext/runAsNonRoot = true",
     "Deployment * pod/securityContext/seccompProfile/type = RuntimeDefault",
     r#"Deployment ublkd-csi-resizer pod/containers/[csi-resizer]/securityContext/capabilities/drop = ["ALL"]"#,
@@ -170,10 +174,14 @@ pub(super) const KUBELET_DIR: &[&str] = &[
     "DaemonSet ublkd-csi-node pod/volumes/[registration-dir]/hostPath/path = /var/lib/k0s/kubelet/plugins_registry",
 ];
 
-/// Monitoring: a ServiceMonitor on the metrics port that names each series' node, labelled for
-/// the user's Prometheus, and a PrometheusRule with the rules file whole (`check::alerts`).
+/// Monitoring: ServiceMonitors on ublkd's and the sidecars' metrics ports that name each
+/// series' node, labelled for the user's Prometheus; a PrometheusRule with the rules file whole
+/// (`check::alerts`); the dashboard for Grafana's sidecar.
 pub(super) const MONITORING: &[&str] = &[
     "ServiceMonitor ublkd spec/endpoints/*/port = metrics",
+    "ServiceMonitor ublkd-csi-sidecars spec/endpoints/*/port = metrics-resize",
+    "ServiceMonitor ublkd-csi-sidecars spec/endpoints/*/relabelings/*/targetLabel = node",
+    r#"ConfigMap ublkd-dashboard metadata/labels/grafana_dashboard = "1""#,
     "ServiceMonitor ublkd spec/endpoints/*/relabelings/*/replacement = ublkd",
     "ServiceMonitor ublkd spec/endpoints/*/relabelings/*/targetLabel = node",
     "ServiceMonitor ublkd metadata/labels/release = prometheus",

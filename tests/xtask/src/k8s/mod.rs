@@ -34,9 +34,10 @@ pub mod build;
 mod control;
 mod images;
 
-/// The node's address, where the API server reaches the kubelet: the control plane's
-/// namespace holds it on its loopback and QEMU forwards the kubelet's port into the guest.
-const KUBELET_FORWARD: &str = "tcp:10.10.0.1:10250-:10250";
+/// The node's address, where the API server reaches the kubelet and helm the node's registry
+/// (the packaged chart): the control plane's namespace holds it on its loopback and QEMU
+/// forwards those ports into the guest.
+const FORWARDS: [&str; 2] = ["tcp:10.10.0.1:10250-:10250", "tcp:10.10.0.1:5000-:5000"];
 
 /// Debian packages unpacked for the guest, each from the suite named (containerd 1.7 is
 /// trixie's; sid has 2.x, which Kubernetes 1.35 would take too, but the brief pins 1.x).
@@ -305,7 +306,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
             vm::shell_quote(&node.to_string_lossy()),
             vm::shell_quote(&path.to_string_lossy())
         );
-        let forwards = vec![KUBELET_FORWARD.to_owned()];
+        let forwards = FORWARDS.map(str::to_owned).to_vec();
         let netns = control.netns.clone();
         vm.network = Some(vm::Network { netns, forwards });
         (vm.writable_root, vm.memory_mib, vm.timeout, vm.echo) = (true, 6144, 2400, true);
