@@ -106,11 +106,16 @@ pub enum CsiError {
     SourceMismatch { name: String },
     #[error("snapshot {name:?} exists, of volume {source_volume:?}")]
     SnapshotMismatch { name: String, source_volume: String },
-    #[error(
-        "ControllerModifyVolume cannot reach the nodes' ublkd: this ublkd-csi has no \
-         --remote-ublkd (the chart's modifyVolume.enabled, deploy/csi/README.md)"
-    )]
-    ModifyUnconfigured,
+    #[error("the limits of volume {id:?} cannot be recorded on its PersistentVolume: {why}")]
+    LimitsNotRecorded { id: String, why: String },
+    #[error("the limits of volume {id:?} are recorded; node {node} has not applied them yet")]
+    LimitsPending { id: String, node: String },
+    #[error("node {node} could not apply the limits of volume {id:?}: {why}")]
+    LimitsRefused {
+        id: String,
+        node: String,
+        why: String,
+    },
     #[error("cannot tell which node holds volume {id:?}: {why}")]
     NodesUnreachable { id: String, why: String },
     #[error("{0}")]
@@ -143,7 +148,8 @@ impl CsiError {
             | E::SnapshotMismatch { .. } => Code::AlreadyExists,
             E::SourceNotFound { .. } => Code::NotFound,
             E::SourceUnsupported(_) => Code::InvalidArgument,
-            E::ModifyUnconfigured | E::EncryptionKeyMissing { .. } => Code::FailedPrecondition,
+            E::LimitsRefused { .. } | E::EncryptionKeyMissing { .. } => Code::FailedPrecondition,
+            E::LimitsNotRecorded { .. } | E::LimitsPending { .. } => Code::Unavailable,
             E::EncryptionKeyRefused { .. } => Code::PermissionDenied,
             E::MappingTaken { .. } => Code::AlreadyExists,
             E::NodesUnreachable { .. } => Code::Unavailable,
@@ -235,7 +241,21 @@ mod tests {
                 },
                 Code::AlreadyExists,
             ),
-            (E::ModifyUnconfigured, Code::FailedPrecondition),
+            (
+                E::LimitsRefused {
+                    id: "v".into(),
+                    node: "n".into(),
+                    why: "not here".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                E::LimitsPending {
+                    id: "v".into(),
+                    node: "n".into(),
+                },
+                Code::Unavailable,
+            ),
             (
                 E::EncryptionKeyRefused {
                     device: "/dev/ublkb0".into(),

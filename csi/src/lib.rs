@@ -31,6 +31,7 @@ pub mod node;
 pub mod nodeloss;
 pub mod page;
 pub mod params;
+pub mod pvlimits;
 pub mod pvreport;
 pub mod qos;
 pub mod resizer;

@@ -39,15 +39,17 @@ struct Args {
     #[arg(long, env = "NODE_NAME")]
     node_id: Option<String>,
     /// Serve only what the central csi-resizer asks (Identity, Controller capabilities, and
-    /// ControllerModifyVolume through --remote-ublkd); no local ublkd is needed. Volumes grow
+    /// ControllerModifyVolume: recorded on the volume's PersistentVolume for its node, or
+    /// through --remote-ublkd); no local ublkd is needed. Volumes grow
     /// on their node (NodeExpandVolume).
     #[arg(long)]
     resizer_only: bool,
     /// Every node's ublkd, for ControllerModifyVolume: https://NAME:PORT where NAME resolves to
     /// each node's ublkd (the remote-access component's headless Service,
     /// https://ublkd-grpc.ublkd-system.svc:7443). Each address is dialled with mutual TLS and
-    /// its certificate checked against NAME. Without it, the --resizer-only instance refuses
-    /// ControllerModifyVolume (FAILED_PRECONDITION); a node's instance changes its own volumes.
+    /// its certificate checked against NAME. Without it, the --resizer-only instance records
+    /// the limits on the volume's PersistentVolume (--apply-limits-every on the nodes); a
+    /// node's instance changes its own volumes.
     #[arg(
         long,
         env = "UBLKD_REMOTE",
@@ -77,6 +79,11 @@ struct Args {
     /// service account; the chart's csiNode.faultEventsEvery, 10); 0: none.
     #[arg(long, default_value_t = 0)]
     fault_events_every: u64,
+    /// Seconds between two looks for the limits the central driver recorded on this node's
+    /// PersistentVolumes (ublkd_csi::pvlimits: a VolumeAttributesClass changed; needs the API
+    /// server); 0: none.
+    #[arg(long, default_value_t = 0)]
+    apply_limits_every: u64,
     /// Seconds a volume may stay RECOVERING before a VolumeRecoveringTooLong Event.
     #[arg(long, default_value_t = 60)]
     recovering_too_long: u64,
@@ -223,13 +230,17 @@ async fn main() -> Result<()> {
             };
             Route::Remote(Remote::new(&uri, tls, timeout).map_err(anyhow::Error::msg)?)
         }
-        None if args.resizer_only => Route::Unconfigured,
+        None if args.resizer_only => Route::Record(
+            kube::Client::try_default()
+                .await
+                .context("connecting to the API server (ControllerModifyVolume records limits on PersistentVolumes)")?,
+        ),
         None => Route::Local,
     };
     let modify = match &route {
         Route::Local => "this node's ublkd".to_owned(),
         Route::Remote(r) => format!("every node's ublkd at {}", r.endpoint()),
-        Route::Unconfigured => "refused: no --remote-ublkd".to_owned(),
+        Route::Record(_) => "recorded on the PersistentVolume for its node".to_owned(),
     };
     tracing::info!(socket = %path.display(), ublkd = %ublkd.endpoint(), node = ?args.node_id, resizer_only = args.resizer_only, modify_volume = %modify, "serving CSI");
     let node = Node(args.node_id.unwrap_or_default());
@@ -247,6 +258,15 @@ async fn main() -> Result<()> {
         tokio::spawn(async move {
             if let Err(e) = ublkd_csi::pvreport::run(ublkd, node, every).await {
                 tracing::error!(error = %e, "no reports of the volumes without a PersistentVolume");
+            }
+        });
+    }
+    if args.apply_limits_every > 0 && !args.resizer_only {
+        let every = Duration::from_secs(args.apply_limits_every);
+        let (ublkd, node) = (ublkd.clone(), node.clone());
+        tokio::spawn(async move {
+            if let Err(e) = ublkd_csi::pvlimits::run(ublkd, node, every).await {
+                tracing::error!(error = %e, "no limits applied from PersistentVolumes: VolumeAttributesClass changes stay pending");
             }
         });
     }

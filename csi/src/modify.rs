@@ -3,17 +3,18 @@
 //!
 //! The one who calls it is the central csi-resizer (external-resizer has no per-node mode),
 //! whose ublkd-csi runs on no particular node, while each volume lives in one node's ublkd, and
-//! the request names only the volume. So that ublkd-csi asks every node's ublkd which one holds
-//! the volume, and changes it there. It reaches them through the remote-access component: each
-//! ublkd pod serves gRPC on port 7443 with mutual TLS, and the headless Service `ublkd-grpc`
-//! resolves to every ublkd pod (`--remote-ublkd https://ublkd-grpc.ublkd-system.svc:7443`);
-//! each address is dialled with this driver's client certificate, and each server certificate
-//! is checked against the Service's name, which the shared server certificate holds.
+//! the request names only the volume. By default that ublkd-csi records the limits on the
+//! volume's PersistentVolume and its node's plugin applies them over the local socket
+//! (`pvlimits`): no way into the nodes is needed. With `--remote-ublkd` it reaches every
+//! node's ublkd itself instead, through the remote-access component: each ublkd pod serves
+//! gRPC on port 7443 with mutual TLS, and the headless Service `ublkd-grpc` resolves to every
+//! ublkd pod (`--remote-ublkd https://ublkd-grpc.ublkd-system.svc:7443`); each address is
+//! dialled with this driver's client certificate, and each server certificate is checked
+//! against the Service's name, which the shared server certificate holds.
 //!
-//! Nothing is ever reported applied that was not: a volume no node holds is NOT_FOUND only
-//! when every node answered; a node that did not answer makes the call UNAVAILABLE (the resizer
-//! retries), and a driver with no way to the nodes answers FAILED_PRECONDITION naming what to
-//! deploy.
+//! Nothing is ever reported applied that was not: over remote access a volume no node holds is
+//! NOT_FOUND only when every node answered, and a node that did not answer makes the call
+//! UNAVAILABLE (the resizer retries); through the PV, OK waits for the node's answer.
 
 use crate::error::CsiError;
 use crate::qos::QosChange;
@@ -24,14 +25,25 @@ use std::time::Duration;
 use ublkd_client::{v1, Target, TlsFiles};
 
 /// Where ControllerModifyVolume finds a volume's ublkd.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Route {
     /// This node's ublkd: the driver on each node (and csi-sanity).
     Local,
     /// Every node's ublkd, over remote access: the central driver beside the csi-resizer.
     Remote(Remote),
-    /// No way to the nodes (the central driver without `--remote-ublkd`): the call fails.
-    Unconfigured,
+    /// The volume's PersistentVolume, which its node's plugin reads (`pvlimits`): the central
+    /// driver without `--remote-ublkd`, the default.
+    Record(kube::Client),
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Route::Local => f.write_str("Local"),
+            Route::Remote(r) => f.debug_tuple("Remote").field(r).finish(),
+            Route::Record(_) => f.write_str("Record"),
+        }
+    }
 }
 
 /// Every node's ublkd, as one DNS name that resolves to all of them.
@@ -173,7 +185,11 @@ pub async fn modify(
             (local.clone(), v)
         }
         Route::Remote(remote) => remote.find(&id).await?,
-        Route::Unconfigured => return Err(CsiError::ModifyUnconfigured),
+        Route::Record(client) => {
+            // The node applies them: within the resizer's 60 s timeout, with room to answer.
+            let wait = Duration::from_secs(20);
+            return crate::pvlimits::record(client, &id, &req.mutable_parameters, wait).await;
+        }
     };
     let current = volume.spec.and_then(|s| s.qos).unwrap_or_default();
     let wanted = change.apply(&current);

@@ -108,9 +108,6 @@ imagePullSecrets:
 
 {{/* Refusals: combinations that cannot work. */}}
 {{- define "ublkd.checks" -}}
-{{- if and .Values.modifyVolume.enabled (not .Values.remoteAccess.enabled) }}
-{{- fail "modifyVolume.enabled needs remoteAccess.enabled: the resizer's driver reaches each node's ublkd through it" }}
-{{- end }}
 {{- if and .Values.remoteAccess.certManager.enabled (not .Values.remoteAccess.enabled) }}
 {{- fail "remoteAccess.certManager.enabled needs remoteAccess.enabled" }}
 {{- end }}

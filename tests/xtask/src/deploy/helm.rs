@@ -34,7 +34,6 @@ pub(super) fn template(helm: &Path, ws: &Path, sets: &str, hooks: bool) -> Resul
 
 /// Values the chart must refuse: `--set VALUES => what the refusal must say`.
 const REFUSED: &[&str] = &[
-    "modifyVolume.enabled=true => needs remoteAccess.enabled",
     "storageClasses[0].name=x,storageClasses[0].backend=tape => /storageClasses/0/backend",
     "storageClasses[0].name=x,storageClasses[0].backend=file,storageClasses[0].root=/elsewhere => is not one of ublkd.fileRoots",
     "storageClasses[0].name=x,storageClasses[0].backend=nvme => namespace",

@@ -54,9 +54,9 @@ const RENDERS: &[Render] = &[
     ),
     (
         "ModifyVolume",
-        "remoteAccess.enabled=true,modifyVolume.enabled=true",
-        &[BASE, REMOTE, MODIFY],
-        &[grpc_ingress, modify_volume],
+        "modifyVolume.enabled=true",
+        &[BASE, MODIFY],
+        &[modify_volume],
     ),
     (
         "another kubelet directory",
@@ -165,7 +165,8 @@ pub fn manifest_checks(ws: &Path, write: bool) -> Result<()> {
         .flat_map(|(o, c)| check::at(o, &format!("pod/{c}/*/image")))
         .filter_map(Value::as_str)
         .collect();
-    (images.sort(), images.dedup());
+    images.sort();
+    images.dedup();
     let images = images.iter().map(|i| format!("{i}\n")).collect::<String>();
     if write {
         std::fs::write(ws.join(IMAGES), &images).with_context(|| format!("writing {IMAGES}"))?;

@@ -143,26 +143,18 @@ pub(super) const SNAPSHOTS: &[&str] = &[
     "VolumeSnapshotClass * deletionPolicy",
 ];
 
-/// ModifyVolume: the resizer's ublkd-csi reaches every node's ublkd through the remote-access
-/// Service (by the name its certificate holds) with a client certificate from a whole Secret,
-/// the Service lists ublkd pods that are not ready (a silent node must fail the call, not hide
-/// its volumes), the resizer's VolumeAttributesClass gate is on (its version and the classes'
-/// keys: `check::modify_volume`), and a NetworkPolicy admits the resizer's pods to the gRPC port.
+/// ModifyVolume: no way into the nodes (no client certificate, no remote-access Service or
+/// NetworkPolicy for the resizer); the node plugin looks for the limits recorded on its PVs;
+/// the resizer's VolumeAttributesClass gate is on (its version and the classes' keys:
+/// `check::modify_volume`).
 pub(super) const MODIFY: &[&str] = &[
-    "Service ublkd-grpc spec/publishNotReadyAddresses = true",
-    "Service ublkd-grpc spec/ports/[grpc]/port = 7443",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/env/[UBLKD_REMOTE]/value = https://ublkd-grpc.ublkd-system.svc:7443",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/volumeMounts/[client-tls]/mountPath = /etc/ublkd-csi-tls",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/volumeMounts/[client-tls]/readOnly = true",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/volumeMounts/[client-tls]/subPath absent",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/env/[UBLKD_REMOTE_TLS_CA]/value = /etc/ublkd-csi-tls/ca.crt",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/env/[UBLKD_REMOTE_TLS_CERT]/value = /etc/ublkd-csi-tls/tls.crt",
-    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/env/[UBLKD_REMOTE_TLS_KEY]/value = /etc/ublkd-csi-tls/tls.key",
-    "Deployment ublkd-csi-resizer pod/volumes/[client-tls]/secret/secretName = ublkd-csi-resizer-tls",
+    "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/env absent",
+    "Deployment ublkd-csi-resizer lacks ublkd-csi-tls",
+    "Service ublkd-grpc absent",
+    "NetworkPolicy ublkd-grpc-csi-resizer absent",
+    "DaemonSet ublkd-csi-node pod/containers/[ublkd-csi]/args/[--apply-limits-every=2]",
     "Deployment ublkd-csi-resizer pod/containers/[csi-resizer]/args/[--feature-gates=VolumeAttributesClass=true]",
     "Deployment ublkd-csi-resizer spec/template/metadata/labels/app.kubernetes.io~1name = ublkd-csi-resizer",
-    r#"NetworkPolicy ublkd-grpc-csi-resizer spec/podSelector = {"matchLabels":{"app.kubernetes.io/name":"ublkd"}}"#,
-    r#"NetworkPolicy ublkd-grpc-csi-resizer spec/ingress = [{"from":[{"podSelector":{"matchLabels":{"app.kubernetes.io/name":"ublkd-csi-resizer"}}}],"ports":[{"port":"grpc","protocol":"TCP"}]}]"#,
     "VolumeAttributesClass * driverName = ublkd.io",
 ];
 
