@@ -562,6 +562,22 @@ async fn check(
     Ok(())
 }
 
+/// Each `delete +file` that is done (`true`: it answered OK, or a restart finished it, its
+/// intent not preceded by a recorded delete that keeps the file) left no backing file, unless
+/// a record names that file again (a create of the same step).
+fn files_removed(deletes: &[(&str, &PathBuf, bool)], state: &Path) -> Result<(), String> {
+    let records = on_disk(state);
+    for (op, path, done) in deletes {
+        let named = records
+            .iter()
+            .any(|r| matches!(&r.backend, BackendRecord::File { path: p, .. } if p == *path));
+        if *done && !named && path.exists() {
+            return Err(format!("`{op}` left its backing file {}", path.display()));
+        }
+    }
+    Ok(())
+}
+
 /// What running one history reached.
 #[derive(Debug, Default)]
 struct Coverage {
@@ -620,6 +636,40 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
         kernel.reseed(step.seed, step.faults);
         simctx::seed_schedule(step.seed);
         simctx::crash_at(step.crash);
+        // The backing file each `delete +file` of the step names, as the step starts; not when
+        // the step also deletes the volume keeping its file: whichever ends first decides, and
+        // a delete of a volume already gone answers OK (the CSI contract) with no file to own.
+        let mut removals = Vec::new();
+        let keeps = |vol: &VolumeId| {
+            (step.ops.iter()).any(|o| matches!(o, Op::Delete { id, backing: false } if id == vol))
+        };
+        for op in &step.ops {
+            if let Op::Delete { id, backing: true } = op {
+                if keeps(id) {
+                    continue;
+                }
+                let Ok(vol) = v.get(id).await else { continue };
+                // `kept`: an earlier delete that keeps the file is recorded; a crash before
+                // this call records its own intent finishes that one.
+                let recorded = on_disk(&dirs.state).into_iter().find(|r| &r.id == id);
+                let kept = recorded.is_some_and(|r| r.deleting && !r.delete_backing);
+                // A create of the same step naming the file may make it again, and a crash
+                // inside that create leaves it (the next create of that path adopts it).
+                let remade = |path: &PathBuf| {
+                    (step.ops.iter()).any(|o| match o.clone().at(&dirs.files) {
+                        Op::Create { record, .. } => matches!(
+                            &record.backend, BackendRecord::File { path: p, .. } if p == path
+                        ),
+                        _ => false,
+                    })
+                };
+                if let BackendRecord::File { path, .. } = vol.record.backend {
+                    if !remade(&path) {
+                        removals.push((op.to_string(), path, kept));
+                    }
+                }
+            }
+        }
         let tasks: Vec<_> = step
             .ops
             .iter()
@@ -662,6 +712,12 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
             check(&v, &kernel, &dirs.state, true)
                 .await
                 .map_err(|w| fail(&log, w))?;
+            // A delete the crash cut short finishes at the start, its file included.
+            let all: Vec<_> = removals
+                .iter()
+                .map(|(op, p, kept)| (op.as_str(), p, !kept))
+                .collect();
+            files_removed(&all, &dirs.state).map_err(|w| fail(&log, w))?;
             continue;
         }
         simctx::crash_at(None);
@@ -687,6 +743,15 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
         check(&v, &kernel, &dirs.state, false)
             .await
             .map_err(|w| fail(&log, w))?;
+        let done: Vec<_> = (removals.iter())
+            .map(|(op, p, _)| {
+                let ok = answers
+                    .iter()
+                    .any(|(o, a)| o.to_string() == *op && a.text.starts_with("ok"));
+                (op.as_str(), p, ok)
+            })
+            .collect();
+        files_removed(&done, &dirs.state).map_err(|w| fail(&log, w))?;
         if step.retry {
             for (op, answer) in answers {
                 let (Op::Create { place, record }, Some(first)) = (op, &answer.created) else {
