@@ -107,6 +107,7 @@ pub async fn record(
             why: format!("PersistentVolume {name} names no node"),
         })?;
     let sorted: BTreeMap<&String, &String> = params.iter().collect();
+    // A map of strings always serializes; an empty string would be refused by the node.
     let wanted = serde_json::to_string(&sorted).unwrap_or_default();
     if answer(pv, &wanted) == Answer::Applied {
         return Ok(());
@@ -143,31 +144,48 @@ pub async fn record(
     }
 }
 
-/// The node plugin's side: what one PV pending for this node asks, applied; the answer to
-/// write (`Ok`: applied, `Err`: why not).
-async fn apply(ublkd: &Ublkd, pv: &PersistentVolume) -> (String, Result<(), String>) {
-    let wanted = annotation(pv, WANTED).unwrap_or("").to_owned();
+/// What the node plugin made of one PV pending for it.
+#[derive(Debug)]
+enum Outcome {
+    Applied,
+    /// Answered on the PV: the limits cannot be applied here.
+    Refused(String),
+    /// Not answered: ublkd did not answer (it may be restarting); the next round tries again.
+    Unanswered(String),
+}
+
+/// The node plugin's side: what one PV pending for this node asks (`WANTED`), applied.
+async fn apply(ublkd: &Ublkd, pv: &PersistentVolume, wanted: &str) -> Outcome {
+    use crate::ublkd::UblkdError;
     let id = (pv.spec.as_ref().and_then(|s| s.csi.as_ref()))
         .map(|c| c.volume_handle.clone())
         .unwrap_or_default();
-    let done = async {
-        let params: HashMap<String, String> = serde_json::from_str(&wanted)
-            .map_err(|e| format!("{WANTED} is not a JSON object of strings: {e}"))?;
-        let change = QosChange::from_mutable(&params).map_err(|e| e.to_string())?;
-        let volume = (ublkd.get(&id).await)
-            .map_err(|e| format!("asking ublkd for volume {id}: {e}"))?
-            .ok_or_else(|| format!("volume {id} is not in this node's ublkd"))?;
-        let current = volume.spec.and_then(|s| s.qos).unwrap_or_default();
-        let limits = change.apply(&current);
-        if limits != current {
-            (ublkd.set_qos(&id, limits).await)
-                .map_err(|e| format!("ublkd refused the limits: {e}"))?;
+    let params: HashMap<String, String> = match serde_json::from_str(wanted) {
+        Ok(p) => p,
+        Err(e) => {
+            return Outcome::Refused(format!("{WANTED} is not a JSON object of strings: {e}"))
         }
-        tracing::info!(volume = %id, ?limits, "limits applied from the PersistentVolume");
-        Ok(())
     };
-    let done = done.await;
-    (wanted, done)
+    let change = match QosChange::from_mutable(&params) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Refused(e.to_string()),
+    };
+    let volume = match ublkd.get(&id).await {
+        Ok(Some(v)) => v,
+        Ok(None) => return Outcome::Refused(format!("volume {id} is not in this node's ublkd")),
+        Err(e) => return Outcome::Unanswered(format!("asking ublkd for volume {id}: {e}")),
+    };
+    let current = volume.spec.and_then(|s| s.qos).unwrap_or_default();
+    let limits = change.apply(&current);
+    if limits != current {
+        match ublkd.set_qos(&id, limits).await {
+            Ok(_) => {}
+            Err(e @ UblkdError::Connect(_)) => return Outcome::Unanswered(e.to_string()),
+            Err(e) => return Outcome::Refused(format!("ublkd refused the limits: {e}")),
+        }
+    }
+    tracing::info!(volume = %id, ?limits, "limits applied from the PersistentVolume");
+    Outcome::Applied
 }
 
 /// Lists this node's pending PVs every `every` and answers each, until the process ends; a
@@ -177,37 +195,48 @@ pub async fn run(ublkd: Ublkd, node: Node, every: Duration) -> Result<(), Limits
     let api: Api<PersistentVolume> = Api::all(client);
     let pending = ListParams::default().labels(&format!("{PENDING}={}", node.0));
     loop {
-        if let Err(e) = round(&api, &ublkd, &pending).await {
+        for e in round(&api, &ublkd, &pending).await {
             tracing::error!(error = %e, "applying the limits recorded on PersistentVolumes failed; trying again in {every:?}");
         }
         tokio::time::sleep(every).await;
     }
 }
 
+/// One look: every pending PV answered that can be; what failed, each PV on its own.
 async fn round(
     api: &Api<PersistentVolume>,
     ublkd: &Ublkd,
     pending: &ListParams,
-) -> Result<(), LimitsError> {
-    let list = api.list(pending).await.map_err(LimitsError::ListPending)?;
+) -> Vec<LimitsError> {
+    let list = match api.list(pending).await {
+        Ok(l) => l,
+        Err(e) => return vec![LimitsError::ListPending(e)],
+    };
+    let mut failed = Vec::new();
     for pv in &list.items {
         let name = pv.metadata.name.clone().unwrap_or_default();
-        let (wanted, done) = apply(ublkd, pv).await;
-        let answers = match &done {
-            Ok(()) => serde_json::json!({APPLIED: wanted, REFUSED: null}),
-            Err(why) => {
+        let wanted = annotation(pv, WANTED).unwrap_or("");
+        let answers = match apply(ublkd, pv, wanted).await {
+            Outcome::Applied => serde_json::json!({APPLIED: wanted, REFUSED: null}),
+            Outcome::Refused(why) => {
                 tracing::warn!(pv = %name, %wanted, %why, "limits refused");
                 let refused = serde_json::json!({"wanted": wanted, "why": why}).to_string();
                 serde_json::json!({REFUSED: refused})
             }
+            Outcome::Unanswered(why) => {
+                tracing::warn!(pv = %name, %wanted, %why, "limits not applied yet: ublkd did not answer");
+                continue;
+            }
         };
         let patch =
             serde_json::json!({"metadata": {"annotations": answers, "labels": {PENDING: null}}});
-        (api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await)
-            .map_err(|source| LimitsError::Answer { pv: name, source })?;
+        if let Err(source) =
+            (api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await
+        {
+            failed.push(LimitsError::Answer { pv: name, source });
+        }
     }
-    Ok(())
+    failed
 }
 
 #[cfg(test)]
