@@ -213,11 +213,9 @@ fn run_boot(
     };
     eprintln!("xtask: running {n} VM test(s) in one boot of {kver}{topology}");
 
-    // Between tests: the scratch removed, then, when it held 64 MiB or more, the page cache
-    // dropped. Without the drop, a guest whose tmpfs had just freed a test's files wrote 1 MiB
-    // blocks to /tmp at 0.5-3 MB/s (64 MiB: 22-135 s, against 0.4 s fresh or after the drop;
-    // the image test's unpack took 134-300 s after the Debian package test and timed out in
-    // CI). Not after every test: the next then reads its binaries again (7-11 s each).
+    // Between tests: the scratch removed; when it held 64 MiB or more, the page cache dropped
+    // too (else /tmp took 22-135 s for 64 MiB, 0.4 s after a drop: the image test timed out
+    // after the Debian one), not always (the next test would read its binaries again, 7-11 s).
     let mut script = format!(
         "cd {ws}\n{exports} RUST_BACKTRACE=1\n\
          echo \"ublkd-vm: guest kernel $(uname -r)\"\n\

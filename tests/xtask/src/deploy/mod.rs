@@ -141,6 +141,17 @@ fn objects(kubectl: &Path, input: &[&str], yaml: &str) -> Result<Vec<Value>> {
         .context("reading kubectl's JSON")
 }
 
+/// A committed file `cargo xtask manifests` makes: written (`write`), or what is wrong when it
+/// is not `text`.
+fn generated(ws: &Path, rel: &str, text: &str, write: bool) -> Result<Option<String>> {
+    if write {
+        std::fs::write(ws.join(rel), text).with_context(|| format!("writing {rel}"))?;
+        eprintln!("xtask: manifests: wrote {rel}");
+    }
+    let stale = std::fs::read_to_string(ws.join(rel)).unwrap_or_default() != text;
+    Ok(stale.then(|| format!("{rel} is stale: run `cargo xtask manifests` and commit it")))
+}
+
 /// `cargo xtask manifests`: writes the render (`write`) or checks that the committed one is
 /// current, then runs every check; kubectl (Debian's kubernetes-client) and helm are installed
 /// when missing, never skipped.
@@ -149,14 +160,7 @@ pub fn manifest_checks(ws: &Path, write: bool) -> Result<()> {
     let helm = crate::gotools::ensure(helm::HELM)?;
     let rendered = render(&helm, ws)?;
     let mut problems = Vec::new();
-    if write {
-        std::fs::write(ws.join(RENDER), &rendered).with_context(|| format!("writing {RENDER}"))?;
-        eprintln!("xtask: manifests: wrote {RENDER}");
-    } else if std::fs::read_to_string(ws.join(RENDER)).unwrap_or_default() != rendered {
-        problems.push(format!(
-            "{RENDER} is not the chart's render: run `cargo xtask manifests` and commit it"
-        ));
-    }
+    problems.extend(generated(ws, RENDER, &rendered, write)?);
     let dir = ws.join("deploy/kubernetes");
     let installed = objects(&kubectl, &["-k", &dir.to_string_lossy()], "")?;
     // Every image the default install pulls, one per line: what an air-gapped site mirrors.
@@ -168,13 +172,7 @@ pub fn manifest_checks(ws: &Path, write: bool) -> Result<()> {
     images.sort();
     images.dedup();
     let images = images.iter().map(|i| format!("{i}\n")).collect::<String>();
-    if write {
-        std::fs::write(ws.join(IMAGES), &images).with_context(|| format!("writing {IMAGES}"))?;
-    } else if std::fs::read_to_string(ws.join(IMAGES)).unwrap_or_default() != images {
-        problems.push(format!(
-            "{IMAGES} is not the default render's images: run `cargo xtask manifests`"
-        ));
-    }
+    problems.extend(generated(ws, IMAGES, &images, write)?);
     let kustomize = "kubectl kustomize deploy/kubernetes";
     problems.extend(check::render(kustomize, &installed, &[KUSTOMIZE], &[]));
     for (name, sets, tables, checks) in RENDERS {
