@@ -130,13 +130,10 @@ pub fn modified_within(path: &Path, age: Duration) -> bool {
 pub fn extract_debs(dir: &Path, root: &Path) -> Result<()> {
     let mut debs = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        debs.push(entry?.path());
+        debs.extend(Some(entry?.path()).filter(|p| p.extension().is_some_and(|e| e == "deb")));
     }
     debs.sort();
-    for deb in debs
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
-    {
+    for deb in debs {
         run_ok(Command::new("dpkg-deb").arg("-x").arg(deb).arg(root))?;
     }
     Ok(())
@@ -228,34 +225,30 @@ impl PrivateApt {
         })
     }
 
-    fn options(&self) -> Vec<String> {
+    /// `prog` (apt-get, apt-cache) reading this configuration only.
+    fn command(&self, prog: &str) -> Command {
         let d = self.dir.display();
-        vec![
-            format!("-oDir::Etc::SourceList={d}/sources.list"),
-            "-oDir::Etc::SourceParts=/nonexistent".into(),
-            format!("-oDir::State::Lists={d}/lists"),
-            format!("-oDir::Cache={d}/cache"),
-            format!("-oDir::State::status={d}/status"),
-            "-oDebug::NoLocking=1".into(),
-            "-oAPT::Architecture=amd64".into(),
-            "-oAPT::Sandbox::User=root".into(),
-        ]
+        let mut c = Command::new(prog);
+        c.arg(format!("-oDir::Etc::SourceList={d}/sources.list"))
+            .arg("-oDir::Etc::SourceParts=/nonexistent")
+            .arg(format!("-oDir::State::Lists={d}/lists"))
+            .arg(format!("-oDir::Cache={d}/cache"))
+            .arg(format!("-oDir::State::status={d}/status"))
+            .args(["-oDebug::NoLocking=1", "-oAPT::Architecture=amd64"])
+            .arg("-oAPT::Sandbox::User=root");
+        c
     }
 
     pub fn update(&self) -> Result<()> {
         let suites = KERNEL_SUITES.join(", ");
         eprintln!("xtask: reading kernel suites ({suites})");
-        run_ok(
-            Command::new("apt-get")
-                .args(self.options())
-                .args(["update", "-qq"]),
-        )
+        run_ok(self.command("apt-get").args(["update", "-qq"]))
     }
 
     /// Package names matching an apt-cache regex.
     pub fn search_names(&self, regex: &str) -> Result<Vec<String>> {
         let search = ["search", "--names-only", regex];
-        let out = output_ok(Command::new("apt-cache").args(self.options()).args(search))?;
+        let out = output_ok(self.command("apt-cache").args(search))?;
         Ok(out
             .lines()
             .filter_map(|l| l.split(" - ").next())
@@ -265,11 +258,7 @@ impl PrivateApt {
 
     /// Every version of `name` the suites offer, in apt's order (newest first).
     pub fn versions(&self, name: &str) -> Result<Vec<String>> {
-        let out = output_ok(
-            Command::new("apt-cache")
-                .args(self.options())
-                .args(["madison", name]),
-        )?;
+        let out = output_ok(self.command("apt-cache").args(["madison", name]))?;
         Ok(out
             .lines()
             .filter_map(|l| l.split('|').nth(1))
@@ -281,13 +270,8 @@ impl PrivateApt {
     pub fn download(&self, packages: &[String], dest: &Path) -> Result<()> {
         fs::create_dir_all(dest)?;
         eprintln!("xtask: downloading {}", packages.join(" "));
-        run_ok(
-            Command::new("apt-get")
-                .current_dir(dest)
-                .args(self.options())
-                .args(["download", "-qq"])
-                .args(packages),
-        )
+        let mut c = self.command("apt-get");
+        run_ok(c.current_dir(dest).args(["download", "-qq"]).args(packages))
     }
 }
 

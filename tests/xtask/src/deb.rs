@@ -1,13 +1,7 @@
-//! `cargo xtask deb`: the Debian package of ublkd and ublkctl, built with `dpkg-deb` from the
-//! files the repository already ships, so the package cannot drift from them:
-//!
-//! | in the package | from |
-//! |---|---|
-//! | `/usr/bin/ublkd`, `/usr/bin/ublkctl` | release builds, debug info stripped |
-//! | `/usr/lib/systemd/system/ublkd.service` | `deploy/systemd/ublkd.service`, verbatim |
-//! | `…/ublkd.service.d/debian.conf` | `deploy/debian/ublkd.service.d-debian.conf`: `/usr/bin`, `Group=ublkd` |
-//! | `/etc/ublkd/ublkd.toml` (a conffile) | `deploy/systemd/ublkd.toml`, every key commented |
-//! | `DEBIAN/postinst`, `prerm`, `postrm` | `deploy/debian/` |
+//! `cargo xtask deb`: the Debian package of ublkd and ublkctl (release builds, debug info
+//! stripped), built with `dpkg-deb` from the files the repository already ships (`FILES`: the
+//! systemd unit verbatim, its Debian drop-in, `ublkd.toml` as a conffile, the maintainer
+//! scripts), so the package cannot drift from them.
 //!
 //! The same commit gives the same `.deb` (`SOURCE_DATE_EPOCH`, owners root). Output:
 //! `target/deb/ublkd_<version>_<arch>.deb`, and `target/deb/ublkd.deb` naming the latest.
@@ -139,10 +133,8 @@ fn du_kib(dir: &Path) -> Result<u64> {
             .args(["-sk", "--exclude=DEBIAN"])
             .arg(dir),
     )?;
-    out.split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .context("du printed no size")
+    let kib = out.split_whitespace().next().and_then(|n| n.parse().ok());
+    kib.context("du printed no size")
 }
 
 /// How long a scratch root is reused before it is made again from the archive.

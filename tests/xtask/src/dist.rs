@@ -176,8 +176,6 @@ pub fn newest_file_time(dir: &Path) -> Result<u64> {
 /// sha256 of a file, as lowercase hex.
 pub fn sha256(path: &Path) -> Result<String> {
     let out = apt::output_ok(Command::new("sha256sum").arg(path))?;
-    out.split_whitespace()
-        .next()
-        .map(str::to_owned)
-        .context("sha256sum printed nothing")
+    let hex = out.split_whitespace().next().map(str::to_owned);
+    hex.context("sha256sum printed nothing")
 }

@@ -58,9 +58,8 @@ fn sources(src: &Path) -> Result<Vec<(PathBuf, String)>> {
     let mut found = Vec::new();
     let mut dirs = vec![src.to_path_buf()];
     while let Some(dir) = dirs.pop() {
-        for entry in
-            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
-        {
+        let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()));
+        for entry in entries? {
             let path = entry?.path();
             if path.is_dir() {
                 dirs.push(path);

@@ -165,14 +165,8 @@ fn run(command: Task) -> Result<ExitCode> {
                 vm.writable_root = a.writable_root;
             });
         }
-        Task::K8sTest {
-            scenarios,
-            prepare: false,
-        } => return k8s::run(&ws, &scenarios),
-        Task::K8sTest {
-            scenarios,
-            prepare: true,
-        } => k8s::prepare(&ws, &scenarios)?,
+        Task::K8sTest { scenarios, prepare } if prepare => k8s::prepare(&ws, &scenarios)?,
+        Task::K8sTest { scenarios, .. } => return k8s::run(&ws, &scenarios),
         Task::Demo => return demo(&ws),
         Task::Bench(args) => return bench::run(&ws, &args),
         Task::BenchGuest { input } => bench::guest::main(&input)?,
@@ -407,7 +401,7 @@ fn boot_and_run(ws: &Path, script: &str, setup: impl FnOnce(&mut vm::Vm)) -> Res
 
 fn demo(ws: &Path) -> Result<ExitCode> {
     let bins = suite::build_node_binaries(ws, &[])?;
-    let bin = |name: &str| vm::shell_quote(&bins.join(name).to_string_lossy());
+    let bin = |name: &str| vm::quoted(&bins.join(name));
     let [ublkd, ublkctl, csi] = ["ublkd", "ublkctl", "ublkd-csi"].map(bin);
     // /dev/tcp in the script needs bash; the guest runs the host's shells.
     let script = format!(

@@ -2,11 +2,9 @@
 //! a container daemon and without pulling a base image.
 //!
 //! Two layers:
-//! 1. **base**: a root file system of Debian packages, extracted by `mmdebstrap` from the
-//!    machine's own apt mirror: only the programs ublkd, ublkd-csi and the DaemonSet exec (`sh`,
-//!    `modprobe`, `mount`, `umount`, `blkid`, `blockdev`, `wipefs`, `mkfs.ext4`, `resize2fs`,
-//!    `mkfs.xfs`, `xfs_growfs`, `cryptsetup`) and the libraries they load. What none of them runs is pruned
-//!    (documentation, locales, Python and ICU, which only `xfs_scrub` uses).
+//! 1. **base**: a root file system of Debian packages (`PACKAGES`), extracted by `mmdebstrap`
+//!    from the machine's own apt mirror: only the programs ublkd, ublkd-csi and the DaemonSet
+//!    exec and the libraries they load; what none of them runs is pruned (`PRUNE`).
 //! 2. **ublkd**: release builds of `ublkd`, `ublkctl` and `ublkd-csi` in `/usr/local/bin`.
 //!
 //! Each layer is a tar written the same way every time (`dist::reproducible_tar`; times clamped
@@ -237,15 +235,11 @@ fn debian_root(dir: &Path, epoch: u64) -> Result<()> {
     for p in PRUNE {
         let (sub, name) = p.rsplit_once('/').unwrap_or(("", p));
         for e in fs::read_dir(dir.join(sub)).into_iter().flatten() {
-            let path = e?.path();
-            let found = path
-                .file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default();
-            let hit = match name.strip_suffix('*') {
-                Some(prefix) => found.starts_with(prefix),
-                None => found == name,
-            };
+            let (path, found) = e.map(|e| (e.path(), e.file_name()))?;
+            let found = found.to_string_lossy();
+            let hit = name
+                .strip_suffix('*')
+                .map_or(found == *name, |p| found.starts_with(p));
             if hit && path.is_dir() {
                 fs::remove_dir_all(&path)?;
             } else if hit {

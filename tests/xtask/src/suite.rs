@@ -3,7 +3,7 @@
 //! `N passed, N failed` counting them.
 
 use crate::image;
-use crate::vm::{self, Exit, Vm};
+use crate::vm::{self, quoted, Exit, Vm};
 use anyhow::{bail, Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -190,11 +190,6 @@ fn failure_excerpt(console: &[String], name: &str) -> String {
     }
     out.extend(section[tail_from..].iter().map(String::as_str));
     out.join("\n")
-}
-
-/// `path` quoted for the guest's shell.
-fn quoted(path: &Path) -> String {
-    vm::shell_quote(&path.to_string_lossy())
 }
 
 /// Runs `cases` in one boot of the guest, adding their results to `outcome`.

@@ -93,27 +93,19 @@ pub struct Vm {
     pub network: Option<Network>,
 }
 
-/// What the guest's clock counts under TCG.
+/// What the guest's clock counts under TCG (the measurements: docs/performance.md, "The wall
+/// clock against the instruction clock" and "Huge pages under the instruction clock").
 ///
-/// `Wall`: the host's real time, with one host thread per vCPU (multi-threaded TCG). Timings
-/// then carry everything the host does meanwhile: the same fio job on the same volume moves by
-/// ±25 % from one 3 s run to the next, so a 5 % change cannot be told from noise.
+/// `Wall`: the host's real time, one host thread per vCPU; a timing carries the host's load
+/// (the same fio job moves by ±25 % from one run to the next).
 ///
-/// `Instructions`: QEMU's `-icount shift=0,sleep=on`: the guest's clock advances one nanosecond
-/// per guest instruction executed, so a timing measures the work done per I/O (the length of the
-/// code path, on both sides of the ublk queue), not the host's load; the same job on a null
-/// volume then repeats within 0.3 % (QD32) and 0.1 % (QD1). It is for work done on the vCPUs
-/// only: an emulated device still works in host time, and cases that wait on one (file volumes
-/// on the guest's disk, NVMe) swung by factors of 10 and more from run to run under it, far worse
-/// than on the wall clock. The vCPUs run one at a time in one host thread, so it cannot show a change in
-/// how work spreads over CPUs (placement, overlap, lock contention between threads): judge those
-/// by `Wall`. It is slow: a busy guest second is 10^9 instructions, about 5 host seconds.
-/// `sleep=on` lets an idle guest wait in real time for the emulated devices instead of
-/// jumping its clock to the next timer, which would add whole timer periods to each NVMe I/O.
-/// The guest boots with transparent huge pages off under it: whether fio's buffers get a huge
-/// page depends on how fragmented memory is by then, and a 128 KiB copy-path job moved by 6 %
-/// with it (6,290 IOPS with THP against 5,934 without, each repeating within 0.2 %), which
-/// made one run in four of the large-block cases jump in an A/B of identical code.
+/// `Instructions`: QEMU's `-icount shift=0,sleep=on`, one guest nanosecond per instruction, all
+/// vCPUs in one host thread: the work per I/O, repeatable within 0.3 %, but only for work on the
+/// vCPUs (emulated devices work in host time: file and NVMe cases swing by factors of 10), blind
+/// to how work spreads over CPUs, and about 5 host seconds per busy guest second. `sleep=on`:
+/// an idle guest waits for the devices in real time instead of jumping to the next timer. The
+/// guest boots with transparent huge pages off under it: a huge page under fio's buffers, there
+/// or not by chance, moved a 128 KiB copy-path job by 6 %.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Clock {
     #[default]
@@ -415,6 +407,11 @@ fn choose_accel(kernel: &Kernel) -> Result<String> {
     eprintln!("xtask: KVM probe {}: using {accel}", probe.exit);
     fs::write(&marker, accel)?;
     Ok(accel.into())
+}
+
+/// `path` quoted for a POSIX shell.
+pub fn quoted(path: &Path) -> String {
+    shell_quote(&path.to_string_lossy())
 }
 
 /// Quotes `s` for a POSIX shell.

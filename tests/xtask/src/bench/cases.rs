@@ -188,11 +188,10 @@ pub enum Build {
 }
 
 /// With `--baseline`, every ublkd run happens four times in a row, so that a drift over the boot
-/// falls on both builds alike: each entry is the suffix of that run's name (the run's id, then
-/// the suffix) and the build that served it. The order is A B B A for the even-numbered ublkd
-/// cases and B A A B for the odd ones ([`ab_order`]), and a short discarded warm-up
-/// ([`WARMUP_SUFFIX`]) comes before each group: an A/A run (the same binary on both sides)
-/// read the first run of a group 13-17 % slow, which A B B A alone puts on A every time.
+/// falls on both builds alike: each entry is the suffix of that run's name and the build that
+/// served it; A B B A for the even-numbered ublkd cases, B A A B for the odd ones
+/// ([`ab_order`]), after a discarded warm-up ([`WARMUP_SUFFIX`]): docs/performance.md, "An A/A
+/// run of `--baseline`".
 pub const ABBA: [(&str, Build); 4] = [
     ("", Build::New),
     ("~base", Build::Baseline),

@@ -124,7 +124,7 @@ pub fn steps(input: &Input) -> Vec<Step> {
 /// The script the guest's init runs: this binary, over the host's root, on `input` (a file in
 /// the run directory).
 pub fn script(xtask: &Path, input: &Path) -> String {
-    let quote = |p: &Path| crate::vm::shell_quote(&p.to_string_lossy());
+    let quote = crate::vm::quoted;
     format!("exec {} bench-guest {}\n", quote(xtask), quote(input))
 }
 

@@ -1,14 +1,12 @@
 //! `cargo xtask bench`: ublkd against its peers, all in one VM boot (tests/README.md, "4.
 //! Benchmarks"; why it runs this way: docs/performance.md, "The bench's own method, measured").
 //!
-//! Peers: the kernel's selftest server `kublk` (built from Debian's `linux-source-<x.y>` of the
-//! guest kernel, `peers`), its null target and its loop target over the namespace and over the
-//! backing file, the loop driver with direct I/O on ublkd's backing file, a linear
-//! device-mapper volume on the namespace (an LVM logical volume), `null_blk` as the ceiling for
-//! the null cases, and fio on the NVMe namespace itself. Every case runs the same fio jobs; server CPU time is sampled from `/proc/PID/stat`
-//! around each job and divided by the I/Os the block device completed in the same window
-//! (`/sys/block/*/stat`). Then the node service's sections, each with a fresh `ublkd --config`
-//! of its own driven by `ublkctl` (release builds): the control plane, CSI, QoS accuracy,
+//! Peers (`cases::Server`): the kernel's selftest server `kublk` (built by `peers`), the loop
+//! driver, a linear device-mapper volume, `null_blk` as the null cases' ceiling, and fio on the
+//! NVMe namespace itself. Every case runs the same fio jobs; server CPU time is sampled from
+//! `/proc/PID/stat` around each job and divided by the I/Os the block device completed in the
+//! same window (`/sys/block/*/stat`). Then the node service's sections, each with a fresh
+//! `ublkd --config` driven by `ublkctl` (release builds): the control plane, CSI, QoS accuracy,
 //! snapshots and clones, and last crash recovery. Their settings are in `cases`; what each
 //! number includes is printed under its table.
 //!
@@ -19,15 +17,19 @@
 //! the clock, then every run as the guest measured it. Numbers are never made up: a case that
 //! did not run says why, and the command then exits non-zero.
 //!
-//! `--baseline REV` measures REV's ublkd (`baseline`) beside this one in the same boot: every
-//! ublkd run four times after a discarded warm-up, A B B A or B A A B (`cases::ABBA`), reported
-//! as new against baseline, each side the mean of its two runs (peer `baseline <sha>`).
-//! `--only SUBSTR[,SUBSTR...]` runs just the fio runs whose name contains one, and no section.
-//! `--clock instructions` boots the guest on QEMU's instruction counter (`vm::Clock`): the clock
-//! to judge a code path with on the null cases (`--baseline REV --clock instructions --only
-//! ublkd-null`), at about 5 host seconds per busy guest second.
-//!
-//! Its environment (`UBLKD_BENCH_RUNTIME`, `UBLKD_BENCH_UBLKD`): `cargo xtask bench --help`.
+//! Its options are [`Args`]'s (`--baseline REV`: `baseline` builds it, `cases::ABBA` orders its
+//! runs; `--clock`: `vm::Clock`); its environment (`UBLKD_BENCH_RUNTIME`, `UBLKD_BENCH_UBLKD`):
+//! `cargo xtask bench --help`.
+
+/// What run `$run` of the results `$r` measured, as the kind `$kind` (a variant of `Measured`).
+macro_rules! view {
+    ($r:expr, $run:expr, $kind:path) => {
+        $r.view($run, |m| match m {
+            $kind(x) => Some(x),
+            _ => None,
+        })
+    };
+}
 
 mod baseline;
 mod cases;
@@ -167,29 +169,23 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
 
     let results = Results::read(&run.run_dir)?;
     let (kver, secs) = (&kernel.kver, run.wall.as_secs_f64());
-    println!();
-    println!("bench ({kver}, {clock} clock, fio {runtime} s per job, {secs:.0} s in the guest):");
+    println!("\nbench ({kver}, {clock} clock, fio {runtime} s per job, {secs:.0} s in the guest):");
     print!("{}", fio_table(&results, &plan));
     let mut entries = fio_entries(&results, &plan);
-    println!();
-    print!("{}", entries_table(&entries));
+    print!("\n{}", entries_table(&entries));
     if let Some((label, _)) = &plan.baseline {
         let (against, runs) = report::baseline(&results, &plan, label);
-        println!();
         println!(
-            "against the baseline {label}, same boot, A B B A / B A A B after a warm-up (each \
+            "\nagainst the baseline {label}, same boot, A B B A / B A A B after a warm-up (each \
              side the mean of its two runs; ratio above 1 is better for this build, latency too; \
              cpu: below 1 is better):"
         );
-        print!("{}", entries_table(&against));
-        println!();
-        print!("{runs}");
+        print!("{}\n{runs}", entries_table(&against));
         entries.extend(against);
     }
     let shown = plan.sections().then(|| sections::sections(&results));
     for s in shown.into_iter().flatten() {
-        println!();
-        println!("{}:", s.title);
+        println!("\n{}:", s.title);
         print!("{}", entries_table(&s.entries));
         for n in &s.notes {
             println!("{n}");
@@ -206,8 +202,7 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    println!();
-    println!("wrote {} and {}", path.display(), raw_path.display());
+    println!("\nwrote {} and {}", path.display(), raw_path.display());
 
     let mut failed = entries.iter().filter(|e| e.error.is_some()).count();
     let samples = fio_samples(&results, &plan);

@@ -245,10 +245,7 @@ impl Results {
 
     /// The fio run `run`.
     pub fn fio(&self, run: &str) -> View<'_, FioRun> {
-        self.view(run, |m| match m {
-            Measured::Fio(f) => Some(f),
-            _ => None,
-        })
+        view!(self, run, Measured::Fio)
     }
 
     /// One workload of the fio run `run`.

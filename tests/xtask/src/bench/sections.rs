@@ -10,16 +10,6 @@ use super::cases::{
 use super::report::{percentile, Entry};
 use super::results::{Control, Measured, Outcome, Restart, Results, SnapSize, Timed};
 
-/// What run `$run` of the results `$r` measured, as the kind `$kind` (a variant of `Measured`).
-macro_rules! view {
-    ($r:expr, $run:expr, $kind:path) => {
-        $r.view($run, |m| match m {
-            $kind(x) => Some(x),
-            _ => None,
-        })
-    };
-}
-
 /// One section: a title, its entries, and what the numbers include.
 #[derive(Debug)]
 pub struct Section {

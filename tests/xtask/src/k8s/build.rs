@@ -70,8 +70,9 @@ pub const SIDECARS: &[GoBuild] = &[
     },
 ];
 
-/// What `go mod download -json` says of `module@version`: its go.mod and source directory.
-fn download(module: &str, version: &str) -> Result<(PathBuf, PathBuf)> {
+/// What `go mod download -json` says of `module@version` (downloaded first when it is not in
+/// the module cache): its go.mod and source directory.
+pub fn download(module: &str, version: &str) -> Result<(PathBuf, PathBuf)> {
     let at = format!("{module}@{version}");
     let out = apt::output_ok(Command::new(go()?).args(["mod", "download", "-json", &at]))?;
     let v: serde_json::Value = serde_json::from_str(&out)
@@ -93,12 +94,6 @@ pub const SNAPSHOT_CLIENT: (&str, &str) = (
     "github.com/kubernetes-csi/external-snapshotter/client/v8",
     "v8.2.0",
 );
-
-/// A module's source directory in the module cache, downloaded first when it is not there:
-/// the cluster add-ons' manifests are read from it, as a user reads them from the release.
-pub fn module_dir(module: &str, version: &str) -> Result<PathBuf> {
-    Ok(download(module, version)?.1)
-}
 
 /// The `go` line and the replace directives of a go.mod, each replace as `old => new`.
 fn parse_go_mod(text: &str) -> (Option<String>, Vec<String>) {

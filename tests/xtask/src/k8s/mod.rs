@@ -15,12 +15,9 @@
 //!
 //! The control plane and the node's kubectl and helm run on the host, natively, in a network
 //! namespace of the tier's own, with QEMU in it too (`control` says why). The guest
-//! (`tests/k8s/node`, the `k8s-node` program of the tests crate, with the scenarios) is the
-//! cluster's one node, with a writable root (a tmpfs overlay over the host root): containerd,
-//! the kubelet, kube-proxy and the driver's pods on the real kernel driver. It installs the
-//! chart `deploy/helm/ublkd` with `helm install` and `tests/k8s/values.yaml` (image names and
-//! two intervals changed) and runs the scenarios; the snapshot, modify and restart scenarios
-//! change the install with `helm upgrade`.
+//! (`tests/k8s/node`, the `k8s-node` program of the tests crate) is the cluster's one node, with
+//! a writable root (a tmpfs overlay over the host root): it installs the chart with
+//! `tests/k8s/values.yaml` and runs the scenarios (tests/README.md, "3. Kubernetes").
 
 use crate::apt::{self, PrivateApt};
 use crate::{image, oci, vm};
@@ -238,8 +235,8 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
         .iter()
         .find(|b| b.name == "external-snapshotter")
         .context("no external-snapshotter build")?;
-    let snap_dir = build::module_dir(snapshotter.module, snapshotter.version)?;
-    let crd_dir = build::module_dir(build::SNAPSHOT_CLIENT.0, build::SNAPSHOT_CLIENT.1)?;
+    let snap_dir = build::download(snapshotter.module, snapshotter.version)?.1;
+    let crd_dir = build::download(build::SNAPSHOT_CLIENT.0, build::SNAPSHOT_CLIENT.1)?.1;
     // What the node reads (tests/k8s/node, `kube::Input`: it refuses a field it does not know).
     let input = serde_json::json!({
         "bin": kube,
@@ -301,11 +298,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         input["pki"] = serde_json::json!(control.pki);
         let path = vm.run_dir.join("k8s-input.json");
         fs::write(&path, serde_json::to_string_pretty(&input)?)?;
-        let script = format!(
-            "exec {} {}\n",
-            vm::shell_quote(&node.to_string_lossy()),
-            vm::shell_quote(&path.to_string_lossy())
-        );
+        let script = format!("exec {} {}\n", vm::quoted(&node), vm::quoted(&path));
         let forwards = FORWARDS.map(str::to_owned).to_vec();
         let netns = control.netns.clone();
         vm.network = Some(vm::Network { netns, forwards });

@@ -17,15 +17,10 @@ fn backing_mount(g: &Guest) -> PathBuf {
     g.tmp.join("ublkd-bench")
 }
 
-/// The backing file of the file cases: ext4 on the NVMe namespace, written out in full so
-/// that reads reach the device, then the whole namespace read once. How it went is in
-/// `backing.log`.
-///
-/// The namespace is a file on the host's disk opened with `cache=none`, and that disk (itself
-/// virtual) served the first reads of newly written blocks at 50–100 ms each: the first file
-/// runs of a bench measured the host's first touch, not the volume (issue 24's note,
-/// 2026-12-03: 396 IOPS against 7371 for the same build a minute later, the host disk 90 %
-/// busy with 527 reads a second). Reading it all here pays that before anything is measured.
+/// The backing file of the file cases: ext4 on the NVMe namespace, written out in full so that
+/// reads reach the device, then the whole namespace read once: the host's slow first reads of
+/// new blocks are paid before anything is measured (docs/performance.md, "Reading the namespace
+/// before the file cases"). How it went is in `backing.log`.
 pub fn prepare_backing(g: &Guest) -> Option<PathBuf> {
     let (log, mnt) = (g.out.join("backing.log"), backing_mount(g));
     let file = mnt.join("backing");
@@ -58,11 +53,8 @@ pub fn unmount_backing(g: &Guest) {
 
 /// A fio case that measured `samples` (by workload) and the server's RSS.
 fn fio_run(samples: Samples, rss_kib: Outcome<f64>) -> Case {
-    let measured = Ok(Measured::Fio(FioRun { samples, rss_kib }));
-    Case {
-        measured,
-        teardown: vec![],
-    }
+    let (measured, teardown) = (Ok(Measured::Fio(FioRun { samples, rss_kib })), vec![]);
+    Case { measured, teardown }
 }
 
 /// The RSS of a server that is not ublkd's.
@@ -120,7 +112,7 @@ pub fn fio_case(
 
 /// The arguments of `kublk add` or `ublkd run` that make `server`.
 pub fn args(server: Server) -> String {
-    let on = |b: bool| if b { "on" } else { "off" };
+    let pick = |b: bool, yes: &'static str, no: &'static str| if b { yes } else { no };
     match server {
         Server::Kublk {
             backend,
@@ -128,13 +120,9 @@ pub fn args(server: Server) -> String {
             auto_zc,
         } => format!(
             "-t {} -q {QUEUES} -d {DEPTH}{}{}",
-            if backend == UBackend::Null {
-                "null"
-            } else {
-                "loop"
-            },
-            if batch { " -b" } else { "" },
-            if auto_zc { " --auto_zc" } else { "" }
+            pick(backend == UBackend::Null, "null", "loop"),
+            pick(batch, " -b", ""),
+            pick(auto_zc, " --auto_zc", "")
         ),
         Server::Ublkd {
             io_path,
@@ -143,8 +131,8 @@ pub fn args(server: Server) -> String {
             ..
         } => format!(
             "--queues {QUEUES} --depth {DEPTH} --io-path {io_path} --zero-copy {} --poll {}",
-            on(zero_copy),
-            on(poll)
+            pick(zero_copy, "on", "off"),
+            pick(poll, "on", "off")
         ),
         Server::Luks2File => args(Server::Ublkd {
             backend: UBackend::File,
@@ -243,14 +231,13 @@ fn ublkd_case(
         }
         Ok(dev) if luks2 => {
             let log = d.join("cryptsetup.log");
-            let case = match open_luks2(dev, &log) {
+            let mut case = match open_luks2(dev, &log) {
                 Ok(mapping) => {
                     let rss = vmrss_kib(p.pid());
                     fio_run(workloads(g, run_id, &mapping, &[p.pid()], DIRECT), rss)
                 }
                 Err(e) => failed(run_id, format!("LUKS2 on {}: {e}", dev.display())),
             };
-            let mut case = case;
             if let Err(e) = sh(&format!("cryptsetup close {MAPPING}"), &log) {
                 case.teardown
                     .push(format!("cryptsetup close {MAPPING} failed: {e}"));

@@ -73,11 +73,7 @@ impl Xfs {
             &format!("mkfs.xfs -q -f -m reflink=1 {dev} && mount {dev} {r}"),
             &log,
         );
-        let x = Self {
-            img: img.clone(),
-            root: root.clone(),
-            dev,
-        };
+        let x = Self { img, root, dev };
         match made {
             Ok(_) => Ok(x),
             Err(e) => {

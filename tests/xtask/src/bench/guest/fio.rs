@@ -124,11 +124,8 @@ fn counters(blk: &str, pids: &[u32]) -> [Outcome<u64>; 3] {
     let process = |p: &u32| {
         // After the command's closing parenthesis: utime is field 14, stime 15.
         let stat = read(format!("/proc/{p}/stat"));
-        match stat
-            .rsplit_once(") ")
-            .map(|(_, r)| numbers(r, 11))
-            .as_deref()
-        {
+        let fields = stat.rsplit_once(") ").map(|(_, r)| numbers(r, 11));
+        match fields.as_deref() {
             Some([u, s, ..]) => Ok(u + s),
             _ => Err("server CPU time unreadable (process gone?)".to_owned()),
         }

@@ -409,13 +409,9 @@ impl Node {
     /// (its first two words) and why.
     pub fn call(&self, args: &str, err: &Path) -> Outcome<(String, f64)> {
         let (out, ms) = timed(|| self.ctl(args, err));
-        let what = args
-            .split_whitespace()
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(" ");
+        let what: Vec<&str> = args.split_whitespace().take(2).collect();
         out.map(|o| (o, ms))
-            .map_err(|e| format!("{what} failed {e}"))
+            .map_err(|e| format!("{} failed {e}", what.join(" ")))
     }
 
     /// `create-volume NAME ARGS` (words), timed as [`Node::call`]: its block device, once it is
