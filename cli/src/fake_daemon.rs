@@ -376,6 +376,7 @@ impl NodeService for Fake {
                         length_bytes: 512 * mib,
                     },
                 ],
+                reflink: false,
             },
             Some(_) => Capacity {
                 available_bytes: 5 << 30,
@@ -383,6 +384,7 @@ impl NodeService for Fake {
                 total_bytes: 8 << 30,
                 volumes_left: 9,
                 free_extents: Vec::new(),
+                reflink: true,
             },
         };
         Ok(Response::new(reply))

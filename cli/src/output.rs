@@ -579,6 +579,7 @@ pub fn capacity_json(c: &Capacity) -> String {
         "maximum_volume_bytes": c.maximum_volume_bytes,
         "total_bytes": c.total_bytes,
         "volumes_left": c.volumes_left,
+        "reflink": c.reflink,
         "free_extents": c.free_extents.iter().map(|e| json!({
             "offset_bytes": e.offset_bytes,
             "length_bytes": e.length_bytes,

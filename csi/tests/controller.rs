@@ -269,6 +269,7 @@ impl v1::node_service_server::NodeService for FakeUblkd {
             total_bytes: 1 << 40,
             volumes_left: 100,
             free_extents: Vec::new(),
+            reflink: false,
         }))
     }
 }

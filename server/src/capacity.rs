@@ -42,6 +42,27 @@ fn owned_bytes(path: &Path) -> u64 {
     crate::sys::exclusive_bytes(&f).unwrap_or_else(|_| f.metadata().map_or(0, |m| m.blocks() * 512))
 }
 
+/// Whether the file system under `root` clones a file by reflink: one unnamed file (O_TMPFILE,
+/// so nothing is left behind if ublkd dies here) cloned into another. A root where this fails
+/// refuses snapshots and clones of its file volumes; the node's status says so before a user
+/// finds out.
+pub fn clones_by_reflink(root: &Path) -> bool {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let unnamed = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o600)
+            .open(root)
+    };
+    let (Ok(mut src), Ok(dst)) = (unnamed(), unnamed()) else {
+        return false;
+    };
+    src.write_all(&[0u8; 4096]).is_ok() && crate::sys::reflink(&dst, &src).is_ok()
+}
+
 /// Capacity for RAM volumes: the RAM directory's size less every RAM volume's whole size (they
 /// may all fill up; tmpfs pages are never overcommitted here), within what is free now.
 fn ram_capacity(ram_dir: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeError> {
@@ -196,7 +217,12 @@ pub fn capacity(
         extents.iter().map(|e| e.len).max().unwrap_or(0)
     };
     let left = settings.limits.max_volumes.saturating_sub(volumes.len());
+    let reflink = match &pool {
+        Pool::File(root) => clones_by_reflink(root),
+        Pool::Ram | Pool::Nvme(_) => false,
+    };
     Ok(v1::Capacity {
+        reflink,
         available_bytes: available,
         maximum_volume_bytes: largest.min(settings.limits.max_volume_size_bytes),
         total_bytes: total,
@@ -214,6 +240,11 @@ pub fn capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_that_cannot_hold_a_file_does_not_clone() {
+        assert!(!clones_by_reflink(Path::new("/nonexistent/ublkd-root")));
+    }
     use std::path::PathBuf;
 
     fn file_volume(id: &str, path: &Path, size: u64) -> Volume {
