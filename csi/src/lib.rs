@@ -29,6 +29,7 @@ pub mod mount;
 pub mod naming;
 pub mod node;
 pub mod nodeloss;
+pub mod nodestatus;
 pub mod page;
 pub mod params;
 pub mod pvlimits;

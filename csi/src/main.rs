@@ -84,6 +84,11 @@ struct Args {
     /// server); 0: none.
     #[arg(long, default_value_t = 0)]
     apply_limits_every: u64,
+    /// Seconds between two writes of this node's `UblkdNode` object (ublkd_csi::nodestatus:
+    /// pools, volumes, orphans, checks, for `kubectl get` and `kubectl ublkd`; needs the API
+    /// server); 0: none.
+    #[arg(long, default_value_t = 0)]
+    report_status_every: u64,
     /// Seconds a volume may stay RECOVERING before a VolumeRecoveringTooLong Event.
     #[arg(long, default_value_t = 60)]
     recovering_too_long: u64,
@@ -267,6 +272,15 @@ async fn main() -> Result<()> {
         tokio::spawn(async move {
             if let Err(e) = ublkd_csi::pvlimits::run(ublkd, node, every).await {
                 tracing::error!(error = %e, "no limits applied from PersistentVolumes: VolumeAttributesClass changes stay pending");
+            }
+        });
+    }
+    if args.report_status_every > 0 && !args.resizer_only {
+        let every = Duration::from_secs(args.report_status_every);
+        let (ublkd, node, dir) = (ublkd.clone(), node.clone(), args.kubelet_dir.clone());
+        tokio::spawn(async move {
+            if let Err(e) = ublkd_csi::nodestatus::run(ublkd, node, dir, every).await {
+                tracing::error!(error = %e, "no UblkdNode status: `kubectl ublkd` cannot see this node");
             }
         });
     }

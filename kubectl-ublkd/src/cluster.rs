@@ -1,13 +1,19 @@
 //! What the API server knows about ublkd's volumes: where a claim's volume lives (its PV's
-//! volume handle and the node of its topology), which PVs name ublkd volumes on a node, the
-//! ublkd pod of a node, and the capacity the scheduler sees per class and node. Reads only.
+//! volume handle and the node of its topology), which PVs name ublkd volumes on a node, each
+//! node's `UblkdNode` status (written by its node plugin), the ublkd pods, the capacity the
+//! scheduler sees per class and node, and what `check` and `dump` look at. Reads only: every
+//! call is allowed by the chart's read-only ClusterRole `ublkd-viewer`.
 
-use anyhow::{bail, Context, Result};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::CSIStorageCapacity;
-use kube::api::{Api, ListParams};
-use kube::Client;
+use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, LogParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use ublkd_csi::nodestatus::{self, NodeStatus};
 
 /// The CSI driver's name.
 pub const DRIVER: &str = "ublkd.io";
@@ -82,19 +88,149 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+/// A node's report: its `UblkdNode` name and status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub node: String,
+    pub status: NodeStatus,
+}
+
+/// The seconds since an RFC 3339 time, or None when it does not read as one.
+pub fn age_seconds(at: &str) -> Option<i64> {
+    let at: k8s_openapi::jiff::Timestamp = at.parse().ok()?;
+    Some(k8s_openapi::jiff::Timestamp::now().as_second() - at.as_second())
+}
+
+/// Where to find the cluster: kubectl's own flags.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+}
+
 impl Cluster {
-    pub async fn connect(ublkd_namespace: &str) -> Result<Self> {
-        let client = Client::try_default()
-            .await
-            .context("reading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
+    pub async fn connect(target: &Target, ublkd_namespace: &str) -> Result<Self> {
+        let config = if target.kubeconfig.is_none() && target.context.is_none() {
+            Config::infer()
+                .await
+                .context("reading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?
+        } else {
+            let kubeconfig = match &target.kubeconfig {
+                Some(path) => Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading the kubeconfig {}", path.display()))?,
+                None => Kubeconfig::read().context("reading the kubeconfig")?,
+            };
+            let options = KubeConfigOptions {
+                context: target.context.clone(),
+                ..Default::default()
+            };
+            Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .context("loading the kubeconfig's context")?
+        };
+        let client = Client::try_from(config).context("making the API client")?;
         Ok(Self {
             client,
             ublkd_namespace: ublkd_namespace.to_owned(),
         })
     }
 
-    pub fn client(&self) -> Client {
-        self.client.clone()
+    /// Every node's report, by node name.
+    pub async fn reports(&self) -> Result<Vec<Report>> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &nodestatus::resource());
+        let list = api.list(&ListParams::default()).await.with_context(|| {
+            format!(
+                "listing {}.{} (is the chart installed, and are you bound to ublkd-viewer?)",
+                nodestatus::PLURAL,
+                nodestatus::GROUP
+            )
+        })?;
+        list.items
+            .into_iter()
+            .map(|o| {
+                let node = o.metadata.name.clone().unwrap_or_default();
+                let status = serde_json::from_value(o.data["status"].clone())
+                    .with_context(|| format!("reading UblkdNode {node}'s status"))?;
+                Ok(Report { node, status })
+            })
+            .collect()
+    }
+
+    /// The `UblkdNode` of `node`.
+    pub async fn report(&self, node: &str) -> Result<Report> {
+        self.reports()
+            .await?
+            .into_iter()
+            .find(|r| r.node == node)
+            .with_context(|| {
+                format!(
+                    "no UblkdNode {node}: its node plugin has not reported (is it running with --report-status-every?)"
+                )
+            })
+    }
+
+    /// Whether the CSIDriver object of the driver exists.
+    pub async fn csi_driver(&self) -> Result<bool> {
+        let api: Api<CSIDriver> = Api::all(self.client.clone());
+        Ok(api
+            .get_opt(DRIVER)
+            .await
+            .context("reading the CSIDriver")?
+            .is_some())
+    }
+
+    /// Whether a VolumeSnapshotClass of the driver exists (false when the CRD is absent).
+    pub async fn snapshot_class(&self) -> Result<bool> {
+        let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotClass");
+        let api: Api<DynamicObject> =
+            Api::all_with(self.client.clone(), &ApiResource::from_gvk(&gvk));
+        match api.list(&ListParams::default()).await {
+            Ok(l) => Ok(l.items.iter().any(|c| c.data["driver"] == DRIVER)),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+            Err(e) => Err(e).context("listing VolumeSnapshotClasses"),
+        }
+    }
+
+    /// Every Deployment, in every namespace.
+    pub async fn deployments(&self) -> Result<Vec<Deployment>> {
+        let api: Api<Deployment> = Api::all(self.client.clone());
+        Ok(api
+            .list(&ListParams::default())
+            .await
+            .context("listing Deployments")?
+            .items)
+    }
+
+    /// Every Event, in every namespace.
+    pub async fn events(&self) -> Result<Vec<Event>> {
+        let api: Api<Event> = Api::all(self.client.clone());
+        Ok(api
+            .list(&ListParams::default())
+            .await
+            .context("listing Events")?
+            .items)
+    }
+
+    /// Every pod of ublkd's namespace.
+    pub async fn pods(&self) -> Result<Vec<Pod>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ublkd_namespace);
+        Ok(api
+            .list(&ListParams::default())
+            .await
+            .with_context(|| format!("listing the pods in {}", self.ublkd_namespace))?
+            .items)
+    }
+
+    /// The log of one container of a pod in ublkd's namespace.
+    pub async fn log(&self, pod: &str, container: &str) -> Result<String> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ublkd_namespace);
+        let params = LogParams {
+            container: Some(container.to_owned()),
+            ..Default::default()
+        };
+        api.logs(pod, &params)
+            .await
+            .with_context(|| format!("reading the log of {pod}/{container}"))
     }
 
     pub fn ublkd_namespace(&self) -> &str {
@@ -123,14 +259,28 @@ impl Cluster {
             .with_context(|| format!("reading the PersistentVolume {pv}"))
     }
 
-    /// Every PV of the driver, where its volume is.
-    pub async fn locations(&self) -> Result<Vec<Location>> {
+    /// Every PV of the driver.
+    pub async fn driver_volumes(&self) -> Result<Vec<PersistentVolume>> {
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let list = api
             .list(&ListParams::default())
             .await
             .context("listing PersistentVolumes")?;
-        Ok(list.items.iter().filter_map(location).collect())
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|pv| location(pv).is_some())
+            .collect())
+    }
+
+    /// Every PV of the driver, where its volume is.
+    pub async fn locations(&self) -> Result<Vec<Location>> {
+        Ok(self
+            .driver_volumes()
+            .await?
+            .iter()
+            .filter_map(location)
+            .collect())
     }
 
     /// The ublkd pods, with their nodes, by node name.
@@ -148,17 +298,6 @@ impl Cluster {
                 Some((node, p.metadata.name?))
             })
             .collect())
-    }
-
-    /// The ublkd pod on `node`.
-    pub async fn ublkd_pod(&self, node: &str) -> Result<String> {
-        match self.ublkd_pods().await?.remove(node) {
-            Some(pod) => Ok(pod),
-            None => bail!(
-                "no ublkd pod ({UBLKD_POD_LABEL}) on node {node} in namespace {}",
-                self.ublkd_namespace
-            ),
-        }
     }
 
     /// The capacity objects of the driver: (node, class, bytes).

@@ -1,30 +1,38 @@
 //! `kubectl ublkd`: a kubectl plugin (kubectl runs `kubectl-ublkd` from PATH) that goes from
-//! Kubernetes objects to each node's ublkd, through the API server with the user's own
-//! kubeconfig and RBAC: ublkctl runs in the node's ublkd pod (exec), so no remote-access
-//! certificate is needed.
+//! Kubernetes objects to each node's ublkd volumes, with the user's own kubeconfig and RBAC.
+//! It reads what each node's plugin writes, the node's `UblkdNode` status object, and never
+//! execs into a pod: the chart's read-only ClusterRole `ublkd-viewer` is all it needs.
 //!
-//! - `pvc NAME`: the claim's PV, node and ublkd volume; the volume as ublkd has it (state,
-//!   device, QoS) and its I/O counters.
-//! - `nodes`: each node's ublkd pod, its volume and orphan-device counts, and the capacity the
-//!   scheduler sees per class (CSIStorageCapacity).
+//! - `pvc NAME`: the claim's PV, node and ublkd volume (state, device, limits, I/O counters).
+//! - `nodes`: each node's report: its age, ublkd's version, volume and orphan-device counts,
+//!   failing checks, and the capacity the scheduler sees per class (CSIStorageCapacity).
 //! - `orphans`: per node, ublkd volumes that no PersistentVolume names any more, and ublk
 //!   devices that no volume owns. Nothing is deleted.
+//! - `check`: the preflight of every node (ublk_drv with user recovery, reflink roots, NVMe
+//!   namespaces, the kubelet directory's propagation) and of the cluster (the CSIDriver, every
+//!   ublkd pod's node reporting, the snapshot controller's flag); non-zero naming what is wrong.
+//! - `dump DIR`: a support bundle: every pod's logs, each node's report, the orphans, the
+//!   driver's PVs, the events.
 //!
-//! `cluster` reads the API, `exec` runs ublkctl in a pod, `report` formats.
+//! `cluster` reads the API, `check` and `report` decide and format, `output` prints.
 
 #![forbid(unsafe_code)]
 
+mod check;
 mod cluster;
-mod exec;
+mod dump;
+mod output;
 mod report;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use cluster::Cluster;
-use report::NodeRow;
-use serde_json::Value;
+use cluster::{Cluster, Target};
+use output::Output;
+use serde_json::json;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -41,13 +49,22 @@ struct Cli {
         env = "UBLKD_NAMESPACE"
     )]
     ublkd_namespace: String,
+    /// The kubeconfig to use (default: KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current one).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// text for people; json or yaml for programs.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
+    output: Output,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// A claim's node, ublkd volume (state, device, QoS) and its I/O counters.
+    /// A claim's node, ublkd volume (state, device, limits) and its I/O counters.
     Pvc {
         /// The PersistentVolumeClaim.
         name: String,
@@ -55,15 +72,26 @@ enum Command {
         #[arg(short, long)]
         namespace: Option<String>,
     },
-    /// Every node with ublkd: volumes, orphan devices and capacity per class.
+    /// Every node with ublkd: its report, volumes, orphan devices and capacity per class.
     Nodes,
     /// Volumes no PersistentVolume names, and devices no volume owns, per node.
     Orphans {
         /// Seconds between the two looks: a volume counts as without PV only when both found
-        /// it so (a claim being provisioned has its volume a moment before its PV), the rule
-        /// ublkd's own report follows.
+        /// it so (a claim being provisioned has its volume a moment before its PV), each look
+        /// on a report of its own (the second waits for every node's next one).
         #[arg(long, default_value_t = 5)]
         settle: u64,
+    },
+    /// Preflight: every node's checks and the cluster's; exits 1 naming what is wrong.
+    Check {
+        /// A node report older than this many seconds counts as a node plugin not reporting.
+        #[arg(long, default_value_t = 120)]
+        stale_after: i64,
+    },
+    /// A support bundle in DIR: logs, node reports, orphans, PVs, events.
+    Dump {
+        /// The directory to write (made if missing).
+        dir: PathBuf,
     },
 }
 
@@ -71,7 +99,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("kubectl ublkd: {e:#}");
             ExitCode::FAILURE
@@ -79,27 +107,44 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
-    let cluster = Cluster::connect(&cli.ublkd_namespace).await?;
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let target = Target {
+        kubeconfig: cli.kubeconfig,
+        context: cli.context,
+    };
+    let cluster = Cluster::connect(&target, &cli.ublkd_namespace).await?;
+    let out = cli.output;
     match cli.command {
-        Command::Pvc { name, namespace } => pvc(&cluster, namespace.as_deref(), &name).await,
-        Command::Nodes => nodes(&cluster).await,
-        Command::Orphans { settle } => orphans(&cluster, settle).await,
+        Command::Pvc { name, namespace } => pvc(&cluster, out, namespace.as_deref(), &name).await,
+        Command::Nodes => nodes(&cluster, out).await,
+        Command::Orphans { settle } => orphans(&cluster, out, settle).await,
+        Command::Check { stale_after } => {
+            let found = check::gather(&cluster, stale_after).await?;
+            print!("{}", out.render(&json!(found), || check::text(&found)));
+            Ok(if found.iter().all(|c| c.ok) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("kubectl ublkd: {}", check::failing(&found));
+                ExitCode::FAILURE
+            })
+        }
+        Command::Dump { dir } => {
+            let written = dump::write(&cluster, &dir).await?;
+            for f in &written {
+                println!("{f}");
+            }
+            println!("wrote {} files to {}", written.len(), dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
-async fn ublkctl(cluster: &Cluster, pod: &str, args: &[&str]) -> Result<String> {
-    exec::ublkctl(cluster.client(), cluster.ublkd_namespace(), pod, args).await
-}
-
-async fn ublkctl_json(cluster: &Cluster, pod: &str, args: &[&str]) -> Result<Value> {
-    let mut all = vec!["-o", "json"];
-    all.extend_from_slice(args);
-    let text = ublkctl(cluster, pod, &all).await?;
-    serde_json::from_str(&text).with_context(|| format!("reading ublkctl {}", args.join(" ")))
-}
-
-async fn pvc(cluster: &Cluster, namespace: Option<&str>, name: &str) -> Result<()> {
+async fn pvc(
+    cluster: &Cluster,
+    out: Output,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<ExitCode> {
     let claim = cluster.claim(namespace, name).await?;
     let ns = claim.metadata.namespace.clone().unwrap_or_default();
     let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
@@ -124,102 +169,123 @@ async fn pvc(cluster: &Cluster, namespace: Option<&str>, name: &str) -> Result<(
             cluster::TOPOLOGY_KEY
         );
     };
-    let pod = cluster.ublkd_pod(&node).await?;
-    println!("claim:        {ns}/{name}");
-    println!("pv:           {pv_name}");
-    println!("node:         {node}");
-    println!("ublkd pod:    {}/{pod}", cluster.ublkd_namespace());
-    println!("volume:       {}", at.volume);
-    println!();
-    print!(
-        "{}",
-        ublkctl(cluster, &pod, &["get-volume", &at.volume]).await?
-    );
-    println!();
-    print!("{}", ublkctl(cluster, &pod, &["stats", &at.volume]).await?);
-    Ok(())
+    let report = cluster.report(&node).await?;
+    let Some(volume) = report.status.volumes.iter().find(|v| v.id == at.volume) else {
+        bail!(
+            "node {node}'s report of {} has no volume {}{}",
+            report.status.reported_at,
+            at.volume,
+            report::partial(&report.status)
+        );
+    };
+    let value = json!({
+        "claim": format!("{ns}/{name}"),
+        "pv": pv_name,
+        "node": node,
+        "reportedAt": report.status.reported_at,
+        "volume": volume,
+    });
+    let text = || report::pvc_text(&format!("{ns}/{name}"), &pv_name, &report, volume);
+    print!("{}", out.render(&value, text));
+    Ok(ExitCode::SUCCESS)
 }
 
-async fn nodes(cluster: &Cluster) -> Result<()> {
-    let pods = cluster.ublkd_pods().await?;
-    if pods.is_empty() {
-        bail!("no ublkd pods in {}", cluster.ublkd_namespace());
+async fn nodes(cluster: &Cluster, out: Output) -> Result<ExitCode> {
+    let reports = cluster.reports().await?;
+    let mut pods: BTreeMap<String, String> = cluster.ublkd_pods().await?;
+    if reports.is_empty() && pods.is_empty() {
+        bail!(
+            "no UblkdNode reports and no ublkd pods in {}",
+            cluster.ublkd_namespace()
+        );
     }
     let capacity = report::capacity_by_node(&cluster.capacities().await?);
-    let mut rows = Vec::new();
-    for (node, pod) in pods {
-        let info = ublkctl_json(cluster, &pod, &["node-info"])
-            .await
-            .map_err(|e| format!("{e:#}"));
-        rows.push(NodeRow {
-            capacity: capacity.get(&node).cloned().unwrap_or_default(),
-            node,
-            pod,
-            info,
-        });
-    }
-    print!("{}", report::nodes_table(&rows));
-    Ok(())
+    let mut rows: Vec<report::NodeRow> = reports
+        .into_iter()
+        .map(|r| report::NodeRow {
+            capacity: capacity.get(&r.node).cloned().unwrap_or_default(),
+            pod: pods.remove(&r.node),
+            node: r.node,
+            status: Some(r.status),
+        })
+        .collect();
+    // ublkd pods whose node has no report: their node plugin is not reporting
+    rows.extend(pods.into_iter().map(|(node, pod)| report::NodeRow {
+        capacity: capacity.get(&node).cloned().unwrap_or_default(),
+        node,
+        pod: Some(pod),
+        status: None,
+    }));
+    let value = json!(rows.iter().map(report::node_json).collect::<Vec<_>>());
+    print!("{}", out.render(&value, || report::nodes_table(&rows)));
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Each node's volumes that no PersistentVolume names, looked at once.
+/// Each node's volumes that no PersistentVolume names, in one look; and the reports' times.
 async fn unnamed(
     cluster: &Cluster,
-    pods: &[(String, String)],
-    failed: &mut Vec<String>,
-) -> Result<BTreeMap<String, Vec<String>>> {
+) -> Result<(BTreeMap<String, Vec<String>>, BTreeMap<String, String>)> {
     let pvs = cluster.locations().await?;
     let mut out = BTreeMap::new();
-    for (node, pod) in pods {
-        match ublkctl_json(cluster, pod, &["list-volumes"]).await {
-            Ok(list) => {
-                let ids = report::volume_ids(&list);
-                out.insert(node.clone(), report::volumes_without_pv(node, &ids, &pvs));
-            }
-            Err(e) => failed.push(format!("{node}: {e:#}")),
-        }
+    let mut times = BTreeMap::new();
+    for r in cluster.reports().await? {
+        let ids: Vec<String> = r.status.volumes.iter().map(|v| v.id.clone()).collect();
+        out.insert(
+            r.node.clone(),
+            report::volumes_without_pv(&r.node, &ids, &pvs),
+        );
+        times.insert(r.node, r.status.reported_at);
     }
-    Ok(out)
+    Ok((out, times))
 }
 
-async fn orphans(cluster: &Cluster, settle: u64) -> Result<()> {
-    let pods: Vec<(String, String)> = cluster.ublkd_pods().await?.into_iter().collect();
+async fn orphans(cluster: &Cluster, out: Output, settle: u64) -> Result<ExitCode> {
+    let (first, before) = unnamed(cluster).await?;
+    tokio::time::sleep(Duration::from_secs(settle)).await;
+    // the second look waits (up to a minute) for every node's next report
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (second, after) = loop {
+        let (second, after) = unnamed(cluster).await?;
+        let fresh = before.iter().all(|(n, t)| after.get(n) != Some(t));
+        if fresh || tokio::time::Instant::now() > deadline {
+            break (second, after);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let stale: Vec<String> = before
+        .iter()
+        .filter(|(n, t)| after.get(*n) == Some(t))
+        .map(|(n, t)| format!("{n}: no report since {t}"))
+        .collect();
     let mut rows = Vec::new();
-    let mut failed = Vec::new();
-    let first = unnamed(cluster, &pods, &mut failed).await?;
-    tokio::time::sleep(std::time::Duration::from_secs(settle)).await;
-    let second = unnamed(cluster, &pods, &mut failed).await?;
     for (node, volumes) in report::in_both(&first, &second) {
+        if stale.iter().any(|s| s.starts_with(&format!("{node}:"))) {
+            continue;
+        }
         for v in volumes {
-            rows.push(vec![node.clone(), "volume without PV".into(), v]);
+            rows.push(report::Orphan {
+                node: node.clone(),
+                kind: report::OrphanKind::VolumeWithoutPv,
+                name: v,
+            });
         }
     }
-    for (node, pod) in pods {
-        // `ublkctl -o json orphans` answers {"orphans": [...]}.
-        match ublkctl_json(cluster, &pod, &["orphans"])
-            .await
-            .map(|v| v["orphans"].clone())
-        {
-            Ok(Value::Array(devices)) => {
-                for d in devices {
-                    rows.push(vec![
-                        node.clone(),
-                        "device without volume".into(),
-                        format!("/dev/ublkb{}", d["dev_id"]),
-                    ]);
-                }
-            }
-            Ok(other) => failed.push(format!("{node}: unexpected orphans output {other}")),
-            Err(e) => failed.push(format!("{node}: {e:#}")),
+    for r in cluster.reports().await? {
+        for d in &r.status.orphan_devices {
+            rows.push(report::Orphan {
+                node: r.node.clone(),
+                kind: report::OrphanKind::DeviceWithoutVolume,
+                name: format!("/dev/ublkb{}", d.dev_id),
+            });
         }
     }
-    if rows.is_empty() {
-        println!("no orphans");
-    } else {
-        print!("{}", report::table(&["NODE", "KIND", "NAME"], &rows));
+    let value = json!({"orphans": rows, "unreadable": stale});
+    print!("{}", out.render(&value, || report::orphans_text(&rows)));
+    if !stale.is_empty() {
+        bail!(
+            "some nodes did not report within a minute:\n{}",
+            stale.join("\n")
+        );
     }
-    if !failed.is_empty() {
-        bail!("some nodes could not be read:\n{}", failed.join("\n"));
-    }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,9 +1,11 @@
 //! What the plugin prints, from what it read: pure functions over plain data, tested on the
 //! host.
 
-use crate::cluster::Location;
-use serde_json::Value;
+use crate::cluster::{age_seconds, Location, Report};
+use serde::Serialize;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use ublkd_csi::nodestatus::{Limits, NodeStatus, VolumeStatus};
 
 /// Columns padded to their widest cell, two spaces apart, the header first.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -62,45 +64,154 @@ pub fn in_both(
         .collect()
 }
 
-/// The volume ids in `ublkctl -o json list-volumes`.
-pub fn volume_ids(list: &Value) -> Vec<String> {
-    list["volumes"]
-        .as_array()
-        .map(|vs| {
-            vs.iter()
-                .filter_map(|v| v["id"].as_str().map(str::to_owned))
-                .collect()
+/// What an orphan is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OrphanKind {
+    VolumeWithoutPv,
+    DeviceWithoutVolume,
+}
+
+/// One line of `orphans`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Orphan {
+    pub node: String,
+    pub kind: OrphanKind,
+    pub name: String,
+}
+
+pub fn orphans_text(rows: &[Orphan]) -> String {
+    if rows.is_empty() {
+        return "no orphans\n".into();
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|o| {
+            let kind = match o.kind {
+                OrphanKind::VolumeWithoutPv => "volume without PV",
+                OrphanKind::DeviceWithoutVolume => "device without volume",
+            };
+            vec![o.node.clone(), kind.into(), o.name.clone()]
         })
-        .unwrap_or_default()
+        .collect();
+    table(&["NODE", "KIND", "NAME"], &cells)
+}
+
+/// ` (the report is partial: ...)` when the node plugin could not read everything.
+pub fn partial(s: &NodeStatus) -> String {
+    if s.error.is_empty() {
+        String::new()
+    } else {
+        format!(" (the report is partial: {})", s.error)
+    }
+}
+
+/// A volume's limits as `read 100 IOPS, write 4194304 B/s`, or `unlimited`.
+pub fn limits_text(l: &Limits) -> String {
+    let parts: Vec<String> = [
+        (l.read_iops, "read", "IOPS"),
+        (l.write_iops, "write", "IOPS"),
+        (l.read_bytes_per_second, "read", "B/s"),
+        (l.write_bytes_per_second, "write", "B/s"),
+    ]
+    .iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|(n, dir, unit)| format!("{dir} {n} {unit}"))
+    .collect();
+    if parts.is_empty() {
+        "unlimited".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// `pvc`'s text: one `key: value` per line, then the I/O counters.
+pub fn pvc_text(claim: &str, pv: &str, report: &Report, v: &VolumeStatus) -> String {
+    let age = age_seconds(&report.status.reported_at).map_or("?".into(), |s| format!("{s}s"));
+    let mut out = String::new();
+    for (k, val) in [
+        ("claim", claim.to_owned()),
+        ("pv", pv.to_owned()),
+        ("node", report.node.clone()),
+        ("volume", v.id.clone()),
+        ("state", v.state.clone()),
+        ("device", v.device.clone()),
+        (
+            "backend",
+            json!(v.backend).as_str().unwrap_or("?").to_owned(),
+        ),
+        ("size", format!("{} bytes", v.size_bytes)),
+        ("qos", limits_text(&v.limits)),
+        (
+            "reported",
+            format!("{} ({age} ago)", report.status.reported_at),
+        ),
+    ] {
+        out.push_str(&format!("{:<13} {val}\n", format!("{k}:")));
+    }
+    if !v.message.is_empty() {
+        out.push_str(&format!("{:<13} {}\n", "message:", v.message));
+    }
+    out.push('\n');
+    match &v.io {
+        Some(io) => out.push_str(&table(
+            &["OP", "COUNT", "BYTES"],
+            &[
+                vec![
+                    "read".into(),
+                    io.reads.to_string(),
+                    io.read_bytes.to_string(),
+                ],
+                vec![
+                    "write".into(),
+                    io.writes.to_string(),
+                    io.write_bytes.to_string(),
+                ],
+                vec!["errors".into(), io.errors.to_string(), "-".into()],
+            ],
+        )),
+        None => out.push_str(&format!("no I/O counters{}\n", partial(&report.status))),
+    }
+    out
 }
 
 /// One node's line of `nodes`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeRow {
     pub node: String,
-    pub pod: String,
-    /// `ublkctl -o json node-info`, or why it could not be read.
-    pub info: Result<Value, String>,
+    /// The node's ublkd pod, when one runs.
+    pub pod: Option<String>,
+    /// Its node plugin's report, when it wrote one.
+    pub status: Option<NodeStatus>,
     /// (class, capacity) from the node's CSIStorageCapacity objects.
     pub capacity: Vec<(String, String)>,
 }
 
-/// `nodes`: each node with its ublkd pod, its volume and orphan-device counts and the capacity
-/// the scheduler sees per class.
+fn failing_checks(s: &NodeStatus) -> Vec<String> {
+    s.checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| json!(c.name).as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// A node's row as JSON: its report whole, and what the table shows.
+pub fn node_json(r: &NodeRow) -> Value {
+    json!({
+        "node": r.node,
+        "ublkdPod": r.pod,
+        "reportAgeSeconds": r.status.as_ref().and_then(|s| age_seconds(&s.reported_at)),
+        "capacity": r.capacity.iter().cloned().collect::<BTreeMap<String, String>>(),
+        "status": r.status,
+    })
+}
+
+/// `nodes`: each node with its report's age, ublkd's version, its volume and orphan-device
+/// counts, its failing checks and the capacity the scheduler sees per class.
 pub fn nodes_table(rows: &[NodeRow]) -> String {
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let (volumes, orphans, version) = match &r.info {
-                Ok(i) => (
-                    i["volumes"].as_u64().map_or("?".into(), |n| n.to_string()),
-                    i["orphans"]
-                        .as_array()
-                        .map_or("?".into(), |o| o.len().to_string()),
-                    i["version"].as_str().unwrap_or("?").to_owned(),
-                ),
-                Err(e) => (format!("error: {e}"), "-".into(), "-".into()),
-            };
             let capacity = if r.capacity.is_empty() {
                 "-".to_owned()
             } else {
@@ -110,12 +221,40 @@ pub fn nodes_table(rows: &[NodeRow]) -> String {
                     .collect::<Vec<_>>()
                     .join(" ")
             };
+            let (age, version, volumes, orphans, checks) = match &r.status {
+                Some(s) => {
+                    let failing = failing_checks(s);
+                    (
+                        age_seconds(&s.reported_at).map_or("?".into(), |a| format!("{a}s")),
+                        if s.ublkd_version.is_empty() {
+                            "?".into()
+                        } else {
+                            s.ublkd_version.clone()
+                        },
+                        s.volumes.len().to_string(),
+                        s.orphan_devices.len().to_string(),
+                        if failing.is_empty() {
+                            "ok".into()
+                        } else {
+                            failing.join(",")
+                        },
+                    )
+                }
+                None => (
+                    "never".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "no-report".into(),
+                ),
+            };
             vec![
                 r.node.clone(),
-                r.pod.clone(),
+                age,
                 version,
                 volumes,
                 orphans,
+                checks,
                 capacity,
             ]
         })
@@ -123,10 +262,11 @@ pub fn nodes_table(rows: &[NodeRow]) -> String {
     table(
         &[
             "NODE",
-            "UBLKD POD",
+            "REPORTED",
             "VERSION",
             "VOLUMES",
             "ORPHAN DEVICES",
+            "CHECKS",
             "CAPACITY (per class)",
         ],
         &cells,
@@ -152,7 +292,6 @@ pub fn capacity_by_node(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn loc(volume: &str, node: Option<&str>) -> Location {
         Location {
@@ -188,25 +327,31 @@ mod tests {
     }
 
     #[test]
-    fn volume_ids_come_from_the_list() {
-        let list = json!({"volumes": [{"id": "x"}, {"id": "y"}, {"no": 1}]});
-        assert_eq!(volume_ids(&list), ["x", "y"]);
-        assert!(volume_ids(&json!({})).is_empty());
-    }
-
-    #[test]
-    fn the_nodes_table_has_counts_and_capacity() {
+    fn the_nodes_table_has_counts_checks_and_capacity() {
+        use ublkd_csi::nodestatus::{Check, CheckName, OrphanDevice};
+        let status = NodeStatus {
+            reported_at: "2026-12-05T20:00:00Z".into(),
+            ublkd_version: "0.1.0".into(),
+            volumes: vec![VolumeStatus::default(); 3],
+            orphan_devices: vec![OrphanDevice::default()],
+            checks: vec![Check {
+                name: CheckName::ReflinkRoots,
+                ok: false,
+                detail: "x".into(),
+            }],
+            ..Default::default()
+        };
         let rows = [
             NodeRow {
                 node: "n1".into(),
-                pod: "ublkd-a".into(),
-                info: Ok(json!({"version": "0.1.0", "volumes": 3, "orphans": [{}]})),
+                pod: Some("ublkd-a".into()),
+                status: Some(status),
                 capacity: vec![("ublkd-ram".into(), "1Gi".into())],
             },
             NodeRow {
                 node: "n2".into(),
-                pod: "ublkd-b".into(),
-                info: Err("exec failed".into()),
+                pod: Some("ublkd-b".into()),
+                status: None,
                 capacity: vec![],
             },
         ];
@@ -214,8 +359,37 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("NODE"), "{t}");
         let n1: Vec<&str> = lines[1].split_whitespace().collect();
-        assert_eq!(n1, ["n1", "ublkd-a", "0.1.0", "3", "1", "ublkd-ram=1Gi"]);
-        assert!(lines[2].contains("error: exec failed"), "{t}");
+        assert_eq!(n1[0], "n1");
+        assert!(n1[1].ends_with('s'), "{t}");
+        assert_eq!(
+            n1[2..],
+            ["0.1.0", "3", "1", "reflink-roots", "ublkd-ram=1Gi"]
+        );
+        assert!(
+            lines[2].contains("never") && lines[2].contains("no-report"),
+            "{t}"
+        );
+        assert_eq!(node_json(&rows[1])["status"], Value::Null);
+        assert_eq!(node_json(&rows[0])["status"]["ublkdVersion"], "0.1.0");
+    }
+
+    #[test]
+    fn limits_and_orphans_read_as_words() {
+        assert_eq!(limits_text(&Limits::default()), "unlimited");
+        let l = Limits {
+            write_bytes_per_second: 4 << 20,
+            read_iops: 100,
+            ..Default::default()
+        };
+        assert_eq!(limits_text(&l), "read 100 IOPS, write 4194304 B/s");
+        assert_eq!(orphans_text(&[]), "no orphans\n");
+        let o = Orphan {
+            node: "n1".into(),
+            kind: OrphanKind::VolumeWithoutPv,
+            name: "stray".into(),
+        };
+        assert!(orphans_text(std::slice::from_ref(&o)).contains("n1    volume without PV  stray"));
+        assert_eq!(json!(o)["kind"], "volume-without-pv");
     }
 
     #[test]

@@ -995,10 +995,13 @@ spec:
     luks_classes_gone(s)
 }
 
-/// `kubectl ublkd` (the plugin, found on kubectl's PATH like any plugin; it reaches ublkd by
-/// exec through the API server with the caller's kubeconfig): a running pod's claim to its
-/// node, volume and stats; the nodes' table; a volume made outside Kubernetes listed as an
-/// orphan until it is deleted.
+/// `kubectl ublkd` (the plugin, found on kubectl's PATH like any plugin) run by on-call staff
+/// who hold only the chart's read-only `ublkd-viewer` ClusterRole (a service account's token,
+/// in a kubeconfig of its own, picked by `--kubeconfig` and `--context`): they cannot exec into
+/// ublkd's pods, and need not. `pvc` shows a running pod's claim with its node, volume, state,
+/// device and writes; `nodes` the node's report; `orphans -o json` lists a volume made outside
+/// Kubernetes until it is deleted; `check` passes; `dump` writes the bundle; and the report is
+/// `kubectl get ublkdnodes` for anyone with the role.
 fn plugin(s: &Sc) -> Result<()> {
     s.pvc("x-data", "ublkd-ram", "64Mi", Mode::Filesystem)?;
     s.pod("p-x", "x-data", Mode::Filesystem)?;
@@ -1007,56 +1010,149 @@ fn plugin(s: &Sc) -> Result<()> {
         "dd if=/dev/zero of=/data/f bs=4096 count=256 conv=fsync",
     )?;
     let vol = s.volume_of("x-data")?;
-    let out = s.k(&["ublkd", "pvc", "x-data"])?;
+    // on-call: a service account bound to ublkd-viewer and nothing else
+    s.k(&["create", "serviceaccount", "oncall", "-n", "default"])?;
+    s.k(&[
+        "create",
+        "clusterrolebinding",
+        "oncall-ublkd",
+        "--clusterrole=ublkd-viewer",
+        "--serviceaccount=default:oncall",
+    ])?;
+    let token = s.q(&["create", "token", "oncall", "-n", "default"])?;
+    let admin: Value = serde_json::from_str(&s.q(&[
+        "config",
+        "view",
+        "--raw",
+        "--minify",
+        "--flatten",
+        "-o",
+        "json",
+    ])?)?;
+    let cluster = &admin["clusters"][0]["cluster"];
+    let conf = "--kubeconfig=oncall.kubeconfig";
+    let server = format!(
+        "--server={}",
+        cluster["server"].as_str().unwrap_or_default()
+    );
+    s.k(&["config", conf, "set-cluster", "tier", &server])?;
+    let ca = cluster["certificate-authority-data"]
+        .as_str()
+        .unwrap_or_default();
+    s.q(&[
+        "config",
+        conf,
+        "set",
+        "clusters.tier.certificate-authority-data",
+        ca,
+    ])?;
+    s.q(&[
+        "config",
+        conf,
+        "set-credentials",
+        "oncall",
+        &format!("--token={token}"),
+    ])?;
+    s.k(&[
+        "config",
+        conf,
+        "set-context",
+        "oncall",
+        "--cluster=tier",
+        "--user=oncall",
+    ])?;
+    let can = |verb: &str, what: &str| -> Result<String> {
+        let a = s.node.host.call(
+            "kubectl",
+            &[
+                conf,
+                "--context=oncall",
+                "auth",
+                "can-i",
+                verb,
+                what,
+                "-n",
+                "ublkd-system",
+            ],
+            None,
+        )?;
+        Ok(a.out.trim().to_owned())
+    };
+    ensure!(
+        can("create", "pods/exec")? == "no",
+        "the viewer may exec into ublkd's pods"
+    );
+    ensure!(
+        can("list", "ublkdnodes.ublkd.io")? == "yes",
+        "the viewer may not list UblkdNodes"
+    );
+    let oncall = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["ublkd", conf, "--context=oncall"];
+        all.extend_from_slice(args);
+        s.k(&all)
+    };
+    // the node plugin's report after the writes (written every csiNode.reportStatusEvery)
+    let mut out = String::new();
+    s.wait(60, "kubectl ublkd pvc shows the writes", || {
+        out = oncall(&["pvc", "x-data"]).unwrap_or_default();
+        let writes = out.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("write"))
+                .then(|| w.next()?.parse::<u64>().ok())
+                .flatten()
+        });
+        writes.unwrap_or(0) >= 256
+    })?;
     s.say(&out);
+    for (key, want) in [("node", NODE), ("volume", vol.as_str()), ("state", "ready")] {
+        ensure!(
+            field(&out, key) == Some(want),
+            "kubectl ublkd pvc: {key} is not {want}"
+        );
+    }
     ensure!(
-        field(&out, "node") == Some(NODE),
-        "kubectl ublkd pvc does not name the node"
-    );
-    ensure!(
-        field(&out, "volume") == Some(vol.as_str()),
-        "kubectl ublkd pvc does not name the volume {vol}"
-    );
-    ensure!(
-        field(&out, "state") == Some("ready"),
-        "kubectl ublkd pvc does not show the volume ready"
-    );
-    let device = field(&out, "device").unwrap_or_default();
-    ensure!(
-        device.starts_with("/dev/ublkb"),
+        field(&out, "device").is_some_and(|d| d.starts_with("/dev/ublkb")),
         "kubectl ublkd pvc does not show the device"
     );
     ensure!(
-        field(&out, "qos").is_some(),
-        "kubectl ublkd pvc does not show the QoS"
+        field(&out, "qos") == Some("unlimited"),
+        "kubectl ublkd pvc does not show the limits"
     );
-    let writes = out.lines().find_map(|l| {
-        let mut w = l.split_whitespace();
-        (w.next() == Some("write"))
-            .then(|| w.next()?.parse::<u64>().ok())
-            .flatten()
-    });
-    ensure!(
-        writes.unwrap_or(0) > 0,
-        "kubectl ublkd pvc shows no writes in the stats ({writes:?})"
-    );
-    let out = s.k(&["ublkd", "nodes"])?;
+    let out = oncall(&["nodes"])?;
     s.say(&out);
     let line = out
         .lines()
         .find(|l| l.split_whitespace().next() == Some(NODE))
         .unwrap_or_default();
-    let volumes = line
-        .split_whitespace()
-        .nth(3)
-        .and_then(|n| n.parse::<u64>().ok());
+    let cells: Vec<&str> = line.split_whitespace().collect();
     ensure!(
-        volumes.unwrap_or(0) >= 1,
+        cells
+            .get(3)
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+            >= 1,
         "kubectl ublkd nodes has no line for {NODE} with a volume"
+    );
+    ensure!(
+        cells.get(5) == Some(&"ok"),
+        "kubectl ublkd nodes shows failing checks for {NODE}"
     );
     ensure!(
         line.contains("ublkd-ram="),
         "kubectl ublkd nodes shows no capacity for ublkd-ram"
+    );
+    let out = oncall(&["check"])?;
+    s.say(&out);
+    let report: Value = serde_json::from_str(&s.q(&["get", "ublkdnode", NODE, "-o", "json"])?)?;
+    let pools = report["status"]["pools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        pools
+            .iter()
+            .any(|p| p["storageClass"] == "ublkd-file" && p["reflink"] == true),
+        "the report's ublkd-file pool is not reflink: {pools:?}"
     );
     s.ublkctl(&[
         "create-volume",
@@ -1066,22 +1162,58 @@ fn plugin(s: &Sc) -> Result<()> {
         "--backend",
         "ram",
     ])?;
-    let out = s.k(&["ublkd", "orphans"])?;
+    let listed =
+        |out: &str, name: &str| -> Result<bool> {
+            let v: Value = serde_json::from_str(out)?;
+            Ok(v["orphans"].as_array().into_iter().flatten().any(|o| {
+                o["node"] == NODE && o["kind"] == "volume-without-pv" && o["name"] == name
+            }))
+        };
+    let out = oncall(&["orphans", "-o", "json"])?;
     s.say(&out);
     ensure!(
-        has_line(&out, &format!("{NODE} volume without PV stray-1")),
+        listed(&out, "stray-1")?,
         "kubectl ublkd orphans does not list stray-1"
     );
     ensure!(
-        !out.contains(&vol),
+        !listed(&out, &vol)?,
         "kubectl ublkd orphans lists {vol}, whose PV exists"
     );
-    s.ublkctl(&["delete-volume", "stray-1"])?;
-    let out = s.k(&["ublkd", "orphans"])?;
+    let out = oncall(&["orphans", "-o", "yaml"])?;
     ensure!(
-        !out.contains("stray-1"),
+        has_line(&out, "name: \"stray-1\""),
+        "kubectl ublkd orphans -o yaml does not list stray-1: {out}"
+    );
+    s.ublkctl(&["delete-volume", "stray-1"])?;
+    let out = oncall(&["orphans", "-o", "json"])?;
+    ensure!(
+        !listed(&out, "stray-1")?,
         "stray-1 is still listed after it was deleted"
     );
+    let out = oncall(&["dump", "oncall-dump"])?;
+    s.say(&out);
+    for file in [
+        "nodes/ublkd-vm.json",
+        "orphans.json",
+        "check.json",
+        "pvs.json",
+        "events.json",
+    ] {
+        ensure!(
+            has_line(&out, file),
+            "kubectl ublkd dump did not write {file}"
+        );
+    }
+    ensure!(
+        out.lines().any(|l| l.starts_with("logs/ublkd-")),
+        "kubectl ublkd dump wrote no log of ublkd's pods"
+    );
+    ensure!(
+        !out.contains(".error"),
+        "kubectl ublkd dump could not read a part"
+    );
+    s.delete(&["clusterrolebinding", "oncall-ublkd"])?;
+    s.delete(&["serviceaccount", "oncall", "-n", "default"])?;
     s.delete(&["pod", "p-x"])?;
     s.delete(&["pvc", "x-data"])
 }

@@ -315,7 +315,11 @@ impl Components {
                 let mut c = self.command(&self.tools.bin.join("kubectl"), &[]);
                 let path = std::env::var("PATH").unwrap_or_default();
                 let path = format!("{}:{path}", self.tools.plugins.display());
-                c.env("KUBECONFIG", &admin).env("PATH", path);
+                // in the run's logs: a file a request names relatively (a scenario's own
+                // kubeconfig) is made and read there
+                c.env("KUBECONFIG", &admin)
+                    .env("PATH", path)
+                    .current_dir(&self.logs);
                 c
             }
             "helm" => self.command(&self.tools.helm, &[&kubeconfig]),

@@ -1,0 +1,629 @@
+//! Each node's state where `kubectl get` reads it, so that day-2 work needs no exec into
+//! ublkd's pods (root on the node) and no remote-access certificate.
+//!
+//! The node plugin (`--report-status-every`) writes one cluster-scoped `UblkdNode` object
+//! (`ublkd.io/v1alpha1`, named after the node) by server-side apply: ublkd's version and ublk
+//! features; per StorageClass of the driver, its pool's total and free bytes (and whether a
+//! file root clones by reflink); every volume with its state, device, limits, I/O counters, PV
+//! and claim; the ublk devices no volume owns; and the node's preflight checks. The chart's
+//! read-only `ublkd-viewer` ClusterRole reads it; `kubectl ublkd` is built on it. A round that
+//! cannot read ublkd still writes what it knows, with `error` saying why, so a stale or partial
+//! report is never mistaken for a healthy one (`reportedAt` dates every round).
+
+use crate::nodeloss::plan::topology_nodes;
+use crate::params::{Backend, Params};
+use crate::ublkd::{Ublkd, UblkdError};
+use crate::{Node, DRIVER_NAME};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use kube::Client;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use ublkd_client::v1;
+
+pub const GROUP: &str = "ublkd.io";
+pub const VERSION: &str = "v1alpha1";
+pub const KIND: &str = "UblkdNode";
+pub const PLURAL: &str = "ublkdnodes";
+/// The field manager of the node plugin's server-side apply.
+const MANAGER: &str = "ublkd-csi";
+
+/// The API resource of `UblkdNode`, for a dynamic client.
+pub fn resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("connecting to the API server: {0}")]
+    Connect(#[source] kube::Error),
+    #[error("writing UblkdNode {node}: {source}")]
+    Apply {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing {what}: {source}")]
+    List {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("asking ublkd: {0}")]
+    Ublkd(#[from] UblkdError),
+    #[error("encoding the status: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// A `UblkdNode`'s `status`: what its node plugin saw at `reported_at`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NodeStatus {
+    /// RFC 3339, UTC.
+    pub reported_at: String,
+    pub ublkd_version: String,
+    pub kernel_release: String,
+    pub ublk_features: Vec<String>,
+    pub pools: Vec<PoolStatus>,
+    pub volumes: Vec<VolumeStatus>,
+    pub orphan_devices: Vec<OrphanDevice>,
+    pub checks: Vec<Check>,
+    /// What this round could not read (empty when the report is whole).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+/// The backends, as StorageClasses name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    File,
+    Ram,
+    Nvme,
+    #[default]
+    Null,
+}
+
+/// The pool a StorageClass of the driver takes its bytes from, on this node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PoolStatus {
+    pub storage_class: String,
+    pub backend: BackendKind,
+    /// The file root or the namespace's char device; empty for RAM.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub place: String,
+    pub total_bytes: u64,
+    pub available_bytes: u64,
+    /// File pools: whether the root clones files by reflink (snapshots and clones need it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reflink: Option<bool>,
+    /// Why the pool could not be measured (a bad class, a missing namespace, ublkd down).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct VolumeStatus {
+    pub id: String,
+    /// ublkd's state word: ready, failed, recovering…
+    pub state: String,
+    pub backend: BackendKind,
+    pub size_bytes: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub device: String,
+    /// Why the volume failed, if it did.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    pub limits: Limits,
+    /// The PersistentVolume naming it, and that PV's claim as `namespace/name`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pv: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// Its I/O counters since ublkd started serving it (absent when ublkd did not answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoCounters>,
+}
+
+/// A volume's limits; 0 is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Limits {
+    pub read_iops: u64,
+    pub write_iops: u64,
+    pub read_bytes_per_second: u64,
+    pub write_bytes_per_second: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct IoCounters {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
+}
+
+/// A ublk device in the kernel that no volume of ublkd owns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OrphanDevice {
+    pub dev_id: u32,
+    pub state: String,
+}
+
+/// The node's preflight checks, each with what it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckName {
+    /// `ublk_drv` loaded, with user recovery: ublkd's dataplane runs.
+    UblkDriver,
+    /// Every file class's root clones by reflink.
+    ReflinkRoots,
+    /// Every NVMe class's namespace is on the node as a generic char device.
+    NvmeNamespaces,
+    /// The kubelet's directory exists and is mounted with shared propagation into the plugin.
+    KubeletDir,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub name: CheckName,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Check {
+    fn new(name: CheckName, problems: Vec<String>, fine: &str) -> Check {
+        Check {
+            name,
+            ok: problems.is_empty(),
+            detail: if problems.is_empty() {
+                fine.to_owned()
+            } else {
+                problems.join("; ")
+            },
+        }
+    }
+}
+
+/// `VOLUME_STATE_READY` -> `ready`.
+fn state_word(state: i32) -> String {
+    v1::VolumeState::try_from(state).map_or_else(
+        |_| state.to_string(),
+        |s| {
+            s.as_str_name()
+                .trim_start_matches("VOLUME_STATE_")
+                .to_ascii_lowercase()
+        },
+    )
+}
+
+fn backend_of(spec: Option<&v1::VolumeSpec>) -> BackendKind {
+    use v1::volume_spec::Backend as B;
+    match spec.and_then(|s| s.backend.as_ref()) {
+        Some(B::File(_)) => BackendKind::File,
+        Some(B::Ram(_)) => BackendKind::Ram,
+        Some(B::Nvme(_)) => BackendKind::Nvme,
+        _ => BackendKind::Null,
+    }
+}
+
+/// The volume as the report carries it; `pvs`: volume id -> (PV, claim).
+pub fn volume_status(
+    v: &v1::Volume,
+    pvs: &HashMap<String, (String, Option<String>)>,
+    io: Option<IoCounters>,
+) -> VolumeStatus {
+    let q = v.spec.as_ref().and_then(|s| s.qos).unwrap_or_default();
+    let (pv, claim) = pvs.get(&v.id).map_or((None, None), |(pv, claim)| {
+        (Some(pv.clone()), claim.clone())
+    });
+    VolumeStatus {
+        id: v.id.clone(),
+        state: state_word(v.state),
+        backend: backend_of(v.spec.as_ref()),
+        size_bytes: v.spec.as_ref().map_or(0, |s| s.size_bytes),
+        device: v.device_path.clone(),
+        message: v.message.clone(),
+        limits: Limits {
+            read_iops: q.read_iops,
+            write_iops: q.write_iops,
+            read_bytes_per_second: q.read_bytes_per_second,
+            write_bytes_per_second: q.write_bytes_per_second,
+        },
+        pv,
+        claim,
+        io,
+    }
+}
+
+/// The counters of `GetVolumeStats`, summed per direction.
+pub fn io_counters(s: &v1::VolumeStats) -> IoCounters {
+    let op = |name: &str| s.ops.iter().find(|o| o.op == name);
+    IoCounters {
+        reads: op("read").map_or(0, |o| o.count),
+        read_bytes: op("read").map_or(0, |o| o.bytes),
+        writes: op("write").map_or(0, |o| o.count),
+        write_bytes: op("write").map_or(0, |o| o.bytes),
+        errors: s.errors,
+    }
+}
+
+/// The driver's PVs on `node`, by volume handle: (PV name, claim as `namespace/name`).
+pub fn pvs_on(node: &str, pvs: &[PersistentVolume]) -> HashMap<String, (String, Option<String>)> {
+    pvs.iter()
+        .filter(|pv| topology_nodes(pv).is_some_and(|n| n.is_empty() || n.contains(&node)))
+        .filter_map(|pv| {
+            let handle = pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone();
+            let claim = pv.spec.as_ref()?.claim_ref.as_ref().map(|c| {
+                format!(
+                    "{}/{}",
+                    c.namespace.as_deref().unwrap_or_default(),
+                    c.name.as_deref().unwrap_or_default()
+                )
+            });
+            Some((handle, (pv.metadata.name.clone()?, claim)))
+        })
+        .collect()
+}
+
+/// Whether the mount holding `dir` propagates mounts to and from the host (its mountinfo line
+/// carries `shared:N`): the kubelet's mounts of a volume reach the plugin's, and the plugin's
+/// reach pods, only then. `mountinfo` is `/proc/self/mountinfo`'s text.
+pub fn propagation(mountinfo: &str, dir: &Path) -> Result<(), String> {
+    let holder = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let point = Path::new(f.get(4)?);
+            let sep = f.iter().position(|x| *x == "-")?;
+            dir.starts_with(point)
+                .then(|| (point.to_path_buf(), f[6..sep].join(" ")))
+        })
+        .max_by_key(|(p, _)| p.as_os_str().len());
+    match holder {
+        None => Err(format!("no mount holds {}", dir.display())),
+        Some((_, opt)) if opt.split(' ').any(|o| o.starts_with("shared:")) => Ok(()),
+        Some((point, opt)) => Err(format!(
+            "{} is mounted at {} without shared propagation ({}); the plugin's mounts never reach pods",
+            dir.display(),
+            point.display(),
+            if opt.is_empty() { "private" } else { opt.as_str() }
+        )),
+    }
+}
+
+/// The node's checks, from what this round read.
+pub fn checks(
+    info: Result<&v1::NodeInfo, &str>,
+    pools: &[PoolStatus],
+    kubelet: Result<(), String>,
+) -> Vec<Check> {
+    let driver = match info {
+        Ok(i) if i.dataplane_error.is_empty() => Vec::new(),
+        Ok(i) => vec![i.dataplane_error.clone()],
+        Err(e) => vec![format!("ublkd did not answer: {e}")],
+    };
+    let reflink = pools
+        .iter()
+        .filter(|p| p.backend == BackendKind::File && p.reflink != Some(true))
+        .map(|p| {
+            format!(
+                "{} ({}): {}",
+                p.storage_class,
+                p.place,
+                if p.error.is_empty() {
+                    "no reflink: snapshots and clones of its volumes are refused"
+                } else {
+                    &p.error
+                }
+            )
+        })
+        .collect();
+    let nvme = pools
+        .iter()
+        .filter(|p| p.backend == BackendKind::Nvme && !p.error.is_empty())
+        .map(|p| format!("{} ({}): {}", p.storage_class, p.place, p.error))
+        .collect();
+    vec![
+        Check::new(CheckName::UblkDriver, driver, "ublk_drv with user recovery"),
+        Check::new(
+            CheckName::ReflinkRoots,
+            reflink,
+            "every file root clones by reflink",
+        ),
+        Check::new(
+            CheckName::NvmeNamespaces,
+            nvme,
+            "every NVMe class's namespace is here",
+        ),
+        Check::new(
+            CheckName::KubeletDir,
+            kubelet.err().into_iter().collect(),
+            "shared propagation",
+        ),
+    ]
+}
+
+/// The pool of one StorageClass of the driver.
+async fn pool(ublkd: &Ublkd, class: &StorageClass) -> PoolStatus {
+    let mut p = PoolStatus {
+        storage_class: class.metadata.name.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    let params: HashMap<String, String> = class
+        .parameters
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let params = match Params::parse(&params) {
+        Ok(params) => params,
+        Err(e) => {
+            p.error = e.to_string();
+            return p;
+        }
+    };
+    (p.backend, p.place) = match &params.backend {
+        Backend::File { root } => (BackendKind::File, root.clone()),
+        Backend::Ram => (BackendKind::Ram, String::new()),
+        Backend::Nvme { namespace } => (BackendKind::Nvme, namespace.clone()),
+    };
+    match ublkd.capacity(params.capacity_backend()).await {
+        Ok(c) => {
+            p.total_bytes = c.total_bytes;
+            p.available_bytes = c.available_bytes;
+            p.reflink = (p.backend == BackendKind::File).then_some(c.reflink);
+        }
+        Err(e) => p.error = e.to_string(),
+    }
+    p
+}
+
+/// Everything the plugin writes to ublkd.io's API about this node, and the rights it needs.
+struct Reporter {
+    ublkd: Ublkd,
+    node: Node,
+    kubelet_dir: PathBuf,
+    client: Client,
+}
+
+impl Reporter {
+    /// One round: what ublkd and the API say now; what could not be read is in `error`.
+    async fn gather(&self) -> NodeStatus {
+        let mut errors = Vec::new();
+        let info = self.ublkd.node_info().await.map_err(|e| e.to_string());
+        if let Err(e) = &info {
+            errors.push(format!("ublkd's node info: {e}"));
+        }
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        let mut pools = Vec::new();
+        match classes.list(&ListParams::default()).await {
+            Ok(list) => {
+                for c in list.items.iter().filter(|c| c.provisioner == DRIVER_NAME) {
+                    pools.push(pool(&self.ublkd, c).await);
+                }
+            }
+            Err(e) => errors.push(format!("listing StorageClasses: {e}")),
+        }
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pvs = match pvs.list(&ListParams::default()).await {
+            Ok(list) => pvs_on(&self.node.0, &list.items),
+            Err(e) => {
+                errors.push(format!("listing PersistentVolumes: {e}"));
+                HashMap::new()
+            }
+        };
+        let mut volumes = Vec::new();
+        match self.ublkd.list().await {
+            Ok(list) => {
+                for v in &list {
+                    let io = match self.ublkd.stats(&v.id).await {
+                        Ok(s) => Some(io_counters(&s)),
+                        Err(e) => {
+                            errors.push(format!("stats of {}: {e}", v.id));
+                            None
+                        }
+                    };
+                    volumes.push(volume_status(v, &pvs, io));
+                }
+            }
+            Err(e) => errors.push(format!("ublkd's volumes: {e}")),
+        }
+        let kubelet = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))
+            .and_then(|m| propagation(&m, &self.kubelet_dir));
+        let info = info.as_ref().map_err(String::as_str);
+        NodeStatus {
+            reported_at: k8s_openapi::jiff::Timestamp::now().to_string(),
+            ublkd_version: info.map(|i| i.version.clone()).unwrap_or_default(),
+            kernel_release: info.map(|i| i.kernel_release.clone()).unwrap_or_default(),
+            ublk_features: info
+                .map(|i| i.ublk_feature_names.clone())
+                .unwrap_or_default(),
+            orphan_devices: info
+                .map(|i| {
+                    i.orphans
+                        .iter()
+                        .map(|o| OrphanDevice {
+                            dev_id: o.dev_id,
+                            state: o.state.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            checks: checks(info, &pools, kubelet),
+            pools,
+            volumes,
+            error: errors.join("; "),
+        }
+    }
+
+    /// Writes `status` as this node's `UblkdNode`.
+    async fn apply(&self, status: &NodeStatus) -> Result<(), StatusError> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource());
+        let labels: BTreeMap<&str, &str> = [("app.kubernetes.io/name", "ublkd")].into();
+        let object = serde_json::json!({
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": KIND,
+            "metadata": {"name": self.node.0, "labels": labels},
+            "status": serde_json::to_value(status)?,
+        });
+        api.patch(
+            &self.node.0,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map_err(|source| StatusError::Apply {
+            node: self.node.0.clone(),
+            source,
+        })?;
+        Ok(())
+    }
+}
+
+/// Writes this node's `UblkdNode` every `every`, until the process ends; a round that fails to
+/// write is logged and the next one tried.
+pub async fn run(
+    ublkd: Ublkd,
+    node: Node,
+    kubelet_dir: PathBuf,
+    every: Duration,
+) -> Result<(), StatusError> {
+    let client = Client::try_default().await.map_err(StatusError::Connect)?;
+    let reporter = Reporter {
+        ublkd,
+        node,
+        kubelet_dir,
+        client,
+    };
+    loop {
+        let status = reporter.gather().await;
+        if !status.error.is_empty() {
+            tracing::warn!(error = %status.error, "the node's status is partial");
+        }
+        if let Err(e) = reporter.apply(&status).await {
+            tracing::error!(error = %e, "the node's status was not written; `kubectl ublkd` reads an old one until the next round");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn propagation_is_read_from_the_mount_that_holds_the_directory() {
+        let shared = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                      90 22 0:5 / /var/lib/kubelet rw shared:40 - tmpfs tmpfs rw\n";
+        assert_eq!(propagation(shared, Path::new("/var/lib/kubelet")), Ok(()));
+        let private = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                       90 22 0:5 / /var/lib/kubelet rw - tmpfs tmpfs rw\n";
+        let e = propagation(private, Path::new("/var/lib/kubelet/pods")).unwrap_err();
+        assert!(e.contains("without shared propagation (private)"), "{e}");
+        let slave = "22 1 8:1 / / rw master:3 - ext4 /dev/sda1 rw\n";
+        let e = propagation(slave, Path::new("/var/lib/kubelet")).unwrap_err();
+        assert!(e.contains("master:3"), "{e}");
+        assert!(propagation("", Path::new("/x")).is_err());
+    }
+
+    #[test]
+    fn checks_name_what_is_wrong() {
+        let info = v1::NodeInfo {
+            dataplane_error: "ublk_drv is not loaded".into(),
+            ..Default::default()
+        };
+        let pools = vec![
+            PoolStatus {
+                storage_class: "f".into(),
+                backend: BackendKind::File,
+                place: "/srv".into(),
+                reflink: Some(false),
+                ..Default::default()
+            },
+            PoolStatus {
+                storage_class: "n".into(),
+                backend: BackendKind::Nvme,
+                place: "/dev/ng9n1".into(),
+                error: "no such device".into(),
+                ..Default::default()
+            },
+            PoolStatus {
+                storage_class: "r".into(),
+                backend: BackendKind::Ram,
+                ..Default::default()
+            },
+        ];
+        let c = checks(Ok(&info), &pools, Ok(()));
+        let failing: Vec<CheckName> = c.iter().filter(|c| !c.ok).map(|c| c.name).collect();
+        assert_eq!(
+            failing,
+            [
+                CheckName::UblkDriver,
+                CheckName::ReflinkRoots,
+                CheckName::NvmeNamespaces
+            ]
+        );
+        assert!(c[1].detail.contains("f (/srv): no reflink"));
+        assert!(c[2].detail.contains("/dev/ng9n1"));
+        let fine = checks(Ok(&v1::NodeInfo::default()), &pools[2..], Ok(()));
+        assert!(fine.iter().all(|c| c.ok), "{fine:?}");
+        let down = checks(Err("connection refused"), &[], Err("x".into()));
+        assert!(!down[0].ok && down[0].detail.contains("connection refused"));
+        assert!(!down[3].ok);
+    }
+
+    #[test]
+    fn volumes_carry_their_pv_and_claim() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pvc-1"},
+            "spec": {
+                "csi": {"driver": DRIVER_NAME, "volumeHandle": "v1"},
+                "claimRef": {"namespace": "ns", "name": "data"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": crate::TOPOLOGY_KEY, "operator": "In", "values": ["n1"]}]}]}}
+            }
+        }))
+        .expect("a PV");
+        assert!(pvs_on("n2", std::slice::from_ref(&pv)).is_empty());
+        let pvs = pvs_on("n1", &[pv]);
+        let v = v1::Volume {
+            id: "v1".into(),
+            state: v1::VolumeState::Ready.into(),
+            ..Default::default()
+        };
+        let s = volume_status(&v, &pvs, None);
+        assert_eq!(s.state, "ready");
+        assert_eq!(s.pv.as_deref(), Some("pvc-1"));
+        assert_eq!(s.claim.as_deref(), Some("ns/data"));
+        let other = v1::Volume {
+            id: "v2".into(),
+            ..v
+        };
+        assert_eq!(volume_status(&other, &pvs, None).pv, None);
+    }
+
+    #[test]
+    fn the_status_reads_back_as_written() {
+        let s = NodeStatus {
+            reported_at: "2026-12-05T20:00:00Z".into(),
+            checks: checks(Ok(&v1::NodeInfo::default()), &[], Ok(())),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&s).expect("json");
+        assert_eq!(v["checks"][0]["name"], "ublk-driver");
+        assert_eq!(serde_json::from_value::<NodeStatus>(v).expect("back"), s);
+    }
+}
