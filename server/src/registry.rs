@@ -1,7 +1,7 @@
 //! A registry: one JSON file per record in a directory, written crash-safe (temporary file,
 //! fsync, rename, fsync of the directory), so after any crash each record is either the old one
 //! or the new one, never a torn mix. Generic over what it stores ([`Record`]): the volumes
-//! (`record`), the snapshots and the clone intents (`snapshot`) each have one.
+//! (`record`), the snapshots and the file intents (`snapshot`) each have one.
 
 use serde::Serialize;
 use std::fs::{self, File, OpenOptions};

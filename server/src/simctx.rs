@@ -103,6 +103,10 @@ pub async fn checkpoint() {
         std::future::pending::<()>().await;
     }
     tokio::task::yield_now().await;
+    // Another call may have killed the process while this one yielded.
+    if dead() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// After a device call: the time it took, then the same check.

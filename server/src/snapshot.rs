@@ -64,18 +64,19 @@ impl Record for SnapshotRecord {
     }
 }
 
-/// A clone's backing file being made: the file at `path` is ublkd's own until volume `id`'s
-/// record names it. Written before the reflink and removed once the volume's record is (or the
-/// file is gone), so a crash in between leaves a file that a retry of the same create, or the
-/// next start, knows to remove, and never a user's file mistaken for one.
+/// A backing file being made, a clone's or a new file volume's: the file at `path` is ublkd's
+/// own until volume `id`'s record names it. Written before the reflink or the file's creation
+/// and removed once the volume's record is (or the file is gone), so a crash in between leaves
+/// a file that a retry of the same create, or the next start, knows to remove, and never a
+/// user's file mistaken for one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CloneIntent {
+pub struct FileIntent {
     pub id: VolumeId,
     pub path: PathBuf,
 }
 
-impl Record for CloneIntent {
-    const KIND: &'static str = "clone intent";
+impl Record for FileIntent {
+    const KIND: &'static str = "file intent";
     fn id(&self) -> &str {
         self.id.as_str()
     }

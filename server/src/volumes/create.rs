@@ -7,6 +7,7 @@ use super::{blocking, erase, is_id_taken, now_ms, same_spec, snapshots, Volumes}
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point, Point};
 use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
+use crate::snapshot::FileIntent;
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
@@ -73,11 +74,11 @@ pub(super) async fn create(
                 // The create's own error is what the caller needs; a file left behind
                 // keeps its intent, so the next start removes it.
                 if std::fs::remove_file(path).is_ok() {
-                    snapshots::end_clone_intent(volumes, &record.id);
+                    snapshots::end_file_intent(volumes, &record.id);
                 }
             } else if clone.is_some() {
                 // The record names the file now: it is the volume's.
-                snapshots::end_clone_intent(volumes, &record.id);
+                snapshots::end_file_intent(volumes, &record.id);
             }
             made
         }
@@ -85,7 +86,7 @@ pub(super) async fn create(
             // Nothing was made (or what was is removed): the intent has nothing to name.
             if let BackendRecord::File { path, .. } = &record.backend {
                 if record.source.is_some() && !path.exists() {
-                    snapshots::end_clone_intent(volumes, &record.id);
+                    snapshots::end_file_intent(volumes, &record.id);
                 }
             }
             Err(e)
@@ -229,7 +230,31 @@ pub(super) async fn settle(
 
 /// The slow part of a create: backing file, record, device. Undoes its own steps on failure.
 async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-    let created_file = prepare_backing_file(volumes, record).await?;
+    // A file this create makes is ublkd's until the record names it: a crash in between
+    // leaves an intent, and the next start removes the file (a clone's has its own intent).
+    let intent = match &record.backend {
+        BackendRecord::File { path, create: true } if record.source.is_none() && !path.exists() => {
+            volumes.intents.put(&FileIntent {
+                id: record.id.clone(),
+                path: path.clone(),
+            })?;
+            true
+        }
+        _ => false,
+    };
+    let id = record.id.clone();
+    let end_intent = || {
+        if intent {
+            snapshots::end_file_intent(volumes, &id);
+        }
+    };
+    let created_file = match prepare_backing_file(volumes, record).await {
+        Ok(made) => made,
+        Err(e) => {
+            end_intent();
+            return Err(e);
+        }
+    };
     // The create's own error is what the caller gets; an undo step that fails too is
     // logged: a record left makes the next start bring the volume up, a file left stays
     // (it is not ublkd's to find again).
@@ -248,10 +273,14 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
     // The record (with the device id it will get) goes first: a crash from here on leaves a
     // registered volume whose device the next start takes over or creates, never a device
     // nobody owns.
-    if let Err(e) = volumes.put_record(record).await {
+    let recorded = volumes.put_record(record).await;
+    if let Err(e) = recorded {
         undo(record);
+        end_intent();
         return Err(e);
     }
+    // The record names the file now: it is the volume's.
+    end_intent();
     fault_point(Point::CreateAfterRecord);
     delay_point(Point::CreateAfterRecord).await;
     // A new volume: an NVMe window's earlier content is erased before its device appears,

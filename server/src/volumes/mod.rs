@@ -25,7 +25,7 @@ use crate::devices::Devices;
 use crate::error::VolumeError;
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::registry::Registry;
-use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
+use crate::snapshot::{FileIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::{BTreeMap, HashMap};
@@ -73,8 +73,8 @@ pub struct Volumes {
     no_ublk: String,
     registry: Registry<VolumeRecord>,
     snapshot_registry: Registry<SnapshotRecord>,
-    /// Clones whose backing file is being made (`CloneIntent`).
-    intents: Registry<CloneIntent>,
+    /// Clones and new file volumes whose backing file is being made (`FileIntent`).
+    intents: Registry<FileIntent>,
     /// Every snapshot; its lock is held only to read or record.
     snapshots: Mutex<BTreeMap<SnapshotId, SnapshotRecord>>,
     /// Snapshot ids being taken, and of which volume: reserved while their copy is made.
@@ -151,7 +151,7 @@ impl Volumes {
         handle: Result<Arc<dyn Devices>, DataplaneError>,
         registry: Registry<VolumeRecord>,
         snapshot_registry: Registry<SnapshotRecord>,
-        intents: Registry<CloneIntent>,
+        intents: Registry<FileIntent>,
         settings: Arc<Settings>,
     ) -> Self {
         let (handle, no_ublk) = match handle {

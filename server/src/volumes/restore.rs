@@ -31,7 +31,7 @@ pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
         );
     }
     drop(map);
-    snapshots::finish_clone_intents(volumes).await
+    snapshots::finish_file_intents(volumes).await
 }
 
 /// Brings every loaded volume up: takes over its kernel device when one survived (a crash

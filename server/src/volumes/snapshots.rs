@@ -15,7 +15,7 @@ use crate::hooks::{fault_point, Point};
 use crate::record::SourceRecord;
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::snapshot::snapshot_path;
-use crate::snapshot::{CloneIntent, SnapshotId, SnapshotRecord};
+use crate::snapshot::{FileIntent, SnapshotId, SnapshotRecord};
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;
 use std::fs::{File, OpenOptions};
@@ -194,7 +194,7 @@ pub(super) async fn make_clone_file(
         return Ok(None);
     };
     if path.exists() {
-        if !has_clone_intent(volumes, &record.id, path) {
+        if !has_file_intent(volumes, &record.id, path) {
             return Err(VolumeError::CloneTargetExists { path: path.clone() });
         }
         // Made by an earlier try of this create that died before the volume's record.
@@ -204,7 +204,7 @@ pub(super) async fn make_clone_file(
         })?;
         tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
     }
-    volumes.intents.put(&CloneIntent {
+    volumes.intents.put(&FileIntent {
         id: record.id.clone(),
         path: path.clone(),
     })?;
@@ -257,7 +257,7 @@ pub(super) async fn make_clone_file(
 }
 
 /// Whether an intent of volume `id` names `path` (a file an interrupted create made).
-fn has_clone_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
+fn has_file_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
     volumes
         .intents
         .load()
@@ -265,7 +265,7 @@ fn has_clone_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
 }
 
 /// The clone's file is the volume's now (or gone): its intent goes.
-pub(super) fn end_clone_intent(volumes: &Volumes, id: &VolumeId) {
+pub(super) fn end_file_intent(volumes: &Volumes, id: &VolumeId) {
     if let Err(e) = volumes.intents.remove(id.as_str()) {
         // Harmless: the next start finds the volume's record and drops the intent then.
         tracing::warn!(volume = %id, error = %crate::error::chain(&e), "clone intent not removed");
@@ -273,15 +273,16 @@ pub(super) fn end_clone_intent(volumes: &Volumes, id: &VolumeId) {
 }
 
 /// At start, after the volumes' records are loaded: an intent whose volume has a record is
-/// done; one without names the file of a clone that died before its record, removed now.
-pub(super) async fn finish_clone_intents(volumes: &Volumes) -> Result<(), VolumeError> {
+/// done; one without names the file of a create (or clone) that died before its record,
+/// removed now.
+pub(super) async fn finish_file_intents(volumes: &Volumes) -> Result<(), VolumeError> {
     let (intents, _) = volumes.intents.load()?;
     let map = volumes.inner.lock().await;
     for intent in intents {
         if !map.contains_key(&intent.id) {
             match std::fs::remove_file(&intent.path) {
                 Ok(()) => {
-                    tracing::warn!(volume = %intent.id, path = %intent.path.display(), "removed the backing file of an interrupted clone")
+                    tracing::warn!(volume = %intent.id, path = %intent.path.display(), "removed the backing file of an interrupted create")
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => {

@@ -578,6 +578,24 @@ fn files_removed(deletes: &[(&str, &PathBuf, bool)], state: &Path) -> Result<(),
     Ok(())
 }
 
+/// After a restart: a backing file a create of the crashed step made is a recorded volume's,
+/// or gone (a create cut short before its record leaves no file nobody owns).
+fn files_owned(fresh: &[PathBuf], state: &Path) -> Result<(), String> {
+    let records = on_disk(state);
+    for path in fresh {
+        let named = records
+            .iter()
+            .any(|r| matches!(&r.backend, BackendRecord::File { path: p, .. } if p == path));
+        if !named && path.exists() {
+            return Err(format!(
+                "a create cut short left its new backing file {} with no record",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What running one history reached.
 #[derive(Debug, Default)]
 struct Coverage {
@@ -653,23 +671,22 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
                 // this call records its own intent finishes that one.
                 let recorded = on_disk(&dirs.state).into_iter().find(|r| &r.id == id);
                 let kept = recorded.is_some_and(|r| r.deleting && !r.delete_backing);
-                // A create of the same step naming the file may make it again, and a crash
-                // inside that create leaves it (the next create of that path adopts it).
-                let remade = |path: &PathBuf| {
-                    (step.ops.iter()).any(|o| match o.clone().at(&dirs.files) {
-                        Op::Create { record, .. } => matches!(
-                            &record.backend, BackendRecord::File { path: p, .. } if p == path
-                        ),
-                        _ => false,
-                    })
-                };
                 if let BackendRecord::File { path, .. } = vol.record.backend {
-                    if !remade(&path) {
-                        removals.push((op.to_string(), path, kept));
-                    }
+                    removals.push((op.to_string(), path, kept));
                 }
             }
         }
+        // The backing files the step's creates would make: none of them is there yet. Not
+        // when the step also deletes that volume keeping its file, as that delete may.
+        let fresh: Vec<PathBuf> = (step.ops.iter())
+            .filter_map(|o| match o.clone().at(&dirs.files) {
+                Op::Create { record, .. } if !keeps(&record.id) => match record.backend {
+                    BackendRecord::File { path, .. } if !path.exists() => Some(path),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
         let tasks: Vec<_> = step
             .ops
             .iter()
@@ -718,6 +735,7 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
                 .map(|(op, p, kept)| (op.as_str(), p, !kept))
                 .collect();
             files_removed(&all, &dirs.state).map_err(|w| fail(&log, w))?;
+            files_owned(&fresh, &dirs.state).map_err(|w| fail(&log, w))?;
             continue;
         }
         simctx::crash_at(None);
