@@ -343,6 +343,15 @@ impl<'a> Sc<'a> {
         self.helm(&[&at[..], &["--namespace", "ublkd-system"], args].concat())
     }
 
+    /// `opa eval QUERY` over the admission policies (tests/k8s/policy) with `input`: the value.
+    pub fn opa(&self, input: &serde_json::Value, query: &str) -> Result<serde_json::Value> {
+        let args = ["--format", "json", "--stdin-input", query];
+        let out = self.call("opa", &args, Some(&input.to_string()), true)?;
+        let v: serde_json::Value =
+            serde_json::from_str(&out).with_context(|| format!("opa said {out}"))?;
+        Ok(v["result"][0]["expressions"][0]["value"].clone())
+    }
+
     /// `kubectl apply -f -` of a manifest.
     pub fn apply(&self, yaml: &str) -> Result<()> {
         self.call("kubectl", &["apply", "-f", "-"], Some(yaml), true)

@@ -219,7 +219,8 @@ fn driver(s: &Sc) -> Result<()> {
 /// What admission policies ask of the installed chart: every container of ublkd-system's pods
 /// requests CPU and memory and has a securityContext, and all but ublkd's own have a memory
 /// limit (RAM volumes live in ublkd's memory; an OOM kill stalls every volume of the node);
-/// each Deployment's pod is admitted in a namespace that enforces Pod Security "restricted".
+/// each Deployment's pod is admitted in a namespace that enforces Pod Security "restricted";
+/// and OPA, built from its module, denies nothing in the packaged chart's default render.
 fn admission(s: &Sc) -> Result<()> {
     let json = |args: &[&str]| -> Result<Value> { Ok(serde_json::from_str(&s.q(args)?)?) };
     let pods = json(&["-n", "ublkd-system", "get", "pods", "-o", "json"])?;
@@ -276,6 +277,45 @@ fn admission(s: &Sc) -> Result<()> {
         return Err(e);
     }
     ensure!(admitted >= 2, "the controller and the resizer were tried");
+    // A policy engine's verdict (OPA, its rules in tests/k8s/policy) on the packaged chart's
+    // default render, and on a Deployment made as those rules forbid: the rules can refuse.
+    let deny = |render: &str| -> Result<Vec<String>> {
+        let v = s.opa(&json!({"render": render}), "data.ublkd.admission.deny")?;
+        let list = v.as_array().context("OPA's deny is not a set")?;
+        Ok(list
+            .iter()
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect())
+    };
+    let render = s.helm_chart("template", &[])?;
+    let denied = deny(&render)?;
+    s.say(format!("OPA on the default render: {denied:?}"));
+    // The one denial the chart keeps on purpose (its values and daemonset.yaml say why): no
+    // memory limit on ublkd, whose pinned I/O buffers and RAM volumes it cannot bound yet.
+    let kept = "DaemonSet ublkd, container ublkd: no resources.limits.memory";
+    ensure!(
+        denied == [kept],
+        "OPA denies the default render for more than ublkd's memory limit: {denied:?}"
+    );
+    let bad = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec: {template: \
+               {metadata: {labels: {}}, spec: {containers: [{name: c, image: busybox}]}}}\n";
+    let denied = deny(&format!("{render}\n---\n{bad}"))?;
+    s.say(format!("OPA on a bad Deployment: {denied:?}"));
+    for rule in [
+        "no resources.requests.cpu",
+        "no securityContext",
+        "no tag or digest",
+        "lack the label app.kubernetes.io/name",
+        "runAsNonRoot is not true",
+        "capabilities do not drop ALL",
+    ] {
+        ensure!(
+            denied
+                .iter()
+                .any(|m| m.starts_with("Deployment bad") && m.contains(rule)),
+            "OPA did not deny a Deployment with {rule}: {denied:?}"
+        );
+    }
     Ok(())
 }
 
@@ -1093,16 +1133,21 @@ fn plugin(s: &Sc) -> Result<()> {
     };
     // the node plugin's report after the writes (written every csiNode.reportStatusEvery)
     let mut out = String::new();
-    s.wait(60, "kubectl ublkd pvc shows the writes", || {
-        out = oncall(&["pvc", "x-data"]).unwrap_or_default();
-        let writes = out.lines().find_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some("write"))
-                .then(|| w.next()?.parse::<u64>().ok())
-                .flatten()
+    let shown = s.wait(60, "kubectl ublkd pvc shows the writes", || {
+        out = oncall(&["pvc", "x-data"]).unwrap_or_else(|e| format!("{e:#}"));
+        // the write line: requests, then bytes (the file's 1 MiB, merged into few requests)
+        let written = out.lines().find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"write")).then(|| w.get(2)?.parse::<u64>().ok())?
         });
-        writes.unwrap_or(0) >= 256
-    })?;
+        written.unwrap_or(0) >= 1 << 20
+    });
+    if let Err(e) = shown {
+        s.say(&out);
+        s.show(&["get", "ublkdnodes", "-o", "yaml"]);
+        s.show(&CSI_NODE_LOGS);
+        return Err(e);
+    }
     s.say(&out);
     for (key, want) in [("node", NODE), ("volume", vol.as_str()), ("state", "ready")] {
         ensure!(

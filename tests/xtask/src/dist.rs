@@ -89,7 +89,13 @@ pub fn release_build(ws: &Path) -> Result<PathBuf> {
             .args(["build", "--release", "--locked"])
             .args(RELEASE_PACKAGES.iter().flat_map(|p| ["-p", p])),
     )?;
-    Ok(ws.join("target/release"))
+    Ok(target_dir(ws).join("release"))
+}
+
+/// Where cargo puts what it builds: CARGO_TARGET_DIR when set (relative to the workspace),
+/// else `target/`. Binaries are taken from there, never from a stale `target/`.
+pub fn target_dir(ws: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or(ws.join("target"), |d| ws.join(d))
 }
 
 /// Copies a binary to `dest` without its debug information (symbols stay, for backtraces).

@@ -96,7 +96,7 @@ pub fn build_node_binaries(ws: &Path, extra: &[&str]) -> Result<PathBuf> {
             .args(NODE_PACKAGES.iter().flat_map(|p| ["-p", p]))
             .args(extra),
     )?;
-    Ok(ws.join("target/debug"))
+    Ok(crate::dist::target_dir(ws).join("debug"))
 }
 
 pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {

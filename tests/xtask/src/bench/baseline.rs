@@ -20,7 +20,10 @@ pub fn build(ws: &Path, rev: &str) -> Result<(String, PathBuf)> {
     };
     if rev == "work" {
         apt::run_ok(&mut release(ws)).context("building the working tree's ublkd")?;
-        return Ok(("work".into(), ws.join("target/release/ublkd")));
+        return Ok((
+            "work".into(),
+            crate::dist::target_dir(ws).join("release/ublkd"),
+        ));
     }
     let git = |args: &[&str]| {
         let mut c = Command::new("git");

@@ -38,6 +38,9 @@ pub struct Tools {
     /// The Debian packages extracted (etcd).
     pub debs: PathBuf,
     pub coredns: PathBuf,
+    /// OPA, and the directory of the admission policies it evaluates (`tests/k8s/policy`).
+    pub opa: PathBuf,
+    pub policies: PathBuf,
 }
 
 /// The control plane of one boot: running until this is dropped, when its components are
@@ -323,6 +326,11 @@ impl Components {
                 c
             }
             "helm" => self.command(&self.tools.helm, &[&kubeconfig]),
+            "opa" => {
+                let mut c = Command::new(&self.tools.opa);
+                c.arg("eval").arg("--data").arg(&self.tools.policies);
+                c
+            }
             other => bail!("no tool {other}"),
         };
         let input = if stdin.exists() {

@@ -100,6 +100,15 @@ const PROMETHEUS: build::GoBuild = build::GoBuild {
     packages: &["github.com/prometheus/prometheus/cmd/prometheus"],
 };
 
+/// OPA, the policy engine the admission scenario checks the chart's render with
+/// (tests/k8s/policy): built from its module, as Gatekeeper embeds it.
+const OPA: build::GoBuild = build::GoBuild {
+    name: "opa",
+    module: "github.com/open-policy-agent/opa",
+    version: "v1.22.4",
+    packages: &["github.com/open-policy-agent/opa"],
+};
+
 /// The images the node imports (the sidecars', the stand-ins', the sandbox's and the test pods'),
 /// and ublkd's, built by `cargo xtask image`, which the node pushes to its registry instead.
 fn all_images(ws: &Path, out: &Path) -> Result<(Vec<(String, PathBuf)>, oci::Built)> {
@@ -191,7 +200,7 @@ fn node_program(ws: &Path, args: &[String]) -> Result<(PathBuf, Vec<String>)> {
             .args(["build", "-p", "ublkd-tests", "--features", "vm"])
             .args(["--bin", "k8s-node"]),
     )?;
-    let bin = ws.join("target/debug/k8s-node");
+    let bin = crate::dist::target_dir(ws).join("debug/k8s-node");
     let names = apt::output_ok(Command::new(&bin).arg("--list"))?;
     let all: Vec<String> = names.lines().map(str::to_owned).collect();
     if let Some(a) = args.iter().find(|a| !all.contains(a)) {
@@ -213,6 +222,7 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
     let (images, ublkd_image) = all_images(ws, &out.join("images"))?;
     let registry = crate::gotools::ensure(REGISTRY)?;
     let prometheus = build::ensure(&PROMETHEUS)?.join("prometheus");
+    let opa = build::ensure(&OPA)?.join("opa");
     // `kubectl ublkd`, alone in a directory on the host kubectl's PATH (`control`).
     let release = crate::dist::release_build(ws)?;
     let plugins = out.join("plugins");
@@ -262,6 +272,8 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
             plugins,
             debs,
             coredns,
+            opa,
+            policies: ws.join("tests/k8s/policy"),
         },
         input,
         kube_secs,
