@@ -75,10 +75,12 @@ deny contains msg if {
 }
 
 # Pod Security "restricted", for the workloads without host access
+non_root(w, c) if setting(w, c, "runAsNonRoot") == true
+
 deny contains msg if {
 	some w in restricted
 	some c in containers(w)
-	not setting(w, c, "runAsNonRoot") == true
+	not non_root(w, c)
 	msg := sprintf("%s: runAsNonRoot is not true", [what(w, c)])
 }
 
