@@ -1207,6 +1207,17 @@ fn plugin(s: &Sc) -> Result<()> {
         "--backend",
         "ram",
     ])?;
+    // in the node's report first (written every csiNode.reportStatusEvery)
+    s.wait(60, "the node's report lists stray-1", || {
+        let report = s.q(&[
+            "get",
+            "ublkdnode",
+            NODE,
+            "-o",
+            "jsonpath={.status.volumes[*].id}",
+        ]);
+        report.is_ok_and(|ids| ids.split_whitespace().any(|id| id == "stray-1"))
+    })?;
     let listed =
         |out: &str, name: &str| -> Result<bool> {
             let v: Value = serde_json::from_str(out)?;
