@@ -39,7 +39,7 @@ pub use backend::{
     erase_window, identify_namespace, BackendError, BackendSpec, Erase, Growth, Namespace, Window,
 };
 pub use ctrl::{ControlDevice, CtrlError};
-pub use device::{DeviceSpec, IoPath, SpecError, Toggle};
+pub use device::{DeviceSpec, IoPath, SpecError, Toggle, DEFAULT_MAX_IO_BYTES};
 pub use features::Features;
 pub use handle::{
     block_device, kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind,

@@ -3,7 +3,7 @@
 //! it fits on.
 
 use crate::error::VolumeError;
-use crate::record::BackendRecord;
+use crate::record::{BackendRecord, VolumeRecord};
 use crate::volume::Volume;
 use std::path::Path;
 use ublkd_dataplane::DataplaneError;
@@ -63,9 +63,66 @@ pub fn clones_by_reflink(root: &Path) -> bool {
     src.write_all(&[0u8; 4096]).is_ok() && crate::sys::reflink(&dst, &src).is_ok()
 }
 
+/// Bytes of one tag's copy buffer: the dataplane's largest request.
+const BUFFER_PER_TAG: u64 = ublkd_dataplane::DEFAULT_MAX_IO_BYTES as u64;
+
+/// What ublkd needs besides its volumes' memory: code, runtime, rings, registry, metrics.
+pub const MEMORY_RESERVE: u64 = 256 << 20;
+
+/// The most memory volume `r` can hold in ublkd's cgroup: its copy buffers (one per tag, pinned
+/// once the queue copies; with zero copy they appear when a request needs the fallback, so
+/// they count whatever the mode) and a RAM volume's pages (tmpfs pages are charged to the
+/// cgroup that writes them).
+pub fn memory_bytes(r: &VolumeRecord) -> u64 {
+    let buffers = u64::from(r.queues) * u64::from(r.queue_depth) * BUFFER_PER_TAG;
+    let pages = if r.backend == BackendRecord::Ram {
+        r.size_bytes
+    } else {
+        0
+    };
+    buffers.saturating_add(pages)
+}
+
+/// Memory left for volumes under `limit` (ublkd's cgroup's), after `records` and the reserve;
+/// None when there is no limit.
+pub fn memory_left<'a>(
+    limit: Option<u64>,
+    records: impl Iterator<Item = &'a VolumeRecord>,
+) -> Option<u64> {
+    let used: u64 = records.map(memory_bytes).sum();
+    Some(limit?.saturating_sub(MEMORY_RESERVE).saturating_sub(used))
+}
+
+/// `memory.max` as cgroup v2 writes it: bytes, or `max` (None).
+fn parse_memory_max(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// The smallest `memory.max` of ublkd's cgroup v2 and its ancestors (a container's, a pod's, a
+/// systemd slice's): what an OOM kill would enforce. None when none is set or readable.
+pub fn cgroup_memory_limit() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mut dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let mut least: Option<u64> = None;
+    loop {
+        let max = std::fs::read_to_string(dir.join("memory.max")).ok();
+        if let Some(n) = max.as_deref().and_then(parse_memory_max) {
+            least = Some(least.map_or(n, |l| l.min(n)));
+        }
+        if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
+            return least;
+        }
+    }
+}
+
 /// Capacity for RAM volumes: the RAM directory's size less every RAM volume's whole size (they
 /// may all fill up; tmpfs pages are never overcommitted here), within what is free now.
-fn ram_capacity(ram_dir: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeError> {
+fn ram_capacity(
+    settings: &crate::config::Settings,
+    volumes: &[Volume],
+) -> Result<(u64, u64), VolumeError> {
+    let ram_dir = settings.ram_dir.as_path();
     // Made with the first RAM volume otherwise; its file system is what is measured.
     std::fs::create_dir_all(ram_dir).map_err(|source| VolumeError::ReadCapacity {
         path: ram_dir.to_owned(),
@@ -81,7 +138,10 @@ fn ram_capacity(ram_dir: &Path, volumes: &[Volume]) -> Result<(u64, u64), Volume
         .filter(|v| v.record.backend == BackendRecord::Ram)
         .map(|v| v.record.size_bytes)
         .sum();
-    Ok((avail.min(total.saturating_sub(promised)), total))
+    let avail = avail.min(total.saturating_sub(promised));
+    // Within ublkd's memory limit too: past it, the OOM kill would stall every volume.
+    let left = memory_left(settings.memory_limit, volumes.iter().map(|v| &v.record));
+    Ok((left.map_or(avail, |l| avail.min(l)), total))
 }
 
 /// The namespace behind `device`: its size, block size and the extents no volume covers.
@@ -162,7 +222,7 @@ pub fn pool_space(
 ) -> Result<(u64, u64), VolumeError> {
     match pool {
         Pool::File(root) => file_capacity(root, volumes).map(|(a, t)| (t, a)),
-        Pool::Ram => ram_capacity(&settings.ram_dir, volumes).map(|(a, t)| (t, a)),
+        Pool::Ram => ram_capacity(settings, volumes).map(|(a, t)| (t, a)),
         Pool::Nvme(device) => {
             nvme_capacity(device, volumes).map(|(t, free)| (t, free.iter().map(|e| e.len).sum()))
         }
@@ -203,7 +263,7 @@ pub fn capacity(
             (a, t, Vec::new())
         }
         Pool::Ram => {
-            let (a, t) = ram_capacity(&settings.ram_dir, volumes)?;
+            let (a, t) = ram_capacity(settings, volumes)?;
             (a, t, Vec::new())
         }
         Pool::Nvme(device) => {
@@ -240,6 +300,33 @@ pub fn capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_max_reads_as_bytes_or_unlimited() {
+        assert_eq!(parse_memory_max("4294967296\n"), Some(4 << 30));
+        assert_eq!(parse_memory_max("max\n"), None);
+        assert_eq!(parse_memory_max(""), None);
+    }
+
+    #[test]
+    fn a_volume_holds_its_copy_buffers_and_a_ram_volumes_pages() {
+        let rec = |backend, queues, depth| {
+            let mut r = file_volume("a", Path::new("/srv/a.img"), 1 << 30).record;
+            (r.backend, r.queues, r.queue_depth) = (backend, queues, depth);
+            r
+        };
+        let null = rec(BackendRecord::Null, 2, 128);
+        assert_eq!(memory_bytes(&null), 2 * 128 * (512 << 10));
+        let ram = rec(BackendRecord::Ram, 1, 128);
+        assert_eq!(memory_bytes(&ram), (64 << 20) + (1 << 30));
+        assert_eq!(memory_left(None, [&null].into_iter()), None);
+        let limit = Some(MEMORY_RESERVE + (1 << 30));
+        assert_eq!(
+            memory_left(limit, [&null].into_iter()),
+            Some((1 << 30) - (128 << 20))
+        );
+        assert_eq!(memory_left(limit, [&null, &ram].into_iter()), Some(0));
+    }
 
     #[test]
     fn a_root_that_cannot_hold_a_file_does_not_clone() {

@@ -26,6 +26,10 @@ pub struct Settings {
     /// Where RAM volumes keep their memory: files on tmpfs survive a daemon crash or upgrade
     /// (not a reboot).
     pub ram_dir: PathBuf,
+    /// The memory limit of ublkd's cgroup, read at start (`capacity::cgroup_memory_limit`),
+    /// not configured: volumes are admitted within it. None: unlimited.
+    #[serde(skip)]
+    pub memory_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,6 +162,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             on_exit: OnExit::Keep,
             ram_dir: PathBuf::from("/dev/shm/ublkd"),
+            memory_limit: None,
         }
     }
 }

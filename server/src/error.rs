@@ -33,6 +33,12 @@ pub enum VolumeError {
     AdoptConflict(VolumeId),
     #[error("the node already has {0} volumes, the configured maximum")]
     AdmitVolumeLimit(usize),
+    #[error(
+        "the volume may hold {need} bytes of ublkd's memory (copy buffers, RAM pages) and {left} \
+         are left under ublkd's memory limit: raise the limit, or ask for fewer queues, a \
+         smaller depth or a smaller RAM volume"
+    )]
+    AdmitMemoryLimit { need: u64, left: u64 },
     #[error("backing file {} is in use by volume {by:?}", path.display())]
     AdmitBackingInUse { path: PathBuf, by: VolumeId },
     #[error(
@@ -163,9 +169,10 @@ impl VolumeError {
             | E::ReflinkUnsupported { .. }
             | E::CloneTargetExists { .. } => Code::FailedPrecondition,
             E::WriteSnapshot { .. } => Code::Internal,
-            E::AdmitVolumeLimit(_) | E::AllocateDevId | E::AdmitNoExtent { .. } => {
-                Code::ResourceExhausted
-            }
+            E::AdmitVolumeLimit(_)
+            | E::AdmitMemoryLimit { .. }
+            | E::AllocateDevId
+            | E::AdmitNoExtent { .. } => Code::ResourceExhausted,
             E::AdmitBackingInUse { .. }
             | E::AdmitWindowOverlap { .. }
             | E::PrepareBackingFile { .. }
@@ -293,6 +300,10 @@ mod tests {
             (E::CreateConflict(id("v")), Code::AlreadyExists),
             (E::AdoptConflict(id("v")), Code::AlreadyExists),
             (E::AdmitVolumeLimit(9), Code::ResourceExhausted),
+            (
+                E::AdmitMemoryLimit { need: 2, left: 1 },
+                Code::ResourceExhausted,
+            ),
             (E::AllocateDevId, Code::ResourceExhausted),
             (
                 E::AdmitBackingInUse {

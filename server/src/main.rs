@@ -343,9 +343,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(f) = &args.log_format {
         overrides.push(("log.format", f.clone().into()));
     }
-    let settings = config::load(args.config.as_deref(), std::env::vars(), &overrides)
+    let mut settings = config::load(args.config.as_deref(), std::env::vars(), &overrides)
         .context("loading the configuration")?;
     init_logging(&settings);
+    settings.memory_limit = capacity::cgroup_memory_limit();
+    match settings.memory_limit {
+        Some(bytes) => tracing::info!(
+            limit_bytes = bytes,
+            reserve_bytes = capacity::MEMORY_RESERVE,
+            "volumes are admitted within the cgroup's memory limit (copy buffers, RAM pages)"
+        ),
+        None => {
+            tracing::info!("no cgroup memory limit: volumes are admitted by the node's limits only")
+        }
+    }
     // A test's faults that name nothing would arm nothing and pass: refused at start.
     #[cfg(feature = "test-hooks")]
     if let Ok(spec) = std::env::var(hooks::FAULTS_VAR) {

@@ -326,6 +326,8 @@ pub mod daemon {
         pub config: PathBuf,
         /// Extra environment for the next start (e.g. a fault point).
         pub env: Vec<(String, String)>,
+        /// A cgroup v2 directory the next start runs ublkd in (e.g. one with memory.max).
+        pub cgroup: Option<PathBuf>,
         child: Option<Child>,
     }
 
@@ -357,6 +359,7 @@ pub mod daemon {
                 metrics,
                 config,
                 env: Vec::new(),
+                cgroup: None,
                 child: None,
             })
         }
@@ -367,7 +370,17 @@ pub mod daemon {
                 .create(true)
                 .append(true)
                 .open(self.dir.join("ublkd.log"))?;
-            let child = Command::new(bin("ublkd"))
+            // In a cgroup: a shell joins it, then becomes ublkd (which reads its limit at start).
+            let mut command = match &self.cgroup {
+                Some(cg) => {
+                    let mut c = Command::new("sh");
+                    let join = r#"echo $$ > "$0/cgroup.procs" && exec "$@""#;
+                    c.arg("-c").arg(join).arg(cg).arg(bin("ublkd"));
+                    c
+                }
+                None => Command::new(bin("ublkd")),
+            };
+            let child = command
                 .arg("--config")
                 .arg(&self.config)
                 .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -109,6 +109,13 @@ pub(super) fn admit(
     if map.len() >= volumes.settings.limits.max_volumes {
         return Err(VolumeError::AdmitVolumeLimit(map.len()));
     }
+    let limit = volumes.settings.memory_limit;
+    if let Some(left) = crate::capacity::memory_left(limit, map.values().map(|v| &v.record)) {
+        let need = crate::capacity::memory_bytes(record);
+        if need > left {
+            return Err(VolumeError::AdmitMemoryLimit { need, left });
+        }
+    }
     if let BackendRecord::File { path, .. } = &record.backend {
         if let Some(other) = map.values().find(
             |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),

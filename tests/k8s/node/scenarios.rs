@@ -217,8 +217,8 @@ fn driver(s: &Sc) -> Result<()> {
 }
 
 /// What admission policies ask of the installed chart: every container of ublkd-system's pods
-/// requests CPU and memory and has a securityContext, and all but ublkd's own have a memory
-/// limit (RAM volumes live in ublkd's memory; an OOM kill stalls every volume of the node);
+/// requests CPU and memory, has a memory limit (ublkd admits volumes within its own) and a
+/// securityContext;
 /// each Deployment's pod is admitted in a namespace that enforces Pod Security "restricted";
 /// and OPA, built from its module, denies nothing in the packaged chart's default render.
 fn admission(s: &Sc) -> Result<()> {
@@ -234,7 +234,7 @@ fn admission(s: &Sc) -> Result<()> {
             if r["requests"]["cpu"].is_null() || r["requests"]["memory"].is_null() {
                 wrong.push(format!("{pod}/{name}: no CPU or memory request"));
             }
-            if r["limits"]["memory"].is_null() && name != "ublkd" {
+            if r["limits"]["memory"].is_null() {
                 wrong.push(format!("{pod}/{name}: no memory limit"));
             }
             if c["securityContext"].is_null() {
@@ -290,13 +290,7 @@ fn admission(s: &Sc) -> Result<()> {
     let render = s.helm_chart("template", &[])?;
     let denied = deny(&render)?;
     s.say(format!("OPA on the default render: {denied:?}"));
-    // The one denial the chart keeps on purpose (its values and daemonset.yaml say why): no
-    // memory limit on ublkd, whose pinned I/O buffers and RAM volumes it cannot bound yet.
-    let kept = "DaemonSet ublkd, container ublkd: no resources.limits.memory";
-    ensure!(
-        denied == [kept],
-        "OPA denies the default render for more than ublkd's memory limit: {denied:?}"
-    );
+    ensure!(denied.is_empty(), "OPA denies the default render: {denied:?}");
     let bad = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec: {template: \
                {metadata: {labels: {}}, spec: {containers: [{name: c, image: busybox}]}}}\n";
     let denied = deny(&format!("{render}\n---\n{bad}"))?;
