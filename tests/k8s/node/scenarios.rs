@@ -290,7 +290,10 @@ fn admission(s: &Sc) -> Result<()> {
     let render = s.helm_chart("template", &[])?;
     let denied = deny(&render)?;
     s.say(format!("OPA on the default render: {denied:?}"));
-    ensure!(denied.is_empty(), "OPA denies the default render: {denied:?}");
+    ensure!(
+        denied.is_empty(),
+        "OPA denies the default render: {denied:?}"
+    );
     let bad = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec: {template: \
                {metadata: {labels: {}}, spec: {containers: [{name: c, image: busybox}]}}}\n";
     let denied = deny(&format!("{render}\n---\n{bad}"))?;
