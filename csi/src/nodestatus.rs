@@ -4,17 +4,16 @@
 //! The node plugin (`--report-status-every`) writes one cluster-scoped `UblkdNode` object
 //! (`ublkd.io/v1alpha1`, named after the node) by server-side apply: ublkd's version and ublk
 //! features; per StorageClass of the driver, its pool's total and free bytes (and whether a
-//! file root clones by reflink); every volume with its state, device, limits, I/O counters, PV
-//! and claim; the ublk devices no volume owns; and the node's preflight checks. The chart's
+//! file root clones by reflink); every volume with its state, device, limits, I/O counters and
+//! the PV and claim it was made for; the ublk devices no volume owns; and the node's preflight
+//! checks. The chart's
 //! read-only `ublkd-viewer` ClusterRole reads it; `kubectl ublkd` is built on it. A round that
 //! cannot read ublkd still writes what it knows, with `error` saying why, so a stale or partial
 //! report is never mistaken for a healthy one (`reportedAt` dates every round).
 
-use crate::nodeloss::plan::topology_nodes;
 use crate::params::{Backend, Params};
 use crate::ublkd::{Ublkd, UblkdError};
 use crate::{Node, DRIVER_NAME};
-use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -217,16 +216,12 @@ fn backend_of(spec: Option<&v1::VolumeSpec>) -> BackendKind {
     }
 }
 
-/// The volume as the report carries it; `pvs`: volume id -> (PV, claim).
-pub fn volume_status(
-    v: &v1::Volume,
-    pvs: &HashMap<String, (String, Option<String>)>,
-    io: Option<IoCounters>,
-) -> VolumeStatus {
+/// The volume as the report carries it; its PV and claim are those its create was made for
+/// (the provisioner's metadata, kept by ublkd), so no node lists the cluster's PVs.
+pub fn volume_status(v: &v1::Volume, io: Option<IoCounters>) -> VolumeStatus {
     let q = v.spec.as_ref().and_then(|s| s.qos).unwrap_or_default();
-    let (pv, claim) = pvs.get(&v.id).map_or((None, None), |(pv, claim)| {
-        (Some(pv.clone()), claim.clone())
-    });
+    let claim = v.spec.as_ref().and_then(|s| s.claim.as_ref());
+    let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     VolumeStatus {
         id: v.id.clone(),
         state: state_word(v.state),
@@ -240,8 +235,8 @@ pub fn volume_status(
             read_bytes_per_second: q.read_bytes_per_second,
             write_bytes_per_second: q.write_bytes_per_second,
         },
-        pv,
-        claim,
+        pv: claim.and_then(|c| nonempty(&c.persistent_volume)),
+        claim: claim.and_then(|c| nonempty(&c.name).map(|n| format!("{}/{n}", c.namespace))),
         io,
     }
 }
@@ -256,24 +251,6 @@ pub fn io_counters(s: &v1::VolumeStats) -> IoCounters {
         write_bytes: op("write").map_or(0, |o| o.bytes),
         errors: s.errors,
     }
-}
-
-/// The driver's PVs on `node`, by volume handle: (PV name, claim as `namespace/name`).
-pub fn pvs_on(node: &str, pvs: &[PersistentVolume]) -> HashMap<String, (String, Option<String>)> {
-    pvs.iter()
-        .filter(|pv| topology_nodes(pv).is_some_and(|n| n.is_empty() || n.contains(&node)))
-        .filter_map(|pv| {
-            let handle = pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone();
-            let claim = pv.spec.as_ref()?.claim_ref.as_ref().map(|c| {
-                format!(
-                    "{}/{}",
-                    c.namespace.as_deref().unwrap_or_default(),
-                    c.name.as_deref().unwrap_or_default()
-                )
-            });
-            Some((handle, (pv.metadata.name.clone()?, claim)))
-        })
-        .collect()
 }
 
 /// Whether the mount holding `dir` propagates mounts to and from the host (its mountinfo line
@@ -415,14 +392,6 @@ impl Reporter {
             }
             Err(e) => errors.push(format!("listing StorageClasses: {e}")),
         }
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pvs = match pvs.list(&ListParams::default()).await {
-            Ok(list) => pvs_on(&self.node.0, &list.items),
-            Err(e) => {
-                errors.push(format!("listing PersistentVolumes: {e}"));
-                HashMap::new()
-            }
-        };
         let mut volumes = Vec::new();
         match self.ublkd.list().await {
             Ok(list) => {
@@ -434,7 +403,7 @@ impl Reporter {
                             None
                         }
                     };
-                    volumes.push(volume_status(v, &pvs, io));
+                    volumes.push(volume_status(v, io));
                 }
             }
             Err(e) => errors.push(format!("ublkd's volumes: {e}")),
@@ -522,7 +491,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn propagation_is_read_from_the_mount_that_holds_the_directory() {
@@ -586,33 +554,27 @@ mod tests {
     }
 
     #[test]
-    fn volumes_carry_their_pv_and_claim() {
-        let pv: PersistentVolume = serde_json::from_value(json!({
-            "metadata": {"name": "pvc-1"},
-            "spec": {
-                "csi": {"driver": DRIVER_NAME, "volumeHandle": "v1"},
-                "claimRef": {"namespace": "ns", "name": "data"},
-                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": crate::TOPOLOGY_KEY, "operator": "In", "values": ["n1"]}]}]}}
-            }
-        }))
-        .expect("a PV");
-        assert!(pvs_on("n2", std::slice::from_ref(&pv)).is_empty());
-        let pvs = pvs_on("n1", &[pv]);
-        let v = v1::Volume {
+    fn volumes_carry_the_pv_and_claim_they_were_made_for() {
+        let mut v = v1::Volume {
             id: "v1".into(),
             state: v1::VolumeState::Ready.into(),
+            spec: Some(v1::VolumeSpec {
+                claim: Some(v1::Claim {
+                    namespace: "ns".into(),
+                    name: "data".into(),
+                    persistent_volume: "pvc-1".into(),
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let s = volume_status(&v, &pvs, None);
+        let s = volume_status(&v, None);
         assert_eq!(s.state, "ready");
         assert_eq!(s.pv.as_deref(), Some("pvc-1"));
         assert_eq!(s.claim.as_deref(), Some("ns/data"));
-        let other = v1::Volume {
-            id: "v2".into(),
-            ..v
-        };
-        assert_eq!(volume_status(&other, &pvs, None).pv, None);
+        v.spec = None;
+        let s = volume_status(&v, None);
+        assert_eq!((s.pv, s.claim), (None, None), "made outside Kubernetes");
     }
 
     #[test]

@@ -1186,6 +1186,15 @@ fn plugin(s: &Sc) -> Result<()> {
     let out = oncall(&["check"])?;
     s.say(&out);
     let report: Value = serde_json::from_str(&s.q(&["get", "ublkdnode", NODE, "-o", "json"])?)?;
+    let vols = report["status"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        vols.iter()
+            .any(|v| v["id"] == vol.as_str() && v["claim"] == "default/x-data"),
+        "the report does not name {vol}'s claim: {vols:?}"
+    );
     let pools = report["status"]["pools"]
         .as_array()
         .cloned()
