@@ -78,6 +78,19 @@ const RENDERS: &[Render] = &[
         &[CLASSES],
         &[],
     ),
+    (
+        "a platform team's values",
+        "global.team=storage,labels.team=storage,podLabels.team=storage,\
+         podAnnotations.owner=oncall,priorityClassName=ublkd-critical,\
+         affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].\
+         matchExpressions[0].key=storage,affinity.nodeAffinity.\
+         requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].\
+         operator=Exists,nodeLoss.enabled=false,storageClasses[0].name=fast,\
+         storageClasses[0].backend=ram,storageClasses[0].mountOptions[0]=noatime,\
+         storageClasses[0].annotations.team=storage",
+        &[PLATFORM],
+        &[],
+    ),
 ];
 
 /// The file `cargo xtask manifests` writes: a header, the Namespace (a release lives in a

@@ -186,6 +186,24 @@ pub(super) const CLASSES: &[&str] = &[
     "StorageClass fast parameters/backend = ram",
 ];
 
+/// A platform team's values: `global` accepted (a subchart's parent passes it), their labels
+/// on every object, pod labels, annotations, affinity and priority on every pod, no node-loss
+/// controller, a class with its mount options and annotations.
+pub(super) const PLATFORM: &[&str] = &[
+    "DaemonSet * metadata/labels/team = storage",
+    "Deployment * metadata/labels/team = storage",
+    "DaemonSet * metadata/labels/app.kubernetes.io~1instance = ublkd",
+    "DaemonSet * spec/template/metadata/labels/team = storage",
+    "Deployment * spec/template/metadata/labels/team = storage",
+    "DaemonSet * spec/template/metadata/annotations/owner = oncall",
+    "Deployment * spec/template/metadata/annotations/owner = oncall",
+    "DaemonSet * pod/priorityClassName = ublkd-critical",
+    "DaemonSet * pod/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0/key = storage",
+    "Deployment ublkd-csi-controller absent",
+    r#"StorageClass fast mountOptions = ["noatime"]"#,
+    "StorageClass fast metadata/annotations/team = storage",
+];
+
 /// What `kubectl apply -k deploy/kubernetes` installs: the Namespace too (a release lives in one
 /// made before it), where Pod Security Admission must allow privileged pods.
 pub(super) const KUSTOMIZE: &[&str] =
