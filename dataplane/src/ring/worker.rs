@@ -49,6 +49,8 @@ enum Fixed {
 
 struct Slot {
     user_data: u64,
+    /// Completes while it is submitted (`push_prompt`).
+    prompt: bool,
     /// Held, never read: keeps the memory the kernel uses alive until the last completion.
     _pins: Pins,
 }
@@ -63,6 +65,8 @@ pub struct WorkerRing {
     /// kernel a file lookup and reference per op.
     files: FileTable,
     in_flight: usize,
+    /// Of `in_flight`, the ops pushed by `push_prompt` whose completion is not reaped yet.
+    prompt_in_flight: usize,
 }
 
 impl FixedTable for WorkerRing {
@@ -152,6 +156,7 @@ impl WorkerRing {
             fixed: vec![Fixed::Free; fixed_buffers as usize],
             files: FileTable::with_slots(files),
             in_flight: 0,
+            prompt_in_flight: 0,
         })
     }
 
@@ -319,6 +324,18 @@ impl WorkerRing {
 
     /// Pushes `op`; its completion(s) will carry `user_data`.
     pub fn push(&mut self, op: Op<'_>, user_data: u64) -> Result<(), RingError> {
+        self.push_op(op, user_data, false)
+    }
+
+    /// Pushes `op`, one the kernel completes while submitting it (a batch COMMIT): `sleep`
+    /// waits for its completion on top of the one it sleeps for, so the enter that submits it
+    /// does not return at once only to be followed by the enter that sleeps. If it completes
+    /// later after all, the sleep lasts until it has.
+    pub fn push_prompt(&mut self, op: Op<'_>, user_data: u64) -> Result<(), RingError> {
+        self.push_op(op, user_data, true)
+    }
+
+    fn push_op(&mut self, op: Op<'_>, user_data: u64, prompt: bool) -> Result<(), RingError> {
         let fixed_file = op.fd().and_then(|fd| self.files.slot(fd));
         let (entry, pins) = op.encode(&*self)?;
         let slot = match self.free.pop() {
@@ -347,9 +364,11 @@ impl WorkerRing {
         }
         self.slots[slot as usize] = Some(Slot {
             user_data,
+            prompt,
             _pins: pins,
         });
         self.in_flight += 1;
+        self.prompt_in_flight += usize::from(prompt);
         Ok(())
     }
 
@@ -370,6 +389,12 @@ impl WorkerRing {
             Ok(_) => Ok(()),
             Err(e) => enter_error(e),
         }
+    }
+
+    /// Submits pending SQEs and sleeps in the kernel until a completion arrives beyond those of
+    /// prompt ops (`push_prompt`) still unreaped: one enter where a prompt op would take two.
+    pub fn sleep(&mut self) -> Result<(), RingError> {
+        self.submit_and_wait(1 + self.prompt_in_flight)
     }
 
     /// Whether entering the kernel would do anything without waiting: SQEs to submit, deferred
@@ -399,6 +424,7 @@ impl WorkerRing {
                 flags,
             });
             if !cqueue::more(flags) {
+                self.prompt_in_flight -= usize::from(entry.prompt);
                 self.slots[slot] = None;
                 self.free.push(slot as u32);
                 self.in_flight -= 1;
@@ -410,6 +436,39 @@ impl WorkerRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::{kernel_timespec, Region};
+    use crate::sys::os::EventFd;
+    use std::time::Duration;
+
+    /// The sleep that submits a prompt op (an eventfd read with a count waiting, which
+    /// completes inline as a batch COMMIT does) lasts until one more completion, the timeout's:
+    /// one enter, not one that returns at once and another that sleeps.
+    #[test]
+    fn a_sleep_outlasts_the_prompt_completions_it_submits() {
+        let mut ring = WorkerRing::new(8, 16, 1, false).unwrap();
+        let event = EventFd::new().unwrap();
+        event.notify().unwrap();
+        let buf = Arc::new(Mapping::anonymous(4096).unwrap());
+        assert!(buf.write_at(16, &kernel_timespec(Duration::from_millis(20))));
+        let ts = Region {
+            offset: 16,
+            len: 16,
+        };
+        ring.push(Op::Timeout { ts: (&buf, ts) }, 2).unwrap();
+        let read = Op::Read8 {
+            fd: event.raw(),
+            buf: &buf,
+            offset: 0,
+        };
+        ring.push_prompt(read, 1).unwrap();
+        ring.sleep().unwrap();
+        let mut done = Vec::new();
+        ring.reap(&mut done);
+        let mut seen: Vec<(u64, i32)> = done.iter().map(|c| (c.user_data, c.result)).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, [(1, 8), (2, -libc::ETIME)]);
+        assert_eq!((ring.in_flight, ring.prompt_in_flight), (0, 0));
+    }
 
     #[test]
     fn iowq_limits_grow_with_queues_up_to_the_caps() {

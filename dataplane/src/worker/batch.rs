@@ -274,7 +274,7 @@ pub(super) fn commit(q: &mut Queue, ring: &mut WorkerRing, b: &mut Batch, slot: 
         let e = elem_for(q, tag, res);
         b.commit[i].write_at(j * usize::from(eb), &e[..usize::from(eb)]);
     }
-    let pushed = ring.push(
+    let pushed = ring.push_prompt(
         Op::UblkBatch {
             fd: q.fd(),
             cmd_op: sys::UBLK_U_IO_COMMIT_IO_CMDS,

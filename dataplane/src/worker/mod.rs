@@ -385,7 +385,7 @@ impl Worker {
     /// the cost of its CPU; `spin` is zero unless the operator asked (`crate::poll::idle_spin`).
     fn sleep_on_main(&mut self) -> Result<(), WorkerError> {
         if self.spin.is_zero() {
-            self.rings.main.submit_and_wait(1)?;
+            self.rings.main.sleep()?;
             return Ok(());
         }
         // Commits and backend I/O go out before the worker starts looking.
@@ -411,7 +411,7 @@ impl Worker {
             std::hint::spin_loop();
         }
         self.stats.waited(Wait::Slept);
-        self.rings.main.submit_and_wait(1)?;
+        self.rings.main.sleep()?;
         Ok(())
     }
 
