@@ -1,6 +1,5 @@
 //! Debian packages: the host's own prerequisites (installed with apt when missing) and a private
 //! apt setup that reads newer suites to find and download a guest kernel.
-//!
 //! The mirror is never written down here: it is read at run time from the machine's own apt
 //! sources, so the harness follows whatever mirror or proxy the machine is configured with.
 

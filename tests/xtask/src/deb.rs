@@ -2,10 +2,8 @@
 //! stripped), built with `dpkg-deb` from the files the repository already ships (`FILES`: the
 //! systemd unit verbatim, its Debian drop-in, `ublkd.toml` as a conffile, the maintainer
 //! scripts), so the package cannot drift from them.
-//!
 //! The same commit gives the same `.deb` (`SOURCE_DATE_EPOCH`, owners root). Output:
 //! `target/deb/ublkd_<version>_<arch>.deb`, and `target/deb/ublkd.deb` naming the latest.
-//!
 //! `scratch_root` makes what the VM test installs the package into: a minimal Debian root
 //! (essential packages and `passwd`, which the postinst's `groupadd` needs) as a tarball.
 

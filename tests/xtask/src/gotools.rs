@@ -1,6 +1,5 @@
 //! Go tools the tests drive, built from their modules with `go install`, pinned to a release and
 //! cached by version like the guest kernel.
-//!
 //! Cache layout (under `UBLKD_VM_CACHE`):
 //! - `go/<binary>@<version>/<binary>`  one statically linked binary per tool and version
 //!

@@ -1,5 +1,4 @@
 //! The guest's kernel and initramfs, built once and cached by kernel version.
-//!
 //! Cache layout (`UBLKD_VM_CACHE`, default `~/.cache/ublkd-vm`):
 //! - `apt/`                    private apt lists for the kernel suites
 //! - `kernel.resolved`         the kernel version chosen and when (re-resolved weekly)

@@ -1,5 +1,4 @@
 //! `cargo xtask`: ublkd's task runner.
-//!
 //! What it is: the VM harness (fetch a Debian kernel that has `ublk_drv` and `nvme`, build an
 //! initramfs, boot QEMU with an emulated NVMe controller, run commands and test binaries inside)
 //! and the project's top-level commands: `test`, `vm-test`, `vm-run`, `demo`, `bench`.

@@ -1,6 +1,5 @@
 //! `cargo xtask image`: ublkd's container image, an OCI image layout in a tarball, built without
 //! a container daemon and without pulling a base image.
-//!
 //! Two layers:
 //! 1. **base**: a root file system of Debian packages (`PACKAGES`), extracted by `mmdebstrap`
 //!    from the machine's own apt mirror: only the programs ublkd, ublkd-csi and the DaemonSet
@@ -12,7 +11,6 @@
 //! commit's in the binaries' layer), added verbatim with `umoci raw add-layer`, which compresses it. So
 //! the same commit and the same Debian archive give the same layer digests; `--check` builds
 //! twice from nothing and compares them. Labels follow the OCI annotation conventions.
-//!
 //! Output, under `target/image/`: `oci/` (the layout), `ublkd-oci.tar` (the same, archived, for
 //! `skopeo copy oci-archive:…`, `podman load`, `ctr import`) and `image.json` (digests, sizes).
 

@@ -9,8 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// Bound on one test inside the guest: a hang's guard, not a measure. 480, not 300: on a slow
-/// day the image test took 248 s (its unpack 205 s, 5.7 s in a fresh guest; not yet explained).
+/// A hang's guard per test in the guest, not a measure (480: the image test took 248 s one day).
 const PER_TEST_SECS: u64 = 480;
 
 #[derive(Debug, Default)]

@@ -1,6 +1,5 @@
 //! `cargo xtask bench`: ublkd against its peers, all in one VM boot (tests/README.md, "4.
 //! Benchmarks"; why it runs this way: docs/performance.md, "The bench's own method, measured").
-//!
 //! Peers (`cases::Server`): the kernel's selftest server `kublk` (built by `peers`), the loop
 //! driver, a linear device-mapper volume, `null_blk` as the null cases' ceiling, and fio on the
 //! NVMe namespace itself. Every case runs the same fio jobs; server CPU time is sampled from
@@ -9,14 +8,12 @@
 //! `ublkd --config` driven by `ublkctl` (release builds): the control plane, CSI, QoS accuracy,
 //! snapshots and clones, and last crash recovery. Their settings are in `cases`; what each
 //! number includes is printed under its table.
-//!
 //! The guest (this binary again, `xtask bench-guest`, `guest`) writes typed results
 //! (`results`) into the run directory; the host prints them (`report`, `sections`) and writes
 //! `target/bench/results.json`: a list of `{case, ours, peer, peer_value, ratio, unit}` objects,
 //! with `ours: null` and an `error` field for cases that failed, and `target/bench/raw.json`:
 //! the clock, then every run as the guest measured it. Numbers are never made up: a case that
 //! did not run says why, and the command then exits non-zero.
-//!
 //! Its options are [`Args`]'s (`--baseline REV`: `baseline` builds it, `cases::ABBA` orders its
 //! runs; `--clock`: `vm::Clock`); its environment (`UBLKD_BENCH_RUNTIME`, `UBLKD_BENCH_UBLKD`):
 //! `cargo xtask bench --help`.

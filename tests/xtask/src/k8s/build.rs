@@ -1,12 +1,10 @@
 //! Go programs of the Kubernetes tier, built from their modules and cached by version.
-//!
 //! `go install pkg@version` refuses a module whose go.mod has replace directives (Kubernetes
 //! itself, the external-snapshotter) and asks the proxy for a module's version list (which it
 //! refuses for some kubernetes-csi modules), so each one is built the way projects that import
 //! such a module do: a small wrapper module, generated here, that requires it at its version,
 //! restates its replace directives (for `k8s.io/kubernetes`: each staging module at its matching
 //! `v0.x.y`), lists the commands as `tool` directives, `go mod tidy`, `go build`.
-//!
 //! Cache layout (under `UBLKD_VM_CACHE`): `go/<name>@<version>/{src,bin}`; `bin/.complete`
 //! marks a finished build.
 

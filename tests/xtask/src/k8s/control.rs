@@ -2,13 +2,11 @@
 //! one CA and the certificates and kubeconfigs of every component, then etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler and the cluster's DNS; and the node's kubectl and
 //! helm requests, answered here.
-//!
 //! Why here and not in the guest: under emulation on a 2-core host the control plane kept the
 //! guest's vCPUs so busy that the API server missed its clients' 10 s timeouts and the node
 //! never became Ready (CI, stop 29). A cluster's control plane is other machines than its nodes
 //! anyway; here it is the host, natively, and the guest is the one node. The guest's kubectl
 //! runs here too: under emulation each kubectl process cost the guest seconds of CPU.
-//!
 //! The network (the namespace has only its loopback): the guest reaches this side at 10.0.2.2
 //! (QEMU's user network: the API server on :6443, the DNS on :53), and this side reaches the
 //! kubelet at the node's address, 10.10.0.1:10250, which the namespace holds on its loopback and

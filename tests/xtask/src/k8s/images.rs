@@ -1,7 +1,6 @@
 //! The test cluster's container images, built offline: no registry is reachable, so every
 //! image a pod names is packed here as an OCI archive and imported into containerd in the
 //! guest (`ctr -n k8s.io images import`) under the name the test overlay gives it.
-//!
 //! A Go binary is static, so its image is one layer holding the binary (and an empty /tmp), with
 //! the binary as the entrypoint. ublkd's own image is `cargo xtask image`'s.
 

@@ -1,6 +1,5 @@
 //! `cargo xtask k8s-test [SCENARIO...]`: a real Kubernetes in the VM, and the driver installed
 //! into it as a user would.
-//!
 //! Everything comes from the registries the machine has, built or unpacked here and cached by
 //! version (the guest sees the cache through the host root):
 //! - Kubernetes (API server, controller manager, scheduler, kubelet, kube-proxy, kubectl) and
