@@ -11,6 +11,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, LogParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use ublkd_csi::nodestatus::{self, NodeStatus};
@@ -191,24 +192,24 @@ impl Cluster {
         }
     }
 
+    /// Every object of kind `K`, in every namespace (`what` names them in an error).
+    async fn list_all<K>(&self, what: &str) -> Result<Vec<K>>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
+        let list = api.list(&ListParams::default()).await;
+        Ok(list.with_context(|| format!("listing {what}"))?.items)
+    }
+
     /// Every Deployment, in every namespace.
     pub async fn deployments(&self) -> Result<Vec<Deployment>> {
-        let api: Api<Deployment> = Api::all(self.client.clone());
-        Ok(api
-            .list(&ListParams::default())
-            .await
-            .context("listing Deployments")?
-            .items)
+        self.list_all("Deployments").await
     }
 
     /// Every Event, in every namespace.
     pub async fn events(&self) -> Result<Vec<Event>> {
-        let api: Api<Event> = Api::all(self.client.clone());
-        Ok(api
-            .list(&ListParams::default())
-            .await
-            .context("listing Events")?
-            .items)
+        self.list_all("Events").await
     }
 
     /// Every pod of ublkd's namespace.
@@ -261,13 +262,8 @@ impl Cluster {
 
     /// Every PV of the driver.
     pub async fn driver_volumes(&self) -> Result<Vec<PersistentVolume>> {
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        let list = api
-            .list(&ListParams::default())
-            .await
-            .context("listing PersistentVolumes")?;
+        let list: Vec<PersistentVolume> = self.list_all("PersistentVolumes").await?;
         Ok(list
-            .items
             .into_iter()
             .filter(|pv| location(pv).is_some())
             .collect())
@@ -302,12 +298,8 @@ impl Cluster {
 
     /// The capacity objects of the driver: (node, class, bytes).
     pub async fn capacities(&self) -> Result<Vec<(String, String, String)>> {
-        let api: Api<CSIStorageCapacity> = Api::all(self.client.clone());
-        let list = api
-            .list(&ListParams::default())
-            .await
-            .context("listing CSIStorageCapacity objects")?;
-        Ok(list.items.iter().filter_map(capacity_of).collect())
+        let list: Vec<CSIStorageCapacity> = self.list_all("CSIStorageCapacity objects").await?;
+        Ok(list.iter().filter_map(capacity_of).collect())
     }
 }
 
