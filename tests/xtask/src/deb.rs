@@ -138,8 +138,7 @@ fn du_kib(dir: &Path) -> Result<u64> {
 /// How long a scratch root is reused before it is made again from the archive.
 const SCRATCH_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// A minimal Debian root for the package test, as `target/deb/scratch-root.tar`; reused for a
-/// week.
+/// A minimal Debian root for the package test, as `target/deb/scratch-root.tar`; reused for a week.
 pub fn scratch_root(ws: &Path) -> Result<PathBuf> {
     let tar = ws.join("target/deb/scratch-root.tar");
     if apt::modified_within(&tar, SCRATCH_MAX_AGE) {

@@ -75,8 +75,7 @@ enum Task {
         #[arg(long)]
         prepare: bool,
     },
-    /// Boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio, resize, stats,
-    /// metrics.
+    /// Boot the VM, start ublkd, drive it with ublkctl: volumes, ext4, fio, resize, stats, metrics.
     Demo,
     /// Build the container image (OCI layout, no daemon, no base pulled):
     /// target/image/ublkd-oci.tar.

@@ -105,7 +105,9 @@ pub struct Vm {
 /// to how work spreads over CPUs, and about 5 host seconds per busy guest second. `sleep=on`:
 /// an idle guest waits for the devices in real time instead of jumping to the next timer. The
 /// guest boots with transparent huge pages off under it: a huge page under fio's buffers, there
-/// or not by chance, moved a 128 KiB copy-path job by 6 %.
+/// or not by chance, moved a 128 KiB copy-path job by 6 %. Under the wall clock they are
+/// `madvise`: with `always`, once free memory was contiguous again, every new process cleared
+/// huge pages at TCG's pace (a guest's 1,000 forks 44 s → 133 s; docs/performance.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Clock {
     #[default]
@@ -240,6 +242,7 @@ impl Vm {
             (self.writable_root, " ublkd.overlay=1"),
             (self.host_tmp, " ublkd.hosttmp=1"),
             (icount, " transparent_hugepage=never"),
+            (!icount, " transparent_hugepage=madvise"),
         ];
         let flags: String = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
         let (run, img) = (rd.display(), image.display());

@@ -224,8 +224,7 @@ fn per_mio(ticks: Outcome<u64>, ios: &Outcome<u64>) -> Outcome<f64> {
     }
 }
 
-/// Every workload through `engine` on `dev`, with the CPU time of `pids` (the server) around
-/// each.
+/// Every workload through `engine` on `dev`, with the CPU time of `pids` (the server) around each.
 pub fn workloads(g: &Guest, run_id: &str, dev: &Path, pids: &[u32], engine: &str) -> Samples {
     let d = g.dir(run_id);
     let blk = blk_of(dev);
