@@ -241,10 +241,9 @@ impl Vm {
         let flags = [
             (self.writable_root, " ublkd.overlay=1"),
             (self.host_tmp, " ublkd.hosttmp=1"),
-            (icount, " transparent_hugepage=never"),
-            (!icount, " transparent_hugepage=madvise"),
         ];
         let flags: String = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+        let thp = if icount { "never" } else { "madvise" };
         let (run, img) = (rd.display(), image.display());
         let xfer = format!("local,path={run},mount_tag=xfer,security_model=none");
         let nvme =
@@ -255,7 +254,7 @@ impl Vm {
             .arg(&self.kernel.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={run}{flags}"
+                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={run}{flags} transparent_hugepage={thp}"
             ))
             .arg("-virtfs")
             .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
