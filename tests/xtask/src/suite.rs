@@ -192,7 +192,10 @@ fn failure_excerpt(console: &[String], name: &str) -> String {
     out.join("\n")
 }
 
-/// Runs `cases` in one boot of the guest, adding their results to `outcome`.
+/// Boots a guest for the tests in `cases` that have not run, and again after a guest that dies
+/// among them (a kernel panic, QEMU gone): the test it died in fails with the guest's last
+/// words, and the tests after it run in a fresh boot instead of all failing unread (stop 51's CI
+/// lost 35 results to one death it never showed). At most `MAX_BOOTS` boots.
 fn run_boot(
     ws: &Path,
     kernel: &image::Kernel,
@@ -201,6 +204,43 @@ fn run_boot(
     exports: &str,
     outcome: &mut Outcome,
 ) -> Result<()> {
+    const MAX_BOOTS: usize = 3;
+    let mut left: Vec<&TestCase> = cases.iter().collect();
+    for boot in 1..=MAX_BOOTS {
+        let ran = boot_once(ws, kernel, &left, multipath, exports, outcome)?;
+        left.retain(|c| !ran.contains(&c.name));
+        if left.is_empty() {
+            return Ok(());
+        }
+        if boot < MAX_BOOTS {
+            println!(
+                "  {} test(s) never ran; booting the guest again for them",
+                left.len()
+            );
+        }
+    }
+    for c in left {
+        println!(
+            "  FAILED  {} (never ran: the guest died {MAX_BOOTS} times)",
+            c.name
+        );
+        let why = format!("never ran: the guest died {MAX_BOOTS} times before it");
+        outcome.failed.push((c.name.clone(), why));
+    }
+    Ok(())
+}
+
+/// Runs `cases` in one boot of the guest, adding their results to `outcome`; the names of those
+/// that ran (passed, failed, or were running when the guest died). A test that never started is
+/// left out of both, for another boot.
+fn boot_once(
+    ws: &Path,
+    kernel: &image::Kernel,
+    cases: &[&TestCase],
+    multipath: bool,
+    exports: &str,
+    outcome: &mut Outcome,
+) -> Result<Vec<String>> {
     let (n, kver) = (cases.len(), &kernel.kver);
     let topology = match multipath {
         true => " with the multipath NVMe subsystem",
@@ -245,7 +285,8 @@ fn run_boot(
         .unwrap_or_else(|_| run.console.clone());
     let secs = run.wall.as_secs_f64();
     println!("\nVM suite ({}, {secs:.1} s):", kernel.kver);
-    let mut took = Vec::new();
+    let died = run.exit != Exit::Code(0);
+    let (mut took, mut ran) = (Vec::new(), Vec::new());
     let failed_before = outcome.failed.len();
     for c in cases {
         // Each line of `results`: `RC MS NAME`.
@@ -254,12 +295,27 @@ fn run_boot(
             let (ms, name) = rest.split_once(' ')?;
             (name == c.name).then(|| (rc.parse::<i32>().unwrap_or(-1), ms.parse().unwrap_or(0)))
         });
+        let started = console
+            .iter()
+            .any(|l| l.ends_with(&format!("=== RUN  {}", c.name)));
+        if result.is_none() && !started && died {
+            continue;
+        }
+        ran.push(c.name.clone());
         if let Some((_, ms)) = result {
             took.push((ms as f64 / 1000.0, c.name.clone()));
         }
         if let Some((0, ms)) = result {
             println!("  ok      {} ({:.1} s)", c.name, ms as f64 / 1000.0);
             outcome.passed.push(c.name.clone());
+        } else if result.is_none() && died {
+            println!("  FAILED  {} (the guest {} while it ran)", c.name, run.exit);
+            let why = format!(
+                "the guest {} while this test ran; the console's last lines:\n{}",
+                run.exit,
+                run.console_tail(40)
+            );
+            outcome.failed.push((c.name.clone(), why));
         } else {
             println!("  FAILED  {}", c.name);
             let why = failure_excerpt(&console, &c.name);
@@ -267,16 +323,17 @@ fn run_boot(
         }
     }
     print!("  slowest five:\n{}", crate::slowest_five(took, "    "));
-    if run.exit != Exit::Code(0) {
+    if died {
         let tail = run.console_tail(40);
         println!("guest {}; console tail:\n{tail}", run.exit);
     }
-    if outcome.failed.len() == failed_before && run.exit == Exit::Code(0) {
+    if outcome.failed.len() == failed_before && !died {
+        // A run's files are kept only to read a failure; one left behind costs disk, no verdict.
         let _ = fs::remove_dir_all(&run.run_dir);
     } else {
         println!("logs kept in {}", run.run_dir.display());
     }
-    Ok(())
+    Ok(ran)
 }
 
 #[cfg(test)]
