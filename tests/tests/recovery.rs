@@ -52,12 +52,12 @@ fn start_fio(dir: &Path, runtime: u32) -> Result<Child> {
         .spawn()?)
 }
 
-/// The daemon's per-volume metrics for volume "t" (for diagnosing a stall), via any socket.
-fn metrics_of_volume_t() -> String {
+/// The torture volumes' metrics (ids t...; for diagnosing a stall), via either daemon's port.
+fn metrics_of_torture_volumes() -> String {
     // bash, for /dev/tcp.
     ublkd_tests::run(Command::new("bash").arg("-c").arg(
-        "for p in 19591 19592 19593 19596; do exec 3<>/dev/tcp/127.0.0.1/$p 2>/dev/null || continue; \
-         printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; grep 'volume=\"t\"' <&3; done; true",
+        "for p in 19591 19593; do exec 3<>/dev/tcp/127.0.0.1/$p 2>/dev/null || continue; \
+         printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; grep 'volume=\"t' <&3; done; true",
     ))
     .unwrap_or_default()
 }
@@ -74,7 +74,7 @@ fn finish_fio(fio: Child, deadline: Instant) -> Result<serde_json::Value> {
                 "cat /sys/block/ublkb*/inflight; ps -eLo pid,tid,stat,wchan:32,comm | grep -E ' D|fio'",
             )
             .unwrap_or_default();
-            let diag = format!("{diag}\nublkd metrics:\n{}", metrics_of_volume_t());
+            let diag = format!("{diag}\nublkd metrics:\n{}", metrics_of_torture_volumes());
             bail!("fio did not end on time (an I/O never completed?):\n{diag}");
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -152,107 +152,128 @@ impl Writer {
     }
 }
 
-/// Restarts ublkd `CYCLES` times under fio (by kill -9, or SIGTERM with devices kept), then
-/// checks fio saw no error and no verify failure, and the file system is clean.
-async fn torture(name: &str, port: u16, kind: Kind, graceful: bool) -> Result<()> {
+/// Restarts ublkd `CYCLES` times under fio (by kill -9, or SIGTERM with devices kept), a volume
+/// of each of `kinds` at once (one daemon, one restart for all: the three backends' kill -9
+/// runs were 140 s of the suite apart), then checks no fio saw an error or a verify failure, and
+/// every file system is clean.
+async fn torture(name: &str, port: u16, kinds: &[Kind], graceful: bool) -> Result<()> {
     let dir = guest::scratch(name)?;
     let mut d = Daemon::new(&dir, port, "")?;
     if graceful {
         d.env.push(("UBLKD_ON_EXIT".into(), "keep".into()));
     }
     d.start().await?;
-    let backend = match kind {
-        Kind::File => file_backend(&d.root.join("t.img")),
-        Kind::Ram => api::ram(),
-        Kind::Nvme => Backend::Nvme(v1::NvmeBackend {
-            device: "/dev/ng0n1".into(),
-            offset_bytes: Some(512 * MIB),
-            length_bytes: 128 * MIB,
-            keep_data: false,
-        }),
-    };
-    let mut vspec = spec(128 * MIB, backend);
-    if kind == Kind::Nvme {
-        // Polled, as it says: auto would not poll on the guest's shared CPUs.
-        vspec.poll = v1::Toggle::On.into();
+    let mut vols = Vec::new();
+    for kind in kinds {
+        let id = kind.volume();
+        let backend = match kind {
+            Kind::File => file_backend(&d.root.join(format!("{id}.img"))),
+            Kind::Ram => api::ram(),
+            Kind::Nvme => Backend::Nvme(v1::NvmeBackend {
+                device: "/dev/ng0n1".into(),
+                offset_bytes: Some(512 * MIB),
+                length_bytes: 128 * MIB,
+                keep_data: false,
+            }),
+        };
+        let mut vspec = spec(128 * MIB, backend);
+        if *kind == Kind::Nvme {
+            // Polled, as it says: auto would not poll on the guest's shared CPUs.
+            vspec.poll = v1::Toggle::On.into();
+        }
+        let vol = d
+            .volumes()
+            .await?
+            .create_volume(create(id, vspec))
+            .await?
+            .into_inner();
+        let mnt = guest::scratch(&format!("{name}-{id}-mnt"))?;
+        vols.push((id, vol.device_path, mnt));
     }
-    let vol = d
-        .volumes()
-        .await?
-        .create_volume(create("t", vspec))
-        .await?
-        .into_inner();
-    let mnt = guest::scratch(&format!("{name}-mnt"))?;
-    let mut writer = None;
-    let result = torture_cycles(&mut d, &vol.device_path, &mnt, graceful, &mut writer).await;
+    let mut writers = Vec::new();
+    let result = torture_cycles(&mut d, &vols, graceful, &mut writers).await;
     if let Err(e) = &result {
         // Said at once: the cleanup below may fail too, and must not hide why.
         eprintln!("torture failed: {e:#}");
     }
     // Whatever happened, leave nothing behind for the next test: no fio, no mount, no device.
-    if let Some(w) = writer {
+    for w in writers {
         // Its verdict no longer counts: the test failed already; it must only end.
         let _ = w.finish();
     }
-    let _ = guest::sh(&format!(
-        "umount {0} 2>/dev/null || umount -l {0}",
-        mnt.display()
-    ));
+    for (_, _, mnt) in &vols {
+        // Mounted only if the cycles failed before their own umount; else a no-op.
+        let _ = guest::sh(&format!(
+            "umount {0} 2>/dev/null || umount -l {0}",
+            mnt.display()
+        ));
+    }
     if d.pid().is_none() {
+        // A start that fails here leaves the deletes below to say so.
         let _ = d.start().await;
     }
     if result.is_err() {
         eprintln!("ublkd log:\n{}", d.log());
     }
-    let fsck = match &result {
-        Ok(()) => guest::sh(&format!("fsck.ext4 -fn {}", vol.device_path)).map(drop),
-        Err(_) => Ok(()),
-    };
+    let mut fsck = Ok(());
+    if result.is_ok() {
+        for (_, dev, _) in &vols {
+            fsck = fsck.and(guest::sh(&format!("fsck.ext4 -fn {dev}")).map(drop));
+        }
+    }
     let metrics = d.scrape().unwrap_or_default();
-    let deleted = d
-        .volumes()
-        .await?
-        .delete_volume(v1::DeleteVolumeRequest {
-            id: "t".into(),
-            allow_missing: true,
-            delete_backing: false,
-        })
-        .await;
+    let mut deleted = Ok(());
+    for (id, _, _) in &vols {
+        let del = d
+            .volumes()
+            .await?
+            .delete_volume(v1::DeleteVolumeRequest {
+                id: (*id).into(),
+                allow_missing: true,
+                delete_backing: false,
+            })
+            .await;
+        deleted = deleted.and(del.map(drop));
+    }
     result?;
     fsck?;
     deleted?;
     let recoveries = sample(&metrics, "ublkd_volume_recoveries_total", &[]).unwrap_or(0.0);
     ensure!(
         recoveries >= 1.0,
-        "the last start took the device over: {recoveries}"
+        "the last start took the devices over: {recoveries}"
     );
-    let protocol = sample(
-        &metrics,
-        "ublkd_volume_protocol_errors_total",
-        &[("volume", "t")],
-    );
-    ensure!(
-        protocol == Some(0.0),
-        "no ublk command failed unexpectedly: {protocol:?}"
-    );
+    for (id, _, _) in &vols {
+        let protocol = sample(
+            &metrics,
+            "ublkd_volume_protocol_errors_total",
+            &[("volume", id)],
+        );
+        ensure!(
+            protocol == Some(0.0),
+            "{id}: no ublk command failed unexpectedly: {protocol:?}"
+        );
+    }
     Ok(())
 }
 
+/// `vols`: each volume's id, device and mount point.
 async fn torture_cycles(
     d: &mut Daemon,
-    dev: &str,
-    mnt: &Path,
+    vols: &[(&str, String, std::path::PathBuf)],
     graceful: bool,
-    writer: &mut Option<Writer>,
+    writers: &mut Vec<Writer>,
 ) -> Result<()> {
     const CYCLES: usize = 20;
-    guest::sh(&format!(
-        "mkfs.ext4 -q -F {dev} && mount {dev} {}",
-        mnt.display()
-    ))?;
-    // fio writes and verifies for as long as the cycles take, however slow the guest: one
-    // short time-based run after another (`Writer`). Only a failed fio ends it early.
-    *writer = Some(Writer::start(mnt));
+    for (_, dev, mnt) in vols {
+        guest::sh(&format!(
+            "mkfs.ext4 -q -F {dev} && mount {dev} {}",
+            mnt.display()
+        ))?;
+        // fio writes and verifies for as long as the cycles take, however slow the guest: one
+        // short time-based run after another (`Writer`). Only a failed fio ends it early.
+        writers.push(Writer::start(mnt));
+    }
     let mut longest = Duration::ZERO;
     for cycle in 0..CYCLES {
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -267,66 +288,66 @@ async fn torture_cycles(
         } else {
             d.stop_with(libc::SIGKILL)?;
         }
-        ensure!(
-            Path::new(dev).exists(),
-            "cycle {cycle}: {dev} must survive the daemon"
-        );
+        for (_, dev, _) in vols {
+            ensure!(
+                Path::new(dev).exists(),
+                "cycle {cycle}: {dev} must survive the daemon"
+            );
+        }
         d.start().await?;
-        let vols = d.wait_all_ready().await?;
+        let ready = d.wait_all_ready().await?;
         longest = longest.max(started.elapsed());
-        ensure!(
-            vols.len() == 1 && vols[0].device_path == dev,
-            "cycle {cycle}: the volume keeps its device: {vols:?}"
-        );
-        if writer.as_ref().is_some_and(Writer::ended) {
-            let w = writer.take().context("writer")?;
+        for (id, dev, _) in vols {
+            ensure!(
+                ready.len() == vols.len()
+                    && ready.iter().any(|v| v.id == *id && v.device_path == *dev),
+                "cycle {cycle}: {id} keeps its device {dev}: {ready:?}"
+            );
+        }
+        if let Some(i) = writers.iter().position(Writer::ended) {
+            let w = writers.remove(i);
             let why = match w.finish() {
                 Err(e) => format!("{e:#}"),
                 Ok(_) => "it stopped unasked".into(),
             };
-            bail!("cycle {cycle}: fio ended early: {why}");
+            bail!("cycle {cycle}: fio on {} ended early: {why}", vols[i].0);
         }
     }
     let how = if graceful { "SIGTERM" } else { "kill -9" };
     println!("{CYCLES} restarts ({how}), longest until serving again: {longest:?}");
     // The last fio ends on the final daemon; then the verdict of every one.
-    let reports = writer.take().context("writer")?.finish()?;
-    let errors: u64 = reports.iter().map(ublkd_tests::fio_errors).sum();
-    ensure!(errors == 0, "fio saw {errors} errors");
-    let written: u64 = reports
-        .iter()
-        .map(|r| r["jobs"][0]["write"]["io_bytes"].as_u64().unwrap_or(0))
-        .sum();
-    println!(
-        "{} fio runs wrote {written} bytes across the restarts",
-        reports.len()
-    );
-    ensure!(
-        written > 8 * MIB,
-        "fio made progress across the restarts: {written} bytes"
-    );
-    guest::sh(&format!("umount {}", mnt.display()))?;
+    for (i, w) in std::mem::take(writers).into_iter().enumerate() {
+        let id = vols[i].0;
+        let reports = w.finish().with_context(|| format!("fio on {id}"))?;
+        let errors: u64 = reports.iter().map(ublkd_tests::fio_errors).sum();
+        ensure!(errors == 0, "fio on {id} saw {errors} errors");
+        let written: u64 = reports
+            .iter()
+            .map(|r| r["jobs"][0]["write"]["io_bytes"].as_u64().unwrap_or(0))
+            .sum();
+        println!(
+            "{id}: {} fio runs wrote {written} bytes across the restarts",
+            reports.len()
+        );
+        ensure!(
+            written > 8 * MIB,
+            "fio on {id} made progress across the restarts: {written} bytes"
+        );
+    }
+    for (_, _, mnt) in vols {
+        guest::sh(&format!("umount {}", mnt.display()))?;
+    }
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_under_fio_on_ext4_on_a_file_volume_loses_nothing() -> Result<()> {
-    torture("tfile", 19591, Kind::File, false).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_under_fio_on_ext4_on_a_ram_volume_loses_nothing() -> Result<()> {
-    torture("tram", 19592, Kind::Ram, false).await
+async fn kill_9_under_fio_on_ext4_on_file_ram_and_nvme_volumes_loses_nothing() -> Result<()> {
+    torture("tkill", 19591, &[Kind::File, Kind::Ram, Kind::Nvme], false).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_restarts_keep_devices_and_lose_nothing() -> Result<()> {
-    torture("tgrace", 19593, Kind::Ram, true).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_under_fio_on_ext4_on_an_nvme_volume_loses_nothing() -> Result<()> {
-    torture("tnvme", 19596, Kind::Nvme, false).await
+    torture("tgrace", 19593, &[Kind::Ram], true).await
 }
 
 /// The backend a torture test runs on.
@@ -336,6 +357,17 @@ enum Kind {
     Ram,
     /// A window of the guest's NVMe namespace, polled, zero copy.
     Nvme,
+}
+
+impl Kind {
+    /// The id of its volume in a torture test.
+    fn volume(self) -> &'static str {
+        match self {
+            Kind::File => "tfile",
+            Kind::Ram => "tram",
+            Kind::Nvme => "tnvme",
+        }
+    }
 }
 
 /// Registry and kernel agree: every registered volume is READY on a device this daemon serves
