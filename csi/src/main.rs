@@ -174,6 +174,19 @@ fn socket_path(endpoint: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// Resolves on the first SIGTERM or SIGINT, naming it (both registered before it is polled).
+fn termination() -> std::io::Result<impl std::future::Future<Output = &'static str>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     // Logs on stderr (stdout is `ctl`'s answer), colored only for a person at a terminal.
@@ -310,14 +323,15 @@ async fn main() -> Result<()> {
     } else {
         router.add_service(NodeServer::new(node))
     };
+    // Kubernetes stops a container with SIGTERM. The driver runs as its container's PID 1,
+    // which the kernel spares every signal it has no handler for: with SIGINT's alone, each
+    // controller and node pod sat out its whole grace period (30 s) and was SIGKILLed, cut
+    // calls and all, on every drain, roll and uninstall.
+    let stop = termination().context("registering SIGTERM and SIGINT")?;
     router
         .serve_with_incoming_shutdown(incoming, async {
-            // Without a SIGINT handler the driver serves until it is killed, rather than stop
-            // at once.
-            if let Err(e) = tokio::signal::ctrl_c().await {
-                tracing::error!(error = %e, "no SIGINT handler: serving until killed");
-                std::future::pending::<()>().await;
-            }
+            let signal = stop.await;
+            tracing::info!(%signal, "stopping: no new calls, those in flight finish");
         })
         .await
         .context("serving CSI")?;
