@@ -739,14 +739,15 @@ async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> 
     let dir = guest::scratch("tls")?;
     let pki = dir.join("pki");
     std::fs::create_dir_all(&pki)?;
+    // P-256 keys, made at once: an RSA 2048 key took the emulated guest seconds (tests/src/pki.rs).
     guest::sh(&format!(
         "cd {} && \
-         openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null && \
-         openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null && \
+         openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null && \
+         openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null && \
          printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' > server.ext && \
          openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile server.ext 2>/dev/null && \
          for role in admin modify read none; do \
-           openssl req -newkey rsa:2048 -nodes -keyout $role.key -out $role.csr -subj /CN=ublkctl-$role 2>/dev/null && \
+           openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout $role.key -out $role.csr -subj /CN=ublkctl-$role 2>/dev/null && \
            printf 'subjectAltName=URI:urn:ublkd:role:%s\\nextendedKeyUsage=clientAuth\\n' $role > $role.ext && \
            openssl x509 -req -in $role.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $role.pem -days 1 -extfile $role.ext 2>/dev/null || exit 1; \
          done && cp admin.pem client.pem && cp admin.key client.key",
@@ -858,8 +859,8 @@ async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> 
     let pid = d.pid();
     guest::sh(&format!(
         "cd {} && \
-         openssl req -x509 -newkey rsa:2048 -nodes -keyout ca2.key -out ca2.pem -days 1 -subj /CN=test-ca-2 2>/dev/null && \
-         openssl req -newkey rsa:2048 -nodes -keyout server2.key -out server2.csr -subj /CN=localhost 2>/dev/null && \
+         openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca2.key -out ca2.pem -days 1 -subj /CN=test-ca-2 2>/dev/null && \
+         openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server2.key -out server2.csr -subj /CN=localhost 2>/dev/null && \
          openssl x509 -req -in server2.csr -CA ca2.pem -CAkey ca2.key -CAcreateserial -out server2.pem -days 1 -extfile server.ext 2>/dev/null && \
          cp server2.key server.key.new && mv server.key.new server.key && \
          cp server2.pem server.pem.new && mv server.pem.new server.pem",
