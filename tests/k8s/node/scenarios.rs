@@ -625,13 +625,16 @@ fn monitoring(s: &Sc) -> Result<()> {
     let fillers = || files_named(Path::new(pool), "filler.");
     let result = (|| -> Result<()> {
         for n in 1..=5 {
-            let bytes = format!("{}", fill_to(free()?));
+            let before = free()?;
+            let bytes = format!("{}", fill_to(before));
             local("fallocate", &["-l", &bytes, &format!("{pool}/filler.{n}")])?;
             s.say(format!(
                 "filler.{n}: {bytes} bytes; df: {}",
                 local("df", &["-B1", "--output=avail", pool])?
             ));
-            std::thread::sleep(Duration::from_secs(15));
+            // Until Prometheus has scraped what ublkd saw of it (a fixed 15 s before).
+            let seen = || free().is_ok_and(|f| f < before);
+            s.wait(120, &format!("ublkd's report scraped after filler.{n}"), seen)?;
             let f = free()?;
             s.say(format!("ublkd reports {f} free of {total}"));
             if f < total * 0.08 {
@@ -2098,6 +2101,8 @@ spec:
 /// the Node is given back as the document says (the finalizer off, the kubelet restarted,
 /// which registers it again) and, a minute after, nothing is released either.
 fn node_alive(s: &Sc) -> Result<()> {
+    // Two looks of the controller and a margin (`nodeLoss.recheck`, tests/k8s/values.yaml).
+    const LOOKS: Duration = Duration::from_secs(12);
     // file volumes: should the pod garbage collector restart ublkd while the Node is away, they
     // are its registry's, taken back at start
     s.pvc("a-used", "ublkd-file", "64Mi", Mode::Filesystem)?;
@@ -2166,9 +2171,9 @@ fn node_alive(s: &Sc) -> Result<()> {
         );
     })?;
     s.node_events(NODE);
-    // The controller looks every 10 s here (tests/k8s/values.yaml): two more looks. In issue 38
+    // The controller looks every 5 s here (tests/k8s/values.yaml): two more looks. In issue 38
     // the node's provisioner deleted the volumes of the released PVs within seconds.
-    std::thread::sleep(Duration::from_secs(25));
+    std::thread::sleep(LOOKS);
     intact()?;
     let got = s.in_pod("p-alive", "cat /data/f")?;
     ensure!(
@@ -2186,7 +2191,8 @@ fn node_alive(s: &Sc) -> Result<()> {
         .map(|c| c.trim().parse::<u64>().unwrap_or(0).max(1))
         .sum();
     s.say(format!(
-        "NodeLeaseRenewed posted {n} time(s) over 25 s of looks"
+        "NodeLeaseRenewed posted {n} time(s) over {} s of looks",
+        LOOKS.as_secs()
     ));
     ensure!(n <= 1, "the same decision was posted {n} times, not once");
     s.say("nothing released while the node was Terminating; giving it back");
@@ -2213,7 +2219,7 @@ fn node_alive(s: &Sc) -> Result<()> {
     s.wait(600, "the driver's pods Ready again", || s.all_ready())
         .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods", "-o", "wide"]))?;
     s.say("the node registered again; one more look");
-    std::thread::sleep(Duration::from_secs(12));
+    std::thread::sleep(LOOKS / 2);
     intact()?;
     s.node_events(NODE);
     s.tail(
