@@ -122,7 +122,11 @@ fn unpack_image(layout: &Path, root: &Path) -> Result<Vec<String>> {
             "layer {digest} is {}",
             l["mediaType"]
         );
+        // Each tar timed: the unpack has taken 12-165 s in different boots, cause not found
+        // (docs/performance.md, "CI's time, 2026-12-06").
+        let t = Instant::now();
         let listing = run(Command::new("tar").arg("-tzf").arg(blob(digest)?))?;
+        let listed = t.elapsed().as_secs_f64();
         ensure!(
             !listing.lines().any(|n| n.contains(".wh.")),
             "layer {digest} has whiteouts"
@@ -133,6 +137,11 @@ fn unpack_image(layout: &Path, root: &Path) -> Result<Vec<String>> {
             .arg("-C")
             .arg(root)
             .args(["--numeric-owner", "--same-permissions"]))?;
+        let all = t.elapsed().as_secs_f64();
+        println!(
+            "image: layer {digest}: tar -tzf {listed:.1} s, tar -xzf {:.1} s",
+            all - listed
+        );
         layers.push(digest.to_owned());
     }
     Ok(layers)
