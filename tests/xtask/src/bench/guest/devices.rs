@@ -1,7 +1,9 @@
 //! The fio cases: one server per case (`ublkd run`, kublk, loop, null_blk, the raw namespace),
 //! every workload against its device, the server's CPU time around each.
 
-use super::super::cases::{Build, Server, UBackend, BACKING_BYTES, DEPTH, NULL_BYTES, QUEUES};
+use super::super::cases::{
+    server_of, Build, Server, UBackend, BACKING_BYTES, DEPTH, NULL_BYTES, QUEUES,
+};
 use super::super::results::{Case, FioRun, Measured, Outcome, Samples};
 use super::fio::{fio, job, run, workloads, DIRECT, HIPRI, PASSTHRU};
 use super::proc::{
@@ -134,12 +136,7 @@ pub fn args(server: Server) -> String {
             pick(zero_copy, "on", "off"),
             pick(poll, "on", "off")
         ),
-        Server::Luks2File => args(Server::Ublkd {
-            backend: UBackend::File,
-            io_path: "per-io",
-            zero_copy: true,
-            poll: false,
-        }),
+        Server::Luks2File => server_of("ublkd-file").map_or_else(String::new, args),
         Server::Loop | Server::NullBlk | Server::RawNvme { .. } | Server::DmLinear => String::new(),
     }
 }
@@ -197,7 +194,7 @@ fn ublkd_case(
     c.args(["run", "--backend", &backend, "--size", &size.to_string()])
         .args(args.split_whitespace());
     note!("{run_id}: ublkd run --backend {backend} {args}");
-    let mut p = match Proc::spawn(c, &d) {
+    let mut p = match Proc::spawn(c, &d.join("server.out"), &d.join("server.err")) {
         Ok(p) => p,
         Err(e) => return failed(run_id, format!("ublkd {e}")),
     };

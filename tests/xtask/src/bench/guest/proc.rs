@@ -172,8 +172,8 @@ impl Guest {
     }
 }
 
-/// A server process the case started, its stdout in `server.out` and its stderr in
-/// `server.err` of the case's directory.
+/// A process the case started (a server: its stdout in `server.out` and its stderr in
+/// `server.err` of the case's directory).
 #[derive(Debug)]
 pub struct Proc {
     child: Child,
@@ -182,13 +182,13 @@ pub struct Proc {
 }
 
 impl Proc {
-    pub fn spawn(mut c: Command, dir: &Path) -> Outcome<Self> {
-        let err = dir.join("server.err");
+    /// `c` started, its stdout appended to `out` and its stderr to `err`.
+    pub fn spawn(mut c: Command, out: &Path, err: &Path) -> Outcome<Self> {
         c.stdin(Stdio::null())
-            .stdout(log_file(&dir.join("server.out")))
-            .stderr(log_file(&err));
+            .stdout(log_file(out))
+            .stderr(log_file(err));
         let child = c.spawn().map_err(|e| format!("could not start: {e}"))?;
-        let exit = None;
+        let (err, exit) = (err.to_path_buf(), None);
         Ok(Self { child, err, exit })
     }
 
@@ -367,7 +367,7 @@ impl Node {
         self.started = Instant::now();
         let mut c = Command::new(&self.ublkd);
         c.arg("--config").arg(self.c.join("ublkd.toml"));
-        let p = Proc::spawn(c, &self.d);
+        let p = Proc::spawn(c, &self.d.join("server.out"), &self.d.join("server.err"));
         self.proc = p.map_err(|e| note!("ublkd {e}")).ok();
     }
 

@@ -7,11 +7,8 @@ use super::super::cases::{
 };
 use super::super::results::{Case, Measured, Outcome, Restart, Stall};
 use super::fio::{blk_of, fio, io_counts, job, report, DIRECT};
-use super::proc::{
-    code, is_blk, log_file, signal, span_ms, tail_of, wait_secs, wait_until, Guest, Node,
-};
+use super::proc::{is_blk, span_ms, tail_of, wait_secs, wait_until, Guest, Node, Proc};
 use std::fs;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A fresh daemon, `n` null volumes (1 queue each), kill -9, start it again: the time from the
@@ -68,24 +65,14 @@ fn stall(node: &mut Node) -> Outcome<Stall> {
         job("randwrite", "4k", 16, STALL_RUNTIME_SECS),
         lat_log.display()
     );
-    let mut c = fio(STALL_RUNTIME_SECS, "stall", &dev, &json, &args);
-    c.stdin(Stdio::null())
-        .stdout(log_file(&log))
-        .stderr(log_file(&log));
+    let c = fio(STALL_RUNTIME_SECS, "stall", &dev, &json, &args);
     let launched = Instant::now();
-    let mut fio = c.spawn().map_err(|e| format!("could not start fio: {e}"))?;
-    let mut rc = None;
-    let mut ended = |fio: &mut Child| {
-        if rc.is_none() {
-            rc = fio.try_wait().ok().flatten().map(code);
-        }
-        rc
-    };
+    let mut fio = Proc::spawn(c, &log, &log).map_err(|e| format!("fio {e}"))?;
     // fio can take seconds to start its job (TCG): count from the device's first write.
     let blk = blk_of(&dev);
     let writes = || io_counts(&blk).map_or(0, |(_, w)| w);
     wait_until(Duration::from_secs(60), Duration::from_millis(10), || {
-        writes() > 0 || ended(&mut fio).is_some()
+        writes() > 0 || fio.exited().is_some()
     });
     let first_write = Instant::now();
     let (restart, killed) = match writes() {
@@ -102,11 +89,13 @@ fn stall(node: &mut Node) -> Outcome<Stall> {
     };
     let mut failure = restart.ready_ms.clone().map(drop);
     let within = STALL_RUNTIME_SECS + 70;
-    if !wait_secs(within, || ended(&mut fio).is_some()) {
+    wait_secs(within, || fio.exited().is_some());
+    let rc = fio.exited();
+    if rc.is_none() {
         failure = failure.and(Err(format!("fio did not end within {within} s")));
-        signal(fio.id(), "KILL");
         // Reaped so that no zombie outlives the case; its status is the kill.
-        let _ = fio.wait();
+        fio.kill9();
+        fio.wait_exit(10);
     }
     let clat = fs::read_to_string(logs.join("stall_clat.1.log"))
         .map_err(|e| format!("no completion latency log from fio: {e}: {}", tail_of(&log)))
