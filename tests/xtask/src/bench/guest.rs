@@ -64,10 +64,8 @@ pub fn steps(input: &Input) -> Vec<Step> {
     let mut out = vec![Step::PrepareBacking];
     let mut unmounted = false;
     let mut ab_cases = 0;
-    let (ublkd, kublk) = (
-        input.ublkd.as_ref().map(drop),
-        input.kublk.as_ref().map(drop),
-    );
+    let ublkd = input.ublkd.as_ref().map(drop);
+    let kublk = input.kublk.as_ref().map(drop);
     for run in RUNS.iter().filter(|r| plan.selected(r.id)) {
         let (nvme, bin) = match run.server {
             Server::RawNvme { .. } | Server::DmLinear => (true, Ok(())),
@@ -247,16 +245,11 @@ mod tests {
             9 + 8
         );
         assert_eq!(failed(steps_of(Plan::default(), ["/k", "/u", "", "/s"])), 8);
-        assert_eq!(
-            devices::args(RUNS[8].server),
-            "-t null -q 2 -d 128 -b --auto_zc"
-        );
-        assert_eq!(
-            devices::args(RUNS[14].server),
-            "-t loop -q 2 -d 128 --auto_zc"
-        );
+        let args = |i: usize| devices::args(RUNS[i].server);
+        assert_eq!(args(8), "-t null -q 2 -d 128 -b --auto_zc");
+        assert_eq!(args(14), "-t loop -q 2 -d 128 --auto_zc");
         let zc = "--queues 2 --depth 128 --io-path batch --zero-copy on --poll off";
-        assert_eq!(devices::args(RUNS[7].server), zc);
+        assert_eq!(args(7), zc);
     }
 
     #[test]

@@ -229,7 +229,7 @@ pub fn fio_table(r: &Results, plan: &Plan) -> String {
         rows.push(([vec![run.id.into(), wl.id()], cells].concat(), error));
     }
     let events = EVENTS.map(|k| format!("{k}/IO"));
-    let header = [
+    let mut header = vec![
         "run",
         "workload",
         "IOPS",
@@ -237,10 +237,7 @@ pub fn fio_table(r: &Results, plan: &Plan) -> String {
         "cpu s/M I/O",
         "all CPUs us/IO",
     ];
-    let header: Vec<&str> = header
-        .into_iter()
-        .chain(events.iter().map(|e| &e[..]))
-        .collect();
+    header.extend(events.iter().map(String::as_str));
     table(&header, &rows)
 }
 
@@ -331,19 +328,7 @@ pub fn baseline(r: &Results, plan: &Plan, label: &str) -> (Vec<Entry>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::results::{Case, FioRun, Measured};
-
-    fn sample(iops: f64, lat_us: f64, cpu: f64) -> Outcome<Sample> {
-        let (cpu_s_per_mio, sys_us_per_io) = (Ok(cpu), Ok(cpu * 2.0));
-        let s = Sample {
-            iops,
-            lat_us,
-            cpu_s_per_mio,
-            sys_us_per_io,
-            per_io: Default::default(),
-        };
-        Ok(s)
-    }
+    use crate::bench::results::{sample, Case, FioRun, Measured};
 
     /// Every run of `RUNS` (and of `suffixes` of it), each workload measured by `f`.
     fn results_with(suffixes: &[&str], f: impl Fn(&str, &str) -> Outcome<Sample>) -> Results {
@@ -368,9 +353,9 @@ mod tests {
     #[test]
     fn entries_compare_ours_with_peers_and_the_ceiling() {
         let results = results_with(&[""], |run, _| match run {
-            "null_blk" => sample(20000.0, 20.0, 0.0),
-            r if r.starts_with("ublkd") => sample(10000.0, 100.0, 2.0),
-            _ => sample(8000.0, 125.0, 4.0),
+            "null_blk" => sample(20000.0, 20.0, Ok(0.0)),
+            r if r.starts_with("ublkd") => sample(10000.0, 100.0, Ok(2.0)),
+            _ => sample(8000.0, 125.0, Ok(4.0)),
         });
         let entries = fio_entries(&results, &Plan::default());
         // 18 pairs x 7 workloads, CPU for 13 pairs x 7, 6 IOPS workloads x 4 ceilings, 2 RSS.
@@ -408,7 +393,7 @@ null batch randread qd32 vs null_blk  0.500  kublk       0.400  1.250  fraction_
     fn a_failed_case_shows_its_error_in_the_table_and_the_json() {
         let mut results = results_with(&[""], |run, _| match run.starts_with("ublkd") {
             true => Err("ublkd exited with status 2 before READY".into()),
-            false => sample(8000.0, 125.0, 4.0),
+            false => sample(8000.0, 125.0, Ok(4.0)),
         });
         if let Some(c) = results.0.get_mut("kublk-null") {
             c.teardown.push("kublk del failed".into());
@@ -436,10 +421,10 @@ null per-io randread qd32  FAILED  kublk        8000      -  IOPS
     fn a_baseline_is_compared_from_the_mean_of_each_builds_two_runs() {
         let suffixes: Vec<&str> = ABBA.iter().map(|(s, _)| *s).collect();
         let results = results_with(&suffixes, |run, wl| match (run, wl) {
-            ("ublkd-null-batch", _) => sample(150.0, 200.0, 1.0),
+            ("ublkd-null-batch", _) => sample(150.0, 200.0, Ok(1.0)),
             ("ublkd-null-batch~2", "randread-qd1") => Err("fio exited with status 1".into()),
-            ("ublkd-null-batch~2", _) => sample(250.0, 200.0, 3.0),
-            _ => sample(100.0, 400.0, 4.0),
+            ("ublkd-null-batch~2", _) => sample(250.0, 200.0, Ok(3.0)),
+            _ => sample(100.0, 400.0, Ok(4.0)),
         });
         let plan = Plan {
             only: Some("null-batch".into()),

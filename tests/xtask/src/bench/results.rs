@@ -292,25 +292,27 @@ pub fn mean(runs: &[Outcome<Sample>]) -> Outcome<Sample> {
     })
 }
 
+/// A sample for the tests: `iops`, `lat_us`, server CPU `cpu`, and every CPU 20 µs per I/O.
+#[cfg(test)]
+pub fn sample(iops: f64, lat_us: f64, cpu: Outcome<f64>) -> Outcome<Sample> {
+    Ok(Sample {
+        iops,
+        lat_us,
+        cpu_s_per_mio: cpu,
+        sys_us_per_io: Ok(20.0),
+        per_io: BTreeMap::new(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample(iops: f64, cpu: Outcome<f64>) -> Outcome<Sample> {
-        Ok(Sample {
-            iops,
-            lat_us: 1e6 / iops,
-            cpu_s_per_mio: cpu,
-            sys_us_per_io: Ok(20.0),
-            per_io: BTreeMap::new(),
-        })
-    }
 
     #[test]
     fn results_and_the_input_read_back_as_written() {
         let failed = Err("fio exited with status 1".into());
         let samples = [
-            ("randread-qd32".into(), sample(8000.0, Ok(1.5))),
+            ("randread-qd32".into(), sample(8000.0, 125.0, Ok(1.5))),
             ("randread-qd1".into(), failed),
         ];
         let (samples, rss_kib) = (samples.into(), Err("not measured".into()));
@@ -356,14 +358,15 @@ mod tests {
 
     #[test]
     fn each_builds_runs_average_and_a_failure_is_kept() {
-        let m = mean(&[sample(100.0, Ok(2.0)), sample(300.0, Ok(4.0))]).unwrap();
+        let s = |iops: f64, cpu| sample(iops, 1e6 / iops, cpu);
+        let m = mean(&[s(100.0, Ok(2.0)), s(300.0, Ok(4.0))]).unwrap();
         let both = (200.0, Ok(3.0), Ok(20.0));
         assert_eq!((m.iops, m.cpu_s_per_mio, m.sys_us_per_io), both);
         let failed = Err("ublkd exited with status 2".to_owned());
-        assert_eq!(mean(&[sample(100.0, Ok(1.0)), failed.clone()]), failed);
+        assert_eq!(mean(&[s(100.0, Ok(1.0)), failed.clone()]), failed);
         // CPU missing in one run: IOPS still averages, CPU says why.
         let none = Err("no server process".to_owned());
-        let m = mean(&[sample(100.0, Ok(2.0)), sample(200.0, none.clone())]).unwrap();
+        let m = mean(&[s(100.0, Ok(2.0)), s(200.0, none.clone())]).unwrap();
         assert_eq!((m.iops, m.cpu_s_per_mio), (150.0, none));
         assert!(mean(&[]).is_err());
     }

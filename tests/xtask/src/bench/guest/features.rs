@@ -30,10 +30,8 @@ fn qos_job(node: &mut Node, limit: QosLimit) -> Outcome<f64> {
     let volume = format!("--size {QOS_SIZE} --backend null {}", limit.flags());
     let (dev, _) = node.create(&id, &volume, &d.join("create.err"))?;
     let json = d.join(format!("{id}.json"));
-    let args = format!(
-        "{DIRECT} {} --ramp_time=1",
-        job(rw, bs, QOS_QD, QOS_RUNTIME_SECS)
-    );
+    let job = job(rw, bs, QOS_QD, QOS_RUNTIME_SECS);
+    let args = format!("{DIRECT} {job} --ramp_time=1");
     let c = fio(QOS_RUNTIME_SECS, &id, &dev, &json, &args);
     let measured = run(c, &json, &d.join(format!("{id}.log"))).and_then(|j| {
         let (dir, name, rate) = match limit {
@@ -69,10 +67,8 @@ impl Xfs {
         let (i, r) = (img.display(), root.display());
         let losetup = format!("truncate -s {SNAPSHOT_FS_GIB}G {i} && losetup --find --show {i}");
         let dev = sh(&losetup, &log)?;
-        let made = sh(
-            &format!("mkfs.xfs -q -f -m reflink=1 {dev} && mount {dev} {r}"),
-            &log,
-        );
+        let mkfs = format!("mkfs.xfs -q -f -m reflink=1 {dev} && mount {dev} {r}");
+        let made = sh(&mkfs, &log);
         let x = Self { img, root, dev };
         match made {
             Ok(_) => Ok(x),
@@ -86,10 +82,8 @@ impl Xfs {
     /// Bytes in use on it once it is synced.
     fn used(&self, log: &Path) -> Outcome<i64> {
         let r = self.root.display();
-        let used = sh(
-            &format!("sync -f {r} && df -B1 --output=used {r} | tail -n 1"),
-            log,
-        )?;
+        let df = format!("sync -f {r} && df -B1 --output=used {r} | tail -n 1");
+        let used = sh(&df, log)?;
         used.parse()
             .map_err(|_| format!("df gave no used bytes: {used:?}"))
     }
@@ -135,10 +129,8 @@ pub fn snapshot_case(g: &Guest) -> Case {
 }
 
 fn snapshots(node: &mut Node, xfs: &Xfs) -> Outcome<Measured> {
-    let info = sh(
-        &format!("xfs_info {}", xfs.root.display()),
-        &node.d.join("fs.log"),
-    );
+    let log = node.d.join("fs.log");
+    let info = sh(&format!("xfs_info {}", xfs.root.display()), &log);
     let reflink = info.ok().map(|o| o.contains("reflink=1"));
     let err = node.d.join("noop.err");
     let noop_ms = (0..SNAPSHOT_REPEATS)
@@ -192,11 +184,8 @@ fn snapshot_size(node: &mut Node, xfs: &Xfs, gib: u64, snaps: &mut Vec<String>) 
         return z;
     }
     let img = xfs.root.join(format!("{src}.img"));
-    let frag = sh(
-        &format!("sync && filefrag {}", img.display()),
-        &d.join("fs.log"),
-    );
-    let frag = frag.unwrap_or_default();
+    let frag = format!("sync && filefrag {}", img.display());
+    let frag = sh(&frag, &d.join("fs.log")).unwrap_or_default();
     note!("{SNAPSHOT_RUN}: {frag}");
     // `PATH: 4093 extents found`
     z.extents = frag

@@ -160,7 +160,7 @@ fn count_syscalls(on: bool) -> bool {
 
 /// The guest's kernel events so far by name (`results::EVENTS`), with the syscalls counted since
 /// the trigger was set (its hist lines: `{ id: sys_io_uring_enter [426] } hitcount: 12`).
-fn kernel_events(syscalls: bool) -> BTreeMap<String, f64> {
+fn kernel_events(syscalls: bool) -> Events {
     let read = |p: &str| fs::read_to_string(p).unwrap_or_default();
     let (stat, mut e) = (read("/proc/stat"), BTreeMap::new());
     for (k, line) in [("ctx", "ctxt "), ("irq", "intr ")] {
@@ -183,12 +183,11 @@ fn kernel_events(syscalls: bool) -> BTreeMap<String, f64> {
     e
 }
 
+/// Kernel events by name (`results::EVENTS`).
+type Events = BTreeMap<String, f64>;
+
 /// Each count of `after` less `before`'s, over `ios` (none without I/O).
-fn per_io(
-    after: &BTreeMap<String, f64>,
-    before: &BTreeMap<String, f64>,
-    ios: u64,
-) -> BTreeMap<String, f64> {
+fn per_io(after: &Events, before: &Events, ios: u64) -> Events {
     let d = |(k, a): (&String, &f64)| (k.clone(), (a - before.get(k).unwrap_or(&0.0)) / ios as f64);
     after.iter().filter(|_| ios > 0).map(d).collect()
 }
