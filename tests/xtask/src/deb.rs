@@ -64,11 +64,8 @@ pub fn build(ws: &Path) -> Result<PathBuf> {
     fs::create_dir_all(&doc)?;
     fs::write(doc.join("copyright"), copyright(&release))?;
     fs::write(tree.join("DEBIAN/conffiles"), "/etc/ublkd/ublkd.toml\n")?;
-    let installed_kib = du_kib(&tree)?;
-    fs::write(
-        tree.join("DEBIAN/control"),
-        control(&release, &arch, installed_kib),
-    )?;
+    let fields = control(&release, &arch, du_kib(&tree)?);
+    fs::write(tree.join("DEBIAN/control"), fields)?;
 
     let deb = out.join(format!("ublkd_{}_{arch}.deb", release.version));
     apt::run_ok(
@@ -126,11 +123,8 @@ fn copyright(r: &Release) -> String {
 }
 
 fn du_kib(dir: &Path) -> Result<u64> {
-    let out = apt::output_ok(
-        Command::new("du")
-            .args(["-sk", "--exclude=DEBIAN"])
-            .arg(dir),
-    )?;
+    let mut du = Command::new("du");
+    let out = apt::output_ok(du.args(["-sk", "--exclude=DEBIAN"]).arg(dir))?;
     let kib = out.split_whitespace().next().and_then(|n| n.parse().ok());
     kib.context("du printed no size")
 }

@@ -103,13 +103,9 @@ pub fn install_stripped(bin: &Path, dest: &Path) -> Result<()> {
     if let Some(dir) = dest.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    apt::run_ok(
-        Command::new("objcopy")
-            .arg("--strip-debug")
-            .arg(bin)
-            .arg(dest),
-    )
-    .with_context(|| format!("stripping {}", bin.display()))?;
+    let mut strip = Command::new("objcopy");
+    apt::run_ok(strip.arg("--strip-debug").args([bin, dest]))
+        .with_context(|| format!("stripping {}", bin.display()))?;
     set_mode(dest, 0o755)
 }
 

@@ -39,9 +39,8 @@ pub fn go() -> Result<PathBuf> {
 
 /// The tool's binary, installed first when this version is not cached yet.
 pub fn ensure(tool: GoTool) -> Result<PathBuf> {
-    let dir = crate::image::cache_dir()
-        .join("go")
-        .join(format!("{}@{}", tool.binary, tool.version));
+    let name = format!("{}@{}", tool.binary, tool.version);
+    let dir = crate::image::cache_dir().join("go").join(&name);
     let bin = dir.join(tool.binary);
     if bin.is_file() {
         return Ok(bin);
@@ -65,9 +64,6 @@ pub fn ensure(tool: GoTool) -> Result<PathBuf> {
     let _ = fs::remove_dir_all(&dir); // a stale build, if any: the rename says what went wrong
     fs::rename(&staging, &dir).with_context(|| format!("moving {} into place", dir.display()))?;
     let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "xtask: {}@{} installed in {secs:.1} s",
-        tool.binary, tool.version
-    );
+    eprintln!("xtask: {name} installed in {secs:.1} s");
     Ok(bin)
 }

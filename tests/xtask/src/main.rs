@@ -247,11 +247,9 @@ fn slowest_five(mut took: Vec<(f64, String)>, indent: &str) -> String {
 
 /// The workspace root: two levels above this crate's manifest.
 fn workspace_root() -> Result<PathBuf> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = manifest.ancestors().nth(2);
-    Ok(root
-        .context("xtask manifest is not two levels below the workspace")?
-        .to_path_buf())
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2);
+    let root = root.context("xtask manifest is not two levels below the workspace")?;
+    Ok(root.to_path_buf())
 }
 
 fn cargo() -> Command {

@@ -206,10 +206,8 @@ pub fn build(ws: &Path, out: &Path) -> Result<Built> {
         compressed_bytes,
         uncompressed_bytes,
     };
-    fs::write(
-        out.join("image.json"),
-        serde_json::to_string_pretty(&built)?,
-    )?;
+    let json = serde_json::to_string_pretty(&built)?;
+    fs::write(out.join("image.json"), json)?;
     Ok(built)
 }
 
@@ -313,28 +311,26 @@ pub fn umoci_layout(
 ) -> Result<()> {
     apt::require("umoci", "umoci")?;
     let image = format!("{}:{tag}", layout.display());
-    let umoci = |args: &[&str]| {
-        let mut c = Command::new("umoci");
-        c.args(args);
-        c
-    };
+    let umoci = || Command::new("umoci");
     let dir = layout.to_string_lossy();
-    apt::run_ok(&mut umoci(&["init", "--layout", &dir]))?;
-    apt::run_ok(&mut umoci(&["new", "--image", &image]))?;
+    apt::run_ok(umoci().args(["init", "--layout", &dir]))?;
+    apt::run_ok(umoci().args(["new", "--image", &image]))?;
     for (tar, by) in layers {
         apt::run_ok(
-            umoci(&["raw", "add-layer", "--image", &image])
+            umoci()
+                .args(["raw", "add-layer", "--image", &image])
                 .args(["--history.created", created, "--history.created_by", by])
                 .arg(tar),
         )?;
     }
     apt::run_ok(
-        umoci(&["config", "--image", &image, "--no-history"])
+        umoci()
+            .args(["config", "--image", &image, "--no-history"])
             .args(["--created", created])
             .args(["--architecture", "amd64", "--os", "linux"])
             .args(config),
     )?;
-    apt::run_ok(&mut umoci(&["gc", "--layout", &dir]))?;
+    apt::run_ok(umoci().args(["gc", "--layout", &dir]))?;
     // umoci writes blobs readable by their owner only; an image is public.
     for e in fs::read_dir(layout.join("blobs/sha256"))? {
         dist::set_mode(&e?.path(), 0o644)?;
@@ -351,10 +347,10 @@ fn describe(layout: &Path) -> Result<(String, Vec<String>, u64)> {
         .to_owned();
     let m: Value = serde_json::from_slice(&fs::read(blob(layout, &manifest)?)?)?;
     let (mut layers, mut size) = (Vec::new(), 0);
-    for l in m["layers"]
+    let listed = m["layers"]
         .as_array()
-        .context("the manifest has no layers")?
-    {
+        .context("the manifest has no layers")?;
+    for l in listed {
         let digest = l["digest"].as_str().context("a layer without digest")?;
         layers.push(digest.to_owned());
         size += l["size"].as_u64().context("a layer without size")?;

@@ -213,10 +213,8 @@ fn run_boot(
         if left.is_empty() {
             break;
         }
-        println!(
-            "  {} test(s) never ran; booting the guest again for them",
-            left.len()
-        );
+        let n = left.len();
+        println!("  {n} test(s) never ran; booting the guest again for them");
     }
     Ok(())
 }

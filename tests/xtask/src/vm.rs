@@ -163,9 +163,7 @@ const COMMAND_STARTED: &str = "ublkd-vm: modules loaded, running command";
 impl Vm {
     pub fn new(ws: &Path, kernel: &Kernel) -> Result<Self> {
         let seq = RUN_SEQ.fetch_add(1, Ordering::Relaxed);
-        let run_dir = ws
-            .join("target/vm")
-            .join(format!("run-{}-{seq}", std::process::id()));
+        let run_dir = ws.join(format!("target/vm/run-{}-{seq}", std::process::id()));
         let _ = fs::remove_dir_all(&run_dir);
         fs::create_dir_all(&run_dir)?;
         let run_dir = run_dir.canonicalize()?;
@@ -389,9 +387,8 @@ fn choose_accel(kernel: &Kernel) -> Result<String> {
         return Ok("tcg".into());
     }
     let host = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let marker = kernel
-        .cache
-        .join(format!("kvm-probe-{}-{}", host.trim(), kernel.kver));
+    let marker = format!("kvm-probe-{}-{}", host.trim(), kernel.kver);
+    let marker = kernel.cache.join(marker);
     if let Ok(a) = fs::read_to_string(&marker) {
         return Ok(a.trim().to_owned());
     }

@@ -20,10 +20,8 @@ pub fn build(ws: &Path, rev: &str) -> Result<(String, PathBuf)> {
     };
     if rev == "work" {
         apt::run_ok(&mut release(ws)).context("building the working tree's ublkd")?;
-        return Ok((
-            "work".into(),
-            crate::dist::target_dir(ws).join("release/ublkd"),
-        ));
+        let bin = crate::dist::target_dir(ws).join("release/ublkd");
+        return Ok(("work".into(), bin));
     }
     let git = |args: &[&str]| {
         let mut c = Command::new("git");

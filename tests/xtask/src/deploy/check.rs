@@ -151,10 +151,8 @@ pub(super) fn fails(row: &Row, objs: &[Value]) -> Option<String> {
         match &row.test {
             Test::Is(want) if !found.contains(&want) => {
                 let found: Vec<String> = found.iter().map(|v| v.to_string()).collect();
-                Some(format!(
-                    "{what}: {path} is [{}], not {want}",
-                    found.join(", ")
-                ))
+                let found = found.join(", ");
+                Some(format!("{what}: {path} is [{found}], not {want}"))
             }
             Test::Absent if !found.is_empty() => Some(format!("{what} has {path}")),
             Test::Holds if found.is_empty() => Some(format!("{what} has no {path}")),
@@ -294,8 +292,5 @@ pub(super) fn alerts(objs: &[Value]) -> Vec<String> {
     let want = file.matches("- alert: ").count();
     let found = values(objs, "PrometheusRule * spec/groups/*/rules/*/alert").len();
     let problem = format!("the PrometheusRule has {found} alerts, files/ublkd-rules.yaml {want}");
-    (found != want || want == 0)
-        .then_some(problem)
-        .into_iter()
-        .collect()
+    Vec::from_iter((found != want || want == 0).then_some(problem))
 }

@@ -295,11 +295,8 @@ impl Components {
         // How long each request took here, against the node's view in its scenario log.
         let what: String = words.join(" ").chars().take(120).collect();
         let line = format!("{} ms: {what}\n", t0.elapsed().as_millis());
-        if let Ok(mut f) = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.logs.join("requests.log"))
-        {
+        let log = self.logs.join("requests.log");
+        if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log) {
             // A record for the reader; the answer is already given.
             let _ = std::io::Write::write_all(&mut f, line.as_bytes());
         }

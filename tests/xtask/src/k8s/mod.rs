@@ -20,7 +20,7 @@
 
 use crate::apt::{self, PrivateApt};
 use crate::{image, oci, vm};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -137,9 +137,8 @@ fn all_images(ws: &Path, out: &Path) -> Result<(Vec<(String, PathBuf)>, oci::Bui
     }
     // The test pods' shell and tools: the host's static busybox, run as /bin/sh.
     let busybox = apt::which("busybox").context("busybox not found")?;
-    list.push(images::binary_image(
-        "busybox", "test", &busybox, "/bin/sh", out,
-    )?);
+    let sh = images::binary_image("busybox", "test", &busybox, "/bin/sh", out)?;
+    list.push(sh);
     Ok((list, built))
 }
 
@@ -232,12 +231,11 @@ fn prepare_all(ws: &Path) -> Result<Prepared> {
     let coredns = build::local(ws, "coredns", ".", &out.join("coredns"))?.join("coredns");
     let modules = kernel.cache.join("kernel").join(&kernel.kver);
     let modules = modules.join("root/usr/lib/modules").join(&kernel.kver);
-    if !modules.is_dir() {
-        bail!(
-            "the guest kernel's modules are not at {}",
-            modules.display()
-        );
-    }
+    ensure!(
+        modules.is_dir(),
+        "the guest kernel's modules are not at {}",
+        modules.display()
+    );
     // The snapshot add-ons a cluster admin installs once (deploy/csi/README.md, "Snapshots"):
     // the CRDs and the snapshot-controller's manifests, from the modules of their release.
     let snapshotter = build::SIDECARS
