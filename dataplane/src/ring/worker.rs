@@ -108,8 +108,11 @@ impl WorkerRing {
     /// An `iopoll` ring polls for completions of polled I/O (NVMe passthrough on poll queues)
     /// instead of waiting for interrupts. It never sleeps in the kernel, so a worker sleeps on
     /// its other ring, which this one wakes through a registered eventfd; task work for it must
-    /// therefore run on wakeup (no DEFER_TASKRUN) and interrupt that sleep (no COOP_TASKRUN).
-    /// (DEFER_TASKRUN with the eventfd measured no faster in the VM.)
+    /// therefore run on wakeup (no DEFER_TASKRUN; with the eventfd it measured no faster in the
+    /// VM). It is cooperative (COOP_TASKRUN): task work still wakes a sleeping worker, but one
+    /// that runs is not interrupted by an IPI, it sees IORING_SQ_TASKRUN and enters when it
+    /// looks (a spinning worker looks all the time). Without it every ublk request of a spinning
+    /// worker cost a reschedule IPI (docs/performance.md, "Polling with a dedicated worker CPU").
     ///
     /// The completion queue has `cq_entries` slots. Every ublk command a worker holds can
     /// complete at once, so it is sized for the most a worker serves; beyond that the kernel
@@ -123,12 +126,11 @@ impl WorkerRing {
     ) -> Result<Self, RingError> {
         let mut b = IoUring::<squeue::Entry128, cqueue::Entry32>::builder();
         b.setup_single_issuer().setup_cqsize(cq_entries);
+        b.setup_coop_taskrun().setup_taskrun_flag();
         if iopoll {
             b.setup_iopoll();
         } else {
-            b.setup_coop_taskrun()
-                .setup_defer_taskrun()
-                .setup_taskrun_flag();
+            b.setup_defer_taskrun();
         }
         let ring = b.build(entries).map_err(RingError::Setup)?;
         ring.submitter()

@@ -403,6 +403,15 @@ impl Worker {
                 self.rings.main.submit()?;
                 return Ok(());
             }
+            if let Some(poll) = self.rings.poll.as_mut() {
+                // The poll ring's task work (a ublk request, on a ring that carries them) does
+                // not interrupt a running worker: it is run by this enter.
+                if poll.has_completions() || poll.needs_enter() {
+                    self.stats.waited(Wait::Spun);
+                    poll.submit()?;
+                    return Ok(());
+                }
+            }
             looks = looks.wrapping_add(1);
             // The clock is read every 64 looks: a vDSO call costs more than a look.
             if looks % 64 == 0 && Instant::now() >= until {
