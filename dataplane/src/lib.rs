@@ -47,7 +47,7 @@ pub use handle::{
 };
 pub use ids::{DevId, QueueId, Tag};
 pub use placement::{PlacementPolicy, PlacementReason, QueuePlacement};
-pub use poll::PollReason;
+pub use poll::{PollReason, DEDICATED_SPIN};
 pub use qos::QosLimits;
 pub use ring::{iowq_limits, IOWQ_MAX_BOUNDED, IOWQ_MAX_UNBOUNDED};
 pub use stats::{Latency, OpKind, StatsSnapshot};

@@ -64,18 +64,28 @@ pub fn decide(
 }
 
 /// How long a worker looks for work in user space before it sleeps: what the operator asked
-/// for (`dataplane.idle_spin_us`), at most [`MAX_SPIN`]; zero by default.
+/// for (`dataplane.idle_spin_us`), at most [`MAX_SPIN`]; unasked, [`DEDICATED_SPIN`] on CPUs
+/// dedicated to the workers and zero on CPUs they share with applications.
 ///
 /// A sleeping worker pays a wake-up for each request that finds it idle and for each backend
-/// completion it waits for; at QD1 on the file backend those two wake-ups are what loop does
+/// completion it waits for; at QD1 those two wake-ups are what loop and a polled namespace do
 /// not pay (docs/performance.md, "The file backend at QD1 against loop, counted"). A spinning
-/// worker sees them without sleeping, but takes its CPU: it is for CPUs dedicated to the
-/// dataplane. It is not the default even there, because it did not measure better in the
-/// test VM (docs/performance.md, "Spinning before sleeping, measured"), whose vCPUs are host
-/// threads that a spinning guest keeps busy.
-pub fn idle_spin(asked: Duration) -> Duration {
-    asked.min(MAX_SPIN)
+/// worker sees them without sleeping, but takes its CPU: where applications share it, that is
+/// CPU they need; where the CPU is the dataplane's alone, nothing else wants it, and polling
+/// (which `auto` turns on there) pays only if the worker is awake when the next request comes
+/// (docs/performance.md, "Polling with a dedicated worker CPU").
+pub fn idle_spin(asked: Option<Duration>, dedicated: bool) -> Duration {
+    match asked {
+        Some(spin) => spin.min(MAX_SPIN),
+        None if dedicated => DEDICATED_SPIN,
+        None => Duration::ZERO,
+    }
 }
+
+/// An idle worker's spin on dedicated CPUs unless the operator says otherwise: longer than the
+/// gap between a QD1 completion and the application's next request (tens of microseconds on
+/// hardware, 80-150 in the test VM), short enough that an idle node's workers sleep at once.
+pub const DEDICATED_SPIN: Duration = Duration::from_millis(1);
 
 /// The most an operator may ask for: beyond it a worker would be a polling loop that does
 /// not sleep while any I/O trickles in.
@@ -123,11 +133,14 @@ mod tests {
     const NULL: Result<(), &str> = Err("polling needs NVMe");
 
     #[test]
-    fn workers_spin_only_when_asked_and_never_without_bound() {
-        assert_eq!(idle_spin(Duration::ZERO), Duration::ZERO);
+    fn workers_spin_on_dedicated_cpus_or_when_asked_and_never_without_bound() {
+        assert_eq!(idle_spin(None, false), Duration::ZERO);
+        assert_eq!(idle_spin(None, true), DEDICATED_SPIN);
+        assert_eq!(idle_spin(Some(Duration::ZERO), true), Duration::ZERO);
         let asked = Duration::from_micros(250);
-        assert_eq!(idle_spin(asked), asked);
-        assert_eq!(idle_spin(Duration::from_secs(5)), MAX_SPIN);
+        assert_eq!(idle_spin(Some(asked), false), asked);
+        assert_eq!(idle_spin(Some(asked), true), asked);
+        assert_eq!(idle_spin(Some(Duration::from_secs(5)), false), MAX_SPIN);
     }
 
     #[test]

@@ -77,9 +77,10 @@ pub struct DataplaneSettings {
     /// workers on dedicated CPUs), `same-cpu`, `other-cpu` or `spread`.
     pub queue_placement: QueuePlacementSetting,
     /// How long, in microseconds, an idle worker looks for work in user space before it sleeps
-    /// in the kernel (at most 100000; 0, the default, sleeps at once). Spinning saves the
-    /// wake-ups of a sleeping worker and takes its CPU: for CPUs dedicated to the dataplane.
-    pub idle_spin_us: u64,
+    /// in the kernel (at most 100000; 0 sleeps at once). Spinning saves the wake-ups of a
+    /// sleeping worker and takes its CPU; unset, workers spin 1000 on dedicated CPUs and not at
+    /// all on shared ones.
+    pub idle_spin_us: Option<u64>,
 }
 
 /// `dataplane.queue_placement` and `ublkd run --placement`.
@@ -193,7 +194,7 @@ impl Default for DataplaneSettings {
             control_timeout_secs: 10,
             dedicated_cpus: false,
             queue_placement: QueuePlacementSetting::Auto,
-            idle_spin_us: 0,
+            idle_spin_us: None,
         }
     }
 }

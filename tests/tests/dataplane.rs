@@ -665,7 +665,7 @@ fn a_spinning_worker_verifies_a_file_volume_and_counts_its_waits() -> Result<()>
     let dir = guest::scratch("spin")?;
     let dp = Handle::start(Config {
         cpus: vec![1],
-        idle_spin: spin,
+        idle_spin: Some(spin),
         ..Config::default()
     })?;
     let workers = dp.worker_stats()?;

@@ -45,8 +45,8 @@ pub struct Config {
     /// Which worker serves each queue (`crate::placement`).
     pub placement: PlacementPolicy,
     /// How long an idle worker looks for work in user space before it sleeps
-    /// (`crate::poll::idle_spin`); zero sleeps at once.
-    pub idle_spin: Duration,
+    /// (`crate::poll::idle_spin`); zero sleeps at once; None: spin on dedicated CPUs only.
+    pub idle_spin: Option<Duration>,
 }
 
 impl Default for Config {
@@ -56,7 +56,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             dedicated_cpus: false,
             placement: PlacementPolicy::Auto,
-            idle_spin: Duration::ZERO,
+            idle_spin: None,
         }
     }
 }
@@ -282,7 +282,7 @@ impl Handle {
             config.cpus.clone()
         };
         let dedicated_cpus = config.dedicated_cpus || crate::poll::host_cpus_isolated(&cpus);
-        let idle_spin = crate::poll::idle_spin(config.idle_spin);
+        let idle_spin = crate::poll::idle_spin(config.idle_spin, dedicated_cpus);
         let mut workers = Vec::new();
         for cpu in cpus {
             workers.push(spawn_worker(cpu, idle_spin)?);
