@@ -50,11 +50,13 @@ pub enum Fault {
     /// The next `Handle::start` takes the kernel for one whose IOPOLL rings refuse ublk
     /// commands (before Linux 7.1): polled queues get a second ring and copy.
     IopollSplit,
+    /// Setting a new device's I/O scheduler to `none` fails (as on a read-only /sys).
+    IoScheduler,
 }
 
 impl Fault {
     #[cfg(feature = "test-hooks")]
-    const ALL: [Fault; 15] = [
+    const ALL: [Fault; 16] = [
         Fault::CommitBadElement,
         Fault::AttachFails,
         Fault::RecoverAfterStart,
@@ -70,6 +72,7 @@ impl Fault {
         Fault::NvmeWindowUnchecked,
         Fault::DelDevFails,
         Fault::IopollSplit,
+        Fault::IoScheduler,
     ];
 
     /// The fault `name` names in `UBLKD_TEST_FAULTS`, if any.
@@ -96,6 +99,7 @@ impl Fault {
             Fault::NvmeWindowUnchecked => "nvme_window_unchecked",
             Fault::DelDevFails => "del_dev_fails",
             Fault::IopollSplit => "iopoll_split",
+            Fault::IoScheduler => "io_scheduler",
         }
     }
 }

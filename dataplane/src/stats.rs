@@ -535,10 +535,13 @@ pub enum CleanupStep {
     DelDevAsync,
     /// The shutdown that follows the last handle's drop did not finish cleanly.
     ShutdownWithoutHandles,
+    /// A new device's I/O scheduler could not be set to `none`: it keeps the kernel's default
+    /// (mq-deadline for one queue, which costs a kblockd wake-up per request).
+    IoScheduler,
 }
 
 impl CleanupStep {
-    pub const ALL: [CleanupStep; 10] = [
+    pub const ALL: [CleanupStep; 11] = [
         CleanupStep::FetchRearm,
         CleanupStep::RegisterFile,
         CleanupStep::UnregisterBuffer,
@@ -549,6 +552,7 @@ impl CleanupStep {
         CleanupStep::UndoFailedAdd,
         CleanupStep::DelDevAsync,
         CleanupStep::ShutdownWithoutHandles,
+        CleanupStep::IoScheduler,
     ];
 
     /// Its `step` label.
@@ -564,6 +568,7 @@ impl CleanupStep {
             CleanupStep::UndoFailedAdd => "undo_failed_add",
             CleanupStep::DelDevAsync => "del_dev_async",
             CleanupStep::ShutdownWithoutHandles => "shutdown_without_handles",
+            CleanupStep::IoScheduler => "io_scheduler",
         }
     }
 

@@ -839,3 +839,48 @@ fn each_placement_serves_a_queue_on_the_cpu_the_volume_reports() -> Result<()> {
     }
     Ok(())
 }
+
+/// A one-queue volume gets no I/O scheduler. The kernel's default for one queue, mq-deadline,
+/// dispatches each request from a kblockd worker, a wake-up more per I/O (docs/performance.md,
+/// "The I/O scheduler of a one-queue volume"). When setting it fails, the volume still serves,
+/// with the kernel's default, and the failure is counted (`io_scheduler`).
+#[test]
+fn a_one_queue_volume_has_no_io_scheduler_and_a_failure_to_set_it_is_counted() -> Result<()> {
+    use ublkd_dataplane::stats::CleanupStep;
+    let dp = guest::dataplane()?;
+    let scheduler = |dev: &Path| -> Result<String> {
+        let name = dev.file_name().context("a device name")?.to_string_lossy();
+        ublkd_tests::read_trimmed(format!("/sys/block/{name}/queue/scheduler"))
+    };
+    let failures = || -> Result<u64> {
+        let counts = dp.control_cleanup_errors()?;
+        let step = counts.iter().find(|(s, _)| *s == CleanupStep::IoScheduler);
+        Ok(step.map_or(0, |(_, n)| *n))
+    };
+    let spec = DeviceSpec {
+        queues: 1,
+        ..guest::spec(BackendSpec::Null, 64 * MIB, IoPath::Auto)
+    };
+    for fail in [false, true] {
+        if fail {
+            hooks::arm(Fault::IoScheduler, 1);
+        }
+        let before = failures()?;
+        let info = dp.add_device(spec.clone())?;
+        let got = scheduler(&info.block_device)?;
+        let want = if fail { "[mq-deadline]" } else { "[none]" };
+        ensure!(got.contains(want), "scheduler {got:?}, want {want}");
+        ensure!(
+            failures()? - before == u64::from(fail),
+            "counted once when it failed"
+        );
+        guest::fio(
+            &info.block_device,
+            &["--rw=randread", "--bs=4k", "--number_ios=256"],
+        )?;
+        dp.delete_device(info.dev_id)?;
+        guest::wait_gone(&info.block_device, Duration::from_secs(5))?;
+    }
+    dp.shutdown()?;
+    Ok(())
+}
