@@ -115,6 +115,17 @@ fn unpack_image(layout: &Path, root: &Path) -> Result<Vec<String>> {
     )?)?;
     let mut layers = Vec::new();
     std::fs::create_dir_all(root)?;
+    // The guest's memory as the unpack starts (the unpack's time follows earlier tests).
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let mem: Vec<&str> = meminfo
+        .lines()
+        .filter(|l| {
+            ["MemFree:", "MemAvailable:", "Shmem:", "Cached:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .collect();
+    println!("image: before the unpack: {}", mem.join(", "));
     for l in manifest["layers"].as_array().context("no layers")? {
         let digest = l["digest"].as_str().context("layer without digest")?;
         ensure!(
