@@ -17,6 +17,7 @@ use crate::stats::{CleanupStep, QueueStats};
 use crate::sys;
 use crate::worker::{AttachError, Placement, QueueSetup, WorkerCmd, WorkerError};
 use std::fs::File;
+use std::path::Path;
 use std::sync::{mpsc, Arc};
 
 /// Resolves zero copy and polling for `spec` on `backend`. `kernel_zc` is the kernel
@@ -190,17 +191,17 @@ pub(super) fn bring_up(
 }
 
 /// Sets the I/O scheduler of `block_device` (`/dev/ublkbN`) to `none`.
-fn scheduler_none(block_device: &std::path::Path) -> std::io::Result<()> {
+fn scheduler_none(block_device: &Path) -> std::io::Result<()> {
     if hooks::fire(Fault::IoScheduler) {
         return Err(std::io::Error::from_raw_os_error(libc::EROFS));
     }
     let name = block_device
         .file_name()
         .ok_or(std::io::ErrorKind::InvalidInput)?;
-    let queue = std::path::Path::new("/sys/class/block")
+    let scheduler = Path::new("/sys/class/block")
         .join(name)
-        .join("queue");
-    std::fs::write(queue.join("scheduler"), "none")
+        .join("queue/scheduler");
+    std::fs::write(scheduler, "none")
 }
 
 /// Opens `/dev/ublkcN` (once) and hands every queue not attached yet to its worker, which
