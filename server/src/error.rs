@@ -69,6 +69,17 @@ pub enum VolumeError {
         len: u64,
         namespace: u64,
     },
+    #[error(
+        "erase of bytes {from}..{to} of {} for volume {id:?} refused: {why}",
+        device.display()
+    )]
+    EraseOutsideClaim {
+        id: VolumeId,
+        device: PathBuf,
+        from: u64,
+        to: u64,
+        why: &'static str,
+    },
     #[error("no free ublk device id")]
     AllocateDevId,
     #[error("backing file {}", path.display())]
@@ -186,6 +197,7 @@ impl VolumeError {
             | E::JoinDataplaneTask(_)
             | E::JoinVolumeTask(_)
             | E::RemoveBackingFile { .. }
+            | E::EraseOutsideClaim { .. }
             | E::ReadCapacity { .. } => Code::Internal,
             E::CheckDeadline(_) => Code::DeadlineExceeded,
         }

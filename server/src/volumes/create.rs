@@ -167,7 +167,18 @@ pub(super) fn claim_window(
     let claims = crate::windows::claims(device, map.values().map(|v| &v.record), Some(&id));
     if let (true, Some(ns)) = (place, namespace) {
         let block = u64::from(ns.block_size.max(1));
-        let len = if *length == 0 { size } else { *length }.next_multiple_of(block);
+        let asked = if *length == 0 { size } else { *length };
+        // Checked: a length near u64::MAX rounds past u64::MAX, never to 0 ("to the end").
+        // A length below the volume or past the namespace is refused, as an explicit one is.
+        let len = asked
+            .checked_next_multiple_of(block)
+            .filter(|len| *len >= size && *len <= ns.size_bytes)
+            .ok_or_else(|| VolumeError::AdmitWindowPastEnd {
+                device: device.clone(),
+                offset: *offset,
+                len: asked,
+                namespace: ns.size_bytes,
+            })?;
         *offset = crate::windows::place(&claims, ns.size_bytes, block, len).ok_or_else(|| {
             VolumeError::AdmitNoExtent {
                 device: device.clone(),
@@ -413,7 +424,12 @@ fn new_window_erase(
         (0, Some(ns)) => ns.size_bytes,
         // Unknown: the dataplane refuses a window past the namespace's end anyway.
         (0, None) => u64::MAX,
-        (len, _) => offset.saturating_add(len),
+        // Admitted windows end inside their namespace; one that would not is erased to the
+        // namespace's end at most, and the erase refuses what leaves the record's claim.
+        (len, ns) => offset
+            .checked_add(len)
+            .unwrap_or(u64::MAX)
+            .min(ns.map_or(u64::MAX, |ns| ns.size_bytes)),
     };
     Some(crate::record::EraseRange { from: *offset, to })
 }

@@ -17,6 +17,7 @@ pub(super) async fn erase_range(
     range: crate::record::EraseRange,
     what: &'static str,
 ) -> Result<(), VolumeError> {
+    within_own_claim(volumes, id, device, range).await?;
     let handle = volumes.handle()?;
     let total = range.to.saturating_sub(range.from);
     let started = std::time::Instant::now();
@@ -56,6 +57,43 @@ pub(super) async fn erase_range(
     if let Some(how) = how {
         tracing::info!(volume = %id, from = range.from, to = range.to, erase = how.name(),
             took_ms = started.elapsed().as_millis() as u64, "{what}: earlier content erased");
+    }
+    Ok(())
+}
+
+/// Refuses an erase of `range` unless volume `id`'s record, in the map, claims all of it on
+/// `device` and no other record claims any of it: checked under the map lock, so that no
+/// arithmetic slip upstream (a wrapped length, a stale record) can erase a neighbour. The
+/// record's claim stays in the map while the erase runs, so no create places over it meanwhile.
+async fn within_own_claim(
+    volumes: &Volumes,
+    id: &VolumeId,
+    device: &std::path::Path,
+    range: crate::record::EraseRange,
+) -> Result<(), VolumeError> {
+    let map = volumes.inner.lock().await;
+    let refuse = |why: &'static str| VolumeError::EraseOutsideClaim {
+        id: id.clone(),
+        device: device.to_owned(),
+        from: range.from,
+        to: range.to,
+        why,
+    };
+    let own = map
+        .get(id)
+        .map(|v| crate::windows::claims(device, std::iter::once(&v.record), None))
+        .unwrap_or_default();
+    let Some(own) = own.first() else {
+        return Err(refuse(
+            "the volume's record claims no window of this namespace",
+        ));
+    };
+    if range.from > range.to || range.from < own.start || own.end.is_some_and(|e| range.to > e) {
+        return Err(refuse("the range leaves the volume's window"));
+    }
+    let others = crate::windows::claims(device, map.values().map(|v| &v.record), Some(id));
+    if crate::windows::overlap(&others, range.from, range.to - range.from).is_some() {
+        return Err(refuse("another volume's record claims part of the range"));
     }
     Ok(())
 }

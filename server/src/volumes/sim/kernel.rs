@@ -244,9 +244,16 @@ impl SimKernel {
             ));
             return;
         };
+        let live = self.live_tenants();
         for c in Self::chunks(offset, len) {
             if let Some((prev, _)) = &w.chunks[c] {
-                if *prev != tenant && !keep_data {
+                if *prev != tenant && live.contains(prev) {
+                    w.violations.push(format!(
+                        "volume {} (created {}) is served chunk {c} that live volume {} \
+                         (created {}) holds",
+                        tenant.0, tenant.1, prev.0, prev.1
+                    ));
+                } else if *prev != tenant && !keep_data {
                     w.violations.push(format!(
                         "volume {} (created {}) is served chunk {c} that volume {} (created {}) \
                          wrote, unerased",
@@ -294,8 +301,35 @@ impl SimKernel {
         }
     }
 
-    fn erase(w: &mut World, offset: u64, len: u64) {
+    /// The volumes whose records are on disk and not being deleted: what they wrote is theirs
+    /// to keep until their delete.
+    fn live_tenants(&self) -> Vec<Tenant> {
+        let Ok(dir) = std::fs::read_dir(&self.registry) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<VolumeRecord>(&b).ok())
+            .filter(|r| !r.deleting)
+            .map(|r| (r.id, r.created_unix_ms))
+            .collect()
+    }
+
+    /// Erases the chunks of `[offset, offset+len)`; a chunk a live volume wrote is a violation
+    /// (the durability invariant: a tenant keeps its own writes until its delete; only a
+    /// window's growth, a new window or a deleted one is erased).
+    fn erase(&self, w: &mut World, offset: u64, len: u64) {
+        let live = self.live_tenants();
         for c in Self::chunks(offset, len) {
+            if let Some((owner, _)) = &w.chunks[c] {
+                if live.contains(owner) {
+                    w.violations.push(format!(
+                        "chunk {c} of live volume {} (created {}) was erased: its data is lost",
+                        owner.0, owner.1
+                    ));
+                }
+            }
             w.chunks[c] = None;
         }
     }
@@ -375,7 +409,7 @@ impl Devices for SimKernel {
                 },
             ));
         }
-        Self::erase(&mut self.world(), offset, len);
+        self.erase(&mut self.world(), offset, len);
         Ok(Erase::Deallocate)
     }
 
@@ -409,7 +443,7 @@ impl Devices for SimKernel {
                 });
             }
             if spec.erase && !keep_data {
-                Self::erase(&mut w, offset, len);
+                self.erase(&mut w, offset, len);
             }
             if failure == Some(Failure::Late) {
                 return Err(DataplaneError::AttachTimeout {
@@ -536,7 +570,7 @@ impl Devices for SimKernel {
                     });
                 }
                 if !keep_data && growth == Growth::Erase {
-                    Self::erase(&mut w, offset + len, size - len);
+                    self.erase(&mut w, offset + len, size - len);
                 }
             }
             if failure == Some(Failure::Late) {

@@ -75,7 +75,9 @@ impl std::fmt::Display for Op {
                         keep_data,
                         ..
                     } => {
-                        if *place {
+                        if *place && *length != 0 {
+                            write!(f, "nvme placed +{length}")?;
+                        } else if *place {
                             write!(f, "nvme placed")?;
                         } else {
                             write!(f, "nvme @{}MiB+{}MiB", offset / CHUNK, length / CHUNK)?;
@@ -234,7 +236,15 @@ fn gen_record(rng: &mut Rng, files: &Path, id: VolumeId) -> (VolumeRecord, bool)
             BackendRecord::Nvme {
                 device: PathBuf::from(NS_PATH),
                 offset: 0,
-                length: 0,
+                // Mostly placed to the size; sometimes a length a client got wrong: one near
+                // u64::MAX (its rounding must not wrap to "the end"), one past the namespace,
+                // one below the size.
+                length: match rng.below(20) {
+                    0 => u64::MAX - rng.below(3) * CHUNK,
+                    1 => NS_BYTES + CHUNK,
+                    2 => size - CHUNK / 2,
+                    _ => 0,
+                },
                 keep_data: rng.chance(5),
             },
             true,
@@ -998,6 +1008,56 @@ fn an_adopted_device_takes_no_other_volumes_file_or_window() {
             .adopt(dev, base_record(vid("d"), 0, BackendRecord::Null))
             .await;
         assert!(fine.is_ok(), "{fine:?}");
+    });
+    simctx::set_on(false);
+}
+
+/// A runtime of the simulation's kind (one thread, virtual time) for a test of one history.
+fn sim_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+}
+
+/// A placed window whose length is near u64::MAX, past the namespace or below the volume's
+/// size is refused before anything is erased, and a READY neighbour keeps every block (issue
+/// 55, review H1: the rounded length wrapped to 0, "to the end", and the new window's erase
+/// ran over every window above it).
+#[test]
+fn a_placed_window_with_a_huge_length_erases_no_neighbour() {
+    let dirs = Dirs::new();
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let nvme = |offset: u64, length: u64| BackendRecord::Nvme {
+            device: PathBuf::from(NS_PATH),
+            offset,
+            length,
+            keep_data: false,
+        };
+        let a = base_record(vid("a"), 4 * CHUNK, nvme(16 * CHUNK, 4 * CHUNK));
+        assert!(v.create(a, false).await.is_ok());
+        for length in [u64::MAX, u64::MAX - CHUNK + 1, NS_BYTES + CHUNK, CHUNK] {
+            let p = base_record(vid("p"), 2 * CHUNK, nvme(0, length));
+            let refused = v.create(p, true).await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(crate::error::VolumeError::AdmitWindowPastEnd { .. })
+                ),
+                "placed +{length}: {refused:?}"
+            );
+            let lost = std::mem::take(&mut kernel.world().violations);
+            assert!(lost.is_empty(), "placed +{length}: {lost:?}");
+        }
+        assert_eq!(
+            kernel.world().calls.get(&(Call::EraseWindow, false)),
+            Some(&1),
+            "only a's own window was erased"
+        );
     });
     simctx::set_on(false);
 }
