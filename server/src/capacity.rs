@@ -13,21 +13,62 @@ use ublkd_proto::v1;
 /// the file system's available bytes less what existing volumes there may still write into
 /// their sparse backing files.
 fn file_capacity(root: &Path, volumes: &[Volume]) -> Result<(u64, u64), VolumeError> {
+    file_space(root, volumes.iter().map(|v| &v.record))
+}
+
+/// `file_capacity` over records: the free bytes under `root` less what the file volumes
+/// `records` name there may still write, and the file system's size.
+fn file_space<'a>(
+    root: &Path,
+    records: impl Iterator<Item = &'a VolumeRecord>,
+) -> Result<(u64, u64), VolumeError> {
     let (avail, total) =
         ublkd_dataplane::fs_space(root).map_err(|source| VolumeError::ReadCapacity {
             path: root.to_owned(),
             source,
         })?;
-    let promised: u64 = volumes
-        .iter()
-        .filter_map(|v| match &v.record.backend {
+    let promised: u64 = records
+        .filter_map(|r| match &r.backend {
             BackendRecord::File { path, .. } if path.starts_with(root) => {
-                Some(v.record.size_bytes.saturating_sub(owned_bytes(path)))
+                Some(r.size_bytes.saturating_sub(owned_bytes(path)))
             }
             _ => None,
         })
         .sum();
     Ok((avail.saturating_sub(promised), total))
+}
+
+/// Whether file volume `record` may grow to `size`: the growth fits what its file system has
+/// free after every file volume there (`records`, the volume itself at its current size
+/// included) may still write. The pool is the allowed root holding the file, else its
+/// directory.
+pub fn admit_file_growth<'a>(
+    record: &VolumeRecord,
+    size: u64,
+    roots: &[std::path::PathBuf],
+    records: impl Iterator<Item = &'a VolumeRecord>,
+) -> Result<(), VolumeError> {
+    let BackendRecord::File { path, .. } = &record.backend else {
+        return Ok(());
+    };
+    let Some(root) = roots
+        .iter()
+        .map(|r| r.as_path())
+        .find(|r| path.starts_with(r))
+        .or_else(|| path.parent())
+    else {
+        return Ok(());
+    };
+    let need = size.saturating_sub(record.size_bytes);
+    let (left, _) = file_space(root, records)?;
+    if need > left {
+        return Err(VolumeError::AdmitFileSpace {
+            root: root.to_owned(),
+            need,
+            left,
+        });
+    }
+    Ok(())
 }
 
 /// Bytes of a backing file that writing over needs no new space for: the extents it alone

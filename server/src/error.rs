@@ -39,6 +39,12 @@ pub enum VolumeError {
          smaller depth or a smaller RAM volume"
     )]
     AdmitMemoryLimit { need: u64, left: u64 },
+    #[error(
+        "growing needs {need} bytes and {left} are left in {} after what its volumes may \
+         still write",
+        root.display()
+    )]
+    AdmitFileSpace { root: PathBuf, need: u64, left: u64 },
     #[error("backing file {} is in use by volume {by:?}", path.display())]
     AdmitBackingInUse { path: PathBuf, by: VolumeId },
     #[error(
@@ -182,6 +188,7 @@ impl VolumeError {
             E::WriteSnapshot { .. } => Code::Internal,
             E::AdmitVolumeLimit(_)
             | E::AdmitMemoryLimit { .. }
+            | E::AdmitFileSpace { .. }
             | E::AllocateDevId
             | E::AdmitNoExtent { .. } => Code::ResourceExhausted,
             E::AdmitBackingInUse { .. }

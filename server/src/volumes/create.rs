@@ -109,13 +109,7 @@ pub(super) fn admit(
     if map.len() >= volumes.settings.limits.max_volumes {
         return Err(VolumeError::AdmitVolumeLimit(map.len()));
     }
-    let limit = volumes.settings.memory_limit;
-    if let Some(left) = crate::capacity::memory_left(limit, map.values().map(|v| &v.record)) {
-        let need = crate::capacity::memory_bytes(record);
-        if need > left {
-            return Err(VolumeError::AdmitMemoryLimit { need, left });
-        }
-    }
+    admit_memory(volumes, record, map)?;
     if let BackendRecord::File { path, .. } = &record.backend {
         if let Some(other) = map.values().find(
             |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),
@@ -124,6 +118,27 @@ pub(super) fn admit(
                 path: path.clone(),
                 by: other.record.id.clone(),
             });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `record` fits ublkd's memory limit next to every other record in `map` (its own
+/// entry, when it has one, is left out: a resize admits the volume at its new size). Run
+/// under the map lock by every path that makes or grows a volume.
+pub(super) fn admit_memory(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+    map: &BTreeMap<VolumeId, Volume>,
+) -> Result<(), VolumeError> {
+    let others = map
+        .values()
+        .map(|v| &v.record)
+        .filter(|r| r.id != record.id);
+    if let Some(left) = crate::capacity::memory_left(volumes.settings.memory_limit, others) {
+        let need = crate::capacity::memory_bytes(record);
+        if need > left {
+            return Err(VolumeError::AdmitMemoryLimit { need, left });
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
-//! Resizing a volume: recorded first, then the backing file grown and the new range erased,
-//! then the device told; a refused resize puts the old record back.
+//! Resizing a volume: admitted as a create is (memory, file space, the NVMe window), its
+//! backing file grown, the new size recorded, the new range erased, then the device told; a
+//! refused resize puts the old record back.
 
 use super::{blocking, create, erase, Volumes};
 use crate::error::VolumeError;
@@ -33,10 +34,6 @@ pub(super) async fn resize(
             state: vol.state.name(),
         });
     };
-    if let BackendRecord::File { path, create } = &vol.record.backend {
-        let (path, create) = (path.clone(), *create);
-        blocking(move || grow_backing_file(&path, create, size)).await?;
-    }
     let handle = volumes.handle()?;
     // The new size is recorded first: after a crash the next start applies it.
     let mut record = vol.record.clone();
@@ -62,16 +59,33 @@ pub(super) async fn resize(
             *length = size;
         }
     }
-    // Growing past the namespace's end, or into any other record's window, is refused
-    // before the new size is recorded, served or not (the dataplane only sees the devices
-    // it serves right now).
+    // A resize is admitted as a create is, under the map lock, before anything grows:
+    // ublkd's memory (a RAM volume's pages), the file system's free space (what a file
+    // volume's growth may take after every other file volume there), and an NVMe window's
+    // growth past the namespace's end or into any other record's window (refused served or
+    // not: the dataplane only sees the devices it serves right now).
     let namespace = create::namespace_of(volumes, &record).await?;
     {
         let mut map = volumes.inner.lock().await;
         create::claim_window(&mut record, namespace, false, &map)?;
-        // The grown window is claimed from here: a create placing a window sees it.
+        create::admit_memory(volumes, &record, &map)?;
+        crate::capacity::admit_file_growth(
+            &vol.record,
+            size,
+            &volumes.settings.allowed_roots,
+            map.values().map(|v| &v.record),
+        )?;
+        // The grown size and window are claimed from here: a create placing a window, or
+        // admitting memory or file space, sees them.
         if let Some(v) = map.get_mut(id) {
             v.record = record.clone();
+        }
+    }
+    if let BackendRecord::File { path, create } = &vol.record.backend {
+        let (path, create) = (path.clone(), *create);
+        if let Err(e) = blocking(move || grow_backing_file(&path, create, size)).await {
+            volumes.roll_back(&vol.record, &record).await;
+            return Err(e);
         }
     }
     if let Err(e) = volumes.put_record(&record).await {

@@ -428,9 +428,15 @@ async fn apply(v: Arc<Volumes>, op: Op) -> Answer {
 }
 
 fn volumes(state: &Path, kernel: &Arc<SimKernel>) -> Volumes {
+    volumes_limited(state, kernel, None)
+}
+
+/// `volumes` under a memory limit (ublkd's cgroup's `memory.max`).
+fn volumes_limited(state: &Path, kernel: &Arc<SimKernel>, memory_limit: Option<u64>) -> Volumes {
     let mut settings = Settings {
         state_dir: state.to_owned(),
         ram_dir: state.join("ram"),
+        memory_limit,
         ..Settings::default()
     };
     settings.limits.allow_keep_data = true;
@@ -442,6 +448,13 @@ fn volumes(state: &Path, kernel: &Arc<SimKernel>) -> Volumes {
         Registry::open_dir(state.join("intents")).unwrap_or_else(|e| panic!("intents: {e}")),
         Arc::new(settings),
     )
+}
+
+/// The memory limit of a history: none for odd seeds; for even ones room for three volumes'
+/// copy buffers and 8 MiB of RAM pages, so that creates and resizes meet it.
+fn memory_limit(seed: u64) -> Option<u64> {
+    let one = crate::capacity::memory_bytes(&base_record(vid("m"), 0, BackendRecord::Null));
+    (seed % 2 == 0).then(|| crate::capacity::MEMORY_RESERVE + 3 * one + 8 * CHUNK)
 }
 
 /// The records on disk, read without touching anything (a load would tidy up).
@@ -492,6 +505,15 @@ async fn check(
         return Err(format!(
             "registry and manager disagree: on disk {on_disk_ids:?}, listed {listed_ids:?}"
         ));
+    }
+    if let Some(limit) = v.settings().memory_limit {
+        let held: u64 = records.iter().map(crate::capacity::memory_bytes).sum();
+        if held > limit.saturating_sub(crate::capacity::MEMORY_RESERVE) {
+            return Err(format!(
+                "the volumes may hold {held} bytes of ublkd's memory, past its limit of {limit} \
+                 (less the reserve)"
+            ));
+        }
     }
     let leftovers = kernel.unerased_leftovers(&records);
     if let Some((chunk, owner)) = leftovers.first() {
@@ -652,7 +674,8 @@ fn run(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, Failure> {
 
 async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, Failure> {
     let kernel = Arc::new(SimKernel::new(&dirs.state, seed));
-    let mut v = Arc::new(volumes(&dirs.state, &kernel));
+    let limit = memory_limit(seed);
+    let mut v = Arc::new(volumes_limited(&dirs.state, &kernel, limit));
     let mut cov = Coverage::default();
     let mut log = String::new();
     let fail = |log: &String, what: String| Failure {
@@ -731,7 +754,7 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
             let _ = writeln!(log, "     the process died; restart"); // a String: cannot fail
             simctx::crash_at(None);
             kernel.process_died();
-            v = Arc::new(volumes(&dirs.state, &kernel));
+            v = Arc::new(volumes_limited(&dirs.state, &kernel, limit));
             if let Err(e) = v.load().await {
                 return Err(fail(&log, format!("load after the restart: {e}")));
             }
@@ -1058,6 +1081,69 @@ fn a_placed_window_with_a_huge_length_erases_no_neighbour() {
             Some(&1),
             "only a's own window was erased"
         );
+    });
+    simctx::set_on(false);
+}
+
+/// A resize is admitted as a create is (issue 55, review M2): a RAM volume grown past ublkd's
+/// memory limit and a file volume grown past its file system's free space are refused, and
+/// nothing grows; a growth that fits is made.
+#[test]
+fn a_resize_past_the_memory_limit_or_the_free_space_is_refused() {
+    use crate::error::VolumeError;
+    let dirs = Dirs::new();
+    let path = dirs.files.join("f.img");
+    let file = base_record(
+        vid("f"),
+        CHUNK,
+        BackendRecord::File {
+            path: path.clone(),
+            create: true,
+        },
+    );
+    let small = base_record(vid("r"), 4 * CHUNK, BackendRecord::Ram);
+    // Room for both volumes and 4 MiB more: not for a RAM volume of 40 MiB.
+    let limit = crate::capacity::MEMORY_RESERVE
+        + crate::capacity::memory_bytes(&file)
+        + crate::capacity::memory_bytes(&small)
+        + 4 * CHUNK;
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes_limited(&dirs.state, &kernel, Some(limit));
+        assert!(v.create(file, false).await.is_ok());
+        assert!(v.create(small, false).await.is_ok());
+        let big = base_record(vid("b"), 40 * CHUNK, BackendRecord::Ram);
+        let refused = v.create(big, false).await;
+        assert!(
+            matches!(refused, Err(VolumeError::AdmitMemoryLimit { .. })),
+            "create: {refused:?}"
+        );
+        let grown = v.resize(&vid("r"), 40 * CHUNK).await;
+        assert!(
+            matches!(grown, Err(VolumeError::AdmitMemoryLimit { .. })),
+            "resize: {grown:?}"
+        );
+        let r = v.get(&vid("r")).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            r.record.size_bytes,
+            4 * CHUNK,
+            "the refused size is not kept"
+        );
+        let fits = v.resize(&vid("r"), 8 * CHUNK).await;
+        assert!(fits.is_ok(), "a growth within the limit: {fits:?}");
+
+        let (avail, _) = ublkd_dataplane::fs_space(&dirs.files).unwrap_or_else(|e| panic!("{e}"));
+        let past = (avail + 64 * CHUNK).next_multiple_of(4096);
+        let grown = v.resize(&vid("f"), past).await;
+        assert!(
+            matches!(grown, Err(VolumeError::AdmitFileSpace { .. })),
+            "file resize past {avail} free bytes: {grown:?}"
+        );
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        assert_eq!(len, CHUNK, "the backing file was not grown");
+        let f = v.get(&vid("f")).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.record.size_bytes, CHUNK, "the refused size is not kept");
     });
     simctx::set_on(false);
 }
