@@ -605,6 +605,7 @@ mod tests {
                 offset_bytes: Some(1 << 30),
                 length_bytes: 10 << 30,
                 keep_data: false,
+                identity: String::new(),
             }))
         );
     }

@@ -276,6 +276,7 @@ impl Params {
                 offset_bytes: None,
                 length_bytes: size,
                 keep_data: false,
+                identity: String::new(),
             }),
         };
         v1::VolumeSpec {

@@ -16,7 +16,10 @@ use crate::v1::{
 
 /// What a bad `--backend` is told.
 pub const BACKEND_HINT: &str =
-    "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET|auto+LEN]";
+    "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET|auto+LEN] \
+     (or nvme:eui.HEX, nguid.HEX, nsid.N.NQN: the namespace by its identity)";
+/// How a namespace's identity begins (`nguid.`, `eui.`, `nsid.`), as ublkd writes it.
+const IDENTITY_PREFIXES: [&str; 3] = ["nguid.", "eui.", "nsid."];
 /// What a bad I/O path is told.
 pub const IO_PATH_HINT: &str = "expected auto, batch or per-io";
 /// What a bad size is told.
@@ -49,7 +52,13 @@ pub fn parse_backend(s: &str) -> Result<Backend, String> {
             Some((device, window)) => (device, Some(window)),
             None => (rest, None),
         };
-        let device = absolute("nvme", device)?;
+        // A namespace named by its identity (as `/dev/disk/by-id` does): ublkd finds its char
+        // device, whatever name this boot gave it.
+        let (device, identity) = if IDENTITY_PREFIXES.iter().any(|p| device.starts_with(p)) {
+            (String::new(), device.to_owned())
+        } else {
+            (absolute("nvme", device)?, String::new())
+        };
         let (offset_bytes, length_bytes) = match window {
             None => (Some(0), 0),
             Some(window) => {
@@ -72,6 +81,7 @@ pub fn parse_backend(s: &str) -> Result<Backend, String> {
             offset_bytes,
             length_bytes,
             keep_data: false,
+            identity,
         }));
     }
     Err(BACKEND_HINT.to_owned())
@@ -87,10 +97,15 @@ pub fn backend_text(backend: Option<&Backend>) -> String {
         Some(Backend::File(f)) => format!("file:{}", f.path),
         Some(Backend::Nvme(n)) => {
             let offset = n.offset_bytes.map_or_else(|| "auto".into(), compact_size);
+            let device = if n.device.is_empty() {
+                &n.identity
+            } else {
+                &n.device
+            };
             match (n.offset_bytes, n.length_bytes) {
-                (Some(0), 0) => format!("nvme:{}", n.device),
-                (_, 0) => format!("nvme:{}@{offset}", n.device),
-                (_, len) => format!("nvme:{}@{offset}+{}", n.device, compact_size(len)),
+                (Some(0), 0) => format!("nvme:{device}"),
+                (_, 0) => format!("nvme:{device}@{offset}"),
+                (_, len) => format!("nvme:{device}@{offset}+{}", compact_size(len)),
             }
         }
     }
@@ -181,6 +196,7 @@ mod tests {
                 offset_bytes,
                 length_bytes,
                 keep_data: false,
+                identity: String::new(),
             }))
         };
         assert_eq!(
@@ -211,6 +227,19 @@ mod tests {
         assert!(parse_backend("file+create:")
             .unwrap_err()
             .contains("needs a path"));
+        // A namespace by its identity: no path; ublkd finds it.
+        match parse_backend("nvme:eui.0011223344556677@auto+1GiB") {
+            Ok(Backend::Nvme(n)) => {
+                assert_eq!(
+                    (n.device.as_str(), n.identity.as_str()),
+                    ("", "eui.0011223344556677")
+                );
+                assert_eq!((n.offset_bytes, n.length_bytes), (None, 1 << 30));
+                let text = backend_text(Some(&Backend::Nvme(n)));
+                assert_eq!(text, "nvme:eui.0011223344556677@auto+1GiB");
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(parse_backend("nvme:/dev/ng0n1@1GiB+lots")
             .unwrap_err()
             .contains("nvme window length \"lots\""));

@@ -194,7 +194,7 @@ fn nvme_capacity(
     let ns = ublkd_dataplane::identify_namespace(device)
         .map_err(|e| VolumeError::Dataplane(DataplaneError::from(e)))?;
     let records = volumes.iter().map(|v| &v.record);
-    let claims = crate::windows::claims(device, records, None);
+    let claims = crate::windows::claims(device, ns.identity.as_ref(), records, None);
     Ok((
         ns.size_bytes,
         crate::windows::free(&claims, ns.size_bytes, u64::from(ns.block_size)),
@@ -427,6 +427,7 @@ mod tests {
             offset: 0,
             length: 1 << 20,
             keep_data: false,
+            identity: None,
         };
         let mut nvme2 = nvme.clone();
         nvme2.record.id = crate::volume_id::VolumeId::parse("n2").unwrap();

@@ -31,6 +31,7 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
                 offset,
                 length,
                 keep_data,
+                identity: _,
             } => BackendSpec::Nvme {
                 path: device.clone(),
                 window: (*offset != 0 || *length != 0).then_some(Window {
@@ -118,11 +119,16 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
             offset,
             length,
             keep_data,
+            identity,
         } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
             device: device.display().to_string(),
             offset_bytes: Some(*offset),
             length_bytes: *length,
             keep_data: *keep_data,
+            identity: identity
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
         }),
     };
     v1::Volume {

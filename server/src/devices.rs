@@ -10,7 +10,7 @@ use std::path::Path;
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features, Growth, Handle,
-    KernelDevice, Namespace, QosLimits, WorkerSnapshot,
+    KernelDevice, Namespace, NamespaceIdentity, QosLimits, WorkerSnapshot,
 };
 
 /// The kernel's ublk devices as the volume manager uses them.
@@ -26,6 +26,8 @@ pub trait Devices: std::fmt::Debug + Send + Sync + 'static {
     fn held_elsewhere(&self, dev: &Path) -> bool;
     /// The size and block size of the NVMe namespace behind generic char device `device`.
     fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError>;
+    /// The generic char device of the namespace with `identity`, wherever this boot named it.
+    fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<std::path::PathBuf>;
     /// Makes `len` bytes of `device`'s namespace at `offset` unreadable, serving nothing: an
     /// erase a crash interrupted, finished before the range is served again.
     fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError>;
@@ -88,6 +90,10 @@ impl Devices for Handle {
 
     fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError> {
         Ok(ublkd_dataplane::identify_namespace(device)?)
+    }
+
+    fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<std::path::PathBuf> {
+        ublkd_dataplane::find_namespace(identity)
     }
 
     fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError> {

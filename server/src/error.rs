@@ -86,6 +86,18 @@ pub enum VolumeError {
         to: u64,
         why: &'static str,
     },
+    #[error(
+        "{} is namespace {found}, not the volume's namespace {recorded} (NVMe names follow probe \
+         order and can change at boot): nothing was served or erased there",
+        device.display()
+    )]
+    NamespaceIdentity {
+        device: PathBuf,
+        recorded: ublkd_dataplane::NamespaceIdentity,
+        found: String,
+    },
+    #[error("no NVMe namespace of this node has identity {0}")]
+    NamespaceNotFound(ublkd_dataplane::NamespaceIdentity),
     #[error("no free ublk device id")]
     AllocateDevId,
     #[error("backing file {}", path.display())]
@@ -197,6 +209,8 @@ impl VolumeError {
             | E::GrowBackingFile { .. }
             | E::ResizeShrink { .. }
             | E::DeleteBusy { .. }
+            | E::NamespaceIdentity { .. }
+            | E::NamespaceNotFound(_)
             | E::NotServing { .. }
             | E::OpenDataplane(_) => Code::FailedPrecondition,
             E::Dataplane(e) => dataplane_code(e.kind()),

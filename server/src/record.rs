@@ -30,6 +30,12 @@ pub enum BackendRecord {
         /// Served as found: never erased at creation or growth (absent in older records).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         keep_data: bool,
+        /// The namespace's identity, read by Identify at create (absent in records written
+        /// before it was kept, and filled in at their first restore): `device` is only the
+        /// name this boot gave it. Nothing is served or erased on a namespace of another
+        /// identity.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<ublkd_dataplane::NamespaceIdentity>,
     },
 }
 

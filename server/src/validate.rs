@@ -105,12 +105,22 @@ pub fn spec(
             if n.keep_data && !s.limits.allow_keep_data {
                 return Err(VolumeError::AdmitKeepData);
             }
+            let identity = match n.identity.as_str() {
+                "" => None,
+                text => Some(
+                    text.parse()
+                        .map_err(|e: ublkd_dataplane::ParseIdentityError| {
+                            VolumeError::ValidateRequest(e.to_string())
+                        })?,
+                ),
+            };
             BackendRecord::Nvme {
                 device,
                 // Unset: placed by the volume manager (`places_window`).
                 offset: n.offset_bytes.unwrap_or(0),
                 length: n.length_bytes,
                 keep_data: n.keep_data,
+                identity,
             }
         }
     };
@@ -600,6 +610,7 @@ mod tests {
                     offset_bytes: Some(offset_bytes),
                     length_bytes,
                     keep_data: false,
+                    identity: String::new(),
                 }))
             })
         };

@@ -6,6 +6,7 @@
 use crate::record::{BackendRecord, VolumeRecord};
 use crate::volume_id::VolumeId;
 use std::path::{Path, PathBuf};
+use ublkd_dataplane::NamespaceIdentity;
 
 /// A byte range of a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,9 +72,13 @@ pub fn same_device(a: &Path, b: &Path) -> bool {
     a == b || real(a) == real(b)
 }
 
-/// The windows the records (other than `except`) claim on `device`.
+/// The windows the records (other than `except`) claim on the namespace at `device` whose
+/// identity is `identity`: a record is on it when both identities are known and equal, else
+/// when its path names the same device (a record whose path is this boot's name of another
+/// namespace is not, and one not yet found again at its new name still is, by identity).
 pub fn claims<'a>(
     device: &Path,
+    identity: Option<&NamespaceIdentity>,
     records: impl Iterator<Item = &'a VolumeRecord>,
     except: Option<&VolumeId>,
 ) -> Vec<Claim> {
@@ -84,12 +89,19 @@ pub fn claims<'a>(
                 device: d,
                 offset,
                 length,
+                identity: i,
                 ..
-            } if same_device(d, device) => Some(Claim {
-                id: r.id.clone(),
-                start: *offset,
-                end: (*length != 0).then(|| offset.saturating_add(*length)),
-            }),
+            } if match (identity, i) {
+                (Some(a), Some(b)) => a == b,
+                _ => same_device(d, device),
+            } =>
+            {
+                Some(Claim {
+                    id: r.id.clone(),
+                    start: *offset,
+                    end: (*length != 0).then(|| offset.saturating_add(*length)),
+                })
+            }
             _ => None,
         })
         .collect()
@@ -170,6 +182,7 @@ mod tests {
                 offset,
                 length,
                 keep_data: false,
+                identity: None,
             },
             queues: 1,
             queue_depth: 32,
@@ -199,7 +212,7 @@ mod tests {
             rec("c", 96 * M, 0),
         ];
         let me = VolumeId::parse("new").unwrap();
-        let cl = claims(Path::new("/dev/ng9n9"), records.iter(), Some(&me));
+        let cl = claims(Path::new("/dev/ng9n9"), None, records.iter(), Some(&me));
         assert_eq!(cl.len(), 3);
         assert_eq!(
             overlap(&cl, 8 * M, 16 * M).map(|c| c.id.to_string()),
@@ -224,9 +237,9 @@ mod tests {
         assert_eq!(place(&cl, 256 * M, 4096, 49 * M), None, "c reaches the end");
         // A record does not collide with itself (a resize of it).
         let a = VolumeId::parse("a").unwrap();
-        let others = claims(Path::new("/dev/ng9n9"), records.iter(), Some(&a));
+        let others = claims(Path::new("/dev/ng9n9"), None, records.iter(), Some(&a));
         assert_eq!(overlap(&others, 0, 32 * M), None);
         // Another namespace's windows do not count.
-        assert!(claims(Path::new("/dev/ng8n8"), records.iter(), Some(&me)).is_empty());
+        assert!(claims(Path::new("/dev/ng8n8"), None, records.iter(), Some(&me)).is_empty());
     }
 }

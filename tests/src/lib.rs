@@ -140,6 +140,7 @@ pub mod api {
             offset_bytes: Some(offset_bytes),
             length_bytes,
             keep_data: false,
+            identity: String::new(),
         })
     }
 

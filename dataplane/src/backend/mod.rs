@@ -5,13 +5,15 @@
 //! worker hands back to `finish`.
 
 mod file;
+mod namespace_id;
 mod null;
 mod nvme;
 mod ram;
 
 pub use file::FileBackend;
+pub use namespace_id::{NamespaceIdentity, ParseIdentityError};
 pub use null::NullBackend;
-pub use nvme::{erase_window, identify_namespace, Namespace, NvmeBackend, Window};
+pub use nvme::{erase_window, find_namespace, identify_namespace, Namespace, NvmeBackend, Window};
 pub use ram::RamBackend;
 
 use crate::ring::{Region, WorkerRing};

@@ -8,6 +8,7 @@
 //! straight through the request's pages the kernel registered (zero copy). Completions carry
 //! NVMe status, turned into an errno here.
 
+use super::namespace_id::NamespaceIdentity;
 use super::{
     full, Backend, BackendError, Claim, Data, Erase, Growth, IoCtx, Limits, Request, Started,
 };
@@ -228,21 +229,45 @@ impl NvmeBackend {
     }
 }
 
-/// A namespace as NVMe Identify describes it: its size and logical block size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A namespace as NVMe Identify describes it: its size, logical block size and identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Namespace {
     pub size_bytes: u64,
     pub block_size: u32,
+    /// None when the controller reports no NGUID, EUI-64 or subsystem NQN.
+    pub identity: Option<NamespaceIdentity>,
 }
 
 /// Identifies the namespace behind generic char device `path` (`/dev/ngXnY`) without serving it:
-/// what a control plane needs to tell how much of it is free.
+/// what a control plane needs to tell how much of it is free, and which namespace it is.
 pub fn identify_namespace(path: &Path) -> Result<Namespace, BackendError> {
-    let (_, _, ns, _) = open_namespace(path)?;
+    let (file, nsid, ns, _) = open_namespace(path)?;
+    let page = nvme::identify(&file, 0, 1).map_err(|source| BackendError::Identify {
+        path: path.to_owned(),
+        source,
+    })?;
+    let nqn = nvme::parse_subnqn(&page);
     Ok(Namespace {
         size_bytes: ns.blocks << ns.lba_shift,
         block_size: 1u32 << ns.lba_shift.min(31),
+        identity: NamespaceIdentity::from_identify(ns.nguid, ns.eui64, &nqn, nsid),
     })
+}
+
+/// The generic char device (`/dev/ngXnY`) of the namespace with `identity`, wherever this boot
+/// named it: every char device of the kernel's `nvme-generic` class is identified in turn.
+/// None when no namespace has it (one that cannot be identified is passed over).
+pub fn find_namespace(identity: &NamespaceIdentity) -> Option<PathBuf> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/nvme-generic")
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| Path::new("/dev").join(n))
+        .find(|p| identify_namespace(p).is_ok_and(|ns| ns.identity.as_ref() == Some(identity)))
 }
 
 /// Makes `len` bytes of the namespace behind `path` at byte `offset` unreadable, as a new

@@ -200,6 +200,10 @@ pub struct NamespaceFormat {
     /// DLFEAT (byte 33): bits 2:0 say what a deallocated block reads as (1: zeroes), bit 3
     /// that Write Zeroes with DEAC deallocates.
     pub dlfeat: u8,
+    /// NGUID (bytes 119:104): the namespace's globally unique id, all zeroes when not reported.
+    pub nguid: [u8; 16],
+    /// EUI-64 (bytes 127:120), all zeroes when not reported.
+    pub eui64: [u8; 8],
 }
 
 impl NamespaceFormat {
@@ -232,7 +236,17 @@ pub fn parse_identify_ns(page: &[u8; 4096]) -> NamespaceFormat {
         lba_shift: page[f + 2],
         metadata: u16::from_le_bytes([page[f], page[f + 1]]),
         dlfeat: page[33],
+        nguid: page[104..120].try_into().unwrap_or([0; 16]),
+        eui64: page[120..128].try_into().unwrap_or([0; 8]),
     }
+}
+
+/// SUBNQN of Identify Controller (bytes 1023:768): the subsystem's NVMe Qualified Name, NUL
+/// padded; empty when the controller reports none.
+pub fn parse_subnqn(page: &[u8; 4096]) -> String {
+    let field = &page[768..1024];
+    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).trim().to_owned()
 }
 
 /// What Identify Controller says that the backend uses.

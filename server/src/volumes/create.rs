@@ -21,9 +21,10 @@ pub(super) async fn create(
     mut record: VolumeRecord,
     place_window: bool,
 ) -> Result<Volume, VolumeError> {
-    // The namespace's size and block size, read before any lock (an Identify ioctl): to
-    // place the window, and to refuse one past its end before anything is recorded.
-    let namespace = namespace_of(volumes, &record).await?;
+    // The namespace's size, block size and identity, read before any lock (an Identify
+    // ioctl): to place the window, to refuse one past its end before anything is recorded,
+    // and to record which namespace it is (the path is only this boot's name for it).
+    let namespace = super::namespace::adopt_identity(volumes, &mut record).await?;
     // A clone of a volume holds its source's lock too (its reflink is taken drained), and
     // every two locks are taken in id order: two volumes cloning each other at once wait
     // for each other in turn, never each for the other.
@@ -58,7 +59,7 @@ pub(super) async fn create(
             }
             return Err(VolumeError::CreateConflict(record.id));
         }
-        admit(volumes, &mut record, namespace, place_window, &map)?;
+        admit(volumes, &mut record, namespace.clone(), place_window, &map)?;
         record.erase_pending = new_window_erase(&record, namespace);
         volumes.handle()?;
         record.created_unix_ms = now_ms();
@@ -144,20 +145,6 @@ pub(super) fn admit_memory(
     Ok(())
 }
 
-/// The namespace an NVMe record's window lies in (None for other backends).
-pub(super) async fn namespace_of(
-    volumes: &Volumes,
-    record: &VolumeRecord,
-) -> Result<Option<ublkd_dataplane::Namespace>, VolumeError> {
-    let Some(device) = crate::windows::nvme_device(record) else {
-        return Ok(None);
-    };
-    let (device, handle) = (device.clone(), volumes.handle()?);
-    Ok(Some(
-        blocking(move || handle.identify_namespace(&device)).await?,
-    ))
-}
-
 /// An NVMe record's window against its namespace and every other record's window on it,
 /// whatever their state: placed in the first free extent with `place` (ublkd places it),
 /// else refused when it overlaps one, does not fit the namespace or is smaller than the
@@ -174,13 +161,15 @@ pub(super) fn claim_window(
         device,
         offset,
         length,
+        identity,
         ..
     } = &mut record.backend
     else {
         return Ok(());
     };
-    let claims = crate::windows::claims(device, map.values().map(|v| &v.record), Some(&id));
-    if let (true, Some(ns)) = (place, namespace) {
+    let records = map.values().map(|v| &v.record);
+    let claims = crate::windows::claims(device, identity.as_ref(), records, Some(&id));
+    if let (true, Some(ns)) = (place, namespace.as_ref()) {
         let block = u64::from(ns.block_size.max(1));
         let asked = if *length == 0 { size } else { *length };
         // Checked: a length near u64::MAX rounds past u64::MAX, never to 0 ("to the end").
@@ -203,7 +192,7 @@ pub(super) fn claim_window(
         *length = len;
         return Ok(());
     }
-    if let Some(ns) = namespace {
+    if let Some(ns) = namespace.as_ref() {
         // Checked arithmetic: a length near u64::MAX must not wrap to "the end".
         let len = if *length == 0 {
             ns.size_bytes.checked_sub(*offset)

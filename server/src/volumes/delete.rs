@@ -3,7 +3,7 @@
 //! file, its record, in that order, so that a crash at any step after the mark leaves a record
 //! the next start finishes deleting.
 
-use super::{blocking, create, erase, Volumes};
+use super::{blocking, erase, namespace, Volumes};
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::{BackendRecord, VolumeRecord};
@@ -149,12 +149,13 @@ pub(super) async fn erase_deleted_window(
         offset,
         length,
         keep_data: false,
+        ..
     } = &record.backend
     else {
         return Ok(());
     };
     let len = match *length {
-        0 => create::namespace_of(volumes, record)
+        0 => namespace::of(volumes, record)
             .await?
             .map_or(0, |ns| ns.size_bytes.saturating_sub(*offset)),
         len => len,

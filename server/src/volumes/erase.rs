@@ -17,7 +17,10 @@ pub(super) async fn erase_range(
     range: crate::record::EraseRange,
     what: &'static str,
 ) -> Result<(), VolumeError> {
-    within_own_claim(volumes, id, device, range).await?;
+    let identity = within_own_claim(volumes, id, device, range).await?;
+    // The path names the record's namespace right now: after a boot that renamed the
+    // namespaces, it may name another drive, whose blocks are not the volume's to erase.
+    super::namespace::verify(volumes, device, identity.as_ref()).await?;
     let handle = volumes.handle()?;
     let total = range.to.saturating_sub(range.from);
     let started = std::time::Instant::now();
@@ -65,12 +68,13 @@ pub(super) async fn erase_range(
 /// `device` and no other record claims any of it: checked under the map lock, so that no
 /// arithmetic slip upstream (a wrapped length, a stale record) can erase a neighbour. The
 /// record's claim stays in the map while the erase runs, so no create places over it meanwhile.
+/// Returns the namespace identity the record keeps.
 async fn within_own_claim(
     volumes: &Volumes,
     id: &VolumeId,
     device: &std::path::Path,
     range: crate::record::EraseRange,
-) -> Result<(), VolumeError> {
+) -> Result<Option<ublkd_dataplane::NamespaceIdentity>, VolumeError> {
     let map = volumes.inner.lock().await;
     let refuse = |why: &'static str| VolumeError::EraseOutsideClaim {
         id: id.clone(),
@@ -79,9 +83,13 @@ async fn within_own_claim(
         to: range.to,
         why,
     };
+    let identity = map.get(id).and_then(|v| match &v.record.backend {
+        crate::record::BackendRecord::Nvme { identity, .. } => identity.clone(),
+        _ => None,
+    });
     let own = map
         .get(id)
-        .map(|v| crate::windows::claims(device, std::iter::once(&v.record), None))
+        .map(|v| crate::windows::claims(device, None, std::iter::once(&v.record), None))
         .unwrap_or_default();
     let Some(own) = own.first() else {
         return Err(refuse(
@@ -91,11 +99,12 @@ async fn within_own_claim(
     if range.from > range.to || range.from < own.start || own.end.is_some_and(|e| range.to > e) {
         return Err(refuse("the range leaves the volume's window"));
     }
-    let others = crate::windows::claims(device, map.values().map(|v| &v.record), Some(id));
+    let records = map.values().map(|v| &v.record);
+    let others = crate::windows::claims(device, identity.as_ref(), records, Some(id));
     if crate::windows::overlap(&others, range.from, range.to - range.from).is_some() {
         return Err(refuse("another volume's record claims part of the range"));
     }
-    Ok(())
+    Ok(identity)
 }
 
 /// How much of a window one erase call covers: small enough that a volume's progress shows and

@@ -9,6 +9,7 @@
 mod create;
 mod delete;
 mod erase;
+mod namespace;
 mod orphans;
 mod qos;
 mod resize;

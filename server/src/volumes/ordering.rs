@@ -218,6 +218,10 @@ impl Devices for FakeKernel {
         Err(DataplaneError::Gone)
     }
 
+    fn find_namespace(&self, _: &ublkd_dataplane::NamespaceIdentity) -> Option<PathBuf> {
+        None
+    }
+
     fn erase_window(
         &self,
         _: &Path,

@@ -2,7 +2,7 @@
 //! adopting, deleting), and volumes that no Kubernetes PersistentVolume names (the CSI
 //! driver's report, kept to be shown; never acted on).
 
-use super::{blocking, create, now_ms, Volumes};
+use super::{blocking, create, namespace, now_ms, Volumes};
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::Volume;
@@ -76,7 +76,7 @@ pub(super) async fn adopt(
     }
     record.dev_id = Some(dev_id);
     record.created_unix_ms = now_ms();
-    let namespace = create::namespace_of(volumes, &record).await?;
+    let namespace = namespace::of(volumes, &record).await?;
     {
         let mut map = volumes.inner.lock().await;
         if map.contains_key(&record.id) {

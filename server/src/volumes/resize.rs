@@ -2,7 +2,7 @@
 //! backing file grown, the new size recorded, the new range erased, then the device told; a
 //! refused resize puts the old record back.
 
-use super::{blocking, create, erase, Volumes};
+use super::{blocking, create, erase, namespace, Volumes};
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::BackendRecord;
@@ -64,7 +64,7 @@ pub(super) async fn resize(
     // volume's growth may take after every other file volume there), and an NVMe window's
     // growth past the namespace's end or into any other record's window (refused served or
     // not: the dataplane only sees the devices it serves right now).
-    let namespace = create::namespace_of(volumes, &record).await?;
+    let namespace = namespace::of(volumes, &record).await?;
     {
         let mut map = volumes.inner.lock().await;
         create::claim_window(&mut record, namespace, false, &map)?;

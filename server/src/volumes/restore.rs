@@ -139,6 +139,9 @@ async fn restore_one(
     kernel: &BTreeMap<DevId, KernelDevice>,
 ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
     let handle = volumes.handle()?;
+    // An NVMe window's namespace where it is this boot (found by its identity), or nothing is
+    // served or erased: the volume is FAILED with the reason.
+    let record = &super::namespace::relocate(volumes, record).await?;
     let existing = record
         .dev_id
         .and_then(|id| kernel.get(&id))

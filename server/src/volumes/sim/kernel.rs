@@ -5,9 +5,12 @@
 //! change a step the process may die at (`simctx::effect`) and, when faults are on, calls that
 //! fail early or part way, and calls that are slow or hang (virtual time).
 //!
-//! The namespace remembers, per 1 MiB chunk, which volume wrote it last (every served volume
-//! writes its whole window): a device that comes up serving a chunk another volume wrote, with
-//! no erase since, is a violation (a tenant reading its predecessor's data).
+//! Two namespaces, each with its identity, remember per 1 MiB chunk which volume wrote it last
+//! (every served volume writes its whole window): a device that comes up serving a chunk
+//! another volume wrote, with no erase since, is a violation (a tenant reading its
+//! predecessor's data), and so is an erase of, or a serve over, a chunk a live volume wrote
+//! (a tenant losing its own). A reboot drops every device and may swap the namespaces' names,
+//! as probe order does on a real node.
 
 use super::rng::Rng;
 use crate::devices::Devices;
@@ -22,13 +25,21 @@ use std::time::Duration;
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     BackendSpec, DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Erase, Features,
-    Growth, KernelDevice, KernelState, Namespace, QosLimits, WorkerSnapshot,
+    Growth, KernelDevice, KernelState, Namespace, NamespaceIdentity, QosLimits, WorkerSnapshot,
 };
 
-/// The one namespace of the simulated node.
-pub const NS_PATH: &str = "/dev/ng-sim0n1";
+/// The names of the simulated node's namespaces; which namespace each names changes when a
+/// reboot swaps them.
+pub const NS_PATHS: [&str; 2] = ["/dev/ng-sim0n1", "/dev/ng-sim1n1"];
+/// The first name (namespace 0 until a reboot swaps them).
+pub const NS_PATH: &str = NS_PATHS[0];
 pub const CHUNK: u64 = 1 << 20;
 pub const NS_BYTES: u64 = 48 * CHUNK;
+
+/// Namespace `ns`'s identity (an EUI-64).
+pub fn ns_identity(ns: usize) -> NamespaceIdentity {
+    NamespaceIdentity::Eui64([0xa0 + ns as u8; 8])
+}
 
 /// Who wrote a chunk: a volume's id and its creation stamp (an id can be reused).
 type Tenant = (VolumeId, i64);
@@ -53,16 +64,18 @@ struct Dev {
     /// Served by the living process (false: quiesced, nobody's, after a crash or a delete
     /// that failed part way).
     owned: bool,
-    /// The namespace window it serves: offset, length.
-    window: Option<(u64, u64)>,
+    /// The namespace window it serves: namespace, offset, length.
+    window: Option<(usize, u64, u64)>,
     keep_data: bool,
 }
 
 #[derive(Debug)]
 pub struct World {
     devices: BTreeMap<DevId, Dev>,
-    /// Who last wrote each chunk, and whether as a `keep_data` volume.
-    chunks: Vec<Option<(Tenant, bool)>>,
+    /// Who last wrote each chunk of each namespace, and whether as a `keep_data` volume.
+    chunks: Vec<Vec<Option<(Tenant, bool)>>>,
+    /// The namespace each of `NS_PATHS` names this boot.
+    names: [usize; 2],
     /// Calls may fail, be slow or hang.
     pub faults: bool,
     rng: Rng,
@@ -93,7 +106,8 @@ impl SimKernel {
             registry: state_dir.join("registry"),
             w: Mutex::new(World {
                 devices: BTreeMap::new(),
-                chunks: vec![None; (NS_BYTES / CHUNK) as usize],
+                chunks: vec![vec![None; (NS_BYTES / CHUNK) as usize]; 2],
+                names: [0, 1],
                 faults: false,
                 rng: Rng::new(seed ^ 0x6b65_726e_656c),
                 violations: Vec::new(),
@@ -120,6 +134,15 @@ impl SimKernel {
         }
     }
 
+    /// A reboot: no device survives, and with `swap` the two namespaces trade names.
+    pub fn reboot(&self, swap: bool) {
+        let mut w = self.world();
+        w.devices.clear();
+        if swap {
+            w.names.swap(0, 1);
+        }
+    }
+
     /// What the kernel keeps of a dead process's devices: each stays, quiesced, nobody's.
     pub fn process_died(&self) {
         for d in self.world().devices.values_mut() {
@@ -129,19 +152,46 @@ impl SimKernel {
 
     /// Chunks that still hold the data of a volume no record names (deleted, or never made),
     /// other than a `keep_data` volume's: `(chunk, volume)`.
-    pub fn unerased_leftovers(&self, records: &[VolumeRecord]) -> Vec<(usize, String)> {
-        self.world()
-            .chunks
-            .iter()
-            .enumerate()
-            .filter_map(|(c, owner)| {
-                let ((id, created), keep) = owner.as_ref()?;
+    pub fn unerased_leftovers(&self, records: &[VolumeRecord]) -> Vec<(String, String)> {
+        let w = self.world();
+        let mut out = Vec::new();
+        for (ns, chunks) in w.chunks.iter().enumerate() {
+            for (c, owner) in chunks.iter().enumerate() {
+                let Some(((id, created), keep)) = owner else {
+                    continue;
+                };
                 let alive = records
                     .iter()
                     .any(|r| &r.id == id && r.created_unix_ms == *created);
-                (!alive && !keep).then(|| (c, format!("{id} (created {created})")))
-            })
-            .collect()
+                if !alive && !keep {
+                    out.push((
+                        format!("{c} of namespace {ns}"),
+                        format!("{id} (created {created})"),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// The namespace `path` names this boot.
+    fn ns_at(w: &World, path: &Path) -> Option<usize> {
+        NS_PATHS
+            .iter()
+            .position(|p| Path::new(p) == path)
+            .map(|i| w.names[i])
+    }
+
+    /// The namespace a record's window is on: the one with its identity, else the one its
+    /// path names this boot.
+    fn ns_of(w: &World, r: &VolumeRecord) -> Option<usize> {
+        match &r.backend {
+            BackendRecord::Nvme {
+                identity: Some(id), ..
+            } => (0..2).find(|n| ns_identity(*n) == *id),
+            BackendRecord::Nvme { device, .. } => Self::ns_at(w, device),
+            _ => None,
+        }
     }
 
     /// Every device: id, owned, size.
@@ -153,14 +203,18 @@ impl SimKernel {
             .collect()
     }
 
-    /// The volume on disk whose NVMe window starts at `offset`, as its tenant.
-    fn tenant(&self, offset: u64) -> Option<Tenant> {
+    /// The volume on disk whose NVMe window on namespace `ns` starts at `offset`, as its
+    /// tenant.
+    fn tenant(&self, w: &World, ns: usize, offset: u64) -> Option<Tenant> {
         let dir = std::fs::read_dir(&self.registry).ok()?;
         dir.flatten()
             .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
             .filter_map(|e| std::fs::read(e.path()).ok())
             .filter_map(|b| serde_json::from_slice::<VolumeRecord>(&b).ok())
-            .find(|r| matches!(r.backend, BackendRecord::Nvme { offset: o, .. } if o == offset))
+            .find(|r| {
+                matches!(r.backend, BackendRecord::Nvme { offset: o, .. } if o == offset)
+                    && Self::ns_of(w, r) == Some(ns)
+            })
             .map(|r| (r.id, r.created_unix_ms))
     }
 
@@ -195,7 +249,10 @@ impl SimKernel {
         Ok(failure)
     }
 
-    fn window(spec: &DeviceSpec) -> Result<Option<(u64, u64, bool)>, DataplaneError> {
+    fn window(
+        w: &World,
+        spec: &DeviceSpec,
+    ) -> Result<Option<(usize, u64, u64, bool)>, DataplaneError> {
         let BackendSpec::Nvme {
             path,
             window,
@@ -204,9 +261,9 @@ impl SimKernel {
         else {
             return Ok(None);
         };
-        if path != Path::new(NS_PATH) {
+        let Some(ns) = Self::ns_at(w, path) else {
             return Err(DataplaneError::Gone);
-        }
+        };
         let (offset, len) = match window {
             None => (0, NS_BYTES),
             Some(w) if w.len == 0 => (w.offset, NS_BYTES.saturating_sub(w.offset)),
@@ -228,7 +285,7 @@ impl SimKernel {
                 },
             ));
         }
-        Ok(Some((offset, len, *keep_data)))
+        Ok(Some((ns, offset, len, *keep_data)))
     }
 
     fn chunks(offset: u64, len: u64) -> std::ops::Range<usize> {
@@ -237,16 +294,23 @@ impl SimKernel {
 
     /// The window's blocks become the device's tenant's; any written by another tenant since
     /// the last erase is a violation (unless the volume asked to keep the data).
-    fn serve(&self, w: &mut World, dev_id: DevId, offset: u64, len: u64, keep_data: bool) {
-        let Some(tenant) = self.tenant(offset) else {
+    fn serve(
+        &self,
+        w: &mut World,
+        dev_id: DevId,
+        (ns, offset, len): (usize, u64, u64),
+        keep_data: bool,
+    ) {
+        let Some(tenant) = self.tenant(w, ns, offset) else {
             w.violations.push(format!(
-                "device {dev_id} serves window {offset}+{len} while no record names it"
+                "device {dev_id} serves window {offset}+{len} of namespace {ns} while no record \
+                 names it there"
             ));
             return;
         };
         let live = self.live_tenants();
         for c in Self::chunks(offset, len) {
-            if let Some((prev, _)) = &w.chunks[c] {
+            if let Some((prev, _)) = &w.chunks[ns][c] {
                 if *prev != tenant && live.contains(prev) {
                     w.violations.push(format!(
                         "volume {} (created {}) is served chunk {c} that live volume {} \
@@ -261,7 +325,7 @@ impl SimKernel {
                     ));
                 }
             }
-            w.chunks[c] = Some((tenant.clone(), keep_data));
+            w.chunks[ns][c] = Some((tenant.clone(), keep_data));
         }
     }
 
@@ -319,29 +383,30 @@ impl SimKernel {
     /// Erases the chunks of `[offset, offset+len)`; a chunk a live volume wrote is a violation
     /// (the durability invariant: a tenant keeps its own writes until its delete; only a
     /// window's growth, a new window or a deleted one is erased).
-    fn erase(&self, w: &mut World, offset: u64, len: u64) {
+    fn erase(&self, w: &mut World, ns: usize, offset: u64, len: u64) {
         let live = self.live_tenants();
         for c in Self::chunks(offset, len) {
-            if let Some((owner, _)) = &w.chunks[c] {
+            if let Some((owner, _)) = &w.chunks[ns][c] {
                 if live.contains(owner) {
                     w.violations.push(format!(
-                        "chunk {c} of live volume {} (created {}) was erased: its data is lost",
+                        "chunk {c} of namespace {ns}, live volume {}'s (created {}), was erased: \
+                         its data is lost",
                         owner.0, owner.1
                     ));
                 }
             }
-            w.chunks[c] = None;
+            w.chunks[ns][c] = None;
         }
     }
 
     /// Another device's window overlapping `[offset, offset+len)` (the dataplane checks the
     /// devices it serves).
-    fn overlap(w: &World, except: Option<DevId>, offset: u64, len: u64) -> bool {
+    fn overlap(w: &World, except: Option<DevId>, ns: usize, offset: u64, len: u64) -> bool {
         w.devices.values().any(|d| {
             Some(d.info.dev_id) != except
                 && d.owned
                 && d.window
-                    .is_some_and(|(o, l)| o < offset + len && offset < o + l)
+                    .is_some_and(|(n, o, l)| n == ns && o < offset + len && offset < o + l)
         })
     }
 }
@@ -382,20 +447,27 @@ impl Devices for SimKernel {
     }
 
     fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError> {
-        if device != Path::new(NS_PATH) {
-            return Err(DataplaneError::Gone);
-        }
+        let ns = Self::ns_at(&self.world(), device).ok_or(DataplaneError::Gone)?;
         Ok(Namespace {
             size_bytes: NS_BYTES,
             block_size: 4096,
+            identity: Some(ns_identity(ns)),
         })
+    }
+
+    fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<PathBuf> {
+        let w = self.world();
+        (0..2)
+            .find(|i| ns_identity(w.names[*i]) == *identity)
+            .map(|i| PathBuf::from(NS_PATHS[i]))
     }
 
     fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError> {
         if self.enter(Call::EraseWindow)?.is_some() {
             return Err(DataplaneError::Gone);
         }
-        if device != Path::new(NS_PATH)
+        let ns = Self::ns_at(&self.world(), device);
+        if ns.is_none()
             || offset % CHUNK != 0
             || len % CHUNK != 0
             || offset.checked_add(len).is_none_or(|e| e > NS_BYTES)
@@ -409,7 +481,10 @@ impl Devices for SimKernel {
                 },
             ));
         }
-        self.erase(&mut self.world(), offset, len);
+        let Some(ns) = ns else {
+            return Err(DataplaneError::Gone);
+        };
+        self.erase(&mut self.world(), ns, offset, len);
         Ok(Erase::Deallocate)
     }
 
@@ -418,8 +493,8 @@ impl Devices for SimKernel {
         if failure == Some(Failure::Early) {
             return Err(DataplaneError::Gone);
         }
-        let window = Self::window(&spec)?;
         let mut w = self.world();
+        let window = Self::window(&w, &spec)?;
         let dev_id = match spec.dev_id {
             Some(id) if w.devices.contains_key(&id) => {
                 return Err(DataplaneError::OpenCharDevice {
@@ -433,8 +508,8 @@ impl Devices for SimKernel {
                 .find(|id| !w.devices.contains_key(id))
                 .unwrap_or(DevId(0)),
         };
-        if let Some((offset, len, keep_data)) = window {
-            if Self::overlap(&w, None, offset, len) {
+        if let Some((ns, offset, len, keep_data)) = window {
+            if Self::overlap(&w, None, ns, offset, len) {
                 return Err(DataplaneError::Overlap {
                     path: PathBuf::from(NS_PATH),
                     start: offset,
@@ -443,14 +518,14 @@ impl Devices for SimKernel {
                 });
             }
             if spec.erase && !keep_data {
-                self.erase(&mut w, offset, len);
+                self.erase(&mut w, ns, offset, len);
             }
             if failure == Some(Failure::Late) {
                 return Err(DataplaneError::AttachTimeout {
                     q_id: ublkd_dataplane::QueueId(0),
                 });
             }
-            self.serve(&mut w, dev_id, offset, len, keep_data);
+            self.serve(&mut w, dev_id, (ns, offset, len), keep_data);
         } else if failure == Some(Failure::Late) {
             return Err(DataplaneError::Gone);
         }
@@ -463,8 +538,8 @@ impl Devices for SimKernel {
             Dev {
                 info: i.clone(),
                 owned: true,
-                window: window.map(|(o, l, _)| (o, l)),
-                keep_data: window.is_some_and(|(_, _, k)| k),
+                window: window.map(|(n, o, l, _)| (n, o, l)),
+                keep_data: window.is_some_and(|(_, _, _, k)| k),
             },
         );
         Ok(i)
@@ -473,8 +548,8 @@ impl Devices for SimKernel {
     fn recover_device(&self, spec: DeviceSpec) -> Result<DeviceInfo, DataplaneError> {
         let failure = self.enter(Call::Recover)?;
         let dev_id = spec.dev_id.ok_or(DataplaneError::Gone)?;
-        let window = Self::window(&spec)?;
         let mut w = self.world();
+        let window = Self::window(&w, &spec)?;
         let Some(dev) = w.devices.get(&dev_id) else {
             return Err(DataplaneError::NoSuchDevice(dev_id));
         };
@@ -489,8 +564,8 @@ impl Devices for SimKernel {
         }
         // Never shrunk on takeover; a larger recorded size is applied.
         let size = spec.size_bytes.max(dev.info.spec.size_bytes);
-        if let Some((offset, len, keep_data)) = window {
-            self.serve(&mut w, dev_id, offset, len, keep_data);
+        if let Some((ns, offset, len, keep_data)) = window {
+            self.serve(&mut w, dev_id, (ns, offset, len), keep_data);
         }
         let i = info(
             dev_id,
@@ -502,8 +577,8 @@ impl Devices for SimKernel {
         let dev = w.devices.get_mut(&dev_id).ok_or(DataplaneError::Gone)?;
         dev.info = i.clone();
         dev.owned = true;
-        dev.window = window.map(|(o, l, _)| (o, l));
-        dev.keep_data = window.is_some_and(|(_, _, k)| k);
+        dev.window = window.map(|(n, o, l, _)| (n, o, l));
+        dev.keep_data = window.is_some_and(|(_, _, _, k)| k);
         Ok(i)
     }
 
@@ -559,27 +634,27 @@ impl Devices for SimKernel {
             return Err(DataplaneError::Gone);
         }
         let (window, keep_data) = (dev.window, dev.keep_data);
-        if let Some((offset, len)) = window {
+        if let Some((ns, offset, len)) = window {
             if size > len {
-                if offset + size > NS_BYTES || Self::overlap(&w, Some(dev_id), offset, size) {
+                if offset + size > NS_BYTES || Self::overlap(&w, Some(dev_id), ns, offset, size) {
                     return Err(DataplaneError::Overlap {
-                        path: PathBuf::from(NS_PATH),
+                        path: PathBuf::from(NS_PATHS[ns]),
                         start: offset + len,
                         end: offset + size,
                         dev_id,
                     });
                 }
                 if !keep_data && growth == Growth::Erase {
-                    self.erase(&mut w, offset + len, size - len);
+                    self.erase(&mut w, ns, offset + len, size - len);
                 }
             }
             if failure == Some(Failure::Late) {
                 return Err(DataplaneError::Gone);
             }
             let len = len.max(size);
-            self.serve(&mut w, dev_id, offset, len, keep_data);
+            self.serve(&mut w, dev_id, (ns, offset, len), keep_data);
             if let Some(d) = w.devices.get_mut(&dev_id) {
-                d.window = Some((offset, len));
+                d.window = Some((ns, offset, len));
             }
         } else if failure == Some(Failure::Late) {
             return Err(DataplaneError::Gone);

@@ -24,7 +24,7 @@ use crate::simctx;
 use crate::snapshot::SnapshotId;
 use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
-use kernel::{Call, SimKernel, CHUNK, NS_BYTES, NS_PATH};
+use kernel::{Call, SimKernel, CHUNK, NS_BYTES, NS_PATH, NS_PATHS};
 use rng::Rng;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -75,6 +75,10 @@ impl std::fmt::Display for Op {
                         keep_data,
                         ..
                     } => {
+                        if let BackendRecord::Nvme { device, .. } = &record.backend {
+                            let name = device.file_name().map(|n| n.to_string_lossy().into_owned());
+                            write!(f, "{} ", name.unwrap_or_default())?;
+                        }
                         if *place && *length != 0 {
                             write!(f, "nvme placed +{length}")?;
                         } else if *place {
@@ -114,6 +118,9 @@ struct Step {
     ops: Vec<Op>,
     faults: bool,
     crash: Option<(u64, bool)>,
+    /// After the step's calls the node reboots (no device survives), the namespaces' names
+    /// swapped when `true`, and ublkd starts again.
+    reboot: Option<bool>,
     /// Each create that succeeded is made again, alone: it must answer as it did.
     retry: bool,
     /// Seeds this step's interleaving and the kernel's faults: a step behaves the same
@@ -131,6 +138,11 @@ impl std::fmt::Display for Step {
         if let Some((n, after)) = self.crash {
             let when = if after { "after" } else { "at" };
             write!(f, ", dies {when} effect {n}")?;
+        }
+        match self.reboot {
+            Some(true) => write!(f, ", then the node reboots with its NVMe names swapped")?,
+            Some(false) => write!(f, ", then the node reboots")?,
+            None => {}
         }
         Ok(())
     }
@@ -234,7 +246,7 @@ fn gen_record(rng: &mut Rng, files: &Path, id: VolumeId) -> (VolumeRecord, bool)
         22..=46 => (file(rng), false),
         47..=71 => (
             BackendRecord::Nvme {
-                device: PathBuf::from(NS_PATH),
+                device: PathBuf::from(rng.pick(&NS_PATHS)),
                 offset: 0,
                 // Mostly placed to the size; sometimes a length a client got wrong: one near
                 // u64::MAX (its rounding must not wrap to "the end"), one past the namespace,
@@ -246,6 +258,7 @@ fn gen_record(rng: &mut Rng, files: &Path, id: VolumeId) -> (VolumeRecord, bool)
                     _ => 0,
                 },
                 keep_data: rng.chance(5),
+                identity: None,
             },
             true,
         ),
@@ -258,10 +271,11 @@ fn gen_record(rng: &mut Rng, files: &Path, id: VolumeId) -> (VolumeRecord, bool)
             };
             (
                 BackendRecord::Nvme {
-                    device: PathBuf::from(NS_PATH),
+                    device: PathBuf::from(rng.pick(&NS_PATHS)),
                     offset,
                     length,
                     keep_data: rng.chance(5),
+                    identity: None,
                 },
                 false,
             )
@@ -369,6 +383,7 @@ fn history(seed: u64) -> Vec<Step> {
                 ops,
                 faults: rng.chance(30),
                 crash: rng.chance(15).then(|| (1 + rng.below(6), rng.chance(50))),
+                reboot: rng.chance(5).then(|| rng.chance(60)),
                 retry: rng.chance(30),
                 seed: rng.next_u64(),
             }
@@ -472,14 +487,27 @@ fn on_disk(state: &Path) -> Vec<VolumeRecord> {
     all
 }
 
-/// The namespace range a record's window claims.
-fn window(r: &VolumeRecord) -> Option<(u64, u64)> {
+/// The namespace range a record's window claims: its namespace (by identity, else by path),
+/// offset and length.
+fn window(r: &VolumeRecord) -> Option<(String, u64, u64)> {
     match &r.backend {
-        BackendRecord::Nvme { offset, length, .. } => Some(if *length == 0 {
-            (*offset, NS_BYTES.saturating_sub(*offset))
-        } else {
-            (*offset, *length)
-        }),
+        BackendRecord::Nvme {
+            offset,
+            length,
+            identity,
+            device,
+            ..
+        } => Some((
+            identity
+                .as_ref()
+                .map_or_else(|| device.display().to_string(), ToString::to_string),
+            *offset,
+            if *length == 0 {
+                NS_BYTES.saturating_sub(*offset)
+            } else {
+                *length
+            },
+        )),
         _ => None,
     }
 }
@@ -579,13 +607,13 @@ async fn check(
                     return Err(format!("{} and {} both own {}", a.id, b.id, p.display()));
                 }
             }
-            if let (Some((o1, l1)), Some((o2, l2))) = (window(a), window(b)) {
-                if o1 < o2 + l2 && o2 < o1 + l1 {
+            if let (Some((n1, o1, l1)), Some((n2, o2, l2))) = (window(a), window(b)) {
+                if n1 == n2 && o1 < o2 + l2 && o2 < o1 + l1 {
                     return Err(format!("{} and {} own overlapping windows", a.id, b.id));
                 }
             }
         }
-        if let Some((_, len)) = window(a) {
+        if let Some((_, _, len)) = window(a) {
             if len < a.size_bytes {
                 return Err(format!("{} is larger than its window", a.id));
             }
@@ -633,6 +661,7 @@ fn files_owned(fresh: &[PathBuf], state: &Path) -> Result<(), String> {
 struct Coverage {
     ops: BTreeMap<String, (u64, u64)>,
     crashes: u64,
+    reboots: u64,
     calls: BTreeMap<(Call, bool), u64>,
 }
 
@@ -644,6 +673,7 @@ impl Coverage {
             e.1 += err;
         }
         self.crashes += other.crashes;
+        self.reboots += other.reboots;
         for (k, n) in other.calls {
             *self.calls.entry(k).or_default() += n;
         }
@@ -655,6 +685,22 @@ impl Coverage {
 struct Failure {
     what: String,
     log: String,
+}
+
+/// ublkd starting again over `state` (after a crash or a reboot): load, restore, and every
+/// invariant with every volume serving again.
+async fn restart(
+    state: &Path,
+    kernel: &Arc<SimKernel>,
+    limit: Option<u64>,
+) -> Result<Arc<Volumes>, String> {
+    let v = Arc::new(volumes_limited(state, kernel, limit));
+    v.load()
+        .await
+        .map_err(|e| format!("load after the restart: {e}"))?;
+    v.restore().await;
+    check(&v, kernel, state, true).await?;
+    Ok(v)
 }
 
 /// Runs `steps` from `seed`'s kernel: Ok with what it reached, or the first invariant broken.
@@ -753,13 +799,11 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
             cov.crashes += 1;
             let _ = writeln!(log, "     the process died; restart"); // a String: cannot fail
             simctx::crash_at(None);
-            kernel.process_died();
-            v = Arc::new(volumes_limited(&dirs.state, &kernel, limit));
-            if let Err(e) = v.load().await {
-                return Err(fail(&log, format!("load after the restart: {e}")));
+            match step.reboot {
+                Some(swap) => kernel.reboot(swap),
+                None => kernel.process_died(),
             }
-            v.restore().await;
-            check(&v, &kernel, &dirs.state, true)
+            v = restart(&dirs.state, &kernel, limit)
                 .await
                 .map_err(|w| fail(&log, w))?;
             // A delete the crash cut short finishes at the start, its file included.
@@ -803,6 +847,14 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
             })
             .collect();
         files_removed(&done, &dirs.state).map_err(|w| fail(&log, w))?;
+        if let Some(swap) = step.reboot {
+            cov.reboots += 1;
+            kernel.reboot(swap);
+            v = restart(&dirs.state, &kernel, limit)
+                .await
+                .map_err(|w| fail(&log, w))?;
+            continue;
+        }
         if step.retry {
             for (op, answer) in answers {
                 let (Op::Create { place, record }, Some(first)) = (op, &answer.created) else {
@@ -889,9 +941,11 @@ fn search(seeds: std::ops::Range<u64>) {
         }
     }
     eprintln!(
-        "simulated {} histories of {STEPS} steps: {} crashes; calls (ok, refused): {:?}",
+        "simulated {} histories of {STEPS} steps: {} crashes, {} reboots; calls (ok, refused): \
+         {:?}",
         seeds.end - seeds.start,
         cov.crashes,
+        cov.reboots,
         cov.ops
     );
     eprintln!("device calls (call, failed): {:?}", cov.calls);
@@ -940,6 +994,7 @@ fn a_window_that_does_not_fit_its_namespace_is_refused_before_it_is_recorded() {
             offset,
             length,
             keep_data: false,
+            identity: None,
         };
         for (offset, length) in [
             (0, u64::MAX),
@@ -994,6 +1049,7 @@ fn an_adopted_device_takes_no_other_volumes_file_or_window() {
             offset,
             length: 4 * CHUNK,
             keep_data: false,
+            identity: None,
         };
         for record in [
             base_record(vid("a"), 4 * CHUNK, file.clone()),
@@ -1060,6 +1116,7 @@ fn a_placed_window_with_a_huge_length_erases_no_neighbour() {
             offset,
             length,
             keep_data: false,
+            identity: None,
         };
         let a = base_record(vid("a"), 4 * CHUNK, nvme(16 * CHUNK, 4 * CHUNK));
         assert!(v.create(a, false).await.is_ok());
@@ -1144,6 +1201,76 @@ fn a_resize_past_the_memory_limit_or_the_free_space_is_refused() {
         assert_eq!(len, CHUNK, "the backing file was not grown");
         let f = v.get(&vid("f")).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(f.record.size_bytes, CHUNK, "the refused size is not kept");
+    });
+    simctx::set_on(false);
+}
+
+/// A reboot that swaps two namespaces' names brings each NVMe volume back on its own namespace,
+/// found by the identity its record keeps; a volume whose namespace is not found at all is
+/// FAILED and nothing is erased (issue 55, review H2: restore, erase and delete trusted
+/// `/dev/ngXnY`, which follows probe order).
+#[test]
+fn a_reboot_that_swaps_nvme_names_serves_each_volume_from_its_own_namespace() {
+    let dirs = Dirs::new();
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let nvme = |path: &str| BackendRecord::Nvme {
+            device: PathBuf::from(path),
+            offset: 0,
+            length: 4 * CHUNK,
+            keep_data: false,
+            identity: None,
+        };
+        for (id, path) in [("a", NS_PATHS[0]), ("b", NS_PATHS[1]), ("c", NS_PATHS[1])] {
+            let mut record = base_record(vid(id), 4 * CHUNK, nvme(path));
+            if id == "c" {
+                record.backend = BackendRecord::Nvme {
+                    device: PathBuf::from(path),
+                    offset: 8 * CHUNK,
+                    length: 4 * CHUNK,
+                    keep_data: false,
+                    identity: None,
+                };
+            }
+            let made = v.create(record, false).await;
+            let identity = match made.as_ref().map(|m| &m.record.backend) {
+                Ok(BackendRecord::Nvme { identity, .. }) => identity.clone(),
+                other => panic!("{id}: {other:?}"),
+            };
+            assert_eq!(identity, Some(kernel::ns_identity(usize::from(id != "a"))));
+        }
+        // c's namespace leaves the node: its record names an identity no namespace has.
+        let mut c = on_disk(&dirs.state).remove(2);
+        if let BackendRecord::Nvme { identity, .. } = &mut c.backend {
+            *identity = Some(ublkd_dataplane::NamespaceIdentity::Eui64([0xff; 8]));
+        }
+        v.registry.put(&c).unwrap_or_else(|e| panic!("{e}"));
+        kernel.reboot(true);
+        kernel.world().calls.clear();
+        let v = volumes(&dirs.state, &kernel);
+        v.load().await.unwrap_or_else(|e| panic!("{e}"));
+        v.restore().await;
+        let violations = std::mem::take(&mut kernel.world().violations);
+        assert!(violations.is_empty(), "{violations:?}");
+        for (id, now) in [("a", NS_PATHS[1]), ("b", NS_PATHS[0])] {
+            let vol = v.get(&vid(id)).await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(vol.state, State::Ready, "{id}: {}", vol.message);
+            assert!(
+                matches!(&vol.record.backend, BackendRecord::Nvme { device, .. } if device == Path::new(now)),
+                "{id} is served from its namespace's new name: {:?}",
+                vol.record.backend
+            );
+        }
+        let c = v.get(&vid("c")).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.state, State::Failed);
+        assert!(c.message.contains("eui.ffffffffffffffff"), "{}", c.message);
+        assert_eq!(
+            kernel.world().calls.get(&(Call::EraseWindow, false)),
+            None,
+            "a restore erases nothing"
+        );
     });
     simctx::set_on(false);
 }

@@ -1,0 +1,158 @@
+//! Which NVMe namespace a record's window is on: the record keeps the namespace's identity
+//! (Identify's NGUID, EUI-64, or subsystem NQN and namespace id), and the char device path is
+//! only the name this boot gave it. Every step that serves or erases a window checks the path
+//! against the identity first; a restore finds the namespace wherever it now is, or leaves the
+//! volume FAILED with nothing served or erased.
+
+use super::{blocking, Volumes};
+use crate::error::VolumeError;
+use crate::record::{BackendRecord, VolumeRecord};
+use std::path::{Path, PathBuf};
+use ublkd_dataplane::{Namespace, NamespaceIdentity};
+
+/// The namespace an NVMe record's window lies in (None for other backends), checked against
+/// the identity the record keeps: a path that names another namespace now is refused.
+pub(super) async fn of(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<Option<Namespace>, VolumeError> {
+    let Some((device, recorded)) = nvme(record) else {
+        return Ok(None);
+    };
+    let ns = identify(volumes, device).await?;
+    check(device, recorded, &ns)?;
+    Ok(Some(ns))
+}
+
+/// For a new volume: its namespace found by identity when the request names it so (no path),
+/// identified, checked against an identity the request gave, and the identity recorded.
+pub(super) async fn adopt_identity(
+    volumes: &Volumes,
+    record: &mut VolumeRecord,
+) -> Result<Option<Namespace>, VolumeError> {
+    let Some((device, recorded)) = nvme(record) else {
+        return Ok(None);
+    };
+    let device = match (device.as_os_str().is_empty(), recorded) {
+        (true, Some(identity)) => find(volumes, identity).await?,
+        _ => device.to_owned(),
+    };
+    let ns = identify(volumes, &device).await?;
+    check(&device, recorded, &ns)?;
+    if let BackendRecord::Nvme {
+        device: d,
+        identity,
+        ..
+    } = &mut record.backend
+    {
+        *d = device;
+        if identity.is_none() {
+            identity.clone_from(&ns.identity);
+        }
+    }
+    Ok(Some(ns))
+}
+
+/// At restore: the record's namespace where it is now. Its recorded path when that still holds
+/// it; else the path that does (the record and the map are updated, and the log says so); a
+/// record without an identity (written before identities were kept) gets the one its path
+/// holds. Err when no namespace has the identity: nothing may be served or erased.
+pub(super) async fn relocate(
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> Result<VolumeRecord, VolumeError> {
+    let Some((device, recorded)) = nvme(record) else {
+        return Ok(record.clone());
+    };
+    let here = identify(volumes, device).await;
+    let (path, found) = match (recorded, here) {
+        (None, Ok(ns)) => (device.to_owned(), ns.identity),
+        (None, Err(e)) => return Err(e),
+        (Some(id), Ok(ns)) if ns.identity.as_ref() == Some(id) => return Ok(record.clone()),
+        (Some(id), here) => {
+            let now = match &here {
+                Ok(ns) => ns
+                    .identity
+                    .as_ref()
+                    .map_or("unidentified".into(), ToString::to_string),
+                Err(e) => crate::error::chain(e),
+            };
+            let path = find(volumes, id).await?;
+            tracing::warn!(volume = %record.id, recorded = %device.display(), now = %path.display(),
+                identity = %id, elsewhere = now, "the volume's namespace has another name this boot: served from its new name");
+            (path, Some(id.clone()))
+        }
+    };
+    let mut moved = record.clone();
+    if let BackendRecord::Nvme {
+        device, identity, ..
+    } = &mut moved.backend
+    {
+        *device = path;
+        identity.clone_from(&found);
+    }
+    if moved == *record {
+        return Ok(moved);
+    }
+    volumes.put_record(&moved).await?;
+    if let Some(v) = volumes.inner.lock().await.get_mut(&record.id) {
+        v.record.backend = moved.backend.clone();
+    }
+    Ok(moved)
+}
+
+/// Refuses `device` when it is not the namespace `recorded` names (nothing to compare when the
+/// record has no identity yet).
+fn check(
+    device: &Path,
+    recorded: Option<&NamespaceIdentity>,
+    ns: &Namespace,
+) -> Result<(), VolumeError> {
+    match recorded {
+        Some(id) if ns.identity.as_ref() != Some(id) => Err(VolumeError::NamespaceIdentity {
+            device: device.to_owned(),
+            recorded: id.clone(),
+            found: ns
+                .identity
+                .as_ref()
+                .map_or_else(|| "without an identity".into(), ToString::to_string),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `device` is, right now, the namespace `recorded` names: what every erase checks.
+pub(super) async fn verify(
+    volumes: &Volumes,
+    device: &Path,
+    recorded: Option<&NamespaceIdentity>,
+) -> Result<(), VolumeError> {
+    if recorded.is_none() {
+        return Ok(());
+    }
+    let ns = identify(volumes, device).await?;
+    check(device, recorded, &ns)
+}
+
+fn nvme(record: &VolumeRecord) -> Option<(&Path, Option<&NamespaceIdentity>)> {
+    match &record.backend {
+        BackendRecord::Nvme {
+            device, identity, ..
+        } => Some((device.as_path(), identity.as_ref())),
+        _ => None,
+    }
+}
+
+/// Identify, on the blocking pool (an ioctl).
+async fn identify(volumes: &Volumes, device: &Path) -> Result<Namespace, VolumeError> {
+    let (device, handle) = (device.to_owned(), volumes.handle()?);
+    blocking(move || handle.identify_namespace(&device)).await
+}
+
+/// The char device of the namespace with `identity`, on the blocking pool (one Identify per
+/// namespace of the node).
+async fn find(volumes: &Volumes, identity: &NamespaceIdentity) -> Result<PathBuf, VolumeError> {
+    let (id, handle) = (identity.clone(), volumes.handle()?);
+    let found = blocking(move || Ok::<_, VolumeError>(handle.find_namespace(&id))).await?;
+    found.ok_or_else(|| VolumeError::NamespaceNotFound(identity.clone()))
+}
