@@ -89,7 +89,7 @@ enum Cmd {
     /// Print the ublk features of this kernel.
     Probe,
     /// Serve one volume in the foreground, without gRPC, until SIGINT/SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -141,7 +141,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Cmd::Serve) => serve(cli.serve),
         Some(Cmd::Probe) => probe(),
-        Some(Cmd::Run(args)) => run_one(args),
+        Some(Cmd::Run(args)) => run_one(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,12 +4,20 @@
 //! their sysfs parent is the subsystem, not a controller. The harness runs this file in a boot of
 //! its own: with three controllers probed asynchronously, even the first one's name is not fixed.
 //! Namespace 1 has 4 KiB blocks and is attached to one controller; namespace 2 (512 B) to both.
+//! The boot also carries two plain controllers, serials `ublkd-swapA` and `ublkd-swapB`, with one
+//! 64 MiB namespace each (distinct EUI-64s): a test unbinds and binds them so that they trade
+//! names under a stopped ublkd, as a reboot may.
 #![cfg(feature = "vm")]
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 use ublkd_dataplane::{BackendSpec, DeviceSpec, Toggle};
-use ublkd_tests::guest;
+use ublkd_proto::v1;
+use ublkd_tests::daemon::Daemon;
+use ublkd_tests::{api, guest, MIB};
 
 const SUBSYS_NQN_SUFFIX: &str = "ublkd-mpath";
 
@@ -136,5 +144,344 @@ fn multipath_heads_get_their_namespace_limits() -> Result<()> {
          above tested something"
     );
     dp.shutdown()?;
+    Ok(())
+}
+
+/// The serials of the two plain controllers whose names are swapped (`Vm::multipath`).
+const SWAP_A: &str = "ublkd-swapA";
+const SWAP_B: &str = "ublkd-swapB";
+/// Each volume's window on its drive, from offset 0.
+const WINDOW: u64 = 16 * MIB;
+const PCI_NVME_DRIVER: &str = "/sys/bus/pci/drivers/nvme";
+
+/// One of the swap controllers as the kernel names it now: found by serial, wherever it was
+/// numbered, with its namespace's disk and char device (its children in sysfs: a private
+/// namespace has no multipath head).
+#[derive(Debug, Clone)]
+struct Drive {
+    serial: &'static str,
+    /// `nvmeX`, X the controller's instance.
+    ctrl: String,
+    instance: u32,
+    /// Its PCI address, what the driver is bound and unbound by.
+    pci: String,
+    char_dev: PathBuf,
+    block_dev: PathBuf,
+    nqn: String,
+    /// The namespace's `wwid` (`eui.<hex>` for these drives).
+    wwid: String,
+}
+
+impl Drive {
+    /// The controller with `serial` and its namespace 1, once both are up and in /dev.
+    fn find(serial: &'static str) -> Result<Option<Drive>> {
+        for e in std::fs::read_dir("/sys/class/nvme")?.flatten() {
+            let dir = e.path();
+            if read(&dir.join("serial")).ok().as_deref() != Some(serial) {
+                continue;
+            }
+            if read(&dir.join("state"))? != "live" {
+                return Ok(None);
+            }
+            let ctrl = e.file_name().to_string_lossy().into_owned();
+            let instance = ctrl.trim_start_matches("nvme").parse()?;
+            let pci = std::fs::canonicalize(dir.join("device"))?;
+            let pci = pci.file_name().context("pci address")?;
+            let (mut char_dev, mut disk) = (None, None);
+            for child in std::fs::read_dir(&dir)?.flatten() {
+                let name = child.file_name().to_string_lossy().into_owned();
+                if name.starts_with("ng") {
+                    char_dev = Some(PathBuf::from("/dev").join(&name));
+                } else if name.starts_with("nvme") && child.path().join("nsid").exists() {
+                    disk = Some(child.path());
+                }
+            }
+            let (Some(char_dev), Some(disk)) = (char_dev, disk) else {
+                return Ok(None); // the namespace is not scanned yet
+            };
+            ensure!(read(&disk.join("nsid"))? == "1", "{}", disk.display());
+            let block_dev = PathBuf::from("/dev").join(disk.file_name().context("disk")?);
+            if !char_dev.exists() || !block_dev.exists() {
+                return Ok(None);
+            }
+            return Ok(Some(Drive {
+                serial,
+                ctrl,
+                instance,
+                pci: pci.to_string_lossy().into_owned(),
+                char_dev,
+                block_dev,
+                nqn: read(&dir.join("subsysnqn"))?,
+                wwid: read(&disk.join("wwid"))?,
+            }));
+        }
+        Ok(None)
+    }
+
+    fn wait(serial: &'static str, within: Duration) -> Result<Drive> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(d) = Self::find(serial)? {
+                return Ok(d);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no live controller with serial {serial} and its namespace in /dev within \
+                 {within:?} (the harness's multipath boot has it: Vm::multipath)"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn char_path(&self) -> String {
+        self.char_dev.display().to_string()
+    }
+
+    /// The md5 of the whole namespace, read past any cache.
+    fn md5(&self) -> Result<String> {
+        let sum = guest::sh(&format!(
+            "dd if={} bs=1M iflag=direct status=none | md5sum",
+            self.block_dev.display()
+        ))?;
+        Ok(sum.split_whitespace().next().unwrap_or_default().to_owned())
+    }
+
+    /// Whether `message` names this namespace: its EUI-64 (any spelling of the hex) or its
+    /// subsystem NQN.
+    fn named_in(&self, message: &str) -> bool {
+        let hex = |s: &str| {
+            s.to_ascii_lowercase()
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .collect::<String>()
+        };
+        let eui = hex(self.wwid.trim_start_matches("eui."));
+        (!eui.is_empty() && hex(message).contains(&eui)) || message.contains(&self.nqn)
+    }
+}
+
+impl std::fmt::Display for Drive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} at {} ({}, {}, pci {}, {})",
+            self.serial,
+            self.ctrl,
+            self.char_dev.display(),
+            self.block_dev.display(),
+            self.pci,
+            self.wwid
+        )
+    }
+}
+
+/// `len` bytes of `dev` read with O_DIRECT (not the page cache a block device keeps across a
+/// ublkd restart).
+fn read_direct(dev: &Path, len: u64) -> Result<Vec<u8>> {
+    let out = Command::new("dd")
+        .arg(format!("if={}", dev.display()))
+        .args(["bs=1M", "iflag=direct", "status=none"])
+        .arg(format!("count={}", len / MIB))
+        .output()?;
+    ensure!(
+        out.status.success() && out.stdout.len() as u64 == len,
+        "reading {}: {} ({} B): {}",
+        dev.display(),
+        out.status,
+        out.stdout.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
+/// What `data` holds, in terms of the volumes' patterns: `[(byte, volume)]`.
+fn describe(data: &[u8], patterns: &[(u8, &str)]) -> String {
+    let mut counts = BTreeMap::<u8, usize>::new();
+    for b in data {
+        *counts.entry(*b).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(b, n)| match patterns.iter().find(|p| p.0 == *b) {
+            Some((_, id)) => format!("{n} B of {b:#04x} ({id}'s pattern)"),
+            None => format!("{n} B of {b:#04x}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Gives the two controllers each other's names with the kernel's own driver, as a reboot with
+/// another probe order may: both unbound, then bound again, the one numbered higher first (the
+/// driver gives a new controller the lowest free instance). Returns them as found afterwards.
+fn swap_names(a: &Drive, b: &Drive) -> Result<(Drive, Drive)> {
+    let driver = Path::new(PCI_NVME_DRIVER);
+    for d in [a, b] {
+        std::fs::write(driver.join("unbind"), &d.pci).with_context(|| format!("unbinding {d}"))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while [a, b]
+        .iter()
+        .any(|d| Path::new("/sys/class/nvme").join(&d.ctrl).exists())
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "{a} or {b} still there after unbind"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (first, second) = if a.instance > b.instance {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    for d in [first, second] {
+        std::fs::write(driver.join("bind"), &d.pci).with_context(|| format!("binding {d}"))?;
+    }
+    let within = Duration::from_secs(60);
+    Ok((
+        Drive::wait(a.serial, within)?,
+        Drive::wait(b.serial, within)?,
+    ))
+}
+
+/// The volumes' states once none is RECOVERING (or CREATING) any more.
+async fn settled(d: &Daemon) -> Result<Vec<v1::Volume>> {
+    let mut c = d.volumes().await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let vols = c
+            .list_volumes(v1::ListVolumesRequest {})
+            .await?
+            .into_inner()
+            .volumes;
+        let busy = [v1::VolumeState::Recovering, v1::VolumeState::Creating];
+        if !vols.iter().any(|v| busy.contains(&v.state())) {
+            return Ok(vols);
+        }
+        if Instant::now() > deadline {
+            bail!("volumes still recovering: {vols:?}\n{}", d.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// NVMe names are not identities: with ublkd killed, the two drives are unbound and bound again
+/// so that each takes the other's `ngXn1`/`nvmeXn1`. The restarted ublkd must bring each
+/// volume back on the namespace it was created on (found by its EUI-64, not by the name in its
+/// record): READY and reading its own pattern. Whatever it does, the restore writes nothing:
+/// each drive's md5, by serial, is the one it had before the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvme_names_swapped_under_a_stopped_ublkd_each_volume_comes_back_on_its_own_drive(
+) -> Result<()> {
+    let within = Duration::from_secs(30);
+    let (a, b) = (Drive::wait(SWAP_A, within)?, Drive::wait(SWAP_B, within)?);
+    println!("before: {a}\nbefore: {b}");
+    let dir = guest::scratch("nvme-swap")?;
+    let mut d = Daemon::new(&dir, 19650, "")?;
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    // Volume, its drive, its pattern.
+    let vols = [("va", &a, 0xa5_u8), ("vb", &b, 0x5a_u8)];
+    let patterns: Vec<(u8, &str)> = vols.iter().map(|v| (v.2, v.0)).collect();
+    for (id, drive, byte) in vols {
+        let mut spec = api::volume(WINDOW, api::nvme(&drive.char_path(), 0, WINDOW));
+        spec.queues = Some(1);
+        let v = c.create_volume(api::create(id, spec)).await?.into_inner();
+        let file = dir.join(format!("{id}.pattern"));
+        std::fs::write(&file, vec![byte; WINDOW as usize])?;
+        guest::sh(&format!(
+            "dd if={} of={} bs=1M oflag=direct conv=fsync status=none && sync",
+            file.display(),
+            v.device_path
+        ))?;
+        println!("{id}: {} on {drive}, {byte:#04x} written", v.device_path);
+    }
+    // Each pattern is on its own drive: what the restore must keep.
+    let mut before = BTreeMap::new();
+    for (id, drive, byte) in vols {
+        let data = read_direct(&drive.block_dev, WINDOW)?;
+        ensure!(
+            data.iter().all(|b| *b == byte),
+            "{id}'s window on {drive} holds {} before any restart",
+            describe(&data, &patterns)
+        );
+        before.insert(drive.serial, drive.md5()?);
+    }
+    println!("md5 before the kill: {before:?}");
+
+    // Killed: its ublk devices stay in the kernel, quiesced; the char devices are closed.
+    d.stop_with(libc::SIGKILL)?;
+    let (a2, b2) = swap_names(&a, &b)?;
+    println!("after the swap: {a2}\nafter the swap: {b2}");
+    ensure!(
+        a2.ctrl == b.ctrl && b2.ctrl == a.ctrl && a2.char_dev == b.char_dev,
+        "the names did not swap ({} was {}, {} was {}): this test proves nothing unless they do",
+        a2,
+        a.ctrl,
+        b2,
+        b.ctrl
+    );
+
+    d.start().await?;
+    let states = settled(&d).await?;
+    let now = [(SWAP_A, &a2), (SWAP_B, &b2)];
+    let mut problems = Vec::new();
+    for (id, drive, byte) in vols {
+        let Some(v) = states.iter().find(|v| v.id == id) else {
+            problems.push(format!("{id} is gone from the list: {states:?}"));
+            continue;
+        };
+        let own = now.iter().find(|n| n.0 == drive.serial).map(|n| n.1);
+        let own = own.context("drive")?;
+        match v.state() {
+            v1::VolumeState::Ready => {
+                let data = read_direct(Path::new(&v.device_path), WINDOW)?;
+                let got = describe(&data, &patterns);
+                if data.iter().all(|b| *b == byte) {
+                    println!("{id}: READY on {}, reads its own pattern", v.device_path);
+                } else {
+                    problems.push(format!(
+                        "{id} (created on {}, now {}) is READY on {} but reads {got}: \
+                         served from another namespace than its own",
+                        drive.serial,
+                        own.char_dev.display(),
+                        v.device_path
+                    ));
+                }
+            }
+            v1::VolumeState::Failed => {
+                // Safe (nothing served from another namespace), but its namespace is there.
+                let names = match own.named_in(&v.message) {
+                    true => "names its namespace",
+                    false => "does NOT name its namespace's identity",
+                };
+                problems.push(format!(
+                    "{id} is FAILED although its namespace is present ({own}); the message \
+                     {names}: {:?}",
+                    v.message
+                ));
+            }
+            other => problems.push(format!("{id} is {other:?}: {}", v.message)),
+        }
+    }
+    for drive in [&a2, &b2] {
+        let (was, sum) = (&before[drive.serial], drive.md5()?);
+        if *was != sum {
+            problems.push(format!(
+                "{drive}'s content changed across the restore (md5 {was} before the kill, \
+                 {sum} after): the restore wrote to it"
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        let log = d.log();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "after the names swapped:\n  {}\nublkd's log, last lines:\n{}",
+            problems.join("\n  "),
+            tail.join("\n")
+        );
+    }
     Ok(())
 }

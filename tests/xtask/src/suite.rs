@@ -233,7 +233,7 @@ fn boot_once(
 ) -> Result<Vec<String>> {
     let (n, kver) = (cases.len(), &kernel.kver);
     let topology = match multipath {
-        true => " with the multipath NVMe subsystem",
+        true => " with the multipath NVMe subsystem and the swap drives",
         false => "",
     };
     eprintln!("xtask: running {n} VM test(s) in one boot of {kver}{topology}");

@@ -19,6 +19,15 @@ use std::time::{Duration, Instant};
 const NVME_BYTES: u64 = 1 << 30;
 /// Each namespace of the multipath subsystem (`Vm::multipath`).
 const MPATH_NS_BYTES: u64 = 256 << 20;
+/// Each of the multipath boot's two plain controllers whose names a test swaps (`Vm::multipath`).
+const SWAP_NS_BYTES: u64 = 64 << 20;
+/// Those controllers: serial (so subsystem NQN `nqn.2019-08.org.qemu:SERIAL`), the drive's id and
+/// the namespace's EUI-64 (QEMU since 7.1 gives none unless told: every namespace would then be
+/// known by its NQN and NSID alone).
+const SWAP_DRIVES: [(&str, &str, u64); 2] = [
+    ("ublkd-swapA", "swa", 0x5542_4c4b_4400_000a),
+    ("ublkd-swapB", "swb", 0x5542_4c4b_4400_000b),
+];
 const CONSOLE_KEEP: usize = 2000;
 
 /// How a guest run ended.
@@ -80,7 +89,9 @@ pub struct Vm {
     /// controller, its disk by the subsystem) with 4 KiB blocks, and namespace 2 shared by both
     /// (one multipath head). The first controller and its `ng0n1` stay as in every boot, but
     /// controller numbering is then racy (asynchronous probe), so only tests that find their
-    /// devices by serial run in such a boot.
+    /// devices by serial run in such a boot. Two more plain controllers come with it
+    /// (`SWAP_DRIVES`: serials `ublkd-swapA`, `ublkd-swapB`, one 64 MiB namespace each with its
+    /// own EUI-64), whose names a test swaps by unbinding and binding them.
     pub multipath: bool,
     /// The host root under a tmpfs overlay, so the guest may write anywhere (the Kubernetes
     /// tier: containerd, the kubelet and etcd keep their state where they expect it). Writes stay
@@ -346,6 +357,8 @@ impl Vm {
         })
     }
 
+    /// QEMU's arguments for the multipath subsystem and the two swap drives (their images made
+    /// in the run directory), or none.
     fn multipath_args(&self) -> Result<Vec<String>> {
         if !self.multipath {
             return Ok(Vec::new());
@@ -368,6 +381,21 @@ impl Vm {
             "nvme-ns,drive=mp2,nsid=2,shared=on",
         ] {
             args.extend(["-device".to_owned(), dev.to_owned()]);
+        }
+        for (serial, id, eui64) in SWAP_DRIVES {
+            let image = self.run_dir.join(format!("{id}.img"));
+            fs::File::create(&image)?.set_len(SWAP_NS_BYTES)?;
+            args.extend([
+                "-drive".to_owned(),
+                format!(
+                    "file={},if=none,id={id},format=raw,cache=none,aio=io_uring",
+                    image.display()
+                ),
+                "-device".to_owned(),
+                format!("nvme,serial={serial},id={id}c,max_ioqpairs=4"),
+                "-device".to_owned(),
+                format!("nvme-ns,drive={id},bus={id}c,nsid=1,shared=off,eui64={eui64:#x}"),
+            ]);
         }
         Ok(args)
     }
