@@ -127,6 +127,7 @@ pub enum SourceRecord {
 
 impl Record for VolumeRecord {
     const KIND: &'static str = "volume";
+    const UNREADABLE_STOPS_LOAD: bool = true;
     fn id(&self) -> &str {
         self.id.as_str()
     }
@@ -227,11 +228,21 @@ mod tests {
                 .unwrap();
         let before: serde_json::Value = serde_json::from_str(OLD_RECORDS[0].1).unwrap();
         assert_eq!(again, before);
-        // A choice no release wrote is a corrupt record, moved aside, not a guess.
+        // A choice no release wrote is an unreadable record, not a guess: the load stops,
+        // naming it, and the file stays where it is (issue 55, review M3: moved aside, the
+        // record took its volume's claims with it).
         let bad = OLD_RECORDS[2].1.replace("\"auto\"", "\"sideways\"");
-        fs::write(dir.path().join("registry/r1.json"), bad).unwrap();
-        let (all, report) = reg.load().unwrap();
-        assert_eq!(all.len(), 2);
-        assert_eq!(report.corrupt.len(), 1);
+        let path = dir.path().join("registry/r1.json");
+        fs::write(&path, &bad).unwrap();
+        let refused = reg.load();
+        assert!(
+            matches!(&refused, Err(RegistryError::Unreadable { path: p, .. }) if *p == path),
+            "{refused:?}"
+        );
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            bad,
+            "the record stays as it was"
+        );
     }
 }

@@ -12,6 +12,10 @@ use std::path::PathBuf;
 pub trait Record: Serialize + serde::de::DeserializeOwned {
     /// What the records are, for messages ("volume", "snapshot").
     const KIND: &'static str;
+    /// A record that cannot be read is a load error, left where it is, rather than moved
+    /// aside: for records whose loss would free what they claim (a volume's NVMe window,
+    /// device and backing file) for the next create to take and erase.
+    const UNREADABLE_STOPS_LOAD: bool = false;
     fn id(&self) -> &str;
 }
 
@@ -37,6 +41,17 @@ pub enum RegistryError {
         id: String,
         #[source]
         source: io::Error,
+    },
+    #[error(
+        "the record {} of a {kind} cannot be read ({why}): it stays where it is, and nothing \
+         starts until it is repaired or moved out of the registry by hand (its volume's NVMe \
+         window, device and backing file are then no longer claimed)",
+        path.display()
+    )]
+    Unreadable {
+        kind: &'static str,
+        path: PathBuf,
+        why: String,
     },
     #[error("cannot read the registry directory {path}")]
     Read {
@@ -141,7 +156,8 @@ impl<R: Record> Registry<R> {
         File::open(&self.dir)?.sync_all()
     }
 
-    /// All records, sorted by id. Unparseable files are moved aside, temp files removed.
+    /// All records, sorted by id. Unparseable files are moved aside (or, for records whose
+    /// type says so, stop the load), temp files removed.
     pub fn load(&self) -> Result<(Vec<R>, LoadReport), RegistryError> {
         let read_err = |source| RegistryError::Read {
             path: self.dir.clone(),
@@ -163,13 +179,24 @@ impl<R: Record> Registry<R> {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
-            let parsed = fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<R>(&b).ok())
-                .filter(|r| r.id() == id);
+            let parsed = match fs::read(&path) {
+                Err(e) => Err(e.to_string()),
+                Ok(b) => match serde_json::from_slice::<R>(&b) {
+                    Err(e) => Err(e.to_string()),
+                    Ok(r) if r.id() != id => Err(format!("it names {:?}", r.id())),
+                    Ok(r) => Ok(r),
+                },
+            };
             match parsed {
-                Some(r) => records.push(r),
-                None => {
+                Ok(r) => records.push(r),
+                Err(why) if R::UNREADABLE_STOPS_LOAD => {
+                    return Err(RegistryError::Unreadable {
+                        kind: R::KIND,
+                        path,
+                        why,
+                    })
+                }
+                Err(_) => {
                     let aside = path.with_extension("json.corrupt");
                     // Reported (and logged by the caller) either way; not moved, it is
                     // reported again at the next load.

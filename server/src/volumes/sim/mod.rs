@@ -1274,3 +1274,45 @@ fn a_reboot_that_swaps_nvme_names_serves_each_volume_from_its_own_namespace() {
     });
     simctx::set_on(false);
 }
+
+/// A volume record that cannot be read stops the start, naming the file, and stays where it is:
+/// moved aside, it took its volume's claims with it, and the next placed create erased the
+/// volume's window (issue 55, review M3).
+#[test]
+fn an_unreadable_record_stops_the_start_and_keeps_its_claims() {
+    let dirs = Dirs::new();
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let nvme = BackendRecord::Nvme {
+            device: PathBuf::from(NS_PATH),
+            offset: 0,
+            length: 4 * CHUNK,
+            keep_data: false,
+            identity: None,
+        };
+        let made = v
+            .create(base_record(vid("a"), 4 * CHUNK, nvme), false)
+            .await;
+        assert!(made.is_ok(), "{made:?}");
+        let path = dirs.state.join("registry/a.json");
+        std::fs::write(&path, b"{\"id\":\"a\",\"size_b").unwrap_or_else(|e| panic!("{e}"));
+        kernel.process_died();
+        let v = volumes(&dirs.state, &kernel);
+        let loaded = v.load().await;
+        assert!(
+            matches!(
+                &loaded,
+                Err(crate::error::VolumeError::Registry(
+                    crate::registry::RegistryError::Unreadable { path: p, .. }
+                )) if *p == path
+            ),
+            "{loaded:?}"
+        );
+        assert!(path.exists(), "the record stays where it is");
+        // ublkd exits on this error (`main`: the load comes before the API): no create can
+        // place a window over a's.
+    });
+    simctx::set_on(false);
+}
