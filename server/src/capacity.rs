@@ -139,11 +139,39 @@ fn parse_memory_max(text: &str) -> Option<u64> {
     text.trim().parse().ok()
 }
 
+/// What ublkd knows of its cgroup's memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// The smallest `memory.max` of its cgroup v2 and the ancestors.
+    Bytes(u64),
+    /// cgroup v2, and no `memory.max` on the way up is set.
+    Unlimited,
+    /// Not found out (cgroup v1, an unreadable `/proc/self/cgroup`): said at start, since
+    /// volumes are then admitted as if there were no limit, though one may be enforced.
+    Unknown(&'static str),
+}
+
+impl MemoryLimit {
+    /// The limit volumes are admitted within (None: none known).
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            MemoryLimit::Bytes(n) => Some(n),
+            MemoryLimit::Unlimited | MemoryLimit::Unknown(_) => None,
+        }
+    }
+}
+
 /// The smallest `memory.max` of ublkd's cgroup v2 and its ancestors (a container's, a pod's, a
-/// systemd slice's): what an OOM kill would enforce. None when none is set or readable.
-pub fn cgroup_memory_limit() -> Option<u64> {
-    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+/// systemd slice's): what an OOM kill would enforce.
+pub fn cgroup_memory_limit() -> MemoryLimit {
+    let Ok(own) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return MemoryLimit::Unknown("/proc/self/cgroup cannot be read");
+    };
+    let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return MemoryLimit::Unknown(
+            "ublkd runs under cgroup v1 (no unified hierarchy), whose memory limit is not read",
+        );
+    };
     let mut dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
     let mut least: Option<u64> = None;
     loop {
@@ -152,7 +180,7 @@ pub fn cgroup_memory_limit() -> Option<u64> {
             least = Some(least.map_or(n, |l| l.min(n)));
         }
         if dir == Path::new("/sys/fs/cgroup") || !dir.pop() {
-            return least;
+            return least.map_or(MemoryLimit::Unlimited, MemoryLimit::Bytes);
         }
     }
 }

@@ -346,16 +346,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut settings = config::load(args.config.as_deref(), std::env::vars(), &overrides)
         .context("loading the configuration")?;
     init_logging(&settings);
-    settings.memory_limit = capacity::cgroup_memory_limit();
-    match settings.memory_limit {
-        Some(bytes) => tracing::info!(
+    let limit = capacity::cgroup_memory_limit();
+    settings.memory_limit = limit.bytes();
+    match limit {
+        capacity::MemoryLimit::Bytes(bytes) => tracing::info!(
             limit_bytes = bytes,
             reserve_bytes = capacity::MEMORY_RESERVE,
             "volumes are admitted within the cgroup's memory limit (copy buffers, RAM pages)"
         ),
-        None => {
+        capacity::MemoryLimit::Unlimited => {
             tracing::info!("no cgroup memory limit: volumes are admitted by the node's limits only")
         }
+        capacity::MemoryLimit::Unknown(why) => tracing::warn!(
+            why,
+            "the cgroup's memory limit is unknown: volumes are admitted as if there were none, \
+             and an OOM kill may stop ublkd if one is enforced"
+        ),
     }
     // A test's faults that name nothing would arm nothing and pass: refused at start.
     #[cfg(feature = "test-hooks")]

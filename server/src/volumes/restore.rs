@@ -76,7 +76,17 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
             continue;
         };
         let started = Instant::now();
-        let outcome = restore_one(volumes, &vol.record, &kernel).await;
+        // Admitted as a create is: a limit lowered since (or an upgrade that counts memory
+        // otherwise) leaves the volumes past it FAILED with the reason, not ublkd OOM-killed
+        // in a loop while it restores them.
+        let admitted = match vol.record.deleting {
+            true => Ok(()),
+            false => admit_memory(volumes, &vol.record).await,
+        };
+        let outcome = match admitted {
+            Ok(()) => restore_one(volumes, &vol.record, &kernel).await,
+            Err(e) => Err(e),
+        };
         let mut map = volumes.inner.lock().await;
         match outcome {
             Ok(None) => {
@@ -130,6 +140,25 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
         }
     }
     failed
+}
+
+/// Whether `record` fits ublkd's memory limit next to the volumes that hold memory now (served,
+/// being made or deleted; not those still to restore, nor FAILED ones).
+async fn admit_memory(volumes: &Volumes, record: &VolumeRecord) -> Result<(), VolumeError> {
+    let map = volumes.inner.lock().await;
+    let holding = map
+        .values()
+        .filter(|v| v.record.id != record.id)
+        .filter(|v| !matches!(v.state, State::Recovering | State::Failed))
+        .map(|v| &v.record);
+    let limit = volumes.settings.memory_limit;
+    if let Some(left) = crate::capacity::memory_left(limit, holding) {
+        let need = crate::capacity::memory_bytes(record);
+        if need > left {
+            return Err(VolumeError::AdmitMemoryLimit { need, left });
+        }
+    }
+    Ok(())
 }
 
 /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).

@@ -1316,3 +1316,36 @@ fn an_unreadable_record_stops_the_start_and_keeps_its_claims() {
     });
     simctx::set_on(false);
 }
+
+/// A restart under a memory limit lower than its records need brings up what fits and leaves
+/// the rest FAILED with the reason (issue 55, review L3: the restore admitted nothing, and ublkd
+/// was OOM-killed while restoring, in a loop).
+#[test]
+fn a_restore_past_the_memory_limit_fails_the_volumes_that_do_not_fit() {
+    let dirs = Dirs::new();
+    let ram = |id| base_record(vid(id), 4 * CHUNK, BackendRecord::Ram);
+    let one = crate::capacity::memory_bytes(&ram("a"));
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        for id in ["a", "b", "c"] {
+            assert!(v.create(ram(id), false).await.is_ok());
+        }
+        kernel.reboot(false);
+        let limit = crate::capacity::MEMORY_RESERVE + 2 * one;
+        let v = volumes_limited(&dirs.state, &kernel, Some(limit));
+        v.load().await.unwrap_or_else(|e| panic!("{e}"));
+        let failed = v.restore().await;
+        assert_eq!(failed, vec![vid("c")]);
+        for id in ["a", "b"] {
+            let vol = v.get(&vid(id)).await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(vol.state, State::Ready, "{id}: {}", vol.message);
+        }
+        let c = v.get(&vid("c")).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.state, State::Failed);
+        assert!(c.message.contains("memory limit"), "{}", c.message);
+        assert_eq!(kernel.devices().len(), 2, "c was not made");
+    });
+    simctx::set_on(false);
+}
