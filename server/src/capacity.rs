@@ -115,13 +115,18 @@ pub const MEMORY_RESERVE: u64 = 256 << 20;
 /// they count whatever the mode) and a RAM volume's pages (tmpfs pages are charged to the
 /// cgroup that writes them).
 pub fn memory_bytes(r: &VolumeRecord) -> u64 {
-    let buffers = u64::from(r.queues) * u64::from(r.queue_depth) * BUFFER_PER_TAG;
+    let buffers = buffer_bytes(r.queues, r.queue_depth);
     let pages = if r.backend == BackendRecord::Ram {
         r.size_bytes
     } else {
         0
     };
     buffers.saturating_add(pages)
+}
+
+/// The copy buffers of a volume of `queues` x `depth` tags.
+fn buffer_bytes(queues: u16, depth: u16) -> u64 {
+    u64::from(queues) * u64::from(depth) * BUFFER_PER_TAG
 }
 
 /// Memory left for volumes under `limit` (ublkd's cgroup's), after `records` and the reserve;
@@ -298,6 +303,20 @@ pub fn pool_space(
     }
 }
 
+/// How many more volumes the node admits: its volume limit, and within ublkd's memory limit as
+/// many volumes of the node's default queues and depth as their copy buffers fit (what the
+/// node's CSI volume limit and `volumes_left` tell the scheduler: the chart's 4 GiB holds about
+/// 60 volumes of 1 x 128 tags, not the 1024 of `max_volumes`).
+pub fn volumes_left(settings: &crate::config::Settings, volumes: &[Volume]) -> usize {
+    let by_count = settings.limits.max_volumes.saturating_sub(volumes.len());
+    let records = volumes.iter().map(|v| &v.record);
+    let Some(memory) = memory_left(settings.memory_limit, records) else {
+        return by_count;
+    };
+    let each = buffer_bytes(settings.defaults.queues, settings.defaults.queue_depth).max(1);
+    by_count.min(usize::try_from(memory / each).unwrap_or(usize::MAX))
+}
+
 /// GetCapacity for the backend `req` names, with the node's volumes as they are now;
 /// `serving`: whether the dataplane runs.
 pub fn capacity(
@@ -345,7 +364,7 @@ pub fn capacity(
     } else {
         extents.iter().map(|e| e.len).max().unwrap_or(0)
     };
-    let left = settings.limits.max_volumes.saturating_sub(volumes.len());
+    let left = volumes_left(settings, volumes);
     let reflink = match &pool {
         Pool::File(root) => clones_by_reflink(root),
         Pool::Ram | Pool::Nvme(_) => false,
@@ -517,6 +536,26 @@ mod tests {
             "held back {held} bytes for a 64 MiB volume"
         );
         assert_eq!(with.volumes_left as usize, settings.limits.max_volumes - 1);
+        // Under a memory limit, as many more as the default volume's copy buffers fit (issue
+        // 55: the chart's 4 GiB admits about 60 while the scheduler was told 1024).
+        let each = buffer_bytes(settings.defaults.queues, settings.defaults.queue_depth);
+        let limited = crate::config::Settings {
+            memory_limit: Some(MEMORY_RESERVE + memory_bytes(&vols[0].record) + 7 * each + 1),
+            ..settings.clone()
+        };
+        let with = capacity(&req(&root), &vols, &limited, true).unwrap();
+        assert_eq!(with.volumes_left, 7);
+        let chart = crate::config::Settings {
+            memory_limit: Some(4 << 30),
+            ..settings.clone()
+        };
+        let left = capacity(&req(&root), &[], &chart, true)
+            .unwrap()
+            .volumes_left;
+        assert!(
+            (50..70).contains(&left),
+            "4 GiB admits {left} volumes of 1 x 128 tags"
+        );
         // Outside the roots, missing, relative: refused with their own errors.
         assert!(matches!(
             capacity(&req(Path::new("/")), &[], &settings, true),

@@ -97,7 +97,8 @@ impl Metrics {
         families::write(volumes, &all, &mut text).await;
         let settings = volumes.settings();
         let listed = all.into_iter().map(|(v, _)| v).collect();
-        let readings = pools::read(Arc::clone(&settings), listed).await;
+        let serving = volumes.dataplane_error().is_none();
+        let readings = pools::read(Arc::clone(&settings), listed, serving).await;
         pools::write(&readings, &settings, &mut text);
         Ok(self.buffers.body(text))
     }

@@ -9,16 +9,24 @@ use crate::config::Settings;
 use crate::volume::Volume;
 use std::sync::Arc;
 
+/// Why every pool is down while the dataplane does not run.
+const NOT_SERVING: &str = "no ublk dataplane: the node offers no capacity";
+
 /// One pool as read: `(total, free)`, or why it could not be read.
 type Reading = (Pool, Result<(u64, u64), String>);
 
 /// Reads every pool (statfs, FIEMAP and Identify block: on the blocking pool). A pool that
-/// cannot be read is logged at debug and reported by `ublkd_capacity_up` 0.
-pub async fn read(settings: Arc<Settings>, volumes: Vec<Volume>) -> Vec<Reading> {
+/// cannot be read is logged at debug and reported by `ublkd_capacity_up` 0; without a running
+/// dataplane (`serving` false) no pool offers anything, as GetCapacity answers then, and every
+/// one is down.
+pub async fn read(settings: Arc<Settings>, volumes: Vec<Volume>, serving: bool) -> Vec<Reading> {
     let joined = tokio::task::spawn_blocking(move || {
         pools(&settings, &volumes)
             .into_iter()
             .map(|p| {
+                if !serving {
+                    return (p, Err(NOT_SERVING.to_owned()));
+                }
                 let space = pool_space(&p, &volumes, &settings).map_err(|e| e.to_string());
                 if let Err(e) = &space {
                     tracing::debug!(pool = ?p, error = %e, "reading a pool's capacity failed");
@@ -119,6 +127,35 @@ mod tests {
         }
         assert!(
             !out.contains("ublkd_capacity_bytes{backend=\"nvme\""),
+            "{out}"
+        );
+    }
+
+    /// Without a dataplane GetCapacity offers nothing; the capacity metrics agree: every pool
+    /// is down and none shows free bytes (issue 55: they still showed the pools free and up).
+    #[test]
+    fn without_a_dataplane_every_pool_is_down() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let settings = Arc::new(Settings {
+            ram_dir: dir.path().join("ram"),
+            allowed_roots: vec![dir.path().to_owned()],
+            ..Default::default()
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let up = rt.block_on(read(Arc::clone(&settings), Vec::new(), true));
+        assert!(up.iter().all(|(_, r)| r.is_ok()), "{up:?}");
+        let down = rt.block_on(read(Arc::clone(&settings), Vec::new(), false));
+        assert_eq!(down.len(), 2, "the root and the RAM directory");
+        let mut out = String::new();
+        write(&down, &settings, &mut out);
+        assert!(!out.contains("ublkd_capacity_free_bytes{"), "{out}");
+        assert_eq!(out.matches("ublkd_capacity_up{").count(), 2, "{out}");
+        assert!(
+            out.lines()
+                .filter(|l| l.starts_with("ublkd_capacity_up{"))
+                .all(|l| l.ends_with(" 0")),
             "{out}"
         );
     }
