@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `backend` | `file`, `ram`, `nvme` | required |
 //! | `root` | (file) a directory under one of ublkd's allowed roots | required for file |
-//! | `namespace` | (nvme) the namespace's char device, `/dev/ngXnY` | required for nvme |
+//! | `namespace` | (nvme) the namespace's char device, `/dev/ngXnY`, or its identity (`eui.…`, `nguid.…`) | required for nvme |
 //! | `queues`, `queueDepth` | numbers | ublkd's defaults |
 //! | `blockSize` | `512`, `4096` | `4096` |
 //! | `ioPath` | `auto`, `batch`, `per-io` (`per_io` is read too) | `auto` |
@@ -128,6 +128,14 @@ pub struct Params {
     pub claim: Option<v1::Claim>,
 }
 
+/// Whether a `namespace` parameter names the namespace by its identity (as ublkd writes one:
+/// `eui.…`, `nguid.…`, `nsid.….…`) rather than by its char device.
+fn is_identity(namespace: &str) -> bool {
+    ["eui.", "nguid.", "nsid."]
+        .iter()
+        .any(|p| namespace.starts_with(p))
+}
+
 /// The claim in the provisioner's extra create metadata (`csi.storage.k8s.io/pvc/namespace`,
 /// `.../pvc/name`, `.../pv/name`), when it sent any.
 fn claim(map: &HashMap<String, String>) -> Option<v1::Claim> {
@@ -205,9 +213,9 @@ impl Params {
             Some("ram") => Backend::Ram,
             Some("nvme") => Backend::Nvme {
                 namespace: get("namespace")
-                    .filter(|n| n.starts_with("/dev/"))
+                    .filter(|n| n.starts_with("/dev/") || is_identity(n))
                     .ok_or(CsiError::MissingField(
-                        "parameter namespace (/dev/ngXnY) for backend nvme",
+                        "parameter namespace (/dev/ngXnY, or eui.HEX, nguid.HEX) for backend nvme",
                     ))?
                     .to_owned(),
             },
@@ -271,6 +279,14 @@ impl Params {
                 create: true,
             }),
             Backend::Ram => B::Ram(v1::RamBackend {}),
+            // Named by its identity: ublkd finds the namespace's device on the node.
+            Backend::Nvme { namespace } if is_identity(namespace) => B::Nvme(v1::NvmeBackend {
+                device: String::new(),
+                offset_bytes: None,
+                length_bytes: size,
+                keep_data: false,
+                identity: namespace.clone(),
+            }),
             Backend::Nvme { namespace } => B::Nvme(v1::NvmeBackend {
                 device: namespace.clone(),
                 offset_bytes: None,
@@ -397,6 +413,20 @@ mod tests {
             assert_eq!(got.io_path, v1::IoPath::PerIo, "{p}");
         }
         assert_eq!(ram.spec("r", 4096).qos, None, "no limits unless asked");
+        // A namespace by path, or by identity (the same drive whatever name a boot gives it).
+        for (ns, device, identity) in [
+            ("/dev/ng1n1", "/dev/ng1n1", ""),
+            ("eui.0011223344556677", "", "eui.0011223344556677"),
+        ] {
+            let got = params(&[("backend", "nvme"), ("namespace", ns)]).unwrap();
+            match got.spec("n", 1 << 20).backend {
+                Some(v1::volume_spec::Backend::Nvme(n)) => {
+                    assert_eq!((n.device.as_str(), n.identity.as_str()), (device, identity));
+                }
+                other => panic!("{ns}: {other:?}"),
+            }
+        }
+        assert!(params(&[("backend", "nvme"), ("namespace", "ng1n1")]).is_err());
         for bad in [
             &[][..],
             &[("backend", "disk")],

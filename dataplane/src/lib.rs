@@ -36,8 +36,8 @@ mod sys;
 mod worker;
 
 pub use backend::{
-    erase_window, find_namespace, identify_namespace, BackendError, BackendSpec, Erase, Growth,
-    Namespace, NamespaceIdentity, ParseIdentityError, Window,
+    erase_window, find_namespace, identify_namespace, namespace_host_use, BackendError,
+    BackendSpec, Erase, Growth, Namespace, NamespaceIdentity, ParseIdentityError, Window,
 };
 pub use ctrl::{ControlDevice, CtrlError};
 pub use device::{DeviceSpec, IoPath, SpecError, Toggle, DEFAULT_MAX_IO_BYTES};

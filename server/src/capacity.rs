@@ -219,15 +219,29 @@ fn ram_capacity(
 }
 
 /// The namespace behind `device`: its size, block size and the extents no volume covers.
+/// A namespace the host itself seems to use, and that no volume has a window of yet, offers
+/// nothing: it is refused with the reason (which `kubectl ublkd check` shows), as a create on
+/// it is, unless the configuration allows it.
 fn nvme_capacity(
     device: &Path,
     volumes: &[Volume],
+    limits: &crate::config::Limits,
 ) -> Result<(u64, Vec<crate::windows::Extent>), VolumeError> {
     crate::hooks::delay_point_blocking(crate::hooks::Point::CapacityIdentify);
     let ns = ublkd_dataplane::identify_namespace(device)
         .map_err(|e| VolumeError::Dataplane(DataplaneError::from(e)))?;
     let records = volumes.iter().map(|v| &v.record);
     let claims = crate::windows::claims(device, ns.identity.as_ref(), records, None);
+    if claims.is_empty() && !limits.allows_used_namespace(device, ns.identity.as_ref()) {
+        let used = ublkd_dataplane::namespace_host_use(device)
+            .map_err(|e| VolumeError::Dataplane(DataplaneError::from(e)))?;
+        if let Some(why) = used {
+            return Err(VolumeError::NamespaceInUse {
+                device: device.to_owned(),
+                why,
+            });
+        }
+    }
     Ok((
         ns.size_bytes,
         crate::windows::free(&claims, ns.size_bytes, u64::from(ns.block_size)),
@@ -297,9 +311,8 @@ pub fn pool_space(
     match pool {
         Pool::File(root) => file_capacity(root, volumes).map(|(a, t)| (t, a)),
         Pool::Ram => ram_capacity(settings, volumes).map(|(a, t)| (t, a)),
-        Pool::Nvme(device) => {
-            nvme_capacity(device, volumes).map(|(t, free)| (t, free.iter().map(|e| e.len).sum()))
-        }
+        Pool::Nvme(device) => nvme_capacity(device, volumes, &settings.limits)
+            .map(|(t, free)| (t, free.iter().map(|e| e.len).sum())),
     }
 }
 
@@ -337,7 +350,13 @@ pub fn capacity(
             &settings.allowed_roots,
         )?),
         Some(Backend::Ram(_)) => Pool::Ram,
-        Some(Backend::Nvme(n)) => Pool::Nvme(crate::validate::nvme_device(&n.device)?),
+        // By path, or by identity (a StorageClass may name the namespace so on every node).
+        Some(Backend::Nvme(n)) => match n.device.parse::<ublkd_dataplane::NamespaceIdentity>() {
+            Ok(id) => Pool::Nvme(
+                ublkd_dataplane::find_namespace(&id).ok_or(VolumeError::NamespaceNotFound(id))?,
+            ),
+            Err(_) => Pool::Nvme(crate::validate::nvme_device(&n.device)?),
+        },
     };
     if !serving {
         // No volume can be made here: nothing is offered, as an answer rather than an error,
@@ -355,7 +374,7 @@ pub fn capacity(
             (a, t, Vec::new())
         }
         Pool::Nvme(device) => {
-            let (t, free) = nvme_capacity(device, volumes)?;
+            let (t, free) = nvme_capacity(device, volumes, &settings.limits)?;
             (free.iter().map(|e| e.len).sum(), t, free)
         }
     };

@@ -126,6 +126,25 @@ pub struct Limits {
     /// (`keep_data`): whoever may create volumes can then read what the window's last tenant
     /// left there. Off: every new window and every growth is erased first.
     pub allow_keep_data: bool,
+    /// NVMe namespaces (char device paths, or identities such as `eui.…`) that ublkd may take
+    /// although the host seems to use them: holders, partitions, a mount, an exclusive opener,
+    /// a partition table or file system at the start. Any other such namespace is refused
+    /// until a volume claims a window on it (its first window is what the check protects).
+    pub allow_used_namespaces: Vec<String>,
+}
+
+impl Limits {
+    /// Whether the configuration lets ublkd take the namespace at `device` (of `identity`)
+    /// whatever the host seems to do with it.
+    pub fn allows_used_namespace(
+        &self,
+        device: &Path,
+        identity: Option<&ublkd_dataplane::NamespaceIdentity>,
+    ) -> bool {
+        self.allow_used_namespaces
+            .iter()
+            .any(|n| Path::new(n) == device || identity.is_some_and(|id| id.to_string() == *n))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,6 +236,7 @@ impl Default for Limits {
             max_queue_depth: 4096,
             max_queues: 0,
             allow_keep_data: false,
+            allow_used_namespaces: Vec::new(),
         }
     }
 }
@@ -285,6 +305,7 @@ pub fn load(
             .list_separator(",")
             .with_list_parse_key("grpc.listen")
             .with_list_parse_key("allowed_roots")
+            .with_list_parse_key("limits.allow_used_namespaces")
             .with_list_parse_key("dataplane.cpus")
             .try_parsing(true)
             .source(Some(env)),

@@ -26,6 +26,8 @@ pub trait Devices: std::fmt::Debug + Send + Sync + 'static {
     fn held_elsewhere(&self, dev: &Path) -> bool;
     /// The size and block size of the NVMe namespace behind generic char device `device`.
     fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError>;
+    /// Why the host itself seems to use the namespace at `device`, or None.
+    fn namespace_host_use(&self, device: &Path) -> Result<Option<String>, DataplaneError>;
     /// The generic char device of the namespace with `identity`, wherever this boot named it.
     fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<std::path::PathBuf>;
     /// Makes `len` bytes of `device`'s namespace at `offset` unreadable, serving nothing: an
@@ -94,6 +96,10 @@ impl Devices for Handle {
 
     fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<std::path::PathBuf> {
         ublkd_dataplane::find_namespace(identity)
+    }
+
+    fn namespace_host_use(&self, device: &Path) -> Result<Option<String>, DataplaneError> {
+        Ok(ublkd_dataplane::namespace_host_use(device)?)
     }
 
     fn erase_window(&self, device: &Path, offset: u64, len: u64) -> Result<Erase, DataplaneError> {

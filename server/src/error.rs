@@ -96,6 +96,12 @@ pub enum VolumeError {
         recorded: ublkd_dataplane::NamespaceIdentity,
         found: String,
     },
+    #[error(
+        "{} looks like the host's own disk ({why}): no volume takes a window of it unless \
+         limits.allow_used_namespaces lists it",
+        device.display()
+    )]
+    NamespaceInUse { device: PathBuf, why: String },
     #[error("no NVMe namespace of this node has identity {0}")]
     NamespaceNotFound(ublkd_dataplane::NamespaceIdentity),
     #[error("no free ublk device id")]
@@ -211,6 +217,7 @@ impl VolumeError {
             | E::DeleteBusy { .. }
             | E::NamespaceIdentity { .. }
             | E::NamespaceNotFound(_)
+            | E::NamespaceInUse { .. }
             | E::NotServing { .. }
             | E::OpenDataplane(_) => Code::FailedPrecondition,
             E::Dataplane(e) => dataplane_code(e.kind()),

@@ -94,7 +94,11 @@ pub fn spec(
             create: f.create,
         },
         Some(v1::volume_spec::Backend::Nvme(n)) => {
-            let device = nvme_device(&n.device)?;
+            // A namespace named by its identity alone: the volume manager finds its device.
+            let device = match (n.device.as_str(), n.identity.as_str()) {
+                ("", id) if !id.is_empty() => PathBuf::new(),
+                (device, _) => nvme_device(device)?,
+            };
             if n.offset_bytes
                 .unwrap_or(0)
                 .checked_add(n.length_bytes)

@@ -5,6 +5,7 @@
 //! worker hands back to `finish`.
 
 mod file;
+mod host_use;
 mod namespace_id;
 mod null;
 mod nvme;
@@ -13,7 +14,10 @@ mod ram;
 pub use file::FileBackend;
 pub use namespace_id::{NamespaceIdentity, ParseIdentityError};
 pub use null::NullBackend;
-pub use nvme::{erase_window, find_namespace, identify_namespace, Namespace, NvmeBackend, Window};
+pub use nvme::{
+    erase_window, find_namespace, identify_namespace, namespace_host_use, Namespace, NvmeBackend,
+    Window,
+};
 pub use ram::RamBackend;
 
 use crate::ring::{Region, WorkerRing};

@@ -254,6 +254,21 @@ pub fn identify_namespace(path: &Path) -> Result<Namespace, BackendError> {
     })
 }
 
+/// Why the host itself seems to use the namespace behind `path` (holders, partitions, a
+/// mount, an exclusive opener, a partition table or file system at its start), or None.
+pub fn namespace_host_use(path: &Path) -> Result<Option<String>, BackendError> {
+    let (_, nsid, _, _) = open_namespace(path)?;
+    let Some(disk) = namespace_sysfs(Path::new("/sys"), path, nsid) else {
+        return Ok(None);
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    Ok(super::host_use::host_use(
+        &disk,
+        Path::new("/dev"),
+        &mountinfo,
+    ))
+}
+
 /// The generic char device (`/dev/ngXnY`) of the namespace with `identity`, wherever this boot
 /// named it: every char device of the kernel's `nvme-generic` class is identified in turn.
 /// None when no namespace has it (one that cannot be identified is passed over).

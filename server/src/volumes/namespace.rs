@@ -39,6 +39,7 @@ pub(super) async fn adopt_identity(
     };
     let ns = identify(volumes, &device).await?;
     check(&device, recorded, &ns)?;
+    host_use(volumes, &device, ns.identity.as_ref()).await?;
     if let BackendRecord::Nvme {
         device: d,
         identity,
@@ -99,6 +100,40 @@ pub(super) async fn relocate(
         v.record.backend = moved.backend.clone();
     }
     Ok(moved)
+}
+
+/// Refuses a namespace the host itself seems to use (its disk has holders, partitions, a
+/// mount, an exclusive opener, or starts with a partition table or file system), unless the
+/// configuration allows it or a record already claims a window of it: ublkd's own volumes
+/// are what the disk holds then.
+async fn host_use(
+    volumes: &Volumes,
+    device: &Path,
+    identity: Option<&NamespaceIdentity>,
+) -> Result<(), VolumeError> {
+    if volumes
+        .settings
+        .limits
+        .allows_used_namespace(device, identity)
+    {
+        return Ok(());
+    }
+    let claimed = {
+        let map = volumes.inner.lock().await;
+        let records = map.values().map(|v| &v.record);
+        !crate::windows::claims(device, identity, records, None).is_empty()
+    };
+    if claimed {
+        return Ok(());
+    }
+    let (d, handle) = (device.to_owned(), volumes.handle()?);
+    match blocking(move || handle.namespace_host_use(&d)).await? {
+        Some(why) => Err(VolumeError::NamespaceInUse {
+            device: device.to_owned(),
+            why,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Refuses `device` when it is not the namespace `recorded` names (nothing to compare when the

@@ -222,6 +222,10 @@ impl Devices for FakeKernel {
         None
     }
 
+    fn namespace_host_use(&self, _: &Path) -> Result<Option<String>, DataplaneError> {
+        Ok(None)
+    }
+
     fn erase_window(
         &self,
         _: &Path,

@@ -455,6 +455,10 @@ impl Devices for SimKernel {
         })
     }
 
+    fn namespace_host_use(&self, _: &Path) -> Result<Option<String>, DataplaneError> {
+        Ok(None)
+    }
+
     fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<PathBuf> {
         let w = self.world();
         (0..2)
