@@ -1011,6 +1011,7 @@ async fn nvme_volumes_over_ublkctl_and_grpc() -> Result<()> {
                     offset_bytes: Some(300 * MIB),
                     length_bytes: 16 * MIB,
                     keep_data: false,
+                    identity: String::new(),
                 }),
             ),
         ))

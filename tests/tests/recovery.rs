@@ -174,6 +174,7 @@ async fn torture(name: &str, port: u16, kinds: &[Kind], graceful: bool) -> Resul
                 offset_bytes: Some(512 * MIB),
                 length_bytes: 128 * MIB,
                 keep_data: false,
+                identity: String::new(),
             }),
         };
         let mut vspec = spec(128 * MIB, backend);
