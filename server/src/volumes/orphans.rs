@@ -77,6 +77,13 @@ pub(super) async fn adopt(
     record.dev_id = Some(dev_id);
     record.created_unix_ms = now_ms();
     let namespace = namespace::of(volumes, &record).await?;
+    if let (Some(ns), crate::record::BackendRecord::Nvme { identity, .. }) =
+        (&namespace, &mut record.backend)
+    {
+        if identity.is_none() {
+            identity.clone_from(&ns.identity);
+        }
+    }
     {
         let mut map = volumes.inner.lock().await;
         if map.contains_key(&record.id) {
@@ -91,15 +98,28 @@ pub(super) async fn adopt(
     create::settle(volumes, record, adopted).await
 }
 
+/// The record goes first (review L4, issue 55): written after the takeover, a failed write
+/// left a device served that no record named, its window unclaimed for the next placed create
+/// to erase. A crash after the write leaves a record whose device the next start takes over; a
+/// takeover that fails removes the record again.
 async fn take_over(volumes: &Volumes, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
     create::prepare_backing_file(volumes, record).await?;
     let handle = volumes.handle()?;
+    volumes.put_record(record).await?;
     let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
     let started = Instant::now();
-    let info = blocking(move || handle.recover_device(spec)).await?;
-    volumes.recoveries.record(started.elapsed());
-    volumes.put_record(record).await?;
-    Ok(info)
+    match blocking(move || handle.recover_device(spec)).await {
+        Ok(info) => {
+            volumes.recoveries.record(started.elapsed());
+            Ok(info)
+        }
+        Err(e) => {
+            if let Err(r) = volumes.remove_record(&record.id).await {
+                tracing::error!(volume = %record.id, error = %crate::error::chain(&r), "a failed adopt's record could not be removed: the next start takes the device over");
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Deletes orphan device `dev_id`.

@@ -76,6 +76,9 @@ pub struct World {
     chunks: Vec<Vec<Option<(Tenant, bool)>>>,
     /// The namespace each of `NS_PATHS` names this boot.
     names: [usize; 2],
+    /// Devices no ublkd of this node made (another ublk server's, or one whose record a kill
+    /// lost): orphans to adopt or delete, no record's by right.
+    foreign: std::collections::BTreeSet<DevId>,
     /// Calls may fail, be slow or hang.
     pub faults: bool,
     rng: Rng,
@@ -108,6 +111,7 @@ impl SimKernel {
                 devices: BTreeMap::new(),
                 chunks: vec![vec![None; (NS_BYTES / CHUNK) as usize]; 2],
                 names: [0, 1],
+                foreign: std::collections::BTreeSet::new(),
                 faults: false,
                 rng: Rng::new(seed ^ 0x6b65_726e_656c),
                 violations: Vec::new(),
@@ -134,10 +138,39 @@ impl SimKernel {
         }
     }
 
+    /// A device of `size` bytes that no ublkd of this node made appears as `dev_id`, served by
+    /// nobody: an orphan. False when the id is taken.
+    pub fn foreign(&self, dev_id: DevId, size: u64) -> bool {
+        let mut w = self.world();
+        if w.devices.contains_key(&dev_id) {
+            return false;
+        }
+        let spec = DeviceSpec {
+            size_bytes: size,
+            dev_id: Some(dev_id),
+            ..DeviceSpec::default()
+        };
+        let dev = Dev {
+            info: info(dev_id, &spec),
+            owned: false,
+            window: None,
+            keep_data: false,
+        };
+        w.devices.insert(dev_id, dev);
+        w.foreign.insert(dev_id);
+        true
+    }
+
+    /// Whether `dev_id` is a foreign device no record has adopted yet.
+    pub fn is_foreign(&self, dev_id: DevId) -> bool {
+        self.world().foreign.contains(&dev_id)
+    }
+
     /// A reboot: no device survives, and with `swap` the two namespaces trade names.
     pub fn reboot(&self, swap: bool) {
         let mut w = self.world();
         w.devices.clear();
+        w.foreign.clear();
         if swap {
             w.names.swap(0, 1);
         }
@@ -583,6 +616,7 @@ impl Devices for SimKernel {
         dev.owned = true;
         dev.window = window.map(|(n, o, l, _)| (n, o, l));
         dev.keep_data = window.is_some_and(|(_, _, _, k)| k);
+        w.foreign.remove(&dev_id);
         Ok(i)
     }
 
@@ -620,6 +654,7 @@ impl Devices for SimKernel {
             return Err(DataplaneError::Gone);
         }
         w.devices.remove(&dev_id);
+        w.foreign.remove(&dev_id);
         Ok(())
     }
 
