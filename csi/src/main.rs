@@ -128,6 +128,16 @@ enum Sub {
     NodeLoss(NodeLoss),
 }
 
+/// A `--lost-after`: a duration, at least a second (0 would release a deleted node's volumes the
+/// moment its Lease expired, with no time NotReady at all).
+fn parse_lost_after(text: &str) -> Result<Duration, String> {
+    match ublkd_csi::nodeloss::verdict::parse_lost_after(text) {
+        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
+        Ok(_) => Err("at least 1s (0 would release a node the moment its Lease expired)".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A `--recheck`: a duration as `--lost-after` reads it, at least a second (0 would look again
 /// at once, forever).
 fn parse_recheck(text: &str) -> Result<Duration, String> {
@@ -146,7 +156,7 @@ enum NodeLoss {
     Watch {
         /// How long a deleted Node must have been NotReady, its Lease expired, before it is
         /// lost (300, 300s, 5m, 1h). A Node annotated ublkd.io/node-lost=true is lost at once.
-        #[arg(long, default_value = "5m", value_parser = ublkd_csi::nodeloss::verdict::parse_lost_after)]
+        #[arg(long, default_value = "5m", value_parser = parse_lost_after)]
         lost_after: Duration,
         /// How often a deleted Node that is not lost yet is looked at again (30, 30s, 1m).
         #[arg(long, default_value = "30s", value_parser = parse_recheck)]
@@ -348,6 +358,17 @@ async fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--lost-after 0` would release a deleted node's volumes the moment its Lease expired
+    /// (review L1, issue 55): refused, as the chart's schema refuses it.
+    #[test]
+    fn lost_after_is_at_least_a_second() {
+        for zero in ["0", "0s", "0m", "00h"] {
+            assert!(parse_lost_after(zero).is_err(), "{zero}");
+        }
+        assert_eq!(parse_lost_after("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_lost_after("1"), Ok(Duration::from_secs(1)));
+    }
 
     #[test]
     fn csi_endpoints_are_unix_sockets() {

@@ -250,6 +250,8 @@ struct Context {
     /// The reason of the last Event posted for each Node (by uid), so that a look that decides
     /// the same posts nothing.
     posted: Mutex<HashMap<String, &'static str>>,
+    /// When each node's Lease was seen renewed, by this controller's clock.
+    leases: Mutex<verdict::LeaseObserver>,
 }
 
 impl Context {
@@ -345,7 +347,13 @@ async fn cleanup(nodes: &Api<Node>, node: &Node, ctx: &Context) -> Result<Action
             node: name.clone(),
             source,
         })?;
-    let v = verdict::judge(node, lease.as_ref(), Timestamp::now(), ctx.lost_after);
+    let now = Timestamp::now();
+    let lease = ctx
+        .leases
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .observe(&name, lease, now);
+    let v = verdict::judge(node, lease.as_ref(), now, ctx.lost_after);
     if !v.is_lost() {
         let note = format!(
             "Node deleted, volumes kept: {}. Nothing is released until its Lease expires and it \
@@ -431,6 +439,7 @@ pub async fn watch(lost_after: Duration, recheck: Duration) -> Result<(), NodeLo
         lost_after,
         recheck,
         posted: Mutex::default(),
+        leases: Mutex::default(),
     });
     // Every Node, not only the labelled ones: a Node that lost the label keeps the finalizer
     // and must still be released (`reconcile` sorts them).

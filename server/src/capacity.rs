@@ -174,7 +174,7 @@ pub fn cgroup_memory_limit() -> MemoryLimit {
     };
     let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
         return MemoryLimit::Unknown(
-            "ublkd runs under cgroup v1 (no unified hierarchy), whose memory limit is not read",
+            "/proc/self/cgroup has no cgroup v2 entry (cgroup v1, or none mounted): no memory.max to read",
         );
     };
     let mut dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));

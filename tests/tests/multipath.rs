@@ -502,7 +502,7 @@ async fn nvme_names_swapped_under_a_stopped_ublkd_each_volume_comes_back_on_its_
 /// (FAILED_PRECONDITION naming the partition) and so is its capacity (what `kubectl ublkd
 /// check` reports); listed in `limits.allow_used_namespaces` it is taken. The drive's start is
 /// wiped again at the end.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_with_partitions_is_refused_unless_the_configuration_lists_it() -> Result<()> {
     let a = Drive::wait(SWAP_A, Duration::from_secs(30))?;
     let disk = a.block_dev.display().to_string();

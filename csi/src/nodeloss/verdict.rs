@@ -71,6 +71,44 @@ impl std::fmt::Display for LeaseState {
     }
 }
 
+/// When this controller saw each node's Lease renewed, by its own clock (review L1, issue 55):
+/// a Lease's renewTime is the kubelet's clock, and a kubelet 60 s behind would always look
+/// expired, one ahead alive for as long. As Kubernetes' node lifecycle controller does, a
+/// renewal counts from the moment the controller first saw that renewTime.
+#[derive(Debug, Default)]
+pub struct LeaseObserver {
+    /// Per node: the renewTime last seen, and when (the controller's clock) it was first seen.
+    seen: std::collections::HashMap<String, (Timestamp, Timestamp)>,
+}
+
+impl LeaseObserver {
+    /// `lease` as this controller's clock saw it at `now`: its renewTime replaced by the time
+    /// the controller first saw that renewTime (now, when it changed since the last look).
+    pub fn observe(&mut self, node: &str, lease: Option<Lease>, now: Timestamp) -> Option<Lease> {
+        let mut lease = lease?;
+        let Some(renewed) = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0)
+        else {
+            self.seen.remove(node);
+            return Some(lease);
+        };
+        let seen = match self.seen.get(node) {
+            Some((last, at)) if *last == renewed => *at,
+            _ => now,
+        };
+        self.seen.insert(node.to_owned(), (renewed, seen));
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                seen,
+            ));
+        }
+        Some(lease)
+    }
+}
+
 /// Whole seconds from `then` to `now`, 0 when `then` is later (another clock's time).
 fn seconds_since(now: Timestamp, then: Timestamp) -> u64 {
     u64::try_from(now.duration_since(then).as_secs()).unwrap_or(0)
@@ -248,6 +286,36 @@ mod tests {
             ]}
         }))
         .expect("a Node")
+    }
+
+    /// A kubelet whose clock is 60 s behind renews every 10 s: judged by its renewTime the
+    /// Lease looks expired; judged by when the controller saw it renewed, the node is alive.
+    /// A Lease the controller sees unchanged for longer than its duration is expired.
+    #[test]
+    fn a_lease_counts_from_when_the_controller_saw_it_renewed() {
+        let n = node("Unknown", 3600, json!({}));
+        let skewed = lease(70);
+        assert!(
+            matches!(
+                judge(&n, Some(&skewed), now(), BOUND),
+                Verdict::Silent { .. }
+            ),
+            "by the kubelet's clock the Lease looks expired"
+        );
+        let mut seen = LeaseObserver::default();
+        let observed = seen.observe("n1", Some(skewed.clone()), now());
+        let v = judge(&n, observed.as_ref(), now(), BOUND);
+        assert_eq!(v, Verdict::LeaseRenewed { renewed_ago_s: 0 });
+        // Renewed again 10 s later, still 60 s behind.
+        let later = now() + k8s_openapi::jiff::SignedDuration::from_secs(10);
+        let renewed = lease(60);
+        let observed = seen.observe("n1", Some(renewed.clone()), later);
+        assert!(!judge(&n, observed.as_ref(), later, BOUND).is_lost());
+        // Not renewed again: 50 s after the controller saw it, past its 40 s, it is expired.
+        let silent = later + k8s_openapi::jiff::SignedDuration::from_secs(50);
+        let observed = seen.observe("n1", Some(renewed), silent);
+        let v = judge(&n, observed.as_ref(), silent, BOUND);
+        assert!(v.is_lost(), "{v:?}");
     }
 
     #[test]

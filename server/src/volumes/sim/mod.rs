@@ -1180,7 +1180,13 @@ fn a_placed_window_with_a_huge_length_erases_no_neighbour() {
         };
         let a = base_record(vid("a"), 4 * CHUNK, nvme(16 * CHUNK, 4 * CHUNK));
         assert!(v.create(a, false).await.is_ok());
-        let erases = || kernel.world().calls.get(&(Call::EraseWindow, false)).copied();
+        let erases = || {
+            kernel
+                .world()
+                .calls
+                .get(&(Call::EraseWindow, false))
+                .copied()
+        };
         let after_a = erases();
         for length in [u64::MAX, u64::MAX - CHUNK + 1, NS_BYTES + CHUNK, CHUNK] {
             let p = base_record(vid("p"), 2 * CHUNK, nvme(0, length));

@@ -38,6 +38,7 @@ const REFUSED: &[&str] = &[
     "storageClasses[0].name=x,storageClasses[0].backend=file,storageClasses[0].root=/elsewhere => is not one of ublkd.fileRoots",
     "storageClasses[0].name=x,storageClasses[0].backend=nvme => namespace",
     "kubeletDir=relative => kubeletDir",
+    "nodeLoss.lostAfter=0s => lostAfter",
     "typo=1 => typo",
 ];
 
