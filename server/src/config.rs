@@ -368,6 +368,21 @@ impl Settings {
                 self.state_dir.display()
             ));
         }
+        // A root holding ublkd's own state or RAM files would let a create name a registry
+        // record or another volume's memory as its backing file (review L10, issue 55).
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+        for root in &self.allowed_roots {
+            for (what, dir) in [("state_dir", &self.state_dir), ("ram_dir", &self.ram_dir)] {
+                if dir.starts_with(root) || real(dir).starts_with(real(root)) {
+                    return bad(format!(
+                        "allowed_roots entry {} holds {what} {}: a volume could name ublkd's \
+                         own files as its backing file",
+                        root.display(),
+                        dir.display()
+                    ));
+                }
+            }
+        }
         if ![512, 4096].contains(&self.defaults.block_size) {
             return bad("defaults.block_size must be 512 or 4096".into());
         }
@@ -381,6 +396,20 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An allowed root may not hold the state or RAM directory (review L10, issue 55).
+    #[test]
+    fn a_root_holding_the_state_or_ram_directory_is_refused() {
+        let with = |roots: &[&str]| Settings {
+            allowed_roots: roots.iter().map(PathBuf::from).collect(),
+            ..Settings::default()
+        };
+        assert!(with(&["/var/lib/ublkd/volumes"]).check().is_ok());
+        for roots in [&["/var/lib"][..], &["/srv", "/var/lib/ublkd"], &["/dev/shm"], &["/"]] {
+            let e = with(roots).check().expect_err(&format!("{roots:?}"));
+            assert!(e.to_string().contains("holds"), "{roots:?}: {e}");
+        }
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
