@@ -195,6 +195,13 @@ impl Check {
 }
 
 /// `VOLUME_STATE_READY` -> `ready`.
+impl VolumeStatus {
+    /// Still being made: it has no PersistentVolume yet by rule, whatever the reports say.
+    pub fn is_creating(&self) -> bool {
+        self.state == state_word(v1::VolumeState::Creating as i32)
+    }
+}
+
 fn state_word(state: i32) -> String {
     v1::VolumeState::try_from(state).map_or_else(
         |_| state.to_string(),

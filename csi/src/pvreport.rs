@@ -74,6 +74,9 @@ async fn once(
         .await
         .map_err(ReportError::ListUblkd)?
         .into_iter()
+        // One still CREATING has no PV yet by rule: the provisioner makes it once
+        // CreateVolume returns (an NVMe window's erase can take minutes).
+        .filter(|v| v.state() != ublkd_proto::v1::VolumeState::Creating)
         .map(|v| v.id)
         .collect();
     // from the API server's cache (resource version 0, as informers list): every node asks

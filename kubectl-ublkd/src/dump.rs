@@ -96,7 +96,7 @@ pub async fn write(cluster: &Cluster, dir: &Path) -> Result<Vec<String>> {
         (Ok(reports), Ok(pvs)) => Ok(json!(reports
             .iter()
             .map(|r| {
-                let ids: Vec<String> = r.status.volumes.iter().map(|v| v.id.clone()).collect();
+                let ids = report::settled_ids(&r.status.volumes);
                 json!({
                     "node": r.node,
                     "reportedAt": r.status.reported_at,

@@ -229,7 +229,7 @@ async fn unnamed(
     let mut out = BTreeMap::new();
     let mut times = BTreeMap::new();
     for r in cluster.reports().await? {
-        let ids: Vec<String> = r.status.volumes.iter().map(|v| v.id.clone()).collect();
+        let ids = report::settled_ids(&r.status.volumes);
         out.insert(
             r.node.clone(),
             report::volumes_without_pv(&r.node, &ids, &pvs),

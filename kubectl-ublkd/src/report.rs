@@ -35,6 +35,17 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The ids of a node's volumes that could be without a PV: not those still CREATING (an NVMe
+/// window's erase can take minutes before CreateVolume returns and the provisioner makes the
+/// PV; review L5, issue 55).
+pub fn settled_ids(volumes: &[ublkd_csi::nodestatus::VolumeStatus]) -> Vec<String> {
+    volumes
+        .iter()
+        .filter(|v| !v.is_creating())
+        .map(|v| v.id.clone())
+        .collect()
+}
+
 /// The ublkd volumes of `node` that no PersistentVolume of the driver names: their PV is gone
 /// (deleted with the reclaim policy Retain, or removed by hand), or they were made outside
 /// Kubernetes. Never deleted by the plugin; each is for a person to look at.
@@ -303,6 +314,23 @@ mod tests {
 
     /// A volume counts as without PV only when both looks found it so: one whose PV appeared
     /// in between (a claim being provisioned) is not listed, nor one that went.
+    /// A volume still CREATING (an NVMe window erasing for minutes) is never listed as
+    /// without a PV: the provisioner makes the PV once CreateVolume returns (review L5).
+    #[test]
+    fn a_volume_still_creating_is_not_without_a_pv() {
+        let vol = |id: &str, state: &str| ublkd_csi::nodestatus::VolumeStatus {
+            id: id.into(),
+            state: state.into(),
+            ..Default::default()
+        };
+        let vols = [
+            vol("erasing", "creating"),
+            vol("stray", "ready"),
+            vol("bad", "failed"),
+        ];
+        assert_eq!(settled_ids(&vols), ["stray", "bad"]);
+    }
+
     #[test]
     fn only_volumes_without_pv_in_both_looks_are_listed() {
         let map = |v: &[(&str, &[&str])]| -> BTreeMap<String, Vec<String>> {
