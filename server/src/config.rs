@@ -405,7 +405,12 @@ mod tests {
             ..Settings::default()
         };
         assert!(with(&["/var/lib/ublkd/volumes"]).check().is_ok());
-        for roots in [&["/var/lib"][..], &["/srv", "/var/lib/ublkd"], &["/dev/shm"], &["/"]] {
+        for roots in [
+            &["/var/lib"][..],
+            &["/srv", "/var/lib/ublkd"],
+            &["/dev/shm"],
+            &["/"],
+        ] {
             let e = with(roots).check().expect_err(&format!("{roots:?}"));
             assert!(e.to_string().contains("holds"), "{roots:?}: {e}");
         }

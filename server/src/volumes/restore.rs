@@ -193,7 +193,14 @@ async fn restore_one(
         // was known done. The erase comes before the device appears and before a device's
         // size reaches the growth: a surviving device that big proves it done; otherwise
         // it is done now, before anything serves those blocks.
-        let done = existing.is_some_and(|d| d.size_bytes >= record.size_bytes);
+        // Only a device that is this record's by every parameter it shows proves it: any
+        // unowned device with the recorded id (another ublk server's) proves nothing
+        // (review L9, issue 55).
+        let done = existing.is_some_and(|d| {
+            d.size_bytes >= record.size_bytes
+                && d.queues == record.queues
+                && d.queue_depth == record.queue_depth
+        });
         if !done {
             tracing::info!(volume = %record.id, from = pending.from, to = pending.to,
                 "finishing an erase the crash interrupted before the window is served");

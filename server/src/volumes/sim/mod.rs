@@ -1413,3 +1413,56 @@ fn a_restore_past_the_memory_limit_fails_the_volumes_that_do_not_fit() {
     });
     simctx::set_on(false);
 }
+
+/// The restore finishes a pending erase unless the surviving device is the record's by every
+/// parameter it shows: another server's device that only has the recorded id and a large size
+/// proves nothing (issue 55, review L9).
+#[test]
+fn a_pending_erase_is_not_skipped_for_a_device_that_is_not_the_records() {
+    let dirs = Dirs::new();
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let nvme = BackendRecord::Nvme {
+            device: PathBuf::from(NS_PATH),
+            offset: 0,
+            length: 4 * CHUNK,
+            keep_data: false,
+            identity: None,
+        };
+        let made = v
+            .create(base_record(vid("a"), 4 * CHUNK, nvme), false)
+            .await;
+        let dev = made.as_ref().ok().and_then(|m| m.record.dev_id);
+        let dev = dev.unwrap_or_else(|| panic!("{made:?}"));
+        // A crash before the erase was recorded done, and a reboot; then another server's
+        // device of 8 MiB (its own queues and depth) takes the recorded id.
+        let mut a = on_disk(&dirs.state).remove(0);
+        a.erase_pending = Some(crate::record::EraseRange {
+            from: 0,
+            to: 4 * CHUNK,
+        });
+        v.registry.put(&a).unwrap_or_else(|e| panic!("{e}"));
+        kernel.reboot(false);
+        assert!(kernel.foreign(dev, 8 * CHUNK));
+        let before = kernel
+            .world()
+            .calls
+            .get(&(Call::EraseWindow, false))
+            .copied();
+        let v = volumes(&dirs.state, &kernel);
+        v.load().await.unwrap_or_else(|e| panic!("{e}"));
+        v.restore().await;
+        let after = kernel
+            .world()
+            .calls
+            .get(&(Call::EraseWindow, false))
+            .copied();
+        assert!(
+            after > before,
+            "the pending erase was skipped: {before:?} -> {after:?}"
+        );
+    });
+    simctx::set_on(false);
+}
