@@ -113,12 +113,30 @@ pub(super) async fn delete(
             .await;
         return Err(e);
     }
+    if let Err(e) = forget_file_intent(volumes, id).await {
+        volumes
+            .set_state(id, State::Failed, &crate::error::chain(&e))
+            .await;
+        return Err(e);
+    }
     // A RAM volume's memory goes before its record: a crash in between leaves a record
     // whose restore finds an empty file, never a file a later volume of the id would read.
     volumes.remove_ram_file(&vol.record);
     volumes.remove_record(id).await?;
     volumes.inner.lock().await.remove(id);
     Ok(true)
+}
+
+/// Removes any file intent of volume `id` before its record goes (review L6, issue 55): an
+/// intent left behind (its removal failed after the create, "harmless" while the record
+/// lives) would otherwise name, at the next start, a file this delete keeps, and that start
+/// would remove it as an interrupted create's.
+pub(super) async fn forget_file_intent(
+    volumes: &Volumes,
+    id: &VolumeId,
+) -> Result<(), VolumeError> {
+    let (intents, id) = (volumes.intents.clone(), id.clone());
+    blocking(move || intents.remove(id.as_str())).await
 }
 
 /// Removes the backing file of `record`, marked for deletion with `delete_backing` (nothing

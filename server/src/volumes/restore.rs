@@ -182,6 +182,7 @@ async fn restore_one(
         }
         delete::erase_deleted_window(volumes, record).await?;
         delete::remove_backing_file(record).await?;
+        delete::forget_file_intent(volumes, &record.id).await?;
         volumes.remove_ram_file(record);
         volumes.remove_record(&record.id).await?;
         return Ok(None);

@@ -1466,3 +1466,37 @@ fn a_pending_erase_is_not_skipped_for_a_device_that_is_not_the_records() {
     });
     simctx::set_on(false);
 }
+
+/// A file intent left behind (its removal failed after the create) does not make the next start
+/// remove a file a later delete kept (issue 55, review L6).
+#[test]
+fn a_stale_file_intent_never_removes_a_kept_file() {
+    let dirs = Dirs::new();
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let path = dirs.files.join("kept.img");
+        let file = BackendRecord::File {
+            path: path.clone(),
+            create: true,
+        };
+        assert!(v
+            .create(base_record(vid("f"), CHUNK, file), false)
+            .await
+            .is_ok());
+        // The create's intent, as a failed removal leaves it.
+        let stale = crate::snapshot::FileIntent {
+            id: vid("f"),
+            path: path.clone(),
+        };
+        v.intents.put(&stale).unwrap_or_else(|e| panic!("{e}"));
+        let deleted = v.delete(&vid("f"), false, false).await;
+        assert!(deleted.is_ok(), "{deleted:?}");
+        assert!(path.exists(), "the delete keeps the file");
+        let v = volumes(&dirs.state, &kernel);
+        v.load().await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(path.exists(), "the next start removed the kept file");
+    });
+    simctx::set_on(false);
+}
