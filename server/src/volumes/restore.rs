@@ -13,7 +13,7 @@ use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, KernelDevice};
 /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
 /// clients see the whole node at once. `restore` then brings them up.
 pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
-    snapshots::load_snapshots(volumes).await?;
+    let snapshots_readable = snapshots::load_snapshots(volumes).await?;
     let (records, report) = volumes.registry.load()?;
     for path in &report.corrupt {
         tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
@@ -31,7 +31,12 @@ pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
         );
     }
     drop(map);
-    snapshots::finish_file_intents(volumes).await
+    snapshots::finish_file_intents(volumes).await?;
+    // A copy whose record could not be read is not a stray: kept for a person to look at.
+    if snapshots_readable {
+        snapshots::remove_stray_copies(volumes).await;
+    }
+    Ok(())
 }
 
 /// Brings every loaded volume up: takes over its kernel device when one survived (a crash

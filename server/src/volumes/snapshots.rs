@@ -14,7 +14,7 @@ use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::SourceRecord;
 use crate::record::{BackendRecord, VolumeRecord};
-use crate::snapshot::snapshot_path;
+use crate::snapshot::{snapshot_path, SNAPSHOT_DIR};
 use crate::snapshot::{FileIntent, SnapshotId, SnapshotRecord};
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;
@@ -25,7 +25,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 /// Loads the snapshot registry (at start, before volumes are restored).
-pub(super) async fn load_snapshots(volumes: &Volumes) -> Result<(), VolumeError> {
+/// Returns whether every snapshot record could be read (stray copies are removed only then).
+pub(super) async fn load_snapshots(volumes: &Volumes) -> Result<bool, VolumeError> {
     let (records, report) = volumes.snapshot_registry.load()?;
     for path in &report.corrupt {
         tracing::warn!(path = %path.display(), "unreadable snapshot record moved aside");
@@ -34,7 +35,57 @@ pub(super) async fn load_snapshots(volumes: &Volumes) -> Result<(), VolumeError>
     for r in records {
         map.insert(r.id.clone(), r);
     }
-    Ok(())
+    Ok(report.corrupt.is_empty())
+}
+
+/// At start, after the volumes' records are loaded: removes the copies in the snapshot
+/// directories beside the file volumes' backing files that no snapshot record names, left by a
+/// snapshot that died before its record (review L12, issue 55: only a retry of the same id
+/// removed them, and their reflinked blocks diverge from the volume's over time). Only ublkd
+/// writes there; a file that cannot be removed is logged and left for the next start.
+pub(super) async fn remove_stray_copies(volumes: &Volumes) {
+    let named: std::collections::BTreeSet<PathBuf> = (volumes.snapshots.lock().await)
+        .values()
+        .map(|r| r.path.clone())
+        .collect();
+    let dirs: std::collections::BTreeSet<PathBuf> = (volumes.inner.lock().await)
+        .values()
+        .filter_map(|v| match &v.record.backend {
+            BackendRecord::File { path, .. } => path.parent().map(|d| d.join(SNAPSHOT_DIR)),
+            _ => None,
+        })
+        .chain(named.iter().filter_map(|p| p.parent().map(Path::to_owned)))
+        .collect();
+    let removed = blocking(move || {
+        let mut removed = Vec::new();
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                let copy = path.extension().is_some_and(|e| e == "img")
+                    && path
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .is_some_and(|s| SnapshotId::parse(s).is_ok());
+                if !copy || named.contains(&path) {
+                    continue;
+                }
+                match std::fs::remove_file(&path) {
+                    Ok(()) => removed.push(path),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "a stray snapshot copy could not be removed: tried again at the next start");
+                    }
+                }
+            }
+        }
+        Ok::<_, VolumeError>(removed)
+    })
+    .await
+    .unwrap_or_default();
+    for path in removed {
+        tracing::warn!(path = %path.display(), "removed the copy of a snapshot that died before its record");
+    }
 }
 
 /// Takes snapshot `id` of file volume `source`; the existing one if `id` was already taken

@@ -1500,3 +1500,36 @@ fn a_stale_file_intent_never_removes_a_kept_file() {
     });
     simctx::set_on(false);
 }
+
+/// A snapshot copy no record names (its snapshot died before the record) is removed at the next
+/// start; a recorded snapshot's copy stays (issue 55, review L12).
+#[test]
+fn a_stray_snapshot_copy_is_removed_at_start() {
+    let dirs = Dirs::new();
+    simctx::set_on(true);
+    sim_runtime().block_on(async {
+        let kernel = Arc::new(SimKernel::new(&dirs.state, 1));
+        let v = volumes(&dirs.state, &kernel);
+        let file = BackendRecord::File {
+            path: dirs.files.join("f.img"),
+            create: true,
+        };
+        assert!(v
+            .create(base_record(vid("f"), CHUNK, file), false)
+            .await
+            .is_ok());
+        let kept = v.create_snapshot(sid("s1"), vid("f")).await;
+        let kept = kept.unwrap_or_else(|e| panic!("{e}")).path;
+        let stray = dirs
+            .files
+            .join(crate::snapshot::SNAPSHOT_DIR)
+            .join("s2.img");
+        std::fs::write(&stray, b"a copy whose record was never written")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v = volumes(&dirs.state, &kernel);
+        v.load().await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(!stray.exists(), "the stray copy is removed");
+        assert!(kept.exists(), "the recorded snapshot's copy stays");
+    });
+    simctx::set_on(false);
+}
