@@ -153,6 +153,10 @@ pub enum Call {
         /// Remove a file volume's backing file too
         #[arg(long)]
         delete_backing: bool,
+        /// Delete the device although a process holds it open (not a mount or an exclusive
+        /// opener: those always refuse)
+        #[arg(long)]
+        force: bool,
     },
     /// Show one volume
     GetVolume {

@@ -150,11 +150,13 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             name,
             allow_missing,
             delete_backing,
+            force,
         } => {
             let request = client.request(DeleteVolumeRequest {
                 id: name.clone(),
                 allow_missing: *allow_missing,
                 delete_backing: *delete_backing,
+                force: *force,
             });
             client.call(client.volumes().delete_volume(request)).await?;
             if json {

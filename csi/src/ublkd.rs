@@ -148,6 +148,7 @@ impl Ublkd {
             id: id.into(),
             allow_missing: true,
             delete_backing,
+            force: false,
         });
         self.volumes().await?.delete_volume(req).await?;
         Ok(())

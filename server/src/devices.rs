@@ -26,6 +26,9 @@ pub trait Devices: std::fmt::Debug + Send + Sync + 'static {
     fn held_elsewhere(&self, dev: &Path) -> bool;
     /// The size and block size of the NVMe namespace behind generic char device `device`.
     fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError>;
+    /// The processes (`name (pid)`) other than ublkd holding block device `dev` open: a
+    /// raw-block user that did not ask for O_EXCL (a VM, a database) is seen only so.
+    fn opened_by(&self, dev: &Path) -> Vec<String>;
     /// Why the host itself seems to use the namespace at `device`, or None.
     fn namespace_host_use(&self, device: &Path) -> Result<Option<String>, DataplaneError>;
     /// The generic char device of the namespace with `identity`, wherever this boot named it.
@@ -88,6 +91,40 @@ impl Devices for Handle {
             Ok(_) => false,
             Err(e) => e.raw_os_error() == Some(libc::EBUSY),
         }
+    }
+
+    /// Every process's open files, as `/proc/*/fd` shows them (only the processes of
+    /// ublkd's PID namespace: in a container without the host's, none of the host's).
+    fn opened_by(&self, dev: &Path) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(rdev) = std::fs::metadata(dev).map(|m| m.rdev()) else {
+            return Vec::new();
+        };
+        let own = std::process::id().to_string();
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut by = Vec::new();
+        for p in procs.flatten() {
+            let pid = p.file_name().to_string_lossy().into_owned();
+            if pid == own || !pid.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+                continue;
+            };
+            let holds = fds.flatten().any(|fd| {
+                std::fs::metadata(fd.path()).is_ok_and(|m| {
+                    use std::os::unix::fs::FileTypeExt;
+                    m.file_type().is_block_device() && m.rdev() == rdev
+                })
+            });
+            if holds {
+                let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+                by.push(format!("{} ({pid})", comm.trim()));
+            }
+        }
+        by
     }
 
     fn identify_namespace(&self, device: &Path) -> Result<Namespace, DataplaneError> {

@@ -122,6 +122,16 @@ pub enum VolumeError {
         device.display()
     )]
     DeleteBusy { id: VolumeId, device: PathBuf },
+    #[error(
+        "volume {id:?} is open: {} is held by {by} (a raw-block user, without O_EXCL); stop it \
+         first, or delete with force",
+        device.display()
+    )]
+    DeleteOpen {
+        id: VolumeId,
+        device: PathBuf,
+        by: String,
+    },
     #[error("cannot read the free space of {}", path.display())]
     ReadCapacity {
         path: PathBuf,
@@ -215,6 +225,7 @@ impl VolumeError {
             | E::GrowBackingFile { .. }
             | E::ResizeShrink { .. }
             | E::DeleteBusy { .. }
+            | E::DeleteOpen { .. }
             | E::NamespaceIdentity { .. }
             | E::NamespaceNotFound(_)
             | E::NamespaceInUse { .. }

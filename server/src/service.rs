@@ -107,9 +107,12 @@ impl VolumeService for Api {
             let id = validate::volume_id(&req.id)?;
             let volumes = Arc::clone(&self.volumes);
             let (del, allow_missing, backing) = (id.clone(), req.allow_missing, req.delete_backing);
+            let force = req.force;
             let deleted =
-                to_completion(async move { volumes.delete(&del, allow_missing, backing).await })
-                    .await?;
+                to_completion(
+                    async move { volumes.delete(&del, allow_missing, backing, force).await },
+                )
+                .await?;
             if deleted {
                 tracing::info!(volume = %id, "volume deleted");
             } else {

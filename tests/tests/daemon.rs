@@ -97,12 +97,45 @@ async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
             id: "v-file".into(),
             allow_missing: false,
             delete_backing: false,
+            force: false,
         })
         .await
         .expect_err("deleting a mounted volume");
     assert_eq!(busy.code(), Code::FailedPrecondition, "{busy:?}");
     guest::sh(&format!("umount {}", mnt.display()))?;
-    for (id, _) in &backends {
+    // A raw-block user that did not ask for O_EXCL (a VM's disk, a database): the delete is
+    // refused, naming it, unless forced (issue 55, review L13).
+    let raw = std::fs::File::open(&v.device_path)?;
+    let mut reader = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(raw)
+        .spawn()?;
+    let open = c
+        .delete_volume(v1::DeleteVolumeRequest {
+            id: "v-file".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("deleting a volume a process holds open");
+    let _ = reader.kill(); // a test's helper process: gone either way once waited for
+    let _ = reader.wait(); // (its status says nothing about ublkd)
+    assert_eq!(open.code(), Code::FailedPrecondition, "{open:?}");
+    assert!(open.message().contains("sleep ("), "{open:?}");
+    let raw = std::fs::File::open(&v.device_path)?;
+    let mut reader = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(raw)
+        .spawn()?;
+    c.delete_volume(v1::DeleteVolumeRequest {
+        id: "v-file".into(),
+        force: true,
+        ..Default::default()
+    })
+    .await?;
+    let _ = reader.kill(); // as above
+    let _ = reader.wait();
+    guest::wait_gone(std::path::Path::new(&v.device_path), Duration::from_secs(5))?;
+    for (id, _) in backends.iter().filter(|(id, _)| *id != "v-file") {
         let v = c
             .get_volume(v1::GetVolumeRequest { id: (*id).into() })
             .await?
@@ -111,6 +144,7 @@ async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
             id: (*id).into(),
             allow_missing: false,
             delete_backing: false,
+            force: false,
         })
         .await?;
         guest::wait_gone(std::path::Path::new(&v.device_path), Duration::from_secs(5))?;
@@ -503,6 +537,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {
         id: id.into(),
         allow_missing,
         delete_backing: false,
+        force: false,
     };
     let e = c
         .delete_volume(del("unknown", false))

@@ -711,6 +711,7 @@ async fn a_crash_before_a_windows_erase_never_serves_the_last_tenants_data() -> 
         id: "tenant-b".into(),
         allow_missing: false,
         delete_backing: false,
+        force: false,
     })
     .await?;
     d.stop_with(libc::SIGTERM)?;

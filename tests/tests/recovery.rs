@@ -232,6 +232,7 @@ async fn torture(name: &str, port: u16, kinds: &[Kind], graceful: bool) -> Resul
                 id: (*id).into(),
                 allow_missing: true,
                 delete_backing: false,
+                force: false,
             })
             .await;
         deleted = deleted.and(del.map(drop));
@@ -454,6 +455,7 @@ async fn crashes_inside_create_resize_and_delete_leave_registry_and_kernel_agree
                     id: id.clone(),
                     allow_missing: false,
                     delete_backing: false,
+                    force: false,
                 })
                 .await
                 .map(drop),

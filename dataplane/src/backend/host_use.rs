@@ -42,6 +42,11 @@ pub fn host_use(disk: &Path, dev_dir: &Path, mountinfo: &str) -> Option<String> 
         }
     }
     let node = dev_dir.join(&name);
+    // One probe at a time in this process: two at once (two creates, a capacity call) would
+    // each find the disk open exclusively by the other.
+    let _one = PROBE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
@@ -66,6 +71,9 @@ pub fn host_use(disk: &Path, dev_dir: &Path, mountinfo: &str) -> Option<String> 
     }
     signature(&head[..got]).map(|what| format!("{name} starts with {what}"))
 }
+
+/// Serialises the exclusive-open probes of this process.
+static PROBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// How much of a disk's start `signature` looks at: past btrfs's superblock at 64 KiB.
 const HEAD: usize = 68 << 10;

@@ -12,12 +12,14 @@ use crate::volume_id::VolumeId;
 use ublkd_dataplane::DataplaneError;
 
 /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
-/// `delete_backing`, a file volume's backing file goes too.
+/// `delete_backing`, a file volume's backing file goes too. Without `force`, a device some
+/// process holds open (not exclusively: a VM's disk, a database's raw device) is refused.
 pub(super) async fn delete(
     volumes: &Volumes,
     id: &VolumeId,
     allow_missing: bool,
     delete_backing: bool,
+    force: bool,
 ) -> Result<bool, VolumeError> {
     let _op = volumes.op_lock(id).await;
     let Some(vol) = volumes.inner.lock().await.get(id).cloned() else {
@@ -54,6 +56,16 @@ pub(super) async fn delete(
             return Err(VolumeError::DeleteBusy {
                 id: id.clone(),
                 device: block_device.clone(),
+            });
+        }
+        // A process that opened it without O_EXCL (review L13, issue 55): its next read
+        // would fail. Refused unless forced.
+        let by = volumes.handle()?.opened_by(block_device);
+        if !force && !by.is_empty() {
+            return Err(VolumeError::DeleteOpen {
+                id: id.clone(),
+                device: block_device.clone(),
+                by: by.join(", "),
             });
         }
     }

@@ -196,8 +196,9 @@ impl Volumes {
         id: &VolumeId,
         allow_missing: bool,
         delete_backing: bool,
+        force: bool,
     ) -> Result<bool, VolumeError> {
-        delete::delete(self, id, allow_missing, delete_backing).await
+        delete::delete(self, id, allow_missing, delete_backing, force).await
     }
 
     /// Grows volume `id` to `size` bytes (a volume never shrinks).

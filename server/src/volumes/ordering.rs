@@ -226,6 +226,10 @@ impl Devices for FakeKernel {
         Ok(None)
     }
 
+    fn opened_by(&self, _: &Path) -> Vec<String> {
+        Vec::new()
+    }
+
     fn erase_window(
         &self,
         _: &Path,
@@ -457,7 +461,7 @@ async fn a_delete_marks_the_record_before_the_device_goes_and_a_failed_one_can_b
     let (dir, kernel, v) = with_volume_a().await;
 
     kernel.kernel().fail.insert(Call::Delete);
-    assert!(v.delete(&id("a"), false, false).await.is_err());
+    assert!(v.delete(&id("a"), false, false, false).await.is_err());
     assert_eq!(kernel.log(), ["delete 0: a size=67108864 deleting"]);
     let a = v.get(&id("a")).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a.state, State::Failed, "{}", a.message);
@@ -466,7 +470,10 @@ async fn a_delete_marks_the_record_before_the_device_goes_and_a_failed_one_can_b
         "the mark stays for the next start"
     );
 
-    assert_eq!(v.delete(&id("a"), false, false).await.ok(), Some(true));
+    assert_eq!(
+        v.delete(&id("a"), false, false, false).await.ok(),
+        Some(true)
+    );
     assert_eq!(kernel.log(), ["delete 0: a size=67108864 deleting"]);
     assert!(on_disk(dir.path()).is_empty());
     assert!(kernel.kernel_device_ids().is_empty());
@@ -476,7 +483,7 @@ async fn a_delete_marks_the_record_before_the_device_goes_and_a_failed_one_can_b
 async fn a_held_device_is_not_deleted_from_under_its_holder() {
     let (dir, kernel, v) = with_volume_a().await;
     kernel.kernel().held.insert(DevId(0));
-    let refused = v.delete(&id("a"), false, false).await;
+    let refused = v.delete(&id("a"), false, false, false).await;
     assert!(
         matches!(refused, Err(VolumeError::DeleteBusy { .. })),
         "{refused:?}"
@@ -508,7 +515,10 @@ async fn a_report_of_volumes_without_pv_keeps_only_volumes_here_and_replaces_the
     assert_eq!(new, [id("b")], "only b is new in the second report");
     assert_eq!(v.without_pv().await, [id("a"), id("b")]);
 
-    assert_eq!(v.delete(&id("b"), false, false).await.ok(), Some(true));
+    assert_eq!(
+        v.delete(&id("b"), false, false, false).await.ok(),
+        Some(true)
+    );
     assert_eq!(
         v.without_pv().await,
         [id("a")],
@@ -687,7 +697,7 @@ fn a_delete_that_dies_takes_its_backing_file_at_the_next_start() {
             assert!(file.exists(), "the backing file was made");
             kernel.kernel().dies = Some((Call::Delete, when));
             let v = Arc::clone(&dying);
-            tokio::spawn(async move { v.delete(&id("a"), false, true).await.map(drop) });
+            tokio::spawn(async move { v.delete(&id("a"), false, true, false).await.map(drop) });
             tokio::time::timeout(std::time::Duration::from_secs(30), kernel.died.notified())
                 .await
                 .unwrap_or_else(|_| panic!("{when:?}: the delete never reached the kernel"));
@@ -765,7 +775,7 @@ fn a_kill_at_any_step_of_a_change_leaves_registry_and_kernel_agreeing_after_the_
                 let _unreachable = match op {
                     Op::Create => v.create(record("a", 64 * MIB), false).await.map(drop),
                     Op::Resize => v.resize(&id("a"), 96 * MIB).await.map(drop),
-                    Op::Delete => v.delete(&id("a"), false, false).await.map(drop),
+                    Op::Delete => v.delete(&id("a"), false, false, false).await.map(drop),
                 };
                 told.store(true, std::sync::atomic::Ordering::SeqCst);
             });

@@ -84,7 +84,11 @@ pub(super) async fn resize(
     if let BackendRecord::File { path, create } = &vol.record.backend {
         let (path, create) = (path.clone(), *create);
         if let Err(e) = blocking(move || grow_backing_file(&path, create, size)).await {
-            volumes.roll_back(&vol.record, &record).await;
+            // Nothing was recorded yet: only the map's claim goes back (a refused change
+            // writes nothing).
+            if let Some(v) = volumes.inner.lock().await.get_mut(id) {
+                v.record = vol.record.clone();
+            }
             return Err(e);
         }
     }

@@ -492,6 +492,10 @@ impl Devices for SimKernel {
         Ok(None)
     }
 
+    fn opened_by(&self, _: &Path) -> Vec<String> {
+        Vec::new()
+    }
+
     fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<PathBuf> {
         let w = self.world();
         (0..2)

@@ -472,7 +472,7 @@ async fn apply(v: Arc<Volumes>, kernel: Arc<SimKernel>, op: Op) -> Answer {
                 created: r.ok(),
             }
         }
-        Op::Delete { id, backing } => plain(text(&v.delete(&id, true, backing).await)),
+        Op::Delete { id, backing } => plain(text(&v.delete(&id, true, backing, false).await)),
         Op::Resize { id, grow } => {
             let size = v.get(&id).await.map_or(CHUNK, |x| x.record.size_bytes) + grow;
             plain(text(&v.resize(&id, size).await))
@@ -1491,7 +1491,7 @@ fn a_stale_file_intent_never_removes_a_kept_file() {
             path: path.clone(),
         };
         v.intents.put(&stale).unwrap_or_else(|e| panic!("{e}"));
-        let deleted = v.delete(&vid("f"), false, false).await;
+        let deleted = v.delete(&vid("f"), false, false, false).await;
         assert!(deleted.is_ok(), "{deleted:?}");
         assert!(path.exists(), "the delete keeps the file");
         let v = volumes(&dirs.state, &kernel);
