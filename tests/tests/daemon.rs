@@ -121,19 +121,27 @@ async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {
     let _ = reader.wait(); // (its status says nothing about ublkd)
     assert_eq!(open.code(), Code::FailedPrecondition, "{open:?}");
     assert!(open.message().contains("sleep ("), "{open:?}");
+    // Forced: the device stops at once; the kernel deletes it once the holder closes it (here
+    // a second into the delete, well within its bounded wait).
     let raw = std::fs::File::open(&v.device_path)?;
     let mut reader = std::process::Command::new("sleep")
         .arg("60")
         .stdin(raw)
         .spawn()?;
-    c.delete_volume(v1::DeleteVolumeRequest {
-        id: "v-file".into(),
-        force: true,
-        ..Default::default()
-    })
-    .await?;
+    let mut forced = c.clone();
+    let delete = tokio::spawn(async move {
+        forced
+            .delete_volume(v1::DeleteVolumeRequest {
+                id: "v-file".into(),
+                force: true,
+                ..Default::default()
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let _ = reader.kill(); // as above
     let _ = reader.wait();
+    delete.await??;
     guest::wait_gone(std::path::Path::new(&v.device_path), Duration::from_secs(5))?;
     for (id, _) in backends.iter().filter(|(id, _)| *id != "v-file") {
         let v = c
