@@ -80,6 +80,8 @@ pub struct QueueStats {
     copy_buffer_bytes: AtomicU64,
     /// The errno that stopped the worker serving this queue (0: it serves).
     worker_failed_errno: AtomicU64,
+    /// The errno with which the kernel refused a request's completion (0: none refused).
+    commit_refused_errno: AtomicU64,
     /// Backend operations sent again after a passing failure.
     retries: AtomicU64,
     /// Requests that waited for the device's limits, and their total wait.
@@ -196,6 +198,13 @@ impl QueueStats {
             .store(u64::from(errno.unsigned_abs().max(1)), Ordering::Relaxed);
     }
 
+    /// The kernel refused the completion of one of this queue's requests with `errno` (an
+    /// element of a batch commit): that request cannot complete from this process.
+    pub fn commit_refused(&self, errno: i32) {
+        self.commit_refused_errno
+            .store(u64::from(errno.unsigned_abs().max(1)), Ordering::Relaxed);
+    }
+
     /// A backend operation failed for a passing reason and is sent again.
     pub fn retry(&self) {
         bump(&self.retries, 1);
@@ -252,6 +261,7 @@ impl QueueStats {
             zero_copy_fallbacks: self.zero_copy_fallbacks.load(Ordering::Relaxed),
             copy_buffer_bytes: self.copy_buffer_bytes.load(Ordering::Relaxed),
             worker_failed_errno: self.worker_failed_errno.load(Ordering::Relaxed),
+            commit_refused_errno: self.commit_refused_errno.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
             throttled: self.throttled.load(Ordering::Relaxed),
             throttled_ns: self.throttled_ns.load(Ordering::Relaxed),
@@ -285,6 +295,9 @@ pub struct StatsSnapshot {
     pub copy_buffer_bytes: u64,
     /// Nonzero: the worker serving a queue stopped on this errno (a fatal ring error).
     pub worker_failed_errno: u64,
+    /// Nonzero: the kernel refused the completion of a request of a queue with this errno;
+    /// that request hangs until the device is taken over (which reissues it).
+    pub commit_refused_errno: u64,
     /// Backend operations sent again after a passing failure (NVMe path errors, resets).
     pub retries: u64,
     /// Requests that waited for the device's limits, their total wait, and requests served
@@ -325,6 +338,7 @@ impl StatsSnapshot {
         self.zero_copy_fallbacks += other.zero_copy_fallbacks;
         self.copy_buffer_bytes += other.copy_buffer_bytes;
         self.worker_failed_errno = self.worker_failed_errno.max(other.worker_failed_errno);
+        self.commit_refused_errno = self.commit_refused_errno.max(other.commit_refused_errno);
         self.retries += other.retries;
         self.throttled += other.throttled;
         self.throttled_ns += other.throttled_ns;

@@ -436,6 +436,80 @@ fn transient_ring_errors_are_waited_out() -> Result<()> {
     assert_clean()
 }
 
+/// A batch commit whose element the kernel refuses leaves that element's request with the
+/// kernel: the volume turns FAILED, saying why, instead of staying READY with a request that
+/// never completes (issue 55, review L8). The hook sends one tag twice in a commit; the kernel
+/// refuses the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_element_fails_the_volume_visibly() -> Result<()> {
+    let dir = guest::scratch("commitrefused")?;
+    let mut d = Daemon::new(&dir, 19605, "")?;
+    d.env = vec![("UBLKD_TEST_FAULTS".into(), "commit_bad_element=1@50".into())];
+    d.start().await?;
+    let mut c = d.volumes().await?;
+    let vol = c
+        .create_volume(v1::CreateVolumeRequest {
+            id: "b".into(),
+            spec: Some(v1::VolumeSpec {
+                io_path: v1::IoPath::Batch as i32,
+                ..volume(64 * MIB, api::ram(), 32)
+            }),
+        })
+        .await?
+        .into_inner();
+    let dev = vol.device_path.clone();
+    let fio = std::process::Command::new("fio")
+        .args([
+            "--name=w",
+            &format!("--filename={dev}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=100%",
+            "--io_size=16m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let failed = v1::VolumeState::Failed as i32;
+    let (v, _) = watch_volume(&d, "b", &dev, |v| v.state == failed).await?;
+    println!("FAILED: {}", v.message);
+    ensure!(
+        v.message.contains("refused the completion"),
+        "the reason is given: {v:?}"
+    );
+    let proto = sample(
+        &d.scrape()?,
+        "ublkd_volume_protocol_errors_total",
+        &[("volume", "b")],
+    );
+    ensure!(
+        proto == Some(1.0),
+        "the refused element is counted once: {proto:?}"
+    );
+    // A restart takes the device over and the kernel reissues what it holds: fio finishes
+    // with its data verified.
+    d.stop_with(libc::SIGKILL)?;
+    d.env.clear();
+    d.start().await?;
+    let vols = d.wait_all_ready().await?;
+    ensure!(vols[0].device_path == dev, "same device: {vols:?}");
+    let out = fio.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "fio verify across the takeover: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    d.stop_with(libc::SIGTERM)?;
+    assert_clean()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it() -> Result<()> {
     let dir = guest::scratch("ringfatal")?;

@@ -207,8 +207,11 @@ pub(super) fn on_commit(q: &mut Queue, dirty: &mut Vec<u16>, slot: u16, idx: u16
         CommitOutcome::Done | CommitOutcome::Aborted => {}
         CommitOutcome::Partial { resent, .. } => {
             // The refused element is dropped: its request stays with the kernel until the
-            // device stops. Counted, since the protocol broke.
+            // device stops or is taken over. Counted, since the protocol broke, and said, so
+            // that the volume turns FAILED instead of hanging that request unseen (review L8,
+            // issue 55).
             q.setup.stats.protocol_error(-libc::EINVAL);
+            q.setup.stats.commit_refused(libc::EINVAL);
             if resent > 0 {
                 dirty.push(slot);
             }

@@ -474,15 +474,11 @@ impl Volumes {
             })
             .collect()
     }
-
     /// Marks FAILED (with the reason, and a log line) every READY volume one of whose queues
     /// lost its worker to a fatal ring error. Run periodically; cheap (no control command).
     pub async fn check_workers(&self) {
         for (vol, stats) in self.all_stats().await {
-            let Some(errno) = stats
-                .map(|s| s.total.worker_failed_errno)
-                .filter(|&e| e != 0)
-            else {
+            let Some((errno, why)) = stats.and_then(|s| worker_failure(&s.total)) else {
                 continue;
             };
             let mut map = self.inner.lock().await;
@@ -495,10 +491,9 @@ impl Volumes {
             let err = std::io::Error::from_raw_os_error(errno as i32);
             v.state = State::Failed;
             v.message = format!(
-                "the dataplane worker serving this volume stopped: {err}; \
-                 I/O waits until ublkd is restarted and takes the device over"
+                "{why}: {err}; I/O waits until ublkd is restarted and takes the device over"
             );
-            tracing::error!(volume = %v.record.id, errno, "a dataplane worker stopped: volume FAILED");
+            tracing::error!(volume = %v.record.id, errno, why, "volume FAILED");
         }
     }
 
@@ -586,6 +581,22 @@ impl Volumes {
     }
 }
 
+/// Why a volume's queues can no longer serve it, from its statistics: a stopped worker, or a
+/// request whose completion the kernel refused (it hangs until a takeover reissues it).
+fn worker_failure(total: &ublkd_dataplane::stats::StatsSnapshot) -> Option<(u64, &'static str)> {
+    if total.worker_failed_errno != 0 {
+        return Some((
+            total.worker_failed_errno,
+            "the dataplane worker serving this volume stopped",
+        ));
+    }
+    (total.commit_refused_errno != 0).then_some((
+        total.commit_refused_errno,
+        "the kernel refused the completion of one of this volume's requests, which cannot \
+         complete from this process",
+    ))
+}
+
 fn is_id_taken(e: &DataplaneError) -> bool {
     use std::error::Error;
     let mut cur: Option<&dyn Error> = Some(e);
@@ -604,6 +615,20 @@ mod tests {
 
     use super::*;
     use std::time::Duration;
+
+    /// A stopped worker, or a request whose completion the kernel refused (review L8), each
+    /// fails the volume with its own reason; neither is nothing.
+    #[test]
+    fn a_refused_commit_is_a_reason_to_fail_the_volume() {
+        let mut total = ublkd_dataplane::StatsSnapshot::default();
+        assert_eq!(worker_failure(&total), None);
+        total.commit_refused_errno = 22;
+        let (errno, why) = worker_failure(&total).unwrap();
+        assert_eq!(errno, 22);
+        assert!(why.contains("refused the completion"), "{why}");
+        total.worker_failed_errno = 5;
+        assert!(worker_failure(&total).unwrap().1.contains("worker"));
+    }
 
     fn volumes(dir: &std::path::Path) -> Volumes {
         Volumes::new(
