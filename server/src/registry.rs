@@ -111,6 +111,8 @@ impl<R: Record> Registry<R> {
         let tmp = self.dir.join(format!(".{}.json.tmp", rec.id()));
         let body = serde_json::to_vec_pretty(rec).map_err(|e| err(io::Error::other(e)))?;
         #[cfg(test)]
+        crate::simctx::registry_write(&format!("put of {} {}", R::KIND, rec.id()));
+        #[cfg(test)]
         match crate::simctx::effect() {
             crate::simctx::Fate::Go => {}
             fate => {
@@ -141,6 +143,8 @@ impl<R: Record> Registry<R> {
             id: id.to_owned(),
             source,
         };
+        #[cfg(test)]
+        crate::simctx::registry_write(&format!("removal of {} {id}", R::KIND));
         #[cfg(test)]
         if crate::simctx::effect() != crate::simctx::Fate::Go {
             return Err(err(io::Error::other("the simulated process died")));

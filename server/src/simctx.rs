@@ -20,6 +20,11 @@ struct Ctx {
     clock_ms: i64,
     /// Drives the yields at scheduling points.
     schedule: u64,
+    /// Inside a blocking-pool call (`volumes::blocking`, run inline here).
+    in_blocking: bool,
+    /// Registry writes made on the runtime's own thread (not through the blocking pool): in
+    /// ublkd one would hold one of the runtime's two threads for its fsyncs.
+    inline_writes: Vec<String>,
 }
 
 thread_local! {
@@ -54,6 +59,29 @@ pub fn set_on(on: bool) {
 
 pub fn on() -> bool {
     with(|c| c.on)
+}
+
+/// Runs `f` as the blocking pool would: registry writes inside it are where they belong.
+pub fn in_blocking<T>(f: impl FnOnce() -> T) -> T {
+    let was = with(|c| std::mem::replace(&mut c.in_blocking, true));
+    let r = f();
+    with(|c| c.in_blocking = was);
+    r
+}
+
+/// A registry write (`what`) is about to happen: noted when it runs outside the blocking
+/// pool while the simulation is on.
+pub fn registry_write(what: &str) {
+    with(|c| {
+        if c.on && !c.in_blocking && !c.dead {
+            c.inline_writes.push(what.to_owned());
+        }
+    })
+}
+
+/// The registry writes made on the runtime's own thread since the last call.
+pub fn take_inline_writes() -> Vec<String> {
+    with(|c| std::mem::take(&mut c.inline_writes))
 }
 
 /// Arms the process's death at effect `at` (counted from now), after it when `after`.

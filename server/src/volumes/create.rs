@@ -74,12 +74,13 @@ pub(super) async fn create(
             if let (Err(_), Some(path)) = (&made, &clone) {
                 // The create's own error is what the caller needs; a file left behind
                 // keeps its intent, so the next start removes it.
-                if std::fs::remove_file(path).is_ok() {
-                    snapshots::end_file_intent(volumes, &record.id);
+                let path = path.clone();
+                if super::unlink(path).await.is_ok() {
+                    snapshots::end_file_intent(volumes, &record.id).await;
                 }
             } else if clone.is_some() {
                 // The record names the file now: it is the volume's.
-                snapshots::end_file_intent(volumes, &record.id);
+                snapshots::end_file_intent(volumes, &record.id).await;
             }
             made
         }
@@ -87,7 +88,7 @@ pub(super) async fn create(
             // Nothing was made (or what was is removed): the intent has nothing to name.
             if let BackendRecord::File { path, .. } = &record.backend {
                 if record.source.is_some() && !path.exists() {
-                    snapshots::end_file_intent(volumes, &record.id);
+                    snapshots::end_file_intent(volumes, &record.id).await;
                 }
             }
             Err(e)
@@ -256,53 +257,44 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
     // leaves an intent, and the next start removes the file (a clone's has its own intent).
     let intent = match &record.backend {
         BackendRecord::File { path, create: true } if record.source.is_none() && !path.exists() => {
-            volumes.intents.put(&FileIntent {
-                id: record.id.clone(),
-                path: path.clone(),
-            })?;
+            let (intents, intent) = (
+                volumes.intents.clone(),
+                FileIntent {
+                    id: record.id.clone(),
+                    path: path.clone(),
+                },
+            );
+            blocking(move || intents.put(&intent)).await?;
             true
         }
         _ => false,
     };
     let id = record.id.clone();
-    let end_intent = || {
+    let end_intent = || async {
         if intent {
-            snapshots::end_file_intent(volumes, &id);
+            snapshots::end_file_intent(volumes, &id).await;
         }
     };
     let created_file = match prepare_backing_file(volumes, record).await {
         Ok(made) => made,
         Err(e) => {
-            end_intent();
+            end_intent().await;
             return Err(e);
         }
     };
-    // The create's own error is what the caller gets; an undo step that fails too is
-    // logged: a record left makes the next start bring the volume up, a file left stays
-    // (it is not ublkd's to find again).
-    let undo = |record: &VolumeRecord| {
-        if let Err(e) = volumes.registry.remove(&record.id) {
-            tracing::error!(volume = %record.id, error = %crate::error::chain(&e), "a failed create's record could not be removed: the next start brings the volume up");
-        }
-        if let (Some(path), BackendRecord::File { .. }) = (&created_file, &record.backend) {
-            if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!(volume = %record.id, path = %path.display(), error = %e, "a failed create's backing file could not be removed");
-            }
-        }
-        volumes.remove_ram_file(record);
-    };
+    let undo = |record: VolumeRecord| undo(volumes, record, created_file.clone());
     fault_point(Point::CreateBeforeRecord);
     // The record (with the device id it will get) goes first: a crash from here on leaves a
     // registered volume whose device the next start takes over or creates, never a device
     // nobody owns.
     let recorded = volumes.put_record(record).await;
     if let Err(e) = recorded {
-        undo(record);
-        end_intent();
+        undo(record.clone()).await;
+        end_intent().await;
         return Err(e);
     }
     // The record names the file now: it is the volume's.
-    end_intent();
+    end_intent().await;
     fault_point(Point::CreateAfterRecord);
     delay_point(Point::CreateAfterRecord).await;
     // A new volume: an NVMe window's earlier content is erased before its device appears,
@@ -313,21 +305,21 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
     {
         if let Err(e) = erase::erase_range(volumes, &record.id, device, pending, "new window").await
         {
-            undo(record);
+            undo(record.clone()).await;
             return Err(e);
         }
         // Known erased on disk before anything can write there: a pending erase recorded
         // after the tenant's first write would wipe that write at the next start.
         record.erase_pending = None;
         if let Err(e) = volumes.put_record(record).await {
-            undo(record);
+            undo(record.clone()).await;
             return Err(e);
         }
     }
     // A new RAM volume starts empty: memory an earlier volume of this id left (a crash
     // inside its delete) is not its to read.
     if let Err(e) = fresh_ram_file(volumes, record) {
-        undo(record);
+        undo(record.clone()).await;
         return Err(e);
     }
     match bring_up(volumes, record).await {
@@ -343,17 +335,34 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
                     if let Err(d) = blocking(move || h.delete_device(dev_id)).await {
                         tracing::error!(volume = %record.id, %dev_id, error = %crate::error::chain(&d), "a failed create's device could not be deleted: left as an orphan");
                     }
-                    undo(record);
+                    undo(record.clone()).await;
                     return Err(e);
                 }
             }
             Ok(info)
         }
         Err(e) => {
-            undo(record);
+            undo(record.clone()).await;
             Err(e)
         }
     }
+}
+
+/// Takes back what a failed create made: its record, the backing file it created, a RAM
+/// volume's file, on the blocking pool. The create's own error is what the caller gets; an
+/// undo step that fails too is logged: a record left makes the next start bring the volume
+/// up, a file left stays (it is not ublkd's to find again).
+async fn undo(volumes: &Volumes, record: VolumeRecord, created_file: Option<PathBuf>) {
+    if let Err(e) = volumes.remove_record(&record.id).await {
+        tracing::error!(volume = %record.id, error = %crate::error::chain(&e), "a failed create's record could not be removed: the next start brings the volume up");
+    }
+    if let (Some(path), BackendRecord::File { .. }) = (created_file, &record.backend) {
+        let (id, shown) = (record.id.clone(), path.display().to_string());
+        if let Err(e) = super::unlink(path).await {
+            tracing::warn!(volume = %id, path = shown, error = %crate::error::chain(&e), "a failed create's backing file could not be removed");
+        }
+    }
+    volumes.remove_ram_file(&record);
 }
 
 /// Creates the device for `record`, with its recorded kernel id when it has one (and

@@ -135,7 +135,7 @@ where
     if crate::simctx::on() {
         // The simulator's kernel answers at once; the call's time passes after it, virtually.
         crate::simctx::checkpoint().await;
-        let r = f();
+        let r = crate::simctx::in_blocking(f);
         crate::simctx::after_call().await;
         return r.map_err(VolumeError::from);
     }
@@ -143,6 +143,16 @@ where
         .await
         .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?
         .map_err(VolumeError::from)
+}
+
+/// Removes file `path` on the blocking pool (an unlink frees the file's extents: seconds for a
+/// large one).
+async fn unlink(path: std::path::PathBuf) -> Result<(), VolumeError> {
+    blocking(move || {
+        std::fs::remove_file(&path)
+            .map_err(|source| VolumeError::RemoveBackingFile { path, source })
+    })
+    .await
 }
 
 impl Volumes {

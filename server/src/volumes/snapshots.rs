@@ -145,23 +145,33 @@ async fn take_snapshot(
     let vol = volumes.get(&source).await?;
     let backing = file_backing(&vol)?;
     let path = snapshot_path(&backing, &id);
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
+    // The directory made, and the copy of an earlier try of this id that died before its
+    // record removed (no record names it: checked above, under the snapshots lock; only
+    // ublkd writes here), on the blocking pool.
+    let target = path.clone();
+    let stale = blocking(move || {
+        if let Some(dir) = target.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| VolumeError::WriteSnapshot {
+                    path: dir.to_owned(),
+                    source,
+                })?;
+        }
+        if !target.exists() {
+            return Ok(false);
+        }
+        std::fs::remove_file(&target)
+            .map(|()| true)
             .map_err(|source| VolumeError::WriteSnapshot {
-                path: dir.to_owned(),
+                path: target,
                 source,
-            })?;
-    }
-    if path.exists() {
-        // No record names it (checked above, under the snapshots lock): the copy of an
-        // earlier try of this id that died before its record. Only ublkd writes here.
-        std::fs::remove_file(&path).map_err(|source| VolumeError::WriteSnapshot {
-            path: path.clone(),
-            source,
-        })?;
+            })
+    })
+    .await?;
+    if stale {
         tracing::warn!(snapshot = %id, path = %path.display(), "removed the copy of an interrupted snapshot");
     }
     let started = Instant::now();
@@ -174,10 +184,12 @@ async fn take_snapshot(
         path: path.clone(),
         created_unix_ms: now_ms(),
     };
-    if let Err(e) = volumes.snapshot_registry.put(&record) {
-        // A copy left behind is removed by the next try of this id (no record names it).
-        let _ = std::fs::remove_file(&path);
-        return Err(e.into());
+    let (registry, stored) = (volumes.snapshot_registry.clone(), record.clone());
+    if let Err(e) = blocking(move || registry.put(&stored)).await {
+        // A copy left behind is removed by the next try of this id, or the next start (no
+        // record names it).
+        let _ = super::unlink(path).await; // the error is the put's, above
+        return Err(e);
     }
     tracing::info!(snapshot = %id, volume = %record.source, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
     volumes.snapshots.lock().await.insert(id, record.clone());
@@ -190,8 +202,10 @@ pub(super) async fn delete_snapshot(
     id: &SnapshotId,
     allow_missing: bool,
 ) -> Result<bool, VolumeError> {
-    let mut snapshots = volumes.snapshots.lock().await;
-    let Some(record) = snapshots.get(id).cloned() else {
+    // Taken out of the map for the time of the removal: the snapshots' lock is not held across
+    // the unlink and the registry's fsync (review A14/L7, issue 55), and no clone starts from
+    // a snapshot being deleted. Put back if the removal fails.
+    let Some(record) = volumes.snapshots.lock().await.remove(id) else {
         if allow_missing {
             return Ok(false);
         }
@@ -204,7 +218,7 @@ pub(super) async fn delete_snapshot(
         volumes.snapshot_registry.clone(),
         id.clone(),
     );
-    blocking(move || {
+    let removed = blocking(move || {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -212,8 +226,11 @@ pub(super) async fn delete_snapshot(
         }
         registry.remove(key.as_str()).map_err(VolumeError::from)
     })
-    .await?;
-    snapshots.remove(id);
+    .await;
+    if let Err(e) = removed {
+        volumes.snapshots.lock().await.insert(id.clone(), record);
+        return Err(e);
+    }
     Ok(true)
 }
 
@@ -255,10 +272,14 @@ pub(super) async fn make_clone_file(
         })?;
         tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
     }
-    volumes.intents.put(&FileIntent {
-        id: record.id.clone(),
-        path: path.clone(),
-    })?;
+    let (intents, intent) = (
+        volumes.intents.clone(),
+        FileIntent {
+            id: record.id.clone(),
+            path: path.clone(),
+        },
+    );
+    blocking(move || intents.put(&intent)).await?;
     let source_size = match src {
         SourceRecord::Snapshot(sid) => {
             let snap = volumes
@@ -290,18 +311,20 @@ pub(super) async fn make_clone_file(
     };
     fault_point(Point::CloneAfterReflink);
     if record.size_bytes > source_size {
-        let grow = || {
-            let f = OpenOptions::new().write(true).open(path)?;
-            f.set_len(record.size_bytes)?;
-            f.sync_all()
-        };
-        if let Err(source) = grow() {
+        let (file, size) = (path.clone(), record.size_bytes);
+        let grown = blocking(move || {
+            let grow = || {
+                let f = OpenOptions::new().write(true).open(&file)?;
+                f.set_len(size)?;
+                f.sync_all()
+            };
+            grow().map_err(|source| VolumeError::PrepareBackingFile { path: file, source })
+        })
+        .await;
+        if let Err(e) = grown {
             // A file left behind keeps its clone intent: the next try or start removes it.
-            let _ = std::fs::remove_file(path);
-            return Err(VolumeError::PrepareBackingFile {
-                path: path.clone(),
-                source,
-            });
+            let _ = super::unlink(path.clone()).await; // the grow's error is the caller's
+            return Err(e);
         }
     }
     Ok(Some(path.clone()))
@@ -315,9 +338,10 @@ fn has_file_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
         .is_ok_and(|(all, _)| all.iter().any(|i| &i.id == id && i.path == path))
 }
 
-/// The clone's file is the volume's now (or gone): its intent goes.
-pub(super) fn end_file_intent(volumes: &Volumes, id: &VolumeId) {
-    if let Err(e) = volumes.intents.remove(id.as_str()) {
+/// The clone's file is the volume's now (or gone): its intent goes (on the blocking pool).
+pub(super) async fn end_file_intent(volumes: &Volumes, id: &VolumeId) {
+    let (intents, key) = (volumes.intents.clone(), id.clone());
+    if let Err(e) = blocking(move || intents.remove(key.as_str())).await {
         // Harmless: the next start finds the volume's record and drops the intent then.
         tracing::warn!(volume = %id, error = %crate::error::chain(&e), "clone intent not removed");
     }
@@ -344,7 +368,8 @@ pub(super) async fn finish_file_intents(volumes: &Volumes) -> Result<(), VolumeE
                 }
             }
         }
-        volumes.intents.remove(intent.id.as_str())?;
+        let (intents, key) = (volumes.intents.clone(), intent.id.clone());
+        blocking(move || intents.remove(key.as_str())).await?;
     }
     Ok(())
 }

@@ -582,6 +582,14 @@ async fn check(
     if !violations.is_empty() {
         return Err(violations.join("; "));
     }
+    // Registry writes fsync: on ublkd's two runtime threads one would stall the API and every
+    // other volume's change for as long (review L7, issue 55).
+    let inline = simctx::take_inline_writes();
+    if !inline.is_empty() {
+        return Err(format!(
+            "registry writes ran on the runtime's thread, not the blocking pool: {inline:?}"
+        ));
+    }
     let records = on_disk(state);
     let listed = v.list().await;
     let ids = |it: &mut dyn Iterator<Item = VolumeId>| it.collect::<Vec<_>>();
