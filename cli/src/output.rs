@@ -91,6 +91,14 @@ pub fn volume_text(v: &Volume) -> String {
             ),
         ),
         ("backend", backend_text(spec.backend.as_ref())),
+    ];
+    // An NVMe window's namespace by identity: the name that holds across boots.
+    if let Some(Backend::Nvme(n)) = &spec.backend {
+        if !n.identity.is_empty() {
+            pairs.push(("namespace", n.identity.clone()));
+        }
+    }
+    pairs.extend([
         ("block size", or_default(spec.block_size)),
         ("queues", or_default(spec.queues)),
         ("queue depth", or_default(spec.queue_depth)),
@@ -139,7 +147,7 @@ pub fn volume_text(v: &Volume) -> String {
             "created",
             v.created.map_or_else(|| "-".into(), |t| t.to_string()),
         ),
-    ];
+    ]);
     if let Some(source) = &spec.source {
         pairs.push(("source", source_text(source)));
     }
@@ -218,6 +226,8 @@ fn spec_json(spec: &VolumeSpec) -> Value {
                     "device": n.device,
                     "offset_bytes": n.offset_bytes,
                     "length_bytes": n.length_bytes,
+                    "keep_data": n.keep_data,
+                    "identity": n.identity,
                 }),
             );
         }
@@ -765,6 +775,29 @@ qos:         unlimited
 device:      /dev/ublkb0 (ublk id 0)
 created:     2023-11-14T22:13:20Z";
         assert_eq!(volume_text(&sample()), expected);
+    }
+
+    /// An NVMe volume shows its namespace's identity, and its JSON every field of the API's
+    /// NvmeBackend (keep_data was left out).
+    #[test]
+    fn an_nvme_volume_shows_its_namespace_identity() {
+        let mut v = sample();
+        v.spec.as_mut().unwrap().backend = Some(Backend::Nvme(ublkd_proto::v1::NvmeBackend {
+            device: "/dev/ng1n1".into(),
+            offset_bytes: Some(0),
+            length_bytes: 1 << 30,
+            keep_data: true,
+            identity: "eui.0011223344556677".into(),
+        }));
+        assert!(
+            volume_text(&v).contains("namespace:   eui.0011223344556677"),
+            "{}",
+            volume_text(&v)
+        );
+        let json: Value = serde_json::from_str(&volume_json(&v)).unwrap();
+        let nvme = &json["spec"]["nvme"];
+        assert_eq!(nvme["identity"], "eui.0011223344556677", "{json}");
+        assert_eq!(nvme["keep_data"], true, "{json}");
     }
 
     #[test]
