@@ -422,8 +422,10 @@ async fn a_volume_deep_in_qos_debt_is_deleted_and_nothing_is_left() -> Result<()
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+    // fio holds the device open (without O_EXCL): a delete is refused unless forced.
     let delete = || v1::DeleteVolumeRequest {
         id: "q-debt".into(),
+        force: true,
         ..Default::default()
     };
     let first = c.delete_volume(delete()).await;
