@@ -79,6 +79,9 @@ pub struct World {
     /// Devices no ublkd of this node made (another ublk server's, or one whose record a kill
     /// lost): orphans to adopt or delete, no record's by right.
     foreign: std::collections::BTreeSet<DevId>,
+    /// Devices a process holds open without O_EXCL (a VM's disk, a database): a delete must
+    /// not pull them away unless forced (the simulated manager never forces).
+    open: std::collections::BTreeSet<DevId>,
     /// Calls may fail, be slow or hang.
     pub faults: bool,
     rng: Rng,
@@ -112,6 +115,7 @@ impl SimKernel {
                 chunks: vec![vec![None; (NS_BYTES / CHUNK) as usize]; 2],
                 names: [0, 1],
                 foreign: std::collections::BTreeSet::new(),
+                open: std::collections::BTreeSet::new(),
                 faults: false,
                 rng: Rng::new(seed ^ 0x6b65_726e_656c),
                 violations: Vec::new(),
@@ -161,6 +165,30 @@ impl SimKernel {
         true
     }
 
+    /// A process opens device `dev_id` (`true`) or closes it; false when there is no such
+    /// device.
+    pub fn hold(&self, dev_id: DevId, open: bool) -> bool {
+        let mut w = self.world();
+        if !w.devices.contains_key(&dev_id) {
+            return false;
+        }
+        if open {
+            w.open.insert(dev_id);
+        } else {
+            w.open.remove(&dev_id);
+        }
+        true
+    }
+
+    /// A device leaves the kernel: a violation while a process holds it open.
+    fn gone(w: &mut World, dev_id: DevId) {
+        if w.open.remove(&dev_id) {
+            w.violations.push(format!(
+                "device {dev_id} was deleted while a process held it open (unforced)"
+            ));
+        }
+    }
+
     /// Whether `dev_id` is a foreign device no record has adopted yet.
     pub fn is_foreign(&self, dev_id: DevId) -> bool {
         self.world().foreign.contains(&dev_id)
@@ -171,6 +199,7 @@ impl SimKernel {
         let mut w = self.world();
         w.devices.clear();
         w.foreign.clear();
+        w.open.clear();
         if swap {
             w.names.swap(0, 1);
         }
@@ -492,8 +521,13 @@ impl Devices for SimKernel {
         Ok(None)
     }
 
-    fn opened_by(&self, _: &Path) -> Vec<String> {
-        Vec::new()
+    fn opened_by(&self, dev: &Path) -> Vec<String> {
+        let w = self.world();
+        w.open
+            .iter()
+            .filter(|d| ublkd_dataplane::block_device(**d) == dev)
+            .map(|d| format!("sim-reader ({})", d.0))
+            .collect()
     }
 
     fn find_namespace(&self, identity: &NamespaceIdentity) -> Option<PathBuf> {
@@ -641,6 +675,7 @@ impl Devices for SimKernel {
             }
             None => {
                 w.devices.remove(&dev_id);
+                Self::gone(&mut w, dev_id);
                 Ok(())
             }
         }
@@ -659,6 +694,7 @@ impl Devices for SimKernel {
         }
         w.devices.remove(&dev_id);
         w.foreign.remove(&dev_id);
+        Self::gone(&mut w, dev_id);
         Ok(())
     }
 

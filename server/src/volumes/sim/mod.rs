@@ -85,6 +85,11 @@ enum Op {
         dev: DevId,
         size: u64,
     },
+    /// A process opens volume `id`'s device without O_EXCL (`open`), or closes it.
+    Hold {
+        id: VolumeId,
+        open: bool,
+    },
 }
 
 impl std::fmt::Display for Op {
@@ -140,6 +145,8 @@ impl std::fmt::Display for Op {
             Op::Foreign { dev, size } => {
                 write!(f, "foreign device {dev} of {}MiB appears", size / CHUNK)
             }
+            Op::Hold { id, open: true } => write!(f, "open {id}'s device (another process)"),
+            Op::Hold { id, open: false } => write!(f, "close {id}'s device (another process)"),
         }
     }
 }
@@ -248,7 +255,10 @@ impl Op {
     fn volume(&self) -> Option<&VolumeId> {
         match self {
             Op::Create { record, .. } | Op::Adopt { record, .. } => Some(&record.id),
-            Op::Delete { id, .. } | Op::Resize { id, .. } | Op::Qos { id, .. } => Some(id),
+            Op::Delete { id, .. }
+            | Op::Resize { id, .. }
+            | Op::Qos { id, .. }
+            | Op::Hold { id, .. } => Some(id),
             Op::Snapshot { volume, .. } => Some(volume),
             Op::DeleteSnapshot { .. }
             | Op::Report { .. }
@@ -343,7 +353,11 @@ fn gen_op(rng: &mut Rng, files: &Path) -> Op {
             id,
             grow: (1 + rng.below(3)) * CHUNK,
         },
-        72..=77 => Op::Qos {
+        72..=73 => Op::Hold {
+            id,
+            open: rng.chance(60),
+        },
+        74..=77 => Op::Qos {
             id,
             iops: 100 * (1 + rng.below(4)),
         },
@@ -493,6 +507,9 @@ async fn apply(v: Arc<Volumes>, kernel: Arc<SimKernel>, op: Op) -> Answer {
         }
         Op::Adopt { dev, record } => plain(text(&v.adopt(dev, record).await)),
         Op::DeleteOrphan { dev } => plain(text(&v.delete_orphan(dev).await)),
+        // Done as the step began (`run_steps`): an open racing a delete's check of its
+        // holders is a race no server can close, not what this models.
+        Op::Hold { .. } => plain("ok (as the step began)".into()),
         Op::Foreign { dev, size } => match kernel.foreign(dev, size) {
             true => plain("ok".into()),
             false => plain("error: the id is taken".into()),
@@ -798,6 +815,19 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
         let _ = writeln!(log, "{i:>3}: {step}"); // writing to a String cannot fail
         kernel.reseed(step.seed, step.faults);
         simctx::seed_schedule(step.seed);
+        // A process opens or closes a volume's device before the step's calls start.
+        for op in &step.ops {
+            if let Op::Hold { id, open } = op {
+                let dev = v
+                    .get(id)
+                    .await
+                    .ok()
+                    .and_then(|x| x.device.map(|d| d.dev_id));
+                if let Some(dev) = dev {
+                    kernel.hold(dev, *open);
+                }
+            }
+        }
         simctx::crash_at(step.crash);
         // The backing file each `delete +file` of the step names, as the step starts; not when
         // the step also deletes the volume keeping its file: whichever ends first decides, and
