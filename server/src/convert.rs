@@ -31,6 +31,8 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
                 offset,
                 length,
                 keep_data,
+                // Checked against the path before anything is served (`volumes::namespace`);
+                // the kernel is given the path.
                 identity: _,
             } => BackendSpec::Nvme {
                 path: device.clone(),
@@ -45,7 +47,12 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
         zero_copy: r.zero_copy,
         poll: r.poll,
         qos: r.qos,
-        ..DeviceSpec::default()
+        // Not recorded: every volume takes the dataplane's largest request (the copy buffers
+        // `capacity::memory_bytes` admits are counted from the same constant).
+        max_io_bytes: ublkd_dataplane::DEFAULT_MAX_IO_BYTES,
+        // The manager erases a new window itself (`volumes::erase`), recorded as it goes;
+        // the dataplane never erases for a device made from a record.
+        erase: false,
     }
 }
 

@@ -436,6 +436,47 @@ fn transient_ring_errors_are_waited_out() -> Result<()> {
     assert_clean()
 }
 
+/// fio writing `io_size` bytes of 4 KiB random writes to `dev` and verifying them (crc32c), in
+/// the background: what a failure and the takeover after it must not corrupt.
+fn verifying_writer(dev: &str, io_size: u64) -> Result<std::process::Child> {
+    Ok(std::process::Command::new("fio")
+        .args([
+            "--name=w",
+            &format!("--filename={dev}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=100%",
+            &format!("--io_size={}m", io_size / MIB),
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?)
+}
+
+/// ublkd killed and started again without faults: it takes `dev` over (the same device), the
+/// kernel reissues what it held, and `fio` finishes with its data verified.
+async fn taken_over_verifies(d: &mut Daemon, dev: &str, fio: std::process::Child) -> Result<()> {
+    d.stop_with(libc::SIGKILL)?;
+    d.env.clear();
+    d.start().await?;
+    let vols = d.wait_all_ready().await?;
+    ensure!(vols[0].device_path == dev, "same device: {vols:?}");
+    let out = fio.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "fio verify across the takeover: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Ok(())
+}
+
 /// A batch commit whose element the kernel refuses leaves that element's request with the
 /// kernel: the volume turns FAILED, saying why, instead of staying READY with a request that
 /// never completes (issue 55, review L8). The hook sends one tag twice in a commit; the kernel
@@ -458,24 +499,7 @@ async fn a_refused_commit_element_fails_the_volume_visibly() -> Result<()> {
         .await?
         .into_inner();
     let dev = vol.device_path.clone();
-    let fio = std::process::Command::new("fio")
-        .args([
-            "--name=w",
-            &format!("--filename={dev}"),
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--size=100%",
-            "--io_size=16m",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+    let fio = verifying_writer(&dev, 16 * MIB)?;
     let failed = v1::VolumeState::Failed as i32;
     let (v, _) = watch_volume(&d, "b", &dev, |v| v.state == failed).await?;
     println!("FAILED: {}", v.message);
@@ -494,18 +518,7 @@ async fn a_refused_commit_element_fails_the_volume_visibly() -> Result<()> {
     );
     // A restart takes the device over and the kernel reissues what it holds: fio finishes
     // with its data verified.
-    d.stop_with(libc::SIGKILL)?;
-    d.env.clear();
-    d.start().await?;
-    let vols = d.wait_all_ready().await?;
-    ensure!(vols[0].device_path == dev, "same device: {vols:?}");
-    let out = fio.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "fio verify across the takeover: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    taken_over_verifies(&mut d, &dev, fio).await?;
     d.stop_with(libc::SIGTERM)?;
     assert_clean()
 }
@@ -532,24 +545,7 @@ async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it()
         .await?
         .into_inner();
     let dev = vol.device_path.clone();
-    let fio = std::process::Command::new("fio")
-        .args([
-            "--name=w",
-            &format!("--filename={dev}"),
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--size=100%",
-            "--io_size=32m",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+    let fio = verifying_writer(&dev, 32 * MIB)?;
     let failed = v1::VolumeState::Failed as i32;
     let (v, _) = watch_volume(&d, "r", &dev, |v| v.state == failed).await?;
     println!("FAILED: {}", v.message);
@@ -588,18 +584,7 @@ async fn a_fatal_ring_error_fails_the_volume_visibly_and_a_restart_recovers_it()
     ensure!(d.exited()?.is_none(), "ublkd is alive");
     // The requests the dead worker held wait in the kernel; a restart takes the device over
     // and the kernel reissues them: fio finishes with its data verified.
-    d.stop_with(libc::SIGKILL)?;
-    d.env.clear();
-    d.start().await?;
-    let vols = d.wait_all_ready().await?;
-    ensure!(vols[0].device_path == dev, "same device: {vols:?}");
-    let out = fio.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "fio verify across the failure: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    taken_over_verifies(&mut d, &dev, fio).await?;
     d.stop_with(libc::SIGTERM)?;
     assert_clean()
 }

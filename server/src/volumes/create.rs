@@ -7,7 +7,6 @@ use super::{blocking, erase, is_id_taken, now_ms, same_spec, snapshots, Volumes}
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point, Point};
 use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
-use crate::snapshot::FileIntent;
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
@@ -257,14 +256,7 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
     // leaves an intent, and the next start removes the file (a clone's has its own intent).
     let intent = match &record.backend {
         BackendRecord::File { path, create: true } if record.source.is_none() && !path.exists() => {
-            let (intents, intent) = (
-                volumes.intents.clone(),
-                FileIntent {
-                    id: record.id.clone(),
-                    path: path.clone(),
-                },
-            );
-            blocking(move || intents.put(&intent)).await?;
+            snapshots::begin_file_intent(volumes, &record.id, path).await?;
             true
         }
         _ => false,

@@ -272,14 +272,7 @@ pub(super) async fn make_clone_file(
         })?;
         tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
     }
-    let (intents, intent) = (
-        volumes.intents.clone(),
-        FileIntent {
-            id: record.id.clone(),
-            path: path.clone(),
-        },
-    );
-    blocking(move || intents.put(&intent)).await?;
+    begin_file_intent(volumes, &record.id, path).await?;
     let source_size = match src {
         SourceRecord::Snapshot(sid) => {
             let snap = volumes
@@ -336,6 +329,23 @@ fn has_file_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
         .intents
         .load()
         .is_ok_and(|(all, _)| all.iter().any(|i| &i.id == id && i.path == path))
+}
+
+/// The file at `path` is ublkd's until volume `id`'s record names it: its intent is written
+/// (on the blocking pool) before the file is made.
+pub(super) async fn begin_file_intent(
+    volumes: &Volumes,
+    id: &VolumeId,
+    path: &Path,
+) -> Result<(), VolumeError> {
+    let (intents, intent) = (
+        volumes.intents.clone(),
+        FileIntent {
+            id: id.clone(),
+            path: path.to_owned(),
+        },
+    );
+    blocking(move || intents.put(&intent)).await
 }
 
 /// The clone's file is the volume's now (or gone): its intent goes (on the blocking pool).
