@@ -60,7 +60,9 @@ pub(super) async fn delete(
         }
         // A process that opened it without O_EXCL (review L13, issue 55): its next read
         // would fail. Refused unless forced.
-        let by = volumes.handle()?.opened_by(block_device);
+        // A walk of every process's open files: on the blocking pool.
+        let (h, dev) = (volumes.handle()?, block_device.clone());
+        let by = blocking(move || Ok::<_, VolumeError>(h.opened_by(&dev))).await?;
         if !force && !by.is_empty() {
             return Err(VolumeError::DeleteOpen {
                 id: id.clone(),
