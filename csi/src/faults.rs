@@ -5,7 +5,10 @@
 //! is READY again with no new error. A ublkd without a dataplane (no usable `ublk_drv`) is a
 //! Warning on the Node, and serving again a Normal one. `judge` and `judge_node` (pure) say
 //! what to post: each Warning once per episode, never on every look. A ublkd out of reach is
-//! judged nothing; a failed post is logged and tried again on the next look.
+//! judged nothing; a failed post is logged and tried again on the next look. A grow that
+//! ublkd refused (NodeExpandVolume: past the node's memory or free space) reaches the loop as a
+//! [`Refusal`] and is a Warning on the claim and its pods at once, where the claim's owner
+//! looks (the kubelet itself marks only the claim's conditions and the pod).
 
 use crate::ublkd::{Ublkd, UblkdError};
 use crate::{Node, DRIVER_NAME};
@@ -68,6 +71,8 @@ pub enum Reason {
     UblkUnavailable,
     /// Normal: the dataplane runs again, after UblkUnavailable.
     UblkAvailable,
+    /// ublkd refused to grow the volume (its note: ublkd's message).
+    ExpandRefused,
 }
 
 impl Reason {
@@ -80,11 +85,43 @@ impl Reason {
             Reason::VolumeRecovered => "VolumeRecovered",
             Reason::UblkUnavailable => "UblkUnavailable",
             Reason::UblkAvailable => "UblkAvailable",
+            Reason::ExpandRefused => "ExpandRefused",
         }
     }
 
     pub fn is_warning(self) -> bool {
         !matches!(self, Reason::VolumeRecovered | Reason::UblkAvailable)
+    }
+}
+
+/// A grow of `volume` that ublkd refused, with ublkd's reason.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub volume: v1::Volume,
+    pub note: String,
+}
+
+/// Where the node service hands the refusals it meets to the fault-events loop.
+#[derive(Debug, Clone)]
+pub struct Refusals(tokio::sync::mpsc::Sender<Refusal>);
+
+impl Refusals {
+    /// A sender for the node service, and the receiver [`run`] posts from.
+    pub fn channel() -> (Refusals, tokio::sync::mpsc::Receiver<Refusal>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        (Refusals(tx), rx)
+    }
+
+    /// Hands `refusal` to the loop without waiting: a full queue, or a loop that has ended, is
+    /// logged (the refusal is then in this log and the kubelet's only).
+    pub fn tell(&self, refusal: Refusal) {
+        if let Err(e) = self.0.try_send(refusal) {
+            let (why, r) = match e {
+                tokio::sync::mpsc::error::TrySendError::Full(r) => ("the queue is full", r),
+                tokio::sync::mpsc::error::TrySendError::Closed(r) => ("the loop has ended", r),
+            };
+            tracing::warn!(volume = %r.volume.id, note = %r.note, why, "an ExpandRefused event is not posted");
+        }
     }
 }
 
@@ -520,13 +557,30 @@ async fn round(poster: &Poster, book: &mut Book, seen: Seen, now: Instant, bound
     book.volumes = next;
 }
 
+/// Posts ExpandRefused for `refusal` on its volume's claim and pods; a failed post is logged
+/// (the kubelet retries the grow, and its next refusal is posted again).
+async fn refused(poster: &Poster, refusal: Refusal) {
+    let verdict = Verdict {
+        reason: Reason::ExpandRefused,
+        note: refusal.note,
+    };
+    log(&verdict, "volume", &refusal.volume.id);
+    if let Err(e) = poster
+        .on_volume(&refusal.volume, &[verdict], &mut None)
+        .await
+    {
+        tracing::warn!(volume = %refusal.volume.id, error = %e, "posting an ExpandRefused event failed");
+    }
+}
+
 /// Looks every `every` until the process ends; a volume RECOVERING longer than
-/// `recovering_bound` is a Warning.
+/// `recovering_bound` is a Warning. Between looks, each refusal `refusals` brings is posted.
 pub async fn run(
     ublkd: Ublkd,
     node: Node,
     every: Duration,
     recovering_bound: Duration,
+    mut refusals: tokio::sync::mpsc::Receiver<Refusal>,
 ) -> Result<(), FaultsError> {
     let client = Client::try_default().await.map_err(FaultsError::Connect)?;
     let reporter = Reporter {
@@ -556,7 +610,14 @@ pub async fn run(
                 answered = false;
             }
         }
-        tokio::time::sleep(every).await;
+        let next_look = tokio::time::sleep(every);
+        tokio::pin!(next_look);
+        loop {
+            tokio::select! {
+                () = &mut next_look => break,
+                Some(refusal) = refusals.recv() => refused(&poster, refusal).await,
+            }
+        }
     }
 }
 
@@ -801,6 +862,39 @@ mod tests {
             .map(|p| p.name_any())
             .collect();
         assert_eq!(names, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_reaches_the_loop_and_a_full_queue_drops_it_without_waiting() {
+        let (tx, mut rx) = Refusals::channel();
+        let refusal = |id: &str| Refusal {
+            volume: v1::Volume {
+                id: id.into(),
+                ..Default::default()
+            },
+            note: format!("{id}: memory limit"),
+        };
+        tx.tell(refusal("pvc-1"));
+        let got = rx.recv().await.expect("told");
+        assert_eq!(
+            (got.volume.id.as_str(), got.note.as_str()),
+            ("pvc-1", "pvc-1: memory limit")
+        );
+        for i in 0..100 {
+            tx.tell(refusal(&format!("pvc-{i}")));
+        }
+        let mut n = 0;
+        while rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(
+            n, 64,
+            "the queue holds 64; the rest are logged, never awaited"
+        );
+        drop(rx);
+        tx.tell(refusal("pvc-late"));
+        assert_eq!(Reason::ExpandRefused.name(), "ExpandRefused");
+        assert!(Reason::ExpandRefused.is_warning());
     }
 
     #[test]

@@ -307,12 +307,15 @@ async fn main() -> Result<()> {
             }
         });
     }
+    let mut refusals = None;
     if args.fault_events_every > 0 && !args.resizer_only {
         let every = Duration::from_secs(args.fault_events_every);
         let bound = Duration::from_secs(args.recovering_too_long);
         let (ublkd, node) = (ublkd.clone(), node.clone());
+        let (tx, rx) = ublkd_csi::faults::Refusals::channel();
+        refusals = Some(tx);
         tokio::spawn(async move {
-            if let Err(e) = ublkd_csi::faults::run(ublkd, node, every, bound).await {
+            if let Err(e) = ublkd_csi::faults::run(ublkd, node, every, bound, rx).await {
                 tracing::error!(error = %e, "no fault events: faults are in the logs and metrics only");
             }
         });
@@ -322,6 +325,7 @@ async fn main() -> Result<()> {
         node,
         kubelet_dir: args.kubelet_dir,
         busy: Default::default(),
+        refusals,
     };
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     let mut builder = tonic::transport::Server::builder();

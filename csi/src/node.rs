@@ -32,6 +32,9 @@ pub struct NodeService {
     pub kubelet_dir: PathBuf,
     /// Volumes with an operation in progress: a second one at the same time is ABORTED.
     pub busy: Arc<Mutex<HashSet<String>>>,
+    /// Where a grow ublkd refused goes to be a Warning on the claim (None without fault events:
+    /// the refusal is then in the log and the kubelet's conditions only).
+    pub refusals: Option<crate::faults::Refusals>,
 }
 
 /// Marks a volume busy for as long as it lives.
@@ -407,7 +410,7 @@ impl NodeService {
         // An existing path must lie under the kubelet directory (a missing one is NOT_FOUND
         // first, as the spec and csi-sanity expect).
         let path = self.path(&req.volume_path, "volume_path")?;
-        let spec = v.spec.unwrap_or_default();
+        let spec = v.spec.clone().unwrap_or_default();
         let block = u64::from(spec.block_size.unwrap_or(4096));
         // Without a range, or with one that asks nothing (`{0, 0}`), the volume keeps its size
         // (the file system grows to the device), never the size a new volume would get.
@@ -416,7 +419,21 @@ impl NodeService {
             _ => spec.size_bytes,
         };
         let size = if size > spec.size_bytes {
-            self.ublkd.resize(&req.volume_id, size).await?;
+            if let Err(e) = self.ublkd.resize(&req.volume_id, size).await {
+                if let (crate::ublkd::UblkdError::Call(status), Some(refusals)) =
+                    (&e, &self.refusals)
+                {
+                    refusals.tell(crate::faults::Refusal {
+                        volume: v.clone(),
+                        note: format!(
+                            "node {} did not grow the volume to {size} bytes: {}",
+                            self.node.0,
+                            status.message()
+                        ),
+                    });
+                }
+                return Err(e.into());
+            }
             size
         } else {
             spec.size_bytes
@@ -583,6 +600,7 @@ mod tests {
             node: Node("n1".into()),
             kubelet_dir: "/var/lib/kubelet".into(),
             busy: Arc::default(),
+            refusals: None,
         }
     }
 
