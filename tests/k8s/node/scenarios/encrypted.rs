@@ -1,0 +1,195 @@
+//! Encrypted classes (LUKS2): data at rest unreadable, grown online, keys required.
+
+use super::{df_kib, files_named, holds};
+use crate::kube::{fill, mib, Mode, Sc, CSI_NODE_LOGS};
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+use std::fs::{self, File};
+use std::path::Path;
+
+/// The Secret and the two encrypted classes (a file and an NVMe one) of `encrypted` and
+/// `ublkd-restart`; `key` is the Secret's key (applied again: the same, or another).
+pub(super) fn luks_classes(s: &Sc, key: &str) -> Result<()> {
+    let class = |name: &str, backend: &str| {
+        fill(
+            r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: @NAME@}
+provisioner: ublkd.io
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters:
+  @BACKEND@
+  encryption: luks2
+  csi.storage.k8s.io/node-stage-secret-name: e-key
+  csi.storage.k8s.io/node-stage-secret-namespace: default
+  csi.storage.k8s.io/node-expand-secret-name: e-key
+  csi.storage.k8s.io/node-expand-secret-namespace: default
+"#,
+            &[("NAME", name), ("BACKEND", backend)],
+        )
+    };
+    s.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: e-key}}\nstringData: {{key: {key}}}\n"
+    ))?;
+    s.apply(&class(
+        "ublkd-file-luks",
+        "backend: file\n  root: /var/lib/ublkd/volumes",
+    ))?;
+    s.apply(&class(
+        "ublkd-nvme-luks",
+        "backend: nvme\n  namespace: /dev/ng0n1",
+    ))
+}
+
+/// Takes away what `luks_classes` made: the chart's uninstall must leave no StorageClass.
+pub(super) fn luks_classes_gone(s: &Sc) -> Result<()> {
+    s.delete(&["storageclass", "ublkd-file-luks", "ublkd-nvme-luks"])?;
+    s.delete(&["secret", "e-key"])
+}
+
+/// Whether a LUKS header starts at `offset` of `path` (its magic, `LUKS\xba\xbe`).
+fn luks_at(path: &Path, offset: u64) -> Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut magic = [0u8; 6];
+    f.read_exact(&mut magic)?;
+    Ok(&magic == b"LUKS\xba\xbe")
+}
+
+/// Encrypted volumes (`encryption: luks2`, the key in a Secret): a marker written in the pod
+/// is nowhere in the file volume's backing file nor in the NVMe volume's window, which start
+/// with a LUKS2 header; the file system grows online through the mapping; a wrong key fails
+/// the pod's mount with an event that says so and changes nothing, and the right one opens the
+/// same data again. (A SIGKILL of ublkd under an fsync writer through dm-crypt is
+/// `ublkd-restart`'s.)
+pub fn encrypted(s: &Sc) -> Result<()> {
+    luks_classes(s, "right-key-51c7")?;
+    let marker = format!("ublkd-secret-marker-{}", std::process::id());
+    s.pvc("e-file", "ublkd-file-luks", "64Mi", Mode::Filesystem)?;
+    s.pvc("e-nvme", "ublkd-nvme-luks", "64Mi", Mode::Block)?;
+    s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
+    s.pod("p-e-nvme", "e-nvme", Mode::Block)?;
+    let file_pod_ready = || {
+        let ready = [
+            "wait",
+            "--for=condition=Ready",
+            "pod/p-e-file",
+            "--timeout=600s",
+        ];
+        s.k(&ready)
+            .inspect_err(|_| s.tail(30, &CSI_NODE_LOGS))
+            .map(drop)
+    };
+    file_pod_ready()?;
+    // The marker many times over, pushed to the device.
+    s.in_pod(
+        "p-e-file",
+        &format!("for i in $(seq 256); do echo {marker}; done >/data/m && sync"),
+    )?;
+    s.in_pod(
+        "p-e-nvme",
+        &format!(
+            "for i in $(seq 256); do echo {marker}; done >/tmp/m && \
+             dd if=/tmp/m of=/dev/xvda bs=4096 seek=100 oflag=direct conv=fsync 2>&1"
+        ),
+    )?;
+    let back = s.in_pod(
+        "p-e-nvme",
+        "dd if=/dev/xvda bs=4096 skip=100 count=1 2>/dev/null | head -1",
+    )?;
+    ensure!(back == marker, "the block device reads back {back:?}");
+    // The file volume's backing file.
+    let vol = s.volume_of("e-file")?;
+    let files = files_named(Path::new("/var/lib/ublkd/volumes"), &vol);
+    let [file] = files.as_slice() else {
+        bail!("not one backing file of {vol}: {files:?}");
+    };
+    let len = fs::metadata(file)?.len();
+    ensure!(
+        luks_at(file, 0)?,
+        "{} starts with no LUKS header",
+        file.display()
+    );
+    ensure!(
+        !holds(file, 0, len, &marker)?,
+        "the marker is in the clear in {}",
+        file.display()
+    );
+    s.say(format!(
+        "{}: LUKS header, no marker in its {len} bytes",
+        file.display()
+    ));
+    // The NVMe volume's window of the namespace.
+    let nvol = s.volume_of("e-nvme")?;
+    let info: Value = serde_json::from_str(&s.ublkctl(&["-o", "json", "get-volume", &nvol])?)?;
+    let window = &info["spec"]["nvme"];
+    let (offset, length) = (
+        window["offset_bytes"]
+            .as_u64()
+            .context("no window offset")?,
+        window["length_bytes"]
+            .as_u64()
+            .context("no window length")?,
+    );
+    let ns = Path::new("/dev/nvme0n1");
+    ensure!(
+        luks_at(ns, offset)?,
+        "the window at {offset} has no LUKS header"
+    );
+    ensure!(
+        !holds(ns, offset, length, &marker)?,
+        "the marker is in the clear in the window at {offset}"
+    );
+    s.say(format!(
+        "nvme window {offset}+{length}: LUKS header, no marker"
+    ));
+    s.delete(&["pod", "p-e-nvme"])?;
+    s.delete(&["pvc", "e-nvme"])?;
+    // Online growth: the ublk device, then the mapping (with the node-expand Secret's key),
+    // then ext4.
+    let df = || df_kib(s, "p-e-file");
+    let before = df()?;
+    s.k(&[
+        "patch",
+        "pvc",
+        "e-file",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}"#,
+    ])?;
+    let pv = s.jp(&["pvc", "e-file"], "{.spec.volumeName}")?;
+    let pv_grown = || {
+        s.jp(&["pv", &pv], "{.spec.capacity.storage}")
+            .is_ok_and(|c| mib(&c).is_ok_and(|m| m >= 128))
+    };
+    s.wait(300, "the PV grew", pv_grown)?;
+    // An update to the pod makes the kubelet sync it (and expand) at once (`filesystem`).
+    let resync = format!("ublkd.test/resync={:.0}", s.node.now());
+    s.k(&["annotate", "pod", "p-e-file", "--overwrite", &resync])?;
+    let grown = || df().is_ok_and(|k| k > before + 32768);
+    s.wait(420, "df grew through the mapping", grown)
+        .inspect_err(|_| s.tail(15, &["describe", "pvc", "e-file"]))?;
+    s.say(format!("df: {before} KiB, then {} KiB", df()?));
+    // A wrong key: the pod's mount fails, saying so, and nothing is written.
+    s.delete(&["pod", "p-e-file"])?;
+    luks_classes(s, "wrong-key-0000")?;
+    s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
+    let said = || {
+        s.q(&["describe", "pod", "p-e-file"])
+            .is_ok_and(|d| d.contains("wrong key"))
+    };
+    let shown = s.wait(180, "the pod's events say: wrong key", said);
+    s.show(&["describe", "pod", "p-e-file"]);
+    luks_classes(s, "right-key-51c7")?;
+    shown?;
+    file_pod_ready()?;
+    let first = s.in_pod("p-e-file", "head -1 /data/m")?;
+    ensure!(
+        first == marker,
+        "after the wrong key, /data/m reads {first:?}"
+    );
+    s.delete(&["pod", "p-e-file"])?;
+    s.delete(&["pvc", "e-file"])?;
+    luks_classes_gone(s)
+}

@@ -1,0 +1,235 @@
+//! Faults told to the people using a volume: a FAILED volume, a missing ublk driver, a pod stuck in ContainerCreating.
+
+use super::files_named;
+use crate::kube::{field, fill, has_line, local, Mode, Sc, CSI_NODE_LOGS, NODE};
+use anyhow::{bail, ensure, Context, Result};
+use std::fs;
+use std::path::Path;
+
+/// Events of `reason` about the claim `name` (in default), their messages.
+fn claim_events(s: &Sc, name: &str, reason: &str) -> String {
+    let sel = format!(
+        "involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name},reason={reason}"
+    );
+    s.jp(&["events", "--field-selector", &sel], "{.items[*].message}")
+        .unwrap_or_default()
+}
+
+/// A volume that cannot come back reaches the people using it: the backing file of a claim in
+/// use is moved away and ublkd killed, so its takeover fails and the volume is FAILED.
+/// `kubectl describe pvc` shows a VolumeFailed Warning within 60 s, and the pod has one too.
+/// With the file back, ublkd's own retry brings the volume back, a VolumeRecovered Event
+/// follows, and the pod reads its device again.
+pub fn volume_fault(s: &Sc) -> Result<()> {
+    s.pvc("f-data", "ublkd-file", "64Mi", Mode::Block)?;
+    s.pod("p-fault", "f-data", Mode::Block)?;
+    let read = "dd if=/dev/xvda of=/dev/null bs=4096 count=16 iflag=direct 2>&1";
+    s.say(s.in_pod("p-fault", read)?);
+    let vol = s.volume_of("f-data")?;
+    let files = files_named(Path::new("/var/lib/ublkd/volumes"), &vol);
+    let [file] = files.as_slice() else {
+        bail!("not one backing file of {vol}: {files:?}");
+    };
+    let away = file.with_extension("away");
+    fs::rename(file, &away)?;
+    s.say(format!("moved {} away", file.display()));
+    let pids = local("pidof", &["ublkd"]).context("no ublkd process on the node")?;
+    let pid = pids.split_whitespace().next().context("no ublkd pid")?;
+    local("kill", &["-9", pid])?;
+    s.say(format!("SIGKILL to ublkd (pid {pid})"));
+    let state = |want: &str| {
+        s.ublkctl(&["get-volume", &vol])
+            .is_ok_and(|i| field(&i, "state") == Some(want))
+    };
+    let described = || {
+        s.q(&["describe", "pvc", "f-data"])
+            .is_ok_and(|d| d.contains("VolumeFailed"))
+    };
+    // From the moment ublkd reports the volume FAILED, the claim has 60 s to show it.
+    let shown = s
+        .wait(300, "ublkd back, the volume FAILED", || state("failed"))
+        .and_then(|()| s.wait(60, "kubectl describe pvc shows VolumeFailed", described));
+    // The file goes back whatever happened, so that the claim can be deleted.
+    fs::rename(&away, file)?;
+    shown.inspect_err(|_| {
+        s.tail(15, &["describe", "pvc", "f-data"]);
+        s.tail(30, &CSI_NODE_LOGS);
+    })?;
+    let failed = claim_events(s, "f-data", "VolumeFailed");
+    s.say(format!("VolumeFailed: {failed}"));
+    ensure!(
+        failed.contains(&vol) || failed.to_lowercase().contains("fail"),
+        "the Event says nothing of the failure: {failed:?}"
+    );
+    let on_pod = || {
+        s.q(&["describe", "pod", "p-fault"])
+            .is_ok_and(|d| d.contains("VolumeFailed"))
+    };
+    s.wait(60, "the pod's Events show VolumeFailed too", on_pod)?;
+    let recovered = || !claim_events(s, "f-data", "VolumeRecovered").is_empty();
+    s.wait(180, "a VolumeRecovered Event on the claim", recovered)
+        .inspect_err(|_| {
+            s.tail(
+                20,
+                &["-n", "ublkd-system", "logs", "ds/ublkd", "-c", "ublkd"],
+            )
+        })?;
+    s.wait(60, "the volume READY again", || state("ready"))?;
+    s.say(s.in_pod("p-fault", read)?);
+    let kinds = s.q(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=f-data",
+        "-o",
+        "custom-columns=TYPE:.type,REASON:.reason",
+        "--no-headers",
+    ])?;
+    s.say(&kinds);
+    ensure!(
+        has_line(&kinds, "Normal VolumeRecovered"),
+        "VolumeRecovered is not a Normal Event"
+    );
+    s.delete(&["pod", "p-fault"])?;
+    s.delete(&["pvc", "f-data"])
+}
+
+/// Capacity where ublk cannot serve: /dev/ublk-control hidden on the node and ublkd's pod
+/// restarted, as on a node whose kernel has no ublk_drv. ublkd stays up saying why, its pod
+/// is not Ready, the Node has a UblkUnavailable Event, every CSIStorageCapacity of the node
+/// reads 0, and a claim waiting for a pod stays Pending with the scheduler's reason. With the
+/// device back and the pod restarted: Ready, capacity, the claim bound, UblkAvailable.
+pub fn ublk_missing(s: &Sc) -> Result<()> {
+    let ctl = Path::new("/dev/ublk-control");
+    let hidden = Path::new("/dev/ublk-control.hidden");
+    let restart = || -> Result<()> {
+        let old = s.ublkd_pod()?;
+        s.delete(&["-n", "ublkd-system", "pod", &old])?;
+        let new = || s.ublkd_pod().is_ok_and(|p| p != old);
+        s.wait(120, "a new ublkd pod", new)
+    };
+    let capacities = || {
+        s.jp(&["csistoragecapacities", "-A"], "{.items[*].capacity}")
+            .unwrap_or_default()
+    };
+    s.say(format!("capacities before: {}", capacities()));
+    fs::rename(ctl, hidden)?;
+    s.say("/dev/ublk-control hidden");
+    let hidden_run = (|| -> Result<()> {
+        restart()?;
+        let logs = ["-n", "ublkd-system", "logs", "ds/ublkd", "-c", "ublkd"];
+        let says = || s.q(&logs).is_ok_and(|l| l.contains("no ublk dataplane"));
+        s.wait(120, "ublkd's log says it has no ublk dataplane", says)?;
+        // Not Ready because its readiness probe fails, saying why (not merely not yet probed).
+        let pod = s.ublkd_pod()?;
+        let sel = format!("involvedObject.name={pod},reason=Unhealthy");
+        let probe = || {
+            s.jp(
+                &["-n", "ublkd-system", "events", "--field-selector", &sel],
+                "{.items[*].message}",
+            )
+            .is_ok_and(|m| m.contains("serves no volume"))
+        };
+        s.wait(
+            120,
+            "the readiness probe fails: ublkd serves no volume",
+            probe,
+        )?;
+        ensure!(!s.ublkd_ready(), "ublkd's pod is Ready without ublk");
+        let event = || s.node_event(NODE, "UblkUnavailable");
+        s.wait(120, "a UblkUnavailable Event on the Node", event)?;
+        s.node_events(NODE);
+        let zero = || {
+            let c = capacities();
+            !c.is_empty() && c.split_whitespace().all(|q| q == "0")
+        };
+        s.wait(240, "every CSIStorageCapacity reads 0", zero)?;
+        s.pvc("u-data", "ublkd-ram", "64Mi", Mode::Filesystem)?;
+        s.start_pod("p-u", "u-data", Mode::Filesystem)?;
+        let sel = "involvedObject.name=p-u,reason=FailedScheduling";
+        let why = || {
+            s.jp(&["events", "--field-selector", sel], "{.items[*].message}")
+                .is_ok_and(|m| m.to_lowercase().contains("storage"))
+        };
+        s.wait(300, "a FailedScheduling event naming storage", why)?;
+        ensure!(
+            s.jp(&["pvc", "u-data"], "{.status.phase}")? == "Pending",
+            "u-data left Pending"
+        );
+        Ok(())
+    })();
+    fs::rename(hidden, ctl)?;
+    s.say("/dev/ublk-control back");
+    restart()?;
+    s.wait(300, "ublkd Ready again", || s.ublkd_ready())?;
+    hidden_run?;
+    s.k(&["wait", "--for=condition=Ready", "pod/p-u", "--timeout=600s"])
+        .inspect_err(|_| s.tail(15, &["describe", "pod", "p-u"]))?;
+    s.wait(120, "a UblkAvailable Event on the Node", || {
+        s.node_event(NODE, "UblkAvailable")
+    })?;
+    s.say(format!("capacities after: {}", capacities()));
+    s.delete(&["pod", "p-u"])?;
+    s.delete(&["pvc", "u-data"])
+}
+
+/// A pod stuck in ContainerCreating, looked at as docs/kubernetes.md ("Troubleshooting") says:
+/// a PV naming a volume this node's ublkd does not have (as one deleted by hand would), so the
+/// pod's volume can never be staged. `kubectl describe pod` shows the mount error and the node
+/// plugin's log the reason, with the volume's name.
+pub fn stuck(s: &Sc) -> Result<()> {
+    s.apply(&fill(
+        "apiVersion: v1
+kind: PersistentVolume
+metadata: {name: stuck-pv}
+spec:
+  capacity: {storage: 64Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ublkd-ram
+  claimRef: {namespace: default, name: stuck}
+  csi: {driver: ublkd.io, volumeHandle: stuck-vol, fsType: ext4}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms: [{matchExpressions: [{key: ublkd.io/node, operator: In, values: [@NODE@]}]}]
+",
+        &[("NODE", NODE)],
+    ))?;
+    s.claim("stuck", "ublkd-ram", "64Mi", "volumeName: stuck-pv")?;
+    s.start_pod("p-stuck", "stuck", Mode::Filesystem)?;
+    let describe = || s.q(&["describe", "pod", "p-stuck"]).unwrap_or_default();
+    s.wait(300, "a FailedMount event on p-stuck", || {
+        describe().contains("FailedMount")
+    })
+    .inspect_err(|_| s.tail(20, &["describe", "pod", "p-stuck"]))?;
+    s.tail(8, &["describe", "pod", "p-stuck"]);
+    let reason = s.jp(
+        &["pod", "p-stuck"],
+        "{.status.containerStatuses[0].state.waiting.reason}",
+    )?;
+    ensure!(
+        reason == "ContainerCreating",
+        "p-stuck is waiting in '{reason}', not ContainerCreating"
+    );
+    let failed = describe();
+    ensure!(
+        failed
+            .lines()
+            .any(|l| l.contains("FailedMount") && l.contains("stuck-vol")),
+        "the mount error does not name the volume"
+    );
+    let logs = s.k(&CSI_NODE_LOGS)?;
+    let why: Vec<&str> = logs.lines().filter(|l| l.contains("stuck-vol")).collect();
+    s.say(why[why.len().saturating_sub(3)..].join("\n"));
+    let refused = |l: &&str| {
+        l.find("call refused")
+            .is_some_and(|at| l[at..].contains("stuck-vol"))
+    };
+    ensure!(
+        why.iter().any(refused),
+        "the node plugin's log does not say why stuck-vol cannot be staged"
+    );
+    s.k(&["delete", "pod", "p-stuck", "--wait=true", "--timeout=120s"])?;
+    s.delete(&["pvc", "stuck"])?;
+    s.delete(&["pv", "stuck-pv"])
+}

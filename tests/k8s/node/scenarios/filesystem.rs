@@ -1,0 +1,155 @@
+//! A claim's life in each class: mounted, written, grown online, block access, and a claim no node can hold left Pending.
+
+use super::{df_kib, files_named};
+use crate::kube::{field, mib, Mode, Sc};
+use anyhow::{ensure, Result};
+use serde_json::json;
+use std::path::Path;
+
+pub fn file_ext4(s: &Sc) -> Result<()> {
+    filesystem(s, "ublkd-file")
+}
+
+pub fn ram(s: &Sc) -> Result<()> {
+    filesystem(s, "ublkd-ram")
+}
+
+pub fn nvme_xfs(s: &Sc) -> Result<()> {
+    filesystem(s, "ublkd-nvme")
+}
+
+/// A filesystem class: data written survives the pod, online expansion reaches df, and the
+/// claim's deletion takes the ublkd volume (and its backing file) with it.
+fn filesystem(s: &Sc, class: &str) -> Result<()> {
+    let (claim, pod) = (format!("d-{class}"), format!("p-{class}"));
+    s.pvc(&claim, class, "64Mi", Mode::Filesystem)?;
+    let phase = s.jp(&["pvc", &claim], "{.status.phase}")?;
+    s.say(format!("before a consumer: {phase}"));
+    ensure!(
+        phase == "Pending",
+        "WaitForFirstConsumer leaves the claim Pending until a pod"
+    );
+    s.pod(&pod, &claim, Mode::Filesystem)?;
+    s.in_pod(&pod, "echo ublkd-k8s-data >/data/f && sync")?;
+    s.delete(&["pod", &pod])?;
+    s.pod(&pod, &claim, Mode::Filesystem)?;
+    let got = s.in_pod(&pod, "cat /data/f")?;
+    ensure!(
+        got == "ublkd-k8s-data",
+        "the data is there after the pod is recreated ({got})"
+    );
+    let df = || df_kib(s, &pod);
+    let before = df()?;
+    // What the driver gave (an xfs class rounds a claim up to xfs's smallest, 300 MiB), and
+    // 64 MiB more of it.
+    let have = mib(&s.jp(&["pvc", &claim], "{.status.capacity.storage}")?)?;
+    s.say(format!("claimed 64 MiB, got {have} MiB"));
+    ensure!(have >= 64, "the claim got at least what it asked for");
+    let pv = s.jp(&["pvc", &claim], "{.spec.volumeName}")?;
+    let grow =
+        json!({"spec": {"resources": {"requests": {"storage": format!("{}Mi", have + 64)}}}});
+    s.k(&["patch", "pvc", &claim, "-p", &grow.to_string()])?;
+    // The kubelet grows a mounted file system (NodeExpandVolume) when it next syncs the pod, a
+    // minute and more after the PV grew; an update to the pod syncs it at once (a kubelet
+    // resyncing every 10 s instead cost the guest a tenth of its CPUs). The growth is still the
+    // resizer's, the kubelet's and the driver's.
+    let pv_grown = || {
+        s.jp(&["pv", &pv], "{.spec.capacity.storage}")
+            .is_ok_and(|c| mib(&c).is_ok_and(|m| m > have))
+    };
+    s.wait(300, "the PV grew", pv_grown)
+        .inspect_err(|_| s.tail(15, &["describe", "pvc", &claim]))?;
+    let resync = format!("ublkd.test/resync={:.0}", s.node.now());
+    s.k(&["annotate", "pod", &pod, "--overwrite", &resync])?;
+    s.wait(420, "df grew", || df().is_ok_and(|k| k > before + 32768))
+        .inspect_err(|_| s.tail(15, &["describe", "pvc", &claim]))?;
+    s.say(format!("df: {before} KiB, then {} KiB", df()?));
+    let vol = s.jp(&["pv", &pv], "{.spec.csi.volumeHandle}")?;
+    s.say(format!("volume {vol}"));
+    let list = s.ublkctl(&["list-volumes"])?;
+    ensure!(list.contains(&vol), "ublkd does not list {vol}:\n{list}");
+    // The claim the volume was made for, kept with it (the provisioner's --extra-create-metadata).
+    let info = s.ublkctl(&["get-volume", &vol])?;
+    let claimed = field(&info, "claim").unwrap_or_default();
+    s.say(format!("claim: {claimed}"));
+    ensure!(
+        claimed == format!("default/{claim} (pv {pv})"),
+        "get-volume names the claim default/{claim} and its PV {pv}"
+    );
+    let root = Path::new("/var/lib/ublkd/volumes");
+    if class == "ublkd-file" {
+        // The root is a hostPath: the node sees the backing file itself.
+        ensure!(
+            !files_named(root, &vol).is_empty(),
+            "no backing file of {vol} on the node"
+        );
+    }
+    s.delete(&["pod", &pod])?;
+    s.delete(&["pvc", &claim])?;
+    let gone = || {
+        !s.exists(&["pv", &pv])
+            && s.ublkctl(&["list-volumes"])
+                .is_ok_and(|l| !l.contains(&vol))
+    };
+    s.wait(300, "the volume went with its claim", gone)?;
+    if class == "ublkd-file" {
+        ensure!(
+            files_named(root, &vol).is_empty(),
+            "the backing file of {vol} outlived its claim"
+        );
+    }
+    Ok(())
+}
+
+/// A raw-block claim: the device itself in the pod, its bytes kept across pods.
+pub fn block(s: &Sc) -> Result<()> {
+    s.pvc("d-block", "ublkd-ram", "64Mi", Mode::Block)?;
+    s.pod("p-block", "d-block", Mode::Block)?;
+    s.in_pod(
+        "p-block",
+        "echo ublkd-k8s-block | dd of=/dev/xvda bs=512 count=1 conv=fsync",
+    )?;
+    s.delete(&["pod", "p-block"])?;
+    s.pod("p-block", "d-block", Mode::Block)?;
+    let got = s.in_pod("p-block", "dd if=/dev/xvda bs=15 count=1 2>/dev/null")?;
+    ensure!(
+        got == "ublkd-k8s-block",
+        "the block device kept its bytes across pods ({got})"
+    );
+    s.delete(&["pod", "p-block"])?;
+    s.delete(&["pvc", "d-block"])
+}
+
+/// A claim larger than the node can hold: the pod stays Pending, and the scheduler says why.
+pub fn pending(s: &Sc) -> Result<()> {
+    s.pvc("d-huge", "ublkd-ram", "100Ti", Mode::Filesystem)?;
+    s.apply(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: p-huge}
+spec:
+  containers:
+    - {name: app, image: ublkd.test/busybox:test, command: ["/bin/sh", "-c", "sleep 3600"],
+       volumeMounts: [{name: v, mountPath: /data}]}
+  volumes: [{name: v, persistentVolumeClaim: {claimName: d-huge}}]
+"#,
+    )?;
+    let events = |sel: &str| s.jp(&["events", "--field-selector", sel], "{.items[*].message}");
+    let why = || {
+        events("involvedObject.name=p-huge,reason=FailedScheduling")
+            .is_ok_and(|m| m.to_lowercase().contains("storage"))
+    };
+    s.wait(300, "a FailedScheduling event naming storage", why)
+        .inspect_err(|_| s.tail(10, &["describe", "pod", "p-huge"]))?;
+    s.say(events("involvedObject.name=p-huge")?);
+    ensure!(
+        s.jp(&["pod", "p-huge"], "{.status.phase}")? == "Pending",
+        "p-huge left Pending"
+    );
+    ensure!(
+        s.jp(&["pvc", "d-huge"], "{.status.phase}")? == "Pending",
+        "d-huge left Pending"
+    );
+    s.delete(&["pod", "p-huge"])?;
+    s.delete(&["pvc", "d-huge"])
+}

@@ -1,0 +1,253 @@
+//! The node plugin's own duties: UblkdNode reports, volumes without a PV, and `kubectl ublkd`.
+
+use crate::kube::{field, has_line, Mode, Sc, CSI_NODE_LOGS, NODE};
+use anyhow::{ensure, Result};
+use serde_json::Value;
+
+/// `kubectl ublkd` (the plugin, found on kubectl's PATH like any plugin) run by on-call staff
+/// who hold only the chart's read-only `ublkd-viewer` ClusterRole (a service account's token,
+/// in a kubeconfig of its own, picked by `--kubeconfig` and `--context`): they cannot exec into
+/// ublkd's pods, and need not. `pvc` shows a running pod's claim with its node, volume, state,
+/// device and writes; `nodes` the node's report; `orphans -o json` lists a volume made outside
+/// Kubernetes until it is deleted; `check` passes; `dump` writes the bundle; and the report is
+/// `kubectl get ublkdnodes` for anyone with the role.
+pub fn plugin(s: &Sc) -> Result<()> {
+    s.pvc("x-data", "ublkd-ram", "64Mi", Mode::Filesystem)?;
+    s.pod("p-x", "x-data", Mode::Filesystem)?;
+    s.in_pod(
+        "p-x",
+        "dd if=/dev/zero of=/data/f bs=4096 count=256 conv=fsync",
+    )?;
+    let vol = s.volume_of("x-data")?;
+    // on-call: a service account bound to ublkd-viewer and nothing else
+    s.k(&["create", "serviceaccount", "oncall", "-n", "default"])?;
+    s.k(&[
+        "create",
+        "clusterrolebinding",
+        "oncall-ublkd",
+        "--clusterrole=ublkd-viewer",
+        "--serviceaccount=default:oncall",
+    ])?;
+    let token = s.q(&["create", "token", "oncall", "-n", "default"])?;
+    let admin: Value = serde_json::from_str(&s.q(&[
+        "config",
+        "view",
+        "--raw",
+        "--minify",
+        "--flatten",
+        "-o",
+        "json",
+    ])?)?;
+    let cluster = &admin["clusters"][0]["cluster"];
+    let conf = "--kubeconfig=oncall.kubeconfig";
+    let server = format!(
+        "--server={}",
+        cluster["server"].as_str().unwrap_or_default()
+    );
+    s.k(&["config", conf, "set-cluster", "tier", &server])?;
+    let ca = cluster["certificate-authority-data"]
+        .as_str()
+        .unwrap_or_default();
+    s.q(&[
+        "config",
+        conf,
+        "set",
+        "clusters.tier.certificate-authority-data",
+        ca,
+    ])?;
+    s.q(&[
+        "config",
+        conf,
+        "set-credentials",
+        "oncall",
+        &format!("--token={token}"),
+    ])?;
+    s.k(&[
+        "config",
+        conf,
+        "set-context",
+        "oncall",
+        "--cluster=tier",
+        "--user=oncall",
+    ])?;
+    let can = |verb: &str, what: &str| -> Result<String> {
+        let a = s.node.host.call(
+            "kubectl",
+            &[
+                conf,
+                "--context=oncall",
+                "auth",
+                "can-i",
+                verb,
+                what,
+                "-n",
+                "ublkd-system",
+            ],
+            None,
+        )?;
+        Ok(a.out.trim().to_owned())
+    };
+    ensure!(
+        can("create", "pods/exec")? == "no",
+        "the viewer may exec into ublkd's pods"
+    );
+    ensure!(
+        can("list", "ublkdnodes.ublkd.io")? == "yes",
+        "the viewer may not list UblkdNodes"
+    );
+    let oncall = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["ublkd", conf, "--context=oncall"];
+        all.extend_from_slice(args);
+        s.k(&all)
+    };
+    // the node plugin's report after the writes (written every csiNode.reportStatusEvery)
+    let mut out = String::new();
+    let shown = s.wait(60, "kubectl ublkd pvc shows the writes", || {
+        out = oncall(&["pvc", "x-data"]).unwrap_or_else(|e| format!("{e:#}"));
+        // the write line: requests, then bytes (the file's 1 MiB, merged into few requests)
+        let written = out.lines().find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"write")).then(|| w.get(2)?.parse::<u64>().ok())?
+        });
+        written.unwrap_or(0) >= 1 << 20
+    });
+    if let Err(e) = shown {
+        s.say(&out);
+        s.show(&["get", "ublkdnodes", "-o", "yaml"]);
+        s.show(&CSI_NODE_LOGS);
+        return Err(e);
+    }
+    s.say(&out);
+    for (key, want) in [("node", NODE), ("volume", vol.as_str()), ("state", "ready")] {
+        ensure!(
+            field(&out, key) == Some(want),
+            "kubectl ublkd pvc: {key} is not {want}"
+        );
+    }
+    ensure!(
+        field(&out, "device").is_some_and(|d| d.starts_with("/dev/ublkb")),
+        "kubectl ublkd pvc does not show the device"
+    );
+    ensure!(
+        field(&out, "qos") == Some("unlimited"),
+        "kubectl ublkd pvc does not show the limits"
+    );
+    let out = oncall(&["nodes"])?;
+    s.say(&out);
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(NODE))
+        .unwrap_or_default();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    ensure!(
+        cells
+            .get(3)
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+            >= 1,
+        "kubectl ublkd nodes has no line for {NODE} with a volume"
+    );
+    ensure!(
+        cells.get(5) == Some(&"ok"),
+        "kubectl ublkd nodes shows failing checks for {NODE}"
+    );
+    ensure!(
+        line.contains("ublkd-ram="),
+        "kubectl ublkd nodes shows no capacity for ublkd-ram"
+    );
+    let out = oncall(&["check"])?;
+    s.say(&out);
+    let report: Value = serde_json::from_str(&s.q(&["get", "ublkdnode", NODE, "-o", "json"])?)?;
+    let vols = report["status"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        vols.iter()
+            .any(|v| v["id"] == vol.as_str() && v["claim"] == "default/x-data"),
+        "the report does not name {vol}'s claim: {vols:?}"
+    );
+    let pools = report["status"]["pools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        pools
+            .iter()
+            .any(|p| p["storageClass"] == "ublkd-file" && p["reflink"] == true),
+        "the report's ublkd-file pool is not reflink: {pools:?}"
+    );
+    s.ublkctl(&[
+        "create-volume",
+        "stray-1",
+        "--size",
+        "16MiB",
+        "--backend",
+        "ram",
+    ])?;
+    // in the node's report first (written every csiNode.reportStatusEvery)
+    s.wait(60, "the node's report lists stray-1", || {
+        let report = s.q(&[
+            "get",
+            "ublkdnode",
+            NODE,
+            "-o",
+            "jsonpath={.status.volumes[*].id}",
+        ]);
+        report.is_ok_and(|ids| ids.split_whitespace().any(|id| id == "stray-1"))
+    })?;
+    let listed =
+        |out: &str, name: &str| -> Result<bool> {
+            let v: Value = serde_json::from_str(out)?;
+            Ok(v["orphans"].as_array().into_iter().flatten().any(|o| {
+                o["node"] == NODE && o["kind"] == "volume-without-pv" && o["name"] == name
+            }))
+        };
+    let out = oncall(&["orphans", "-o", "json"])?;
+    s.say(&out);
+    ensure!(
+        listed(&out, "stray-1")?,
+        "kubectl ublkd orphans does not list stray-1"
+    );
+    ensure!(
+        !listed(&out, &vol)?,
+        "kubectl ublkd orphans lists {vol}, whose PV exists"
+    );
+    let out = oncall(&["orphans", "-o", "yaml"])?;
+    ensure!(
+        has_line(&out, "name: \"stray-1\""),
+        "kubectl ublkd orphans -o yaml does not list stray-1: {out}"
+    );
+    s.ublkctl(&["delete-volume", "stray-1"])?;
+    let out = oncall(&["orphans", "-o", "json"])?;
+    ensure!(
+        !listed(&out, "stray-1")?,
+        "stray-1 is still listed after it was deleted"
+    );
+    let out = oncall(&["dump", "oncall-dump"])?;
+    s.say(&out);
+    for file in [
+        "nodes/ublkd-vm.json",
+        "orphans.json",
+        "check.json",
+        "pvs.json",
+        "events.json",
+    ] {
+        ensure!(
+            has_line(&out, file),
+            "kubectl ublkd dump did not write {file}"
+        );
+    }
+    ensure!(
+        out.lines().any(|l| l.starts_with("logs/ublkd-")),
+        "kubectl ublkd dump wrote no log of ublkd's pods"
+    );
+    ensure!(
+        !out.contains(".error"),
+        "kubectl ublkd dump could not read a part"
+    );
+    s.delete(&["clusterrolebinding", "oncall-ublkd"])?;
+    s.delete(&["serviceaccount", "oncall", "-n", "default"])?;
+    s.delete(&["pod", "p-x"])?;
+    s.delete(&["pvc", "x-data"])
+}

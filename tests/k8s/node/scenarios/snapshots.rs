@@ -1,0 +1,124 @@
+//! VolumeSnapshots: taken, restored into new claims, and deleted.
+
+use super::files_named;
+use crate::kube::{Mode, Sc};
+use anyhow::{ensure, Result};
+use std::path::Path;
+
+/// A VolumeSnapshot of a file-xfs claim, a claim restored from it and a clone of the claim, on
+/// the node's reflink XFS: each holds the data of its moment, and deleting them leaves no file.
+pub fn snapshots(s: &Sc) -> Result<()> {
+    s.helm_chart(
+        "upgrade",
+        &["--reuse-values", "--set", "snapshots.enabled=true"],
+    )?;
+    s.k(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "deploy/snapshot-controller",
+        "--timeout=600s",
+    ])?;
+    s.pvc("s-src", "ublkd-file-xfs", "300Mi", Mode::Filesystem)?;
+    s.pod("p-src", "s-src", Mode::Filesystem)?;
+    s.in_pod("p-src", "echo at-the-snapshot >/data/f && sync")?;
+    s.apply(
+        "apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap1}
+spec:
+  volumeSnapshotClassName: ublkd-file
+  source: {persistentVolumeClaimName: s-src}
+",
+    )?;
+    let ready = || {
+        s.jp(&["volumesnapshot", "snap1"], "{.status.readyToUse}")
+            .is_ok_and(|r| r == "true")
+    };
+    s.wait(420, "snap1 readyToUse", ready).inspect_err(|_| {
+        s.tail(20, &["describe", "volumesnapshot", "snap1"]);
+        s.tail(30, &["get", "volumesnapshotcontents", "-o", "yaml"]);
+        s.tail(
+            20,
+            &["-n", "kube-system", "logs", "deploy/snapshot-controller"],
+        );
+        s.tail(
+            20,
+            &[
+                "-n",
+                "ublkd-system",
+                "logs",
+                "ds/ublkd-csi-node",
+                "-c",
+                "csi-snapshotter",
+            ],
+        );
+    })?;
+    let status = "{.status.restoreSize} {.status.boundVolumeSnapshotContentName}";
+    s.say(format!(
+        "snapshot: {}",
+        s.jp(&["volumesnapshot", "snap1"], status)?
+    ));
+    s.in_pod("p-src", "echo after-the-snapshot >/data/f && sync")?;
+    s.pvc_from(
+        "s-restore",
+        "ublkd-file-xfs",
+        "300Mi",
+        "VolumeSnapshot",
+        "snap1",
+    )?;
+    s.pod("p-restore", "s-restore", Mode::Filesystem)?;
+    let got = s.in_pod("p-restore", "cat /data/f")?;
+    ensure!(
+        got == "at-the-snapshot",
+        "the restore holds the snapshot's data ({got})"
+    );
+    s.pvc_from(
+        "s-clone",
+        "ublkd-file-xfs",
+        "300Mi",
+        "PersistentVolumeClaim",
+        "s-src",
+    )?;
+    s.pod("p-clone", "s-clone", Mode::Filesystem)?;
+    let got = s.in_pod("p-clone", "cat /data/f")?;
+    ensure!(
+        got == "after-the-snapshot",
+        "the clone holds its source's data ({got})"
+    );
+    s.in_pod("p-restore", "echo the-restore-wrote >/data/f && sync")?;
+    let got = s.in_pod("p-src", "cat /data/f")?;
+    ensure!(
+        got == "after-the-snapshot",
+        "a write to the restore stays out of its source ({got})"
+    );
+    let vols = [
+        s.volume_of("s-src")?,
+        s.volume_of("s-restore")?,
+        s.volume_of("s-clone")?,
+    ];
+    s.say(format!("volumes: {vols:?}"));
+    s.delete(&["pod", "p-src", "p-restore", "p-clone"])?;
+    s.delete(&["volumesnapshot", "snap1"])?;
+    s.delete(&["pvc", "s-src", "s-restore", "s-clone"])?;
+    let gone = || {
+        s.q(&["get", "volumesnapshotcontents", "--no-headers"])
+            .is_ok_and(|c| c.trim().is_empty())
+            && s.ublkctl(&["list-volumes"])
+                .is_ok_and(|l| vols.iter().all(|v| !l.contains(v.as_str())))
+            && files_named(Path::new("/var/lib/ublkd/volumes"), ".img").is_empty()
+    };
+    s.wait(
+        420,
+        "every snapshot, volume and file went with its object",
+        gone,
+    )
+    .inspect_err(|_| {
+        s.show(&["get", "volumesnapshotcontents"]);
+        s.say(format!(
+            "{:?}",
+            files_named(Path::new("/var/lib/ublkd/volumes"), "")
+        ));
+    })
+}
