@@ -208,29 +208,20 @@ fn spec_json(spec: &VolumeSpec) -> Value {
         map.insert("block_size".into(), json!(block_size));
     }
     // A oneof appears as the one field that is set.
-    match &spec.backend {
-        None => {}
-        Some(Backend::Null(_)) => {
-            map.insert("null".into(), json!({}));
-        }
-        Some(Backend::Ram(_)) => {
-            map.insert("ram".into(), json!({}));
-        }
-        Some(Backend::File(f)) => {
-            map.insert("file".into(), json!({ "path": f.path, "create": f.create }));
-        }
-        Some(Backend::Nvme(n)) => {
-            map.insert(
-                "nvme".into(),
-                json!({
-                    "device": n.device,
-                    "offset_bytes": n.offset_bytes,
-                    "length_bytes": n.length_bytes,
-                    "keep_data": n.keep_data,
-                    "identity": n.identity,
-                }),
-            );
-        }
+    if let Some(backend) = &spec.backend {
+        let fields = match backend {
+            Backend::Null(_) | Backend::Ram(_) => json!({}),
+            Backend::File(f) => json!({ "path": f.path, "create": f.create }),
+            Backend::Nvme(n) => json!({
+                "device": n.device,
+                "offset_bytes": n.offset_bytes,
+                "length_bytes": n.length_bytes,
+                "keep_data": n.keep_data,
+                "identity": n.identity,
+            }),
+        };
+        let kind = ublkd_proto::BackendKind::of(backend);
+        map.insert(kind.name().into(), fields);
     }
     if let Some(queues) = spec.queues {
         map.insert("queues".into(), json!(queues));

@@ -77,7 +77,8 @@ pub struct NodeStatus {
     pub error: String,
 }
 
-/// The backends, as StorageClasses name them.
+/// The backends, as the UblkdNode report names them: the API's kinds (`From`, and a test that
+/// the names are theirs), a type of its own because the report's schema is a promise of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -213,13 +214,23 @@ fn state_word(state: i32) -> String {
     )
 }
 
+/// A volume's backend kind as the report names it (null for a spec without one).
 fn backend_of(spec: Option<&v1::VolumeSpec>) -> BackendKind {
-    use v1::volume_spec::Backend as B;
-    match spec.and_then(|s| s.backend.as_ref()) {
-        Some(B::File(_)) => BackendKind::File,
-        Some(B::Ram(_)) => BackendKind::Ram,
-        Some(B::Nvme(_)) => BackendKind::Nvme,
-        _ => BackendKind::Null,
+    spec.and_then(|s| s.backend.as_ref())
+        .map_or(BackendKind::Null, |b| {
+            ublkd_proto::BackendKind::of(b).into()
+        })
+}
+
+impl From<ublkd_proto::BackendKind> for BackendKind {
+    fn from(kind: ublkd_proto::BackendKind) -> Self {
+        use ublkd_proto::BackendKind as K;
+        match kind {
+            K::File => BackendKind::File,
+            K::Ram => BackendKind::Ram,
+            K::Nvme => BackendKind::Nvme,
+            K::Null => BackendKind::Null,
+        }
     }
 }
 
@@ -498,6 +509,15 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The report names each kind as the API does.
+    #[test]
+    fn the_reports_kinds_are_the_apis() {
+        for kind in ublkd_proto::BackendKind::ALL {
+            let named = serde_json::to_value(BackendKind::from(kind)).unwrap();
+            assert_eq!(named, kind.name());
+        }
+    }
 
     #[test]
     fn propagation_is_read_from_the_mount_that_holds_the_directory() {

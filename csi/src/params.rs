@@ -109,6 +109,17 @@ pub enum Backend {
     },
 }
 
+impl Backend {
+    pub fn kind(&self) -> ublkd_proto::BackendKind {
+        use ublkd_proto::BackendKind as K;
+        match self {
+            Backend::File { .. } => K::File,
+            Backend::Ram => K::Ram,
+            Backend::Nvme { .. } => K::Nvme,
+        }
+    }
+}
+
 /// A StorageClass's parameters, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
@@ -126,14 +137,6 @@ pub struct Params {
     pub qos: v1::QosLimits,
     /// The claim the provisioner made the volume for (`--extra-create-metadata`), if it said.
     pub claim: Option<v1::Claim>,
-}
-
-/// Whether a `namespace` parameter names the namespace by its identity (as ublkd writes one:
-/// `eui.…`, `nguid.…`, `nsid.….…`) rather than by its char device.
-fn is_identity(namespace: &str) -> bool {
-    ["eui.", "nguid.", "nsid."]
-        .iter()
-        .any(|p| namespace.starts_with(p))
 }
 
 /// The claim in the provisioner's extra create metadata (`csi.storage.k8s.io/pvc/namespace`,
@@ -167,6 +170,22 @@ fn bad(key: &str, v: &str, want: &str) -> CsiError {
     CsiError::BadParameter(format!("parameter {key}={v:?}: expected {want}"))
 }
 
+/// A StorageClass's own keys (the I/O limits are `qos::KEYS`): deploy/csi/README.md's table
+/// lists exactly these and those (a test reads it).
+pub const KEYS: [&str; 11] = [
+    "backend",
+    "root",
+    "namespace",
+    "queues",
+    "queueDepth",
+    "blockSize",
+    "ioPath",
+    "zeroCopy",
+    "poll",
+    "fsType",
+    "encryption",
+];
+
 fn number(key: &str, v: &str) -> Result<u32, CsiError> {
     v.parse::<u32>()
         .ok()
@@ -178,31 +197,19 @@ impl Params {
     pub fn parse(map: &HashMap<String, String>) -> Result<Self, CsiError> {
         let get = |k: &str| map.get(k).map(String::as_str);
         for key in map.keys() {
-            let known = matches!(
-                key.as_str(),
-                "backend"
-                    | "root"
-                    | "namespace"
-                    | "queues"
-                    | "queueDepth"
-                    | "blockSize"
-                    | "ioPath"
-                    | "zeroCopy"
-                    | "poll"
-                    | "fsType"
-                    | "encryption"
-            ) || qos::KEYS.contains(&key.as_str());
+            let known = KEYS.contains(&key.as_str()) || qos::KEYS.contains(&key.as_str());
             if !known && !qos::is_sidecar_key(key) {
                 return Err(CsiError::BadParameter(format!(
-                    "unknown parameter {key:?} (backend, root, namespace, queues, queueDepth, \
-                     blockSize, ioPath, zeroCopy, poll, fsType, encryption, {})",
+                    "unknown parameter {key:?} ({}, {})",
+                    KEYS.join(", "),
                     qos::KEYS.join(", ")
                 )));
             }
         }
-        let backend = match get("backend") {
+        use ublkd_proto::BackendKind as K;
+        let backend = match get("backend").map(|b| (b, K::named(b))) {
             None => return Err(CsiError::MissingField("parameter backend")),
-            Some("file") => Backend::File {
+            Some((_, Some(K::File))) => Backend::File {
                 root: get("root")
                     .filter(|r| r.starts_with('/'))
                     .ok_or(CsiError::MissingField(
@@ -210,16 +217,19 @@ impl Params {
                     ))?
                     .to_owned(),
             },
-            Some("ram") => Backend::Ram,
-            Some("nvme") => Backend::Nvme {
+            Some((_, Some(K::Ram))) => Backend::Ram,
+            Some((_, Some(K::Nvme))) => Backend::Nvme {
                 namespace: get("namespace")
-                    .filter(|n| n.starts_with("/dev/") || is_identity(n))
+                    .filter(|n| n.starts_with("/dev/") || ublkd_proto::notation::is_identity(n))
                     .ok_or(CsiError::MissingField(
                         "parameter namespace (/dev/ngXnY, or eui.HEX, nguid.HEX) for backend nvme",
                     ))?
                     .to_owned(),
             },
-            Some(other) => return Err(bad("backend", other, "file, ram or nvme")),
+            // Null has no pool: a StorageClass of it would promise capacity it has not.
+            Some((other, None | Some(K::Null))) => {
+                return Err(bad("backend", other, &K::pool_names()))
+            }
         };
         let block_size = match get("blockSize") {
             None | Some("4096") => 4096,
@@ -280,13 +290,15 @@ impl Params {
             }),
             Backend::Ram => B::Ram(v1::RamBackend {}),
             // Named by its identity: ublkd finds the namespace's device on the node.
-            Backend::Nvme { namespace } if is_identity(namespace) => B::Nvme(v1::NvmeBackend {
-                device: String::new(),
-                offset_bytes: None,
-                length_bytes: size,
-                keep_data: false,
-                identity: namespace.clone(),
-            }),
+            Backend::Nvme { namespace } if ublkd_proto::notation::is_identity(namespace) => {
+                B::Nvme(v1::NvmeBackend {
+                    device: String::new(),
+                    offset_bytes: None,
+                    length_bytes: size,
+                    keep_data: false,
+                    identity: namespace.clone(),
+                })
+            }
             Backend::Nvme { namespace } => B::Nvme(v1::NvmeBackend {
                 device: namespace.clone(),
                 offset_bytes: None,
@@ -317,6 +329,94 @@ impl Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file of the repository, read from this crate's directory.
+    fn repo_file(path: &str) -> String {
+        let at = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path);
+        std::fs::read_to_string(&at).unwrap_or_else(|e| panic!("{}: {e}", at.display()))
+    }
+
+    /// The backticked words of the first column of the table under `heading`.
+    fn table_keys(doc: &str, heading: &str) -> Vec<String> {
+        let at = doc.find(heading).unwrap_or_else(|| panic!("no {heading}"));
+        doc[at..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .flat_map(|l| {
+                let first = l.split('|').nth(1).unwrap_or_default();
+                first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// The parameter table of deploy/csi/README.md lists exactly the keys the parser knows,
+    /// and its backend row, like the chart's schema, exactly the kinds with a pool.
+    #[test]
+    fn the_docs_and_the_charts_schema_agree_with_the_parser() {
+        let readme = repo_file("deploy/csi/README.md");
+        let mut documented = table_keys(&readme, "## StorageClass parameters");
+        let mut known: Vec<String> = KEYS
+            .iter()
+            .chain(&qos::KEYS)
+            .map(|k| k.to_string())
+            .collect();
+        documented.sort();
+        known.sort();
+        assert_eq!(documented, known, "deploy/csi/README.md's parameter table");
+        let mut pools: Vec<String> = ublkd_proto::BackendKind::ALL
+            .iter()
+            .filter(|k| k.has_pool())
+            .map(|k| k.name().to_owned())
+            .collect();
+        pools.sort();
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with("| `backend` |"))
+            .expect("a backend row");
+        let mut named: Vec<String> = row
+            .split('|')
+            .nth(2)
+            .unwrap_or_default()
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        named.sort();
+        assert_eq!(named, pools, "the README's backend row");
+        let schema: serde_json::Value =
+            serde_json::from_str(&repo_file("deploy/helm/ublkd/values.schema.json")).unwrap();
+        let classes = &schema["properties"]["storageClasses"]["items"]["properties"];
+        let mut offered: Vec<String> = classes["backend"]["enum"]
+            .as_array()
+            .expect("the schema's backend enum")
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_owned())
+            .collect();
+        offered.sort();
+        assert_eq!(offered, pools, "values.schema.json's backend enum");
+        for kind in ublkd_proto::BackendKind::ALL {
+            let map = HashMap::from([
+                ("backend".to_owned(), kind.name().to_owned()),
+                ("root".to_owned(), "/srv".to_owned()),
+                ("namespace".to_owned(), "/dev/ng0n1".to_owned()),
+            ]);
+            let parsed = Params::parse(&map);
+            assert_eq!(parsed.is_ok(), kind.has_pool(), "{kind}: {parsed:?}");
+            if let Ok(p) = parsed {
+                assert_eq!(p.backend.kind(), kind);
+            }
+        }
+    }
 
     #[test]
     fn the_parameter_reads_luks2_or_none_and_nothing_else() {

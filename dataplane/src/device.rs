@@ -133,6 +133,30 @@ impl Default for DeviceSpec {
     }
 }
 
+/// What a kernel device fixed at its creation, as a takeover reads it back (GET_DEV_INFO and
+/// GET_PARAMS): the parameters a spec must agree with to serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelShape {
+    pub queues: u16,
+    pub queue_depth: u16,
+    pub flags: u64,
+    pub logical_bs_shift: u8,
+    pub dev_sectors: u64,
+}
+
+impl KernelShape {
+    /// The shape of a device made from `info` and `params` (what ADD_DEV and SET_PARAMS gave).
+    pub(crate) fn of(info: &sys::ublksrv_ctrl_dev_info, params: &sys::ublk_params) -> Self {
+        Self {
+            queues: info.nr_hw_queues,
+            queue_depth: info.queue_depth,
+            flags: info.flags,
+            logical_bs_shift: params.basic.logical_bs_shift,
+            dev_sectors: params.basic.dev_sectors,
+        }
+    }
+}
+
 /// A spec the dataplane refuses, named for the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -184,6 +208,50 @@ impl DeviceSpec {
             return Err(SpecError::MaxIo(self.max_io_bytes));
         }
         Ok(())
+    }
+
+    /// The shape of the device this spec makes on a kernel that offers every feature, with
+    /// `path` and `zero_copy` as resolved (for the tests of what reaches the kernel).
+    pub fn made_shape(&self, path: IoPath, zero_copy: bool) -> KernelShape {
+        let info = self.dev_info(self.wanted_flags(Features(u64::MAX), path, zero_copy));
+        KernelShape::of(&info, &self.params(None))
+    }
+
+    /// Why a kernel device of `shape` cannot serve this spec when taken over (None: it can):
+    /// each parameter the spec holds that the kernel fixed at the device's creation — queues,
+    /// depth, block size, an I/O path asked by name, zero copy asked on. The size is not one:
+    /// a takeover never shrinks a device and grows one the record says is larger.
+    pub fn takeover_mismatch(&self, shape: &KernelShape) -> Option<String> {
+        let mut why = Vec::new();
+        if (shape.queues, shape.queue_depth) != (self.queues, self.queue_depth) {
+            why.push(format!(
+                "the kernel device has {} queue(s) of depth {}, the volume {} of depth {}",
+                shape.queues, shape.queue_depth, self.queues, self.queue_depth
+            ));
+        }
+        let shift = self.block_size.trailing_zeros();
+        if u32::from(shape.logical_bs_shift) != shift {
+            why.push(format!(
+                "the kernel device's blocks are {} bytes, the volume's {}",
+                1u64 << shape.logical_bs_shift.min(63),
+                self.block_size
+            ));
+        }
+        let batch = shape.flags & sys::UBLK_F_BATCH_IO != 0;
+        match (self.io_path, batch) {
+            (IoPath::Batch, false) => {
+                why.push("the kernel device is per-I/O, the volume batch".into())
+            }
+            (IoPath::PerIo, true) => {
+                why.push("the kernel device is batch, the volume per-I/O".into())
+            }
+            (IoPath::Auto | IoPath::Batch | IoPath::PerIo, _) => {}
+        }
+        let zero_copy = shape.flags & sys::UBLK_F_AUTO_BUF_REG != 0;
+        if self.zero_copy == Toggle::On && !zero_copy {
+            why.push("the kernel device has no zero copy, the volume asks it on".into());
+        }
+        (!why.is_empty()).then(|| why.join("; "))
     }
 
     /// Flags to ask ADD_DEV for, given the kernel's features, the resolved path and whether
@@ -279,6 +347,59 @@ mod tests {
             size_bytes: 1 << 30,
             ..Default::default()
         }
+    }
+
+    /// A device made from a spec is taken over by that spec; each parameter the kernel fixed,
+    /// changed in the spec, is named as the reason it cannot.
+    #[test]
+    fn a_spec_takes_over_the_device_it_made_and_no_other() {
+        let spec = DeviceSpec {
+            size_bytes: 1 << 30,
+            block_size: 512,
+            queues: 2,
+            queue_depth: 64,
+            io_path: IoPath::Batch,
+            zero_copy: Toggle::On,
+            ..Default::default()
+        };
+        let features = Features(u64::MAX);
+        let info = spec.dev_info(spec.wanted_flags(features, IoPath::Batch, true));
+        let shape = KernelShape::of(&info, &spec.params(None));
+        assert_eq!(shape.dev_sectors, (1 << 30) / 512);
+        assert_eq!(spec.takeover_mismatch(&shape), None);
+        type Change = (&'static str, fn(&mut DeviceSpec));
+        let changed: [Change; 5] = [
+            ("queue", |s| s.queues = 3),
+            ("depth", |s| s.queue_depth = 128),
+            ("blocks", |s| s.block_size = 4096),
+            ("per-I/O", |s| s.io_path = IoPath::PerIo),
+            ("bigger", |s| s.size_bytes = 2 << 30),
+        ];
+        for (word, change) in changed {
+            let mut other = spec.clone();
+            change(&mut other);
+            let why = other.takeover_mismatch(&shape);
+            match word {
+                "bigger" => assert_eq!(why, None, "a larger size is applied, not refused"),
+                _ => assert!(
+                    why.as_deref().is_some_and(|w| w.contains(word)),
+                    "{word}: {why:?}"
+                ),
+            }
+        }
+        let copy = spec.dev_info(spec.wanted_flags(features, IoPath::PerIo, false));
+        let copy = KernelShape::of(&copy, &spec.params(None));
+        let why = spec.takeover_mismatch(&copy).unwrap_or_default();
+        assert!(
+            why.contains("zero copy") && why.contains("per-I/O"),
+            "{why}"
+        );
+        let auto = DeviceSpec {
+            io_path: IoPath::Auto,
+            zero_copy: Toggle::Auto,
+            ..spec.clone()
+        };
+        assert_eq!(auto.takeover_mismatch(&copy), None, "auto takes either");
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub use backend::{
     BackendSpec, Erase, Growth, Namespace, NamespaceIdentity, ParseIdentityError, Window,
 };
 pub use ctrl::{ControlDevice, CtrlError};
-pub use device::{DeviceSpec, IoPath, SpecError, Toggle, DEFAULT_MAX_IO_BYTES};
+pub use device::{DeviceSpec, IoPath, KernelShape, SpecError, Toggle, DEFAULT_MAX_IO_BYTES};
 pub use features::Features;
 pub use handle::{
     block_device, kernel_device_ids, Config, DataplaneError, DeviceInfo, DeviceStats, ErrorKind,

@@ -7,6 +7,11 @@
 //! prints sizes, `is_volume_id` is the id rule). Both sides convert to their own types.
 #![forbid(unsafe_code)]
 
+pub use backend::BackendKind;
+
+pub mod backend;
+#[cfg(test)]
+mod compat;
 pub mod notation;
 pub mod units;
 

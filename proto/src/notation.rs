@@ -7,6 +7,7 @@
 //! `nvme:/dev/ngXnY@auto+LEN` (placed by ublkd). I/O paths: `auto`, `batch`, `per-io`
 //! (`per_io` is read too, as the StorageClass parameter was first documented).
 
+use crate::backend::BackendKind;
 use crate::units::{compact_size, parse_size};
 use crate::v1::get_capacity_request::Backend as CapacityBackend;
 use crate::v1::volume_spec::Backend;
@@ -27,64 +28,83 @@ pub const SIZE_HINT: &str =
     "expected a size such as 4096, 512Ki, 10Gi (binary, also 10GiB) or 10G (decimal, as \
      in Kubernetes)";
 
+/// A notation's kind word and what follows its first `:` (`nvme:/dev/ng0n1@auto+1Gi`), with
+/// `+create` taken off the word.
+fn split_kind(s: &str) -> (Option<BackendKind>, bool, Option<&str>) {
+    let (word, arg) = match s.trim().split_once(':') {
+        Some((word, arg)) => (word, Some(arg)),
+        None => (s.trim(), None),
+    };
+    let (word, create) = match word.strip_suffix("+create") {
+        Some(word) => (word, true),
+        None => (word, false),
+    };
+    (BackendKind::named(word), create, arg)
+}
+
 /// Reads a backend in the notation above.
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
-    let s = s.trim();
-    match s {
-        "null" => return Ok(Backend::Null(NullBackend {})),
-        "ram" => return Ok(Backend::Ram(RamBackend {})),
-        _ => {}
-    }
-    if let Some(path) = s.strip_prefix("file+create:") {
-        return Ok(Backend::File(FileBackend {
+    let hint = || BACKEND_HINT.to_owned();
+    let (Some(kind), create, arg) = split_kind(s) else {
+        return Err(hint());
+    };
+    match (kind, arg) {
+        (BackendKind::Null, None) if !create => Ok(Backend::Null(NullBackend {})),
+        (BackendKind::Ram, None) if !create => Ok(Backend::Ram(RamBackend {})),
+        (BackendKind::File, Some(path)) => Ok(Backend::File(FileBackend {
             path: absolute("file", path)?,
-            create: true,
-        }));
+            create,
+        })),
+        (BackendKind::Nvme, Some(rest)) if !create => parse_nvme(rest).map(Backend::Nvme),
+        (BackendKind::Null | BackendKind::Ram | BackendKind::File | BackendKind::Nvme, _) => {
+            Err(hint())
+        }
     }
-    if let Some(path) = s.strip_prefix("file:") {
-        return Ok(Backend::File(FileBackend {
-            path: absolute("file", path)?,
-            create: false,
-        }));
-    }
-    if let Some(rest) = s.strip_prefix("nvme:") {
-        let (device, window) = match rest.rsplit_once('@') {
-            Some((device, window)) => (device, Some(window)),
-            None => (rest, None),
-        };
-        // A namespace named by its identity (as `/dev/disk/by-id` does): ublkd finds its char
-        // device, whatever name this boot gave it.
-        let (device, identity) = if IDENTITY_PREFIXES.iter().any(|p| device.starts_with(p)) {
-            (String::new(), device.to_owned())
-        } else {
-            (absolute("nvme", device)?, String::new())
-        };
-        let (offset_bytes, length_bytes) = match window {
-            None => (Some(0), 0),
-            Some(window) => {
-                let (offset, length) = window.split_once('+').unwrap_or((window, "0"));
-                // `auto`: ublkd places the window in the first free extent that fits.
-                let offset =
-                    match offset {
-                        "auto" => None,
-                        o => Some(parse_size(o).ok_or_else(|| {
-                            format!("nvme window offset {o:?}: {SIZE_HINT} or auto")
-                        })?),
-                    };
-                let length = parse_size(length)
-                    .ok_or_else(|| format!("nvme window length {length:?}: {SIZE_HINT}"))?;
-                (offset, length)
-            }
-        };
-        return Ok(Backend::Nvme(NvmeBackend {
-            device,
-            offset_bytes,
-            length_bytes,
-            keep_data: false,
-            identity,
-        }));
-    }
-    Err(BACKEND_HINT.to_owned())
+}
+
+/// An NVMe namespace (by path or identity), as it follows `nvme:`, with its window if any.
+fn parse_nvme(rest: &str) -> Result<NvmeBackend, String> {
+    let (device, window) = match rest.rsplit_once('@') {
+        Some((device, window)) => (device, Some(window)),
+        None => (rest, None),
+    };
+    // A namespace named by its identity (as `/dev/disk/by-id` does): ublkd finds its char
+    // device, whatever name this boot gave it.
+    let (device, identity) = if is_identity(device) {
+        (String::new(), device.to_owned())
+    } else {
+        (absolute("nvme", device)?, String::new())
+    };
+    let (offset_bytes, length_bytes) = match window {
+        None => (Some(0), 0),
+        Some(window) => {
+            let (offset, length) = window.split_once('+').unwrap_or((window, "0"));
+            // `auto`: ublkd places the window in the first free extent that fits.
+            let offset = match offset {
+                "auto" => None,
+                o => Some(
+                    parse_size(o)
+                        .ok_or_else(|| format!("nvme window offset {o:?}: {SIZE_HINT} or auto"))?,
+                ),
+            };
+            let length = parse_size(length)
+                .ok_or_else(|| format!("nvme window length {length:?}: {SIZE_HINT}"))?;
+            (offset, length)
+        }
+    };
+    Ok(NvmeBackend {
+        device,
+        offset_bytes,
+        length_bytes,
+        keep_data: false,
+        identity,
+    })
+}
+
+/// Whether `device` names a namespace by its identity (`nguid.`, `eui.`, `nsid.`): the one
+/// test, for the notation and the StorageClass's `namespace` alike.
+pub fn is_identity(device: &str) -> bool {
+    IDENTITY_PREFIXES.iter().any(|p| device.starts_with(p))
 }
 
 /// A backend in the notation above (`-` for none), so that it parses back to itself.
@@ -111,23 +131,28 @@ pub fn backend_text(backend: Option<&Backend>) -> String {
     }
 }
 
-/// Reads what a capacity question names: `ram`, `file:/DIR` or `nvme:/dev/ngXnY`.
+/// Reads what a capacity question names: `ram`, `file:/DIR` or `nvme:/dev/ngXnY` (or the
+/// namespace's identity).
 pub fn parse_capacity_backend(s: &str) -> Result<CapacityBackend, String> {
-    let s = s.trim();
-    if s == "ram" {
-        return Ok(CapacityBackend::Ram(RamBackend {}));
-    }
-    if let Some(root) = s.strip_prefix("file:") {
-        return Ok(CapacityBackend::File(FileCapacity {
+    let hint = || "expected ram, file:/DIR or nvme:/dev/ngXnY (or nvme:eui.HEX, ...)".to_owned();
+    let (Some(kind), false, arg) = split_kind(s) else {
+        return Err(hint());
+    };
+    match (kind, arg) {
+        (BackendKind::Ram, None) => Ok(CapacityBackend::Ram(RamBackend {})),
+        (BackendKind::File, Some(root)) => Ok(CapacityBackend::File(FileCapacity {
             root: absolute("file", root)?,
-        }));
+        })),
+        (BackendKind::Nvme, Some(device)) => Ok(CapacityBackend::Nvme(NvmeCapacity {
+            device: if is_identity(device) {
+                device.to_owned()
+            } else {
+                absolute("nvme", device)?
+            },
+        })),
+        (BackendKind::Null, _) => Err(format!("null has no pool: {}", hint())),
+        (BackendKind::Ram | BackendKind::File | BackendKind::Nvme, _) => Err(hint()),
     }
-    if let Some(device) = s.strip_prefix("nvme:") {
-        return Ok(CapacityBackend::Nvme(NvmeCapacity {
-            device: absolute("nvme", device)?,
-        }));
-    }
-    Err("expected ram, file:/DIR or nvme:/dev/ngXnY".into())
 }
 
 /// Reads an I/O path: `auto`, `batch`, `per-io` (or `per_io`).

@@ -261,12 +261,13 @@ pub enum Pool {
 }
 
 impl Pool {
-    /// The backend, as the metrics label it.
-    pub fn backend(&self) -> &'static str {
+    /// Its backend kind (the metrics label it by its name).
+    pub fn kind(&self) -> ublkd_proto::BackendKind {
+        use ublkd_proto::BackendKind as K;
         match self {
-            Pool::File(_) => "file",
-            Pool::Ram => "ram",
-            Pool::Nvme(_) => "nvme",
+            Pool::File(_) => K::File,
+            Pool::Ram => K::Ram,
+            Pool::Nvme(_) => K::Nvme,
         }
     }
 
@@ -341,9 +342,10 @@ pub fn capacity(
     use v1::get_capacity_request::Backend;
     let pool = match &req.backend {
         None => {
-            return Err(VolumeError::ValidateRequest(
-                "backend is required: file, ram or nvme".into(),
-            ))
+            return Err(VolumeError::ValidateRequest(format!(
+                "backend is required: {}",
+                ublkd_proto::BackendKind::pool_names()
+            )))
         }
         Some(Backend::File(f)) => Pool::File(crate::validate::capacity_root(
             &f.root,

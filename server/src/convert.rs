@@ -111,10 +111,9 @@ fn state_proto(s: State) -> v1::VolumeState {
     }
 }
 
-/// The API form of a volume.
-pub fn volume_proto(v: &Volume) -> v1::Volume {
-    let r = &v.record;
-    let backend = match &r.backend {
+/// The API form of a volume's backend.
+fn backend_proto(backend: &BackendRecord) -> v1::volume_spec::Backend {
+    match backend {
         BackendRecord::Null => v1::volume_spec::Backend::Null(v1::NullBackend {}),
         BackendRecord::Ram => v1::volume_spec::Backend::Ram(v1::RamBackend {}),
         BackendRecord::File { path, create } => v1::volume_spec::Backend::File(v1::FileBackend {
@@ -137,7 +136,13 @@ pub fn volume_proto(v: &Volume) -> v1::Volume {
                 .map(ToString::to_string)
                 .unwrap_or_default(),
         }),
-    };
+    }
+}
+
+/// The API form of a volume.
+pub fn volume_proto(v: &Volume) -> v1::Volume {
+    let r = &v.record;
+    let backend = backend_proto(&r.backend);
     v1::Volume {
         id: r.id.to_string(),
         spec: Some(v1::VolumeSpec {
@@ -259,9 +264,6 @@ pub struct NodeFacts {
     pub dataplane_error: Option<String>,
 }
 
-/// The backends a node serves: every one, where the kernel lets ublkd serve at all.
-const BACKENDS: [&str; 4] = ["null", "ram", "file", "nvme"];
-
 /// The API's NodeInfo of `f`, with this build's version and the running kernel's release.
 pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
     v1::NodeInfo {
@@ -277,8 +279,12 @@ pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
             .map(|f| f.names().into_iter().map(str::to_owned).collect())
             .unwrap_or_default(),
         worker_cpus: f.worker_cpus.iter().map(|&c| c as u32).collect(),
+        // Every kind, where the kernel lets ublkd serve at all.
         backends: if f.features.is_some() {
-            BACKENDS.iter().map(|&b| b.into()).collect()
+            ublkd_proto::BackendKind::ALL
+                .iter()
+                .map(|k| k.name().into())
+                .collect()
         } else {
             Vec::new()
         },
@@ -297,5 +303,173 @@ pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
             .collect(),
         volumes_without_pv: f.without_pv.iter().map(ToString::to_string).collect(),
         dataplane_error: f.dataplane_error.unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume_id::VolumeId;
+
+    fn record(backend: BackendRecord) -> VolumeRecord {
+        VolumeRecord {
+            id: VolumeId::parse("v").unwrap(),
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            backend,
+            queues: 1,
+            queue_depth: 64,
+            io_path: IoPath::Auto,
+            created_unix_ms: 0,
+            dev_id: None,
+            deleting: false,
+            delete_backing: false,
+            zero_copy: Toggle::Auto,
+            poll: Toggle::Auto,
+            qos: QosLimits::default(),
+            source: None,
+            claim: None,
+            adjustments: Vec::new(),
+            erase_pending: None,
+        }
+    }
+
+    /// Every kind reaches the dataplane as the backend of its own name, and back to the API as
+    /// the `oneof` field of that name.
+    #[test]
+    fn each_kind_is_served_and_reported_as_itself() {
+        for kind in ublkd_proto::BackendKind::ALL {
+            let r = record(BackendRecord::example(kind));
+            let spec = device_spec(&r, Path::new("/dev/shm/ublkd"));
+            assert_eq!(spec.backend.kind(), kind.name());
+            let v = v1::VolumeSpec {
+                backend: Some(backend_proto(&r.backend)),
+                ..Default::default()
+            };
+            let back = v.backend.as_ref().map(ublkd_proto::BackendKind::of);
+            assert_eq!(back, Some(kind));
+        }
+    }
+
+    /// request -> record -> DeviceSpec -> the kernel's device -> takeover, over every field:
+    /// each field of the record is named here (a new one does not compile until it is) with
+    /// where it goes, what reaches the kernel is what was asked, and the record's spec takes
+    /// over the device it made.
+    #[test]
+    fn every_field_of_a_request_reaches_the_kernel_and_comes_back() {
+        use v1::volume_spec::Backend as B;
+        let root = tempfile::tempdir().unwrap();
+        let request = v1::VolumeSpec {
+            size_bytes: 64 << 20,
+            block_size: Some(512),
+            backend: Some(B::File(v1::FileBackend {
+                path: root.path().join("v.img").display().to_string(),
+                create: true,
+            })),
+            queues: Some(2),
+            queue_depth: Some(32),
+            io_path: v1::IoPath::Batch as i32,
+            zero_copy: v1::Toggle::On as i32,
+            poll: v1::Toggle::Off as i32,
+            qos: Some(v1::QosLimits {
+                read_iops: 1000,
+                write_bytes_per_second: 1 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let settings = crate::config::Settings {
+            allowed_roots: vec![root.path().to_owned()],
+            ..Default::default()
+        };
+        let record =
+            crate::validate::spec(VolumeId::parse("v").unwrap(), Some(&request), &settings)
+                .unwrap();
+        let spec = device_spec(&record, Path::new("/dev/shm/ublkd"));
+        let VolumeRecord {
+            id: _,              // the registry's file name; the API's id
+            size_bytes,         // the kernel's capacity
+            block_size,         // the kernel's logical block
+            backend, // the dataplane's backend (each_kind_is_served_and_reported_as_itself)
+            queues,  // the kernel's queues
+            queue_depth, // and their depth
+            io_path, // BATCH_IO or not
+            created_unix_ms: _, // the API only
+            dev_id,  // the kernel's device id
+            deleting: _, // the manager's (a delete in progress)
+            delete_backing: _, // the manager's
+            zero_copy, // AUTO_BUF_REG
+            poll,    // the dataplane's polling (no kernel flag)
+            qos,     // the workers' buckets
+            source: _, // the manager's (a clone's first contents)
+            claim: _, // the API and the metrics
+            adjustments: _, // the API (what fit_to_node lowered)
+            erase_pending: _, // the manager's (an erase to finish)
+        } = &record;
+        assert_eq!(
+            (
+                spec.size_bytes,
+                spec.block_size,
+                spec.queues,
+                spec.queue_depth
+            ),
+            (*size_bytes, *block_size, *queues, *queue_depth)
+        );
+        assert_eq!(
+            (spec.io_path, spec.zero_copy, spec.poll),
+            (*io_path, *zero_copy, *poll)
+        );
+        assert_eq!((spec.qos, spec.dev_id), (*qos, *dev_id));
+        assert_eq!(spec.backend.kind(), backend.kind().name());
+        assert_eq!(
+            (
+                *size_bytes,
+                *block_size,
+                *queues,
+                *queue_depth,
+                *io_path,
+                *zero_copy,
+                *poll
+            ),
+            (64 << 20, 512, 2, 32, IoPath::Batch, Toggle::On, Toggle::Off),
+            "the request's every choice reached the record"
+        );
+        assert_eq!((qos.read_iops, qos.write_bytes_per_sec), (1000, 1 << 20));
+        let shape = spec.made_shape(IoPath::Batch, true);
+        assert_eq!(shape.dev_sectors * 512, 64 << 20);
+        assert_eq!(
+            (shape.queues, shape.queue_depth, shape.logical_bs_shift),
+            (2, 32, 9)
+        );
+        assert_eq!(
+            spec.takeover_mismatch(&shape),
+            None,
+            "the record takes its device over"
+        );
+        let api = volume_proto(&crate::volume::Volume::creating(record.clone()));
+        let back = api.spec.unwrap_or_default();
+        assert_eq!(
+            (
+                back.size_bytes,
+                back.block_size,
+                back.queues,
+                back.queue_depth
+            ),
+            (
+                request.size_bytes,
+                request.block_size,
+                request.queues,
+                request.queue_depth
+            )
+        );
+        assert_eq!(
+            (back.io_path, back.zero_copy, back.poll),
+            (request.io_path, request.zero_copy, request.poll)
+        );
+        assert_eq!(back.backend, request.backend);
+        assert_eq!(
+            back.qos.map(|q| (q.read_iops, q.write_bytes_per_second)),
+            Some((1000, 1 << 20))
+        );
     }
 }

@@ -39,6 +39,40 @@ pub enum BackendRecord {
     },
 }
 
+impl BackendRecord {
+    /// Its kind, whose name is the record's `kind` tag (a test holds the two together).
+    pub fn kind(&self) -> ublkd_proto::BackendKind {
+        use ublkd_proto::BackendKind as K;
+        match self {
+            BackendRecord::Null => K::Null,
+            BackendRecord::Ram => K::Ram,
+            BackendRecord::File { .. } => K::File,
+            BackendRecord::Nvme { .. } => K::Nvme,
+        }
+    }
+
+    /// A record of `kind`, for the tests that go over every kind.
+    #[cfg(test)]
+    pub fn example(kind: ublkd_proto::BackendKind) -> BackendRecord {
+        use ublkd_proto::BackendKind as K;
+        match kind {
+            K::Null => BackendRecord::Null,
+            K::Ram => BackendRecord::Ram,
+            K::File => BackendRecord::File {
+                path: "/srv/v.img".into(),
+                create: false,
+            },
+            K::Nvme => BackendRecord::Nvme {
+                device: "/dev/ng0n1".into(),
+                offset: 1 << 20,
+                length: 1 << 20,
+                keep_data: false,
+                identity: None,
+            },
+        }
+    }
+}
+
 /// Everything needed to bring a volume back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -128,6 +162,8 @@ pub enum SourceRecord {
 impl Record for VolumeRecord {
     const KIND: &'static str = "volume";
     const UNREADABLE_STOPS_LOAD: bool = true;
+    /// 2: the first with `format` (issue 56); 1 is every record before it, read unchanged.
+    const FORMAT: u64 = 2;
     fn id(&self) -> &str {
         self.id.as_str()
     }
@@ -147,6 +183,17 @@ pub fn volume_registry(state_dir: &Path) -> Result<Registry<VolumeRecord>, Regis
 mod tests {
     use super::*;
     use std::fs;
+
+    /// The registry's `kind` tag is the kind's one name, for every kind.
+    #[test]
+    fn each_kinds_record_is_tagged_with_its_name() {
+        for kind in ublkd_proto::BackendKind::ALL {
+            let record = BackendRecord::example(kind);
+            assert_eq!(record.kind(), kind);
+            let json = serde_json::to_value(&record).unwrap();
+            assert_eq!(json["kind"], kind.name(), "{json}");
+        }
+    }
 
     /// Records as the releases that stored these choices as strings wrote them (copied from a
     /// registry directory of that release), and one from before zero copy and polling existed.
@@ -200,6 +247,67 @@ mod tests {
         ),
     ];
 
+    /// The registry the build of b69c0a8 wrote (tests/fixtures/registry-b69c0a8): every
+    /// field of every record reads as it meant, and the snapshot too.
+    #[test]
+    fn the_registry_of_b69c0a8_loads_field_by_field() {
+        let fixtures =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/registry-b69c0a8");
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["registry", "snapshots"] {
+            fs::create_dir_all(dir.path().join(sub)).unwrap();
+            for f in fs::read_dir(fixtures.join(sub)).unwrap() {
+                let f = f.unwrap().path();
+                let body = fs::read_to_string(&f)
+                    .unwrap()
+                    .replace("@ROOT@", "/srv/roots")
+                    .replace("@NVME@", "/dev/ng0n1");
+                fs::write(dir.path().join(sub).join(f.file_name().unwrap()), body).unwrap();
+            }
+        }
+        let (all, report) = volume_registry(dir.path()).unwrap().load().unwrap();
+        assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
+        let by = |id: &str| all.iter().find(|r| r.id.as_str() == id).unwrap();
+        let file = by("up-file");
+        assert_eq!(
+            file.backend,
+            BackendRecord::File {
+                path: "/srv/roots/up-file.img".into(),
+                create: true
+            }
+        );
+        assert_eq!(
+            (file.size_bytes, file.queue_depth, file.io_path, file.dev_id),
+            (64 << 20, 64, IoPath::Batch, Some(DevId(40)))
+        );
+        assert_eq!(file.qos.write_bytes_per_sec, 100 << 20);
+        assert_eq!(file.claim.as_ref().map(|c| c.name.as_str()), Some("data"));
+        let nvme = by("up-nvme");
+        assert_eq!(
+            nvme.backend,
+            BackendRecord::Nvme {
+                device: "/dev/ng0n1".into(),
+                offset: 0,
+                length: 64 << 20,
+                keep_data: false,
+                identity: None,
+            }
+        );
+        assert_eq!((nvme.io_path, nvme.zero_copy), (IoPath::PerIo, Toggle::Off));
+        let null = by("up-null");
+        assert_eq!(
+            (null.block_size, null.queues, null.poll),
+            (512, 2, Toggle::Off)
+        );
+        assert_eq!(null.adjustments.len(), 1);
+        let snaps: crate::registry::Registry<crate::snapshot::SnapshotRecord> =
+            crate::registry::Registry::open_dir(dir.path().join("snapshots")).unwrap();
+        let (snaps, report) = snaps.load().unwrap();
+        assert!(report.corrupt.is_empty());
+        assert_eq!(snaps.len(), 1);
+        assert_eq!(snaps[0].source.as_str(), "up-file");
+    }
+
     #[test]
     fn records_of_earlier_releases_load_as_typed_choices() {
         let dir = tempfile::tempdir().unwrap();
@@ -221,11 +329,14 @@ mod tests {
                 ("r1", IoPath::Auto, Toggle::Auto, Toggle::Auto, false),
             ]
         );
-        // Written back, a record reads the same to the release before: same names.
+        // Written back, a record reads the same to the release before: same names, and the
+        // format it is now written in beside them.
         reg.put(&all[0]).unwrap();
-        let again: serde_json::Value =
+        let mut again: serde_json::Value =
             serde_json::from_slice(&fs::read(dir.path().join("registry/f1.json")).unwrap())
                 .unwrap();
+        let format = again.as_object_mut().and_then(|m| m.remove("format"));
+        assert_eq!(format, Some(VolumeRecord::FORMAT.into()));
         let before: serde_json::Value = serde_json::from_str(OLD_RECORDS[0].1).unwrap();
         assert_eq!(again, before);
         // A choice no release wrote is an unreadable record, not a guess: the load stops,

@@ -16,6 +16,11 @@ pub trait Record: Serialize + serde::de::DeserializeOwned {
     /// aside: for records whose loss would free what they claim (a volume's NVMe window,
     /// device and backing file) for the next create to take and erase.
     const UNREADABLE_STOPS_LOAD: bool = false;
+    /// The format this build writes, as each file's `format` (absent: 1, every record written
+    /// before the field). Raised when an older build would misread a record of this one (drop
+    /// a field that claims something, read a value otherwise); a file of a higher format than
+    /// the build's stops the load, whatever the record, and stays where it is.
+    const FORMAT: u64;
     fn id(&self) -> &str;
 }
 
@@ -53,6 +58,18 @@ pub enum RegistryError {
         path: PathBuf,
         why: String,
     },
+    #[error(
+        "the record {} of a {kind} has format {format}, newer than this build's {known}: a \
+         newer ublkd wrote it, and this one could misread it; nothing starts (downgrade \
+         refused) and the file stays as it is",
+        path.display()
+    )]
+    NewerFormat {
+        kind: &'static str,
+        path: PathBuf,
+        format: u64,
+        known: u64,
+    },
     #[error("cannot read the registry directory {path}")]
     Read {
         path: PathBuf,
@@ -60,6 +77,9 @@ pub enum RegistryError {
         source: io::Error,
     },
 }
+
+/// The key of each file's format, beside the record's own fields.
+const FORMAT_KEY: &str = "format";
 
 #[derive(Debug)]
 pub struct Registry<R> {
@@ -109,7 +129,11 @@ impl<R: Record> Registry<R> {
             source,
         };
         let tmp = self.dir.join(format!(".{}.json.tmp", rec.id()));
-        let body = serde_json::to_vec_pretty(rec).map_err(|e| err(io::Error::other(e)))?;
+        let mut value = serde_json::to_value(rec).map_err(|e| err(io::Error::other(e)))?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert(FORMAT_KEY.to_owned(), R::FORMAT.into());
+        }
+        let body = serde_json::to_vec_pretty(&value).map_err(|e| err(io::Error::other(e)))?;
         #[cfg(test)]
         crate::simctx::registry_write(&format!("put of {} {}", R::KIND, rec.id()));
         #[cfg(test)]
@@ -185,10 +209,30 @@ impl<R: Record> Registry<R> {
             };
             let parsed = match fs::read(&path) {
                 Err(e) => Err(e.to_string()),
-                Ok(b) => match serde_json::from_slice::<R>(&b) {
+                Ok(b) => match serde_json::from_slice::<serde_json::Value>(&b) {
                     Err(e) => Err(e.to_string()),
-                    Ok(r) if r.id() != id => Err(format!("it names {:?}", r.id())),
-                    Ok(r) => Ok(r),
+                    Ok(mut value) => {
+                        let format = value
+                            .as_object_mut()
+                            .and_then(|m| m.remove(FORMAT_KEY))
+                            .map_or(Some(1), |f| f.as_u64());
+                        match format {
+                            Some(format) if format > R::FORMAT => {
+                                return Err(RegistryError::NewerFormat {
+                                    kind: R::KIND,
+                                    path,
+                                    format,
+                                    known: R::FORMAT,
+                                })
+                            }
+                            None => Err("its format is not a number".to_owned()),
+                            Some(_) => match serde_json::from_value::<R>(value) {
+                                Err(e) => Err(e.to_string()),
+                                Ok(r) if r.id() != id => Err(format!("it names {:?}", r.id())),
+                                Ok(r) => Ok(r),
+                            },
+                        }
+                    }
                 },
             };
             match parsed {
@@ -227,6 +271,7 @@ mod tests {
 
     impl Record for Note {
         const KIND: &'static str = "note";
+        const FORMAT: u64 = 3;
         fn id(&self) -> &str {
             &self.id
         }
@@ -237,6 +282,51 @@ mod tests {
             id: id.into(),
             size_bytes: 1 << 30,
         }
+    }
+
+    /// Each file says its format; one of a newer format than the build's stops the load and
+    /// stays as it is (a downgrade never misreads or moves aside what a newer ublkd wrote),
+    /// and a file without one is read as format 1.
+    #[test]
+    fn a_record_of_a_newer_format_stops_the_load_and_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg: Registry<Note> = Registry::open_dir(dir.path().to_owned()).unwrap();
+        reg.put(&rec("a")).unwrap();
+        let written: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.path().join("a.json")).unwrap()).unwrap();
+        assert_eq!(written["format"], Note::FORMAT);
+        fs::write(
+            dir.path().join("old.json"),
+            r#"{"id":"old","size_bytes":1}"#,
+        )
+        .unwrap();
+        let (all, _) = reg.load().unwrap();
+        assert_eq!(
+            all.len(),
+            2,
+            "a record without a format is format 1: {all:?}"
+        );
+        let newer = format!(
+            r#"{{"id":"b","size_bytes":1,"format":{}}}"#,
+            Note::FORMAT + 1
+        );
+        fs::write(dir.path().join("b.json"), &newer).unwrap();
+        match reg.load() {
+            Err(RegistryError::NewerFormat {
+                format,
+                known,
+                path,
+                ..
+            }) => {
+                assert_eq!((format, known), (Note::FORMAT + 1, Note::FORMAT));
+                assert_eq!(path, dir.path().join("b.json"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            fs::read_to_string(dir.path().join("b.json")).unwrap(),
+            newer
+        );
     }
 
     #[test]

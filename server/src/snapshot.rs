@@ -59,6 +59,7 @@ pub struct SnapshotRecord {
 
 impl Record for SnapshotRecord {
     const KIND: &'static str = "snapshot";
+    const FORMAT: u64 = 2;
     fn id(&self) -> &str {
         self.id.as_str()
     }
@@ -77,6 +78,7 @@ pub struct FileIntent {
 
 impl Record for FileIntent {
     const KIND: &'static str = "file intent";
+    const FORMAT: u64 = 2;
     fn id(&self) -> &str {
         self.id.as_str()
     }

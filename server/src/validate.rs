@@ -86,7 +86,12 @@ pub fn spec(
         return invalid(format!("unknown io_path {}", spec.io_path));
     };
     let backend = match &spec.backend {
-        None => return invalid("backend is required: null, ram, file or nvme".into()),
+        None => {
+            return invalid(format!(
+                "backend is required: {}",
+                ublkd_proto::BackendKind::all_names()
+            ))
+        }
         Some(v1::volume_spec::Backend::Null(_)) => BackendRecord::Null,
         Some(v1::volume_spec::Backend::Ram(_)) => BackendRecord::Ram,
         Some(v1::volume_spec::Backend::File(f)) => BackendRecord::File {

@@ -7,7 +7,7 @@ use super::lifecycle;
 use super::{block_device, char_device, max_queues, DataplaneError, DeviceInfo, KernelState};
 use crate::backend::{self, Growth};
 use crate::ctrl::CtrlError;
-use crate::device::{DeviceSpec, IoPath};
+use crate::device::{DeviceSpec, IoPath, KernelShape};
 use crate::hooks::{self, Fault};
 use crate::ids::DevId;
 use crate::placement;
@@ -71,14 +71,9 @@ pub(super) fn recover(
     }
     spec.validate(max_queues())?;
     let info = wait_released(control, dev_id)?;
-    if info.nr_hw_queues != spec.queues || info.queue_depth != spec.queue_depth {
-        return Err(DataplaneError::NotRecoverable {
-            dev_id,
-            why: format!(
-                "the kernel device has {} queue(s) of depth {}, the volume {} of depth {}",
-                info.nr_hw_queues, info.queue_depth, spec.queues, spec.queue_depth
-            ),
-        });
+    let params = control.ctrl.params(dev_id)?;
+    if let Some(why) = spec.takeover_mismatch(&KernelShape::of(&info, &params)) {
+        return Err(DataplaneError::NotRecoverable { dev_id, why });
     }
     if let Some(name) = unservable_flags(info.flags) {
         return Err(DataplaneError::NotRecoverable {
@@ -91,7 +86,7 @@ pub(super) fn recover(
     } else {
         IoPath::PerIo
     };
-    let kernel_size = control.ctrl.params(dev_id)?.basic.dev_sectors * 512;
+    let kernel_size = params.basic.dev_sectors * 512;
     let backend = backend::open(
         &spec.backend,
         spec.size_bytes.max(kernel_size),

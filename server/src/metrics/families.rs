@@ -2,7 +2,6 @@
 //! statistics (one round trip for every device, one for the workers).
 
 use super::text::{family, Kind};
-use crate::record::BackendRecord;
 use crate::volume::{State, Volume};
 use crate::volumes::Volumes;
 use ublkd_dataplane::stats::{CleanupStep, BATCH_BOUNDS, LATENCY_BOUNDS};
@@ -300,12 +299,7 @@ fn write_volumes(all: &[(Volume, Option<DeviceStats>)], out: &mut String) {
         Kind::Gauge,
         |f| {
             for (vol, _) in all {
-                let backend = match &vol.record.backend {
-                    BackendRecord::Null => "null",
-                    BackendRecord::Ram => "ram",
-                    BackendRecord::File { .. } => "file",
-                    BackendRecord::Nvme { .. } => "nvme",
-                };
+                let backend = vol.record.backend.kind().name();
                 let dev = vol.device.as_ref();
                 // As node_exporter names it (`ublkb0`), so the two join on `device`.
                 let device = dev

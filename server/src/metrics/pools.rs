@@ -49,7 +49,7 @@ pub async fn read(settings: Arc<Settings>, volumes: Vec<Volume>, serving: bool) 
 pub fn write(readings: &[Reading], settings: &Settings, out: &mut String) {
     let labels = |p: &Pool| -> [(&'static str, String); 2] {
         [
-            ("backend", p.backend().to_owned()),
+            ("backend", p.kind().name().to_owned()),
             ("pool", p.place(settings).display().to_string()),
         ]
     };

@@ -424,9 +424,9 @@ fn file_backing(vol: &Volume) -> Result<PathBuf, VolumeError> {
             }
             Ok(path.clone())
         }
-        BackendRecord::Ram => Err(refuse("ram")),
-        BackendRecord::Nvme { .. } => Err(refuse("nvme")),
-        BackendRecord::Null => Err(refuse("null")),
+        BackendRecord::Ram | BackendRecord::Nvme { .. } | BackendRecord::Null => {
+            Err(refuse(vol.record.backend.kind().name()))
+        }
     }
 }
 
