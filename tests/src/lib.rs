@@ -290,6 +290,7 @@ pub mod guest {
     }
 }
 
+pub mod metrics_doc;
 pub mod pki;
 
 /// A real `ublkd` process in the guest, and gRPC clients for it.

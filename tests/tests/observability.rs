@@ -202,6 +202,21 @@ async fn dashboard_and_alert_rules_work_against_a_real_prometheus() -> Result<()
         lint.trim_end().ends_with("rc=0"),
         "promtool check metrics: {lint}"
     );
+    // docs/metrics.md names each family exposed, with its type and every label (issue 56).
+    let doc = std::fs::read_to_string(workspace().join("docs/metrics.md"))?;
+    let documented = ublkd_tests::metrics_doc::documented(&doc);
+    let exposed = ublkd_tests::metrics_doc::scraped(body);
+    let wrong = ublkd_tests::metrics_doc::disagreements(&documented, &exposed);
+    ensure!(
+        wrong.is_empty(),
+        "docs/metrics.md disagrees with the scrape:\n{}",
+        wrong.join("\n")
+    );
+    ensure!(
+        exposed.keys().filter(|n| n.starts_with("ublkd_")).count() >= 25,
+        "too few families in the scrape to judge the document: {:?}",
+        exposed.keys().collect::<Vec<_>>()
+    );
 
     let _prom = start_prometheus(&dir)?;
     let deadline = Instant::now() + Duration::from_secs(60);
