@@ -54,6 +54,8 @@ fn volume_limit(s: &Sc) -> Result<u64> {
 }
 
 pub fn budget(s: &Sc) -> Result<()> {
+    // Alone (`k8s-test budget`), nothing before it waited for the driver's registration.
+    s.wait(300, "the driver registered on the node", || s.registered())?;
     let limit = volume_limit(s)?;
     s.say(format!("the node's CSI volume limit: {limit}"));
     ensure!(
