@@ -80,9 +80,10 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
         "RAM pool before: {left} bytes within ublkd's memory, {count} volumes left"
     ));
     ensure!(count > 1, "the node admits {count} volumes before the fill");
+    // The limit was volumes + volumes_left when the driver registered (none yet here).
     ensure!(
-        count < limit,
-        "volumes_left {count} and the volume limit {limit} disagree"
+        count <= limit,
+        "volumes_left {count} is above the node's volume limit {limit}"
     );
     // One volume's copy buffers, from above (volumes_left is left / each, rounded down): a
     // claim of left - each_hi admits (its own buffers fit) and leaves less than one volume's.
