@@ -19,6 +19,7 @@ mod metrics;
 mod record;
 mod registry;
 mod rpc_meter;
+mod seam;
 mod service;
 #[cfg(test)]
 mod simctx;

@@ -134,19 +134,8 @@ impl<R: Record> Registry<R> {
             map.insert(FORMAT_KEY.to_owned(), R::FORMAT.into());
         }
         let body = serde_json::to_vec_pretty(&value).map_err(|e| err(io::Error::other(e)))?;
-        #[cfg(test)]
-        crate::simctx::registry_write(&format!("put of {} {}", R::KIND, rec.id()));
-        #[cfg(test)]
-        match crate::simctx::effect() {
-            crate::simctx::Fate::Go => {}
-            fate => {
-                if fate == crate::simctx::Fate::DiesNow {
-                    // The crash tore the write: half a temporary file is what it left.
-                    fs::write(&tmp, &body[..body.len() / 2]).map_err(err)?;
-                }
-                return Err(err(io::Error::other("the simulated process died")));
-            }
-        }
+        crate::seam::registry_put(|| format!("put of {} {}", R::KIND, rec.id()), &tmp, &body)
+            .map_err(err)?;
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -167,12 +156,7 @@ impl<R: Record> Registry<R> {
             id: id.to_owned(),
             source,
         };
-        #[cfg(test)]
-        crate::simctx::registry_write(&format!("removal of {} {id}", R::KIND));
-        #[cfg(test)]
-        if crate::simctx::effect() != crate::simctx::Fate::Go {
-            return Err(err(io::Error::other("the simulated process died")));
-        }
+        crate::seam::registry_remove(|| format!("removal of {} {id}", R::KIND)).map_err(err)?;
         match fs::remove_file(self.path(id)) {
             Ok(()) => self.sync_dir().map_err(err),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

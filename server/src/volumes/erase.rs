@@ -110,11 +110,7 @@ async fn within_own_claim(
 /// `ERASE_CHUNK`; in the simulator (whose namespaces are 48 MiB) 2 MiB, so that its erases
 /// take several calls and a crash can fall between two.
 fn erase_chunk() -> u64 {
-    #[cfg(test)]
-    if crate::simctx::on() {
-        return 2 << 20;
-    }
-    ERASE_CHUNK
+    crate::seam::erase_chunk(ERASE_CHUNK)
 }
 
 /// How much of a window one erase call covers: small enough that a volume's progress shows and

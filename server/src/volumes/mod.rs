@@ -115,13 +115,7 @@ fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
 }
 
 fn now_ms() -> i64 {
-    #[cfg(test)]
-    if let Some(ms) = crate::simctx::now_ms() {
-        return ms;
-    }
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    crate::seam::now_ms()
 }
 
 /// Runs blocking work (dataplane calls, file system calls) on tokio's blocking pool.
@@ -131,15 +125,7 @@ async fn blocking<T: Send + 'static, E: Send + 'static>(
 where
     VolumeError: From<E>,
 {
-    #[cfg(test)]
-    if crate::simctx::on() {
-        // The simulator's kernel answers at once; the call's time passes after it, virtually.
-        crate::simctx::checkpoint().await;
-        let r = crate::simctx::in_blocking(f);
-        crate::simctx::after_call().await;
-        return r.map_err(VolumeError::from);
-    }
-    tokio::task::spawn_blocking(f)
+    crate::seam::blocking(f)
         .await
         .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?
         .map_err(VolumeError::from)
@@ -304,8 +290,7 @@ impl Volumes {
     /// Waits for volume `id`'s operation lock; changes of `id` run one at a time while it is
     /// held. Locks nobody holds any more are dropped from the table on the way.
     async fn op_lock(&self, id: &VolumeId) -> OwnedMutexGuard<()> {
-        #[cfg(test)]
-        crate::simctx::schedule_point().await;
+        crate::seam::schedule_point().await;
         let lock = {
             let mut ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
             ops.retain(|_, w| w.strong_count() > 0);
@@ -420,9 +405,8 @@ impl Volumes {
 
     fn remove_ram_file(&self, record: &VolumeRecord) {
         if record.backend == BackendRecord::Ram {
-            // In the simulator, a step the process may die at like any other.
-            #[cfg(test)]
-            if crate::simctx::effect() != crate::simctx::Fate::Go {
+            // A step the process may die at like any other (the simulator's seam).
+            if !crate::seam::lives() {
                 return;
             }
             let path = ram_file(&self.settings.ram_dir, &record.id);

@@ -489,13 +489,7 @@ fn reflink_file(from: &Path, to: &Path) -> Result<(), VolumeError> {
 /// FICLONE; in the simulator (test builds), whose files live on tmpfs, a copy stands in for it:
 /// the same contents at the same instant, which is all the volume manager relies on.
 fn share_blocks(dst: &File, src: &File) -> std::io::Result<()> {
-    #[cfg(test)]
-    if crate::simctx::on() {
-        let mut dst = dst;
-        let mut src = src;
-        return std::io::copy(&mut src, &mut dst).map(drop);
-    }
-    crate::sys::reflink(dst, src)
+    crate::seam::share_blocks(dst, src)
 }
 
 /// A refused reflink: FAILED_PRECONDITION naming the file system when it cannot share blocks.
