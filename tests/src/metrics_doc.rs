@@ -30,13 +30,17 @@ fn ticked(cell: &str) -> impl Iterator<Item = &str> {
 /// Every family docs/metrics.md's tables name (`process_*`, the crate's collector, left out).
 pub fn documented(doc: &str) -> BTreeMap<String, Family> {
     let mut out = BTreeMap::new();
-    let (mut heading, mut label_col) = ("", None);
+    let (mut base, mut label_col): (&[&str], _) = (&[], None);
     for line in doc.lines() {
         if let Some(h) = line.strip_prefix("## ") {
-            (heading, label_col) = (h.trim(), None);
+            (base, label_col) = (section_labels(h.trim()), None);
             continue;
         }
         if !line.starts_with('|') {
+            // A table the text says is "without labels" takes none of its section's.
+            if line.contains("without labels") {
+                base = &[];
+            }
             label_col = None;
             continue;
         }
@@ -51,10 +55,7 @@ pub fn documented(doc: &str) -> BTreeMap<String, Family> {
         if !name.starts_with("ublkd_") {
             continue;
         }
-        let mut labels: BTreeSet<String> = section_labels(heading)
-            .iter()
-            .map(|l| (*l).to_owned())
-            .collect();
+        let mut labels: BTreeSet<String> = base.iter().map(|l| (*l).to_owned()).collect();
         if let Some(cell) = label_col.and_then(|i| cells.get(i)) {
             labels.extend(ticked(cell).map(str::to_owned));
         }
@@ -158,6 +159,10 @@ mod tests {
         assert_eq!(doc["ublkd_capacity_up"].labels.len(), 2);
         assert_eq!(doc["ublkd_volume_io_duration_seconds"].kind, "histogram");
         assert_eq!(doc["ublkd_grpc_requests_total"].labels.len(), 2);
+        assert!(
+            doc["ublkd_volumes"].labels.is_empty(),
+            "node-wide, without labels"
+        );
     }
 
     /// Both ways by name: each family the document names is written by the server (a string

@@ -64,7 +64,7 @@ async fn a_registry_written_by_b69c0a8_comes_back_serving_its_data() -> Result<(
     let ready = d.wait_all_ready().await?;
     let ids: Vec<&str> = ready.iter().map(|v| v.id.as_str()).collect();
     ensure!(
-        ids == ["up-file", "up-nvme", "up-null"],
+        ids == ["up-file", "up-null", "up-nvme"],
         "restored: {ids:?}\n{}",
         d.log()
     );

@@ -1,5 +1,5 @@
 //! CSI requests as the kubelet and the external-provisioner send them.
-use super::*;
+use super::{ensure, guest, Channel, Pair, Path, Result};
 use ublkd_csi::spec::{
     self,
     controller_client::ControllerClient,

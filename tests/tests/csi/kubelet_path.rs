@@ -1,6 +1,8 @@
 //! The kubelet's own sequence of calls, with data checked through mounts and a ublkd crash.
 
-use super::*;
+use super::{
+    ensure, file_params, guest, kubelet, Command, Context, Duration, Pair, Path, Result, Stdio, MIB,
+};
 
 /// The kubelet's path: provision, stage, publish twice, write, unpublish and unstage, stage
 /// and publish again and find the data; ublkd is killed with -9 and restarted while the volume

@@ -1,6 +1,6 @@
 //! Two nodes' drivers side by side: each provisions only its own volumes.
 
-use super::*;
+use super::{ensure, kubelet, Pair, Result, MIB};
 
 /// Two nodes in one guest, each a ublkd and a ublkd-csi of its own: each provisions only its
 /// own volumes, topology is honoured, capacity is per node, and a full node says

@@ -1,6 +1,6 @@
 //! Bad requests are refused and change nothing.
 
-use super::*;
+use super::{ensure, file_params, guest, kubelet, Context, Pair, Path, Result, MIB};
 
 /// Bad requests get the code the spec gives them, and nothing is created or mounted.
 #[tokio::test]

@@ -1,6 +1,8 @@
 //! Retries as the sidecars and the kubelet make them: parallel and repeated calls are one call.
 
-use super::*;
+use super::{
+    bail, ensure, file_params, guest, kubelet, Context, Duration, Instant, Pair, Result, MIB, NG,
+};
 
 /// Two CreateVolume calls in parallel on one NVMe namespace both succeed with disjoint windows
 /// (issue 22, item 4): ublkd places each window under its own lock, where the driver used to

@@ -1,6 +1,8 @@
 //! The Kubernetes conformance suite (csi-sanity) on every backend and access type.
 
-use super::*;
+use super::{
+    bail, ensure, file_params, guest, Command, Context, Pair, PathBuf, ReflinkRoot, Result, MIB, NG,
+};
 
 /// The conformance suite the harness installed (`UBLKD_CSI_SANITY`, set by `cargo xtask
 /// vm-test`), or a clear failure when it is not there.

@@ -1,6 +1,6 @@
 //! Snapshots restore their data; classes change limits live.
 
-use super::*;
+use super::{ensure, file_params, guest, kubelet, Context, Pair, ReflinkRoot, Result, MIB};
 
 /// Snapshots and clones through the driver, with the data checked through mounts: a snapshot
 /// holds what was written before it and not after, a restore and a clone hold what their

@@ -1,6 +1,8 @@
 //! Staging never formats a device it could not read, to its end.
 
-use super::*;
+use super::{
+    bail, ensure, file_params, guest, kubelet, Context, Duration, Instant, Pair, Result, MIB,
+};
 
 /// A device that fails its reads is never formatted (issue 22, item 1): an ext4 volume with
 /// files is unstaged, its backing file's reads fail (hook; writes still go through), and the

@@ -1,6 +1,9 @@
 //! Volumes are admitted within ublkd's cgroup memory limit.
 
-use super::*;
+use super::{
+    api, create, ensure, guest, spec, v1, Backend, Code, Context, Daemon, Duration, Path, Result,
+    MIB,
+};
 
 /// ublkd in a cgroup with a memory limit (as a pod with `resources.limits.memory`) admits
 /// volumes within it: each may hold its copy buffers (queues × depth × 512 KiB) and a RAM

@@ -1,6 +1,9 @@
 //! Volumes of every backend made, used, restarted and deleted over gRPC and ublkctl.
 
-use super::*;
+use super::{
+    api, create, ensure, file, guest, sample, sectors, spec, v1, Backend, Code, Daemon, Duration,
+    Result, MIB,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_of_each_backend_live_and_die_over_grpc() -> Result<()> {

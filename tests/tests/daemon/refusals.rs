@@ -1,6 +1,9 @@
 //! Bad requests get precise codes and change nothing.
 
-use super::*;
+use super::{
+    api, create, ensure, file, guest, nvme, sample, spec, v1, Backend, Code, Daemon, Duration,
+    Path, Result, MIB,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_precise_codes_and_change_nothing() -> Result<()> {

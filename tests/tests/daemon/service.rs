@@ -1,6 +1,6 @@
 //! The service around the volumes: metrics, health, reflection, and health under slow calls.
 
-use super::*;
+use super::{api, create, ensure, guest, sample, spec, v1, Daemon, Duration, Result, MIB};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_reflection() -> Result<()> {

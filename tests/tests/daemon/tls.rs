@@ -1,6 +1,6 @@
 //! TCP needs TLS; mutual TLS admits only known clients.
 
-use super::*;
+use super::{ensure, guest, Daemon, Duration, Result};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_needs_tls_and_mutual_tls_admits_only_known_clients() -> Result<()> {
