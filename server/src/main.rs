@@ -49,6 +49,11 @@ use ublkd_proto::v1::{
 /// Largest request ublkd decodes: volume specs are tiny, anything bigger is refused.
 const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
+/// How long a stop waits for the API's connections to end (in-flight calls to finish) before it
+/// closes them: a client that keeps one open must not keep ublkd, and its devices, from stopping
+/// (found by tests/tests/upgrade.rs, whose own idle connection held the stop for good).
+const LISTENER_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, Parser)]
 #[command(name = "ublkd", version, about = "ublk storage-node daemon")]
 struct Cli {
@@ -657,10 +662,24 @@ async fn serve_api(
     set_health(&health, false).await;
     // No receiver left means no listener left to stop.
     let _ = stop_tx.send(true);
-    while let Some(r) = tasks.join_next().await {
-        if let Ok(Err(e)) = r {
-            tracing::warn!(error = %e, "listener ended with an error");
+    // A listener ends once its connections have: one a client keeps open (idle, or unpolled)
+    // would hold the stop forever, and the devices with it. In-flight calls get the grace.
+    let drained = tokio::time::timeout(LISTENER_GRACE, async {
+        while let Some(r) = tasks.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "listener ended with an error");
+            }
         }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            grace_s = LISTENER_GRACE.as_secs(),
+            listeners = tasks.len(),
+            "clients still had connections open after the grace: they are closed, and the stop goes on"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
     }
     for path in sockets {
         if let Err(e) = std::fs::remove_file(&path) {

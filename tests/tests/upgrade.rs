@@ -3,6 +3,8 @@
 //! is restored by this build: every volume READY, serving what was written before, its record
 //! rewritten in the current format (the namespace's identity filled in), and a record of a
 //! format newer than this build's refused at start, naming the file, with nothing deleted.
+//! Its stops also hold that a client's idle connection (this test's own, left unpolled by its
+//! synchronous steps) does not keep ublkd from stopping: it used to, for good.
 #![cfg(feature = "vm")]
 
 use anyhow::{ensure, Context, Result};
@@ -101,7 +103,18 @@ async fn a_registry_written_by_b69c0a8_comes_back_serving_its_data() -> Result<(
         got.contains("104857600") && got.contains("\"data\""),
         "up-file's write limit or claim was lost: {got}"
     );
-    d.stop_with(libc::SIGTERM)?;
+    // Where each of ublkd's threads waits 20 s into the stop, shown if the stop hangs.
+    let pid = d.pid().context("ublkd's pid")?;
+    let stacks = dir.join("stacks.txt");
+    guest::sh(&format!(
+        "(sleep 20; for t in /proc/{pid}/task/*; do echo \"== $(cat $t/comm) $(cat $t/wchan)\"; \
+         cat $t/stack; done > {} 2>&1) >/dev/null 2>&1 &",
+        stacks.display()
+    ))?;
+    d.stop_with(libc::SIGTERM).map_err(|e| {
+        let seen = std::fs::read_to_string(&stacks).unwrap_or_default();
+        e.context(format!("ublkd's threads 20 s into the stop:\n{seen}"))
+    })?;
 
     // A record a newer build wrote: this one refuses to start, says which file, keeps it.
     let newer = d.state.join("registry/up-null.json");
