@@ -21,12 +21,15 @@ pub enum Error {
     Status(Status),
     /// `node-info --ready`: the daemon answers but serves no volume; why. Exit 4.
     NotReady(String),
+    /// An answer could not be written as JSON (the API's descriptors do not describe it).
+    /// Exit 1.
+    Encode(String),
 }
 
 impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Status(_) => 1,
+            Error::Status(_) | Error::Encode(_) => 1,
             Error::Usage(_) => 2,
             Error::Unreachable { .. } | Error::Tls(_) => 3,
             Error::NotReady(_) => 4,
@@ -38,6 +41,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Usage(msg) | Error::Tls(msg) => f.write_str(msg),
+            Error::Encode(why) => write!(f, "writing the answer as JSON: {why}"),
             Error::NotReady(why) => write!(f, "not ready: ublkd serves no volume: {why}"),
             Error::Unreachable { endpoint, cause } => {
                 write!(

@@ -17,6 +17,7 @@
 //! holds the tests that run whole commands against an in-process fake ublkd.
 #![forbid(unsafe_code)]
 
+mod api_json;
 mod args;
 mod error;
 #[cfg(test)]
@@ -141,7 +142,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             let request = client.request(create.to_request());
             let volume = client.call(client.volumes().create_volume(request)).await?;
             if json {
-                output::volume_json(&volume)
+                api_json::pretty(&volume, "Volume")?
             } else {
                 output::device_line(&volume)
             }
@@ -169,7 +170,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             let request = client.request(GetVolumeRequest { id: name.clone() });
             let volume = client.call(client.volumes().get_volume(request)).await?;
             if json {
-                output::volume_json(&volume)
+                api_json::pretty(&volume, "Volume")?
             } else {
                 output::volume_text(&volume)
             }
@@ -178,7 +179,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             let request = client.request(ListVolumesRequest {});
             let list = client.call(client.volumes().list_volumes(request)).await?;
             if json {
-                output::volumes_json(&list.volumes)
+                api_json::pretty(&list, "ListVolumesResponse")?
             } else {
                 output::volumes_table(&list.volumes, !cli.no_headers)
             }
@@ -187,7 +188,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             let request = client.request(resize_request(name, *size));
             let volume = client.call(client.volumes().resize_volume(request)).await?;
             if json {
-                output::volume_json(&volume)
+                api_json::pretty(&volume, "Volume")?
             } else {
                 output::volume_text(&volume)
             }
@@ -204,7 +205,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 .call(client.volumes().set_volume_qos(request))
                 .await?;
             if json {
-                output::volume_json(&volume)
+                api_json::pretty(&volume, "Volume")?
             } else {
                 output::volume_text(&volume)
             }
@@ -215,7 +216,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 .call(client.volumes().create_snapshot(request))
                 .await?;
             if json {
-                snapshot::snapshot_json(&snap)
+                api_json::pretty(&snap, "Snapshot")?
             } else {
                 snapshot::snapshot_text(&snap)
             }
@@ -237,7 +238,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 .call(client.volumes().list_snapshots(request))
                 .await?;
             if json {
-                snapshot::snapshots_json(&list.snapshots)
+                api_json::pretty(&list, "ListSnapshotsResponse")?
             } else {
                 snapshot::snapshots_table(&list.snapshots, !cli.no_headers)
             }
@@ -248,7 +249,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             });
             let cap = client.call(client.node().get_capacity(request)).await?;
             if json {
-                output::capacity_json(&cap)
+                api_json::pretty(&cap, "Capacity")?
             } else {
                 output::capacity_text(&cap)
             }
@@ -260,7 +261,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 return Err(Error::NotReady(info.dataplane_error));
             }
             if json {
-                output::node_json(&info)
+                api_json::pretty(&info, "NodeInfo")?
             } else {
                 output::node_text(&info)
             }
@@ -278,7 +279,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
             let request = client.request(adopt.to_request());
             let volume = client.call(client.node().adopt_device(request)).await?;
             if json {
-                output::volume_json(&volume)
+                api_json::pretty(&volume, "Volume")?
             } else {
                 output::device_line(&volume)
             }
@@ -298,7 +299,7 @@ async fn execute(cli: &Cli, call: &Call) -> Result<String, Error> {
                 .call(client.volumes().get_volume_stats(request))
                 .await?;
             if json {
-                output::stats_json(&stats)
+                api_json::pretty(&stats, "VolumeStats")?
             } else {
                 output::stats_text(&stats)
             }

@@ -7,7 +7,6 @@
 //! `unlimited` removes its limit, while a flag not given leaves it as it was.
 
 use clap::{ArgGroup, Args};
-use serde_json::{json, Value};
 use ublkd_proto::units::{format_size, parse_rate};
 use ublkd_proto::v1::{QosLimits, SetVolumeQosRequest};
 
@@ -245,17 +244,6 @@ pub fn limits_cell(q: Option<&QosLimits>) -> String {
     }
 }
 
-/// `QosLimits` as JSON, every field present (as the rest of the output writes scalars).
-pub fn limits_json(q: &QosLimits) -> Value {
-    json!({
-        "read_iops": q.read_iops,
-        "write_iops": q.write_iops,
-        "read_bytes_per_second": q.read_bytes_per_second,
-        "write_bytes_per_second": q.write_bytes_per_second,
-        "burst_ms": q.burst_ms,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -263,6 +251,7 @@ mod tests {
     use super::*;
     use crate::args::{Call, Cli, Command};
     use clap::Parser;
+    use serde_json::json;
 
     const MIB: u64 = 1 << 20;
 
@@ -501,7 +490,7 @@ mod tests {
     #[test]
     fn limits_json_uses_proto_field_names() {
         assert_eq!(
-            limits_json(&limits(1, 2, 3, 4, 5)),
+            crate::api_json::value(&limits(1, 2, 3, 4, 5), "QosLimits").unwrap(),
             json!({
                 "read_iops": 1,
                 "write_iops": 2,

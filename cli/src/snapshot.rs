@@ -3,14 +3,13 @@
 //! requests and how a snapshot reads as text and JSON. No I/O happens here.
 
 use clap::{Args, Subcommand};
-use serde_json::{json, Value};
 use ublkd_proto::units::format_size;
 use ublkd_proto::v1::{
     volume_spec::Source, CreateSnapshotRequest, DeleteSnapshotRequest, ListSnapshotsRequest,
     Snapshot,
 };
 
-use crate::writer::{fields, or_dash, pretty, table, Align};
+use crate::writer::{fields, or_dash, table, Align};
 
 /// The snapshot commands, one call each.
 #[derive(Debug, Subcommand)]
@@ -100,14 +99,6 @@ pub fn source_text(source: &Source) -> String {
     }
 }
 
-/// A volume's source in its spec's JSON: the oneof's one field.
-pub fn source_json(source: &Source) -> (&'static str, Value) {
-    match source {
-        Source::FromSnapshot(id) => ("from_snapshot", json!(id)),
-        Source::FromVolume(id) => ("from_volume", json!(id)),
-    }
-}
-
 fn created_text(s: &Snapshot) -> String {
     s.created.map_or_else(|| "-".into(), |t| t.to_string())
 }
@@ -155,32 +146,22 @@ pub fn snapshots_table(snapshots: &[Snapshot], with_header: bool) -> String {
     )
 }
 
-fn snapshot_value(s: &Snapshot) -> Value {
-    json!({
-        "id": s.id,
-        "source_volume_id": s.source_volume_id,
-        "size_bytes": s.size_bytes,
-        "created": s.created.map(|t| t.to_string()),
-        "path": s.path,
-        "ready": s.ready,
-    })
-}
-
-/// One snapshot as JSON (`Snapshot`).
-pub fn snapshot_json(s: &Snapshot) -> String {
-    pretty(&snapshot_value(s))
-}
-
-/// The snapshot list as JSON (`ListSnapshotsResponse`).
-pub fn snapshots_json(snapshots: &[Snapshot]) -> String {
-    pretty(&json!({ "snapshots": snapshots.iter().map(snapshot_value).collect::<Vec<_>>() }))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use serde_json::{json, Value};
+
+    fn snapshot_json(s: &Snapshot) -> String {
+        crate::api_json::pretty(s, "Snapshot").unwrap()
+    }
+    fn snapshots_json(snapshots: &[Snapshot]) -> String {
+        let list = ublkd_proto::v1::ListSnapshotsResponse {
+            snapshots: snapshots.to_vec(),
+        };
+        crate::api_json::pretty(&list, "ListSnapshotsResponse").unwrap()
+    }
     use crate::args::{Call, Cli, Command};
     use clap::Parser;
 
@@ -348,9 +329,7 @@ s2         scratch-1  1.5 GiB  -                     /srv/s2";
     fn sources_render() {
         let s = Source::FromSnapshot("s1".into());
         assert_eq!(source_text(&s), "snapshot s1");
-        assert_eq!(source_json(&s), ("from_snapshot", json!("s1")));
         let v = Source::FromVolume("db".into());
         assert_eq!(source_text(&v), "volume db");
-        assert_eq!(source_json(&v), ("from_volume", json!("db")));
     }
 }
