@@ -312,26 +312,7 @@ mod tests {
     use crate::volume_id::VolumeId;
 
     fn record(backend: BackendRecord) -> VolumeRecord {
-        VolumeRecord {
-            id: VolumeId::parse("v").unwrap(),
-            size_bytes: 1 << 20,
-            block_size: 4096,
-            backend,
-            queues: 1,
-            queue_depth: 64,
-            io_path: IoPath::Auto,
-            created_unix_ms: 0,
-            dev_id: None,
-            deleting: false,
-            delete_backing: false,
-            zero_copy: Toggle::Auto,
-            poll: Toggle::Auto,
-            qos: QosLimits::default(),
-            source: None,
-            claim: None,
-            adjustments: Vec::new(),
-            erase_pending: None,
-        }
+        VolumeRecord::example(VolumeId::parse("v").unwrap(), 1 << 20, backend)
     }
 
     /// Every kind reaches the dataplane as the backend of its own name, and back to the API as

@@ -159,6 +159,34 @@ pub enum SourceRecord {
     Volume(VolumeId),
 }
 
+#[cfg(test)]
+impl VolumeRecord {
+    /// A record with the choices a test does not care about at their plain values (one queue
+    /// of 64, auto everything, no limits), for the tests and the simulator.
+    pub fn example(id: VolumeId, size_bytes: u64, backend: BackendRecord) -> VolumeRecord {
+        VolumeRecord {
+            id,
+            size_bytes,
+            block_size: 4096,
+            backend,
+            queues: 1,
+            queue_depth: 64,
+            io_path: IoPath::Auto,
+            created_unix_ms: 0,
+            dev_id: None,
+            deleting: false,
+            delete_backing: false,
+            zero_copy: Toggle::Auto,
+            poll: Toggle::Auto,
+            qos: QosLimits::default(),
+            source: None,
+            claim: None,
+            adjustments: Vec::new(),
+            erase_pending: None,
+        }
+    }
+}
+
 impl Record for VolumeRecord {
     const KIND: &'static str = "volume";
     const UNREADABLE_STOPS_LOAD: bool = true;

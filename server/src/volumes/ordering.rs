@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceInfo, DeviceSpec, DeviceStats, Features, Growth, IoPath,
-    KernelDevice, KernelState, PlacementReason, PollReason, QosLimits, QueuePlacement, Toggle,
+    KernelDevice, KernelState, PlacementReason, PollReason, QosLimits, QueuePlacement,
     WorkerSnapshot,
 };
 
@@ -387,25 +387,10 @@ fn volumes(dir: &Path, kernel: &Arc<FakeKernel>) -> Volumes {
 }
 
 fn record(id: &str, size_bytes: u64) -> VolumeRecord {
+    let id = VolumeId::parse(id).unwrap_or_else(|e| panic!("{id}: {e}"));
     VolumeRecord {
-        id: VolumeId::parse(id).unwrap_or_else(|e| panic!("{id}: {e}")),
-        size_bytes,
-        block_size: 4096,
-        backend: BackendRecord::Null,
-        queues: 1,
         queue_depth: 128,
-        io_path: IoPath::Auto,
-        created_unix_ms: 0,
-        dev_id: None,
-        deleting: false,
-        delete_backing: false,
-        zero_copy: Toggle::Auto,
-        poll: Toggle::Auto,
-        qos: QosLimits::default(),
-        source: None,
-        claim: None,
-        adjustments: Vec::new(),
-        erase_pending: None,
+        ..VolumeRecord::example(id, size_bytes, BackendRecord::Null)
     }
 }
 

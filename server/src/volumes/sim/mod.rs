@@ -32,7 +32,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use ublkd_dataplane::{DevId, IoPath, QosLimits, Toggle};
+use ublkd_dataplane::{DevId, QosLimits};
 
 const VOLUME_IDS: [&str; 5] = ["a", "b", "c", "d", "e"];
 const SNAPSHOT_IDS: [&str; 2] = ["s1", "s2"];
@@ -197,26 +197,7 @@ fn sid(s: &str) -> SnapshotId {
 }
 
 fn base_record(id: VolumeId, size_bytes: u64, backend: BackendRecord) -> VolumeRecord {
-    VolumeRecord {
-        id,
-        size_bytes,
-        block_size: 4096,
-        backend,
-        queues: 1,
-        queue_depth: 64,
-        io_path: IoPath::Auto,
-        created_unix_ms: 0,
-        dev_id: None,
-        deleting: false,
-        delete_backing: false,
-        zero_copy: Toggle::Auto,
-        poll: Toggle::Auto,
-        qos: QosLimits::default(),
-        source: None,
-        claim: None,
-        adjustments: Vec::new(),
-        erase_pending: None,
-    }
+    VolumeRecord::example(id, size_bytes, backend)
 }
 
 /// Where a history's files live: tmpfs when there is one (fsync is free there).
