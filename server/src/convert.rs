@@ -323,12 +323,8 @@ mod tests {
             let r = record(BackendRecord::example(kind));
             let spec = device_spec(&r, Path::new("/dev/shm/ublkd"));
             assert_eq!(spec.backend.kind(), kind.name());
-            let v = v1::VolumeSpec {
-                backend: Some(backend_proto(&r.backend)),
-                ..Default::default()
-            };
-            let back = v.backend.as_ref().map(ublkd_proto::BackendKind::of);
-            assert_eq!(back, Some(kind));
+            let back = ublkd_proto::BackendKind::of(&backend_proto(&r.backend));
+            assert_eq!(back, kind);
         }
     }
 
@@ -354,14 +350,21 @@ mod tests {
             poll: v1::Toggle::Off as i32,
             qos: Some(v1::QosLimits {
                 read_iops: 1000,
+                write_iops: 0,
+                read_bytes_per_second: 0,
                 write_bytes_per_second: 1 << 20,
-                ..Default::default()
+                burst_ms: 0,
             }),
-            ..Default::default()
+            // Not the kernel's: a clone's first contents (the manager's), the claim (the API
+            // and the metrics), whether to lower settings to the node (validate's).
+            source: None,
+            claim: None,
+            fit_to_node: false,
         };
+        // The node's configuration, not the request: its defaults are what a node runs with.
         let settings = crate::config::Settings {
             allowed_roots: vec![root.path().to_owned()],
-            ..Default::default()
+            ..crate::config::Settings::default()
         };
         let record =
             crate::validate::spec(VolumeId::parse("v").unwrap(), Some(&request), &settings)
