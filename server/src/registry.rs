@@ -191,33 +191,21 @@ impl<R: Record> Registry<R> {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
-            let parsed = match fs::read(&path) {
-                Err(e) => Err(e.to_string()),
-                Ok(b) => match serde_json::from_slice::<serde_json::Value>(&b) {
-                    Err(e) => Err(e.to_string()),
-                    Ok(mut value) => {
-                        let format = value
-                            .as_object_mut()
-                            .and_then(|m| m.remove(FORMAT_KEY))
-                            .map_or(Some(1), |f| f.as_u64());
-                        match format {
-                            Some(format) if format > R::FORMAT => {
-                                return Err(RegistryError::NewerFormat {
-                                    kind: R::KIND,
-                                    path,
-                                    format,
-                                    known: R::FORMAT,
-                                })
-                            }
-                            None => Err("its format is not a number".to_owned()),
-                            Some(_) => match serde_json::from_value::<R>(value) {
-                                Err(e) => Err(e.to_string()),
-                                Ok(r) if r.id() != id => Err(format!("it names {:?}", r.id())),
-                                Ok(r) => Ok(r),
-                            },
-                        }
-                    }
-                },
+            let parsed = match fs::read(&path).map_err(|e| Unread::Bad(e.to_string())) {
+                Ok(bytes) => parse::<R>(&bytes, id),
+                Err(e) => Err(e),
+            };
+            let parsed = match parsed {
+                Err(Unread::Newer(format)) => {
+                    return Err(RegistryError::NewerFormat {
+                        kind: R::KIND,
+                        path,
+                        format,
+                        known: R::FORMAT,
+                    })
+                }
+                Err(Unread::Bad(why)) => Err(why),
+                Ok(r) => Ok(r),
             };
             match parsed {
                 Ok(r) => records.push(r),
@@ -240,6 +228,33 @@ impl<R: Record> Registry<R> {
         records.sort_by(|a, b| a.id().cmp(b.id()));
         Ok((records, report))
     }
+}
+
+/// Why a registry file is not a record.
+enum Unread {
+    /// Written by a newer build: its format.
+    Newer(u64),
+    /// Unreadable, and why.
+    Bad(String),
+}
+
+/// The record in `bytes`, a file named for `id`: its format checked (absent: 1), then read.
+fn parse<R: Record>(bytes: &[u8], id: &str) -> Result<R, Unread> {
+    let bad = |e: &dyn std::fmt::Display| Unread::Bad(e.to_string());
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(&e))?;
+    let format = value
+        .as_object_mut()
+        .and_then(|m| m.remove(FORMAT_KEY))
+        .map_or(Some(1), |f| f.as_u64())
+        .ok_or_else(|| bad(&"its format is not a number"))?;
+    if format > R::FORMAT {
+        return Err(Unread::Newer(format));
+    }
+    let r: R = serde_json::from_value(value).map_err(|e| bad(&e))?;
+    if r.id() != id {
+        return Err(bad(&format!("it names {:?}", r.id())));
+    }
+    Ok(r)
 }
 
 #[cfg(test)]
