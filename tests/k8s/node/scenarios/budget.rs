@@ -80,10 +80,15 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
         "RAM pool before: {left} bytes within ublkd's memory, {count} volumes left"
     ));
     ensure!(count > 1, "the node admits {count} volumes before the fill");
-    // The limit was volumes + volumes_left when the driver registered (none yet here).
+    // The limit was volumes + volumes_left when the driver registered. Each volume holds at
+    // least one volume's buffers, so the limit is at most volumes + volumes_left now: equal on a
+    // node that has not changed since, below when an earlier scenario's volume stood then.
+    let listed = s.ublkctl(&["-o", "json", "list-volumes"])?;
+    let listed: Value = serde_json::from_str(&listed).with_context(|| format!("list: {listed}"))?;
+    let volumes = listed["volumes"].as_array().map_or(0, Vec::len) as u64;
     ensure!(
-        count <= limit,
-        "volumes_left {count} is above the node's volume limit {limit}"
+        limit <= volumes + count,
+        "the node's volume limit {limit} is above its {volumes} volumes and {count} more"
     );
     // One volume's copy buffers, from above (volumes_left is left / each, rounded down): a
     // claim of left - each_hi admits (its own buffers fit) and leaves less than one volume's.
