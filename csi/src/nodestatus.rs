@@ -509,6 +509,59 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    /// A status as b69c0a8's node plugin wrote it, every field set once.
+    const WRITTEN_BY_B69C0A8: &str =
+        include_str!("../../tests/fixtures/ublkdnode-b69c0a8/status.json");
+
+    /// A status an earlier version wrote reads with today's types and is written back unchanged:
+    /// no field renamed, dropped or retyped (`default` would read a renamed one as empty).
+    #[test]
+    fn a_status_written_by_b69c0a8_reads_and_writes_back_unchanged() {
+        let written: serde_json::Value = serde_json::from_str(WRITTEN_BY_B69C0A8).unwrap();
+        let read: NodeStatus = serde_json::from_value(written.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&read).unwrap(), written);
+    }
+
+    /// The keys under `{key}: ... properties:` in the chart's CRD (YAML read by indentation:
+    /// a key per line, in the block form the template uses).
+    fn schema_properties(crd: &str, key: &str) -> BTreeSet<String> {
+        let indent = |l: &str| l.len() - l.trim_start().len();
+        let mut lines = crd.lines().skip_while(|l| l.trim() != format!("{key}:"));
+        let at = lines.next().map(indent).unwrap();
+        let mut lines = lines.skip_while(|l| l.trim() != "properties:");
+        let props = lines.next().map(indent).unwrap();
+        assert!(props > at, "{key}'s properties");
+        let mut lines = lines.peekable();
+        let first = lines.peek().map(|l| indent(l)).unwrap();
+        lines
+            .take_while(|l| indent(l) >= first)
+            .filter(|l| indent(l) == first)
+            .map(|l| l.trim().split(':').next().unwrap().to_owned())
+            .collect()
+    }
+
+    fn keys(v: &serde_json::Value) -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    /// The chart's CRD names every field the status writes: the API server drops a field its
+    /// schema does not name, without a word, and `kubectl ublkd` would read it as empty.
+    #[test]
+    fn the_charts_crd_names_every_field_the_status_writes() {
+        let crd = include_str!("../../deploy/helm/ublkd/templates/ublkdnode-crd.yaml");
+        let status = NodeStatus {
+            error: "every field written".into(),
+            checks: vec![Check::new(CheckName::UblkDriver, vec![], "loaded")],
+            ..Default::default()
+        };
+        let status = serde_json::to_value(&status).unwrap();
+        assert_eq!(schema_properties(crd, "status"), keys(&status));
+        assert_eq!(schema_properties(crd, "checks"), keys(&status["checks"][0]));
+        let old: serde_json::Value = serde_json::from_str(WRITTEN_BY_B69C0A8).unwrap();
+        assert!(keys(&old).is_subset(&keys(&status)), "a field b69c0a8 wrote is gone");
+    }
 
     /// The report names each kind as the API does.
     #[test]
