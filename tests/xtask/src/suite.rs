@@ -238,11 +238,13 @@ fn boot_once(
     };
     eprintln!("xtask: running {n} VM test(s) in one boot of {kver}{topology}");
 
+    // A panic's backtrace, but not an error's: a test's `Error:` line is then among the last
+    // lines of its output, where CI's excerpt reads it, not 40 frames above them.
     // Between tests: the scratch removed; when it held 64 MiB or more, the page cache dropped
     // too (else /tmp took 22-135 s for 64 MiB, 0.4 s after a drop: the image test timed out
     // after the Debian one), not always (the next test would read its binaries again, 7-11 s).
     let mut script = format!(
-        "cd {ws}\n{exports} RUST_BACKTRACE=1\n\
+        "cd {ws}\n{exports} RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0\n\
          echo \"ublkd-vm: guest kernel $(uname -r)\"\n\
          run_test() {{\n  echo \"=== RUN  $2\"\n  t0=$(date +%s%N)\n  timeout -k 10 {PER_TEST_SECS} \"$1\" --exact \"$2\" --nocapture --test-threads=1\n  rc=$?\n  \
          ms=$(( ($(date +%s%N) - t0) / 1000000 ))\n  \
