@@ -560,7 +560,10 @@ mod tests {
         assert_eq!(schema_properties(crd, "status"), keys(&status));
         assert_eq!(schema_properties(crd, "checks"), keys(&status["checks"][0]));
         let old: serde_json::Value = serde_json::from_str(WRITTEN_BY_B69C0A8).unwrap();
-        assert!(keys(&old).is_subset(&keys(&status)), "a field b69c0a8 wrote is gone");
+        assert!(
+            keys(&old).is_subset(&keys(&status)),
+            "a field b69c0a8 wrote is gone"
+        );
     }
 
     /// The report names each kind as the API does.

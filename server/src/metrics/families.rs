@@ -170,9 +170,7 @@ pub async fn write(volumes: &Volumes, all: &[(Volume, Option<DeviceStats>)], out
         Kind::Counter,
         |f| f.counter(&[], counts.iter().sum::<u64>() as f64),
     );
-    let rollbacks = volumes
-        .rollback_failures
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let rollbacks = volumes.rollback_failures();
     family(
         out,
         "ublkd_volume_rollback_failures_total",

@@ -3,7 +3,10 @@
 //! backing file or clone, record it, erase a new NVMe window, bring its device up, settle the
 //! map. Adopting an orphan device shares the admit and settle steps.
 
-use super::{blocking, erase, is_id_taken, now_ms, same_spec, snapshots, Volumes};
+use super::{
+    blocking, erase, is_id_taken, now_ms, same_spec, snapshots, Plane, Snaps, Store, Table,
+};
+use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point, Point};
 use crate::record::{BackendRecord, SourceRecord, VolumeRecord};
@@ -16,14 +19,18 @@ use ublkd_dataplane::{DeviceInfo, DeviceSpec};
 /// Creates the volume `record` describes; with `place_window`, ublkd chooses its NVMe
 /// window's offset (the first free extent that fits).
 pub(super) async fn create(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
     mut record: VolumeRecord,
     place_window: bool,
 ) -> Result<Volume, VolumeError> {
     // The namespace's size, block size and identity, read before any lock (an Identify
     // ioctl): to place the window, to refuse one past its end before anything is recorded,
     // and to record which namespace it is (the path is only this boot's name for it).
-    let namespace = super::namespace::adopt_identity(volumes, &mut record).await?;
+    let namespace = super::namespace::adopt_identity(table, plane, settings, &mut record).await?;
     // A clone of a volume holds its source's lock too (its reflink is taken drained), and
     // every two locks are taken in id order: two volumes cloning each other at once wait
     // for each other in turn, never each for the other.
@@ -31,9 +38,9 @@ pub(super) async fn create(
         Some(SourceRecord::Volume(v)) => Some(v.clone()),
         _ => None,
     };
-    let _ops = volumes.op_locks(&record.id, source.as_ref()).await;
+    let _ops = table.op_locks(&record.id, source.as_ref()).await;
     {
-        let mut map = volumes.inner.lock().await;
+        let mut map = table.lock().await;
         if let Some(existing) = map.get(&record.id) {
             if place_window {
                 // A retry of a placed create matches the window it was given: its offset,
@@ -58,28 +65,28 @@ pub(super) async fn create(
             }
             return Err(VolumeError::CreateConflict(record.id));
         }
-        admit(volumes, &mut record, namespace.clone(), place_window, &map)?;
+        admit(settings, &mut record, namespace.clone(), place_window, &map)?;
         record.erase_pending = new_window_erase(&record, namespace);
-        volumes.handle()?;
+        plane.handle()?;
         record.created_unix_ms = now_ms();
-        record.dev_id = Some(volumes.free_dev_id(&map)?);
+        record.dev_id = Some(plane.free_dev_id(&map)?);
         // Held as CREATING from here: the id, the device id and the backing file are taken,
         // and readers see the volume coming.
         map.insert(record.id.clone(), Volume::creating(record.clone()));
     }
-    let made = match snapshots::make_clone_file(volumes, &record).await {
+    let made = match snapshots::make_clone_file(table, plane, snaps, &record).await {
         Ok(clone) => {
-            let made = make(volumes, &mut record).await;
+            let made = make(table, store, plane, snaps, settings, &mut record).await;
             if let (Err(_), Some(path)) = (&made, &clone) {
                 // The create's own error is what the caller needs; a file left behind
                 // keeps its intent, so the next start removes it.
                 let path = path.clone();
                 if super::unlink(path).await.is_ok() {
-                    snapshots::end_file_intent(volumes, &record.id).await;
+                    snapshots::end_file_intent(snaps, &record.id).await;
                 }
             } else if clone.is_some() {
                 // The record names the file now: it is the volume's.
-                snapshots::end_file_intent(volumes, &record.id).await;
+                snapshots::end_file_intent(snaps, &record.id).await;
             }
             made
         }
@@ -87,30 +94,30 @@ pub(super) async fn create(
             // Nothing was made (or what was is removed): the intent has nothing to name.
             if let BackendRecord::File { path, .. } = &record.backend {
                 if record.source.is_some() && !path.exists() {
-                    snapshots::end_file_intent(volumes, &record.id).await;
+                    snapshots::end_file_intent(snaps, &record.id).await;
                 }
             }
             Err(e)
         }
     };
-    settle(volumes, record, made).await
+    settle(table, record, made).await
 }
 
 /// What a new volume (created or adopted) must not take from the others, checked under the
 /// map lock: its NVMe window (placed when `place`), the node's volume limit, and a backing
 /// file another record owns under any name.
 pub(super) fn admit(
-    volumes: &Volumes,
+    settings: &Settings,
     record: &mut VolumeRecord,
     namespace: Option<ublkd_dataplane::Namespace>,
     place: bool,
     map: &BTreeMap<VolumeId, Volume>,
 ) -> Result<(), VolumeError> {
     claim_window(record, namespace, place, map)?;
-    if map.len() >= volumes.settings.limits.max_volumes {
+    if map.len() >= settings.limits.max_volumes {
         return Err(VolumeError::AdmitVolumeLimit(map.len()));
     }
-    admit_memory(volumes, record, map)?;
+    admit_memory(settings, record, map)?;
     if let BackendRecord::File { path, .. } = &record.backend {
         if let Some(other) = map.values().find(
             |v| matches!(&v.record.backend, BackendRecord::File { path: p, .. } if same_file(p, path)),
@@ -128,7 +135,7 @@ pub(super) fn admit(
 /// entry, when it has one, is left out: a resize admits the volume at its new size). Run
 /// under the map lock by every path that makes or grows a volume.
 pub(super) fn admit_memory(
-    volumes: &Volumes,
+    settings: &Settings,
     record: &VolumeRecord,
     map: &BTreeMap<VolumeId, Volume>,
 ) -> Result<(), VolumeError> {
@@ -136,7 +143,7 @@ pub(super) fn admit_memory(
         .values()
         .map(|v| &v.record)
         .filter(|r| r.id != record.id);
-    if let Some(left) = crate::capacity::memory_left(volumes.settings.memory_limit, others) {
+    if let Some(left) = crate::capacity::memory_left(settings.memory_limit, others) {
         let need = crate::capacity::memory_bytes(record);
         if need > left {
             return Err(VolumeError::AdmitMemoryLimit { need, left });
@@ -232,11 +239,11 @@ pub(super) fn claim_window(
 
 /// Ends a create or adopt: the CREATING entry becomes the READY volume, or goes.
 pub(super) async fn settle(
-    volumes: &Volumes,
+    table: &Table,
     record: VolumeRecord,
     made: Result<DeviceInfo, VolumeError>,
 ) -> Result<Volume, VolumeError> {
-    let mut map = volumes.inner.lock().await;
+    let mut map = table.lock().await;
     match made {
         Ok(info) => {
             let vol = Volume::ready(record, info);
@@ -251,12 +258,19 @@ pub(super) async fn settle(
 }
 
 /// The slow part of a create: backing file, record, device. Undoes its own steps on failure.
-async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo, VolumeError> {
+async fn make(
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
+    record: &mut VolumeRecord,
+) -> Result<DeviceInfo, VolumeError> {
     // A file this create makes is ublkd's until the record names it: a crash in between
     // leaves an intent, and the next start removes the file (a clone's has its own intent).
     let intent = match &record.backend {
         BackendRecord::File { path, create: true } if record.source.is_none() && !path.exists() => {
-            snapshots::begin_file_intent(volumes, &record.id, path).await?;
+            snapshots::begin_file_intent(snaps, &record.id, path).await?;
             true
         }
         _ => false,
@@ -264,22 +278,22 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
     let id = record.id.clone();
     let end_intent = || async {
         if intent {
-            snapshots::end_file_intent(volumes, &id).await;
+            snapshots::end_file_intent(snaps, &id).await;
         }
     };
-    let created_file = match prepare_backing_file(volumes, record).await {
+    let created_file = match prepare_backing_file(record).await {
         Ok(made) => made,
         Err(e) => {
             end_intent().await;
             return Err(e);
         }
     };
-    let undo = |record: VolumeRecord| undo(volumes, record, created_file.clone());
+    let undo = |record: VolumeRecord| undo(store, settings, record, created_file.clone());
     fault_point(Point::CreateBeforeRecord);
     // The record (with the device id it will get) goes first: a crash from here on leaves a
     // registered volume whose device the next start takes over or creates, never a device
     // nobody owns.
-    let recorded = volumes.put_record(record).await;
+    let recorded = store.put(record).await;
     if let Err(e) = recorded {
         undo(record.clone()).await;
         end_intent().await;
@@ -295,7 +309,8 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
     if let (Some(pending), Some(device)) =
         (record.erase_pending, crate::windows::nvme_device(record))
     {
-        if let Err(e) = erase::erase_range(volumes, &record.id, device, pending, "new window").await
+        if let Err(e) =
+            erase::erase_range(table, plane, &record.id, device, pending, "new window").await
         {
             undo(record.clone()).await;
             return Err(e);
@@ -303,18 +318,18 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
         // Known erased on disk before anything can write there: a pending erase recorded
         // after the tenant's first write would wipe that write at the next start.
         record.erase_pending = None;
-        if let Err(e) = volumes.put_record(record).await {
+        if let Err(e) = store.put(record).await {
             undo(record.clone()).await;
             return Err(e);
         }
     }
     // A new RAM volume starts empty: memory an earlier volume of this id left (a crash
     // inside its delete) is not its to read.
-    if let Err(e) = fresh_ram_file(volumes, record) {
+    if let Err(e) = fresh_ram_file(settings, record) {
         undo(record.clone()).await;
         return Err(e);
     }
-    match bring_up(volumes, record).await {
+    match bring_up(table, plane, settings, record).await {
         Ok(info) => {
             fault_point(Point::CreateAfterDevice);
             // The device id recorded first was taken meanwhile: the one it got is recorded,
@@ -322,8 +337,8 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
             // would serve a window the map no longer claims).
             if record.dev_id != Some(info.dev_id) {
                 record.dev_id = Some(info.dev_id);
-                if let Err(e) = volumes.put_record(record).await {
-                    let (h, dev_id) = (volumes.handle()?, info.dev_id);
+                if let Err(e) = store.put(record).await {
+                    let (h, dev_id) = (plane.handle()?, info.dev_id);
                     if let Err(d) = blocking(move || h.delete_device(dev_id)).await {
                         tracing::error!(volume = %record.id, %dev_id, error = %crate::error::chain(&d), "a failed create's device could not be deleted: left as an orphan");
                     }
@@ -344,8 +359,13 @@ async fn make(volumes: &Volumes, record: &mut VolumeRecord) -> Result<DeviceInfo
 /// volume's file, on the blocking pool. The create's own error is what the caller gets; an
 /// undo step that fails too is logged: a record left makes the next start bring the volume
 /// up, a file left stays (it is not ublkd's to find again).
-async fn undo(volumes: &Volumes, record: VolumeRecord, created_file: Option<PathBuf>) {
-    if let Err(e) = volumes.remove_record(&record.id).await {
+async fn undo(
+    store: &Store,
+    settings: &Settings,
+    record: VolumeRecord,
+    created_file: Option<PathBuf>,
+) {
+    if let Err(e) = store.remove(&record.id).await {
         tracing::error!(volume = %record.id, error = %crate::error::chain(&e), "a failed create's record could not be removed: the next start brings the volume up");
     }
     if let (Some(path), BackendRecord::File { .. }) = (created_file, &record.backend) {
@@ -354,7 +374,7 @@ async fn undo(volumes: &Volumes, record: VolumeRecord, created_file: Option<Path
             tracing::warn!(volume = %id, path = shown, error = %crate::error::chain(&e), "a failed create's backing file could not be removed");
         }
     }
-    volumes.remove_ram_file(&record);
+    super::remove_ram_file(&settings.ram_dir, &record);
 }
 
 /// Creates the device for `record`, with its recorded kernel id when it has one (and
@@ -362,18 +382,20 @@ async fn undo(volumes: &Volumes, record: VolumeRecord, created_file: Option<Path
 /// meanwhile; the caller records the id it got). Never erases: the manager erases a new
 /// window's range itself (`erase_range`).
 pub(super) async fn bring_up(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
+    settings: &Settings,
     record: &VolumeRecord,
 ) -> Result<DeviceInfo, VolumeError> {
-    let handle = volumes.handle()?;
-    let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
+    let handle = plane.handle()?;
+    let spec = crate::convert::device_spec(record, &settings.ram_dir);
     let h = handle.clone();
     let s = spec.clone();
     match blocking(move || h.add_device(s)).await {
         Err(VolumeError::Dataplane(e)) if spec.dev_id.is_some() && is_id_taken(&e) => {
             // Not any id the kernel would pick: one another record names for a device
             // absent now would be taken over as that volume's after a crash.
-            let free = volumes.free_dev_id(&*volumes.inner.lock().await)?;
+            let free = plane.free_dev_id(&*table.lock().await)?;
             let spec = DeviceSpec {
                 dev_id: Some(free),
                 ..spec
@@ -385,11 +407,11 @@ pub(super) async fn bring_up(
 }
 
 /// Removes what a RAM volume's file holds before a new volume of that id serves it.
-fn fresh_ram_file(volumes: &Volumes, record: &VolumeRecord) -> Result<(), VolumeError> {
+fn fresh_ram_file(settings: &Settings, record: &VolumeRecord) -> Result<(), VolumeError> {
     if record.backend != BackendRecord::Ram {
         return Ok(());
     }
-    let path = crate::volume::ram_file(&volumes.settings.ram_dir, &record.id);
+    let path = crate::volume::ram_file(&settings.ram_dir, &record.id);
     match std::fs::remove_file(&path) {
         Ok(()) => {
             tracing::warn!(volume = %record.id, path = %path.display(), "an earlier volume's memory file removed before the new volume uses it");
@@ -403,7 +425,6 @@ fn fresh_ram_file(volumes: &Volumes, record: &VolumeRecord) -> Result<(), Volume
 /// Creates a missing backing file when asked to; returns its path if this call created it.
 /// On the blocking pool: an fsync.
 pub(super) async fn prepare_backing_file(
-    _volumes: &Volumes,
     record: &VolumeRecord,
 ) -> Result<Option<PathBuf>, VolumeError> {
     let record = record.clone();

@@ -3,7 +3,8 @@
 //! file, its record, in that order, so that a crash at any step after the mark leaves a record
 //! the next start finishes deleting.
 
-use super::{blocking, erase, namespace, Volumes};
+use super::{blocking, erase, namespace, Plane, Snaps, Store, Table};
+use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::{BackendRecord, VolumeRecord};
@@ -11,18 +12,33 @@ use crate::volume::State;
 use crate::volume_id::VolumeId;
 use ublkd_dataplane::DataplaneError;
 
-/// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
-/// `delete_backing`, a file volume's backing file goes too. Without `force`, a device some
+/// How a delete goes: Ok(false) when the volume did not exist and `allow_missing` is set; with
+/// `delete_backing`, a file volume's backing file goes too; without `force`, a device some
 /// process holds open (not exclusively: a VM's disk, a database's raw device) is refused.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct How {
+    pub allow_missing: bool,
+    pub delete_backing: bool,
+    pub force: bool,
+}
+
+/// Deletes volume `id`, as `how` says.
 pub(super) async fn delete(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
     id: &VolumeId,
-    allow_missing: bool,
-    delete_backing: bool,
-    force: bool,
+    how: How,
 ) -> Result<bool, VolumeError> {
-    let _op = volumes.op_lock(id).await;
-    let Some(vol) = volumes.inner.lock().await.get(id).cloned() else {
+    let How {
+        allow_missing,
+        delete_backing,
+        force,
+    } = how;
+    let _op = table.op_lock(id).await;
+    let Some(vol) = table.lock().await.get(id).cloned() else {
         return if allow_missing {
             Ok(false)
         } else {
@@ -39,7 +55,7 @@ pub(super) async fn delete(
     // Without a dataplane the kernel is still asked: a device it has cannot be deleted
     // then, and the delete fails rather than leave it behind.
     let kernel = || {
-        let ids = match &volumes.handle {
+        let ids = match &plane.running() {
             Some(devices) => devices.kernel_device_ids(),
             None => ublkd_dataplane::kernel_device_ids(),
         };
@@ -52,7 +68,7 @@ pub(super) async fn delete(
     if let Some((_, block_device)) = &device {
         // Something holds the device exclusively: a mount in any namespace, or an
         // exclusive opener. Deleting it would pull the disk from under them.
-        if volumes.handle()?.held_elsewhere(block_device) {
+        if plane.handle()?.held_elsewhere(block_device) {
             return Err(VolumeError::DeleteBusy {
                 id: id.clone(),
                 device: block_device.clone(),
@@ -61,7 +77,7 @@ pub(super) async fn delete(
         // A process that opened it without O_EXCL (review L13, issue 55): its next read
         // would fail. Refused unless forced.
         // A walk of every process's open files: on the blocking pool.
-        let (h, dev) = (volumes.handle()?, block_device.clone());
+        let (h, dev) = (plane.handle()?, block_device.clone());
         let by = blocking(move || Ok::<_, VolumeError>(h.opened_by(&dev))).await?;
         if !force && !by.is_empty() {
             return Err(VolumeError::DeleteOpen {
@@ -71,16 +87,16 @@ pub(super) async fn delete(
             });
         }
     }
-    volumes.set_state(id, State::Deleting, "").await;
+    table.set_state(id, State::Deleting, "").await;
     // Persist the intent before anything is destroyed: a crash during the delete is finished
     // by the next start, the backing file included when it was asked for.
     let mut record = vol.record.clone();
     record.deleting = true;
     record.delete_backing = delete_backing && matches!(record.backend, BackendRecord::File { .. });
-    volumes.put_record(&record).await?;
+    store.put(&record).await?;
     fault_point(Point::DeleteAfterMark);
     if let Some((dev_id, _)) = device {
-        let handle = volumes.handle()?;
+        let handle = plane.handle()?;
         let deleted = blocking(move || match handle.delete_device(dev_id) {
             // Not the dataplane's (nor being taken over): the kernel's alone when the
             // kernel still has it. An earlier try whose STOP_DEV or DEL_DEV failed took it
@@ -102,7 +118,7 @@ pub(super) async fn delete(
                 tracing::info!(volume = %id, dev_id = %dev_id, "device already gone: delete finishes");
             }
             Err(e) => {
-                volumes
+                table
                     .set_state(id, State::Failed, &crate::error::chain(&e))
                     .await;
                 return Err(e);
@@ -113,8 +129,8 @@ pub(super) async fn delete(
     // A deleted tenant's NVMe blocks are erased before its window is free again, so that no
     // later volume (a keep_data one included) reads them. Until then the record stays
     // (marked): a retry, or the next start, finishes the delete.
-    if let Err(e) = erase_deleted_window(volumes, &vol.record).await {
-        volumes
+    if let Err(e) = erase_deleted_window(table, plane, &vol.record).await {
+        table
             .set_state(id, State::Failed, &crate::error::chain(&e))
             .await;
         return Err(e);
@@ -122,22 +138,22 @@ pub(super) async fn delete(
     // The backing file goes before the record: should its removal fail, the record (and
     // the volume, with the reason) stays, and a retry of the delete finishes it.
     if let Err(e) = remove_backing_file(&record).await {
-        volumes
+        table
             .set_state(id, State::Failed, &crate::error::chain(&e))
             .await;
         return Err(e);
     }
-    if let Err(e) = forget_file_intent(volumes, id).await {
-        volumes
+    if let Err(e) = forget_file_intent(snaps, id).await {
+        table
             .set_state(id, State::Failed, &crate::error::chain(&e))
             .await;
         return Err(e);
     }
     // A RAM volume's memory goes before its record: a crash in between leaves a record
     // whose restore finds an empty file, never a file a later volume of the id would read.
-    volumes.remove_ram_file(&vol.record);
-    volumes.remove_record(id).await?;
-    volumes.inner.lock().await.remove(id);
+    super::remove_ram_file(&settings.ram_dir, &vol.record);
+    store.remove(id).await?;
+    table.lock().await.remove(id);
     Ok(true)
 }
 
@@ -145,11 +161,8 @@ pub(super) async fn delete(
 /// intent left behind (its removal failed after the create, "harmless" while the record
 /// lives) would otherwise name, at the next start, a file this delete keeps, and that start
 /// would remove it as an interrupted create's.
-pub(super) async fn forget_file_intent(
-    volumes: &Volumes,
-    id: &VolumeId,
-) -> Result<(), VolumeError> {
-    let (intents, id) = (volumes.intents.clone(), id.clone());
+pub(super) async fn forget_file_intent(snaps: &Snaps, id: &VolumeId) -> Result<(), VolumeError> {
+    let (intents, id) = (snaps.intents.clone(), id.clone());
     blocking(move || intents.remove(id.as_str())).await
 }
 
@@ -173,7 +186,8 @@ pub(super) async fn remove_backing_file(record: &VolumeRecord) -> Result<(), Vol
 /// Erases the NVMe window of volume `record`, which is being deleted (nothing for other
 /// backends, nor for a `keep_data` volume, which never owned the erase of what it found).
 pub(super) async fn erase_deleted_window(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
     record: &VolumeRecord,
 ) -> Result<(), VolumeError> {
     let BackendRecord::Nvme {
@@ -187,7 +201,7 @@ pub(super) async fn erase_deleted_window(
         return Ok(());
     };
     let len = match *length {
-        0 => namespace::of(volumes, record)
+        0 => namespace::of(plane, record)
             .await?
             .map_or(0, |ns| ns.size_bytes.saturating_sub(*offset)),
         len => len,
@@ -199,5 +213,5 @@ pub(super) async fn erase_deleted_window(
         from: *offset,
         to: offset.saturating_add(len),
     };
-    erase::erase_range(volumes, &record.id, device, range, "deleted volume").await
+    erase::erase_range(table, plane, &record.id, device, range, "deleted volume").await
 }

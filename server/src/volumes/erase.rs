@@ -2,7 +2,7 @@
 //! growth, an erase a crash left pending): in chunks, off the dataplane's control thread, with
 //! the progress in the volume's message.
 
-use super::{blocking, Volumes};
+use super::{blocking, Plane, Table};
 use crate::error::VolumeError;
 use crate::hooks::Point;
 use crate::volume_id::VolumeId;
@@ -11,17 +11,18 @@ use crate::volume_id::VolumeId;
 /// time on the blocking pool (never on the dataplane's control thread), saying how far it
 /// got in the volume's message; `what` names the range in the log.
 pub(super) async fn erase_range(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
     id: &VolumeId,
     device: &std::path::Path,
     range: crate::record::EraseRange,
     what: &'static str,
 ) -> Result<(), VolumeError> {
-    let identity = within_own_claim(volumes, id, device, range).await?;
+    let identity = within_own_claim(table, id, device, range).await?;
     // The path names the record's namespace right now: after a boot that renamed the
     // namespaces, it may name another drive, whose blocks are not the volume's to erase.
-    super::namespace::verify(volumes, device, identity.as_ref()).await?;
-    let handle = volumes.handle()?;
+    super::namespace::verify(plane, device, identity.as_ref()).await?;
+    let handle = plane.handle()?;
     let total = range.to.saturating_sub(range.from);
     let started = std::time::Instant::now();
     let mut at = range.from;
@@ -39,7 +40,7 @@ pub(super) async fn erase_range(
         at += len;
         if at < range.to {
             let done = at - range.from;
-            volumes
+            table
                 .set_message(
                     id,
                     &format!(
@@ -52,7 +53,7 @@ pub(super) async fn erase_range(
         }
     }
     // The progress goes; a message that says something else stays.
-    if let Some(v) = volumes.inner.lock().await.get_mut(id) {
+    if let Some(v) = table.lock().await.get_mut(id) {
         if v.message.starts_with("erasing the ") {
             v.message.clear();
         }
@@ -70,12 +71,12 @@ pub(super) async fn erase_range(
 /// record's claim stays in the map while the erase runs, so no create places over it meanwhile.
 /// Returns the namespace identity the record keeps.
 async fn within_own_claim(
-    volumes: &Volumes,
+    table: &Table,
     id: &VolumeId,
     device: &std::path::Path,
     range: crate::record::EraseRange,
 ) -> Result<Option<ublkd_dataplane::NamespaceIdentity>, VolumeError> {
-    let map = volumes.inner.lock().await;
+    let map = table.lock().await;
     let refuse = |why: &'static str| VolumeError::EraseOutsideClaim {
         id: id.clone(),
         device: device.to_owned(),

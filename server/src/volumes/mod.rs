@@ -5,16 +5,23 @@
 //! the map lock is held only to read or record, never across a registry write or a ublk
 //! control command, so Get, List and `/metrics` never wait for a slow change. Dataplane calls
 //! (which block on the control thread) run on tokio's blocking pool.
+//!
+//! A change is given the parts it uses, not the manager: the map and its locks (`Table`), the
+//! records (`Store`), the dataplane (`Plane`), the snapshots and file intents (`Snaps`), the
+//! settings. A QoS change cannot reach the snapshots; an erase cannot write a record.
 
 mod create;
 mod delete;
 mod erase;
 mod namespace;
 mod orphans;
+mod plane;
 mod qos;
 mod resize;
 mod restore;
 mod snapshots;
+mod store;
+mod table;
 
 #[cfg(test)]
 mod ordering;
@@ -29,11 +36,14 @@ use crate::registry::Registry;
 use crate::snapshot::{FileIntent, SnapshotId, SnapshotRecord};
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
-use std::collections::{BTreeMap, HashMap};
+use plane::Plane;
+use snapshots::Snaps;
+use std::collections::BTreeMap;
+use store::Store;
+use table::Table;
 
-use std::sync::{Arc, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, OwnedMutexGuard};
 use ublkd_dataplane::stats::{CleanupStep, Histogram};
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceStats, Features, KernelDevice, QosLimits, WorkerSnapshot,
@@ -67,32 +77,39 @@ impl RecoveryStats {
     }
 }
 
+/// The manager, in parts: a change takes only the parts it uses (`Table`, `Store`, `Plane`,
+/// the snapshots, the settings), never the whole.
 #[derive(Debug)]
 pub struct Volumes {
-    /// The kernel's devices (the dataplane in ublkd); None when the kernel has no ublk.
-    handle: Option<Arc<dyn Devices>>,
-    no_ublk: String,
-    registry: Registry<VolumeRecord>,
-    snapshot_registry: Registry<SnapshotRecord>,
-    /// Clones and new file volumes whose backing file is being made (`FileIntent`).
-    intents: Registry<FileIntent>,
-    /// Every snapshot; its lock is held only to read or record.
-    snapshots: Mutex<BTreeMap<SnapshotId, SnapshotRecord>>,
-    /// Snapshot ids being taken, and of which volume: reserved while their copy is made.
-    snapshots_taking: std::sync::Mutex<BTreeMap<SnapshotId, VolumeId>>,
+    table: Table,
+    store: Store,
+    plane: Plane,
+    snaps: Snaps,
     settings: Arc<Settings>,
-    inner: Mutex<BTreeMap<VolumeId, Volume>>,
-    /// Each volume's operation lock, while anyone holds or waits for it.
-    ops: std::sync::Mutex<HashMap<VolumeId, Weak<Mutex<()>>>>,
     pub recoveries: RecoveryStats,
-    /// Refused changes whose record could not be put back (`ublkd_volume_rollback_failures_total`).
-    pub rollback_failures: std::sync::atomic::AtomicU64,
     /// The dataplane's clean-up failures and unpinned workers as last logged, by worker (its
     /// CPU, or `control`) and step: `check_workers` logs what rose since.
     cleanup_seen: std::sync::Mutex<BTreeMap<(String, &'static str), u64>>,
     /// The volumes no PersistentVolume names, as the CSI driver last reported them
     /// (`orphans::report_without_pv`); never acted on.
     without_pv: std::sync::Mutex<std::collections::BTreeSet<VolumeId>>,
+}
+
+/// Removes a deleted RAM volume's memory file from `ram_dir` (a log line if it cannot).
+fn remove_ram_file(ram_dir: &std::path::Path, record: &VolumeRecord) {
+    if record.backend == BackendRecord::Ram {
+        // A step the process may die at like any other (the simulator's seam).
+        if !crate::seam::lives() {
+            return;
+        }
+        let path = ram_file(ram_dir, &record.id);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::error!(volume = %record.id, path = %path.display(), error = %e, "a deleted RAM volume's memory file could not be removed: its pages stay on tmpfs");
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Two records describe the same volume if everything but bookkeeping matches.
@@ -151,23 +168,13 @@ impl Volumes {
         intents: Registry<FileIntent>,
         settings: Arc<Settings>,
     ) -> Self {
-        let (handle, no_ublk) = match handle {
-            Ok(h) => (Some(h), String::new()),
-            Err(e) => (None, crate::error::chain(&e)),
-        };
         Self {
-            handle,
-            no_ublk,
-            registry,
-            snapshot_registry,
-            intents,
-            snapshots: Mutex::new(BTreeMap::new()),
-            snapshots_taking: std::sync::Mutex::new(BTreeMap::new()),
+            table: Table::default(),
+            store: Store::new(registry),
+            plane: Plane::new(handle),
+            snaps: Snaps::new(snapshot_registry, intents),
             settings,
-            inner: Mutex::new(BTreeMap::new()),
-            ops: std::sync::Mutex::new(HashMap::new()),
             recoveries: RecoveryStats::default(),
-            rollback_failures: std::sync::atomic::AtomicU64::new(0),
             cleanup_seen: std::sync::Mutex::new(BTreeMap::new()),
             without_pv: std::sync::Mutex::new(Default::default()),
         }
@@ -182,7 +189,8 @@ impl Volumes {
         record: VolumeRecord,
         place_window: bool,
     ) -> Result<Volume, VolumeError> {
-        create::create(self, record, place_window).await
+        let (t, s, p, f) = (&self.table, &self.store, &self.plane, &self.snaps);
+        create::create(t, s, p, f, &self.settings, record, place_window).await
     }
 
     /// Deletes volume `id`; Ok(false) when it did not exist and `allow_missing` was set. With
@@ -194,47 +202,62 @@ impl Volumes {
         delete_backing: bool,
         force: bool,
     ) -> Result<bool, VolumeError> {
-        delete::delete(self, id, allow_missing, delete_backing, force).await
+        let (t, s, p, f) = (&self.table, &self.store, &self.plane, &self.snaps);
+        let how = delete::How {
+            allow_missing,
+            delete_backing,
+            force,
+        };
+        delete::delete(t, s, p, f, &self.settings, id, how).await
     }
 
     /// Grows volume `id` to `size` bytes (a volume never shrinks).
     pub async fn resize(&self, id: &VolumeId, size: u64) -> Result<Volume, VolumeError> {
-        resize::resize(self, id, size).await
+        resize::resize(
+            &self.table,
+            &self.store,
+            &self.plane,
+            &self.settings,
+            id,
+            size,
+        )
+        .await
     }
 
     /// Replaces a volume's I/O limits: recorded first (a restart applies them), then handed to
     /// the dataplane if the volume is being served. A volume not being served (FAILED, or
     /// waiting for recovery) keeps them for when it is.
     pub async fn set_qos(&self, id: &VolumeId, qos: QosLimits) -> Result<Volume, VolumeError> {
-        qos::set_qos(self, id, qos).await
+        qos::set_qos(&self.table, &self.store, &self.plane, id, qos).await
     }
 
     /// ublk devices in the kernel that no registered volume owns.
     pub async fn orphans(&self) -> Vec<KernelDevice> {
-        orphans::orphans(self).await
+        orphans::orphans(&self.table, &self.plane).await
     }
 
     /// Replaces the CSI driver's report of the volumes no PersistentVolume names. Ids of no
     /// volume here are kept out (the driver's view may be a moment old).
     /// Returns the ids that were not in the last report.
     pub async fn report_without_pv(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        orphans::report_without_pv(self, ids).await
+        orphans::report_without_pv(&self.table, &self.without_pv, ids).await
     }
 
     /// The volumes no PersistentVolume names, from the driver's last report, of those that
     /// still exist.
     pub async fn without_pv(&self) -> Vec<VolumeId> {
-        orphans::without_pv(self).await
+        orphans::without_pv(&self.table, &self.without_pv).await
     }
 
     /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
     pub async fn adopt(&self, dev_id: DevId, record: VolumeRecord) -> Result<Volume, VolumeError> {
-        orphans::adopt(self, dev_id, record).await
+        let (t, s, p) = (&self.table, &self.store, &self.plane);
+        orphans::adopt(t, s, p, &self.settings, &self.recoveries, dev_id, record).await
     }
 
     /// Deletes orphan device `dev_id`.
     pub async fn delete_orphan(&self, dev_id: DevId) -> Result<(), VolumeError> {
-        orphans::delete_orphan(self, dev_id).await
+        orphans::delete_orphan(&self.table, &self.plane, dev_id).await
     }
 
     /// Takes snapshot `id` of file volume `source`; the existing one if `id` was already taken
@@ -244,7 +267,7 @@ impl Volumes {
         id: SnapshotId,
         source: VolumeId,
     ) -> Result<SnapshotRecord, VolumeError> {
-        snapshots::create_snapshot(self, id, source).await
+        snapshots::create_snapshot(&self.table, &self.plane, &self.snaps, id, source).await
     }
 
     /// Deletes snapshot `id` and its copy; Ok(false) if it did not exist and `allow_missing`.
@@ -253,7 +276,7 @@ impl Volumes {
         id: &SnapshotId,
         allow_missing: bool,
     ) -> Result<bool, VolumeError> {
-        snapshots::delete_snapshot(self, id, allow_missing).await
+        snapshots::delete_snapshot(&self.snaps, id, allow_missing).await
     }
 
     /// Snapshots, by id, optionally only `id` or only those of volume `source`.
@@ -262,13 +285,13 @@ impl Volumes {
         id: Option<&str>,
         source: Option<&str>,
     ) -> Vec<SnapshotRecord> {
-        snapshots::list_snapshots(self, id, source).await
+        snapshots::list_snapshots(&self.snaps, id, source).await
     }
 
     /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
     /// clients see the whole node at once. `restore` then brings them up.
     pub async fn load(&self) -> Result<(), VolumeError> {
-        restore::load(self).await
+        restore::load(&self.table, &self.store, &self.snaps).await
     }
 
     /// Brings every loaded volume up: takes over its kernel device when one survived (a crash
@@ -277,146 +300,40 @@ impl Volumes {
     /// reason.
     /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
     pub async fn restore(&self) -> Vec<VolumeId> {
-        restore::restore(self).await
+        restore::restore(
+            &self.table,
+            &self.store,
+            &self.plane,
+            &self.snaps,
+            &self.settings,
+            &self.recoveries,
+        )
+        .await
     }
 
     /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
     /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
     /// Returns those that failed again.
     pub async fn restore_again(&self, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-        restore::restore_again(self, ids).await
-    }
-
-    /// Waits for volume `id`'s operation lock; changes of `id` run one at a time while it is
-    /// held. Locks nobody holds any more are dropped from the table on the way.
-    async fn op_lock(&self, id: &VolumeId) -> OwnedMutexGuard<()> {
-        crate::seam::schedule_point().await;
-        let lock = {
-            let mut ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
-            ops.retain(|_, w| w.strong_count() > 0);
-            match ops.get(id).and_then(Weak::upgrade) {
-                Some(l) => l,
-                None => {
-                    let l = Arc::new(Mutex::new(()));
-                    ops.insert(id.clone(), Arc::downgrade(&l));
-                    l
-                }
-            }
-        };
-        lock.lock_owned().await
-    }
-
-    /// The operation locks of `id` and of `other` (when given and not `id`), taken in id
-    /// order: whoever takes two takes them in the same order, so no two changes wait for each
-    /// other.
-    async fn op_locks(&self, id: &VolumeId, other: Option<&VolumeId>) -> Vec<OwnedMutexGuard<()>> {
-        let mut ids: Vec<&VolumeId> = std::iter::once(id).chain(other).collect();
-        ids.sort();
-        ids.dedup();
-        let mut held = Vec::with_capacity(ids.len());
-        for id in ids {
-            held.push(self.op_lock(id).await);
-        }
-        held
-    }
-
-    fn handle(&self) -> Result<Arc<dyn Devices>, VolumeError> {
-        self.handle
-            .clone()
-            .ok_or_else(|| VolumeError::OpenDataplane(self.no_ublk.clone()))
+        let (t, s, p, f) = (&self.table, &self.store, &self.plane, &self.snaps);
+        restore::restore_again(t, s, p, f, &self.settings, &self.recoveries, ids).await
     }
 
     pub fn features(&self) -> Option<Features> {
-        self.handle.as_ref().map(|h| h.features())
+        self.plane.features()
     }
 
     /// Why this node serves no volumes (the dataplane could not start: no ublk driver, or one
     /// without user recovery); None while it serves.
     pub fn dataplane_error(&self) -> Option<&str> {
-        self.handle.is_none().then_some(self.no_ublk.as_str())
+        self.plane.error()
     }
 
-    /// Writes `record` to the registry on the blocking pool: a write and two fsyncs, which
-    /// must not hold one of the runtime's two threads.
-    async fn put_record(&self, record: &VolumeRecord) -> Result<(), VolumeError> {
-        let (registry, record) = (self.registry.clone(), record.clone());
-        blocking(move || registry.put(&record)).await
-    }
-
-    /// Removes volume `id`'s record on the blocking pool (an unlink and an fsync).
-    async fn remove_record(&self, id: &VolumeId) -> Result<(), VolumeError> {
-        let (registry, id) = (self.registry.clone(), id.clone());
-        blocking(move || registry.remove(id.as_str())).await
-    }
-
-    /// Puts `old` back, in the registry and the map, after a change (`refused`) that was
-    /// recorded and then refused. Should the registry write fail too, the next start would apply the refused
-    /// change: the volume says so in its message, with a log line and a count.
-    async fn roll_back(&self, old: &VolumeRecord, refused: &VolumeRecord) {
-        let put = self.put_record(old).await;
-        let mut map = self.inner.lock().await;
-        let Some(v) = map.get_mut(&old.id) else {
-            return;
-        };
-        v.record = old.clone();
-        if let Err(e) = put {
-            // The disk still has the refused record, whose window the next start serves: the
-            // map keeps claiming it, or a create could place another volume there meanwhile.
-            v.record.backend = refused.backend.clone();
-            let why = crate::error::chain(&e);
-            self.rollback_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::error!(volume = %old.id, error = %why, "a refused change could not be taken back from the registry: the next start applies it");
-            v.message = format!(
-                "a refused change is still recorded ({why}): the next start applies it unless \
-                 the change is made again"
-            );
-        }
-    }
-
-    /// Sets a volume's message (its state unchanged) if it still exists.
-    pub(super) async fn set_message(&self, id: &VolumeId, message: &str) {
-        if let Some(v) = self.inner.lock().await.get_mut(id) {
-            v.message = message.to_owned();
-        }
-    }
-
-    /// Sets a volume's state (and message) if it still exists.
-    pub(super) async fn set_state(&self, id: &VolumeId, state: State, message: &str) {
-        if let Some(v) = self.inner.lock().await.get_mut(id) {
-            v.state = state;
-            v.message = message.to_owned();
-        }
-    }
-
-    /// The lowest ublk device id that neither the kernel nor any record uses.
-    fn free_dev_id(&self, map: &BTreeMap<VolumeId, Volume>) -> Result<DevId, VolumeError> {
-        let used: std::collections::BTreeSet<DevId> = self
-            .handle()?
-            .kernel_device_ids()
-            .into_iter()
-            .chain(map.values().filter_map(|v| v.record.dev_id))
-            .collect();
-        (0..u32::from(u16::MAX))
-            .map(DevId)
-            .find(|id| !used.contains(id))
-            .ok_or(VolumeError::AllocateDevId)
-    }
-
-    fn remove_ram_file(&self, record: &VolumeRecord) {
-        if record.backend == BackendRecord::Ram {
-            // A step the process may die at like any other (the simulator's seam).
-            if !crate::seam::lives() {
-                return;
-            }
-            let path = ram_file(&self.settings.ram_dir, &record.id);
-            match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    tracing::error!(volume = %record.id, path = %path.display(), error = %e, "a deleted RAM volume's memory file could not be removed: its pages stay on tmpfs");
-                }
-                _ => {}
-            }
-        }
+    /// Refused changes whose record could not be put back.
+    pub fn rollback_failures(&self) -> u64 {
+        self.store
+            .rollback_failures
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The daemon's settings, as this manager was made with.
@@ -425,16 +342,11 @@ impl Volumes {
     }
 
     pub async fn get(&self, id: &VolumeId) -> Result<Volume, VolumeError> {
-        self.inner
-            .lock()
-            .await
-            .get(id)
-            .cloned()
-            .ok_or_else(|| VolumeError::LookupVolume(id.clone()))
+        self.table.get(id).await
     }
 
     pub async fn list(&self) -> Vec<Volume> {
-        self.inner.lock().await.values().cloned().collect()
+        self.table.list().await
     }
 
     pub async fn stats(&self, id: &VolumeId) -> Result<DeviceStats, VolumeError> {
@@ -443,7 +355,7 @@ impl Volumes {
             id: id.clone(),
             state: vol.state.name(),
         })?;
-        let handle = self.handle()?;
+        let handle = self.plane.handle()?;
         blocking(move || handle.stats(info.dev_id)).await
     }
 
@@ -451,7 +363,7 @@ impl Volumes {
     /// for long: it copies the list first).
     pub async fn all_stats(&self) -> Vec<(Volume, Option<DeviceStats>)> {
         let vols = self.list().await;
-        let Some(handle) = self.handle.clone() else {
+        let Some(handle) = self.plane.running() else {
             return vols.into_iter().map(|v| (v, None)).collect();
         };
         let mut stats: BTreeMap<DevId, DeviceStats> =
@@ -475,7 +387,7 @@ impl Volumes {
             let Some((errno, why)) = stats.and_then(|s| worker_failure(&s.total)) else {
                 continue;
             };
-            let mut map = self.inner.lock().await;
+            let mut map = self.table.lock().await;
             let Some(v) = map.get_mut(&vol.record.id) else {
                 continue;
             };
@@ -541,7 +453,7 @@ impl Volumes {
     }
 
     pub async fn control_cleanup_errors(&self) -> Vec<(CleanupStep, u64)> {
-        let Some(handle) = self.handle.clone() else {
+        let Some(handle) = self.plane.running() else {
             return Vec::new();
         };
         tokio::task::spawn_blocking(move || handle.control_cleanup_errors().unwrap_or_default())
@@ -550,7 +462,7 @@ impl Volumes {
     }
 
     pub async fn workers(&self) -> Vec<WorkerSnapshot> {
-        let Some(handle) = self.handle.clone() else {
+        let Some(handle) = self.plane.running() else {
             return Vec::new();
         };
         tokio::task::spawn_blocking(move || handle.worker_stats().unwrap_or_default())
@@ -561,8 +473,8 @@ impl Volumes {
     /// On a clean exit: keep every device (quiesced) for the next ublkd, or delete them; the
     /// registry keeps the volumes either way.
     pub async fn shutdown(&self) -> Result<(), VolumeError> {
-        let mut map = self.inner.lock().await;
-        if let Some(handle) = self.handle.clone() {
+        let mut map = self.table.lock().await;
+        if let Some(handle) = self.plane.running() {
             for vol in map.values_mut() {
                 vol.device = None;
             }
@@ -639,10 +551,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let v = volumes(dir.path());
         let (a, b) = (VolumeId::parse("a").unwrap(), VolumeId::parse("b").unwrap());
-        let held = v.op_lock(&a).await;
-        let same = tokio::time::timeout(Duration::from_millis(50), v.op_lock(&a)).await;
+        let held = v.table.op_lock(&a).await;
+        let same = tokio::time::timeout(Duration::from_millis(50), v.table.op_lock(&a)).await;
         assert!(same.is_err(), "a second change of a waits");
-        let other = tokio::time::timeout(Duration::from_millis(50), v.op_lock(&b)).await;
+        let other = tokio::time::timeout(Duration::from_millis(50), v.table.op_lock(&b)).await;
         assert!(other.is_ok(), "a change of b does not wait for a");
         drop(other);
         // The map stays readable while a change holds its volume.
@@ -650,11 +562,11 @@ mod tests {
             .await
             .is_ok());
         drop(held);
-        let again = tokio::time::timeout(Duration::from_millis(50), v.op_lock(&a)).await;
+        let again = tokio::time::timeout(Duration::from_millis(50), v.table.op_lock(&a)).await;
         assert!(again.is_ok(), "free again once released");
         drop(again);
         // Unheld locks leave the table.
-        let _c = v.op_lock(&VolumeId::parse("c").unwrap()).await;
-        assert_eq!(v.ops.lock().unwrap().len(), 1);
+        let _c = v.table.op_lock(&VolumeId::parse("c").unwrap()).await;
+        assert_eq!(v.table.op_locks_held(), 1);
     }
 }

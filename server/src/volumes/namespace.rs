@@ -4,7 +4,8 @@
 //! against the identity first; a restore finds the namespace wherever it now is, or leaves the
 //! volume FAILED with nothing served or erased.
 
-use super::{blocking, Volumes};
+use super::{blocking, Plane, Store, Table};
+use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::record::{BackendRecord, VolumeRecord};
 use std::path::{Path, PathBuf};
@@ -13,13 +14,13 @@ use ublkd_dataplane::{Namespace, NamespaceIdentity};
 /// The namespace an NVMe record's window lies in (None for other backends), checked against
 /// the identity the record keeps: a path that names another namespace now is refused.
 pub(super) async fn of(
-    volumes: &Volumes,
+    plane: &Plane,
     record: &VolumeRecord,
 ) -> Result<Option<Namespace>, VolumeError> {
     let Some((device, recorded)) = nvme(record) else {
         return Ok(None);
     };
-    let ns = identify(volumes, device).await?;
+    let ns = identify(plane, device).await?;
     check(device, recorded, &ns)?;
     Ok(Some(ns))
 }
@@ -27,19 +28,21 @@ pub(super) async fn of(
 /// For a new volume: its namespace found by identity when the request names it so (no path),
 /// identified, checked against an identity the request gave, and the identity recorded.
 pub(super) async fn adopt_identity(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
+    settings: &Settings,
     record: &mut VolumeRecord,
 ) -> Result<Option<Namespace>, VolumeError> {
     let Some((device, recorded)) = nvme(record) else {
         return Ok(None);
     };
     let device = match (device.as_os_str().is_empty(), recorded) {
-        (true, Some(identity)) => find(volumes, identity).await?,
+        (true, Some(identity)) => find(plane, identity).await?,
         _ => device.to_owned(),
     };
-    let ns = identify(volumes, &device).await?;
+    let ns = identify(plane, &device).await?;
     check(&device, recorded, &ns)?;
-    host_use(volumes, &device, ns.identity.as_ref()).await?;
+    host_use(table, plane, settings, &device, ns.identity.as_ref()).await?;
     if let BackendRecord::Nvme {
         device: d,
         identity,
@@ -59,13 +62,15 @@ pub(super) async fn adopt_identity(
 /// record without an identity (written before identities were kept) gets the one its path
 /// holds. Err when no namespace has the identity: nothing may be served or erased.
 pub(super) async fn relocate(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
     record: &VolumeRecord,
 ) -> Result<VolumeRecord, VolumeError> {
     let Some((device, recorded)) = nvme(record) else {
         return Ok(record.clone());
     };
-    let here = identify(volumes, device).await;
+    let here = identify(plane, device).await;
     let (path, found) = match (recorded, here) {
         (None, Ok(ns)) => (device.to_owned(), ns.identity),
         (None, Err(e)) => return Err(e),
@@ -78,7 +83,7 @@ pub(super) async fn relocate(
                     .map_or("unidentified".into(), ToString::to_string),
                 Err(e) => crate::error::chain(e),
             };
-            let path = find(volumes, id).await?;
+            let path = find(plane, id).await?;
             tracing::warn!(volume = %record.id, recorded = %device.display(), now = %path.display(),
                 identity = %id, elsewhere = now, "the volume's namespace has another name this boot: served from its new name");
             (path, Some(id.clone()))
@@ -95,8 +100,8 @@ pub(super) async fn relocate(
     if moved == *record {
         return Ok(moved);
     }
-    volumes.put_record(&moved).await?;
-    if let Some(v) = volumes.inner.lock().await.get_mut(&record.id) {
+    store.put(&moved).await?;
+    if let Some(v) = table.lock().await.get_mut(&record.id) {
         v.record.backend = moved.backend.clone();
     }
     Ok(moved)
@@ -107,26 +112,24 @@ pub(super) async fn relocate(
 /// configuration allows it or a record already claims a window of it: ublkd's own volumes
 /// are what the disk holds then.
 async fn host_use(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
+    settings: &Settings,
     device: &Path,
     identity: Option<&NamespaceIdentity>,
 ) -> Result<(), VolumeError> {
-    if volumes
-        .settings
-        .limits
-        .allows_used_namespace(device, identity)
-    {
+    if settings.limits.allows_used_namespace(device, identity) {
         return Ok(());
     }
     let claimed = {
-        let map = volumes.inner.lock().await;
+        let map = table.lock().await;
         let records = map.values().map(|v| &v.record);
         !crate::windows::claims(device, identity, records, None).is_empty()
     };
     if claimed {
         return Ok(());
     }
-    let (d, handle) = (device.to_owned(), volumes.handle()?);
+    let (d, handle) = (device.to_owned(), plane.handle()?);
     match blocking(move || handle.namespace_host_use(&d)).await? {
         Some(why) => Err(VolumeError::NamespaceInUse {
             device: device.to_owned(),
@@ -158,14 +161,14 @@ fn check(
 
 /// Whether `device` is, right now, the namespace `recorded` names: what every erase checks.
 pub(super) async fn verify(
-    volumes: &Volumes,
+    plane: &Plane,
     device: &Path,
     recorded: Option<&NamespaceIdentity>,
 ) -> Result<(), VolumeError> {
     if recorded.is_none() {
         return Ok(());
     }
-    let ns = identify(volumes, device).await?;
+    let ns = identify(plane, device).await?;
     check(device, recorded, &ns)
 }
 
@@ -179,15 +182,15 @@ fn nvme(record: &VolumeRecord) -> Option<(&Path, Option<&NamespaceIdentity>)> {
 }
 
 /// Identify, on the blocking pool (an ioctl).
-async fn identify(volumes: &Volumes, device: &Path) -> Result<Namespace, VolumeError> {
-    let (device, handle) = (device.to_owned(), volumes.handle()?);
+async fn identify(plane: &Plane, device: &Path) -> Result<Namespace, VolumeError> {
+    let (device, handle) = (device.to_owned(), plane.handle()?);
     blocking(move || handle.identify_namespace(&device)).await
 }
 
 /// The char device of the namespace with `identity`, on the blocking pool (one Identify per
 /// namespace of the node).
-async fn find(volumes: &Volumes, identity: &NamespaceIdentity) -> Result<PathBuf, VolumeError> {
-    let (id, handle) = (identity.clone(), volumes.handle()?);
+async fn find(plane: &Plane, identity: &NamespaceIdentity) -> Result<PathBuf, VolumeError> {
+    let (id, handle) = (identity.clone(), plane.handle()?);
     let found = blocking(move || Ok::<_, VolumeError>(handle.find_namespace(&id))).await?;
     found.ok_or_else(|| VolumeError::NamespaceNotFound(identity.clone()))
 }

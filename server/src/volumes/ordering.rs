@@ -559,11 +559,7 @@ async fn a_rollback_that_cannot_be_written_is_said_and_counted() {
         "the volume says what the next start will do: {:?}",
         a.message
     );
-    assert_eq!(
-        v.rollback_failures
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(v.rollback_failures(), 1);
 }
 
 #[tokio::test]

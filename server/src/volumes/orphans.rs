@@ -2,7 +2,8 @@
 //! adopting, deleting), and volumes that no Kubernetes PersistentVolume names (the CSI
 //! driver's report, kept to be shown; never acted on).
 
-use super::{blocking, create, namespace, now_ms, Volumes};
+use super::{blocking, create, namespace, now_ms, Plane, RecoveryStats, Store, Table};
+use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::Volume;
@@ -11,11 +12,11 @@ use std::time::Instant;
 use ublkd_dataplane::{DevId, DeviceInfo, KernelDevice};
 
 /// ublk devices in the kernel that no registered volume owns.
-pub(super) async fn orphans(volumes: &Volumes) -> Vec<KernelDevice> {
-    let Some(handle) = volumes.handle.clone() else {
+pub(super) async fn orphans(table: &Table, plane: &Plane) -> Vec<KernelDevice> {
+    let Some(handle) = plane.running() else {
         return Vec::new();
     };
-    let map = volumes.inner.lock().await;
+    let map = table.lock().await;
     let known: std::collections::BTreeSet<DevId> =
         map.values().filter_map(|v| v.record.dev_id).collect();
     drop(map);
@@ -30,13 +31,16 @@ pub(super) async fn orphans(volumes: &Volumes) -> Vec<KernelDevice> {
 /// Replaces the CSI driver's report of the volumes no PersistentVolume names. Ids of no
 /// volume here are kept out (the driver's view may be a moment old).
 /// Returns the ids that were not in the last report.
-pub(super) async fn report_without_pv(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-    let map = volumes.inner.lock().await;
+pub(super) async fn report_without_pv(
+    table: &Table,
+    without_pv: &std::sync::Mutex<std::collections::BTreeSet<VolumeId>>,
+    ids: Vec<VolumeId>,
+) -> Vec<VolumeId> {
+    let map = table.lock().await;
     let ids: std::collections::BTreeSet<VolumeId> =
         ids.into_iter().filter(|id| map.contains_key(id)).collect();
     drop(map);
-    let mut last = volumes
-        .without_pv
+    let mut last = without_pv
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let new = ids.difference(&last).cloned().collect();
@@ -46,13 +50,15 @@ pub(super) async fn report_without_pv(volumes: &Volumes, ids: Vec<VolumeId>) -> 
 
 /// The volumes no PersistentVolume names, from the driver's last report, of those that
 /// still exist.
-pub(super) async fn without_pv(volumes: &Volumes) -> Vec<VolumeId> {
-    let reported = volumes
-        .without_pv
+pub(super) async fn without_pv(
+    table: &Table,
+    without_pv: &std::sync::Mutex<std::collections::BTreeSet<VolumeId>>,
+) -> Vec<VolumeId> {
+    let reported = without_pv
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let map = volumes.inner.lock().await;
+    let map = table.lock().await;
     reported
         .into_iter()
         .filter(|id| map.contains_key(id))
@@ -61,12 +67,16 @@ pub(super) async fn without_pv(volumes: &Volumes) -> Vec<VolumeId> {
 
 /// Takes over orphan device `dev_id` as volume `record` (whose spec was checked).
 pub(super) async fn adopt(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    settings: &Settings,
+    recoveries: &RecoveryStats,
     dev_id: DevId,
     mut record: VolumeRecord,
 ) -> Result<Volume, VolumeError> {
-    let _op = volumes.op_lock(&record.id).await;
-    let orphan = orphans(volumes)
+    let _op = table.op_lock(&record.id).await;
+    let orphan = orphans(table, plane)
         .await
         .into_iter()
         .find(|d| d.dev_id == dev_id)
@@ -76,7 +86,7 @@ pub(super) async fn adopt(
     }
     record.dev_id = Some(dev_id);
     record.created_unix_ms = now_ms();
-    let namespace = namespace::of(volumes, &record).await?;
+    let namespace = namespace::of(plane, &record).await?;
     if let (Some(ns), crate::record::BackendRecord::Nvme { identity, .. }) =
         (&namespace, &mut record.backend)
     {
@@ -85,36 +95,42 @@ pub(super) async fn adopt(
         }
     }
     {
-        let mut map = volumes.inner.lock().await;
+        let mut map = table.lock().await;
         if map.contains_key(&record.id) {
             return Err(VolumeError::AdoptConflict(record.id));
         }
         // The same checks as a create: an adopted device must not serve another record's
         // window or backing file.
-        create::admit(volumes, &mut record, namespace, false, &map)?;
+        create::admit(settings, &mut record, namespace, false, &map)?;
         map.insert(record.id.clone(), Volume::creating(record.clone()));
     }
-    let adopted = take_over(volumes, &record).await;
-    create::settle(volumes, record, adopted).await
+    let adopted = take_over(store, plane, settings, recoveries, &record).await;
+    create::settle(table, record, adopted).await
 }
 
 /// The record goes first (review L4, issue 55): written after the takeover, a failed write
 /// left a device served that no record named, its window unclaimed for the next placed create
 /// to erase. A crash after the write leaves a record whose device the next start takes over; a
 /// takeover that fails removes the record again.
-async fn take_over(volumes: &Volumes, record: &VolumeRecord) -> Result<DeviceInfo, VolumeError> {
-    create::prepare_backing_file(volumes, record).await?;
-    let handle = volumes.handle()?;
-    volumes.put_record(record).await?;
-    let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
+async fn take_over(
+    store: &Store,
+    plane: &Plane,
+    settings: &Settings,
+    recoveries: &RecoveryStats,
+    record: &VolumeRecord,
+) -> Result<DeviceInfo, VolumeError> {
+    create::prepare_backing_file(record).await?;
+    let handle = plane.handle()?;
+    store.put(record).await?;
+    let spec = crate::convert::device_spec(record, &settings.ram_dir);
     let started = Instant::now();
     match blocking(move || handle.recover_device(spec)).await {
         Ok(info) => {
-            volumes.recoveries.record(started.elapsed());
+            recoveries.record(started.elapsed());
             Ok(info)
         }
         Err(e) => {
-            if let Err(r) = volumes.remove_record(&record.id).await {
+            if let Err(r) = store.remove(&record.id).await {
                 tracing::error!(volume = %record.id, error = %crate::error::chain(&r), "a failed adopt's record could not be removed: the next start takes the device over");
             }
             Err(e)
@@ -123,10 +139,18 @@ async fn take_over(volumes: &Volumes, record: &VolumeRecord) -> Result<DeviceInf
 }
 
 /// Deletes orphan device `dev_id`.
-pub(super) async fn delete_orphan(volumes: &Volumes, dev_id: DevId) -> Result<(), VolumeError> {
-    if !orphans(volumes).await.iter().any(|d| d.dev_id == dev_id) {
+pub(super) async fn delete_orphan(
+    table: &Table,
+    plane: &Plane,
+    dev_id: DevId,
+) -> Result<(), VolumeError> {
+    if !orphans(table, plane)
+        .await
+        .iter()
+        .any(|d| d.dev_id == dev_id)
+    {
         return Err(VolumeError::LookupOrphan(dev_id));
     }
-    let handle = volumes.handle()?;
+    let handle = plane.handle()?;
     blocking(move || handle.delete_foreign_device(dev_id)).await
 }

@@ -1,6 +1,6 @@
 //! Changing a volume's I/O limits: recorded first, then handed to its device if one serves it.
 
-use super::{blocking, Volumes};
+use super::{blocking, Plane, Store, Table};
 use crate::error::VolumeError;
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;
@@ -10,33 +10,35 @@ use ublkd_dataplane::QosLimits;
 /// the dataplane if the volume is being served. A volume not being served (FAILED, or
 /// waiting for recovery) keeps them for when it is.
 pub(super) async fn set_qos(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
     id: &VolumeId,
     qos: QosLimits,
 ) -> Result<Volume, VolumeError> {
-    let _op = volumes.op_lock(id).await;
-    let vol = volumes.get(id).await?;
+    let _op = table.op_lock(id).await;
+    let vol = table.get(id).await?;
     if vol.record.qos == qos {
         return Ok(vol);
     }
     let mut record = vol.record.clone();
     record.qos = qos;
-    volumes.put_record(&record).await?;
+    store.put(&record).await?;
     let updated = match vol.device.as_ref() {
         Some(info) => {
-            let handle = volumes.handle()?;
+            let handle = plane.handle()?;
             let dev_id = info.dev_id;
             match blocking(move || handle.set_qos(dev_id, qos)).await {
                 Ok(updated) => Some(updated),
                 Err(e) => {
-                    volumes.roll_back(&vol.record, &record).await;
+                    store.roll_back(table, &vol.record, &record).await;
                     return Err(e);
                 }
             }
         }
         None => None,
     };
-    let mut map = volumes.inner.lock().await;
+    let mut map = table.lock().await;
     let v = map
         .get_mut(id)
         .ok_or_else(|| VolumeError::LookupVolume(id.clone()))?;

@@ -2,7 +2,8 @@
 //! backing file grown, the new size recorded, the new range erased, then the device told; a
 //! refused resize puts the old record back.
 
-use super::{blocking, create, erase, namespace, Volumes};
+use super::{blocking, create, erase, namespace, Plane, Store, Table};
+use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::BackendRecord;
@@ -11,13 +12,16 @@ use crate::volume_id::VolumeId;
 use ublkd_dataplane::Growth;
 
 pub(super) async fn resize(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    settings: &Settings,
     id: &VolumeId,
     size: u64,
 ) -> Result<Volume, VolumeError> {
-    let _op = volumes.op_lock(id).await;
-    let vol = volumes.get(id).await?;
-    crate::validate::size(size, vol.record.block_size, &volumes.settings)?;
+    let _op = table.op_lock(id).await;
+    let vol = table.get(id).await?;
+    crate::validate::size(size, vol.record.block_size, settings)?;
     if size < vol.record.size_bytes {
         return Err(VolumeError::ResizeShrink {
             id: id.clone(),
@@ -34,7 +38,7 @@ pub(super) async fn resize(
             state: vol.state.name(),
         });
     };
-    let handle = volumes.handle()?;
+    let handle = plane.handle()?;
     // The new size is recorded first: after a crash the next start applies it.
     let mut record = vol.record.clone();
     record.size_bytes = size;
@@ -64,15 +68,15 @@ pub(super) async fn resize(
     // volume's growth may take after every other file volume there), and an NVMe window's
     // growth past the namespace's end or into any other record's window (refused served or
     // not: the dataplane only sees the devices it serves right now).
-    let namespace = namespace::of(volumes, &record).await?;
+    let namespace = namespace::of(plane, &record).await?;
     {
-        let mut map = volumes.inner.lock().await;
+        let mut map = table.lock().await;
         create::claim_window(&mut record, namespace, false, &map)?;
-        create::admit_memory(volumes, &record, &map)?;
+        create::admit_memory(settings, &record, &map)?;
         crate::capacity::admit_file_growth(
             &vol.record,
             size,
-            &volumes.settings.allowed_roots,
+            &settings.allowed_roots,
             map.values().map(|v| &v.record),
         )?;
         // The grown size and window are claimed from here: a create placing a window, or
@@ -86,14 +90,14 @@ pub(super) async fn resize(
         if let Err(e) = blocking(move || grow_backing_file(&path, create, size)).await {
             // Nothing was recorded yet: only the map's claim goes back (a refused change
             // writes nothing).
-            if let Some(v) = volumes.inner.lock().await.get_mut(id) {
+            if let Some(v) = table.lock().await.get_mut(id) {
                 v.record = vol.record.clone();
             }
             return Err(e);
         }
     }
-    if let Err(e) = volumes.put_record(&record).await {
-        volumes.roll_back(&vol.record, &record).await;
+    if let Err(e) = store.put(&record).await {
+        store.roll_back(table, &vol.record, &record).await;
         return Err(e);
     }
     fault_point(Point::ResizeAfterRecord);
@@ -101,28 +105,31 @@ pub(super) async fn resize(
     // dataplane's control thread, its progress in the volume's message; then recorded
     // done before the device's size reaches it, so no later start erases the tenant's
     // writes there.
-    let growth = match (record.erase_pending, crate::windows::nvme_device(&record)) {
-        (Some(pending), Some(device)) => {
-            let erased =
-                match erase::erase_range(volumes, id, device, pending, "window's growth").await {
-                    Ok(()) => {
-                        record.erase_pending = None;
-                        volumes.put_record(&record).await
-                    }
-                    Err(e) => Err(e),
-                };
-            if let Err(e) = erased {
-                volumes.roll_back(&vol.record, &record).await;
-                return Err(e);
+    let growth =
+        match (record.erase_pending, crate::windows::nvme_device(&record)) {
+            (Some(pending), Some(device)) => {
+                let erased =
+                    match erase::erase_range(table, plane, id, device, pending, "window's growth")
+                        .await
+                    {
+                        Ok(()) => {
+                            record.erase_pending = None;
+                            store.put(&record).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                if let Err(e) = erased {
+                    store.roll_back(table, &vol.record, &record).await;
+                    return Err(e);
+                }
+                Growth::Erased
             }
-            Growth::Erased
-        }
-        _ => Growth::Erase,
-    };
+            _ => Growth::Erase,
+        };
     match blocking(move || handle.resize_device(info.dev_id, size, growth)).await {
         Ok(updated) => {
             fault_point(Point::ResizeAfterDevice);
-            let mut map = volumes.inner.lock().await;
+            let mut map = table.lock().await;
             let v = map
                 .get_mut(id)
                 .ok_or_else(|| VolumeError::LookupVolume(id.clone()))?;
@@ -131,7 +138,7 @@ pub(super) async fn resize(
             Ok(v.clone())
         }
         Err(e) => {
-            volumes.roll_back(&vol.record, &record).await;
+            store.roll_back(table, &vol.record, &record).await;
             Err(e)
         }
     }

@@ -1,7 +1,10 @@
 //! Bringing the registry's volumes back at start: take over the devices that survived, create
 //! the others again, finish interrupted deletes.
 
-use super::{blocking, create, delete, erase, snapshots, Volumes};
+use super::{
+    blocking, create, delete, erase, snapshots, Plane, RecoveryStats, Snaps, Store, Table,
+};
+use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::{State, Volume};
@@ -12,13 +15,13 @@ use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, KernelDevice};
 
 /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
 /// clients see the whole node at once. `restore` then brings them up.
-pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
-    let snapshots_readable = snapshots::load_snapshots(volumes).await?;
-    let (records, report) = volumes.registry.load()?;
+pub(super) async fn load(table: &Table, store: &Store, snaps: &Snaps) -> Result<(), VolumeError> {
+    let snapshots_readable = snapshots::load_snapshots(snaps).await?;
+    let (records, report) = store.registry().load()?;
     for path in &report.corrupt {
         tracing::warn!(path = %path.display(), "unreadable volume record moved aside");
     }
-    let mut map = volumes.inner.lock().await;
+    let mut map = table.lock().await;
     for record in records {
         map.insert(
             record.id.clone(),
@@ -31,10 +34,10 @@ pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
         );
     }
     drop(map);
-    snapshots::finish_file_intents(volumes).await?;
+    snapshots::finish_file_intents(table, snaps).await?;
     // A copy whose record could not be read is not a stray: kept for a person to look at.
     if snapshots_readable {
-        snapshots::remove_stray_copies(volumes).await;
+        snapshots::remove_stray_copies(table, snaps).await;
     }
     Ok(())
 }
@@ -44,27 +47,50 @@ pub(super) async fn load(volumes: &Volumes) -> Result<(), VolumeError> {
 /// finishes deletes that a crash interrupted. Volumes that cannot come up are FAILED with the
 /// reason.
 /// Returns the volumes that failed; [`Volumes::restore_again`] retries them.
-pub(super) async fn restore(volumes: &Volumes) -> Vec<VolumeId> {
-    let ids: Vec<VolumeId> = volumes.inner.lock().await.keys().cloned().collect();
-    restore_ids(volumes, ids).await
+pub(super) async fn restore(
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
+    recoveries: &RecoveryStats,
+) -> Vec<VolumeId> {
+    let ids: Vec<VolumeId> = table.lock().await.keys().cloned().collect();
+    restore_ids(table, store, plane, snaps, settings, recoveries, ids).await
 }
 
 /// Tries again to restore the volumes `ids` that are still FAILED (a takeover that failed
 /// half way resumes where it stopped: the device stayed quiesced, nothing was deleted).
 /// Returns those that failed again.
-pub(super) async fn restore_again(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
-    let map = volumes.inner.lock().await;
+pub(super) async fn restore_again(
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
+    recoveries: &RecoveryStats,
+    ids: Vec<VolumeId>,
+) -> Vec<VolumeId> {
+    let map = table.lock().await;
     let ids: Vec<VolumeId> = ids
         .into_iter()
         .filter(|id| map.get(id).is_some_and(|v| v.state == State::Failed))
         .collect();
     drop(map);
-    restore_ids(volumes, ids).await
+    restore_ids(table, store, plane, snaps, settings, recoveries, ids).await
 }
 
-async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
+async fn restore_ids(
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
+    recoveries: &RecoveryStats,
+    ids: Vec<VolumeId>,
+) -> Vec<VolumeId> {
     let mut failed = Vec::new();
-    let kernel: BTreeMap<DevId, KernelDevice> = match volumes.handle() {
+    let kernel: BTreeMap<DevId, KernelDevice> = match plane.handle() {
         Ok(h) => blocking(move || h.kernel_devices())
             .await
             .unwrap_or_default()
@@ -76,8 +102,8 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
     for id in ids {
         // One volume at a time, each under its own operation lock: the map is locked only
         // to read the record and to store the outcome, so the API stays responsive.
-        let _op = volumes.op_lock(&id).await;
-        let Some(vol) = volumes.inner.lock().await.get(&id).cloned() else {
+        let _op = table.op_lock(&id).await;
+        let Some(vol) = table.lock().await.get(&id).cloned() else {
             continue;
         };
         let started = Instant::now();
@@ -86,13 +112,13 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
         // in a loop while it restores them.
         let admitted = match vol.record.deleting {
             true => Ok(()),
-            false => admit_memory(volumes, &vol.record).await,
+            false => admit_memory(table, settings, &vol.record).await,
         };
         let outcome = match admitted {
-            Ok(()) => restore_one(volumes, &vol.record, &kernel).await,
+            Ok(()) => restore_one(table, store, plane, snaps, settings, &vol.record, &kernel).await,
             Err(e) => Err(e),
         };
-        let mut map = volumes.inner.lock().await;
+        let mut map = table.lock().await;
         match outcome {
             Ok(None) => {
                 map.remove(&id);
@@ -100,7 +126,7 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
             }
             Ok(Some((info, recovered))) => {
                 if recovered {
-                    volumes.recoveries.record(started.elapsed());
+                    recoveries.record(started.elapsed());
                 }
                 tracing::info!(
                     volume = %id,
@@ -124,10 +150,10 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
                 if moved {
                     let record = v.record.clone();
                     drop(map);
-                    if let Err(e) = volumes.put_record(&record).await {
+                    if let Err(e) = store.put(&record).await {
                         let why = crate::error::chain(&e);
                         tracing::error!(volume = %id, error = %why, "the device id a restored volume got could not be recorded");
-                        volumes
+                        table
                             .set_message(&id, &format!("its new device id is not recorded ({why})"))
                             .await;
                     }
@@ -149,14 +175,18 @@ async fn restore_ids(volumes: &Volumes, ids: Vec<VolumeId>) -> Vec<VolumeId> {
 
 /// Whether `record` fits ublkd's memory limit next to the volumes that hold memory now (served,
 /// being made or deleted; not those still to restore, nor FAILED ones).
-async fn admit_memory(volumes: &Volumes, record: &VolumeRecord) -> Result<(), VolumeError> {
-    let map = volumes.inner.lock().await;
+async fn admit_memory(
+    table: &Table,
+    settings: &Settings,
+    record: &VolumeRecord,
+) -> Result<(), VolumeError> {
+    let map = table.lock().await;
     let holding = map
         .values()
         .filter(|v| v.record.id != record.id)
         .filter(|v| !matches!(v.state, State::Recovering | State::Failed))
         .map(|v| &v.record);
-    let limit = volumes.settings.memory_limit;
+    let limit = settings.memory_limit;
     if let Some(left) = crate::capacity::memory_left(limit, holding) {
         let need = crate::capacity::memory_bytes(record);
         if need > left {
@@ -168,14 +198,18 @@ async fn admit_memory(volumes: &Volumes, record: &VolumeRecord) -> Result<(), Vo
 
 /// Ok(None): the volume was being deleted and now is gone. Ok(Some((device, recovered))).
 async fn restore_one(
-    volumes: &Volumes,
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    snaps: &Snaps,
+    settings: &Settings,
     record: &VolumeRecord,
     kernel: &BTreeMap<DevId, KernelDevice>,
 ) -> Result<Option<(DeviceInfo, bool)>, VolumeError> {
-    let handle = volumes.handle()?;
+    let handle = plane.handle()?;
     // An NVMe window's namespace where it is this boot (found by its identity), or nothing is
     // served or erased: the volume is FAILED with the reason.
-    let record = &super::namespace::relocate(volumes, record).await?;
+    let record = &super::namespace::relocate(table, store, plane, record).await?;
     let existing = record
         .dev_id
         .and_then(|id| kernel.get(&id))
@@ -185,11 +219,11 @@ async fn restore_one(
             let (h, id) = (handle.clone(), dev.dev_id);
             blocking(move || h.delete_foreign_device(id)).await?;
         }
-        delete::erase_deleted_window(volumes, record).await?;
+        delete::erase_deleted_window(table, plane, record).await?;
         delete::remove_backing_file(record).await?;
-        delete::forget_file_intent(volumes, &record.id).await?;
-        volumes.remove_ram_file(record);
-        volumes.remove_record(&record.id).await?;
+        delete::forget_file_intent(snaps, &record.id).await?;
+        super::remove_ram_file(&settings.ram_dir, record);
+        store.remove(&record.id).await?;
         return Ok(None);
     }
     if let (Some(pending), Some(device)) =
@@ -210,20 +244,28 @@ async fn restore_one(
         if !done {
             tracing::info!(volume = %record.id, from = pending.from, to = pending.to,
                 "finishing an erase the crash interrupted before the window is served");
-            erase::erase_range(volumes, &record.id, device, pending, "interrupted erase").await?;
+            erase::erase_range(
+                table,
+                plane,
+                &record.id,
+                device,
+                pending,
+                "interrupted erase",
+            )
+            .await?;
         }
         // Known erased on disk before the device serves: a pending erase left recorded
         // while the tenant writes would wipe those writes at the next start without a
         // surviving device.
         let mut erased = record.clone();
         erased.erase_pending = None;
-        volumes.put_record(&erased).await?;
-        if let Some(v) = volumes.inner.lock().await.get_mut(&record.id) {
+        store.put(&erased).await?;
+        if let Some(v) = table.lock().await.get_mut(&record.id) {
             v.record.erase_pending = None;
         }
     }
     if existing.is_some() {
-        let spec = crate::convert::device_spec(record, &volumes.settings.ram_dir);
+        let spec = crate::convert::device_spec(record, &settings.ram_dir);
         let h = handle.clone();
         match blocking(move || h.recover_device(spec)).await {
             Ok(info) => return Ok(Some((info, true))),
@@ -240,7 +282,7 @@ async fn restore_one(
         }
     }
     // A restored volume holds its tenant's data: nothing more is erased.
-    create::bring_up(volumes, record)
+    create::bring_up(table, plane, settings, record)
         .await
         .map(|i| Some((i, false)))
 }

@@ -9,29 +9,55 @@
 //! own time and touches no kernel state. FICLONE flushes the source's dirty pages and locks
 //! both inodes, so it is one point in time against the backend's own writes too.
 
-use super::{blocking, now_ms, Volumes};
+use super::{blocking, now_ms, Plane, Table};
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::SourceRecord;
 use crate::record::{BackendRecord, VolumeRecord};
+use crate::registry::Registry;
 use crate::snapshot::{snapshot_path, SNAPSHOT_DIR};
 use crate::snapshot::{FileIntent, SnapshotId, SnapshotRecord};
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
 use std::path::Path;
 use std::path::PathBuf;
 use std::time::Instant;
+use tokio::sync::Mutex;
+
+/// The snapshots, and the file intents (clones and new file volumes whose backing file is
+/// being made): what a snapshot, a clone or a new file volume's file is made with.
+#[derive(Debug)]
+pub(super) struct Snaps {
+    pub(super) registry: Registry<SnapshotRecord>,
+    /// Every snapshot; its lock is held only to read or record.
+    pub(super) map: Mutex<BTreeMap<SnapshotId, SnapshotRecord>>,
+    /// Snapshot ids being taken, and of which volume: reserved while their copy is made.
+    pub(super) taking: std::sync::Mutex<BTreeMap<SnapshotId, VolumeId>>,
+    pub(super) intents: Registry<FileIntent>,
+}
+
+impl Snaps {
+    pub(super) fn new(registry: Registry<SnapshotRecord>, intents: Registry<FileIntent>) -> Self {
+        Snaps {
+            registry,
+            map: Mutex::new(BTreeMap::new()),
+            taking: std::sync::Mutex::new(BTreeMap::new()),
+            intents,
+        }
+    }
+}
 
 /// Loads the snapshot registry (at start, before volumes are restored).
 /// Returns whether every snapshot record could be read (stray copies are removed only then).
-pub(super) async fn load_snapshots(volumes: &Volumes) -> Result<bool, VolumeError> {
-    let (records, report) = volumes.snapshot_registry.load()?;
+pub(super) async fn load_snapshots(snaps: &Snaps) -> Result<bool, VolumeError> {
+    let (records, report) = snaps.registry.load()?;
     for path in &report.corrupt {
         tracing::warn!(path = %path.display(), "unreadable snapshot record moved aside");
     }
-    let mut map = volumes.snapshots.lock().await;
+    let mut map = snaps.map.lock().await;
     for r in records {
         map.insert(r.id.clone(), r);
     }
@@ -43,12 +69,12 @@ pub(super) async fn load_snapshots(volumes: &Volumes) -> Result<bool, VolumeErro
 /// snapshot that died before its record (review L12, issue 55: only a retry of the same id
 /// removed them, and their reflinked blocks diverge from the volume's over time). Only ublkd
 /// writes there; a file that cannot be removed is logged and left for the next start.
-pub(super) async fn remove_stray_copies(volumes: &Volumes) {
-    let named: std::collections::BTreeSet<PathBuf> = (volumes.snapshots.lock().await)
+pub(super) async fn remove_stray_copies(table: &Table, snaps: &Snaps) {
+    let named: std::collections::BTreeSet<PathBuf> = (snaps.map.lock().await)
         .values()
         .map(|r| r.path.clone())
         .collect();
-    let dirs: std::collections::BTreeSet<PathBuf> = (volumes.inner.lock().await)
+    let dirs: std::collections::BTreeSet<PathBuf> = (table.lock().await)
         .values()
         .filter_map(|v| match &v.record.backend {
             BackendRecord::File { path, .. } => path.parent().map(|d| d.join(SNAPSHOT_DIR)),
@@ -91,7 +117,9 @@ pub(super) async fn remove_stray_copies(volumes: &Volumes) {
 /// Takes snapshot `id` of file volume `source`; the existing one if `id` was already taken
 /// of the same volume.
 pub(super) async fn create_snapshot(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
+    snaps: &Snaps,
     id: SnapshotId,
     source: VolumeId,
 ) -> Result<SnapshotRecord, VolumeError> {
@@ -99,9 +127,9 @@ pub(super) async fn create_snapshot(
     // is held only to check and to record: the drain, the reflink and its fsyncs run
     // without it, so one volume's slow snapshot holds up no other volume's. The id is
     // reserved meanwhile (`snapshots_taking`).
-    let _op = volumes.op_lock(&source).await;
+    let _op = table.op_lock(&source).await;
     {
-        let snapshots = volumes.snapshots.lock().await;
+        let snapshots = snaps.map.lock().await;
         if let Some(existing) = snapshots.get(&id) {
             if existing.source == source {
                 return Ok(existing.clone());
@@ -111,8 +139,8 @@ pub(super) async fn create_snapshot(
                 source_volume: existing.source.clone(),
             });
         }
-        let mut taking = volumes
-            .snapshots_taking
+        let mut taking = snaps
+            .taking
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(other) = taking.get(&id) {
@@ -125,9 +153,9 @@ pub(super) async fn create_snapshot(
         }
         taking.insert(id.clone(), source.clone());
     }
-    let taken = take_snapshot(volumes, &id, &source).await;
-    volumes
-        .snapshots_taking
+    let taken = take_snapshot(table, plane, snaps, &id, &source).await;
+    snaps
+        .taking
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .remove(&id);
@@ -136,13 +164,15 @@ pub(super) async fn create_snapshot(
 
 /// The copy and the record of snapshot `id` of `source`, whose id is reserved.
 async fn take_snapshot(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
+    snaps: &Snaps,
     id: &SnapshotId,
     source: &VolumeId,
 ) -> Result<SnapshotRecord, VolumeError> {
     let id = id.clone();
     let source = source.clone();
-    let vol = volumes.get(&source).await?;
+    let vol = table.get(&source).await?;
     let backing = file_backing(&vol)?;
     let path = snapshot_path(&backing, &id);
     // The directory made, and the copy of an earlier try of this id that died before its
@@ -175,7 +205,7 @@ async fn take_snapshot(
         tracing::warn!(snapshot = %id, path = %path.display(), "removed the copy of an interrupted snapshot");
     }
     let started = Instant::now();
-    reflink_drained(volumes, &vol, &backing, &path).await?;
+    reflink_drained(plane, &vol, &backing, &path).await?;
     fault_point(Point::SnapshotAfterReflink);
     let record = SnapshotRecord {
         id: id.clone(),
@@ -184,7 +214,7 @@ async fn take_snapshot(
         path: path.clone(),
         created_unix_ms: now_ms(),
     };
-    let (registry, stored) = (volumes.snapshot_registry.clone(), record.clone());
+    let (registry, stored) = (snaps.registry.clone(), record.clone());
     if let Err(e) = blocking(move || registry.put(&stored)).await {
         // A copy left behind is removed by the next try of this id, or the next start (no
         // record names it).
@@ -192,20 +222,20 @@ async fn take_snapshot(
         return Err(e);
     }
     tracing::info!(snapshot = %id, volume = %record.source, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
-    volumes.snapshots.lock().await.insert(id, record.clone());
+    snaps.map.lock().await.insert(id, record.clone());
     Ok(record)
 }
 
 /// Deletes snapshot `id` and its copy; Ok(false) if it did not exist and `allow_missing`.
 pub(super) async fn delete_snapshot(
-    volumes: &Volumes,
+    snaps: &Snaps,
     id: &SnapshotId,
     allow_missing: bool,
 ) -> Result<bool, VolumeError> {
     // Taken out of the map for the time of the removal: the snapshots' lock is not held across
     // the unlink and the registry's fsync (review A14/L7, issue 55), and no clone starts from
     // a snapshot being deleted. Put back if the removal fails.
-    let Some(record) = volumes.snapshots.lock().await.remove(id) else {
+    let Some(record) = snaps.map.lock().await.remove(id) else {
         if allow_missing {
             return Ok(false);
         }
@@ -213,11 +243,7 @@ pub(super) async fn delete_snapshot(
     };
     // Unlinking a copy frees its extents, and the record's removal fsyncs: both on the
     // blocking pool, not on one of the runtime's two threads.
-    let (path, registry, key) = (
-        record.path.clone(),
-        volumes.snapshot_registry.clone(),
-        id.clone(),
-    );
+    let (path, registry, key) = (record.path.clone(), snaps.registry.clone(), id.clone());
     let removed = blocking(move || {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -228,7 +254,7 @@ pub(super) async fn delete_snapshot(
     })
     .await;
     if let Err(e) = removed {
-        volumes.snapshots.lock().await.insert(id.clone(), record);
+        snaps.map.lock().await.insert(id.clone(), record);
         return Err(e);
     }
     Ok(true)
@@ -236,12 +262,12 @@ pub(super) async fn delete_snapshot(
 
 /// Snapshots, by id, optionally only `id` or only those of volume `source`.
 pub(super) async fn list_snapshots(
-    volumes: &Volumes,
+    snaps: &Snaps,
     id: Option<&str>,
     source: Option<&str>,
 ) -> Vec<SnapshotRecord> {
-    volumes
-        .snapshots
+    snaps
+        .map
         .lock()
         .await
         .values()
@@ -255,14 +281,16 @@ pub(super) async fn list_snapshots(
 /// snapshot's copy, or of the source volume's backing file taken drained, grown to the
 /// clone's size. Returns the file made (the caller removes it if the create fails later).
 pub(super) async fn make_clone_file(
-    volumes: &Volumes,
+    table: &Table,
+    plane: &Plane,
+    snaps: &Snaps,
     record: &VolumeRecord,
 ) -> Result<Option<PathBuf>, VolumeError> {
     let (Some(src), BackendRecord::File { path, .. }) = (&record.source, &record.backend) else {
         return Ok(None);
     };
     if path.exists() {
-        if !has_file_intent(volumes, &record.id, path) {
+        if !has_file_intent(snaps, &record.id, path) {
             return Err(VolumeError::CloneTargetExists { path: path.clone() });
         }
         // Made by an earlier try of this create that died before the volume's record.
@@ -272,11 +300,11 @@ pub(super) async fn make_clone_file(
         })?;
         tracing::warn!(volume = %record.id, path = %path.display(), "removed the backing file of an interrupted clone");
     }
-    begin_file_intent(volumes, &record.id, path).await?;
+    begin_file_intent(snaps, &record.id, path).await?;
     let source_size = match src {
         SourceRecord::Snapshot(sid) => {
-            let snap = volumes
-                .snapshots
+            let snap = snaps
+                .map
                 .lock()
                 .await
                 .get(sid)
@@ -295,10 +323,10 @@ pub(super) async fn make_clone_file(
                 )));
             }
             // The create holds `vid`'s operation lock (`Volumes::op_locks`).
-            let vol = volumes.get(vid).await?;
+            let vol = table.get(vid).await?;
             let backing = file_backing(&vol)?;
             check_clone_size(record.size_bytes, vol.record.size_bytes)?;
-            reflink_drained(volumes, &vol, &backing, path).await?;
+            reflink_drained(plane, &vol, &backing, path).await?;
             vol.record.size_bytes
         }
     };
@@ -324,8 +352,8 @@ pub(super) async fn make_clone_file(
 }
 
 /// Whether an intent of volume `id` names `path` (a file an interrupted create made).
-fn has_file_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
-    volumes
+fn has_file_intent(snaps: &Snaps, id: &VolumeId, path: &Path) -> bool {
+    snaps
         .intents
         .load()
         .is_ok_and(|(all, _)| all.iter().any(|i| &i.id == id && i.path == path))
@@ -334,12 +362,12 @@ fn has_file_intent(volumes: &Volumes, id: &VolumeId, path: &Path) -> bool {
 /// The file at `path` is ublkd's until volume `id`'s record names it: its intent is written
 /// (on the blocking pool) before the file is made.
 pub(super) async fn begin_file_intent(
-    volumes: &Volumes,
+    snaps: &Snaps,
     id: &VolumeId,
     path: &Path,
 ) -> Result<(), VolumeError> {
     let (intents, intent) = (
-        volumes.intents.clone(),
+        snaps.intents.clone(),
         FileIntent {
             id: id.clone(),
             path: path.to_owned(),
@@ -349,8 +377,8 @@ pub(super) async fn begin_file_intent(
 }
 
 /// The clone's file is the volume's now (or gone): its intent goes (on the blocking pool).
-pub(super) async fn end_file_intent(volumes: &Volumes, id: &VolumeId) {
-    let (intents, key) = (volumes.intents.clone(), id.clone());
+pub(super) async fn end_file_intent(snaps: &Snaps, id: &VolumeId) {
+    let (intents, key) = (snaps.intents.clone(), id.clone());
     if let Err(e) = blocking(move || intents.remove(key.as_str())).await {
         // Harmless: the next start finds the volume's record and drops the intent then.
         tracing::warn!(volume = %id, error = %crate::error::chain(&e), "clone intent not removed");
@@ -360,9 +388,9 @@ pub(super) async fn end_file_intent(volumes: &Volumes, id: &VolumeId) {
 /// At start, after the volumes' records are loaded: an intent whose volume has a record is
 /// done; one without names the file of a create (or clone) that died before its record,
 /// removed now.
-pub(super) async fn finish_file_intents(volumes: &Volumes) -> Result<(), VolumeError> {
-    let (intents, _) = volumes.intents.load()?;
-    let map = volumes.inner.lock().await;
+pub(super) async fn finish_file_intents(table: &Table, snaps: &Snaps) -> Result<(), VolumeError> {
+    let (intents, _) = snaps.intents.load()?;
+    let map = table.lock().await;
     for intent in intents {
         if !map.contains_key(&intent.id) {
             match std::fs::remove_file(&intent.path) {
@@ -378,7 +406,7 @@ pub(super) async fn finish_file_intents(volumes: &Volumes) -> Result<(), VolumeE
                 }
             }
         }
-        let (intents, key) = (volumes.intents.clone(), intent.id.clone());
+        let (intents, key) = (snaps.intents.clone(), intent.id.clone());
         blocking(move || intents.remove(key.as_str())).await?;
     }
     Ok(())
@@ -387,12 +415,12 @@ pub(super) async fn finish_file_intents(volumes: &Volumes) -> Result<(), VolumeE
 /// Reflinks `vol`'s backing file to `to` with the volume drained for the instant of the
 /// clone (a volume not being served has no I/O to drain).
 async fn reflink_drained(
-    volumes: &Volumes,
+    plane: &Plane,
     vol: &Volume,
     backing: &Path,
     to: &Path,
 ) -> Result<(), VolumeError> {
-    let drain = match (&vol.device, volumes.handle()) {
+    let drain = match (&vol.device, plane.handle()) {
         (Some(d), Ok(h)) => Some((h, d.dev_id)),
         _ => None,
     };

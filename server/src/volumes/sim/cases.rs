@@ -101,8 +101,11 @@ fn an_adopted_device_takes_no_other_volumes_file_or_window() {
         let o = v.get(&vid("o")).await.unwrap_or_else(|e| panic!("{e}"));
         let dev = o.record.dev_id.unwrap_or(DevId(u32::MAX));
         kernel.orphan(dev);
-        v.registry.remove("o").unwrap_or_else(|e| panic!("{e}"));
-        v.inner.lock().await.remove(&vid("o"));
+        v.store
+            .registry()
+            .remove("o")
+            .unwrap_or_else(|e| panic!("{e}"));
+        v.table.lock().await.remove(&vid("o"));
         let taken = v.adopt(dev, base_record(vid("b"), 4 * CHUNK, file)).await;
         assert!(
             matches!(
@@ -249,7 +252,7 @@ fn a_reboot_that_swaps_nvme_names_serves_each_volume_from_its_own_namespace() {
         if let BackendRecord::Nvme { identity, .. } = &mut c.backend {
             *identity = Some(ublkd_dataplane::NamespaceIdentity::Eui64([0xff; 8]));
         }
-        v.registry.put(&c).unwrap_or_else(|e| panic!("{e}"));
+        v.store.registry().put(&c).unwrap_or_else(|e| panic!("{e}"));
         kernel.reboot(true);
         kernel.world().calls.clear();
         let v = volumes(&dirs.state, &kernel);
@@ -358,7 +361,7 @@ fn a_pending_erase_is_not_skipped_for_a_device_that_is_not_the_records() {
             from: 0,
             to: 4 * CHUNK,
         });
-        v.registry.put(&a).unwrap_or_else(|e| panic!("{e}"));
+        v.store.registry().put(&a).unwrap_or_else(|e| panic!("{e}"));
         kernel.reboot(false);
         assert!(kernel.foreign(dev, 8 * CHUNK));
         let before = kernel
@@ -401,7 +404,10 @@ fn a_stale_file_intent_never_removes_a_kept_file() {
             id: vid("f"),
             path: path.clone(),
         };
-        v.intents.put(&stale).unwrap_or_else(|e| panic!("{e}"));
+        v.snaps
+            .intents
+            .put(&stale)
+            .unwrap_or_else(|e| panic!("{e}"));
         let deleted = v.delete(&vid("f"), false, false, false).await;
         assert!(deleted.is_ok(), "{deleted:?}");
         assert!(path.exists(), "the delete keeps the file");
