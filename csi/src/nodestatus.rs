@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use ublkd_client::v1;
+use ublkd_proto::BackendKind;
 
 pub const GROUP: &str = "ublkd.io";
 pub const VERSION: &str = "v1alpha1";
@@ -77,16 +78,25 @@ pub struct NodeStatus {
     pub error: String,
 }
 
-/// The backends, as the UblkdNode report names them: the API's kinds (`From`, and a test that
-/// the names are theirs), a type of its own because the report's schema is a promise of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    File,
-    Ram,
-    Nvme,
-    #[default]
-    Null,
+/// A backend kind in the report: the API's name for it (`BackendKind::name`), so that a kind
+/// is named the same in the API, the StorageClass, the metrics and here, from one list.
+mod kind_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use ublkd_proto::BackendKind;
+
+    pub fn serialize<S: Serializer>(kind: &BackendKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BackendKind, D::Error> {
+        let name = String::deserialize(d)?;
+        BackendKind::named(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "backend {name:?} is none of {}",
+                BackendKind::all_names()
+            ))
+        })
+    }
 }
 
 /// The pool a StorageClass of the driver takes its bytes from, on this node.
@@ -94,6 +104,7 @@ pub enum BackendKind {
 #[serde(rename_all = "camelCase", default)]
 pub struct PoolStatus {
     pub storage_class: String,
+    #[serde(with = "kind_name")]
     pub backend: BackendKind,
     /// The file root or the namespace's char device; empty for RAM.
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -114,6 +125,7 @@ pub struct VolumeStatus {
     pub id: String,
     /// ublkd's state word: ready, failed, recovering…
     pub state: String,
+    #[serde(with = "kind_name")]
     pub backend: BackendKind,
     pub size_bytes: u64,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -214,24 +226,10 @@ fn state_word(state: i32) -> String {
     )
 }
 
-/// A volume's backend kind as the report names it (null for a spec without one).
+/// A volume's backend kind (null for a spec without one).
 fn backend_of(spec: Option<&v1::VolumeSpec>) -> BackendKind {
     spec.and_then(|s| s.backend.as_ref())
-        .map_or(BackendKind::Null, |b| {
-            ublkd_proto::BackendKind::of(b).into()
-        })
-}
-
-impl From<ublkd_proto::BackendKind> for BackendKind {
-    fn from(kind: ublkd_proto::BackendKind) -> Self {
-        use ublkd_proto::BackendKind as K;
-        match kind {
-            K::File => BackendKind::File,
-            K::Ram => BackendKind::Ram,
-            K::Nvme => BackendKind::Nvme,
-            K::Null => BackendKind::Null,
-        }
-    }
+        .map_or(BackendKind::Null, BackendKind::of)
 }
 
 /// The volume as the report carries it; its PV and claim are those its create was made for
@@ -569,10 +567,18 @@ mod tests {
     /// The report names each kind as the API does.
     #[test]
     fn the_reports_kinds_are_the_apis() {
-        for kind in ublkd_proto::BackendKind::ALL {
-            let named = serde_json::to_value(BackendKind::from(kind)).unwrap();
-            assert_eq!(named, kind.name());
+        for kind in BackendKind::ALL {
+            let pool = PoolStatus {
+                backend: kind,
+                ..Default::default()
+            };
+            let written = serde_json::to_value(&pool).unwrap();
+            assert_eq!(written["backend"], kind.name());
+            let read: PoolStatus = serde_json::from_value(written).unwrap();
+            assert_eq!(read.backend, kind);
         }
+        let unknown = serde_json::json!({"backend": "tape"});
+        assert!(serde_json::from_value::<PoolStatus>(unknown).is_err());
     }
 
     #[test]

@@ -65,15 +65,10 @@ pub fn content_source(source: &Source) -> spec::VolumeContentSource {
 /// Whether volume `v` can be copied now: a file volume (the others have no file to reflink)
 /// that serves I/O (ublkd drains it for the instant of the copy).
 fn check_copyable(v: &v1::Volume) -> Result<(), CsiError> {
-    use v1::volume_spec::Backend;
-    let kind = match v.spec.as_ref().and_then(|s| s.backend.as_ref()) {
-        Some(Backend::File(_)) => None,
-        Some(Backend::Ram(_)) => Some("RAM"),
-        Some(Backend::Nvme(_)) => Some("NVMe"),
-        Some(Backend::Null(_)) => Some("null"),
-        None => Some("backend-less"),
-    };
-    if let Some(kind) = kind {
+    use ublkd_proto::BackendKind;
+    let kind = v.spec.as_ref().and_then(|s| s.backend.as_ref());
+    let kind = kind.map_or("backend-less", |b| BackendKind::of(b).name());
+    if kind != BackendKind::File.name() {
         return Err(CsiError::SourceUnsupported(format!(
             "volume {:?} is a {kind} volume: snapshots and clones are of file volumes only \
              (StorageClass backend: file, on a file system that can reflink)",

@@ -147,10 +147,7 @@ pub fn pvc_text(claim: &str, pv: &str, report: &Report, v: &VolumeStatus) -> Str
         ("volume", v.id.clone()),
         ("state", v.state.clone()),
         ("device", v.device.clone()),
-        (
-            "backend",
-            json!(v.backend).as_str().unwrap_or("?").to_owned(),
-        ),
+        ("backend", v.backend.name().to_owned()),
         ("size", format!("{} bytes", v.size_bytes)),
         ("qos", limits_text(&v.limits)),
         (

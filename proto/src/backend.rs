@@ -8,10 +8,11 @@
 use crate::v1::get_capacity_request::Backend as CapacityBackend;
 use crate::v1::volume_spec::Backend;
 
-/// A kind of backend: where a volume's blocks live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A kind of backend: where a volume's blocks live (null, the kind of no backend, by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum BackendKind {
     /// Nothing: reads are zeroes, writes are dropped (benchmarks, tests).
+    #[default]
     Null,
     /// A tmpfs file in ublkd's RAM directory.
     Ram,
