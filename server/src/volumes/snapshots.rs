@@ -452,9 +452,8 @@ fn file_backing(vol: &Volume) -> Result<PathBuf, VolumeError> {
             }
             Ok(path.clone())
         }
-        BackendRecord::Ram | BackendRecord::Nvme { .. } | BackendRecord::Null => {
-            Err(refuse(vol.record.backend.kind().name()))
-        }
+        // Every other kind: only a file can be copied by reflink.
+        other => Err(refuse(other.kind().name())),
     }
 }
 

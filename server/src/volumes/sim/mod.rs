@@ -98,8 +98,6 @@ impl std::fmt::Display for Op {
             Op::Create { record, place } => {
                 write!(f, "create {} {}MiB ", record.id, record.size_bytes / CHUNK)?;
                 match &record.backend {
-                    BackendRecord::Null => write!(f, "null")?,
-                    BackendRecord::Ram => write!(f, "ram")?,
                     BackendRecord::File { path, .. } => {
                         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
                         write!(f, "file {}", name.unwrap_or_default())?;
@@ -125,6 +123,8 @@ impl std::fmt::Display for Op {
                             write!(f, " keep_data")?;
                         }
                     }
+                    // A kind with nothing more to say than its name (null, ram).
+                    other => write!(f, "{}", other.kind())?,
                 }
                 match &record.source {
                     Some(SourceRecord::Volume(v)) => write!(f, " from volume {v}"),
