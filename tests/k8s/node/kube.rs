@@ -38,6 +38,11 @@ pub const CSI_NODE_LOGS: [&str; 6] = [
     "ublkd-csi",
 ];
 
+/// A command line's arguments: `line` split at spaces.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// What the host tells the node (`cargo xtask k8s-test` writes it into the run directory; the
 /// guest's paths are the host's).
 #[derive(Debug, Deserialize)]
@@ -299,6 +304,19 @@ impl<'a> Sc<'a> {
     /// kubectl, silent (a poll's, or a read whose value the scenario logs itself).
     pub fn q(&self, args: &[&str]) -> Result<String> {
         self.call("kubectl", args, None, false)
+    }
+
+    /// `k`, `q` and `helm` with the arguments of `line` split at spaces (none holds one).
+    pub fn kw(&self, line: &str) -> Result<String> {
+        self.k(&words(line))
+    }
+
+    pub fn qw(&self, line: &str) -> Result<String> {
+        self.q(&words(line))
+    }
+
+    pub fn helmw(&self, line: &str) -> Result<String> {
+        self.helm(&words(line))
     }
 
     /// `kubectl get WHAT... -o jsonpath=PATH`, silent.

@@ -317,7 +317,7 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     // The bring-up's kubectl and helm calls, logged as a scenario's are (logs/bring-up.log).
     let s = Sc::new(node, fs::File::create(l("bring-up.log"))?);
     let kubectl = |args: &[&str]| s.k(args);
-    if !wait_for(600, || s.q(&["get", "--raw", "/readyz"]).is_ok()) {
+    if !wait_for(600, || s.qw("get --raw /readyz").is_ok()) {
         bail!("the API server (on the host, {HOST_IP}) never answered");
     }
     node.say("API server ready");
@@ -473,7 +473,7 @@ metadata:
     let out = s.helm_chart("install", &["--values", &values])?;
     fs::write(
         l("install.log"),
-        out + &s.helm(&["status", "ublkd", "--namespace", "ublkd-system"])?,
+        out + &s.helmw("status ublkd --namespace ublkd-system")?,
     )?;
     node.say("helm install of the packaged chart done");
     if !wait_for(600, || s.all_ready()) {

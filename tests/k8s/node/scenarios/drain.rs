@@ -26,15 +26,7 @@ pub fn drain(s: &Sc) -> Result<()> {
         field(&info, "state") == Some("ready"),
         "the volume {vol} is not ready after the drain"
     );
-    let ublkd = s.k(&[
-        "-n",
-        "ublkd-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=ublkd",
-        "--no-headers",
-    ])?;
+    let ublkd = s.kw("-n ublkd-system get pods -l app.kubernetes.io/name=ublkd --no-headers")?;
     ensure!(ublkd.lines().count() == 1, "the drain took ublkd's pod");
     s.k(&["uncordon", NODE])?;
     s.pod("p-r2", "r-data", Mode::Filesystem)?;

@@ -12,15 +12,7 @@ pub fn driver(s: &Sc) -> Result<()> {
     let path =
         r#"{.items[0].status.containerStatuses[?(@.name=="ublkd")].state.running.startedAt}"#;
     let started = s.jp(&sel, path)?;
-    let logs = s.q(&[
-        "-n",
-        "ublkd-system",
-        "logs",
-        "ds/ublkd",
-        "-c",
-        "ublkd",
-        "--timestamps",
-    ])?;
+    let logs = s.qw("-n ublkd-system logs ds/ublkd -c ublkd --timestamps")?;
     let bound = logs
         .lines()
         .find(|l| l.contains("metrics on"))
@@ -43,7 +35,7 @@ pub fn driver(s: &Sc) -> Result<()> {
     );
     // the provisioner publishes them once it has synced; a slow emulated node takes minutes
     let capacities = || {
-        s.q(&["get", "csistoragecapacities", "-A", "--no-headers"])
+        s.qw("get csistoragecapacities -A --no-headers")
             .is_ok_and(|o| o.lines().count() >= 3)
     };
     s.wait(420, "3 CSIStorageCapacity objects", capacities)?;

@@ -176,7 +176,7 @@ pub fn encrypted(s: &Sc) -> Result<()> {
     luks_classes(s, "wrong-key-0000")?;
     s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
     let said = || {
-        s.q(&["describe", "pod", "p-e-file"])
+        s.qw("describe pod p-e-file")
             .is_ok_and(|d| d.contains("wrong key"))
     };
     let shown = s.wait(180, "the pod's events say: wrong key", said);

@@ -42,7 +42,7 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
             .is_ok_and(|i| field(&i, "state") == Some(want))
     };
     let described = || {
-        s.q(&["describe", "pvc", "f-data"])
+        s.qw("describe pvc f-data")
             .is_ok_and(|d| d.contains("VolumeFailed"))
     };
     // From the moment ublkd reports the volume FAILED, the claim has 60 s to show it.
@@ -62,7 +62,7 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
         "the Event says nothing of the failure: {failed:?}"
     );
     let on_pod = || {
-        s.q(&["describe", "pod", "p-fault"])
+        s.qw("describe pod p-fault")
             .is_ok_and(|d| d.contains("VolumeFailed"))
     };
     s.wait(60, "the pod's Events show VolumeFailed too", on_pod)?;
@@ -76,15 +76,7 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
         })?;
     s.wait(60, "the volume READY again", || state("ready"))?;
     s.say(s.in_pod("p-fault", read)?);
-    let kinds = s.q(&[
-        "get",
-        "events",
-        "--field-selector",
-        "involvedObject.name=f-data",
-        "-o",
-        "custom-columns=TYPE:.type,REASON:.reason",
-        "--no-headers",
-    ])?;
+    let kinds = s.qw("get events --field-selector involvedObject.name=f-data -o custom-columns=TYPE:.type,REASON:.reason --no-headers")?;
     s.say(&kinds);
     ensure!(
         has_line(&kinds, "Normal VolumeRecovered"),
@@ -163,7 +155,7 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
     restart()?;
     s.wait(300, "ublkd Ready again", || s.ublkd_ready())?;
     hidden_run?;
-    s.k(&["wait", "--for=condition=Ready", "pod/p-u", "--timeout=600s"])
+    s.kw("wait --for=condition=Ready pod/p-u --timeout=600s")
         .inspect_err(|_| s.tail(15, &["describe", "pod", "p-u"]))?;
     s.wait(120, "a UblkAvailable Event on the Node", || {
         s.node_event(NODE, "UblkAvailable")
@@ -197,7 +189,7 @@ spec:
     ))?;
     s.claim("stuck", "ublkd-ram", "64Mi", "volumeName: stuck-pv")?;
     s.start_pod("p-stuck", "stuck", Mode::Filesystem)?;
-    let describe = || s.q(&["describe", "pod", "p-stuck"]).unwrap_or_default();
+    let describe = || s.qw("describe pod p-stuck").unwrap_or_default();
     s.wait(300, "a FailedMount event on p-stuck", || {
         describe().contains("FailedMount")
     })
@@ -229,7 +221,7 @@ spec:
         why.iter().any(refused),
         "the node plugin's log does not say why stuck-vol cannot be staged"
     );
-    s.k(&["delete", "pod", "p-stuck", "--wait=true", "--timeout=120s"])?;
+    s.kw("delete pod p-stuck --wait=true --timeout=120s")?;
     s.delete(&["pvc", "stuck"])?;
     s.delete(&["pv", "stuck-pv"])
 }

@@ -14,14 +14,7 @@ pub fn modify(s: &Sc) -> Result<()> {
         ports.trim().is_empty(),
         "ublkd's pod has host ports: {ports}"
     );
-    let logs = s.k(&[
-        "-n",
-        "ublkd-system",
-        "logs",
-        "deploy/ublkd-csi-resizer",
-        "-c",
-        "ublkd-csi",
-    ])?;
+    let logs = s.kw("-n ublkd-system logs deploy/ublkd-csi-resizer -c ublkd-csi")?;
     ensure!(
         logs.contains("recorded on the PersistentVolume"),
         "the resizer's driver does not record limits on PersistentVolumes: {logs}"

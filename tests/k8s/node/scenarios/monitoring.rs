@@ -104,16 +104,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
     .inspect_err(|_| s.say(format!("sidecar series: {:?}", sidecars())))?;
     // The dashboard as Grafana's sidecar finds it (by its label), and its variables' queries
     // against these series: the node variable lists this node by name.
-    let cms = s.k(&[
-        "-n",
-        "ublkd-system",
-        "get",
-        "cm",
-        "-l",
-        "grafana_dashboard=1",
-        "-o",
-        "json",
-    ])?;
+    let cms = s.kw("-n ublkd-system get cm -l grafana_dashboard=1 -o json")?;
     let cms: Value = serde_json::from_str(&cms)?;
     let json = cms["items"][0]["data"]["ublkd-dashboard.json"]
         .as_str()

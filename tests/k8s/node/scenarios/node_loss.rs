@@ -172,16 +172,11 @@ spec:
     // CI, 2026-12-06); the operator who said the machine is gone deletes it at once, as
     // docs/kubernetes.md says. The claim goes with it, and the StatefulSet makes both again:
     // scheduled here, provisioned here.
-    s.k(&["delete", "pod", "lost-0", "--force", "--grace-period=0"])?;
+    s.kw("delete pod lost-0 --force --grace-period=0")?;
     let moved = || {
         on_node(NODE)
-            && s.q(&[
-                "wait",
-                "--for=condition=Ready",
-                "pod/lost-0",
-                "--timeout=5s",
-            ])
-            .is_ok()
+            && s.qw("wait --for=condition=Ready pod/lost-0 --timeout=5s")
+                .is_ok()
     };
     s.wait(600, "lost-0 up on this node", moved)
         .inspect_err(|_| {
@@ -205,7 +200,7 @@ spec:
         field(&info, "state") == Some("ready"),
         "lost-vol was deleted or is not ready"
     );
-    let out = s.k(&["ublkd", "orphans"])?;
+    let out = s.kw("ublkd orphans")?;
     s.say(&out);
     ensure!(
         has_line(&out, &format!("{NODE} volume without PV lost-vol")),
@@ -369,12 +364,6 @@ pub fn node_alive(s: &Sc) -> Result<()> {
         10,
         &["-n", "ublkd-system", "logs", "deploy/ublkd-csi-controller"],
     );
-    s.k(&[
-        "delete",
-        "pod",
-        "p-alive",
-        "--wait=true",
-        "--ignore-not-found",
-    ])?;
+    s.kw("delete pod p-alive --wait=true --ignore-not-found")?;
     s.delete(&["pvc", "a-used", "a-idle"])
 }

@@ -20,24 +20,11 @@ pub fn plugin(s: &Sc) -> Result<()> {
     )?;
     let vol = s.volume_of("x-data")?;
     // on-call: a service account bound to ublkd-viewer and nothing else
-    s.k(&["create", "serviceaccount", "oncall", "-n", "default"])?;
-    s.k(&[
-        "create",
-        "clusterrolebinding",
-        "oncall-ublkd",
-        "--clusterrole=ublkd-viewer",
-        "--serviceaccount=default:oncall",
-    ])?;
-    let token = s.q(&["create", "token", "oncall", "-n", "default"])?;
-    let admin: Value = serde_json::from_str(&s.q(&[
-        "config",
-        "view",
-        "--raw",
-        "--minify",
-        "--flatten",
-        "-o",
-        "json",
-    ])?)?;
+    s.kw("create serviceaccount oncall -n default")?;
+    s.kw("create clusterrolebinding oncall-ublkd --clusterrole=ublkd-viewer --serviceaccount=default:oncall")?;
+    let token = s.qw("create token oncall -n default")?;
+    let admin: Value =
+        serde_json::from_str(&s.qw("config view --raw --minify --flatten -o json")?)?;
     let cluster = &admin["clusters"][0]["cluster"];
     let conf = "--kubeconfig=oncall.kubeconfig";
     let server = format!(

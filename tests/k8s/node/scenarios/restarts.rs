@@ -158,8 +158,7 @@ pub fn kubelet_restart(s: &Sc) -> Result<()> {
     s.wait(600, "the node Ready again", || s.node_ready())?;
     // The new kubelet takes the running pods back before it answers for them.
     s.wait(300, "the kubelet took p-keep back", || {
-        s.q(&["exec", "p-keep", "--", "/bin/sh", "-c", "true"])
-            .is_ok()
+        s.qw("exec p-keep -- /bin/sh -c true").is_ok()
     })?;
     s.wait(300, "the driver registered after the restart", || {
         s.registered()

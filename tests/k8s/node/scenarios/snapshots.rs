@@ -12,14 +12,7 @@ pub fn snapshots(s: &Sc) -> Result<()> {
         "upgrade",
         &["--reuse-values", "--set", "snapshots.enabled=true"],
     )?;
-    s.k(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "deploy/snapshot-controller",
-        "--timeout=600s",
-    ])?;
+    s.kw("-n kube-system rollout status deploy/snapshot-controller --timeout=600s")?;
     s.pvc("s-src", "ublkd-file-xfs", "300Mi", Mode::Filesystem)?;
     s.pod("p-src", "s-src", Mode::Filesystem)?;
     s.in_pod("p-src", "echo at-the-snapshot >/data/f && sync")?;
@@ -103,7 +96,7 @@ spec:
     s.delete(&["volumesnapshot", "snap1"])?;
     s.delete(&["pvc", "s-src", "s-restore", "s-clone"])?;
     let gone = || {
-        s.q(&["get", "volumesnapshotcontents", "--no-headers"])
+        s.qw("get volumesnapshotcontents --no-headers")
             .is_ok_and(|c| c.trim().is_empty())
             && s.ublkctl(&["list-volumes"])
                 .is_ok_and(|l| vols.iter().all(|v| !l.contains(v.as_str())))

@@ -21,28 +21,14 @@ pub fn uninstall(s: &Sc) -> Result<()> {
             "--timeout=300s",
         ])?;
     }
-    let left = s.k(&["get", "pvc", "-A", "--no-headers"])?;
+    let left = s.kw("get pvc -A --no-headers")?;
     ensure!(
         left.trim().is_empty(),
         "claims left before the uninstall:\n{left}"
     );
     // classes a failed scenario made itself (the chart's carry managed-by=Helm)
-    s.k(&[
-        "delete",
-        "storageclass",
-        "-l",
-        "app.kubernetes.io/managed-by!=Helm",
-        "--ignore-not-found",
-    ])?;
-    s.helm(&[
-        "uninstall",
-        "ublkd",
-        "--namespace",
-        "ublkd-system",
-        "--wait",
-        "--timeout",
-        "600s",
-    ])?;
+    s.kw("delete storageclass -l app.kubernetes.io/managed-by!=Helm --ignore-not-found")?;
+    s.helmw("uninstall ublkd --namespace ublkd-system --wait --timeout 600s")?;
     // the pre-delete hook took the controller's finalizer off the node
     ensure!(
         !s.finalized(NODE),
@@ -59,25 +45,18 @@ pub fn uninstall(s: &Sc) -> Result<()> {
         !s.finalized(NODE),
         "the documented patch left the finalizer on the node"
     );
-    let driver = s.k(&[
-        "get",
-        "csidriver",
-        "ublkd.io",
-        "--ignore-not-found",
-        "-o",
-        "name",
-    ])?;
+    let driver = s.kw("get csidriver ublkd.io --ignore-not-found -o name")?;
     ensure!(
         driver.trim().is_empty(),
         "the CSIDriver outlived the uninstall"
     );
-    let classes = s.k(&["get", "storageclass", "-o", "name"])?;
+    let classes = s.kw("get storageclass -o name")?;
     ensure!(
         !classes.contains("ublkd"),
         "a StorageClass outlived the uninstall"
     );
     let no_pods = || {
-        s.q(&["-n", "ublkd-system", "get", "pods", "--no-headers"])
+        s.qw("-n ublkd-system get pods --no-headers")
             .is_ok_and(|p| p.trim().is_empty())
     };
     s.wait(300, "ublkd's pods went", no_pods)
@@ -91,12 +70,6 @@ pub fn uninstall(s: &Sc) -> Result<()> {
         devices.is_empty(),
         "ublk devices outlived the uninstall: {devices:?}"
     );
-    s.k(&[
-        "delete",
-        "namespace",
-        "ublkd-system",
-        "--wait=true",
-        "--timeout=300s",
-    ])
-    .map(drop)
+    s.kw("delete namespace ublkd-system --wait=true --timeout=300s")
+        .map(drop)
 }
