@@ -19,6 +19,8 @@ use crate::v1::{
 pub const BACKEND_HINT: &str =
     "expected file:/PATH, file+create:/PATH, ram, null or nvme:/dev/ngXnY[@OFFSET|auto+LEN] \
      (or nvme:eui.HEX, nguid.HEX, nsid.N.NQN: the namespace by its identity)";
+/// What a bad capacity question is told.
+pub const CAPACITY_HINT: &str = "expected ram, file:/DIR or nvme:/dev/ngXnY (or nvme:eui.HEX, ...)";
 /// How a namespace's identity begins (`nguid.`, `eui.`, `nsid.`), as ublkd writes it.
 const IDENTITY_PREFIXES: [&str; 3] = ["nguid.", "eui.", "nsid."];
 /// What a bad I/O path is told.
@@ -134,7 +136,7 @@ pub fn backend_text(backend: Option<&Backend>) -> String {
 /// Reads what a capacity question names: `ram`, `file:/DIR` or `nvme:/dev/ngXnY` (or the
 /// namespace's identity).
 pub fn parse_capacity_backend(s: &str) -> Result<CapacityBackend, String> {
-    let hint = || "expected ram, file:/DIR or nvme:/dev/ngXnY (or nvme:eui.HEX, ...)".to_owned();
+    let hint = || CAPACITY_HINT.to_owned();
     let (Some(kind), false, arg) = split_kind(s) else {
         return Err(hint());
     };
@@ -241,6 +243,20 @@ mod tests {
             parse_backend("nvme:/dev/ng0n1@auto+1GiB"),
             nvme("/dev/ng0n1", None, 1 << 30)
         );
+    }
+
+    /// The hints name every kind (every kind with a pool, for capacity), so that a new kind
+    /// is not left out of what a person is told.
+    #[test]
+    fn the_hints_name_every_kind() {
+        for kind in BackendKind::ALL {
+            assert!(
+                BACKEND_HINT.contains(kind.name()),
+                "{kind} in {BACKEND_HINT}"
+            );
+            let named = CAPACITY_HINT.contains(kind.name());
+            assert_eq!(named, kind.has_pool(), "{kind} in {CAPACITY_HINT}");
+        }
     }
 
     #[test]
