@@ -3,9 +3,13 @@
 //! backing file or clone, record it, erase a new NVMe window, bring its device up, settle the
 //! map. Adopting an orphan device shares the admit and settle steps.
 
-use super::{
-    blocking, erase, is_id_taken, now_ms, same_spec, snapshots, Plane, Snaps, Store, Table,
-};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::pool::now_ms;
+use super::snapshots::Snaps;
+use super::store::Store;
+use super::table::Table;
+use super::{delete, erase, snapshots};
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{delay_point, fault_point, Point};
@@ -81,7 +85,7 @@ pub(super) async fn create(
                 // The create's own error is what the caller needs; a file left behind
                 // keeps its intent, so the next start removes it.
                 let path = path.clone();
-                if super::unlink(path).await.is_ok() {
+                if super::pool::unlink(path).await.is_ok() {
                     snapshots::end_file_intent(snaps, &record.id).await;
                 }
             } else if clone.is_some() {
@@ -370,11 +374,11 @@ async fn undo(
     }
     if let (Some(path), BackendRecord::File { .. }) = (created_file, &record.backend) {
         let (id, shown) = (record.id.clone(), path.display().to_string());
-        if let Err(e) = super::unlink(path).await {
+        if let Err(e) = super::pool::unlink(path).await {
             tracing::warn!(volume = %id, path = shown, error = %crate::error::chain(&e), "a failed create's backing file could not be removed");
         }
     }
-    super::remove_ram_file(&settings.ram_dir, &record);
+    delete::remove_ram_file(&settings.ram_dir, &record);
 }
 
 /// Creates the device for `record`, with its recorded kernel id when it has one (and
@@ -493,6 +497,37 @@ fn make_backing_file(record: &VolumeRecord) -> Result<Option<PathBuf>, VolumeErr
     f.set_len(record.size_bytes).map_err(err)?;
     f.sync_all().map_err(err)?;
     Ok(Some(path.clone()))
+}
+
+/// Two records describe the same volume if everything but bookkeeping matches.
+fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
+    VolumeRecord {
+        created_unix_ms: 0,
+        dev_id: None,
+        deleting: false,
+        delete_backing: false,
+        erase_pending: None,
+        ..a.clone()
+    } == VolumeRecord {
+        created_unix_ms: 0,
+        dev_id: None,
+        deleting: false,
+        delete_backing: false,
+        erase_pending: None,
+        ..b.clone()
+    }
+}
+
+fn is_id_taken(e: &ublkd_dataplane::DataplaneError) -> bool {
+    use std::error::Error;
+    let mut cur: Option<&dyn Error> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error() == Some(17); // EEXIST
+        }
+        cur = err.source();
+    }
+    false
 }
 
 #[cfg(test)]

@@ -3,7 +3,12 @@
 //! file, its record, in that order, so that a crash at any step after the mark leaves a record
 //! the next start finishes deleting.
 
-use super::{blocking, erase, namespace, Plane, Snaps, Store, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::snapshots::Snaps;
+use super::store::Store;
+use super::table::Table;
+use super::{erase, namespace};
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
@@ -151,7 +156,7 @@ pub(super) async fn delete(
     }
     // A RAM volume's memory goes before its record: a crash in between leaves a record
     // whose restore finds an empty file, never a file a later volume of the id would read.
-    super::remove_ram_file(&settings.ram_dir, &vol.record);
+    remove_ram_file(&settings.ram_dir, &vol.record);
     store.remove(id).await?;
     table.lock().await.remove(id);
     Ok(true)
@@ -214,4 +219,21 @@ pub(super) async fn erase_deleted_window(
         to: offset.saturating_add(len),
     };
     erase::erase_range(table, plane, &record.id, device, range, "deleted volume").await
+}
+
+/// Removes a deleted RAM volume's memory file from `ram_dir` (a log line if it cannot).
+pub(super) fn remove_ram_file(ram_dir: &std::path::Path, record: &VolumeRecord) {
+    if record.backend == BackendRecord::Ram {
+        // A step the process may die at like any other (the simulator's seam).
+        if !crate::seam::lives() {
+            return;
+        }
+        let path = crate::volume::ram_file(ram_dir, &record.id);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::error!(volume = %record.id, path = %path.display(), error = %e, "a deleted RAM volume's memory file could not be removed: its pages stay on tmpfs");
+            }
+            _ => {}
+        }
+    }
 }

@@ -2,7 +2,9 @@
 //! growth, an erase a crash left pending): in chunks, off the dataplane's control thread, with
 //! the progress in the volume's message.
 
-use super::{blocking, Plane, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::table::Table;
 use crate::error::VolumeError;
 use crate::hooks::Point;
 use crate::volume_id::VolumeId;

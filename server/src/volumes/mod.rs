@@ -16,6 +16,7 @@ mod erase;
 mod namespace;
 mod orphans;
 mod plane;
+mod pool;
 mod qos;
 mod resize;
 mod restore;
@@ -31,51 +32,24 @@ mod sim;
 use crate::config::Settings;
 use crate::devices::Devices;
 use crate::error::VolumeError;
-use crate::record::{BackendRecord, VolumeRecord};
+use crate::record::VolumeRecord;
 use crate::registry::Registry;
 use crate::snapshot::{FileIntent, SnapshotId, SnapshotRecord};
-use crate::volume::{ram_file, State, Volume};
+use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
 use plane::Plane;
+use pool::blocking;
+pub use restore::{RecoveryStats, RECOVERY_BOUNDS_NS};
 use snapshots::Snaps;
 use std::collections::BTreeMap;
 use store::Store;
 use table::Table;
 
 use std::sync::Arc;
-use std::time::Duration;
-use ublkd_dataplane::stats::{CleanupStep, Histogram};
+use ublkd_dataplane::stats::CleanupStep;
 use ublkd_dataplane::{
     DataplaneError, DevId, DeviceStats, Features, KernelDevice, QosLimits, WorkerSnapshot,
 };
-
-/// Upper bounds (nanoseconds) of the recovery-duration histogram: 10 ms to 10 s.
-pub const RECOVERY_BOUNDS_NS: [u64; 10] = [
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-];
-
-/// Device take-overs after a restart or crash, and how long each took (several restores may
-/// record at once).
-#[derive(Debug, Default)]
-pub struct RecoveryStats {
-    pub durations: Histogram<11>,
-}
-
-impl RecoveryStats {
-    fn record(&self, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.durations.observe_shared(&RECOVERY_BOUNDS_NS, ns);
-    }
-}
 
 /// The manager, in parts: a change takes only the parts it uses (`Table`, `Store`, `Plane`,
 /// the snapshots, the settings), never the whole.
@@ -93,69 +67,6 @@ pub struct Volumes {
     /// The volumes no PersistentVolume names, as the CSI driver last reported them
     /// (`orphans::report_without_pv`); never acted on.
     without_pv: std::sync::Mutex<std::collections::BTreeSet<VolumeId>>,
-}
-
-/// Removes a deleted RAM volume's memory file from `ram_dir` (a log line if it cannot).
-fn remove_ram_file(ram_dir: &std::path::Path, record: &VolumeRecord) {
-    if record.backend == BackendRecord::Ram {
-        // A step the process may die at like any other (the simulator's seam).
-        if !crate::seam::lives() {
-            return;
-        }
-        let path = ram_file(ram_dir, &record.id);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                tracing::error!(volume = %record.id, path = %path.display(), error = %e, "a deleted RAM volume's memory file could not be removed: its pages stay on tmpfs");
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Two records describe the same volume if everything but bookkeeping matches.
-fn same_spec(a: &VolumeRecord, b: &VolumeRecord) -> bool {
-    VolumeRecord {
-        created_unix_ms: 0,
-        dev_id: None,
-        deleting: false,
-        delete_backing: false,
-        erase_pending: None,
-        ..a.clone()
-    } == VolumeRecord {
-        created_unix_ms: 0,
-        dev_id: None,
-        deleting: false,
-        delete_backing: false,
-        erase_pending: None,
-        ..b.clone()
-    }
-}
-
-fn now_ms() -> i64 {
-    crate::seam::now_ms()
-}
-
-/// Runs blocking work (dataplane calls, file system calls) on tokio's blocking pool.
-async fn blocking<T: Send + 'static, E: Send + 'static>(
-    f: impl FnOnce() -> Result<T, E> + Send + 'static,
-) -> Result<T, VolumeError>
-where
-    VolumeError: From<E>,
-{
-    crate::seam::blocking(f)
-        .await
-        .map_err(|e| VolumeError::JoinDataplaneTask(e.to_string()))?
-        .map_err(VolumeError::from)
-}
-
-/// Removes file `path` on the blocking pool (an unlink frees the file's extents: seconds for a
-/// large one).
-async fn unlink(path: std::path::PathBuf) -> Result<(), VolumeError> {
-    blocking(move || {
-        std::fs::remove_file(&path)
-            .map_err(|source| VolumeError::RemoveBackingFile { path, source })
-    })
-    .await
 }
 
 impl Volumes {
@@ -501,18 +412,6 @@ fn worker_failure(total: &ublkd_dataplane::stats::StatsSnapshot) -> Option<(u64,
         "the kernel refused the completion of one of this volume's requests, which cannot \
          complete from this process",
     ))
-}
-
-fn is_id_taken(e: &DataplaneError) -> bool {
-    use std::error::Error;
-    let mut cur: Option<&dyn Error> = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return io.raw_os_error() == Some(17); // EEXIST
-        }
-        cur = err.source();
-    }
-    false
 }
 
 #[cfg(test)]

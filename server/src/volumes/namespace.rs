@@ -4,7 +4,10 @@
 //! against the identity first; a restore finds the namespace wherever it now is, or leaves the
 //! volume FAILED with nothing served or erased.
 
-use super::{blocking, Plane, Store, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::store::Store;
+use super::table::Table;
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::record::{BackendRecord, VolumeRecord};

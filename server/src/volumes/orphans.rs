@@ -2,7 +2,13 @@
 //! adopting, deleting), and volumes that no Kubernetes PersistentVolume names (the CSI
 //! driver's report, kept to be shown; never acted on).
 
-use super::{blocking, create, namespace, now_ms, Plane, RecoveryStats, Store, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::pool::now_ms;
+use super::restore::RecoveryStats;
+use super::store::Store;
+use super::table::Table;
+use super::{create, namespace};
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;

@@ -1,6 +1,9 @@
 //! Changing a volume's I/O limits: recorded first, then handed to its device if one serves it.
 
-use super::{blocking, Plane, Store, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::store::Store;
+use super::table::Table;
 use crate::error::VolumeError;
 use crate::volume::Volume;
 use crate::volume_id::VolumeId;

@@ -2,7 +2,11 @@
 //! backing file grown, the new size recorded, the new range erased, then the device told; a
 //! refused resize puts the old record back.
 
-use super::{blocking, create, erase, namespace, Plane, Store, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::store::Store;
+use super::table::Table;
+use super::{create, erase, namespace};
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};

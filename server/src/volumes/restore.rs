@@ -1,17 +1,50 @@
 //! Bringing the registry's volumes back at start: take over the devices that survived, create
 //! the others again, finish interrupted deletes.
 
-use super::{
-    blocking, create, delete, erase, snapshots, Plane, RecoveryStats, Snaps, Store, Table,
-};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::snapshots::Snaps;
+use super::store::Store;
+use super::table::Table;
+use super::{create, delete, erase, snapshots};
 use crate::config::Settings;
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
 use crate::volume::{State, Volume};
 use crate::volume_id::VolumeId;
 use std::collections::BTreeMap;
+use std::time::Duration;
 use std::time::Instant;
+use ublkd_dataplane::stats::Histogram;
 use ublkd_dataplane::{DataplaneError, DevId, DeviceInfo, KernelDevice};
+
+/// Upper bounds (nanoseconds) of the recovery-duration histogram: 10 ms to 10 s.
+pub const RECOVERY_BOUNDS_NS: [u64; 10] = [
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// Device take-overs after a restart or crash, and how long each took (several restores may
+/// record at once).
+#[derive(Debug, Default)]
+pub struct RecoveryStats {
+    pub durations: Histogram<11>,
+}
+
+impl RecoveryStats {
+    pub(super) fn record(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.durations.observe_shared(&RECOVERY_BOUNDS_NS, ns);
+    }
+}
 
 /// Loads the registry: every volume appears (as RECOVERING) before any is brought up, so
 /// clients see the whole node at once. `restore` then brings them up.
@@ -222,7 +255,7 @@ async fn restore_one(
         delete::erase_deleted_window(table, plane, record).await?;
         delete::remove_backing_file(record).await?;
         delete::forget_file_intent(snaps, &record.id).await?;
-        super::remove_ram_file(&settings.ram_dir, record);
+        delete::remove_ram_file(&settings.ram_dir, record);
         store.remove(&record.id).await?;
         return Ok(None);
     }

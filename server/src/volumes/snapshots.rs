@@ -9,7 +9,10 @@
 //! own time and touches no kernel state. FICLONE flushes the source's dirty pages and locks
 //! both inodes, so it is one point in time against the backend's own writes too.
 
-use super::{blocking, now_ms, Plane, Table};
+use super::plane::Plane;
+use super::pool::blocking;
+use super::pool::now_ms;
+use super::table::Table;
 use crate::error::VolumeError;
 use crate::hooks::{fault_point, Point};
 use crate::record::SourceRecord;
@@ -218,7 +221,7 @@ async fn take_snapshot(
     if let Err(e) = blocking(move || registry.put(&stored)).await {
         // A copy left behind is removed by the next try of this id, or the next start (no
         // record names it).
-        let _ = super::unlink(path).await; // the error is the put's, above
+        let _ = super::pool::unlink(path).await; // the error is the put's, above
         return Err(e);
     }
     tracing::info!(snapshot = %id, volume = %record.source, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
@@ -344,7 +347,7 @@ pub(super) async fn make_clone_file(
         .await;
         if let Err(e) = grown {
             // A file left behind keeps its clone intent: the next try or start removes it.
-            let _ = super::unlink(path.clone()).await; // the grow's error is the caller's
+            let _ = super::pool::unlink(path.clone()).await; // the grow's error is the caller's
             return Err(e);
         }
     }

@@ -1,7 +1,7 @@
 //! The volume records on disk: each write on the blocking pool (a write and two fsyncs must not
 //! hold one of the runtime's threads), and a refused change taken back.
 
-use super::blocking;
+use super::pool::blocking;
 use super::table::Table;
 use crate::error::VolumeError;
 use crate::record::VolumeRecord;
