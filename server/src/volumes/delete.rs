@@ -71,26 +71,7 @@ pub(super) async fn delete(
     };
     let device = served.clone().or_else(kernel);
     if let Some((_, block_device)) = &device {
-        // Something holds the device exclusively: a mount in any namespace, or an
-        // exclusive opener. Deleting it would pull the disk from under them.
-        if plane.handle()?.held_elsewhere(block_device) {
-            return Err(VolumeError::DeleteBusy {
-                id: id.clone(),
-                device: block_device.clone(),
-            });
-        }
-        // A process that opened it without O_EXCL (review L13, issue 55): its next read
-        // would fail. Refused unless forced.
-        // A walk of every process's open files: on the blocking pool.
-        let (h, dev) = (plane.handle()?, block_device.clone());
-        let by = blocking(move || Ok::<_, VolumeError>(h.opened_by(&dev))).await?;
-        if !force && !by.is_empty() {
-            return Err(VolumeError::DeleteOpen {
-                id: id.clone(),
-                device: block_device.clone(),
-                by: by.join(", "),
-            });
-        }
+        refuse_if_held(plane, id, block_device, force).await?;
     }
     table.set_state(id, State::Deleting, "").await;
     // Persist the intent before anything is destroyed: a crash during the delete is finished
@@ -219,6 +200,35 @@ pub(super) async fn erase_deleted_window(
         to: offset.saturating_add(len),
     };
     erase::erase_range(table, plane, &record.id, device, range, "deleted volume").await
+}
+
+/// Refuses to delete `block_device` (volume `id`'s) while something holds it: exclusively (a
+/// mount in any namespace, an exclusive opener: deleting it would pull the disk from under
+/// them), or, unless `force`, a process that opened it without O_EXCL (review L13, issue 55:
+/// its next read would fail).
+pub(super) async fn refuse_if_held(
+    plane: &Plane,
+    id: &VolumeId,
+    block_device: &std::path::Path,
+    force: bool,
+) -> Result<(), VolumeError> {
+    if plane.handle()?.held_elsewhere(block_device) {
+        return Err(VolumeError::DeleteBusy {
+            id: id.clone(),
+            device: block_device.to_owned(),
+        });
+    }
+    // A walk of every process's open files: on the blocking pool.
+    let (h, dev) = (plane.handle()?, block_device.to_owned());
+    let by = blocking(move || Ok::<_, VolumeError>(h.opened_by(&dev))).await?;
+    if !force && !by.is_empty() {
+        return Err(VolumeError::DeleteOpen {
+            id: id.clone(),
+            device: block_device.to_owned(),
+            by: by.join(", "),
+        });
+    }
+    Ok(())
 }
 
 /// Removes a deleted RAM volume's memory file from `ram_dir` (a log line if it cannot).

@@ -249,6 +249,12 @@ async fn restore_one(
         .filter(|d| !d.owned);
     if record.deleting {
         if let Some(dev) = existing {
+            // The delete that a crash interrupted was admitted when nothing held the device;
+            // whatever opened it since is not to be pulled from under. The record keeps its
+            // mark and the volume is FAILED with the reason: a delete asked again (with
+            // `force` if the opener may lose it) finishes it.
+            let device = ublkd_dataplane::block_device(dev.dev_id);
+            delete::refuse_if_held(plane, &record.id, &device, false).await?;
             let (h, id) = (handle.clone(), dev.dev_id);
             blocking(move || h.delete_foreign_device(id)).await?;
         }

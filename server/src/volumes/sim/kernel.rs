@@ -257,6 +257,11 @@ impl SimKernel {
     }
 
     /// Every device: id, owned, size.
+    /// Whether another process holds device `dev` open.
+    pub fn is_open(&self, dev: DevId) -> bool {
+        self.world().open.contains(&dev)
+    }
+
     pub fn devices(&self) -> Vec<(DevId, bool, u64)> {
         self.world()
             .devices
