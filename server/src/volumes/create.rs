@@ -270,28 +270,36 @@ async fn make(
     settings: &Settings,
     record: &mut VolumeRecord,
 ) -> Result<DeviceInfo, VolumeError> {
-    // A file this create makes is ublkd's until the record names it: a crash in between
-    // leaves an intent, and the next start removes the file (a clone's has its own intent).
+    // A file this create makes is ublkd's until the create is done: a crash before its
+    // record, or inside the undo of a failed create (record gone, file not yet), leaves an
+    // intent with no record, and the next start removes the file. Done, the record names
+    // it (a clone's file has its own intent).
     let intent = match &record.backend {
         BackendRecord::File { path, create: true } if record.source.is_none() && !path.exists() => {
             snapshots::begin_file_intent(snaps, &record.id, path).await?;
-            true
+            Some(path.clone())
         }
-        _ => false,
+        _ => None,
     };
-    let id = record.id.clone();
-    let end_intent = || async {
-        if intent {
-            snapshots::end_file_intent(snaps, &id).await;
+    let made = make_steps(table, store, plane, settings, record).await;
+    if let Some(path) = intent {
+        // A failed create whose file could not be removed keeps its intent: the next
+        // start removes the file.
+        if made.is_ok() || !path.exists() {
+            snapshots::end_file_intent(snaps, &record.id).await;
         }
-    };
-    let created_file = match prepare_backing_file(record).await {
-        Ok(made) => made,
-        Err(e) => {
-            end_intent().await;
-            return Err(e);
-        }
-    };
+    }
+    made
+}
+
+async fn make_steps(
+    table: &Table,
+    store: &Store,
+    plane: &Plane,
+    settings: &Settings,
+    record: &mut VolumeRecord,
+) -> Result<DeviceInfo, VolumeError> {
+    let created_file = prepare_backing_file(record).await?;
     let undo = |record: VolumeRecord| undo(store, settings, record, created_file.clone());
     fault_point(Point::CreateBeforeRecord);
     // The record (with the device id it will get) goes first: a crash from here on leaves a
@@ -300,11 +308,8 @@ async fn make(
     let recorded = store.put(record).await;
     if let Err(e) = recorded {
         undo(record.clone()).await;
-        end_intent().await;
         return Err(e);
     }
-    // The record names the file now: it is the volume's.
-    end_intent().await;
     fault_point(Point::CreateAfterRecord);
     delay_point(Point::CreateAfterRecord).await;
     // A new volume: an NVMe window's earlier content is erased before its device appears,
