@@ -839,15 +839,24 @@ async fn run_steps(seed: u64, steps: &[Step], dirs: &Dirs) -> Result<Coverage, F
             }
         }
         // The backing files the step's creates would make: none of them is there yet. Not
-        // when the step also deletes that volume keeping its file, as that delete may.
-        let fresh: Vec<PathBuf> = (step.ops.iter())
-            .filter_map(|o| match o.clone().at(&dirs.files) {
-                Op::Create { record, .. } if !keeps(&record.id) => match record.backend {
-                    BackendRecord::File { path, .. } if !path.exists() => Some(path),
-                    _ => None,
-                },
+        // when the step also deletes, keeping its file, a volume one of its creates makes
+        // on that file (under any id), as that create may finish and that delete leave it.
+        let file_of = |o: &Op| match o.clone().at(&dirs.files) {
+            Op::Create { record, .. } => match record.backend {
+                BackendRecord::File { path, .. } => Some((record.id, path)),
                 _ => None,
+            },
+            _ => None,
+        };
+        let fresh: Vec<PathBuf> = (step.ops.iter())
+            .filter_map(file_of)
+            .filter(|(_, path)| !path.exists())
+            .filter(|(_, path)| {
+                !(step.ops.iter())
+                    .filter_map(file_of)
+                    .any(|(id, p)| &p == path && keeps(&id))
             })
+            .map(|(_, path)| path)
             .collect();
         let tasks: Vec<_> = step
             .ops
