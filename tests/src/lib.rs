@@ -317,6 +317,9 @@ pub mod daemon {
             .unwrap_or_else(|| PathBuf::from(name))
     }
 
+    /// What ublkd logs when a stop waited its whole listener grace for clients' connections.
+    const GRACE_WAITED: &str = "clients still had connections open after the grace";
+
     /// A running ublkd with its own socket, state directory and allowed root.
     #[derive(Debug)]
     pub struct Daemon {
@@ -412,7 +415,7 @@ pub mod daemon {
                 if Instant::now() > deadline {
                     bail!("ublkd did not become ready:\n{}", self.log());
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
         }
 
@@ -466,6 +469,8 @@ pub mod daemon {
         /// Sends `signal` and waits for the process to exit.
         pub fn stop_with(&mut self, signal: i32) -> Result<ExitStatus> {
             let mut child = self.child.take().context("ublkd not running")?;
+            let graces = |log: String| log.matches(GRACE_WAITED).count();
+            let graces_before = graces(self.log());
             Command::new("kill")
                 .arg(format!("-{signal}"))
                 .arg(child.id().to_string())
@@ -474,6 +479,11 @@ pub mod daemon {
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
                 if let Some(st) = child.try_wait()? {
+                    if graces(self.log()) > graces_before {
+                        // Seconds of the suite's time, shown where they go: a client of the
+                        // test that nothing polled while it stopped ublkd.
+                        eprintln!("note: ublkd waited out its listener grace for a connection this test left unpolled");
+                    }
                     return Ok(st);
                 }
                 if Instant::now() > deadline {

@@ -365,7 +365,7 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
         ensure!(dev.starts_with("/dev/ublkb"), "{id}: {dev:?}");
         let dev = PathBuf::from(dev.trim());
         if backend != "null" {
-            fio_verify(&dev, "32M").with_context(|| format!("{id} on {}", dev.display()))?;
+            fio_verify(&dev, "16M").with_context(|| format!("{id} on {}", dev.display()))?;
         }
         root.run(&["/usr/local/bin/ublkctl", "delete-volume", id])?;
         step(&format!("{id} verified and deleted"));
@@ -434,7 +434,7 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
             line.split(' ').nth(2) == Some(fs),
             "{name}: mounted as {line}"
         );
-        fio_verify(&target_abs.join("data"), "32M").with_context(|| name.to_owned())?;
+        fio_verify(&target_abs.join("data"), "16M").with_context(|| name.to_owned())?;
         step(&format!("{name} verified"));
         // NodeGetVolumeStats, which the kubelet asks of every mounted volume each minute: the
         // image has no coreutils, so it must need no `stat` (the first real cluster found it
@@ -447,8 +447,8 @@ fn the_image_holds_everything_ublkd_and_the_csi_driver_run() -> Result<()> {
             .and_then(|n| n.parse().ok())
             .with_context(|| format!("{name}: stats printed {stats:?}"))?;
         ensure!(
-            used >= 32 * MIB,
-            "{name}: the 32 MiB written show as {used} bytes used: {stats}"
+            used >= 16 * MIB,
+            "{name}: the 16 MiB written show as {used} bytes used: {stats}"
         );
         let capacity = ctl(&["expand", &id, &target, "--size", &grown])?;
         ensure!(
@@ -624,7 +624,7 @@ fn the_debian_package_installs_serves_and_purges_cleanly() -> Result<()> {
         "--backend",
         "file+create:/var/lib/ublkd/volumes/deb-file.img",
     ])?;
-    fio_verify(Path::new(dev.trim()), "32M")?;
+    fio_verify(Path::new(dev.trim()), "16M")?;
 
     // Removing the package while it serves a volume is refused, and says which.
     let remove = dpkg(&["-r", "ublkd"])?;

@@ -234,7 +234,7 @@ async fn dashboard_and_alert_rules_work_against_a_real_prometheus() -> Result<()
     let fio = |dev: &str| {
         format!(
             "fio --name=o --filename={dev} --ioengine=io_uring --direct=1 --rw=randrw \
-             --bs=4k --iodepth=8 --runtime=15 --time_based --fsync=64 --output=/dev/null"
+             --bs=4k --iodepth=8 --runtime=5 --time_based --fsync=64 --output=/dev/null"
         )
     };
     guest::sh(&format!(

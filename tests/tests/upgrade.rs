@@ -142,6 +142,9 @@ async fn a_registry_written_by_b69c0a8_comes_back_serving_its_data() -> Result<(
     std::fs::write(&newer, serde_json::to_vec_pretty(&value)?)?;
     d.start().await?;
     d.wait_all_ready().await?;
+    // This runtime closes that wait's connection while it sleeps: the last stop (the drop's)
+    // then has none to wait 10 s for.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     for id in ["up-file", "up-nvme", "up-null"] {
         d.ublkctl_ok(&["delete-volume", id])?;
     }

@@ -157,6 +157,9 @@ async fn snapshots_restore_their_data_and_classes_change_limits_live() -> Result
         root.root.display()
     ))?;
     ensure!(left.trim() == "0", "backing files and copies left: {left}");
+    // ublkd's stop waits for its clients' connections, closed by this runtime while it sleeps.
+    drop((ublkd, ctl, node));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     drop(pair);
     Ok(())
 }

@@ -11,6 +11,8 @@ use std::process::{Command, Stdio};
 
 /// A hang's guard per test in the guest, not a measure (480: the image test took 248 s one day).
 const PER_TEST_SECS: u64 = 480;
+/// Where the guest keeps the binaries its tests run (in /run, the guest's tmpfs).
+const BIN_DIR: &str = "/run/ublkd-bin";
 
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -133,6 +135,10 @@ pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
         let filter = filter.unwrap_or("");
         bail!("no VM test matches {filter:?}: nothing would run");
     }
+    // The install tests first in their boot, the image's before the package's: the image
+    // test's unpack took 2-3 s a layer there, and 3-98 s after the Debian test or late in a
+    // long boot (cause not found: docs/performance.md, "CI's time, 2026-12-06").
+    cases.sort_by_key(|c| (c.file != INSTALL_FILE, !c.name.contains("image")));
     if cases.iter().any(|c| c.file == INSTALL_FILE) {
         // What the install tests use, built on the host before the boot: the image (twice, to
         // check it is reproducible), the package, and a Debian root to install the package into.
@@ -256,12 +262,26 @@ fn boot_once(
          echo \"=== END  $2 rc=$rc (left ${{left:-?}} MiB in ${{TMPDIR:-/tmp}}, removed)\"\n}}\n",
         ws = quoted(ws),
     );
+    // The binaries the tests run, copied into the tmpfs the page-cache drops leave alone: read
+    // again over 9p, they cost the test after each drop 7-11 s (12 drops in a whole suite).
+    // ublkd's three once per boot; a test binary before its first test, removed after its last.
+    script.push_str(&format!(
+        "mkdir -p {BIN_DIR} || exit 1\n\
+         for v in UBLKD_BIN UBLKCTL_BIN UBLKD_CSI_BIN; do eval \"p=\\$$v\"; \
+         cp \"$p\" {BIN_DIR}/ || exit 1; export \"$v={BIN_DIR}/${{p##*/}}\"; done\n"
+    ));
+    let mut copied: Option<&Path> = None;
     for c in cases {
-        script.push_str(&format!(
-            "run_test {} {}\n",
-            quoted(&c.binary),
-            vm::shell_quote(&c.name)
-        ));
+        let name = c.binary.file_name().and_then(|n| n.to_str()).unwrap_or("t");
+        let local = format!("{BIN_DIR}/{}", vm::shell_quote(name));
+        if copied != Some(c.binary.as_path()) {
+            if let Some(done) = copied.and_then(Path::file_name).and_then(|n| n.to_str()) {
+                script.push_str(&format!("rm -f {BIN_DIR}/{}\n", vm::shell_quote(done)));
+            }
+            script.push_str(&format!("cp {} {BIN_DIR}/ || exit 1\n", quoted(&c.binary)));
+            copied = Some(c.binary.as_path());
+        }
+        script.push_str(&format!("run_test {local} {}\n", vm::shell_quote(&c.name)));
     }
     script.push_str("exit 0\n");
 
