@@ -145,8 +145,9 @@ impl Host {
         fs::write(with("tmp"), req)?;
         // `control` picks up `*.args` only: the rename makes the request whole at once.
         fs::rename(with("tmp"), with("args"))?;
+        // Most answers come within a second, and each poll is one stat over 9p.
         while !with("rc").exists() {
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(20));
         }
         let read = |ext: &str| fs::read_to_string(with(ext)).unwrap_or_default();
         let answer = Answer {
@@ -503,6 +504,11 @@ spec:
     /// start_pod, waited for until Ready.
     pub fn pod(&self, name: &str, claim: &str, mode: Mode) -> Result<()> {
         self.start_pod(name, claim, mode)?;
+        self.ready(name, claim)
+    }
+
+    /// Waits until a started pod of `claim` is Ready.
+    pub fn ready(&self, name: &str, claim: &str) -> Result<()> {
         let pod = format!("pod/{name}");
         self.k(&["wait", "--for=condition=Ready", &pod, "--timeout=600s"])
             .inspect_err(|_| {
@@ -522,6 +528,26 @@ spec:
             .copied()
             .collect();
         self.k(&args).map(|out| self.say(out))
+    }
+
+    /// `claim` grown to `size` MiB, `pod` using it: once its PV holds the size, an update to
+    /// the pod, because the kubelet grows a mounted volume (NodeExpandVolume) when it next syncs
+    /// the pod, a minute and more after the PV grew, and an update syncs it at once (a kubelet
+    /// resyncing every 10 s instead cost the guest a tenth of its CPUs). The growth is still the
+    /// resizer's, the kubelet's and the driver's.
+    pub fn grow(&self, claim: &str, pod: &str, size: u64) -> Result<()> {
+        let grow = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{size}Mi"}}}}}}}}"#);
+        self.k(&["patch", "pvc", claim, "-p", &grow])?;
+        let pv = self.jp(&["pvc", claim], "{.spec.volumeName}")?;
+        let grown = || {
+            self.jp(&["pv", &pv], "{.spec.capacity.storage}")
+                .is_ok_and(|c| mib(&c).is_ok_and(|m| m >= size))
+        };
+        self.wait(300, &format!("{pv} holds {size} MiB"), grown)
+            .inspect_err(|_| self.tail(15, &["describe", "pvc", claim]))?;
+        let resync = format!("ublkd.test/resync={:.0}", self.node.now());
+        self.k(&["annotate", "pod", pod, "--overwrite", &resync])
+            .map(drop)
     }
 
     /// The ublkd volume behind a claim.

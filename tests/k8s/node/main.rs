@@ -528,7 +528,7 @@ fn import(
     Ok(out)
 }
 
-/// The kubelet, run as a node's systemd runs it (Restart=always, RestartSec=5): under emulation
+/// The kubelet, run as a node's systemd runs it (Restart=always, RestartSec=1): under emulation
 /// its first start can find containerd too busy to answer the CRI within its timeout, and then
 /// it exits; the kubelet-restart scenario kills it and this brings it back. /run/kubelet.pid is
 /// the running kubelet's.
@@ -551,12 +551,12 @@ fn kubelet_service(node: &Node) {
             fs::write("/run/kubelet.pid", child.id().to_string())?;
             child.wait()
         });
-        let line = format!("the kubelet exited ({status:?}); starting it again in 5 s\n");
+        let line = format!("the kubelet exited ({status:?}); starting it again in 1 s\n");
         if let Ok(mut f) = fs::OpenOptions::new().append(true).open(&log) {
             // The note is for the reader of the log; the restart happens either way.
             let _ = std::io::Write::write_all(&mut f, line.as_bytes());
         }
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_secs(1));
     });
 }
 

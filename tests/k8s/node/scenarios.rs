@@ -162,15 +162,30 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     Some((busy, busy + f.get(3)? + f.get(4)?))
 }
 
-/// The size of the file system at /data in `pod`, in KiB. `-P`: one line per file system
-/// (busybox wraps a long device name, such as an encrypted volume's mapping).
-fn df_kib(s: &Sc, pod: &str) -> Result<u64> {
-    let out = s.in_pod(pod, "df -kP /data | tail -1")?;
-    let kib = out
+/// The line of `df` for /data in a pod. `-P`: one line per file system (busybox wraps a long
+/// device name, such as an encrypted volume's mapping).
+const DF: &str = "df -kP /data | tail -1";
+
+/// The size of the file system in a line of `DF`, in KiB.
+fn kib(line: &str) -> Result<u64> {
+    let kib = line
         .split_whitespace()
         .nth(1)
         .context("df printed no size")?;
     kib.parse().with_context(|| format!("df's size {kib:?}"))
+}
+
+/// Waits until df in `pod` shows 32 MiB more than `before` KiB (`claim` grown online).
+fn df_grew(s: &Sc, claim: &str, pod: &str, before: u64) -> Result<()> {
+    let mut after = 0;
+    let grown = || {
+        after = s.in_pod(pod, DF).and_then(|l| kib(&l)).unwrap_or(0);
+        after > before + 32768
+    };
+    s.wait(420, "df grew", grown)
+        .inspect_err(|_| s.tail(15, &["describe", "pvc", claim]))?;
+    s.say(format!("df: {before} KiB, then {after} KiB"));
+    Ok(())
 }
 
 /// Files under `dir` whose name contains `part`.
@@ -187,28 +202,35 @@ fn files_named(dir: &Path, part: &str) -> Vec<PathBuf> {
     found
 }
 
-/// Whether ASCII `marker` occurs in the `len` bytes of `path` from `offset`, read 4 MiB at a
-/// time. Searched as text (std's searcher, fast in a debug build too): a lossy conversion
-/// replaces only bytes that are not ASCII, so an ASCII marker is found wherever it is.
+/// Whether `marker` occurs in the `len` bytes of `path` from `offset`, read 4 MiB at a time; a
+/// read that fails is an error, not "not found".
 fn holds(path: &Path, offset: u64, len: u64, marker: &str) -> Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
+    use std::io::{BufRead, Read, Seek, SeekFrom};
+    let (first, tail) = marker.as_bytes().split_first().context("an empty marker")?;
     let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     f.seek(SeekFrom::Start(offset))?;
     let mut f = f.take(len);
-    let mut buf = vec![0u8; 4 << 20];
-    // Each chunk keeps the end of the last, so that a match across two reads is found.
-    let mut carry: Vec<u8> = Vec::new();
+    // Each chunk starts with the last tail.len() bytes of the one before, so that a match
+    // across two reads is found.
+    let mut buf = vec![0u8; tail.len() + (4 << 20)];
+    let mut kept = 0;
     loop {
-        let n = f.read(&mut buf)?;
+        let n = f.read(&mut buf[kept..])?;
         if n == 0 {
             return Ok(false);
         }
-        carry.extend_from_slice(&buf[..n]);
-        if String::from_utf8_lossy(&carry).contains(marker) {
-            return Ok(true);
+        let (chunk, mut rest) = (&buf[..kept + n], &buf[..kept + n]);
+        // Each place of the marker's first byte (std's memchr, through `skip_until`: in this
+        // debug build a `windows()` scan took 60 times as long), then whether the rest follows
+        // it (`skip_until` stops at the end too, with no such byte).
+        while rest.skip_until(*first)? > 0 {
+            if chunk[..chunk.len() - rest.len()].ends_with(&[*first]) && rest.starts_with(tail) {
+                return Ok(true);
+            }
         }
-        let keep = carry.len().saturating_sub(marker.len());
-        carry.drain(..keep);
+        let end = kept + n;
+        kept = end.min(tail.len());
+        buf.copy_within(end - kept..end, 0);
     }
 }
 
@@ -227,5 +249,20 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), n, "a scenario named twice");
         assert!(names.iter().all(|n| !n.is_empty() && !n.contains(' ')));
+    }
+
+    /// A marker across two reads is found, one cut short is not, and a read that fails fails.
+    #[test]
+    fn holds_finds_the_marker_whole_and_fails_on_a_read_error() -> Result<()> {
+        let path = std::env::temp_dir().join(format!("holds-{}", std::process::id()));
+        let at = (4 << 20) + 2;
+        let mut data = vec![b'u'; at + 16];
+        data[at..at + 6].copy_from_slice(b"uxyzzy");
+        fs::write(&path, &data)?;
+        let found = [0, 1, 3].map(|cut| holds(&path, 0, (at + 6 - cut) as u64, "uxyzzy").ok());
+        fs::remove_file(&path)?;
+        assert_eq!(found, [Some(true), Some(false), Some(false)]);
+        assert!(holds(Path::new("/"), 0, 10, "u").is_err());
+        Ok(())
     }
 }

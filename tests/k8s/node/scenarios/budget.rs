@@ -133,17 +133,10 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
         tried.trim().is_empty(),
         "the provisioner was asked for b-next, and failed: {tried}"
     );
-    // The filled claim grown by 1 GiB: ublkd refuses it, and the claim says so.
-    s.k(&[
-        "patch",
-        "pvc",
-        "b-fill",
-        "-p",
-        &format!(
-            "{{\"spec\":{{\"resources\":{{\"requests\":{{\"storage\":\"{}Mi\"}}}}}}}}",
-            (size >> 20) + 1024
-        ),
-    ])?;
+    // The filled claim grown by 1 GiB: ublkd refuses it, and the claim says so. The resizer
+    // grows the PV alone (the driver has no ControllerExpandVolume); ublkd, asked by the
+    // kubelet after that (NodeExpandVolume), is what refuses.
+    s.grow("b-fill", "p-fill", (size >> 20) + 1024)?;
     s.wait(300, "an ExpandRefused Warning on b-fill", || {
         events("involvedObject.kind=PersistentVolumeClaim,involvedObject.name=b-fill,reason=ExpandRefused")
             .is_ok_and(|m| m.contains("memory"))

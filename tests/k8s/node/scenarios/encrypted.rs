@@ -1,7 +1,7 @@
 //! Encrypted classes (LUKS2): data at rest unreadable, grown online, keys required.
 
-use super::{df_kib, files_named, holds};
-use crate::kube::{fill, mib, Mode, Sc, CSI_NODE_LOGS};
+use super::{df_grew, files_named, holds, kib, DF};
+use crate::kube::{fill, Mode, Sc, CSI_NODE_LOGS};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 use std::fs::{self, File};
@@ -149,28 +149,9 @@ pub fn encrypted(s: &Sc) -> Result<()> {
     s.delete(&["pvc", "e-nvme"])?;
     // Online growth: the ublk device, then the mapping (with the node-expand Secret's key),
     // then ext4.
-    let df = || df_kib(s, "p-e-file");
-    let before = df()?;
-    s.k(&[
-        "patch",
-        "pvc",
-        "e-file",
-        "-p",
-        r#"{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}"#,
-    ])?;
-    let pv = s.jp(&["pvc", "e-file"], "{.spec.volumeName}")?;
-    let pv_grown = || {
-        s.jp(&["pv", &pv], "{.spec.capacity.storage}")
-            .is_ok_and(|c| mib(&c).is_ok_and(|m| m >= 128))
-    };
-    s.wait(300, "the PV grew", pv_grown)?;
-    // An update to the pod makes the kubelet sync it (and expand) at once (`filesystem`).
-    let resync = format!("ublkd.test/resync={:.0}", s.node.now());
-    s.k(&["annotate", "pod", "p-e-file", "--overwrite", &resync])?;
-    let grown = || df().is_ok_and(|k| k > before + 32768);
-    s.wait(420, "df grew through the mapping", grown)
-        .inspect_err(|_| s.tail(15, &["describe", "pvc", "e-file"]))?;
-    s.say(format!("df: {before} KiB, then {} KiB", df()?));
+    let before = kib(&s.in_pod("p-e-file", DF)?)?;
+    s.grow("e-file", "p-e-file", 128)?;
+    df_grew(s, "e-file", "p-e-file", before)?;
     // A wrong key: the pod's mount fails, saying so, and nothing is written.
     s.delete(&["pod", "p-e-file"])?;
     luks_classes(s, "wrong-key-0000")?;

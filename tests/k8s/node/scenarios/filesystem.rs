@@ -1,9 +1,8 @@
 //! A claim's life in each class: mounted, written, grown online, block access, and a claim no node can hold left Pending.
 
-use super::{df_kib, files_named};
+use super::{df_grew, files_named, kib, DF};
 use crate::kube::{field, mib, Mode, Sc};
 use anyhow::{ensure, Result};
-use serde_json::json;
 use std::path::Path;
 
 pub fn file_ext4(s: &Sc) -> Result<()> {
@@ -33,37 +32,21 @@ fn filesystem(s: &Sc, class: &str) -> Result<()> {
     s.in_pod(&pod, "echo ublkd-k8s-data >/data/f && sync")?;
     s.delete(&["pod", &pod])?;
     s.pod(&pod, &claim, Mode::Filesystem)?;
-    let got = s.in_pod(&pod, "cat /data/f")?;
+    let out = s.in_pod(&pod, &format!("cat /data/f && {DF}"))?;
+    let (got, line) = out.rsplit_once('\n').unwrap_or(("", &out));
     ensure!(
         got == "ublkd-k8s-data",
         "the data is there after the pod is recreated ({got})"
     );
-    let df = || df_kib(s, &pod);
-    let before = df()?;
+    let before = kib(line)?;
     // What the driver gave (an xfs class rounds a claim up to xfs's smallest, 300 MiB), and
     // 64 MiB more of it.
     let have = mib(&s.jp(&["pvc", &claim], "{.status.capacity.storage}")?)?;
     s.say(format!("claimed 64 MiB, got {have} MiB"));
     ensure!(have >= 64, "the claim got at least what it asked for");
+    s.grow(&claim, &pod, have + 64)?;
+    df_grew(s, &claim, &pod, before)?;
     let pv = s.jp(&["pvc", &claim], "{.spec.volumeName}")?;
-    let grow =
-        json!({"spec": {"resources": {"requests": {"storage": format!("{}Mi", have + 64)}}}});
-    s.k(&["patch", "pvc", &claim, "-p", &grow.to_string()])?;
-    // The kubelet grows a mounted file system (NodeExpandVolume) when it next syncs the pod, a
-    // minute and more after the PV grew; an update to the pod syncs it at once (a kubelet
-    // resyncing every 10 s instead cost the guest a tenth of its CPUs). The growth is still the
-    // resizer's, the kubelet's and the driver's.
-    let pv_grown = || {
-        s.jp(&["pv", &pv], "{.spec.capacity.storage}")
-            .is_ok_and(|c| mib(&c).is_ok_and(|m| m > have))
-    };
-    s.wait(300, "the PV grew", pv_grown)
-        .inspect_err(|_| s.tail(15, &["describe", "pvc", &claim]))?;
-    let resync = format!("ublkd.test/resync={:.0}", s.node.now());
-    s.k(&["annotate", "pod", &pod, "--overwrite", &resync])?;
-    s.wait(420, "df grew", || df().is_ok_and(|k| k > before + 32768))
-        .inspect_err(|_| s.tail(15, &["describe", "pvc", &claim]))?;
-    s.say(format!("df: {before} KiB, then {} KiB", df()?));
     let vol = s.jp(&["pv", &pv], "{.spec.csi.volumeHandle}")?;
     s.say(format!("volume {vol}"));
     let list = s.ublkctl(&["list-volumes"])?;

@@ -10,8 +10,9 @@ use std::path::Path;
 /// Prometheus (built from its module: Debian's has no Kubernetes discovery) on the node,
 /// scraping the way the chart's ServiceMonitor does (tests/k8s/node/prometheus.yml). Its rules
 /// are the chart's files/ublkd-rules.yaml with one change: UblkdPoolAlmostFull's `for: 10m`
-/// cut to 20s. The file pool is then filled with files beside the volumes' (fallocate, to 5 %
-/// free as ublkd reports it): the alert fires for that pool, and clears once they are gone.
+/// cut to 10s (still pending first, for two of its 5 s evaluations). The file pool is then
+/// filled with files beside the volumes' (fallocate, to 5 % free as ublkd reports it): the
+/// alert fires for that pool, and clears once they are gone.
 pub fn monitoring(s: &Sc) -> Result<()> {
     let i = &s.node.input;
     let w = Path::new("/tmp/prometheus");
@@ -33,7 +34,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
     let rules = format!(
         "{}{}{}",
         &rules[..at],
-        rule.replacen("for: 10m", "for: 20s", 1),
+        rule.replacen("for: 10m", "for: 10s", 1),
         &rules[end..]
     );
     fs::write(w.join("rules.yaml"), rules)?;

@@ -240,15 +240,16 @@ spec:
 /// which registers it again) and, a minute after, nothing is released either.
 pub fn node_alive(s: &Sc) -> Result<()> {
     // Two looks of the controller and a margin (`nodeLoss.recheck`, tests/k8s/values.yaml).
-    const LOOKS: Duration = Duration::from_secs(12);
+    const LOOKS: Duration = Duration::from_secs(6);
     // file volumes: should the pod garbage collector restart ublkd while the Node is away, they
     // are its registry's, taken back at start
     s.pvc("a-used", "ublkd-file", "64Mi", Mode::Filesystem)?;
     s.pvc("a-idle", "ublkd-file", "64Mi", Mode::Filesystem)?;
-    s.pod("p-alive", "a-used", Mode::Filesystem)?;
-    s.in_pod("p-alive", "echo alive >/data/f && sync")?;
+    s.start_pod("p-alive", "a-used", Mode::Filesystem)?;
     // bound by a pod of its own (WaitForFirstConsumer), then unused
     s.pod("p-alive-idle", "a-idle", Mode::Filesystem)?;
+    s.ready("p-alive", "a-used")?;
+    s.in_pod("p-alive", "echo alive >/data/f && sync")?;
     s.delete(&["pod", "p-alive-idle"])?;
     let mut claims = Vec::new();
     for c in ["a-used", "a-idle"] {
@@ -309,7 +310,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
         );
     })?;
     s.node_events(NODE);
-    // The controller looks every 5 s here (tests/k8s/values.yaml): two more looks. In issue 38
+    // The controller looks every 2 s here (tests/k8s/values.yaml): two more looks. In issue 38
     // the node's provisioner deleted the volumes of the released PVs within seconds.
     std::thread::sleep(LOOKS);
     intact()?;

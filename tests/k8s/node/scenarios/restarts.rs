@@ -51,7 +51,8 @@ spec:
         let pod = format!("pod/{pod}");
         s.k(&["wait", "--for=condition=Ready", &pod, "--timeout=600s"])?;
     }
-    std::thread::sleep(Duration::from_secs(5));
+    // The writers loop from Ready until /data/stop: two seconds in, the kill finds writes in flight.
+    std::thread::sleep(Duration::from_secs(2));
     let before = s.ublkd_restarts()?;
     let pids = local("pidof", &["ublkd"]).context("no ublkd process on the node")?;
     let pid = pids
@@ -100,14 +101,16 @@ spec:
     };
     s.wait(600, "the rolled ublkd pod Ready", rolled)
         .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods", "-o", "wide"]))?;
-    std::thread::sleep(Duration::from_secs(5));
-    for (pod, claim, _) in writers {
+    std::thread::sleep(Duration::from_secs(2));
+    for (pod, _, _) in writers {
         // The writer may see the file and end, and its PID namespace take the exec's shell
         // with it (SIGKILL, 137), before the exec returns: stop 48's CI failed that way.
         // Whether the writer ended cleanly is what is judged.
         if let Err(e) = s.in_pod(pod, "touch /data/stop") {
             s.say(format!("(the exec that stops {pod}: {e:#})"));
         }
+    }
+    for (pod, _, _) in writers {
         let done = || {
             s.jp(&["pod", pod], "{.status.phase}")
                 .is_ok_and(|p| p == "Succeeded")
@@ -122,9 +125,9 @@ spec:
                 }
             })?;
         s.show(&["logs", pod]);
-        s.delete(&["pod", pod])?;
-        s.delete(&["pvc", claim])?;
     }
+    s.delete(&["pod", "p-writer", "p-e-writer"])?;
+    s.delete(&["pvc", "w-data", "we-data"])?;
     luks_classes_gone(s)
 }
 

@@ -54,6 +54,7 @@ spec:
         s.jp(&["volumesnapshot", "snap1"], status)?
     ));
     s.in_pod("p-src", "echo after-the-snapshot >/data/f && sync")?;
+    // Both made after the second write, at once.
     s.pvc_from(
         "s-restore",
         "ublkd-file-xfs",
@@ -61,12 +62,6 @@ spec:
         "VolumeSnapshot",
         "snap1",
     )?;
-    s.pod("p-restore", "s-restore", Mode::Filesystem)?;
-    let got = s.in_pod("p-restore", "cat /data/f")?;
-    ensure!(
-        got == "at-the-snapshot",
-        "the restore holds the snapshot's data ({got})"
-    );
     s.pvc_from(
         "s-clone",
         "ublkd-file-xfs",
@@ -74,7 +69,14 @@ spec:
         "PersistentVolumeClaim",
         "s-src",
     )?;
+    s.start_pod("p-restore", "s-restore", Mode::Filesystem)?;
     s.pod("p-clone", "s-clone", Mode::Filesystem)?;
+    s.ready("p-restore", "s-restore")?;
+    let got = s.in_pod("p-restore", "cat /data/f")?;
+    ensure!(
+        got == "at-the-snapshot",
+        "the restore holds the snapshot's data ({got})"
+    );
     let got = s.in_pod("p-clone", "cat /data/f")?;
     ensure!(
         got == "after-the-snapshot",

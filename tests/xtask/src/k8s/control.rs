@@ -264,7 +264,7 @@ impl Components {
                 let me = self.clone();
                 std::thread::spawn(move || me.answer(&run));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
