@@ -56,6 +56,31 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
     }
 }
 
+/// The dataplane spec `ublkd run` serves for a backend of the API, with no registry: RAM in
+/// anonymous memory, an NVMe window of length 0 to `size`; None for an NVMe window with no
+/// offset (there is nothing to place it against).
+pub fn run_backend_spec(b: &v1::volume_spec::Backend, size: u64) -> Option<BackendSpec> {
+    use v1::volume_spec::Backend as B;
+    Some(match b {
+        B::Null(_) => BackendSpec::Null,
+        B::Ram(_) => BackendSpec::Ram { path: None },
+        B::File(f) => BackendSpec::File {
+            path: f.path.clone().into(),
+        },
+        B::Nvme(n) => BackendSpec::Nvme {
+            path: n.device.clone().into(),
+            window: match (n.offset_bytes?, n.length_bytes) {
+                (0, 0) => None,
+                (offset, len) => Some(Window {
+                    offset,
+                    len: if len == 0 { size } else { len },
+                }),
+            },
+            keep_data: false,
+        },
+    })
+}
+
 /// The API form of a snapshot.
 pub fn snapshot_proto(s: &SnapshotRecord) -> v1::Snapshot {
     v1::Snapshot {
@@ -326,6 +351,33 @@ mod tests {
             let back = ublkd_proto::BackendKind::of(&backend_proto(&r.backend));
             assert_eq!(back, kind);
         }
+    }
+
+    /// `ublkd run` serves every kind as the dataplane's backend of its name; an NVMe window
+    /// of length 0 runs to the device's size, and one with no offset has nothing to place it.
+    #[test]
+    fn ublkd_run_serves_each_kind_and_places_no_window() {
+        use v1::volume_spec::Backend as B;
+        for kind in ublkd_proto::BackendKind::ALL {
+            let b = backend_proto(&BackendRecord::example(kind));
+            let spec = run_backend_spec(&b, 1 << 20).map(|s| s.kind());
+            assert_eq!(spec, Some(kind.name()), "{b:?}");
+        }
+        let nvme = |offset, len| {
+            let n = v1::NvmeBackend {
+                offset_bytes: offset,
+                length_bytes: len,
+                ..Default::default()
+            };
+            match run_backend_spec(&B::Nvme(n), 1 << 20) {
+                Some(BackendSpec::Nvme { window, .. }) => Some(window.map(|w| (w.offset, w.len))),
+                _ => None,
+            }
+        };
+        assert_eq!(nvme(Some(0), 0), Some(None));
+        assert_eq!(nvme(Some(4096), 0), Some(Some((4096, 1 << 20))));
+        assert_eq!(nvme(Some(4096), 8192), Some(Some((4096, 8192))));
+        assert_eq!(nvme(None, 8192), None);
     }
 
     /// request -> record -> DeviceSpec -> the kernel's device -> takeover, over every field:

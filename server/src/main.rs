@@ -200,45 +200,22 @@ fn termination() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 /// What `ublkd run` serves for `--backend` (read in ublkctl's notation): the dataplane's spec.
 /// A `file+create:` file is made or extended to `size`.
 fn run_backend(b: &v1::volume_spec::Backend, size: u64) -> anyhow::Result<BackendSpec> {
-    use v1::volume_spec::Backend as B;
-    Ok(match b {
-        B::Null(_) => BackendSpec::Null,
-        B::Ram(_) => BackendSpec::Ram { path: None },
-        B::File(f) => {
-            if f.create {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&f.path)
-                    .with_context(|| format!("creating {}", f.path))?;
-                if file.metadata()?.len() < size {
-                    file.set_len(size)
-                        .with_context(|| format!("extending {}", f.path))?;
-                }
-            }
-            BackendSpec::File {
-                path: f.path.clone().into(),
+    if let v1::volume_spec::Backend::File(f) = b {
+        if f.create {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&f.path)
+                .with_context(|| format!("creating {}", f.path))?;
+            if file.metadata()?.len() < size {
+                file.set_len(size)
+                    .with_context(|| format!("extending {}", f.path))?;
             }
         }
-        B::Nvme(n) => {
-            let window = match (n.offset_bytes, n.length_bytes) {
-                (Some(0), 0) => None,
-                (Some(offset), len) => Some(ublkd_dataplane::Window {
-                    offset,
-                    len: if len == 0 { size } else { len },
-                }),
-                (None, _) => {
-                    bail!("ublkd run has no registry to place an `auto` window in: give its offset")
-                }
-            };
-            BackendSpec::Nvme {
-                path: n.device.clone().into(),
-                window,
-                keep_data: false,
-            }
-        }
-    })
+    }
+    convert::run_backend_spec(b, size)
+        .context("ublkd run has no registry to place an `auto` window in: give its offset")
 }
 
 fn run_one(args: RunArgs) -> anyhow::Result<()> {
