@@ -19,24 +19,11 @@ pub const NODE: &str = "ublkd-vm";
 /// (the node's containerd pulls from its loopback, 127.0.0.1:5000).
 pub const REGISTRY_FROM_HOST: &str = "10.10.0.1:5000";
 
-/// kubectl's arguments that name the ublkd pods (after `get`, or as `jp`'s `what`).
-pub const UBLKD_PODS: [&str; 5] = [
-    "-n",
-    "ublkd-system",
-    "pod",
-    "-l",
-    "app.kubernetes.io/name=ublkd",
-];
+/// kubectl's arguments that name the ublkd pods (after `get`, or as `jp`'s `what` in words).
+pub const UBLKD_PODS: &str = "-n ublkd-system pod -l app.kubernetes.io/name=ublkd";
 
 /// kubectl's arguments for the node plugin's own log.
-pub const CSI_NODE_LOGS: [&str; 6] = [
-    "-n",
-    "ublkd-system",
-    "logs",
-    "ds/ublkd-csi-node",
-    "-c",
-    "ublkd-csi",
-];
+pub const CSI_NODE_LOGS: &str = "-n ublkd-system logs ds/ublkd-csi-node -c ublkd-csi";
 
 /// A command line's arguments: `line` split at spaces.
 pub fn words(line: &str) -> Vec<&str> {
@@ -180,6 +167,13 @@ pub fn local(prog: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `local` of the command line `line`, split at spaces (no argument holds one).
+pub fn localw(line: &str) -> Result<String> {
+    let w = words(line);
+    let (prog, args) = w.split_first().context("an empty command line")?;
+    local(prog, args)
+}
+
 /// A daemon of the node, its output in `log`, killed when this is dropped.
 pub struct Daemon(Child);
 
@@ -227,16 +221,20 @@ pub fn wait_for(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// A Kubernetes quantity in Mi or Gi (what capacities are written in), or bytes, in MiB.
+/// A Kubernetes quantity in bytes: a number of bytes, or with a binary suffix (Ki to Ti, what
+/// capacities are written in).
+pub fn bytes(q: &str) -> Result<u64> {
+    let q = q.trim();
+    let (num, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let shift = ["", "Ki", "Mi", "Gi", "Ti"].iter().position(|u| *u == unit);
+    let n = num.parse::<u64>().ok().zip(shift);
+    n.and_then(|(n, shift)| n.checked_mul(1 << (10 * shift)))
+        .with_context(|| format!("quantity {q:?}"))
+}
+
+/// A Kubernetes quantity (see [`bytes`]) in MiB.
 pub fn mib(q: &str) -> Result<u64> {
-    let n = |s: &str| s.parse::<u64>().with_context(|| format!("quantity {q:?}"));
-    Ok(if let Some(g) = q.strip_suffix("Gi") {
-        n(g)? * 1024
-    } else if let Some(m) = q.strip_suffix("Mi") {
-        n(m)?
-    } else {
-        n(q)? / 1_048_576
-    })
+    Ok(bytes(q)? >> 20)
 }
 
 /// The value of a `key: value` line of ublkctl's or the plugin's output.
@@ -256,8 +254,33 @@ pub fn has_line(out: &str, words: &str) -> bool {
     })
 }
 
-/// A claim's volume mode, and the pod's view of it.
-#[derive(Clone, Copy, PartialEq)]
+/// Appends `text` to the log at `path`: a record for its reader, which nothing depends on, so
+/// a write that fails is left alone.
+pub fn append(path: &Path, text: &str) {
+    if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+/// `f` of each of `items` at once, each on a thread of its own; a panic is an `Err`.
+pub fn at_once<I: Sync, T: Send>(
+    items: &[I],
+    f: impl Fn(&I) -> T + Sync,
+) -> Vec<std::thread::Result<T>> {
+    std::thread::scope(|s| {
+        let running: Vec<_> = items.iter().map(|i| s.spawn(|| f(i))).collect();
+        running.into_iter().map(|r| r.join()).collect()
+    })
+}
+
+/// The last `n` lines of `text`.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A claim's volume mode (its name is the claim's `volumeMode`), and the pod's view of it.
+#[derive(Clone, Copy, PartialEq, Debug)]
 pub enum Mode {
     Filesystem,
     Block,
@@ -322,20 +345,17 @@ impl<'a> Sc<'a> {
 
     /// `kubectl get WHAT... -o jsonpath=PATH`, silent.
     pub fn jp(&self, what: &[&str], path: &str) -> Result<String> {
-        let out = format!("jsonpath={path}");
-        let args: Vec<&str> = ["get"]
-            .iter()
-            .chain(what)
-            .chain(&["-o", &out])
-            .copied()
-            .collect();
-        self.q(&args)
+        self.q(&[&["get"][..], what, &["-o", &format!("jsonpath={path}")]].concat())
     }
 
-    /// Does `kubectl get WHAT...` find it?
-    pub fn exists(&self, what: &[&str]) -> bool {
-        let args: Vec<&str> = ["get"].iter().chain(what).copied().collect();
-        self.q(&args).is_ok()
+    /// Whether `jp` of `what` and `path` reads `want`.
+    pub fn jp_is(&self, what: &[&str], path: &str, want: &str) -> bool {
+        self.jp(what, path).is_ok_and(|v| v == want)
+    }
+
+    /// Does `kubectl get WHAT` (words) find it?
+    pub fn exists(&self, what: &str) -> bool {
+        self.qw(&format!("get {what}")).is_ok()
     }
 
     pub fn helm(&self, args: &[&str]) -> Result<String> {
@@ -350,16 +370,12 @@ impl<'a> Sc<'a> {
             .lines()
             .find_map(|l| l.strip_prefix("version: "))
             .context("Chart.yaml has no version")?;
-        let chart = format!("oci://{REGISTRY_FROM_HOST}/charts/ublkd");
-        let at = [
-            verb,
-            "ublkd",
-            &chart,
-            "--version",
-            version.trim(),
-            "--plain-http",
-        ];
-        self.helm(&[&at[..], &["--namespace", "ublkd-system"], args].concat())
+        let at = format!(
+            "{verb} ublkd oci://{REGISTRY_FROM_HOST}/charts/ublkd --version {} --plain-http \
+             --namespace ublkd-system",
+            version.trim()
+        );
+        self.helm(&[&words(&at)[..], args].concat())
     }
 
     /// `opa eval QUERY` over the admission policies (tests/k8s/policy) with `input`: the value.
@@ -384,23 +400,33 @@ impl<'a> Sc<'a> {
         self.call("kubectl", &args, Some(manifest), true)
     }
 
-    /// What kubectl prints, into the log (for the record; its failure is logged too).
-    pub fn show(&self, args: &[&str]) {
-        match self.q(args) {
-            Ok(out) => self.say(out),
+    /// What kubectl prints for `line` (its arguments in words), into the log (for the record;
+    /// its failure is logged too).
+    pub fn show(&self, line: &str) {
+        self.tail(usize::MAX, line);
+    }
+
+    /// The last `n` lines of what kubectl prints for `line` (words), into the log.
+    pub fn tail(&self, n: usize, line: &str) {
+        match self.qw(line) {
+            Ok(out) => self.say(last_lines(&out, n)),
             Err(e) => self.say(format!("({e:#})")),
         }
     }
 
-    /// The last `n` lines of what kubectl prints, into the log.
-    pub fn tail(&self, n: usize, args: &[&str]) {
-        match self.q(args) {
-            Ok(out) => {
-                let lines: Vec<&str> = out.lines().collect();
-                self.say(lines[lines.len().saturating_sub(n)..].join("\n"));
-            }
-            Err(e) => self.say(format!("({e:#})")),
-        }
+    /// The messages of the Events (in default) that the field selector `sel` picks.
+    pub fn events(&self, sel: &str) -> Result<String> {
+        self.jp(&["events", "--field-selector", sel], "{.items[*].message}")
+    }
+
+    /// Whether what kubectl prints for `line` (words) contains `text`.
+    pub fn shows(&self, line: &str, text: &str) -> bool {
+        self.qw(line).is_ok_and(|out| out.contains(text))
+    }
+
+    /// The phase of `what` (words: `pvc NAME`).
+    pub fn phase(&self, what: &str) -> Result<String> {
+        self.jp(&words(what), "{.status.phase}")
     }
 
     /// `sh -c SCRIPT` in a pod's container; what it printed.
@@ -408,20 +434,10 @@ impl<'a> Sc<'a> {
         self.k(&["exec", pod, "--", "/bin/sh", "-c", script])
     }
 
-    /// ublkctl in the node's ublkd container.
-    pub fn ublkctl(&self, args: &[&str]) -> Result<String> {
-        let mut a = vec![
-            "-n",
-            "ublkd-system",
-            "exec",
-            "ds/ublkd",
-            "-c",
-            "ublkd",
-            "--",
-        ];
-        a.push("/usr/local/bin/ublkctl");
-        a.extend_from_slice(args);
-        self.k(&a)
+    /// ublkctl with the arguments of `line` (words) in the node's ublkd container.
+    pub fn ublkctl(&self, line: &str) -> Result<String> {
+        let exec = "-n ublkd-system exec ds/ublkd -c ublkd -- /usr/local/bin/ublkctl";
+        self.kw(&format!("{exec} {line}"))
     }
 
     /// Waits up to `secs` for `f`; fails saying what never came.
@@ -453,29 +469,7 @@ spec:
     }
 
     pub fn pvc(&self, name: &str, class: &str, size: &str, mode: Mode) -> Result<()> {
-        let line = match mode {
-            Mode::Filesystem => "volumeMode: Filesystem",
-            Mode::Block => "volumeMode: Block",
-        };
-        self.claim(name, class, size, line)
-    }
-
-    /// A claim made from a VolumeSnapshot or from another claim.
-    pub fn pvc_from(
-        &self,
-        name: &str,
-        class: &str,
-        size: &str,
-        kind: &str,
-        src: &str,
-    ) -> Result<()> {
-        let group = if kind == "VolumeSnapshot" {
-            "apiGroup: snapshot.storage.k8s.io, "
-        } else {
-            ""
-        };
-        let line = format!("dataSource: {{{group}kind: {kind}, name: {src}}}");
-        self.claim(name, class, size, &line)
+        self.claim(name, class, size, &format!("volumeMode: {mode:?}"))
     }
 
     /// A pod that keeps the claim mounted at /data (or as /dev/xvda), not waited for.
@@ -512,22 +506,17 @@ spec:
         let pod = format!("pod/{name}");
         self.k(&["wait", "--for=condition=Ready", &pod, "--timeout=600s"])
             .inspect_err(|_| {
-                self.tail(25, &["describe", "pod", name]);
-                self.tail(15, &["describe", "pvc", claim]);
-                self.tail(30, &CSI_NODE_LOGS);
+                self.tail(25, &format!("describe pod {name}"));
+                self.tail(15, &format!("describe pvc {claim}"));
+                self.tail(30, CSI_NODE_LOGS);
             })
             .map(drop)
     }
 
-    /// `kubectl delete WHAT... --wait=true`.
-    pub fn delete(&self, what: &[&str]) -> Result<()> {
-        let args: Vec<&str> = ["delete"]
-            .iter()
-            .chain(what)
-            .chain(&["--wait=true"])
-            .copied()
-            .collect();
-        self.k(&args).map(|out| self.say(out))
+    /// `kubectl delete WHAT --wait=true`, WHAT in words.
+    pub fn delete(&self, what: &str) -> Result<()> {
+        self.kw(&format!("delete {what} --wait=true"))
+            .map(|out| self.say(out))
     }
 
     /// `claim` grown to `size` MiB, `pod` using it: once its PV holds the size, an update to
@@ -544,7 +533,7 @@ spec:
                 .is_ok_and(|c| mib(&c).is_ok_and(|m| m >= size))
         };
         self.wait(300, &format!("{pv} holds {size} MiB"), grown)
-            .inspect_err(|_| self.tail(15, &["describe", "pvc", claim]))?;
+            .inspect_err(|_| self.tail(15, &format!("describe pvc {claim}")))?;
         let resync = format!("ublkd.test/resync={:.0}", self.node.now());
         self.k(&["annotate", "pod", pod, "--overwrite", &resync])
             .map(drop)
@@ -562,38 +551,25 @@ spec:
             .is_ok_and(|f| f.contains("ublkd.io/node"))
     }
 
-    fn events_of(&self, node: &str, reason: Option<&str>) -> Result<String> {
-        let mut sel = format!("involvedObject.kind=Node,involvedObject.name={node}");
-        if let Some(r) = reason {
-            sel.push_str(&format!(",reason={r}"));
-        }
-        self.q(&[
-            "get",
-            "events",
-            "-A",
-            "--field-selector",
-            &sel,
-            "-o",
-            "jsonpath={.items[*].message}",
-        ])
-    }
-
     /// An Event of that reason on `node` (the node-loss controller's).
     pub fn node_event(&self, node: &str, reason: &str) -> bool {
-        self.events_of(node, Some(reason))
-            .is_ok_and(|m| !m.trim().is_empty())
+        let sel = format!("involvedObject.kind=Node,involvedObject.name={node},reason={reason}");
+        let events = self.jp(
+            &["events", "-A", "--field-selector", &sel],
+            "{.items[*].message}",
+        );
+        events.is_ok_and(|m| !m.trim().is_empty())
     }
 
     /// The controller's Events on `node`, into the log.
     pub fn node_events(&self, node: &str) {
         let sel = format!("involvedObject.kind=Node,involvedObject.name={node}");
         let cols = "custom-columns=REASON:.reason,MESSAGE:.message";
-        self.show(&["get", "events", "-A", "--field-selector", &sel, "-o", cols]);
+        self.show(&format!("get events -A --field-selector {sel} -o {cols}"));
     }
 
     pub fn ublkd_pod(&self) -> Result<String> {
-        let sel = UBLKD_PODS;
-        self.jp(&sel, "{.items[0].metadata.name}")
+        self.jp(&words(UBLKD_PODS), "{.items[0].metadata.name}")
     }
 
     pub fn ublkd_restarts(&self) -> Result<u32> {
@@ -604,15 +580,14 @@ spec:
     }
 
     pub fn ublkd_ready(&self) -> bool {
-        let args = ["-n", "ublkd-system", "wait", "--for=condition=Ready", "pod"];
-        let more = ["-l", "app.kubernetes.io/name=ublkd", "--timeout=5s"];
-        self.q(&[&args[..], &more[..]].concat()).is_ok()
+        let wait = format!("wait {UBLKD_PODS} --for=condition=Ready --timeout=5s");
+        self.qw(&wait).is_ok()
     }
 
     /// The node's Ready condition is True.
     pub fn node_ready(&self) -> bool {
         let path = r#"{.status.conditions[?(@.type=="Ready")].status}"#;
-        self.jp(&["node", NODE], path).is_ok_and(|s| s == "True")
+        self.jp_is(&["node", NODE], path, "True")
     }
 
     /// The driver is registered in the node's CSINode.
@@ -623,17 +598,9 @@ spec:
 
     /// Every pod of the driver Ready, and at least three of them.
     pub fn all_ready(&self) -> bool {
-        let wait = [
-            "-n",
-            "ublkd-system",
-            "wait",
-            "--for=condition=Ready",
-            "pod",
-            "--all",
-        ];
-        self.q(&[&wait[..], &["--timeout=5s"]].concat()).is_ok()
-            && self
-                .q(&["-n", "ublkd-system", "get", "pods", "--no-headers"])
+        let wait = "-n ublkd-system wait --for=condition=Ready pod --all --timeout=5s";
+        self.qw(wait).is_ok()
+            && (self.qw("-n ublkd-system get pods --no-headers"))
                 .is_ok_and(|o| o.lines().count() >= 3)
     }
 }

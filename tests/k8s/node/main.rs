@@ -14,7 +14,10 @@ mod kube;
 mod scenarios;
 
 use anyhow::{bail, ensure, Context, Result};
-use kube::{fill, local, wait_for, Daemon, Input, Node, Sc, NODE};
+use kube::{
+    append, at_once, fill, last_lines, local, localw, wait_for, words, Daemon, Input, Node, Sc,
+    NODE, REGISTRY_FROM_HOST,
+};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -100,9 +103,7 @@ fn main() -> Result<()> {
                 let p = entry.path();
                 if p.extension().is_some_and(|x| x == "log") {
                     let text = fs::read_to_string(&p).unwrap_or_default();
-                    let lines: Vec<&str> = text.lines().collect();
-                    println!("--- tail of {}", p.display());
-                    println!("{}", lines[lines.len().saturating_sub(15)..].join("\n"));
+                    println!("--- tail of {}\n{}", p.display(), last_lines(&text, 15));
                 }
             }
             std::process::exit(100);
@@ -118,14 +119,8 @@ fn main() -> Result<()> {
 /// The pods' own logs, kept on every run (a sidecar's restart says why only there); the run
 /// directory is the host's.
 fn keep_pod_logs(node: &Node) {
-    if let Err(e) = local(
-        "cp",
-        &[
-            "-r",
-            "/var/log/pods",
-            &node.logs.join("pods").to_string_lossy(),
-        ],
-    ) {
+    let to = node.logs.join("pods");
+    if let Err(e) = local("cp", &["-r", "/var/log/pods", &to.to_string_lossy()]) {
         node.say(format!("the pods' logs could not be kept: {e:#}"));
     }
 }
@@ -156,14 +151,14 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     let i = &node.input;
     let l = |name: &str| node.logs.join(name);
     // --- the node: modules, file systems, network, cgroups ---
-    let kver = local("uname", &["-r"])?.trim().to_owned();
+    let kver = localw("uname -r")?.trim().to_owned();
     let moddir = format!("/usr/lib/modules/{kver}");
     fs::create_dir_all(&moddir)?;
     local("mount", &["--bind", &i.modules.to_string_lossy(), &moddir])
         .context("binding the kernel's modules")?;
     for d in STATE_DIRS {
         fs::create_dir_all(d)?;
-        local("mount", &["-t", "tmpfs", "-o", "mode=0755", "state", d])?;
+        localw(&format!("mount -t tmpfs -o mode=0755 state {d}"))?;
     }
     // The file classes' root on a file system that can reflink (snapshots, restores and clones
     // are reflinks of a backing file): XFS with reflink=1 on a loop device over a sparse file,
@@ -171,58 +166,42 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     let disk_dir = "/var/lib/node-disk";
     fs::create_dir_all(disk_dir)?;
     fs::create_dir_all("/var/lib/ublkd/volumes")?;
-    local(
-        "mount",
-        &["-t", "tmpfs", "-o", "mode=0755", "disk", disk_dir],
-    )?;
+    localw(&format!("mount -t tmpfs -o mode=0755 disk {disk_dir}"))?;
     let img = format!("{disk_dir}/volumes.img");
     fs::File::create(&img)?.set_len(4 << 30)?;
-    if let Err(e) = local("modprobe", &["loop"]) {
+    if let Err(e) = localw("modprobe loop") {
         node.say(format!("modprobe loop: {e:#}"));
     }
-    let disk = local("losetup", &["--find", "--show", &img])?
+    let disk = localw(&format!("losetup --find --show {img}"))?
         .trim()
         .to_owned();
-    local("mkfs.xfs", &["-q", "-m", "reflink=1", &disk])?;
-    local("mount", &["-o", "discard", &disk, "/var/lib/ublkd/volumes"])?;
-    local("mount", &["--make-rshared", "/"])?;
+    localw(&format!("mkfs.xfs -q -m reflink=1 {disk}"))?;
+    localw(&format!("mount -o discard {disk} /var/lib/ublkd/volumes"))?;
+    localw("mount --make-rshared /")?;
     let mut failed_modules = String::new();
     for m in MODULES {
-        if let Err(e) = local("modprobe", &[m]) {
+        if let Err(e) = localw(&format!("modprobe {m}")) {
             failed_modules.push_str(&format!("{e:#}\n"));
         }
     }
     fs::write(l("modprobe.log"), failed_modules)?;
-    local(
-        "sysctl",
-        &[
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.bridge.bridge-nf-call-iptables=1",
-        ],
-    )?;
-    local("ip", &["link", "add", "node0", "type", "dummy"])?;
-    local(
-        "ip",
-        &["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"],
-    )?;
-    local("ip", &["link", "set", "node0", "up"])?;
+    localw("sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1")?;
+    localw("ip link add node0 type dummy")?;
+    localw(&format!("ip addr add {NODE_IP}/24 dev node0"))?;
+    localw("ip link set node0 up")?;
     // The link to the control plane: QEMU's user network, its host at HOST_IP.
     let nic = fs::read_dir("/sys/class/net")?
         .flatten()
         .find(|e| e.path().join("device").exists())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .context("no NIC for the network to the control plane")?;
-    local("ip", &["link", "set", &nic, "up"])?;
-    local("ip", &["addr", "add", "10.0.2.15/24", "dev", &nic])?;
-    local(
-        "ip",
-        &["route", "add", "default", "via", HOST_IP, "dev", &nic],
-    )?;
-    local("hostname", &[NODE])?;
+    localw(&format!("ip link set {nic} up"))?;
+    localw(&format!("ip addr add 10.0.2.15/24 dev {nic}"))?;
+    localw(&format!("ip route add default via {HOST_IP} dev {nic}"))?;
+    localw(&format!("hostname {NODE}"))?;
     fs::write("/etc/hosts", format!("127.0.0.1 localhost {NODE}\n"))?;
     if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        local("mount", &["-t", "cgroup2", "none", "/sys/fs/cgroup"]).context("no cgroup v2")?;
+        localw("mount -t cgroup2 none /sys/fs/cgroup").context("no cgroup v2")?;
     }
     // Every controller delegated to the kubelet's hierarchy.
     for c in fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")?.split_whitespace() {
@@ -251,20 +230,19 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     // The import is the longest step of the boot under emulation (unpacking every layer), and
     // the control plane, once up, keeps both vCPUs busy: it ran 4-7x slower beside it on a slow
     // host. So containerd imports the images first, two at a time, with the vCPUs to itself.
-    let cni = i.debs.join("usr/lib/cni");
-    let containerd_conf = include_str!("containerd.toml");
-    write(
-        "/etc/containerd/config.toml",
-        &fill(containerd_conf, &[("CNI_BIN", &cni.to_string_lossy())]),
-    )?;
-    write(
-        &format!("/etc/containerd/certs.d/{REGISTRY}/hosts.toml"),
-        include_str!("registry-hosts.toml"),
-    )?;
-    write(
-        "/etc/cni/net.d/10-pods.conflist",
-        include_str!("pods.conflist"),
-    )?;
+    let cni = i.debs.join("usr/lib/cni").to_string_lossy().into_owned();
+    let config = fill(include_str!("containerd.toml"), &[("CNI_BIN", &cni)]);
+    let hosts = format!("/etc/containerd/certs.d/{REGISTRY}/hosts.toml");
+    for (path, text) in [
+        ("/etc/containerd/config.toml", config.as_str()),
+        (hosts.as_str(), include_str!("registry-hosts.toml")),
+        (
+            "/etc/cni/net.d/10-pods.conflist",
+            include_str!("pods.conflist"),
+        ),
+    ] {
+        write(path, text)?;
+    }
     let bin = i.debs.join("usr/bin");
     let path = format!(
         "{}:{}",
@@ -278,30 +256,15 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
         &l("containerd.log"),
     )?;
     let mut daemons = vec![containerd];
-    let ctr = bin.join("ctr");
-    let ctr = |args: &[&str]| -> Result<String> {
-        let a: Vec<&str> = ["-n", "k8s.io"].iter().chain(args).copied().collect();
-        local(&ctr.to_string_lossy(), &a)
-    };
+    let ctr = bin.join("ctr").to_string_lossy().into_owned();
+    let ctr = |args: &[&str]| local(&ctr, &[&["-n", "k8s.io"][..], args].concat());
     if !wait_for(60, || ctr(&["version"]).is_ok()) {
         bail!("containerd never answered");
     }
     let mut log = String::new();
     for pair in i.images.chunks(2) {
-        let done: Vec<Result<String>> = std::thread::scope(|s| {
-            let hs: Vec<_> = pair
-                .iter()
-                .map(|(r, a)| s.spawn(|| import(&ctr, r, a)))
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("the import panicked")))
-                })
-                .collect()
-        });
-        for d in done {
-            log.push_str(&d?);
+        for done in at_once(pair, |(r, a)| import(&ctr, r, a)) {
+            log.push_str(&done.unwrap_or_else(|_| bail!("the import panicked"))?);
         }
     }
     fs::write(l("images.log"), log)?;
@@ -316,7 +279,6 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     // --- the control plane, on the host ---
     // The bring-up's kubectl and helm calls, logged as a scenario's are (logs/bring-up.log).
     let s = Sc::new(node, fs::File::create(l("bring-up.log"))?);
-    let kubectl = |args: &[&str]| s.k(args);
     if !wait_for(600, || s.qw("get --raw /readyz").is_ok()) {
         bail!("the API server (on the host, {HOST_IP}) never answered");
     }
@@ -329,15 +291,13 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
         ),
     )?;
     kubelet_service(node);
+    let proxy = format!(
+        "--kubeconfig=/etc/kubernetes/kube-proxy.conf --hostname-override={NODE} \
+         --cluster-cidr=10.88.0.0/16 --proxy-mode=iptables --iptables-sync-period=5m"
+    );
     daemons.push(Daemon::start(
         &i.bin.join("kube-proxy"),
-        &[
-            "--kubeconfig=/etc/kubernetes/kube-proxy.conf",
-            &format!("--hostname-override={NODE}"),
-            "--cluster-cidr=10.88.0.0/16",
-            "--proxy-mode=iptables",
-            "--iptables-sync-period=5m",
-        ],
+        &words(&proxy),
         &[],
         &l("kube-proxy.log"),
     )?);
@@ -346,41 +306,33 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     }
     node.say("node Ready");
     // Pods reach the API server through the kubernetes Service (kube-proxy's rules).
-    let rules = || local("iptables-save", &["-t", "nat"]).is_ok_and(|r| r.contains("KUBE-SVC"));
+    let rules = || localw("iptables-save -t nat").is_ok_and(|r| r.contains("KUBE-SVC"));
     if !wait_for(120, rules) {
         bail!("kube-proxy wrote no Service rules");
     }
 
     // --- cluster add-ons: what deploy/csi/README.md ("Snapshots") has an admin install once ---
     tries(3, || {
-        kubectl(&["apply", "-k", &i.snapshot_crds.to_string_lossy()])
+        s.k(&["apply", "-k", &i.snapshot_crds.to_string_lossy()])
     })
     .context("the snapshot CRDs")?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/volumesnapshots.snapshot.storage.k8s.io",
-        "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
-        "crd/volumesnapshotclasses.snapshot.storage.k8s.io",
-    ])
-    .context("the snapshot CRDs never became Established")?;
+    s.kw("wait --for=condition=Established --timeout=60s \
+         crd/volumesnapshots.snapshot.storage.k8s.io \
+         crd/volumesnapshotcontents.snapshot.storage.k8s.io \
+         crd/volumesnapshotclasses.snapshot.storage.k8s.io")
+        .context("the snapshot CRDs never became Established")?;
     // Where the host's kubectl reads it: the run directory.
     let w = node.logs.join("../snapshot-controller");
     fs::create_dir_all(&w)?;
-    for f in [
-        "rbac-snapshot-controller.yaml",
-        "setup-snapshot-controller.yaml",
-    ] {
-        fs::copy(i.snapshot_controller.join(f), w.join(f))?;
+    for f in ["rbac", "setup"].map(|k| format!("{k}-snapshot-controller.yaml")) {
+        fs::copy(i.snapshot_controller.join(&f), w.join(&f))?;
     }
     let kust = include_str!("snapshot-controller.yaml");
     fs::write(
         w.join("kustomization.yaml"),
         fill(kust, &[("VERSION", &i.snapshotter_version)]),
     )?;
-    tries(3, || kubectl(&["apply", "-k", &w.to_string_lossy()]))
-        .context("the snapshot-controller")?;
+    tries(3, || s.k(&["apply", "-k", &w.to_string_lossy()])).context("the snapshot-controller")?;
     node.say("snapshot CRDs and controller applied");
 
     // --- ublkd's image in a registry, as a user's would be ---
@@ -395,7 +347,7 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
         &l("registry.log"),
     )?);
     let v2 = format!("http://{REGISTRY}/v2/");
-    if !wait_for(60, || local("curl", &["-fsS", &v2]).is_ok()) {
+    if !wait_for(60, || localw(&format!("curl -fsS {v2}")).is_ok()) {
         bail!("the registry never answered");
     }
     for tag in ["test", "roll"] {
@@ -434,10 +386,8 @@ metadata:
     // the run directory, where the host's helm reads and writes.
     let pkg = node.logs.with_file_name("chart");
     fs::create_dir_all(&pkg)?;
-    local(
-        "cp",
-        &["-r", &i.chart.to_string_lossy(), &pkg.to_string_lossy()],
-    )?;
+    let (chart, to) = (i.chart.to_string_lossy(), pkg.to_string_lossy());
+    local("cp", &["-r", &chart, &to])?;
     let values_path = pkg.join("ublkd/values.yaml");
     let shipped = fs::read_to_string(&values_path)?;
     let pinned = shipped
@@ -452,22 +402,15 @@ metadata:
         "the chart's values.yaml no longer has the image.repository and image.digest to pin"
     );
     write(&values_path.to_string_lossy(), &pinned)?;
-    let out = s.helm(&[
-        "package",
-        &pkg.join("ublkd").to_string_lossy(),
-        "-d",
-        &pkg.to_string_lossy(),
-    ])?;
+    let chart = pkg.join("ublkd");
+    let out = s.helm(&["package", &chart.to_string_lossy(), "-d", &to])?;
     let tgz = out
         .split_whitespace()
         .find(|w| w.ends_with(".tgz"))
         .with_context(|| format!("helm package said no .tgz: {out}"))?;
-    s.helm(&[
-        "push",
-        tgz,
-        &format!("oci://{}/charts", kube::REGISTRY_FROM_HOST),
-        "--plain-http",
-    ])?;
+    s.helmw(&format!(
+        "push {tgz} oci://{REGISTRY_FROM_HOST}/charts --plain-http"
+    ))?;
     node.say(format!("chart packaged and pushed: {tgz}"));
     let values = i.values.to_string_lossy();
     let out = s.helm_chart("install", &["--values", &values])?;
@@ -477,14 +420,13 @@ metadata:
     )?;
     node.say("helm install of the packaged chart done");
     if !wait_for(600, || s.all_ready()) {
-        for args in [
-            &["-n", "ublkd-system", "get", "pods", "-o", "wide"][..],
-            &["-n", "ublkd-system", "describe", "pods"],
-            &["get", "events", "-A", "--field-selector", "type=Warning"],
+        for line in [
+            "-n ublkd-system get pods -o wide",
+            "-n ublkd-system describe pods",
+            "get events -A --field-selector type=Warning",
         ] {
-            let out = kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
-            let lines: Vec<&str> = out.lines().collect();
-            println!("{}", lines[lines.len().saturating_sub(60)..].join("\n"));
+            let out = s.kw(line).unwrap_or_else(|e| format!("{e:#}"));
+            println!("{}", last_lines(&out, 60));
         }
         bail!("the driver's pods never became Ready");
     }
@@ -501,10 +443,7 @@ metadata:
         "pulled from the node's registry: {}",
         pulled.join(" ")
     ));
-    println!(
-        "{}",
-        kubectl(&["-n", "ublkd-system", "get", "pods", "-o", "wide"])?
-    );
+    println!("{}", s.kw("-n ublkd-system get pods -o wide")?);
     Ok(daemons)
 }
 
@@ -551,11 +490,11 @@ fn kubelet_service(node: &Node) {
             fs::write("/run/kubelet.pid", child.id().to_string())?;
             child.wait()
         });
-        let line = format!("the kubelet exited ({status:?}); starting it again in 1 s\n");
-        if let Ok(mut f) = fs::OpenOptions::new().append(true).open(&log) {
-            // The note is for the reader of the log; the restart happens either way.
-            let _ = std::io::Write::write_all(&mut f, line.as_bytes());
-        }
+        // The note is for the reader of the log; the restart happens either way.
+        append(
+            &log,
+            &format!("the kubelet exited ({status:?}); starting it again in 1 s\n"),
+        );
         std::thread::sleep(Duration::from_secs(1));
     });
 }
@@ -566,13 +505,12 @@ fn cpu_log(node: &Node) {
     std::thread::spawn(move || {
         let mut n = 0u64;
         loop {
-            let ps = local("ps", &["-eo", "pid,rss,time,comm", "--sort=-time"]).unwrap_or_default();
+            let ps = localw("ps -eo pid,rss,time,comm --sort=-time").unwrap_or_default();
             let top: Vec<&str> = ps.lines().take(25).collect();
-            let line = format!("--- k8s [{} s]\n{}\n", n * 120, top.join("\n"));
-            if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(&log) {
-                // A record for the reader; nothing depends on it.
-                let _ = std::io::Write::write_all(&mut f, line.as_bytes());
-            }
+            append(
+                &log,
+                &format!("--- k8s [{} s]\n{}\n", n * 120, top.join("\n")),
+            );
             n += 1;
             std::thread::sleep(Duration::from_secs(120));
         }

@@ -3,8 +3,8 @@
 //! (`scenarios/NAME.rs`), read top to bottom, every call it makes in its own log
 //! (`logs/scenario-NAME.log` in the run directory). Helpers more than one theme uses are here.
 
-use crate::kube::{Node, Sc};
-use anyhow::{Context, Result};
+use crate::kube::{at_once, last_lines, localw, Node, Sc};
+use anyhow::{bail, ensure, Context, Result};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -86,15 +86,11 @@ pub fn run(node: &Node) -> usize {
     let mut failed = 0;
     for group in PLAN {
         let chosen: Vec<&Scenario> = group.iter().filter(|(n, _)| wanted(n)).collect();
-        failed += std::thread::scope(|s| {
-            let hs: Vec<_> = chosen
-                .iter()
-                .map(|sc| s.spawn(|| run_one(node, sc)))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().map_or(1, usize::from))
-                .sum::<usize>()
-        });
+        let done = at_once(&chosen, |sc| run_one(node, sc));
+        failed += done
+            .into_iter()
+            .map(|r| r.map_or(1, usize::from))
+            .sum::<usize>();
     }
     failed
 }
@@ -130,14 +126,12 @@ fn run_one(node: &Node, (name, f): &Scenario) -> bool {
         Err(e) => {
             sc.say(format!("check failed: {e:#}"));
             let text = fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
             // "> " marks the lines the host's summary repeats under the verdict.
-            let tail: Vec<String> = lines[lines.len().saturating_sub(40)..]
-                .iter()
-                .map(|l| format!("> {l}"))
+            let tail: String = last_lines(&text, 40)
+                .lines()
+                .map(|l| format!("> {l}\n"))
                 .collect();
-            let tail = tail.join("\n");
-            format!("SCENARIO {name} FAILED {took:.1}\n{tail}\n")
+            format!("SCENARIO {name} FAILED {took:.1}\n{tail}")
         }
     };
     report.push_str(&format!(
@@ -162,6 +156,42 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     Some((busy, busy + f.get(3)? + f.get(4)?))
 }
 
+/// The file classes' root on the node, the pool of file volumes.
+const VOLUMES: &str = "/var/lib/ublkd/volumes";
+
+/// The one backing file of the file volume `vol` under [`VOLUMES`].
+fn backing_file(vol: &str) -> Result<PathBuf> {
+    let files = files_named(Path::new(VOLUMES), vol);
+    let [file] = files.as_slice() else {
+        bail!("not one backing file of {vol}: {files:?}");
+    };
+    Ok(file.clone())
+}
+
+/// Waits until the scheduler refuses `pod` for want of storage (its FailedScheduling Event
+/// says `why`, in lower case), and checks that `claim` is left Pending.
+fn unschedulable(s: &Sc, pod: &str, claim: &str, why: &str) -> Result<()> {
+    let sel = format!("involvedObject.name={pod},reason=FailedScheduling");
+    let said = || s.events(&sel).is_ok_and(|m| m.to_lowercase().contains(why));
+    s.wait(300, &format!("{pod}'s FailedScheduling says {why}"), said)
+        .inspect_err(|_| s.tail(10, &format!("describe pod {pod}")))?;
+    s.say(s.events(&format!("involvedObject.name={pod}"))?);
+    ensure!(
+        s.phase(&format!("pvc {claim}"))? == "Pending",
+        "{claim} left Pending"
+    );
+    Ok(())
+}
+
+/// SIGKILL to the node's ublkd process.
+fn kill_ublkd(s: &Sc) -> Result<()> {
+    let pids = localw("pidof ublkd").context("no ublkd process on the node")?;
+    let pid = pids.split_whitespace().next().context("no ublkd pid")?;
+    localw(&format!("kill -9 {pid}"))?;
+    s.say(format!("SIGKILL to ublkd (pid {pid})"));
+    Ok(())
+}
+
 /// The line of `df` for /data in a pod. `-P`: one line per file system (busybox wraps a long
 /// device name, such as an encrypted volume's mapping).
 const DF: &str = "df -kP /data | tail -1";
@@ -183,7 +213,7 @@ fn df_grew(s: &Sc, claim: &str, pod: &str, before: u64) -> Result<()> {
         after > before + 32768
     };
     s.wait(420, "df grew", grown)
-        .inspect_err(|_| s.tail(15, &["describe", "pvc", claim]))?;
+        .inspect_err(|_| s.tail(15, &format!("describe pvc {claim}")))?;
     s.say(format!("df: {before} KiB, then {after} KiB"));
     Ok(())
 }
@@ -204,9 +234,9 @@ fn files_named(dir: &Path, part: &str) -> Vec<PathBuf> {
 
 /// Whether `marker` occurs in the `len` bytes of `path` from `offset`, read 4 MiB at a time; a
 /// read that fails is an error, not "not found".
-fn holds(path: &Path, offset: u64, len: u64, marker: &str) -> Result<bool> {
+fn holds(path: &Path, offset: u64, len: u64, marker: &[u8]) -> Result<bool> {
     use std::io::{BufRead, Read, Seek, SeekFrom};
-    let (first, tail) = marker.as_bytes().split_first().context("an empty marker")?;
+    let (first, tail) = marker.split_first().context("an empty marker")?;
     let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     f.seek(SeekFrom::Start(offset))?;
     let mut f = f.take(len);
@@ -251,6 +281,15 @@ mod tests {
         assert!(names.iter().all(|n| !n.is_empty() && !n.contains(' ')));
     }
 
+    /// Quantities as capacities are written, in bytes and in MiB.
+    #[test]
+    fn quantities_read_in_bytes() {
+        let q = ["1048576", "64Mi", "2Gi", "4Ki", "1Ti"].map(|q| crate::kube::bytes(q).ok());
+        assert_eq!(q, [1 << 20, 64 << 20, 2 << 30, 4 << 10, 1 << 40].map(Some));
+        assert_eq!(crate::kube::mib("300Mi").ok(), Some(300));
+        assert!(crate::kube::bytes("1.5Gi").is_err() && crate::kube::bytes("64M").is_err());
+    }
+
     /// A marker across two reads is found, one cut short is not, and a read that fails fails.
     #[test]
     fn holds_finds_the_marker_whole_and_fails_on_a_read_error() -> Result<()> {
@@ -259,10 +298,10 @@ mod tests {
         let mut data = vec![b'u'; at + 16];
         data[at..at + 6].copy_from_slice(b"uxyzzy");
         fs::write(&path, &data)?;
-        let found = [0, 1, 3].map(|cut| holds(&path, 0, (at + 6 - cut) as u64, "uxyzzy").ok());
+        let found = [0, 1, 3].map(|cut| holds(&path, 0, (at + 6 - cut) as u64, b"uxyzzy").ok());
         fs::remove_file(&path)?;
         assert_eq!(found, [Some(true), Some(false), Some(false)]);
-        assert!(holds(Path::new("/"), 0, 10, "u").is_err());
+        assert!(holds(Path::new("/"), 0, 10, b"u").is_err());
         Ok(())
     }
 }

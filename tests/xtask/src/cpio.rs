@@ -36,9 +36,7 @@ impl Archive {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
-            self.buf.push(0);
-        }
+        self.buf.resize(self.buf.len().next_multiple_of(4), 0);
     }
 
     /// Appends the trailer and writes the archive.

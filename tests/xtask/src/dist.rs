@@ -83,12 +83,11 @@ pub const RELEASE_PACKAGES: [&str; 4] = ["ublkd-server", "ublkctl", "ublkd-csi",
 /// them), all in one `cargo xtask test`.
 pub fn release_build(ws: &Path) -> Result<PathBuf> {
     eprintln!("xtask: release build of {}", RELEASE_PACKAGES.join(", "));
-    apt::run_ok(
-        crate::cargo()
-            .current_dir(ws)
-            .args(["build", "--release", "--locked"])
-            .args(RELEASE_PACKAGES.iter().flat_map(|p| ["-p", p])),
-    )?;
+    let build = format!(
+        "build --release --locked -p {}",
+        RELEASE_PACKAGES.join(" -p ")
+    );
+    apt::run_ok(&mut crate::cargo_in(ws, &build))?;
     Ok(target_dir(ws).join("release"))
 }
 
@@ -135,24 +134,18 @@ pub fn reproducible_tar(dir: &Path, out: &Path, epoch: u64) -> Result<()> {
     if names.is_empty() {
         bail!("{} is empty: nothing to archive", dir.display());
     }
-    apt::run_ok(
-        Command::new("tar")
-            .arg("-C")
-            .arg(dir)
-            .args([
-                "--sort=name",
-                "--format=posix",
-                "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-                &format!("--mtime=@{epoch}"),
-                "--clamp-mtime",
-                "--owner=0",
-                "--group=0",
-                "--numeric-owner",
-                "-cf",
-            ])
-            .arg(out)
-            .args(&names),
-    )
+    let flags = format!(
+        "--sort=name --format=posix \
+         --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+         --mtime=@{epoch} --clamp-mtime --owner=0 --group=0 --numeric-owner -cf"
+    );
+    let mut tar = Command::new("tar");
+    tar.arg("-C")
+        .arg(dir)
+        .args(flags.split_whitespace())
+        .arg(out)
+        .args(&names);
+    apt::run_ok(&mut tar)
 }
 
 /// The newest modification time (seconds since the epoch) of the regular files under `dir`:

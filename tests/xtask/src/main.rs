@@ -187,14 +187,9 @@ fn run(command: Task) -> Result<ExitCode> {
         } => oci::push_archive(&archive, &manifest, &push)?,
         Task::Sim { seeds } => {
             eprintln!("xtask: sim: {seeds} seeded histories of the volume manager");
-            apt::run_ok(
-                cargo()
-                    .current_dir(&ws)
-                    .env("UBLKD_SIM_SEEDS", seeds.to_string())
-                    // The release build: optimised, its overflow checks on (Cargo.toml).
-                    .args(["test", "--release", "-p", "ublkd-server"])
-                    .args(["simulated_histories", "--", "--nocapture"]),
-            )?;
+            // The release build: optimised, its overflow checks on (Cargo.toml).
+            let test = "test --release -p ublkd-server simulated_histories -- --nocapture";
+            apt::run_ok(cargo_in(&ws, test).env("UBLKD_SIM_SEEDS", seeds.to_string()))?;
         }
         Task::Manifests => {
             deploy::manifest_checks(&ws, true)?;
@@ -257,6 +252,13 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// `cargo` in `dir` with the arguments of `line` (words).
+fn cargo_in(dir: &Path, line: &str) -> Command {
+    let mut c = cargo();
+    c.current_dir(dir).args(line.split_whitespace());
+    c
+}
+
 fn host_tests(ws: &Path) -> Result<()> {
     eprintln!("xtask: host tests: cargo test --workspace");
     // One stream (cargo's "Running BINARY" is on stderr, the binary's result on stdout), in the
@@ -295,12 +297,8 @@ fn host_tests(ws: &Path) -> Result<()> {
     // The test hooks' own language (arming, ranges, entries that read as nothing), which the
     // shipped build leaves out.
     eprintln!("xtask: host tests: the test hooks");
-    apt::run_ok(
-        cargo()
-            .current_dir(ws)
-            .args(["test", "-p", "ublkd-dataplane", "--lib", "hooks"])
-            .args(["--features", "test-hooks"]),
-    )?;
+    let hooks = "test -p ublkd-dataplane --lib hooks --features test-hooks";
+    apt::run_ok(&mut cargo_in(ws, hooks))?;
     alert_rule_tests(ws)?;
     deploy::manifest_checks(ws, false)?;
     shell_script_checks(ws)
@@ -397,7 +395,7 @@ fn boot_and_run(ws: &Path, script: &str, setup: impl FnOnce(&mut vm::Vm)) -> Res
 }
 
 fn demo(ws: &Path) -> Result<ExitCode> {
-    let bins = suite::build_node_binaries(ws, &[])?;
+    let bins = suite::build_node_binaries(ws, "")?;
     let bin = |name: &str| vm::quoted(&bins.join(name));
     let [ublkd, ublkctl, csi] = ["ublkd", "ublkctl", "ublkd-csi"].map(bin);
     // /dev/tcp in the script needs bash; the guest runs the host's shells.

@@ -59,11 +59,9 @@ const CSI_FILE: &str = "csi";
 /// Builds the VM test binaries and returns their paths.
 pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
     eprintln!("xtask: building VM tests (cargo test -p ublkd-tests --features vm --no-run)");
-    let out = crate::cargo()
-        .current_dir(ws)
-        .args(["test", "-p", "ublkd-tests", "--features", "vm"])
-        .args(["--test", "*", "--no-run"])
-        .arg("--message-format=json-render-diagnostics")
+    let build = "test -p ublkd-tests --features vm --test * --no-run \
+                 --message-format=json-render-diagnostics";
+    let out = crate::cargo_in(ws, build)
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo")?;
@@ -75,11 +73,9 @@ pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true {
-            if let Some(exe) = msg["executable"].as_str() {
-                bins.push(PathBuf::from(exe));
-            }
-        }
+        let test = msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true;
+        let exe = msg["executable"].as_str().filter(|_| test);
+        bins.extend(exe.map(PathBuf::from));
     }
     Ok(bins)
 }
@@ -87,24 +83,19 @@ pub fn build_test_binaries(ws: &Path) -> Result<Vec<PathBuf>> {
 /// The packages of what runs on a node: ublkd, ublkctl, ublkd-csi.
 const NODE_PACKAGES: [&str; 3] = ["ublkd-server", "ublkctl", "ublkd-csi"];
 
-/// Builds what runs on a node (ublkd, ublkctl, ublkd-csi) with `extra` cargo arguments, and
-/// returns where they are, target/debug.
-pub fn build_node_binaries(ws: &Path, extra: &[&str]) -> Result<PathBuf> {
+/// Builds what runs on a node (ublkd, ublkctl, ublkd-csi) with `extra` cargo arguments
+/// (words), and returns where they are, target/debug.
+pub fn build_node_binaries(ws: &Path, extra: &str) -> Result<PathBuf> {
     eprintln!("xtask: building ublkd, ublkctl and ublkd-csi");
-    crate::apt::run_ok(
-        crate::cargo()
-            .current_dir(ws)
-            .arg("build")
-            .args(NODE_PACKAGES.iter().flat_map(|p| ["-p", p]))
-            .args(extra),
-    )?;
+    let build = format!("build -p {} {extra}", NODE_PACKAGES.join(" -p "));
+    crate::apt::run_ok(&mut crate::cargo_in(ws, &build))?;
     Ok(crate::dist::target_dir(ws).join("debug"))
 }
 
 pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
     let kernel = image::prepare(ws)?;
     // The binaries the VM tests drive, ublkd with its test hooks.
-    let bins = build_node_binaries(ws, &["--features", "ublkd-server/test-hooks"])?;
+    let bins = build_node_binaries(ws, "--features ublkd-server/test-hooks")?;
     let mut cases = Vec::new();
     for binary in build_test_binaries(ws)? {
         // A filter matches a test's name, or the whole test file (binary `daemon-<hash>`).

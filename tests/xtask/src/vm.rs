@@ -126,33 +126,16 @@ pub enum Clock {
     Instructions,
 }
 
-impl Clock {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Clock::Wall => "wall",
-            Clock::Instructions => "instructions",
-        }
-    }
-}
-
 /// QEMU's accelerator arguments for TCG: one host thread per vCPU (with one thread for both,
 /// the Kubernetes tier's kubelet and containerd kept it busy and a pod took minutes to start),
 /// but one for all of them under the instruction clock, which needs it.
 fn tcg_args(clock: Clock, cpu: &str) -> Vec<String> {
-    let thread = match clock {
-        Clock::Wall => "multi",
-        Clock::Instructions => "single",
+    let (thread, icount) = match clock {
+        Clock::Wall => ("multi", &[][..]),
+        Clock::Instructions => ("single", &["-icount", "shift=0,sleep=on"][..]),
     };
-    let mut args = vec![
-        "-accel".to_owned(),
-        format!("tcg,thread={thread}"),
-        "-cpu".to_owned(),
-        cpu.to_owned(),
-    ];
-    if clock == Clock::Instructions {
-        args.extend(["-icount".to_owned(), "shift=0,sleep=on".to_owned()]);
-    }
-    args
+    let args = ["-accel", &format!("tcg,thread={thread}"), "-cpu", cpu];
+    args.iter().chain(icount).map(|a| a.to_string()).collect()
 }
 
 /// A network for the guest: QEMU's user network (the host at 10.0.2.2, the guest 10.0.2.15),
@@ -364,38 +347,33 @@ impl Vm {
             return Ok(Vec::new());
         }
         let mut args = Vec::new();
-        for id in ["mp1", "mp2"] {
+        // A drive `id` of `bytes` on a sparse image in the run directory, then `devices`.
+        let mut add = |id: &str, bytes: u64, devices: &[String]| -> Result<()> {
             let image = self.run_dir.join(format!("{id}.img"));
-            fs::File::create(&image)?.set_len(MPATH_NS_BYTES)?;
-            args.push("-drive".to_owned());
-            args.push(format!(
-                "file={},if=none,id={id},format=raw,cache=none,aio=io_uring",
-                image.display()
-            ));
-        }
-        for dev in [
+            fs::File::create(&image)?.set_len(bytes)?;
+            let f = image.display();
+            let drive = format!("file={f},if=none,id={id},format=raw,cache=none,aio=io_uring");
+            args.extend(["-drive".to_owned(), drive]);
+            args.extend(
+                devices
+                    .iter()
+                    .flat_map(|d| ["-device".to_owned(), d.clone()]),
+            );
+            Ok(())
+        };
+        add("mp1", MPATH_NS_BYTES, &[])?;
+        let subsystem = [
             "nvme-subsys,id=mpsub,nqn=ublkd-mpath",
             "nvme,serial=ublkd-mp,subsys=mpsub,id=mpc0,max_ioqpairs=4,mdts=5",
             "nvme,serial=ublkd-mp,subsys=mpsub,id=mpc1,max_ioqpairs=4,mdts=5",
             "nvme-ns,drive=mp1,nsid=1,bus=mpc1,shared=off,logical_block_size=4096,physical_block_size=4096",
             "nvme-ns,drive=mp2,nsid=2,shared=on",
-        ] {
-            args.extend(["-device".to_owned(), dev.to_owned()]);
-        }
+        ];
+        add("mp2", MPATH_NS_BYTES, &subsystem.map(str::to_owned))?;
         for (serial, id, eui64) in SWAP_DRIVES {
-            let image = self.run_dir.join(format!("{id}.img"));
-            fs::File::create(&image)?.set_len(SWAP_NS_BYTES)?;
-            args.extend([
-                "-drive".to_owned(),
-                format!(
-                    "file={},if=none,id={id},format=raw,cache=none,aio=io_uring",
-                    image.display()
-                ),
-                "-device".to_owned(),
-                format!("nvme,serial={serial},id={id}c,max_ioqpairs=4"),
-                "-device".to_owned(),
-                format!("nvme-ns,drive={id},bus={id}c,nsid=1,shared=off,eui64={eui64:#x}"),
-            ]);
+            let controller = format!("nvme,serial={serial},id={id}c,max_ioqpairs=4");
+            let ns = format!("nvme-ns,drive={id},bus={id}c,nsid=1,shared=off,eui64={eui64:#x}");
+            add(id, SWAP_NS_BYTES, &[controller, ns])?;
         }
         Ok(args)
     }

@@ -60,7 +60,7 @@ pub fn admission(s: &Sc) -> Result<()> {
         admitted += 1;
     }
     // The namespace goes whether or not a pod was refused.
-    s.delete(&["namespace", ns])?;
+    s.delete(&format!("namespace {ns}"))?;
     if let Some(e) = refused {
         return Err(e);
     }

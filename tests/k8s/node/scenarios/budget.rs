@@ -3,7 +3,8 @@
 //! scheduler's reason instead of a create that fails in a loop, and a grow past it is an
 //! ExpandRefused Event on the claim.
 
-use crate::kube::{local, Mode, Sc, NODE};
+use super::unschedulable;
+use crate::kube::{bytes, local, Mode, Sc, NODE};
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
@@ -17,28 +18,16 @@ const SHM: &str = "/dev/shm";
 
 /// `ublkctl capacity ram` as JSON: (available bytes, volumes left).
 fn ram_capacity(s: &Sc) -> Result<(u64, u64)> {
-    let out = s.ublkctl(&["-o", "json", "capacity", "ram"])?;
+    let out = s.ublkctl("-o json capacity ram")?;
     let v: Value = serde_json::from_str(&out).with_context(|| format!("capacity: {out}"))?;
     let n = |k: &str| v[k].as_u64().with_context(|| format!("no {k} in {out}"));
     Ok((n("available_bytes")?, n("volumes_left")?))
 }
 
-/// The CSIStorageCapacity the provisioner keeps for `class` on this node, in bytes (as its
-/// quantity reads: a number of bytes, or with a binary suffix).
+/// The CSIStorageCapacity the provisioner keeps for `class` on this node, in bytes.
 fn published(s: &Sc, class: &str) -> Option<u64> {
     let path = format!("{{.items[?(@.storageClassName==\"{class}\")].capacity}}");
-    let q = s.jp(&["csistoragecapacities", "-A"], &path).ok()?;
-    let q = q.trim();
-    let (num, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
-    let shift = match unit {
-        "" => 0,
-        "Ki" => 10,
-        "Mi" => 20,
-        "Gi" => 30,
-        "Ti" => 40,
-        _ => return None,
-    };
-    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+    bytes(&s.jp(&["csistoragecapacities", "-A"], &path).ok()?).ok()
 }
 
 /// The node's volume limit as the kubelet registered it (CSINode allocatable count).
@@ -83,7 +72,7 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
     // The limit was volumes + volumes_left when the driver registered. Each volume holds at
     // least one volume's buffers, so the limit is at most volumes + volumes_left now: equal on a
     // node that has not changed since, below when an earlier scenario's volume stood then.
-    let listed = s.ublkctl(&["-o", "json", "list-volumes"])?;
+    let listed = s.ublkctl("-o json list-volumes")?;
     let listed: Value = serde_json::from_str(&listed).with_context(|| format!("list: {listed}"))?;
     let volumes = listed["volumes"].as_array().map_or(0, Vec::len) as u64;
     ensure!(
@@ -117,18 +106,8 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
     // A small claim of another class: the scheduler sends it nowhere.
     s.pvc("b-next", "ublkd-file", "16Mi", Mode::Filesystem)?;
     s.start_pod("p-next", "b-next", Mode::Filesystem)?;
-    let events = |sel: &str| s.jp(&["events", "--field-selector", sel], "{.items[*].message}");
-    s.wait(300, "p-next's FailedScheduling names storage", || {
-        events("involvedObject.name=p-next,reason=FailedScheduling")
-            .is_ok_and(|m| m.contains("did not have enough free storage"))
-    })
-    .inspect_err(|_| s.tail(10, &["describe", "pod", "p-next"]))?;
-    s.say(events("involvedObject.name=p-next")?);
-    ensure!(
-        s.jp(&["pvc", "b-next"], "{.status.phase}")? == "Pending",
-        "b-next left Pending"
-    );
-    let tried = events("involvedObject.name=b-next,reason=ProvisioningFailed")?;
+    unschedulable(s, "p-next", "b-next", "did not have enough free storage")?;
+    let tried = s.events("involvedObject.name=b-next,reason=ProvisioningFailed")?;
     ensure!(
         tried.trim().is_empty(),
         "the provisioner was asked for b-next, and failed: {tried}"
@@ -138,13 +117,13 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
     // kubelet after that (NodeExpandVolume), is what refuses.
     s.grow("b-fill", "p-fill", (size >> 20) + 1024)?;
     s.wait(300, "an ExpandRefused Warning on b-fill", || {
-        events("involvedObject.kind=PersistentVolumeClaim,involvedObject.name=b-fill,reason=ExpandRefused")
+        s.events("involvedObject.kind=PersistentVolumeClaim,involvedObject.name=b-fill,reason=ExpandRefused")
             .is_ok_and(|m| m.contains("memory"))
     })
-    .inspect_err(|_| s.tail(15, &["describe", "pvc", "b-fill"]))?;
-    s.say(events("involvedObject.name=b-fill,reason=ExpandRefused")?);
-    s.delete(&["pod", "p-next", "p-fill"])?;
-    s.delete(&["pvc", "b-next", "b-fill"])?;
+    .inspect_err(|_| s.tail(15, "describe pvc b-fill"))?;
+    s.say(s.events("involvedObject.name=b-fill,reason=ExpandRefused")?);
+    s.delete("pod p-next p-fill")?;
+    s.delete("pvc b-next b-fill")?;
     s.wait(60, "ublkd admits volumes again", || {
         ram_capacity(s).is_ok_and(|(_, n)| n > 1)
     })?;

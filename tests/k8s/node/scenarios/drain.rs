@@ -11,30 +11,24 @@ pub fn drain(s: &Sc) -> Result<()> {
     s.pod("p-r", "r-data", Mode::Filesystem)?;
     s.in_pod("p-r", "echo before-the-drain >/data/f && sync")?;
     let vol = s.volume_of("r-data")?;
-    s.k(&["cordon", NODE])?;
-    s.k(&[
-        "drain",
-        NODE,
-        "--ignore-daemonsets",
-        "--delete-emptydir-data",
-        "--force",
-        "--timeout=300s",
-    ])?;
-    s.wait(300, "the drain took p-r", || !s.exists(&["pod", "p-r"]))?;
-    let info = s.ublkctl(&["get-volume", &vol])?;
+    s.kw(&format!("cordon {NODE}"))?;
+    let drain = "--ignore-daemonsets --delete-emptydir-data --force --timeout=300s";
+    s.kw(&format!("drain {NODE} {drain}"))?;
+    s.wait(300, "the drain took p-r", || !s.exists("pod p-r"))?;
+    let info = s.ublkctl(&format!("get-volume {vol}"))?;
     ensure!(
         field(&info, "state") == Some("ready"),
         "the volume {vol} is not ready after the drain"
     );
     let ublkd = s.kw("-n ublkd-system get pods -l app.kubernetes.io/name=ublkd --no-headers")?;
     ensure!(ublkd.lines().count() == 1, "the drain took ublkd's pod");
-    s.k(&["uncordon", NODE])?;
+    s.kw(&format!("uncordon {NODE}"))?;
     s.pod("p-r2", "r-data", Mode::Filesystem)?;
     let got = s.in_pod("p-r2", "cat /data/f")?;
     ensure!(
         got == "before-the-drain",
         "the claim's data after the drain is '{got}'"
     );
-    s.delete(&["pod", "p-r2"])?;
-    s.delete(&["pvc", "r-data"])
+    s.delete("pod p-r2")?;
+    s.delete("pvc r-data")
 }

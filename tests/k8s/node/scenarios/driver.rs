@@ -1,6 +1,6 @@
 //! The driver as installed: its pods, CSIDriver, classes and node registration.
 
-use crate::kube::{Sc, NODE, UBLKD_PODS};
+use crate::kube::{words, Sc, NODE, UBLKD_PODS};
 use anyhow::{ensure, Result};
 
 /// The driver as the cluster sees it: CSINode with the topology key and a volume limit, and
@@ -8,10 +8,9 @@ use anyhow::{ensure, Result};
 pub fn driver(s: &Sc) -> Result<()> {
     // How long ublkd took from its container's start to binding the listener of its startup
     // probe (for the record: a probe before that bind is a warning event, warnings).
-    let sel = UBLKD_PODS;
     let path =
         r#"{.items[0].status.containerStatuses[?(@.name=="ublkd")].state.running.startedAt}"#;
-    let started = s.jp(&sel, path)?;
+    let started = s.jp(&words(UBLKD_PODS), path)?;
     let logs = s.qw("-n ublkd-system logs ds/ublkd -c ublkd --timestamps")?;
     let bound = logs
         .lines()
@@ -41,7 +40,7 @@ pub fn driver(s: &Sc) -> Result<()> {
     s.wait(420, "3 CSIStorageCapacity objects", capacities)?;
     let cols =
         "custom-columns=CLASS:.storageClassName,CAPACITY:.capacity,NODE:.nodeTopology.matchLabels";
-    s.show(&["get", "csistoragecapacities", "-A", "-o", cols]);
+    s.show(&format!("get csistoragecapacities -A -o {cols}"));
     s.wait(120, "the finalizer ublkd.io/node on the node", || {
         s.finalized(NODE)
     })?;

@@ -1,10 +1,10 @@
 //! Encrypted classes (LUKS2): data at rest unreadable, grown online, keys required.
 
-use super::{df_grew, files_named, holds, kib, DF};
-use crate::kube::{fill, Mode, Sc, CSI_NODE_LOGS};
-use anyhow::{bail, ensure, Context, Result};
+use super::{backing_file, df_grew, holds, kib, DF};
+use crate::kube::{fill, Mode, Sc};
+use anyhow::{ensure, Context, Result};
 use serde_json::Value;
-use std::fs::{self, File};
+use std::fs;
 use std::path::Path;
 
 /// The Secret and the two encrypted classes (a file and an NVMe one) of `encrypted` and
@@ -44,18 +44,13 @@ parameters:
 
 /// Takes away what `luks_classes` made: the chart's uninstall must leave no StorageClass.
 pub(super) fn luks_classes_gone(s: &Sc) -> Result<()> {
-    s.delete(&["storageclass", "ublkd-file-luks", "ublkd-nvme-luks"])?;
-    s.delete(&["secret", "e-key"])
+    s.delete("storageclass ublkd-file-luks ublkd-nvme-luks")?;
+    s.delete("secret e-key")
 }
 
 /// Whether a LUKS header starts at `offset` of `path` (its magic, `LUKS\xba\xbe`).
 fn luks_at(path: &Path, offset: u64) -> Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    f.seek(SeekFrom::Start(offset))?;
-    let mut magic = [0u8; 6];
-    f.read_exact(&mut magic)?;
-    Ok(&magic == b"LUKS\xba\xbe")
+    holds(path, offset, 6, b"LUKS\xba\xbe")
 }
 
 /// Encrypted volumes (`encryption: luks2`, the key in a Secret): a marker written in the pod
@@ -71,18 +66,7 @@ pub fn encrypted(s: &Sc) -> Result<()> {
     s.pvc("e-nvme", "ublkd-nvme-luks", "64Mi", Mode::Block)?;
     s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
     s.pod("p-e-nvme", "e-nvme", Mode::Block)?;
-    let file_pod_ready = || {
-        let ready = [
-            "wait",
-            "--for=condition=Ready",
-            "pod/p-e-file",
-            "--timeout=600s",
-        ];
-        s.k(&ready)
-            .inspect_err(|_| s.tail(30, &CSI_NODE_LOGS))
-            .map(drop)
-    };
-    file_pod_ready()?;
+    s.ready("p-e-file", "e-file")?;
     // The marker many times over, pushed to the device.
     s.in_pod(
         "p-e-file",
@@ -102,10 +86,7 @@ pub fn encrypted(s: &Sc) -> Result<()> {
     ensure!(back == marker, "the block device reads back {back:?}");
     // The file volume's backing file.
     let vol = s.volume_of("e-file")?;
-    let files = files_named(Path::new("/var/lib/ublkd/volumes"), &vol);
-    let [file] = files.as_slice() else {
-        bail!("not one backing file of {vol}: {files:?}");
-    };
+    let file = &backing_file(&vol)?;
     let len = fs::metadata(file)?.len();
     ensure!(
         luks_at(file, 0)?,
@@ -113,7 +94,7 @@ pub fn encrypted(s: &Sc) -> Result<()> {
         file.display()
     );
     ensure!(
-        !holds(file, 0, len, &marker)?,
+        !holds(file, 0, len, marker.as_bytes())?,
         "the marker is in the clear in {}",
         file.display()
     );
@@ -123,54 +104,48 @@ pub fn encrypted(s: &Sc) -> Result<()> {
     ));
     // The NVMe volume's window of the namespace.
     let nvol = s.volume_of("e-nvme")?;
-    let info: Value = serde_json::from_str(&s.ublkctl(&["-o", "json", "get-volume", &nvol])?)?;
-    let window = &info["spec"]["nvme"];
-    let (offset, length) = (
-        window["offset_bytes"]
+    let info: Value = serde_json::from_str(&s.ublkctl(&format!("-o json get-volume {nvol}"))?)?;
+    let window = |k: &str| {
+        info["spec"]["nvme"][k]
             .as_u64()
-            .context("no window offset")?,
-        window["length_bytes"]
-            .as_u64()
-            .context("no window length")?,
-    );
+            .with_context(|| format!("no {k}"))
+    };
+    let (offset, length) = (window("offset_bytes")?, window("length_bytes")?);
     let ns = Path::new("/dev/nvme0n1");
     ensure!(
         luks_at(ns, offset)?,
         "the window at {offset} has no LUKS header"
     );
     ensure!(
-        !holds(ns, offset, length, &marker)?,
+        !holds(ns, offset, length, marker.as_bytes())?,
         "the marker is in the clear in the window at {offset}"
     );
     s.say(format!(
         "nvme window {offset}+{length}: LUKS header, no marker"
     ));
-    s.delete(&["pod", "p-e-nvme"])?;
-    s.delete(&["pvc", "e-nvme"])?;
+    s.delete("pod p-e-nvme")?;
+    s.delete("pvc e-nvme")?;
     // Online growth: the ublk device, then the mapping (with the node-expand Secret's key),
     // then ext4.
     let before = kib(&s.in_pod("p-e-file", DF)?)?;
     s.grow("e-file", "p-e-file", 128)?;
     df_grew(s, "e-file", "p-e-file", before)?;
     // A wrong key: the pod's mount fails, saying so, and nothing is written.
-    s.delete(&["pod", "p-e-file"])?;
+    s.delete("pod p-e-file")?;
     luks_classes(s, "wrong-key-0000")?;
     s.start_pod("p-e-file", "e-file", Mode::Filesystem)?;
-    let said = || {
-        s.qw("describe pod p-e-file")
-            .is_ok_and(|d| d.contains("wrong key"))
-    };
+    let said = || s.shows("describe pod p-e-file", "wrong key");
     let shown = s.wait(180, "the pod's events say: wrong key", said);
-    s.show(&["describe", "pod", "p-e-file"]);
+    s.show("describe pod p-e-file");
     luks_classes(s, "right-key-51c7")?;
     shown?;
-    file_pod_ready()?;
+    s.ready("p-e-file", "e-file")?;
     let first = s.in_pod("p-e-file", "head -1 /data/m")?;
     ensure!(
         first == marker,
         "after the wrong key, /data/m reads {first:?}"
     );
-    s.delete(&["pod", "p-e-file"])?;
-    s.delete(&["pvc", "e-file"])?;
+    s.delete("pod p-e-file")?;
+    s.delete("pvc e-file")?;
     luks_classes_gone(s)
 }

@@ -1,18 +1,16 @@
 //! Faults told to the people using a volume: a FAILED volume, a missing ublk driver, a pod stuck in ContainerCreating.
 
-use super::files_named;
-use crate::kube::{field, fill, has_line, local, Mode, Sc, CSI_NODE_LOGS, NODE};
-use anyhow::{bail, ensure, Context, Result};
+use super::{backing_file, kill_ublkd, unschedulable};
+use crate::kube::{field, fill, has_line, Mode, Sc, CSI_NODE_LOGS, NODE};
+use anyhow::{ensure, Result};
 use std::fs;
 use std::path::Path;
 
 /// Events of `reason` about the claim `name` (in default), their messages.
 fn claim_events(s: &Sc, name: &str, reason: &str) -> String {
-    let sel = format!(
-        "involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name},reason={reason}"
-    );
-    s.jp(&["events", "--field-selector", &sel], "{.items[*].message}")
-        .unwrap_or_default()
+    let kind = "involvedObject.kind=PersistentVolumeClaim";
+    let sel = format!("{kind},involvedObject.name={name},reason={reason}");
+    s.events(&sel).unwrap_or_default()
 }
 
 /// A volume that cannot come back reaches the people using it: the backing file of a claim in
@@ -26,34 +24,25 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
     let read = "dd if=/dev/xvda of=/dev/null bs=4096 count=16 iflag=direct 2>&1";
     s.say(s.in_pod("p-fault", read)?);
     let vol = s.volume_of("f-data")?;
-    let files = files_named(Path::new("/var/lib/ublkd/volumes"), &vol);
-    let [file] = files.as_slice() else {
-        bail!("not one backing file of {vol}: {files:?}");
-    };
+    let file = backing_file(&vol)?;
     let away = file.with_extension("away");
-    fs::rename(file, &away)?;
+    fs::rename(&file, &away)?;
     s.say(format!("moved {} away", file.display()));
-    let pids = local("pidof", &["ublkd"]).context("no ublkd process on the node")?;
-    let pid = pids.split_whitespace().next().context("no ublkd pid")?;
-    local("kill", &["-9", pid])?;
-    s.say(format!("SIGKILL to ublkd (pid {pid})"));
+    kill_ublkd(s)?;
     let state = |want: &str| {
-        s.ublkctl(&["get-volume", &vol])
+        s.ublkctl(&format!("get-volume {vol}"))
             .is_ok_and(|i| field(&i, "state") == Some(want))
     };
-    let described = || {
-        s.qw("describe pvc f-data")
-            .is_ok_and(|d| d.contains("VolumeFailed"))
-    };
+    let described = || s.shows("describe pvc f-data", "VolumeFailed");
     // From the moment ublkd reports the volume FAILED, the claim has 60 s to show it.
     let shown = s
         .wait(300, "ublkd back, the volume FAILED", || state("failed"))
         .and_then(|()| s.wait(60, "kubectl describe pvc shows VolumeFailed", described));
     // The file goes back whatever happened, so that the claim can be deleted.
-    fs::rename(&away, file)?;
+    fs::rename(&away, &file)?;
     shown.inspect_err(|_| {
-        s.tail(15, &["describe", "pvc", "f-data"]);
-        s.tail(30, &CSI_NODE_LOGS);
+        s.tail(15, "describe pvc f-data");
+        s.tail(30, CSI_NODE_LOGS);
     })?;
     let failed = claim_events(s, "f-data", "VolumeFailed");
     s.say(format!("VolumeFailed: {failed}"));
@@ -61,19 +50,11 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
         failed.contains(&vol) || failed.to_lowercase().contains("fail"),
         "the Event says nothing of the failure: {failed:?}"
     );
-    let on_pod = || {
-        s.qw("describe pod p-fault")
-            .is_ok_and(|d| d.contains("VolumeFailed"))
-    };
+    let on_pod = || s.shows("describe pod p-fault", "VolumeFailed");
     s.wait(60, "the pod's Events show VolumeFailed too", on_pod)?;
     let recovered = || !claim_events(s, "f-data", "VolumeRecovered").is_empty();
     s.wait(180, "a VolumeRecovered Event on the claim", recovered)
-        .inspect_err(|_| {
-            s.tail(
-                20,
-                &["-n", "ublkd-system", "logs", "ds/ublkd", "-c", "ublkd"],
-            )
-        })?;
+        .inspect_err(|_| s.tail(20, "-n ublkd-system logs ds/ublkd -c ublkd"))?;
     s.wait(60, "the volume READY again", || state("ready"))?;
     s.say(s.in_pod("p-fault", read)?);
     let kinds = s.qw("get events --field-selector involvedObject.name=f-data -o custom-columns=TYPE:.type,REASON:.reason --no-headers")?;
@@ -82,8 +63,8 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
         has_line(&kinds, "Normal VolumeRecovered"),
         "VolumeRecovered is not a Normal Event"
     );
-    s.delete(&["pod", "p-fault"])?;
-    s.delete(&["pvc", "f-data"])
+    s.delete("pod p-fault")?;
+    s.delete("pvc f-data")
 }
 
 /// Capacity where ublk cannot serve: /dev/ublk-control hidden on the node and ublkd's pod
@@ -96,7 +77,7 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
     let hidden = Path::new("/dev/ublk-control.hidden");
     let restart = || -> Result<()> {
         let old = s.ublkd_pod()?;
-        s.delete(&["-n", "ublkd-system", "pod", &old])?;
+        s.delete(&format!("-n ublkd-system pod {old}"))?;
         let new = || s.ublkd_pod().is_ok_and(|p| p != old);
         s.wait(120, "a new ublkd pod", new)
     };
@@ -109,8 +90,8 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
     s.say("/dev/ublk-control hidden");
     let hidden_run = (|| -> Result<()> {
         restart()?;
-        let logs = ["-n", "ublkd-system", "logs", "ds/ublkd", "-c", "ublkd"];
-        let says = || s.q(&logs).is_ok_and(|l| l.contains("no ublk dataplane"));
+        let logs = "-n ublkd-system logs ds/ublkd -c ublkd";
+        let says = || s.shows(logs, "no ublk dataplane");
         s.wait(120, "ublkd's log says it has no ublk dataplane", says)?;
         // Not Ready because its readiness probe fails, saying why (not merely not yet probed).
         let pod = s.ublkd_pod()?;
@@ -138,31 +119,20 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
         s.wait(240, "every CSIStorageCapacity reads 0", zero)?;
         s.pvc("u-data", "ublkd-ram", "64Mi", Mode::Filesystem)?;
         s.start_pod("p-u", "u-data", Mode::Filesystem)?;
-        let sel = "involvedObject.name=p-u,reason=FailedScheduling";
-        let why = || {
-            s.jp(&["events", "--field-selector", sel], "{.items[*].message}")
-                .is_ok_and(|m| m.to_lowercase().contains("storage"))
-        };
-        s.wait(300, "a FailedScheduling event naming storage", why)?;
-        ensure!(
-            s.jp(&["pvc", "u-data"], "{.status.phase}")? == "Pending",
-            "u-data left Pending"
-        );
-        Ok(())
+        unschedulable(s, "p-u", "u-data", "storage")
     })();
     fs::rename(hidden, ctl)?;
     s.say("/dev/ublk-control back");
     restart()?;
     s.wait(300, "ublkd Ready again", || s.ublkd_ready())?;
     hidden_run?;
-    s.kw("wait --for=condition=Ready pod/p-u --timeout=600s")
-        .inspect_err(|_| s.tail(15, &["describe", "pod", "p-u"]))?;
+    s.ready("p-u", "u-data")?;
     s.wait(120, "a UblkAvailable Event on the Node", || {
         s.node_event(NODE, "UblkAvailable")
     })?;
     s.say(format!("capacities after: {}", capacities()));
-    s.delete(&["pod", "p-u"])?;
-    s.delete(&["pvc", "u-data"])
+    s.delete("pod p-u")?;
+    s.delete("pvc u-data")
 }
 
 /// A pod stuck in ContainerCreating, looked at as docs/kubernetes.md ("Troubleshooting") says:
@@ -193,8 +163,8 @@ spec:
     s.wait(300, "a FailedMount event on p-stuck", || {
         describe().contains("FailedMount")
     })
-    .inspect_err(|_| s.tail(20, &["describe", "pod", "p-stuck"]))?;
-    s.tail(8, &["describe", "pod", "p-stuck"]);
+    .inspect_err(|_| s.tail(20, "describe pod p-stuck"))?;
+    s.tail(8, "describe pod p-stuck");
     let reason = s.jp(
         &["pod", "p-stuck"],
         "{.status.containerStatuses[0].state.waiting.reason}",
@@ -210,7 +180,7 @@ spec:
             .any(|l| l.contains("FailedMount") && l.contains("stuck-vol")),
         "the mount error does not name the volume"
     );
-    let logs = s.k(&CSI_NODE_LOGS)?;
+    let logs = s.kw(CSI_NODE_LOGS)?;
     let why: Vec<&str> = logs.lines().filter(|l| l.contains("stuck-vol")).collect();
     s.say(why[why.len().saturating_sub(3)..].join("\n"));
     let refused = |l: &&str| {
@@ -222,6 +192,6 @@ spec:
         "the node plugin's log does not say why stuck-vol cannot be staged"
     );
     s.kw("delete pod p-stuck --wait=true --timeout=120s")?;
-    s.delete(&["pvc", "stuck"])?;
-    s.delete(&["pv", "stuck-pv"])
+    s.delete("pvc stuck")?;
+    s.delete("pv stuck-pv")
 }

@@ -1,6 +1,6 @@
 //! A claim's life in each class: mounted, written, grown online, block access, and a claim no node can hold left Pending.
 
-use super::{df_grew, files_named, kib, DF};
+use super::{df_grew, files_named, kib, unschedulable, DF, VOLUMES};
 use crate::kube::{field, mib, Mode, Sc};
 use anyhow::{ensure, Result};
 use std::path::Path;
@@ -30,7 +30,7 @@ fn filesystem(s: &Sc, class: &str) -> Result<()> {
     );
     s.pod(&pod, &claim, Mode::Filesystem)?;
     s.in_pod(&pod, "echo ublkd-k8s-data >/data/f && sync")?;
-    s.delete(&["pod", &pod])?;
+    s.delete(&format!("pod {pod}"))?;
     s.pod(&pod, &claim, Mode::Filesystem)?;
     let out = s.in_pod(&pod, &format!("cat /data/f && {DF}"))?;
     let (got, line) = out.rsplit_once('\n').unwrap_or(("", &out));
@@ -49,17 +49,17 @@ fn filesystem(s: &Sc, class: &str) -> Result<()> {
     let pv = s.jp(&["pvc", &claim], "{.spec.volumeName}")?;
     let vol = s.jp(&["pv", &pv], "{.spec.csi.volumeHandle}")?;
     s.say(format!("volume {vol}"));
-    let list = s.ublkctl(&["list-volumes"])?;
+    let list = s.ublkctl("list-volumes")?;
     ensure!(list.contains(&vol), "ublkd does not list {vol}:\n{list}");
     // The claim the volume was made for, kept with it (the provisioner's --extra-create-metadata).
-    let info = s.ublkctl(&["get-volume", &vol])?;
+    let info = s.ublkctl(&format!("get-volume {vol}"))?;
     let claimed = field(&info, "claim").unwrap_or_default();
     s.say(format!("claim: {claimed}"));
     ensure!(
         claimed == format!("default/{claim} (pv {pv})"),
         "get-volume names the claim default/{claim} and its PV {pv}"
     );
-    let root = Path::new("/var/lib/ublkd/volumes");
+    let root = Path::new(VOLUMES);
     if class == "ublkd-file" {
         // The root is a hostPath: the node sees the backing file itself.
         ensure!(
@@ -67,12 +67,10 @@ fn filesystem(s: &Sc, class: &str) -> Result<()> {
             "no backing file of {vol} on the node"
         );
     }
-    s.delete(&["pod", &pod])?;
-    s.delete(&["pvc", &claim])?;
+    s.delete(&format!("pod {pod}"))?;
+    s.delete(&format!("pvc {claim}"))?;
     let gone = || {
-        !s.exists(&["pv", &pv])
-            && s.ublkctl(&["list-volumes"])
-                .is_ok_and(|l| !l.contains(&vol))
+        !s.exists(&format!("pv {pv}")) && s.ublkctl("list-volumes").is_ok_and(|l| !l.contains(&vol))
     };
     s.wait(300, "the volume went with its claim", gone)?;
     if class == "ublkd-file" {
@@ -92,15 +90,15 @@ pub fn block(s: &Sc) -> Result<()> {
         "p-block",
         "echo ublkd-k8s-block | dd of=/dev/xvda bs=512 count=1 conv=fsync",
     )?;
-    s.delete(&["pod", "p-block"])?;
+    s.delete("pod p-block")?;
     s.pod("p-block", "d-block", Mode::Block)?;
     let got = s.in_pod("p-block", "dd if=/dev/xvda bs=15 count=1 2>/dev/null")?;
     ensure!(
         got == "ublkd-k8s-block",
         "the block device kept its bytes across pods ({got})"
     );
-    s.delete(&["pod", "p-block"])?;
-    s.delete(&["pvc", "d-block"])
+    s.delete("pod p-block")?;
+    s.delete("pvc d-block")
 }
 
 /// A claim larger than the node can hold: the pod stays Pending, and the scheduler says why.
@@ -117,22 +115,8 @@ spec:
   volumes: [{name: v, persistentVolumeClaim: {claimName: d-huge}}]
 "#,
     )?;
-    let events = |sel: &str| s.jp(&["events", "--field-selector", sel], "{.items[*].message}");
-    let why = || {
-        events("involvedObject.name=p-huge,reason=FailedScheduling")
-            .is_ok_and(|m| m.to_lowercase().contains("storage"))
-    };
-    s.wait(300, "a FailedScheduling event naming storage", why)
-        .inspect_err(|_| s.tail(10, &["describe", "pod", "p-huge"]))?;
-    s.say(events("involvedObject.name=p-huge")?);
-    ensure!(
-        s.jp(&["pod", "p-huge"], "{.status.phase}")? == "Pending",
-        "p-huge left Pending"
-    );
-    ensure!(
-        s.jp(&["pvc", "d-huge"], "{.status.phase}")? == "Pending",
-        "d-huge left Pending"
-    );
-    s.delete(&["pod", "p-huge"])?;
-    s.delete(&["pvc", "d-huge"])
+    unschedulable(s, "p-huge", "d-huge", "storage")?;
+    ensure!(s.phase("pod p-huge")? == "Pending", "p-huge left Pending");
+    s.delete("pod p-huge")?;
+    s.delete("pvc d-huge")
 }

@@ -31,7 +31,7 @@ parameters: {writeBandwidth: 4Mi, qosBurst: 100ms}
     s.pod("p-m", "m-data", Mode::Filesystem)?;
     let vol = s.volume_of("m-data")?;
     let qos = || -> Result<String> {
-        Ok(field(&s.ublkctl(&["get-volume", &vol])?, "qos")
+        Ok(field(&s.ublkctl(&format!("get-volume {vol}"))?, "qos")
             .unwrap_or_default()
             .to_owned())
     };
@@ -39,28 +39,16 @@ parameters: {writeBandwidth: 4Mi, qosBurst: 100ms}
     let applied = |class: &str| {
         let patch = json!({"spec": {"volumeAttributesClassName": class}}).to_string();
         s.k(&["patch", "pvc", "m-data", "-p", &patch])?;
-        let now = || {
-            s.jp(
-                &["pvc", "m-data"],
-                "{.status.currentVolumeAttributesClassName}",
-            )
-            .is_ok_and(|c| c == class)
-        };
+        let current = "{.status.currentVolumeAttributesClassName}";
+        let now = || s.jp_is(&["pvc", "m-data"], current, class);
         s.wait(180, &format!("the claim's class became {class}"), now)
             .inspect_err(|_| {
-                s.tail(15, &["describe", "pvc", "m-data"]);
-                s.tail(20, &CSI_NODE_LOGS);
+                s.tail(15, "describe pvc m-data");
+                s.tail(20, CSI_NODE_LOGS);
                 for c in ["csi-resizer", "ublkd-csi"] {
                     s.tail(
                         20,
-                        &[
-                            "-n",
-                            "ublkd-system",
-                            "logs",
-                            "deploy/ublkd-csi-resizer",
-                            "-c",
-                            c,
-                        ],
+                        &format!("-n ublkd-system logs deploy/ublkd-csi-resizer -c {c}"),
                     );
                 }
             })?;
@@ -115,7 +103,7 @@ parameters: {writeBandwidth: 4Mi, qosBurst: 100ms}
         "lifted, the writer still ran at {:.3} MiB/s: the cap was not the limit",
         free / 1048576.0
     );
-    s.delete(&["pod", "p-m"])?;
-    s.delete(&["pvc", "m-data"])?;
-    s.delete(&["volumeattributesclass", "m-capped"])
+    s.delete("pod p-m")?;
+    s.delete("pvc m-data")?;
+    s.delete("volumeattributesclass m-capped")
 }

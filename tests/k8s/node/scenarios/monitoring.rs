@@ -1,7 +1,7 @@
 //! Prometheus scraping ublkd as the chart's ServiceMonitor does, and the pool alert firing and clearing.
 
-use super::files_named;
-use crate::kube::{fill, local, Daemon, Sc, NODE};
+use super::{files_named, VOLUMES};
+use crate::kube::{fill, local, localw, words, Daemon, Sc, NODE};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 use std::fs;
@@ -31,12 +31,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
         rule.contains("for: 10m"),
         "the pool alert's for: was not where the test expects it"
     );
-    let rules = format!(
-        "{}{}{}",
-        &rules[..at],
-        rule.replacen("for: 10m", "for: 10s", 1),
-        &rules[end..]
-    );
+    let rules = rules[..at].to_owned() + &rule.replacen("for: 10m", "for: 10s", 1) + &rules[end..];
     fs::write(w.join("rules.yaml"), rules)?;
     let conf = include_str!("../prometheus.yml");
     let pki = i.pki.to_string_lossy();
@@ -44,19 +39,13 @@ pub fn monitoring(s: &Sc) -> Result<()> {
         w.join("prometheus.yml"),
         fill(conf, &[("DIR", &w.to_string_lossy()), ("PKI", &pki)]),
     )?;
-    let config = format!("--config.file={}/prometheus.yml", w.display());
-    let tsdb = format!("--storage.tsdb.path={}/data", w.display());
-    let args = [
-        config.as_str(),
-        &tsdb,
-        "--web.listen-address=127.0.0.1:9090",
-    ];
-    let _prom = Daemon::start(
-        &i.prometheus,
-        &args,
-        &[],
-        &s.node.logs.join("prometheus.log"),
-    )?;
+    let args = format!(
+        "--config.file={d}/prometheus.yml --storage.tsdb.path={d}/data \
+         --web.listen-address=127.0.0.1:9090",
+        d = w.display()
+    );
+    let log = s.node.logs.join("prometheus.log");
+    let _prom = Daemon::start(&i.prometheus, &words(&args), &[], &log)?;
     let q = |query: &str| -> Result<Vec<Value>> {
         let arg = format!("query={query}");
         let url = "http://127.0.0.1:9090/api/v1/query";
@@ -79,7 +68,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
         value(r#"up{job="ublkd"}"#).is_ok_and(|v| v == 1.0)
     })
     .inspect_err(|_| {
-        let t = local("curl", &["-fsS", "http://127.0.0.1:9090/api/v1/targets"]);
+        let t = localw("curl -fsS http://127.0.0.1:9090/api/v1/targets");
         s.say(t.unwrap_or_else(|e| format!("{e:#}")));
     })?;
     // The sidecars' own metrics: every CSI call the provisioner and the resizer made (their
@@ -91,18 +80,13 @@ pub fn monitoring(s: &Sc) -> Result<()> {
             .map(|r| (label(r, "container"), label(r, "node")))
             .collect())
     };
-    s.wait(
-        120,
-        "the provisioner's and resizer's metrics scraped",
-        || {
-            sidecars().is_ok_and(|seen| {
-                ["csi-provisioner", "csi-resizer"]
-                    .iter()
-                    .all(|c| seen.contains(&(c.to_string(), NODE.to_owned())))
-            })
-        },
-    )
-    .inspect_err(|_| s.say(format!("sidecar series: {:?}", sidecars())))?;
+    let scraped = |seen: Vec<(String, String)>| {
+        let on_node = |c: &str| seen.contains(&(c.to_owned(), NODE.to_owned()));
+        on_node("csi-provisioner") && on_node("csi-resizer")
+    };
+    let both = || sidecars().is_ok_and(scraped);
+    s.wait(120, "the provisioner's and resizer's metrics scraped", both)
+        .inspect_err(|_| s.say(format!("sidecar series: {:?}", sidecars())))?;
     // The dashboard as Grafana's sidecar finds it (by its label), and its variables' queries
     // against these series: the node variable lists this node by name.
     let cms = s.kw("-n ublkd-system get cm -l grafana_dashboard=1 -o json")?;
@@ -132,7 +116,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
             );
         }
     }
-    let pool = "/var/lib/ublkd/volumes";
+    let pool = VOLUMES;
     let sel = format!(r#"backend="file",pool="{pool}""#);
     let total = value(&format!("ublkd_capacity_bytes{{{sel}}}"))?;
     let free = || value(&format!("ublkd_capacity_free_bytes{{{sel}}}"));
@@ -165,7 +149,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
             local("fallocate", &["-l", &bytes, &format!("{pool}/filler.{n}")])?;
             s.say(format!(
                 "filler.{n}: {bytes} bytes; df: {}",
-                local("df", &["-B1", "--output=avail", pool])?
+                localw(&format!("df -B1 --output=avail {pool}"))?
             ));
             // Until Prometheus has scraped what ublkd saw of it (a fixed 15 s before).
             let seen = || free().is_ok_and(|f| f < before);
@@ -183,7 +167,7 @@ pub fn monitoring(s: &Sc) -> Result<()> {
                     q(r#"ALERTS{alertname="UblkdPoolAlmostFull"}"#)?
                 ));
                 // What on-call sees: the node by name, and where the runbook is.
-                let all = local("curl", &["-fsS", "http://127.0.0.1:9090/api/v1/alerts"])?;
+                let all = localw("curl -fsS http://127.0.0.1:9090/api/v1/alerts")?;
                 let all: Value = serde_json::from_str(&all)?;
                 let mut alerts = all["data"]["alerts"].as_array().into_iter().flatten();
                 let alert = alerts

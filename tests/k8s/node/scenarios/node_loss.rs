@@ -1,13 +1,16 @@
 //! Node loss and a node still alive: what the node-loss controller releases, and what it keeps.
 
 use super::restarts::restart_kubelet;
-use crate::kube::{field, fill, has_line, local, Mode, Sc, NODE, UBLKD_PODS};
+use crate::kube::{field, fill, has_line, localw, words, Mode, Sc, NODE, UBLKD_PODS};
 use anyhow::{bail, ensure, Result};
 use serde_json::json;
 use std::time::Duration;
 
 /// The other node of node-loss: a Node object without a kubelet.
 const LOST: &str = "ublkd-vm-lost";
+
+/// kubectl's arguments for the node-loss controller's log.
+const CONTROLLER_LOGS: &str = "-n ublkd-system logs deploy/ublkd-csi-controller";
 
 /// Node loss (docs/kubernetes.md, "Retire a node"): a StatefulSet's pod on node B, B deleted,
 /// and the pod comes up on this node with a new volume. Node B is a Node object without a
@@ -31,26 +34,14 @@ metadata:
     // room for pods, as a kubelet would report it (the scheduler fits none on a Node without)
     let room = json!({"cpu": "2", "memory": "2Gi", "pods": "10"});
     let status = json!({"status": {"capacity": room, "allocatable": room}}).to_string();
-    s.k(&[
-        "patch",
-        "node",
-        LOST,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status,
-    ])?;
+    // (none of its values holds a space)
+    s.kw(&format!(
+        "patch node {LOST} --subresource=status --type=merge -p {status}"
+    ))?;
     s.wait(120, "the controller's finalizer on the lost node", || {
         s.finalized(LOST)
     })?;
-    s.ublkctl(&[
-        "create-volume",
-        "lost-vol",
-        "--size",
-        "64MiB",
-        "--backend",
-        "ram",
-    ])?;
+    s.ublkctl("create-volume lost-vol --size 64MiB --backend ram")?;
     s.apply(&fill(
         "apiVersion: v1
 kind: PersistentVolume
@@ -101,12 +92,9 @@ spec:
         resources: {requests: {storage: 64Mi}}
 "#,
     )?;
-    let on_node = |n: &str| {
-        s.jp(&["pod", "lost-0"], "{.spec.nodeName}")
-            .is_ok_and(|x| x == n)
-    };
+    let on_node = |n: &str| s.jp_is(&["pod", "lost-0"], "{.spec.nodeName}", n);
     s.wait(300, "lost-0 scheduled to the lost node", || on_node(LOST))
-        .inspect_err(|_| s.tail(20, &["describe", "pod", "lost-0"]))?;
+        .inspect_err(|_| s.tail(20, "describe pod lost-0"))?;
     let bound = s.jp(&["pvc", "data-lost-0"], "{.spec.volumeName}")?;
     ensure!(
         bound == "lost-pv",
@@ -114,28 +102,20 @@ spec:
     );
     // B's kubelet "stops" now: Ready Unknown from this moment (the node lifecycle controller
     // keeps the time of a condition already Unknown), and B has no Lease.
-    let t = local("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"])?
-        .trim()
-        .to_owned();
+    let t = localw("date -u +%Y-%m-%dT%H:%M:%SZ")?.trim().to_owned();
     let cond = json!({"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
         "message": "the test's lost node", "lastHeartbeatTime": t, "lastTransitionTime": t});
     let patch = json!({"status": {"conditions": [cond]}}).to_string();
     s.k(&["patch", "node", LOST, "--subresource=status", "-p", &patch])?;
     s.say("lost-0 on the lost node with lost-pv; deleting the node");
-    s.k(&["delete", "node", LOST, "--wait=false"])?;
-    let controller_log = || {
-        s.tail(
-            30,
-            &["-n", "ublkd-system", "logs", "deploy/ublkd-csi-controller"],
-        )
-    };
+    s.kw(&format!("delete node {LOST} --wait=false"))?;
     // NotReady for seconds, not the 5 minutes of nodeLoss.lostAfter: kept, and said so
     s.wait(120, "a NodeNotReadyTooShort Event", || {
         s.node_event(LOST, "NodeNotReadyTooShort")
     })
     .inspect_err(|_| {
         s.node_events(LOST);
-        controller_log();
+        s.tail(30, CONTROLLER_LOGS);
     })?;
     s.node_events(LOST);
     ensure!(
@@ -153,16 +133,15 @@ spec:
         "lost-pv was touched before its node was lost"
     );
     // the operator says the machine is gone
-    s.k(&["annotate", "node", LOST, "ublkd.io/node-lost=true"])?;
-    s.wait(300, "the lost node released", || !s.exists(&["node", LOST]))
-        .inspect_err(|_| {
-            s.node_events(LOST);
-            controller_log();
-        })?;
-    s.tail(
-        20,
-        &["-n", "ublkd-system", "logs", "deploy/ublkd-csi-controller"],
-    );
+    s.kw(&format!("annotate node {LOST} ublkd.io/node-lost=true"))?;
+    s.wait(300, "the lost node released", || {
+        !s.exists(&format!("node {LOST}"))
+    })
+    .inspect_err(|_| {
+        s.node_events(LOST);
+        s.tail(30, CONTROLLER_LOGS);
+    })?;
+    s.tail(20, CONTROLLER_LOGS);
     s.node_events(LOST);
     ensure!(
         s.node_event(LOST, "NodeReleased"),
@@ -180,12 +159,12 @@ spec:
     };
     s.wait(600, "lost-0 up on this node", moved)
         .inspect_err(|_| {
-            s.tail(20, &["describe", "pod", "lost-0"]);
-            s.tail(15, &["describe", "pvc", "data-lost-0"]);
-            controller_log();
+            s.tail(20, "describe pod lost-0");
+            s.tail(15, "describe pvc data-lost-0");
+            s.tail(30, CONTROLLER_LOGS);
         })?;
     s.wait(120, "lost-pv went with its node", || {
-        !s.exists(&["pv", "lost-pv"])
+        !s.exists("pv lost-pv")
     })?;
     let new = s.volume_of("data-lost-0")?;
     s.say(format!("lost-0 Ready on {NODE} with volume {new}"));
@@ -195,7 +174,7 @@ spec:
     );
     s.in_pod("lost-0", "echo moved >/data/f && sync")?;
     // the lost node's volume is never deleted from the cluster: an orphan to decide on
-    let info = s.ublkctl(&["get-volume", "lost-vol"])?;
+    let info = s.ublkctl("get-volume lost-vol")?;
     ensure!(
         field(&info, "state") == Some("ready"),
         "lost-vol was deleted or is not ready"
@@ -209,13 +188,12 @@ spec:
     // and the node's own report: the driver tells ublkd (every 15 s here, after two lists in a
     // row), ublkd shows it in `ublkctl orphans` and its metric
     let reported = || {
-        s.ublkctl(&["orphans"])
+        s.ublkctl("orphans")
             .is_ok_and(|o| o.lines().any(|l| l.trim() == "lost-vol"))
     };
     s.wait(300, "ublkctl orphans lists lost-vol", reported)?;
-    let sel = UBLKD_PODS;
-    let ip = s.jp(&sel, "{.items[0].status.podIP}")?;
-    let metrics = local("curl", &["-fsS", &format!("http://{ip}:9580/metrics")])?;
+    let ip = s.jp(&words(UBLKD_PODS), "{.items[0].status.podIP}")?;
+    let metrics = localw(&format!("curl -fsS http://{ip}:9580/metrics"))?;
     let n = metrics
         .lines()
         .find_map(|l| l.strip_prefix("ublkd_volumes_without_pv "))
@@ -225,9 +203,9 @@ spec:
         n.and_then(|n| n.parse::<f64>().ok()).unwrap_or(0.0) >= 1.0,
         "ublkd_volumes_without_pv is {n:?}, not 1 or more"
     );
-    s.delete(&["statefulset", "lost"])?;
-    s.delete(&["pvc", "data-lost-0"])?;
-    s.ublkctl(&["delete-volume", "lost-vol"]).map(drop)
+    s.delete("statefulset lost")?;
+    s.delete("pvc data-lost-0")?;
+    s.ublkctl("delete-volume lost-vol").map(drop)
 }
 
 /// A deleted Node is not a lost one (docs/kubernetes.md, "Retire a node"): the Node object of
@@ -250,7 +228,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
     s.pod("p-alive-idle", "a-idle", Mode::Filesystem)?;
     s.ready("p-alive", "a-used")?;
     s.in_pod("p-alive", "echo alive >/data/f && sync")?;
-    s.delete(&["pod", "p-alive-idle"])?;
+    s.delete("pod p-alive-idle")?;
     let mut claims = Vec::new();
     for c in ["a-used", "a-idle"] {
         let uid = s.jp(&["pvc", c], "{.metadata.uid}")?;
@@ -267,7 +245,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
     let node_uid = s.jp(&["node", NODE], "{.metadata.uid}")?;
     // nothing released: the claims, their PVs as the provisioner made them, the volumes
     let intact = || -> Result<()> {
-        let vols = s.ublkctl(&["list-volumes"])?;
+        let vols = s.ublkctl("list-volumes")?;
         for (c, uid, pv, vol) in &claims {
             let now = s.jp(&["pvc", c], "{.metadata.uid} {.status.phase}")?;
             ensure!(
@@ -293,7 +271,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
         }
         Ok(())
     };
-    s.k(&["delete", "node", NODE, "--wait=false"])?;
+    s.kw(&format!("delete node {NODE} --wait=false"))?;
     let deleting = s.jp(&["node", NODE], "{.metadata.deletionTimestamp}")?;
     ensure!(
         !deleting.is_empty(),
@@ -304,10 +282,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
     })
     .inspect_err(|_| {
         s.node_events(NODE);
-        s.tail(
-            30,
-            &["-n", "ublkd-system", "logs", "deploy/ublkd-csi-controller"],
-        );
+        s.tail(30, CONTROLLER_LOGS);
     })?;
     s.node_events(NODE);
     // The controller looks every 2 s here (tests/k8s/values.yaml): two more looks. In issue 38
@@ -356,15 +331,12 @@ pub fn node_alive(s: &Sc) -> Result<()> {
         s.finalized(NODE)
     })?;
     s.wait(600, "the driver's pods Ready again", || s.all_ready())
-        .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods", "-o", "wide"]))?;
+        .inspect_err(|_| s.show("-n ublkd-system get pods -o wide"))?;
     s.say("the node registered again; one more look");
     std::thread::sleep(LOOKS / 2);
     intact()?;
     s.node_events(NODE);
-    s.tail(
-        10,
-        &["-n", "ublkd-system", "logs", "deploy/ublkd-csi-controller"],
-    );
+    s.tail(10, CONTROLLER_LOGS);
     s.kw("delete pod p-alive --wait=true --ignore-not-found")?;
-    s.delete(&["pvc", "a-used", "a-idle"])
+    s.delete("pvc a-used a-idle")
 }

@@ -1,6 +1,6 @@
 //! The node plugin's own duties: UblkdNode reports, volumes without a PV, and `kubectl ublkd`.
 
-use crate::kube::{field, has_line, Mode, Sc, CSI_NODE_LOGS, NODE};
+use crate::kube::{field, has_line, words, Mode, Sc, CSI_NODE_LOGS, NODE};
 use anyhow::{ensure, Result};
 use serde_json::Value;
 
@@ -27,51 +27,18 @@ pub fn plugin(s: &Sc) -> Result<()> {
         serde_json::from_str(&s.qw("config view --raw --minify --flatten -o json")?)?;
     let cluster = &admin["clusters"][0]["cluster"];
     let conf = "--kubeconfig=oncall.kubeconfig";
-    let server = format!(
-        "--server={}",
-        cluster["server"].as_str().unwrap_or_default()
-    );
-    s.k(&["config", conf, "set-cluster", "tier", &server])?;
-    let ca = cluster["certificate-authority-data"]
-        .as_str()
-        .unwrap_or_default();
-    s.q(&[
-        "config",
-        conf,
-        "set",
-        "clusters.tier.certificate-authority-data",
-        ca,
-    ])?;
-    s.q(&[
-        "config",
-        conf,
-        "set-credentials",
-        "oncall",
-        &format!("--token={token}"),
-    ])?;
-    s.k(&[
-        "config",
-        conf,
-        "set-context",
-        "oncall",
-        "--cluster=tier",
-        "--user=oncall",
-    ])?;
+    let config = |line: &str| s.kw(&format!("config {conf} {line}"));
+    let server = cluster["server"].as_str().unwrap_or_default();
+    config(&format!("set-cluster tier --server={server}"))?;
+    let ca = cluster["certificate-authority-data"].as_str();
+    let ca_key = "clusters.tier.certificate-authority-data";
+    s.q(&["config", conf, "set", ca_key, ca.unwrap_or_default()])?;
+    let token = format!("--token={token}");
+    s.q(&["config", conf, "set-credentials", "oncall", &token])?;
+    config("set-context oncall --cluster=tier --user=oncall")?;
     let can = |verb: &str, what: &str| -> Result<String> {
-        let a = s.node.host.call(
-            "kubectl",
-            &[
-                conf,
-                "--context=oncall",
-                "auth",
-                "can-i",
-                verb,
-                what,
-                "-n",
-                "ublkd-system",
-            ],
-            None,
-        )?;
+        let line = format!("{conf} --context=oncall auth can-i {verb} {what} -n ublkd-system");
+        let a = s.node.host.call("kubectl", &words(&line), None)?;
         Ok(a.out.trim().to_owned())
     };
     ensure!(
@@ -82,15 +49,11 @@ pub fn plugin(s: &Sc) -> Result<()> {
         can("list", "ublkdnodes.ublkd.io")? == "yes",
         "the viewer may not list UblkdNodes"
     );
-    let oncall = |args: &[&str]| -> Result<String> {
-        let mut all = vec!["ublkd", conf, "--context=oncall"];
-        all.extend_from_slice(args);
-        s.k(&all)
-    };
+    let oncall = |line: &str| s.kw(&format!("ublkd {conf} --context=oncall {line}"));
     // the node plugin's report after the writes (written every csiNode.reportStatusEvery)
     let mut out = String::new();
     let shown = s.wait(60, "kubectl ublkd pvc shows the writes", || {
-        out = oncall(&["pvc", "x-data"]).unwrap_or_else(|e| format!("{e:#}"));
+        out = oncall("pvc x-data").unwrap_or_else(|e| format!("{e:#}"));
         // the write line: requests, then bytes (the file's 1 MiB, merged into few requests)
         let written = out.lines().find_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
@@ -100,8 +63,8 @@ pub fn plugin(s: &Sc) -> Result<()> {
     });
     if let Err(e) = shown {
         s.say(&out);
-        s.show(&["get", "ublkdnodes", "-o", "yaml"]);
-        s.show(&CSI_NODE_LOGS);
+        s.show("get ublkdnodes -o yaml");
+        s.show(CSI_NODE_LOGS);
         return Err(e);
     }
     s.say(&out);
@@ -119,19 +82,16 @@ pub fn plugin(s: &Sc) -> Result<()> {
         field(&out, "qos") == Some("unlimited"),
         "kubectl ublkd pvc does not show the limits"
     );
-    let out = oncall(&["nodes"])?;
+    let out = oncall("nodes")?;
     s.say(&out);
     let line = out
         .lines()
         .find(|l| l.split_whitespace().next() == Some(NODE))
         .unwrap_or_default();
     let cells: Vec<&str> = line.split_whitespace().collect();
+    let volumes = cells.get(3).and_then(|n| n.parse::<u64>().ok());
     ensure!(
-        cells
-            .get(3)
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-            >= 1,
+        volumes.unwrap_or(0) >= 1,
         "kubectl ublkd nodes has no line for {NODE} with a volume"
     );
     ensure!(
@@ -142,45 +102,27 @@ pub fn plugin(s: &Sc) -> Result<()> {
         line.contains("ublkd-ram="),
         "kubectl ublkd nodes shows no capacity for ublkd-ram"
     );
-    let out = oncall(&["check"])?;
+    let out = oncall("check")?;
     s.say(&out);
-    let report: Value = serde_json::from_str(&s.q(&["get", "ublkdnode", NODE, "-o", "json"])?)?;
-    let vols = report["status"]["volumes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let report: Value = serde_json::from_str(&s.qw(&format!("get ublkdnode {NODE} -o json"))?)?;
+    let status = &report["status"];
+    let vols = status["volumes"].as_array().cloned().unwrap_or_default();
     ensure!(
         vols.iter()
             .any(|v| v["id"] == vol.as_str() && v["claim"] == "default/x-data"),
         "the report does not name {vol}'s claim: {vols:?}"
     );
-    let pools = report["status"]["pools"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let pools = status["pools"].as_array().cloned().unwrap_or_default();
     ensure!(
         pools
             .iter()
             .any(|p| p["storageClass"] == "ublkd-file" && p["reflink"] == true),
         "the report's ublkd-file pool is not reflink: {pools:?}"
     );
-    s.ublkctl(&[
-        "create-volume",
-        "stray-1",
-        "--size",
-        "16MiB",
-        "--backend",
-        "ram",
-    ])?;
+    s.ublkctl("create-volume stray-1 --size 16MiB --backend ram")?;
     // in the node's report first (written every csiNode.reportStatusEvery)
     s.wait(60, "the node's report lists stray-1", || {
-        let report = s.q(&[
-            "get",
-            "ublkdnode",
-            NODE,
-            "-o",
-            "jsonpath={.status.volumes[*].id}",
-        ]);
+        let report = s.jp(&["ublkdnode", NODE], "{.status.volumes[*].id}");
         report.is_ok_and(|ids| ids.split_whitespace().any(|id| id == "stray-1"))
     })?;
     let listed =
@@ -190,7 +132,7 @@ pub fn plugin(s: &Sc) -> Result<()> {
                 o["node"] == NODE && o["kind"] == "volume-without-pv" && o["name"] == name
             }))
         };
-    let out = oncall(&["orphans", "-o", "json"])?;
+    let out = oncall("orphans -o json")?;
     s.say(&out);
     ensure!(
         listed(&out, "stray-1")?,
@@ -200,18 +142,18 @@ pub fn plugin(s: &Sc) -> Result<()> {
         !listed(&out, &vol)?,
         "kubectl ublkd orphans lists {vol}, whose PV exists"
     );
-    let out = oncall(&["orphans", "-o", "yaml"])?;
+    let out = oncall("orphans -o yaml")?;
     ensure!(
         has_line(&out, "name: \"stray-1\""),
         "kubectl ublkd orphans -o yaml does not list stray-1: {out}"
     );
-    s.ublkctl(&["delete-volume", "stray-1"])?;
-    let out = oncall(&["orphans", "-o", "json"])?;
+    s.ublkctl("delete-volume stray-1")?;
+    let out = oncall("orphans -o json")?;
     ensure!(
         !listed(&out, "stray-1")?,
         "stray-1 is still listed after it was deleted"
     );
-    let out = oncall(&["dump", "oncall-dump"])?;
+    let out = oncall("dump oncall-dump")?;
     s.say(&out);
     for file in [
         "nodes/ublkd-vm.json",
@@ -233,8 +175,8 @@ pub fn plugin(s: &Sc) -> Result<()> {
         !out.contains(".error"),
         "kubectl ublkd dump could not read a part"
     );
-    s.delete(&["clusterrolebinding", "oncall-ublkd"])?;
-    s.delete(&["serviceaccount", "oncall", "-n", "default"])?;
-    s.delete(&["pod", "p-x"])?;
-    s.delete(&["pvc", "x-data"])
+    s.delete("clusterrolebinding oncall-ublkd")?;
+    s.delete("serviceaccount oncall -n default")?;
+    s.delete("pod p-x")?;
+    s.delete("pvc x-data")
 }

@@ -1,7 +1,8 @@
 //! ublkd and the kubelet restarted under live volumes: I/O pauses, nothing is lost.
 
 use super::encrypted::{luks_classes, luks_classes_gone};
-use crate::kube::{fill, local, Mode, Sc, NODE, UBLKD_PODS};
+use super::kill_ublkd;
+use crate::kube::{fill, localw, words, Mode, Sc, NODE, UBLKD_PODS};
 use anyhow::{ensure, Context, Result};
 use std::fs;
 use std::path::Path;
@@ -47,27 +48,19 @@ spec:
             &[("POD", pod), ("CLAIM", claim)],
         ))?;
     }
-    for (pod, _, _) in writers {
-        let pod = format!("pod/{pod}");
-        s.k(&["wait", "--for=condition=Ready", &pod, "--timeout=600s"])?;
+    for (pod, claim, _) in writers {
+        s.ready(pod, claim)?;
     }
     // The writers loop from Ready until /data/stop: two seconds in, the kill finds writes in flight.
     std::thread::sleep(Duration::from_secs(2));
     let before = s.ublkd_restarts()?;
-    let pids = local("pidof", &["ublkd"]).context("no ublkd process on the node")?;
-    let pid = pids
-        .split_whitespace()
-        .next()
-        .context("no ublkd process on the node")?;
-    local("kill", &["-9", pid])?;
-    s.say(format!(
-        "SIGKILL to ublkd (pid {pid}); restarts were {before}"
-    ));
+    s.say(format!("ublkd's restarts: {before}"));
+    kill_ublkd(s)?;
     let restarted = || s.ublkd_restarts().is_ok_and(|n| n > before) && s.ublkd_ready();
     s.wait(600, "ublkd back after SIGKILL", restarted)
         .inspect_err(|_| {
             let pod = s.ublkd_pod().unwrap_or_default();
-            s.tail(20, &["-n", "ublkd-system", "describe", "pod", &pod]);
+            s.tail(20, &format!("-n ublkd-system describe pod {pod}"));
         })?;
     for (pod, _, _) in writers {
         s.say(format!(
@@ -78,19 +71,12 @@ spec:
     // The roll, as docs/kubernetes.md ("Upgrading") says: helm upgrade to a new image tag (the
     // same build pushed to the node's registry as :roll), then the node's pod deleted.
     let old = s.ublkd_pod()?;
-    let ns = ["--namespace", "ublkd-system"];
     // The packaged chart pins its image by digest: the roll names a tag instead.
-    let roll = [
-        "--reuse-values",
-        "--set",
-        "image.tag=roll",
-        "--set",
-        "image.digest=",
-    ];
+    let roll = words("--reuse-values --set image.tag=roll --set image.digest=");
     s.helm_chart("upgrade", &roll)?;
-    s.say(s.helm(&[&["history", "ublkd"][..], &ns].concat())?);
+    s.say(s.helmw("history ublkd --namespace ublkd-system")?);
     let on_node = format!("spec.nodeName={NODE}");
-    s.delete(&[&UBLKD_PODS[..], &["--field-selector", &on_node]].concat())?;
+    s.delete(&format!("{UBLKD_PODS} --field-selector {on_node}"))?;
     let image = r#"{.spec.containers[?(@.name=="ublkd")].image}"#;
     let rolled = || {
         s.ublkd_pod().is_ok_and(|p| {
@@ -100,7 +86,7 @@ spec:
         }) && s.ublkd_ready()
     };
     s.wait(600, "the rolled ublkd pod Ready", rolled)
-        .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods", "-o", "wide"]))?;
+        .inspect_err(|_| s.show("-n ublkd-system get pods -o wide"))?;
     std::thread::sleep(Duration::from_secs(2));
     for (pod, _, _) in writers {
         // The writer may see the file and end, and its PID namespace take the exec's shell
@@ -111,23 +97,20 @@ spec:
         }
     }
     for (pod, _, _) in writers {
-        let done = || {
-            s.jp(&["pod", pod], "{.status.phase}")
-                .is_ok_and(|p| p == "Succeeded")
-        };
+        let done = || s.jp_is(&["pod", pod], "{.status.phase}", "Succeeded");
         s.wait(300, &format!("{pod} finished cleanly"), done)
             .inspect_err(|_| {
-                s.tail(5, &["logs", pod]);
-                s.tail(20, &["describe", "pod", pod]);
-                if let Ok(k) = local("dmesg", &[]) {
+                s.tail(5, &format!("logs {pod}"));
+                s.tail(20, &format!("describe pod {pod}"));
+                if let Ok(k) = localw("dmesg") {
                     let k: Vec<_> = k.lines().rev().take(40).collect();
                     s.say(format!("dmesg, newest first:\n{}", k.join("\n")));
                 }
             })?;
-        s.show(&["logs", pod]);
+        s.show(&format!("logs {pod}"));
     }
-    s.delete(&["pod", "p-writer", "p-e-writer"])?;
-    s.delete(&["pvc", "w-data", "we-data"])?;
+    s.delete("pod p-writer p-e-writer")?;
+    s.delete("pvc w-data we-data")?;
     luks_classes_gone(s)
 }
 
@@ -143,7 +126,7 @@ fn kubelet_pid() -> Option<u32> {
 /// The kubelet stopped with SIGTERM; the node's kubelet service starts it again, as systemd would.
 pub(super) fn restart_kubelet(s: &Sc) -> Result<()> {
     let old = kubelet_pid().context("no kubelet pid")?;
-    local("kill", &[&old.to_string()])?;
+    localw(&format!("kill {old}"))?;
     let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
     s.wait(30, "the kubelet stopped", || !alive(old))?;
     s.wait(60, "the kubelet started again", || {
@@ -172,6 +155,6 @@ pub fn kubelet_restart(s: &Sc) -> Result<()> {
     s.pod("p-new", "k-new", Mode::Filesystem)?;
     s.in_pod("p-new", "echo new >/data/f && sync")?;
     s.say("a new pod got a volume after the restart");
-    s.delete(&["pod", "p-keep", "p-new"])?;
-    s.delete(&["pvc", "k-data", "k-new"])
+    s.delete("pod p-keep p-new")?;
+    s.delete("pvc k-data k-new")
 }

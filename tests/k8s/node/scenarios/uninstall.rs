@@ -11,15 +11,9 @@ use std::fs;
 pub fn uninstall(s: &Sc) -> Result<()> {
     // what a failed scenario left behind goes first, as a user would delete their workloads
     for kind in ["pod", "pvc"] {
-        s.k(&[
-            "delete",
-            kind,
-            "--all",
-            "--namespace",
-            "default",
-            "--wait=true",
-            "--timeout=300s",
-        ])?;
+        s.kw(&format!(
+            "delete {kind} --all --namespace default --wait=true --timeout=300s"
+        ))?;
     }
     let left = s.kw("get pvc -A --no-headers")?;
     ensure!(
@@ -60,7 +54,7 @@ pub fn uninstall(s: &Sc) -> Result<()> {
             .is_ok_and(|p| p.trim().is_empty())
     };
     s.wait(300, "ublkd's pods went", no_pods)
-        .inspect_err(|_| s.show(&["-n", "ublkd-system", "get", "pods"]))?;
+        .inspect_err(|_| s.show("-n ublkd-system get pods"))?;
     let devices: Vec<String> = fs::read_dir("/dev")?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())

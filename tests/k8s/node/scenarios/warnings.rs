@@ -11,16 +11,9 @@ use anyhow::{ensure, Result};
 pub fn warnings(s: &Sc) -> Result<()> {
     let cols = "custom-columns=NS:.metadata.namespace,KIND:.involvedObject.kind,\
                 NAME:.involvedObject.name,REASON:.reason,FROM:.source.component,MESSAGE:.message";
-    let all = s.k(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        "type=Warning",
-        "--no-headers",
-        "-o",
-        cols,
-    ])?;
+    let all = s.kw(&format!(
+        "get events -A --field-selector type=Warning --no-headers -o {cols}"
+    ))?;
     let lines: Vec<&str> = all.lines().filter(|l| !l.trim().is_empty()).collect();
     s.say(format!("warning events: {}", lines.len()));
     for l in &lines {

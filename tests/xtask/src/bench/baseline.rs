@@ -12,12 +12,7 @@ use std::process::Command;
 /// The label and binary of `rev`, built once per commit (`work`: the working tree, rebuilt).
 pub fn build(ws: &Path, rev: &str) -> Result<(String, PathBuf)> {
     let root = ws.join("target/baseline");
-    let release = |dir: &Path| {
-        let mut c = crate::cargo();
-        c.current_dir(dir)
-            .args(["build", "--release", "--package", "ublkd-server"]);
-        c
-    };
+    let release = |dir: &Path| crate::cargo_in(dir, "build --release --package ublkd-server");
     if rev == "work" {
         apt::run_ok(&mut release(ws)).context("building the working tree's ublkd")?;
         let bin = crate::dist::target_dir(ws).join("release/ublkd");

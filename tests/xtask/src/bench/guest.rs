@@ -25,6 +25,7 @@ use super::cases::{
 };
 use super::results::{Bin, Input, Results, RESULTS_FILE};
 use anyhow::{Context, Result};
+use devices::FioCase;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -37,14 +38,8 @@ pub enum Step {
     UnmountBacking,
     /// A case that cannot run (its run, and why): it measures nothing, and says why.
     Fail(String, String),
-    /// A fio case on `server` (for ublkd, `build`'s binary); a `warmup` runs one discarded job
-    /// instead of the workloads.
-    Fio {
-        run: String,
-        server: Server,
-        build: Build,
-        warmup: bool,
-    },
+    /// A fio case: its server set up, measured, torn down.
+    Fio(FioCase),
     /// The node service's sections: control plane, CSI, QoS, snapshots, recovery of N volumes,
     /// the I/O stall.
     Control,
@@ -78,11 +73,14 @@ pub fn steps(input: &Input) -> Vec<Step> {
             out.push(Step::UnmountBacking);
             unmounted = true;
         }
-        let fio = |suffix: &str, build, warmup| Step::Fio {
-            run: format!("{}{suffix}", run.id),
-            server: run.server,
-            build,
-            warmup,
+        let fio = |suffix: &str, build, warmup| {
+            let (run, server) = (format!("{}{suffix}", run.id), run.server);
+            Step::Fio(FioCase {
+                run,
+                server,
+                build,
+                warmup,
+            })
         };
         match bin {
             Err(e) => out.push(fail(run.id, e)),
@@ -154,14 +152,9 @@ pub fn main(input: &Path) -> Result<()> {
                 continue;
             }
             Step::Fail(run, why) => (run.clone(), proc::failed(&run, why)),
-            Step::Fio {
-                run,
-                server,
-                build,
-                warmup,
-            } => {
-                let case = devices::fio_case(&g, &run, server, build, warmup, backing.as_deref());
-                (run, case)
+            Step::Fio(f) => {
+                let case = devices::fio_case(&g, &f, backing.as_deref());
+                (f.run, case)
             }
             Step::Control => (CONTROL_RUN.into(), service::control_case(&g)),
             Step::Csi => (CSI_RUN.into(), service::csi_case(&g)),
@@ -205,13 +198,13 @@ mod tests {
         };
         let word = |s: Step| match s {
             Step::Fail(run, why) => format!("{run}: {why}"),
-            Step::Fio {
+            Step::Fio(FioCase {
                 run,
                 build: Build::Baseline,
                 warmup,
                 ..
-            } => format!("{run} B {warmup}"),
-            Step::Fio { run, warmup, .. } => format!("{run} {warmup}"),
+            }) => format!("{run} B {warmup}"),
+            Step::Fio(FioCase { run, warmup, .. }) => format!("{run} {warmup}"),
             Step::Recovery(n) => recovery_run(n),
             other => format!("{other:?}"),
         };

@@ -41,6 +41,7 @@ use crate::image;
 use crate::vm::{Clock, Exit, Vm};
 use anyhow::{bail, Context, Result};
 use cases::{Plan, ABBA, CONTROL_VOLUMES, DEFAULT_RUNTIME, RUNS, SECTIONS_BUDGET_SECS, WORKLOADS};
+use clap::ValueEnum;
 use report::{entries_table, fio_entries, fio_samples, fio_table, Entry};
 use results::{Input, Results};
 use serde_json::{json, Value};
@@ -151,7 +152,9 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         ),
         false => String::new(),
     };
-    let (wls, clock, kver) = (WORKLOADS.len(), args.clock.as_str(), &kernel.kver);
+    // Its name as `--clock` takes it.
+    let clock = args.clock.to_possible_value().context("no clock name")?;
+    let (wls, clock, kver) = (WORKLOADS.len(), clock.get_name(), &kernel.kver);
     let jobs_of = format!("{wls} fio jobs of {runtime} s");
     eprintln!(
         "xtask: bench: {runs} runs{order} x {jobs_of}{then}, in one boot of {kver}, {clock} clock"

@@ -192,12 +192,8 @@ struct Prepared {
 /// The node program (tests/k8s/node), built with the VM tests' features, and its scenarios'
 /// names in their order; `args` must name some of them.
 fn node_program(ws: &Path, args: &[String]) -> Result<(PathBuf, Vec<String>)> {
-    apt::run_ok(
-        crate::cargo()
-            .current_dir(ws)
-            .args(["build", "-p", "ublkd-tests", "--features", "vm"])
-            .args(["--bin", "k8s-node"]),
-    )?;
+    let node = "build -p ublkd-tests --features vm --bin k8s-node";
+    apt::run_ok(&mut crate::cargo_in(ws, node))?;
     let bin = crate::dist::target_dir(ws).join("debug/k8s-node");
     let names = apt::output_ok(Command::new(&bin).arg("--list"))?;
     let all: Vec<String> = names.lines().map(str::to_owned).collect();

@@ -64,15 +64,19 @@ fn no_rss() -> Outcome<f64> {
     Err("not measured for this server".into())
 }
 
+/// A fio case: its run (the run's id, with the suffix of its place in an A/B group) on `server`
+/// (for ublkd, `build`'s binary); a `warmup` runs one discarded job instead of the workloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FioCase {
+    pub run: String,
+    pub server: Server,
+    pub build: Build,
+    pub warmup: bool,
+}
+
 /// One fio case: its server set up, measured, torn down.
-pub fn fio_case(
-    g: &Guest,
-    run_id: &str,
-    server: Server,
-    build: Build,
-    warmup: bool,
-    backing: Option<&Path>,
-) -> Case {
+pub fn fio_case(g: &Guest, f: &FioCase, backing: Option<&Path>) -> Case {
+    let (run_id, server) = (f.run.as_str(), f.server);
     match (server, backing) {
         (Server::NullBlk, _) => {
             note!("{run_id}: /dev/nullb0");
@@ -106,9 +110,7 @@ pub fn fio_case(
             (UBackend::Nvme, _, a) => kublk_case(g, run_id, &(a + " /dev/nvme0n1")),
             (UBackend::Null, _, a) => kublk_case(g, run_id, &a),
         },
-        (Server::Ublkd { .. } | Server::Luks2File, _) => {
-            ublkd_case(g, run_id, server, build, warmup, backing)
-        }
+        (Server::Ublkd { .. } | Server::Luks2File, _) => ublkd_case(g, f, backing),
     }
 }
 
@@ -165,14 +167,8 @@ fn open_luks2(dev: &Path, log: &Path) -> Outcome<PathBuf> {
 /// reads its RSS with the volume idle, runs every workload (or, for a warm-up, one discarded
 /// job; on a LUKS2 mapping over the device for `Luks2File`), stops it with SIGTERM and checks
 /// the device is gone.
-fn ublkd_case(
-    g: &Guest,
-    run_id: &str,
-    server: Server,
-    build: Build,
-    warmup: bool,
-    backing: Option<&Path>,
-) -> Case {
+fn ublkd_case(g: &Guest, f: &FioCase, backing: Option<&Path>) -> Case {
+    let (run_id, server, build, warmup) = (f.run.as_str(), f.server, f.build, f.warmup);
     let (backend, luks2) = match server {
         Server::Ublkd { backend, .. } => (backend, false),
         _ => (UBackend::File, true),
@@ -235,10 +231,9 @@ fn ublkd_case(
                 }
                 Err(e) => failed(run_id, format!("LUKS2 on {}: {e}", dev.display())),
             };
-            if let Err(e) = sh(&format!("cryptsetup close {MAPPING}"), &log) {
-                case.teardown
-                    .push(format!("cryptsetup close {MAPPING} failed: {e}"));
-            }
+            let closed = sh(&format!("cryptsetup close {MAPPING}"), &log);
+            let failed = |e| format!("cryptsetup close {MAPPING} failed: {e}");
+            case.teardown.extend(closed.err().map(failed));
             case
         }
         Ok(dev) => {
@@ -317,10 +312,9 @@ fn dm_linear_case(g: &Guest, run_id: &str) -> Case {
         Ok(dev) => fio_run(workloads(g, run_id, &dev, &[], DIRECT), no_rss()),
         Err(e) => failed(run_id, format!("dm-linear: {e}")),
     };
-    if let Err(e) = sh(&format!("dmsetup remove --noudevsync {LINEAR}"), &log) {
-        case.teardown
-            .push(format!("dmsetup remove {LINEAR} failed: {e}"));
-    }
+    let removed = sh(&format!("dmsetup remove --noudevsync {LINEAR}"), &log);
+    let failed = |e| format!("dmsetup remove {LINEAR} failed: {e}");
+    case.teardown.extend(removed.err().map(failed));
     case
 }
 

@@ -44,9 +44,8 @@ fn qos_job(node: &mut Node, limit: QosLimit) -> Outcome<f64> {
         }
     });
     note!("{id}: {measured:?}");
-    if let Err(e) = node.delete(&id, &d.join("delete.err")) {
-        node.problems.push(e);
-    }
+    node.problems
+        .extend(node.delete(&id, &d.join("delete.err")).err());
     measured
 }
 
@@ -140,9 +139,8 @@ fn snapshots(node: &mut Node, xfs: &Xfs) -> Outcome<Measured> {
     let sizes = SNAPSHOT_GIB.map(|gib| snapshot_size(node, xfs, gib, &mut snaps));
     for sid in snaps {
         let args = format!("delete-snapshot {sid}");
-        if let Err(e) = node.call(&args, &node.d.join("delete.err")) {
-            node.problems.push(e);
-        }
+        let deleted = node.call(&args, &node.d.join("delete.err"));
+        node.problems.extend(deleted.err());
     }
     let sizes = sizes.into();
     Ok(Measured::Snapshots(Snapshots {
