@@ -365,9 +365,11 @@ mod tests {
         }
         let nvme = |offset, len| {
             let n = v1::NvmeBackend {
+                device: "/dev/ng0n1".into(),
                 offset_bytes: offset,
                 length_bytes: len,
-                ..Default::default()
+                keep_data: false,
+                identity: String::new(),
             };
             match run_backend_spec(&B::Nvme(n), 1 << 20) {
                 Some(BackendSpec::Nvme { window, .. }) => Some(window.map(|w| (w.offset, w.len))),
