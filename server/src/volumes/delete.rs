@@ -218,10 +218,13 @@ pub(super) async fn refuse_if_held(
             device: block_device.to_owned(),
         });
     }
-    // A walk of every process's open files: on the blocking pool.
+    if force {
+        return Ok(());
+    }
+    // A walk of every process's open files (on the blocking pool), only when it can refuse.
     let (h, dev) = (plane.handle()?, block_device.to_owned());
     let by = blocking(move || Ok::<_, VolumeError>(h.opened_by(&dev))).await?;
-    if !force && !by.is_empty() {
+    if !by.is_empty() {
         return Err(VolumeError::DeleteOpen {
             id: id.clone(),
             device: block_device.to_owned(),
