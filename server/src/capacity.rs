@@ -2,8 +2,9 @@
 //! driver turns into CSIStorageCapacity objects so the scheduler only sends a volume to a node
 //! it fits on.
 
+use crate::backend::{BackendRecord, Pool};
 use crate::error::VolumeError;
-use crate::record::{BackendRecord, VolumeRecord};
+use crate::record::VolumeRecord;
 use crate::volume::Volume;
 use std::path::Path;
 use ublkd_dataplane::DataplaneError;
@@ -248,38 +249,6 @@ fn nvme_capacity(
     ))
 }
 
-/// One pool new volumes take their bytes from: what GetCapacity measures, and what the
-/// `ublkd_capacity_*` metrics report, one series each.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Pool {
-    /// A file system holding backing files: one of the allowed roots.
-    File(std::path::PathBuf),
-    /// The RAM directory.
-    Ram,
-    /// An NVMe namespace, by its generic char device.
-    Nvme(std::path::PathBuf),
-}
-
-impl Pool {
-    /// Its backend kind (the metrics label it by its name).
-    pub fn kind(&self) -> ublkd_proto::BackendKind {
-        use ublkd_proto::BackendKind as K;
-        match self {
-            Pool::File(_) => K::File,
-            Pool::Ram => K::Ram,
-            Pool::Nvme(_) => K::Nvme,
-        }
-    }
-
-    /// Where it is: the root, the RAM directory or the namespace's device.
-    pub fn place<'a>(&'a self, settings: &'a crate::config::Settings) -> &'a Path {
-        match self {
-            Pool::File(p) | Pool::Nvme(p) => p,
-            Pool::Ram => &settings.ram_dir,
-        }
-    }
-}
-
 /// The node's pools: every allowed root, the RAM directory, and every NVMe namespace a volume
 /// has a window on (a namespace no volume uses yet has nothing in it to watch), in that order.
 pub fn pools(settings: &crate::config::Settings, volumes: &[Volume]) -> Vec<Pool> {
@@ -291,10 +260,7 @@ pub fn pools(settings: &crate::config::Settings, volumes: &[Volume]) -> Vec<Pool
     out.push(Pool::Ram);
     let mut namespaces: Vec<Pool> = volumes
         .iter()
-        .filter_map(|v| match &v.record.backend {
-            BackendRecord::Nvme { device, .. } => Some(Pool::Nvme(device.clone())),
-            _ => None,
-        })
+        .filter_map(|v| v.record.backend.own_pool())
         .collect();
     namespaces.sort();
     namespaces.dedup();
@@ -339,27 +305,7 @@ pub fn capacity(
     settings: &crate::config::Settings,
     serving: bool,
 ) -> Result<v1::Capacity, VolumeError> {
-    use v1::get_capacity_request::Backend;
-    let pool = match &req.backend {
-        None => {
-            return Err(VolumeError::ValidateRequest(format!(
-                "backend is required: {}",
-                ublkd_proto::BackendKind::pool_names()
-            )))
-        }
-        Some(Backend::File(f)) => Pool::File(crate::validate::capacity_root(
-            &f.root,
-            &settings.allowed_roots,
-        )?),
-        Some(Backend::Ram(_)) => Pool::Ram,
-        // By path, or by identity (a StorageClass may name the namespace so on every node).
-        Some(Backend::Nvme(n)) => match n.device.parse::<ublkd_dataplane::NamespaceIdentity>() {
-            Ok(id) => Pool::Nvme(
-                ublkd_dataplane::find_namespace(&id).ok_or(VolumeError::NamespaceNotFound(id))?,
-            ),
-            Err(_) => Pool::Nvme(crate::validate::nvme_device(&n.device)?),
-        },
-    };
+    let pool = Pool::of_request(req.backend.as_ref(), settings)?;
     if !serving {
         // No volume can be made here: nothing is offered, as an answer rather than an error,
         // so that the provisioner replaces the node's CSIStorageCapacity instead of keeping

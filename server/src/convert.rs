@@ -2,14 +2,12 @@
 //! The registry stores the dataplane's own spec enums (`IoPath`, `Toggle`), so only the API's
 //! numbered enums need converting, both ways, here.
 
-use crate::record::{AdjustedSetting, BackendRecord, SourceRecord, VolumeRecord};
+use crate::record::{AdjustedSetting, SourceRecord, VolumeRecord};
 use crate::snapshot::SnapshotRecord;
 use crate::volume::{ram_file, State, Volume};
 use crate::volume_id::VolumeId;
 use std::path::Path;
-use ublkd_dataplane::{
-    BackendSpec, DeviceSpec, Features, IoPath, KernelDevice, QosLimits, Toggle, Window,
-};
+use ublkd_dataplane::{DeviceSpec, Features, IoPath, KernelDevice, QosLimits, Toggle};
 use ublkd_proto::v1;
 
 /// The dataplane spec that serves `r` (RAM volumes keep their memory in `ram_dir`).
@@ -20,29 +18,7 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
         queues: r.queues,
         queue_depth: r.queue_depth,
         io_path: r.io_path,
-        backend: match &r.backend {
-            BackendRecord::Null => BackendSpec::Null,
-            BackendRecord::Ram => BackendSpec::Ram {
-                path: Some(ram_file(ram_dir, &r.id)),
-            },
-            BackendRecord::File { path, .. } => BackendSpec::File { path: path.clone() },
-            BackendRecord::Nvme {
-                device,
-                offset,
-                length,
-                keep_data,
-                // Checked against the path before anything is served (`volumes::namespace`);
-                // the kernel is given the path.
-                identity: _,
-            } => BackendSpec::Nvme {
-                path: device.clone(),
-                window: (*offset != 0 || *length != 0).then_some(Window {
-                    offset: *offset,
-                    len: *length,
-                }),
-                keep_data: *keep_data,
-            },
-        },
+        backend: r.backend.spec(ram_file(ram_dir, &r.id)),
         dev_id: r.dev_id,
         zero_copy: r.zero_copy,
         poll: r.poll,
@@ -54,31 +30,6 @@ pub fn device_spec(r: &VolumeRecord, ram_dir: &Path) -> DeviceSpec {
         // the dataplane never erases for a device made from a record.
         erase: false,
     }
-}
-
-/// The dataplane spec `ublkd run` serves for a backend of the API, with no registry: RAM in
-/// anonymous memory, an NVMe window of length 0 to `size`; None for an NVMe window with no
-/// offset (there is nothing to place it against).
-pub fn run_backend_spec(b: &v1::volume_spec::Backend, size: u64) -> Option<BackendSpec> {
-    use v1::volume_spec::Backend as B;
-    Some(match b {
-        B::Null(_) => BackendSpec::Null,
-        B::Ram(_) => BackendSpec::Ram { path: None },
-        B::File(f) => BackendSpec::File {
-            path: f.path.clone().into(),
-        },
-        B::Nvme(n) => BackendSpec::Nvme {
-            path: n.device.clone().into(),
-            window: match (n.offset_bytes?, n.length_bytes) {
-                (0, 0) => None,
-                (offset, len) => Some(Window {
-                    offset,
-                    len: if len == 0 { size } else { len },
-                }),
-            },
-            keep_data: false,
-        },
-    })
 }
 
 /// The API form of a snapshot.
@@ -136,38 +87,10 @@ fn state_proto(s: State) -> v1::VolumeState {
     }
 }
 
-/// The API form of a volume's backend.
-fn backend_proto(backend: &BackendRecord) -> v1::volume_spec::Backend {
-    match backend {
-        BackendRecord::Null => v1::volume_spec::Backend::Null(v1::NullBackend {}),
-        BackendRecord::Ram => v1::volume_spec::Backend::Ram(v1::RamBackend {}),
-        BackendRecord::File { path, create } => v1::volume_spec::Backend::File(v1::FileBackend {
-            path: path.display().to_string(),
-            create: *create,
-        }),
-        BackendRecord::Nvme {
-            device,
-            offset,
-            length,
-            keep_data,
-            identity,
-        } => v1::volume_spec::Backend::Nvme(v1::NvmeBackend {
-            device: device.display().to_string(),
-            offset_bytes: Some(*offset),
-            length_bytes: *length,
-            keep_data: *keep_data,
-            identity: identity
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default(),
-        }),
-    }
-}
-
 /// The API form of a volume.
 pub fn volume_proto(v: &Volume) -> v1::Volume {
     let r = &v.record;
-    let backend = backend_proto(&r.backend);
+    let backend = r.backend.proto();
     v1::Volume {
         id: r.id.to_string(),
         spec: Some(v1::VolumeSpec {
@@ -335,52 +258,6 @@ pub fn node_info(f: NodeFacts) -> v1::NodeInfo {
 mod tests {
     use super::*;
     use crate::volume_id::VolumeId;
-
-    fn record(backend: BackendRecord) -> VolumeRecord {
-        VolumeRecord::example(VolumeId::parse("v").unwrap(), 1 << 20, backend)
-    }
-
-    /// Every kind reaches the dataplane as the backend of its own name, and back to the API as
-    /// the `oneof` field of that name.
-    #[test]
-    fn each_kind_is_served_and_reported_as_itself() {
-        for kind in ublkd_proto::BackendKind::ALL {
-            let r = record(BackendRecord::example(kind));
-            let spec = device_spec(&r, Path::new("/dev/shm/ublkd"));
-            assert_eq!(spec.backend.kind(), kind.name());
-            let back = ublkd_proto::BackendKind::of(&backend_proto(&r.backend));
-            assert_eq!(back, kind);
-        }
-    }
-
-    /// `ublkd run` serves every kind as the dataplane's backend of its name; an NVMe window
-    /// of length 0 runs to the device's size, and one with no offset has nothing to place it.
-    #[test]
-    fn ublkd_run_serves_each_kind_and_places_no_window() {
-        use v1::volume_spec::Backend as B;
-        for kind in ublkd_proto::BackendKind::ALL {
-            let b = backend_proto(&BackendRecord::example(kind));
-            let spec = run_backend_spec(&b, 1 << 20).map(|s| s.kind());
-            assert_eq!(spec, Some(kind.name()), "{b:?}");
-        }
-        let nvme = |offset, len| {
-            let n = v1::NvmeBackend {
-                device: "/dev/ng0n1".into(),
-                offset_bytes: offset,
-                length_bytes: len,
-                keep_data: false,
-                identity: String::new(),
-            };
-            match run_backend_spec(&B::Nvme(n), 1 << 20) {
-                Some(BackendSpec::Nvme { window, .. }) => Some(window.map(|w| (w.offset, w.len))),
-                _ => None,
-            }
-        };
-        assert_eq!(nvme(Some(0), 0), Some(None));
-        assert_eq!(nvme(Some(4096), 0), Some(Some((4096, 1 << 20))));
-        assert_eq!(nvme(Some(4096), 8192), Some(Some((4096, 8192))));
-        assert_eq!(nvme(None, 8192), None);
-    }
 
     /// request -> record -> DeviceSpec -> the kernel's device -> takeover, over every field:
     /// each field of the record is named here (a new one does not compile until it is) with

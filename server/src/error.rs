@@ -7,6 +7,15 @@ use std::path::PathBuf;
 use tonic::{Code, Status};
 use ublkd_dataplane::{DataplaneError, DevId, ErrorKind};
 
+/// What of a client's string is echoed in an error or a log line: at most 80 characters.
+pub fn truncate(s: &str) -> String {
+    let mut out: String = s.chars().take(80).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
 /// Errors of volume operations, named for the step that failed; `code()` below is the one
 /// place they become gRPC codes.
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 mod authz;
+mod backend;
 mod capacity;
 mod config;
 mod convert;
@@ -214,7 +215,7 @@ fn run_backend(b: &v1::volume_spec::Backend, size: u64) -> anyhow::Result<Backen
             }
         }
     }
-    convert::run_backend_spec(b, size)
+    backend::run_spec(b, size)
         .context("ublkd run has no registry to place an `auto` window in: give its offset")
 }
 

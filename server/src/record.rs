@@ -5,73 +5,13 @@
 //! `"per-io"`, the notation's spelling, is read too):
 //! the very strings releases before them wrote, so their files load unchanged.
 
+use crate::backend::BackendRecord;
 use crate::registry::{Record, Registry, RegistryError};
 use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use ublkd_dataplane::{DevId, IoPath, QosLimits, Toggle};
-
-/// A volume's backend as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum BackendRecord {
-    Null,
-    Ram,
-    File {
-        path: PathBuf,
-        create: bool,
-    },
-    /// An NVMe namespace char device; `length` 0 means to the end of the namespace.
-    Nvme {
-        device: PathBuf,
-        offset: u64,
-        length: u64,
-        /// Served as found: never erased at creation or growth (absent in older records).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        keep_data: bool,
-        /// The namespace's identity, read by Identify at create (absent in records written
-        /// before it was kept, and filled in at their first restore): `device` is only the
-        /// name this boot gave it. Nothing is served or erased on a namespace of another
-        /// identity.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        identity: Option<ublkd_dataplane::NamespaceIdentity>,
-    },
-}
-
-impl BackendRecord {
-    /// Its kind, whose name is the record's `kind` tag (a test holds the two together).
-    pub fn kind(&self) -> ublkd_proto::BackendKind {
-        use ublkd_proto::BackendKind as K;
-        match self {
-            BackendRecord::Null => K::Null,
-            BackendRecord::Ram => K::Ram,
-            BackendRecord::File { .. } => K::File,
-            BackendRecord::Nvme { .. } => K::Nvme,
-        }
-    }
-
-    /// A record of `kind`, for the tests that go over every kind.
-    #[cfg(test)]
-    pub fn example(kind: ublkd_proto::BackendKind) -> BackendRecord {
-        use ublkd_proto::BackendKind as K;
-        match kind {
-            K::Null => BackendRecord::Null,
-            K::Ram => BackendRecord::Ram,
-            K::File => BackendRecord::File {
-                path: "/srv/v.img".into(),
-                create: false,
-            },
-            K::Nvme => BackendRecord::Nvme {
-                device: "/dev/ng0n1".into(),
-                offset: 1 << 20,
-                length: 1 << 20,
-                keep_data: false,
-                identity: None,
-            },
-        }
-    }
-}
 
 /// Everything needed to bring a volume back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,17 +151,6 @@ pub fn volume_registry(state_dir: &Path) -> Result<Registry<VolumeRecord>, Regis
 mod tests {
     use super::*;
     use std::fs;
-
-    /// The registry's `kind` tag is the kind's one name, for every kind.
-    #[test]
-    fn each_kinds_record_is_tagged_with_its_name() {
-        for kind in ublkd_proto::BackendKind::ALL {
-            let record = BackendRecord::example(kind);
-            assert_eq!(record.kind(), kind);
-            let json = serde_json::to_value(&record).unwrap();
-            assert_eq!(json["kind"], kind.name(), "{json}");
-        }
-    }
 
     /// Records as the releases that stored these choices as strings wrote them (copied from a
     /// registry directory of that release), and one from before zero copy and polling existed.

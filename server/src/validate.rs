@@ -1,32 +1,18 @@
 //! What clients send, checked and read once into the domain's types: volume ids, specs (their
 //! API enums and limits decoded here; `convert` is the way out), and backing-file paths.
 
+use crate::backend::BackendRecord;
 use crate::config::Settings;
-use crate::error::VolumeError;
-use crate::record::{
-    AdjustedSetting, Adjustment, BackendRecord, ClaimRecord, SourceRecord, VolumeRecord,
-};
+use crate::error::{truncate, VolumeError};
+use crate::record::{AdjustedSetting, Adjustment, ClaimRecord, SourceRecord, VolumeRecord};
 use crate::snapshot::SnapshotId;
 use crate::volume_id::VolumeId;
-use std::path::{Component, Path, PathBuf};
 use ublkd_dataplane::{IoPath, QosLimits, Toggle};
 use ublkd_proto::v1;
 
 /// A volume id is a DNS label (`VolumeId::parse`).
 pub fn volume_id(id: &str) -> Result<VolumeId, VolumeError> {
     Ok(VolumeId::parse(id)?)
-}
-
-/// The longest path accepted (PATH_MAX, counting the terminating NUL).
-pub const MAX_PATH_BYTES: usize = 4095;
-
-/// What of a client's string is echoed in an error or a log line: at most 80 characters.
-pub fn truncate(s: &str) -> String {
-    let mut out: String = s.chars().take(80).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out
 }
 
 /// Turns a CreateVolume spec into the record to store, applying defaults and limits.
@@ -85,54 +71,7 @@ pub fn spec(
     let Some(io_path) = io_path(spec.io_path) else {
         return invalid(format!("unknown io_path {}", spec.io_path));
     };
-    let backend = match &spec.backend {
-        None => {
-            return invalid(format!(
-                "backend is required: {}",
-                ublkd_proto::BackendKind::all_names()
-            ))
-        }
-        Some(v1::volume_spec::Backend::Null(_)) => BackendRecord::Null,
-        Some(v1::volume_spec::Backend::Ram(_)) => BackendRecord::Ram,
-        Some(v1::volume_spec::Backend::File(f)) => BackendRecord::File {
-            path: backing_path(&f.path, f.create, &s.allowed_roots)?,
-            create: f.create,
-        },
-        Some(v1::volume_spec::Backend::Nvme(n)) => {
-            // A namespace named by its identity alone: the volume manager finds its device.
-            let device = match (n.device.as_str(), n.identity.as_str()) {
-                ("", id) if !id.is_empty() => PathBuf::new(),
-                (device, _) => nvme_device(device)?,
-            };
-            if n.offset_bytes
-                .unwrap_or(0)
-                .checked_add(n.length_bytes)
-                .is_none()
-            {
-                return invalid("nvme window offset + length overflows".into());
-            }
-            if n.keep_data && !s.limits.allow_keep_data {
-                return Err(VolumeError::AdmitKeepData);
-            }
-            let identity = match n.identity.as_str() {
-                "" => None,
-                text => Some(
-                    text.parse()
-                        .map_err(|e: ublkd_dataplane::ParseIdentityError| {
-                            VolumeError::ValidateRequest(e.to_string())
-                        })?,
-                ),
-            };
-            BackendRecord::Nvme {
-                device,
-                // Unset: placed by the volume manager (`places_window`).
-                offset: n.offset_bytes.unwrap_or(0),
-                length: n.length_bytes,
-                keep_data: n.keep_data,
-                identity,
-            }
-        }
-    };
+    let backend = BackendRecord::from_request(spec.backend.as_ref(), s)?;
     let toggle = |v: i32, what: &str| {
         toggle(v).ok_or_else(|| VolumeError::ValidateRequest(format!("unknown {what} setting {v}")))
     };
@@ -308,135 +247,11 @@ pub fn size(bytes: u64, block_size: u32, s: &Settings) -> Result<(), VolumeError
     Ok(())
 }
 
-/// An NVMe namespace's char device: an absolute path under /dev.
-pub fn nvme_device(raw: &str) -> Result<PathBuf, VolumeError> {
-    let device = PathBuf::from(raw);
-    if raw.len() > MAX_PATH_BYTES || !device.is_absolute() || !device.starts_with("/dev") {
-        return Err(VolumeError::ValidateRequest(format!(
-            "nvme device {:?} must be a path under /dev, e.g. /dev/ng0n1",
-            truncate(raw)
-        )));
-    }
-    Ok(device)
-}
-
-/// Resolves the directory a capacity query names: absolute, no `..`, an existing directory
-/// inside one of `roots` after following symlinks.
-pub fn capacity_root(raw: &str, roots: &[PathBuf]) -> Result<PathBuf, VolumeError> {
-    let shown = truncate(raw);
-    let path = Path::new(raw);
-    if raw.is_empty() || raw.len() > MAX_PATH_BYTES || !path.is_absolute() {
-        return Err(VolumeError::ValidateRequest(format!(
-            "root {shown:?} must be an absolute path"
-        )));
-    }
-    if path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(VolumeError::ValidateRequest(format!(
-            "root {shown:?} must not contain '..'"
-        )));
-    }
-    let Ok(real) = path.canonicalize() else {
-        return Err(VolumeError::BackingPathMissing(format!(
-            "root {shown:?} does not exist"
-        )));
-    };
-    let inside = roots
-        .iter()
-        .filter_map(|r| r.canonicalize().ok())
-        .any(|r| real.starts_with(r));
-    if !inside {
-        return Err(VolumeError::BackingPathOutsideRoots(shown));
-    }
-    if !real.is_dir() {
-        return Err(VolumeError::ValidateRequest(format!(
-            "root {shown:?} is not a directory"
-        )));
-    }
-    Ok(real)
-}
-
-/// Resolves a backing-file path: absolute, no `..`, and after following symlinks inside one of
-/// `roots`. A missing file is accepted only with `create`, and then its directory must resolve
-/// inside a root. Returns the resolved path.
-pub fn backing_path(raw: &str, create: bool, roots: &[PathBuf]) -> Result<PathBuf, VolumeError> {
-    let invalid = |m: String| Err(VolumeError::ValidateRequest(m));
-    if raw.len() > MAX_PATH_BYTES {
-        return invalid(format!(
-            "backing path of {} bytes is longer than {MAX_PATH_BYTES}: {:?}",
-            raw.len(),
-            truncate(raw)
-        ));
-    }
-    let shown = truncate(raw);
-    let raw_full = raw;
-    let raw = shown.as_str();
-    let path = Path::new(raw_full);
-    if raw_full.is_empty() || !path.is_absolute() {
-        return invalid(format!("backing path {raw:?} must be absolute"));
-    }
-    if path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return invalid(format!("backing path {raw:?} must not contain '..'"));
-    }
-    let roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
-    let inside = |p: &Path| roots.iter().any(|r| p.starts_with(r));
-    let outside = || Err(VolumeError::BackingPathOutsideRoots(raw.to_owned()));
-    // Snapshots' copies live there: a volume over one would write into a snapshot.
-    let in_snapshots = |p: &Path| {
-        p.components()
-            .any(|c| c.as_os_str() == crate::snapshot::SNAPSHOT_DIR)
-    };
-    let snapshot_dir = || {
-        invalid(format!(
-            "backing path {raw:?} is inside a {} directory, which holds snapshots",
-            crate::snapshot::SNAPSHOT_DIR
-        ))
-    };
-    if in_snapshots(path) {
-        return snapshot_dir();
-    }
-    match path.canonicalize() {
-        Ok(real) => {
-            if in_snapshots(&real) {
-                snapshot_dir()
-            } else if inside(&real) {
-                Ok(real)
-            } else {
-                outside()
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-                return invalid(format!("backing path {raw:?} has no file name"));
-            };
-            let Ok(parent) = parent.canonicalize() else {
-                return Err(VolumeError::BackingPathMissing(format!(
-                    "directory of backing path {raw:?} does not exist"
-                )));
-            };
-            if !inside(&parent) {
-                return outside();
-            }
-            if in_snapshots(&parent) {
-                return snapshot_dir();
-            }
-            if path.symlink_metadata().is_ok() {
-                // A dangling symlink: where it would point is unknown territory.
-                return outside();
-            }
-            if !create {
-                return Err(VolumeError::BackingPathMissing(format!(
-                    "backing file {raw:?} does not exist (set create to make it)"
-                )));
-            }
-            Ok(parent.join(name))
-        }
-        Err(e) => invalid(format!("backing path {raw:?}: {e}")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MAX_PATH_BYTES;
+    use std::path::Path;
 
     fn vid(s: &str) -> VolumeId {
         VolumeId::parse(s).unwrap()

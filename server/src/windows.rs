@@ -3,7 +3,8 @@
 //! where a new window goes when ublkd places it. Pure functions over the records; the volume
 //! manager calls them under its map lock, so two creates never take the same extent.
 
-use crate::record::{BackendRecord, VolumeRecord};
+use crate::backend::BackendRecord;
+use crate::record::VolumeRecord;
 use crate::volume_id::VolumeId;
 use std::path::{Path, PathBuf};
 use ublkd_dataplane::NamespaceIdentity;

@@ -4,7 +4,8 @@
 //! disagree.
 
 use super::text::{family, Kind};
-use crate::capacity::{pool_space, pools, Pool};
+use crate::backend::Pool;
+use crate::capacity::{pool_space, pools};
 use crate::config::Settings;
 use crate::volume::Volume;
 use std::sync::Arc;

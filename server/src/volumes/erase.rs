@@ -87,7 +87,7 @@ async fn within_own_claim(
         why,
     };
     let identity = map.get(id).and_then(|v| match &v.record.backend {
-        crate::record::BackendRecord::Nvme { identity, .. } => identity.clone(),
+        crate::backend::BackendRecord::Nvme { identity, .. } => identity.clone(),
         _ => None,
     });
     let own = map

@@ -8,9 +8,10 @@ use super::plane::Plane;
 use super::pool::blocking;
 use super::store::Store;
 use super::table::Table;
+use crate::backend::BackendRecord;
 use crate::config::Settings;
 use crate::error::VolumeError;
-use crate::record::{BackendRecord, VolumeRecord};
+use crate::record::VolumeRecord;
 use std::path::{Path, PathBuf};
 use ublkd_dataplane::{Namespace, NamespaceIdentity};
 

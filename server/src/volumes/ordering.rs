@@ -6,10 +6,11 @@
 //! CSI driver's report of volumes no PersistentVolume names.
 
 use super::Volumes;
+use crate::backend::BackendRecord;
 use crate::config::Settings;
 use crate::devices::Devices;
 use crate::error::VolumeError;
-use crate::record::{volume_registry, BackendRecord, VolumeRecord};
+use crate::record::{volume_registry, VolumeRecord};
 use crate::registry::Registry;
 use crate::volume::State;
 use crate::volume_id::VolumeId;

@@ -93,7 +93,7 @@ pub(super) async fn adopt(
     record.dev_id = Some(dev_id);
     record.created_unix_ms = now_ms();
     let namespace = namespace::of(plane, &record).await?;
-    if let (Some(ns), crate::record::BackendRecord::Nvme { identity, .. }) =
+    if let (Some(ns), crate::backend::BackendRecord::Nvme { identity, .. }) =
         (&namespace, &mut record.backend)
     {
         if identity.is_none() {

@@ -4,7 +4,7 @@
 
 use super::kernel::{self, Call, SimKernel, CHUNK, NS_BYTES, NS_PATH, NS_PATHS};
 use super::{base_record, on_disk, sid, vid, volumes, volumes_limited, Dirs};
-use crate::record::BackendRecord;
+use crate::backend::BackendRecord;
 use crate::simctx;
 use crate::volume::State;
 use std::path::{Path, PathBuf};

@@ -13,8 +13,9 @@
 //! as probe order does on a real node.
 
 use super::rng::Rng;
+use crate::backend::BackendRecord;
 use crate::devices::Devices;
-use crate::record::{BackendRecord, VolumeRecord};
+use crate::record::VolumeRecord;
 use crate::simctx::{self, Fate};
 use crate::volume_id::VolumeId;
 use crate::volumes::ordering::info;

@@ -17,9 +17,10 @@ mod kernel;
 mod rng;
 
 use super::Volumes;
+use crate::backend::BackendRecord;
 use crate::config::Settings;
 use crate::devices::Devices;
-use crate::record::{volume_registry, BackendRecord, SourceRecord, VolumeRecord};
+use crate::record::{volume_registry, SourceRecord, VolumeRecord};
 use crate::registry::Registry;
 use crate::simctx;
 use crate::snapshot::SnapshotId;
