@@ -124,12 +124,7 @@ impl ControllerService {
         // A first look, for a clear RESOURCE_EXHAUSTED; ublkd checks again (and places an NVMe
         // window) under its own lock.
         let cap = self.ublkd.capacity(params.capacity_backend()).await?;
-        // A window needs one free extent that holds it; a file or RAM volume, the bytes.
-        let fits = match &params.backend {
-            Backend::Nvme { .. } => cap.free_extents.iter().any(|e| e.length_bytes >= size),
-            Backend::File { .. } | Backend::Ram => cap.available_bytes >= size,
-        };
-        if !fits || cap.volumes_left == 0 {
+        if !params.backend.fits(&cap, size) || cap.volumes_left == 0 {
             return Err(CsiError::NoRoom {
                 node: self.node.0.clone(),
                 size,

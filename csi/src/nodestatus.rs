@@ -11,7 +11,7 @@
 //! cannot read ublkd still writes what it knows, with `error` saying why, so a stale or partial
 //! report is never mistaken for a healthy one (`reportedAt` dates every round).
 
-use crate::params::{Backend, Params};
+use crate::params::Params;
 use crate::ublkd::{Ublkd, UblkdError};
 use crate::{Node, DRIVER_NAME};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -366,11 +366,7 @@ async fn pool(ublkd: &Ublkd, class: &StorageClass) -> PoolStatus {
             return p;
         }
     };
-    (p.backend, p.place) = match &params.backend {
-        Backend::File { root } => (BackendKind::File, root.clone()),
-        Backend::Ram => (BackendKind::Ram, String::new()),
-        Backend::Nvme { namespace } => (BackendKind::Nvme, namespace.clone()),
-    };
+    (p.backend, p.place) = (params.backend.kind(), params.backend.place().to_owned());
     match ublkd.capacity(params.capacity_backend()).await {
         Ok(c) => {
             p.total_bytes = c.total_bytes;

@@ -118,6 +118,24 @@ impl Backend {
             Backend::Nvme { .. } => K::Nvme,
         }
     }
+
+    /// Where its pool is, as the node report shows it: the root, the namespace, or nothing.
+    pub fn place(&self) -> &str {
+        match self {
+            Backend::File { root } => root,
+            Backend::Ram => "",
+            Backend::Nvme { namespace } => namespace,
+        }
+    }
+
+    /// Whether a volume of `size` bytes fits what GetCapacity answered: a window needs one free
+    /// extent that holds it; a file or RAM volume, the bytes.
+    pub fn fits(&self, cap: &v1::Capacity, size: u64) -> bool {
+        match self {
+            Backend::Nvme { .. } => cap.free_extents.iter().any(|e| e.length_bytes >= size),
+            Backend::File { .. } | Backend::Ram => cap.available_bytes >= size,
+        }
+    }
 }
 
 /// A StorageClass's parameters, checked.
