@@ -498,28 +498,24 @@ mod tests {
         assert_eq!(found, vec![PathBuf::from("m/a.rs")]);
     }
 
-    /// What `check` finds in every crate (given its source root as CRATES names it, and that
-    /// root's path), each finding after its crate's name.
-    fn in_every_crate(check: impl Fn(&str, &Path) -> Vec<String>) -> Vec<String> {
+    /// Fails, saying `what` and each finding after its crate's name, when `check` finds anything
+    /// in a crate (given its source root as CRATES names it, and that root's path).
+    fn none_in_every_crate(what: &str, check: impl Fn(&str, &Path) -> Vec<String>) {
         let ws = crate::workspace_root().unwrap();
         let found = CRATES.iter().map(|k| (k, check(k, &ws.join(k))));
-        found
+        let all: Vec<String> = found
             .flat_map(|(k, f)| f.into_iter().map(move |f| format!("{k}: {f}")))
-            .collect()
+            .collect();
+        assert!(all.is_empty(), "{what}:\n{}", all.join("\n"));
     }
 
     /// Every module names what it takes from its parent: no `use super::*;` outside tests.
     #[test]
     fn no_module_glob_imports_its_parent() {
-        let all = in_every_crate(|_, src| {
+        none_in_every_crate("use super::* outside tests", |_, src| {
             let found = parent_globs(src).unwrap();
             found.iter().map(|f| f.display().to_string()).collect()
         });
-        assert!(
-            all.is_empty(),
-            "use super::* outside tests:\n{}",
-            all.join("\n")
-        );
     }
 
     #[test]
@@ -553,23 +549,19 @@ mod tests {
     /// file that is one step over another file's type holds functions of it, named at each call.
     #[test]
     fn every_impl_is_in_its_types_file() {
-        let all = in_every_crate(|_, src| foreign_impls(src).unwrap());
-        assert!(
-            all.is_empty(),
-            "impl outside its type's file:\n{}",
-            all.join("\n")
-        );
+        none_in_every_crate("impl outside its type's file", |_, src| {
+            foreign_impls(src).unwrap()
+        });
     }
 
     /// No module of any crate imports another that imports it back, through any loop.
     #[test]
     fn no_crate_has_an_import_circle() {
-        let all = in_every_crate(|krate, src| {
+        none_in_every_crate("import circles", |krate, src| {
             let g = graph(src).unwrap();
             assert!(g.len() > 1, "{krate}: no modules read");
             circles(&g).iter().map(|c| c.join(" -> ")).collect()
         });
-        assert!(all.is_empty(), "import circles:\n{}", all.join("\n"));
     }
 
     #[test]
@@ -616,14 +608,11 @@ mod tests {
     fn every_crate_keeps_the_layers_of_the_map() {
         let map = crate::workspace_root().unwrap().join("ARCHITECTURE.md");
         let layers = layers_of_map(&std::fs::read_to_string(map).unwrap());
-        let all = in_every_crate(|krate, src| match layers.get(krate) {
-            Some(l) => contradictions(&graph(src).unwrap(), l),
-            None => vec![format!("no `layers {krate}` block in ARCHITECTURE.md")],
+        none_in_every_crate("the map and the code disagree", |krate, src| {
+            match layers.get(krate) {
+                Some(l) => contradictions(&graph(src).unwrap(), l),
+                None => vec![format!("no `layers {krate}` block in ARCHITECTURE.md")],
+            }
         });
-        assert!(
-            all.is_empty(),
-            "the map and the code disagree:\n{}",
-            all.join("\n")
-        );
     }
 }

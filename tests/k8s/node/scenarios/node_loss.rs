@@ -12,6 +12,12 @@ const LOST: &str = "ublkd-vm-lost";
 /// kubectl's arguments for the node-loss controller's log.
 const CONTROLLER_LOGS: &str = "-n ublkd-system logs deploy/ublkd-csi-controller";
 
+/// What the node-loss controller said of `node`, in its Events and its log, into the log.
+fn controller_said(s: &Sc, node: &str) {
+    s.node_events(node);
+    s.tail(30, CONTROLLER_LOGS);
+}
+
 /// Node loss (docs/kubernetes.md, "Retire a node"): a StatefulSet's pod on node B, B deleted,
 /// and the pod comes up on this node with a new volume. Node B is a Node object without a
 /// kubelet (two kubelets on one guest would need two containerds, mount namespaces and cgroup
@@ -113,10 +119,7 @@ spec:
     s.wait(120, "a NodeNotReadyTooShort Event", || {
         s.node_event(LOST, "NodeNotReadyTooShort")
     })
-    .inspect_err(|_| {
-        s.node_events(LOST);
-        s.tail(30, CONTROLLER_LOGS);
-    })?;
+    .inspect_err(|_| controller_said(s, LOST))?;
     s.node_events(LOST);
     ensure!(
         s.finalized(LOST),
@@ -137,10 +140,7 @@ spec:
     s.wait(300, "the lost node released", || {
         !s.exists(&format!("node {LOST}"))
     })
-    .inspect_err(|_| {
-        s.node_events(LOST);
-        s.tail(30, CONTROLLER_LOGS);
-    })?;
+    .inspect_err(|_| controller_said(s, LOST))?;
     s.tail(20, CONTROLLER_LOGS);
     s.node_events(LOST);
     ensure!(
@@ -280,10 +280,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
     s.wait(120, "a NodeLeaseRenewed Event", || {
         s.node_event(NODE, "NodeLeaseRenewed")
     })
-    .inspect_err(|_| {
-        s.node_events(NODE);
-        s.tail(30, CONTROLLER_LOGS);
-    })?;
+    .inspect_err(|_| controller_said(s, NODE))?;
     s.node_events(NODE);
     // The controller looks every 2 s here (tests/k8s/values.yaml): two more looks. In issue 38
     // the node's provisioner deleted the volumes of the released PVs within seconds.

@@ -138,10 +138,7 @@ pub fn run(ws: &Path, args: &Args) -> Result<ExitCode> {
         Clock::Wall => 1,
         Clock::Instructions => 5,
     };
-    let timeout = std::env::var("UBLKD_VM_TIMEOUT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or((300 + jobs * (runtime + 45) + sections) * slowdown);
+    let timeout = (300 + jobs * (runtime + 45) + sections) * slowdown;
     let order = plan.baseline.as_ref().map_or(String::new(), |(label, _)| {
         format!(" (each ublkd run A B B A or B A A B against {label}, after a warm-up)")
     });
