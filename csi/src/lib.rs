@@ -41,6 +41,7 @@ pub mod snapshot;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod ublkd;
+pub mod watch;
 
 /// This node's name: the value of the topology key, and the CSI node id.
 #[derive(Debug, Clone, PartialEq, Eq)]

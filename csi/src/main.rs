@@ -280,32 +280,58 @@ async fn main() -> Result<()> {
         node: node.clone(),
         route,
     };
-    if args.report_without_pv_every > 0 && !args.resizer_only {
-        let every = Duration::from_secs(args.report_without_pv_every);
-        let (ublkd, node) = (ublkd.clone(), node.clone());
-        tokio::spawn(async move {
-            if let Err(e) = ublkd_csi::pvreport::run(ublkd, node, every).await {
-                tracing::error!(error = %e, "no reports of the volumes without a PersistentVolume");
+    // The loops that read the API server share one client and one watch of what they read.
+    let api_loops = [
+        args.report_without_pv_every,
+        args.apply_limits_every,
+        args.report_status_every,
+    ];
+    let api = if api_loops.iter().any(|&every| every > 0) && !args.resizer_only {
+        match kube::Client::try_default().await {
+            Ok(client) => {
+                let watched = ublkd_csi::watch::start(&client);
+                Some((client, watched))
             }
-        });
-    }
-    if args.apply_limits_every > 0 && !args.resizer_only {
-        let every = Duration::from_secs(args.apply_limits_every);
-        let (ublkd, node) = (ublkd.clone(), node.clone());
-        tokio::spawn(async move {
-            if let Err(e) = ublkd_csi::pvlimits::run(ublkd, node, every).await {
-                tracing::error!(error = %e, "no limits applied from PersistentVolumes: VolumeAttributesClass changes stay pending");
+            Err(e) => {
+                tracing::error!(error = %e, "no API server: no reports of volumes without a PersistentVolume, no limits from VolumeAttributesClasses, no UblkdNode status");
+                None
             }
-        });
-    }
-    if args.report_status_every > 0 && !args.resizer_only {
-        let every = Duration::from_secs(args.report_status_every);
-        let (ublkd, node, dir) = (ublkd.clone(), node.clone(), args.kubelet_dir.clone());
-        tokio::spawn(async move {
-            if let Err(e) = ublkd_csi::nodestatus::run(ublkd, node, dir, every).await {
-                tracing::error!(error = %e, "no UblkdNode status: `kubectl ublkd` cannot see this node");
-            }
-        });
+        }
+    } else {
+        None
+    };
+    if let Some((client, watched)) = &api {
+        let secs = Duration::from_secs;
+        if args.report_without_pv_every > 0 {
+            let every = secs(args.report_without_pv_every);
+            let pvs = watched.volumes.clone();
+            tokio::spawn(ublkd_csi::pvreport::run(
+                ublkd.clone(),
+                node.clone(),
+                every,
+                pvs,
+            ));
+        }
+        if args.apply_limits_every > 0 {
+            let every = secs(args.apply_limits_every);
+            let (client, pvs) = (client.clone(), watched.volumes.clone());
+            let run = ublkd_csi::pvlimits::run(ublkd.clone(), node.clone(), every, client, pvs);
+            tokio::spawn(run);
+        }
+        if args.report_status_every > 0 {
+            let every = secs(args.report_status_every);
+            let (dir, client) = (args.kubelet_dir.clone(), client.clone());
+            let classes = watched.classes.clone();
+            let run = ublkd_csi::nodestatus::run(
+                ublkd.clone(),
+                node.clone(),
+                dir,
+                every,
+                client,
+                classes,
+            );
+            tokio::spawn(run);
+        }
     }
     let mut refusals = None;
     if args.fault_events_every > 0 && !args.resizer_only {

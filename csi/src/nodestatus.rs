@@ -9,15 +9,19 @@
 //! checks. The chart's
 //! read-only `ublkd-viewer` ClusterRole reads it; `kubectl ublkd` is built on it. A round that
 //! cannot read ublkd still writes what it knows, with `error` saying why, so a stale or partial
-//! report is never mistaken for a healthy one (`reportedAt` dates every round).
+//! report is never mistaken for a healthy one (`reportedAt` dates every write).
+//!
+//! It looks every `--report-status-every` and writes only when the report changed, its I/O
+//! counters and pool bytes aside, or when its last write is a minute old ([`REFRESH`]): an idle
+//! node writes once a minute, and `reportedAt` stays younger than `kubectl ublkd check`'s two
+//! minutes. The StorageClasses are read from the plugin's watch (`watch`), not listed.
 
 use crate::params::Params;
 use crate::ublkd::{Ublkd, UblkdError};
 use crate::{Node, DRIVER_NAME};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::reflector::Store;
 use kube::Client;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +36,9 @@ pub const KIND: &str = "UblkdNode";
 pub const PLURAL: &str = "ublkdnodes";
 /// The field manager of the node plugin's server-side apply.
 const MANAGER: &str = "ublkd-csi";
+/// The longest a written report goes unwritten: the I/O counters and pool bytes are at most
+/// this old, and so is `reportedAt`.
+pub const REFRESH: Duration = Duration::from_secs(60);
 
 /// The API resource of `UblkdNode`, for a dynamic client.
 pub fn resource() -> ApiResource {
@@ -40,8 +47,6 @@ pub fn resource() -> ApiResource {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    #[error("connecting to the API server: {0}")]
-    Connect(#[source] kube::Error),
     #[error("writing UblkdNode {node}: {source}")]
     Apply {
         node: String,
@@ -96,6 +101,25 @@ mod kind_name {
                 BackendKind::all_names()
             ))
         })
+    }
+}
+
+impl NodeStatus {
+    /// Whether it says anything `before` did not, beside its date, I/O counters and pool bytes
+    /// (those wait for [`REFRESH`]).
+    pub fn differs_from(&self, before: &NodeStatus) -> bool {
+        fn settled(s: &NodeStatus) -> NodeStatus {
+            let mut s = s.clone();
+            s.reported_at.clear();
+            for p in &mut s.pools {
+                (p.total_bytes, p.available_bytes) = (0, 0);
+            }
+            for v in &mut s.volumes {
+                v.io = v.io.map(|_| IoCounters::default());
+            }
+            s
+        }
+        settled(self) != settled(before)
     }
 }
 
@@ -384,6 +408,7 @@ struct Reporter {
     node: Node,
     kubelet_dir: PathBuf,
     client: Client,
+    classes: Store<StorageClass>,
 }
 
 impl Reporter {
@@ -394,15 +419,12 @@ impl Reporter {
         if let Err(e) = &info {
             errors.push(format!("ublkd's node info: {e}"));
         }
-        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        let mut classes = self.classes.state();
+        classes.retain(|c| c.provisioner == DRIVER_NAME);
+        classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let mut pools = Vec::new();
-        match classes.list(&ListParams::default()).await {
-            Ok(list) => {
-                for c in list.items.iter().filter(|c| c.provisioner == DRIVER_NAME) {
-                    pools.push(pool(&self.ublkd, c).await);
-                }
-            }
-            Err(e) => errors.push(format!("listing StorageClasses: {e}")),
+        for c in &classes {
+            pools.push(pool(&self.ublkd, c).await);
         }
         let mut volumes = Vec::new();
         match self.ublkd.list().await {
@@ -473,28 +495,44 @@ impl Reporter {
     }
 }
 
-/// Writes this node's `UblkdNode` every `every`, until the process ends; a round that fails to
-/// write is logged and the next one tried.
+/// Looks every `every` until the process ends and writes this node's `UblkdNode` when the
+/// report changed or [`REFRESH`] passed since the last write (once `classes` holds its first
+/// list); a write that fails is logged and tried again at the next look.
 pub async fn run(
     ublkd: Ublkd,
     node: Node,
     kubelet_dir: PathBuf,
     every: Duration,
-) -> Result<(), StatusError> {
-    let client = Client::try_default().await.map_err(StatusError::Connect)?;
+    client: Client,
+    classes: Store<StorageClass>,
+) {
+    if !crate::watch::ready(&classes, "StorageClasses").await {
+        return;
+    }
     let reporter = Reporter {
         ublkd,
         node,
         kubelet_dir,
         client,
+        classes,
     };
+    let mut written: Option<(NodeStatus, tokio::time::Instant)> = None;
     loop {
         let status = reporter.gather().await;
-        if !status.error.is_empty() {
-            tracing::warn!(error = %status.error, "the node's status is partial");
-        }
-        if let Err(e) = reporter.apply(&status).await {
-            tracing::error!(error = %e, "the node's status was not written; `kubectl ublkd` reads an old one until the next round");
+        let due = match &written {
+            None => true,
+            Some((last, at)) => status.differs_from(last) || at.elapsed() >= REFRESH,
+        };
+        if due {
+            if !status.error.is_empty() {
+                tracing::warn!(error = %status.error, "the node's status is partial");
+            }
+            match reporter.apply(&status).await {
+                Ok(()) => written = Some((status, tokio::time::Instant::now())),
+                Err(e) => {
+                    tracing::error!(error = %e, "the node's status was not written; `kubectl ublkd` reads an old one until the next round")
+                }
+            }
         }
         tokio::time::sleep(every).await;
     }
@@ -504,6 +542,51 @@ pub async fn run(
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    /// What changes with every I/O waits for the refresh; what an operator acts on is written
+    /// at once.
+    #[test]
+    fn only_what_is_not_a_counter_makes_a_new_write() {
+        let volume = VolumeStatus {
+            id: "v1".into(),
+            state: "ready".into(),
+            io: Some(IoCounters::default()),
+            ..Default::default()
+        };
+        let pool = PoolStatus {
+            storage_class: "ublkd-file".into(),
+            total_bytes: 100,
+            available_bytes: 50,
+            ..Default::default()
+        };
+        let before = NodeStatus {
+            reported_at: "2026-12-07T10:00:00Z".into(),
+            pools: vec![pool],
+            volumes: vec![volume],
+            ..Default::default()
+        };
+        let mut busy = before.clone();
+        busy.reported_at = "2026-12-07T10:00:30Z".into();
+        busy.pools[0].available_bytes = 40;
+        busy.volumes[0].io = Some(IoCounters {
+            writes: 9,
+            write_bytes: 9 << 12,
+            ..Default::default()
+        });
+        assert!(!busy.differs_from(&before));
+        let mut failed = busy.clone();
+        failed.volumes[0].state = "failed".into();
+        assert!(failed.differs_from(&before));
+        let mut unread = busy.clone();
+        unread.volumes[0].io = None;
+        assert!(
+            unread.differs_from(&before),
+            "counters that could not be read"
+        );
+        let mut gone = busy;
+        gone.volumes.clear();
+        assert!(gone.differs_from(&before));
+    }
 
     /// A status as b69c0a8's node plugin wrote it, every field set once.
     const WRITTEN_BY_B69C0A8: &str =

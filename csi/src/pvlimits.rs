@@ -4,8 +4,8 @@
 //!
 //! The central driver beside the csi-resizer (`--resizer-only`) records the class's parameters
 //! on the volume's PV (annotation `ublkd.io/limits-wanted`) and labels it for the volume's node
-//! (`ublkd.io/limits-pending=NODE`). The node plugin of that node lists the PVs labelled for it
-//! (`--apply-limits-every`), applies each over the local socket (ublkd's SetVolumeQos, merged
+//! (`ublkd.io/limits-pending=NODE`). The node plugin of that node finds the PVs labelled for it
+//! in its watch (`watch`; looked at every `--apply-limits-every`, no request to the API server), applies each over the local socket (ublkd's SetVolumeQos, merged
 //! over the limits the volume has, as `modify` does), and answers on the PV: the parameters it
 //! applied (`ublkd.io/limits-applied`), or why it could not (`ublkd.io/limits-refused`), the
 //! label then removed. ControllerModifyVolume returns OK only once the node's answer is the
@@ -19,6 +19,7 @@ use crate::ublkd::Ublkd;
 use crate::{Node, DRIVER_NAME};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::Store;
 use kube::Client;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -34,10 +35,6 @@ pub const PENDING: &str = "ublkd.io/limits-pending";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
-    #[error("connecting to the API server: {0}")]
-    Connect(#[source] kube::Error),
-    #[error("listing the PersistentVolumes pending for this node: {0}")]
-    ListPending(#[source] kube::Error),
     #[error("answering on PersistentVolume {pv}: {source}")]
     Answer {
         pv: String,
@@ -188,61 +185,130 @@ async fn apply(ublkd: &Ublkd, pv: &PersistentVolume, wanted: &str) -> Outcome {
     Outcome::Applied
 }
 
-/// Lists this node's pending PVs every `every` and answers each, until the process ends; a
-/// failed round is logged and the next one tried.
-pub async fn run(ublkd: Ublkd, node: Node, every: Duration) -> Result<(), LimitsError> {
-    let client = Client::try_default().await.map_err(LimitsError::Connect)?;
+/// Whether `pv` waits for `node`'s answer.
+fn pending_for(pv: &PersistentVolume, node: &Node) -> bool {
+    pv.metadata.labels.as_ref().and_then(|l| l.get(PENDING)) == Some(&node.0)
+}
+
+/// Of the PVs the watch holds, those pending for `node` and not answered at their version yet;
+/// `answered` forgets those the watch shows answered.
+fn to_answer<P: std::ops::Deref<Target = PersistentVolume>>(
+    pvs: Vec<P>,
+    node: &Node,
+    answered: &mut HashMap<String, Option<String>>,
+) -> Vec<P> {
+    let mine: Vec<P> = pvs.into_iter().filter(|pv| pending_for(pv, node)).collect();
+    answered.retain(|name, _| {
+        mine.iter()
+            .any(|pv| pv.metadata.name.as_ref() == Some(name))
+    });
+    mine.into_iter()
+        .filter(|pv| {
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            answered.get(&name) != Some(&pv.metadata.resource_version)
+        })
+        .collect()
+}
+
+/// Answers the PVs pending for `node` every `every` until the process ends, once `pvs` holds
+/// its first list; a PV that could not be answered is tried again in the next round.
+pub async fn run(
+    ublkd: Ublkd,
+    node: Node,
+    every: Duration,
+    client: Client,
+    pvs: Store<PersistentVolume>,
+) {
+    if !crate::watch::ready(&pvs, "PersistentVolumes").await {
+        return;
+    }
     let api: Api<PersistentVolume> = Api::all(client);
-    let pending = ListParams::default().labels(&format!("{PENDING}={}", node.0));
+    // The version of each PV answered, by name: the store shows it pending until the watch
+    // brings the answer back, and it is not answered twice.
+    let mut answered: HashMap<String, Option<String>> = HashMap::new();
     loop {
-        for e in round(&api, &ublkd, &pending).await {
-            tracing::error!(error = %e, "applying the limits recorded on PersistentVolumes failed; trying again in {every:?}");
+        for pv in to_answer(pvs.state(), &node, &mut answered) {
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            match answer_one(&api, &ublkd, &pv).await {
+                Ok(true) => {
+                    answered.insert(name, pv.metadata.resource_version.clone());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "applying the limits recorded on PersistentVolumes failed; trying again in {every:?}")
+                }
+            }
         }
         tokio::time::sleep(every).await;
     }
 }
 
-/// One look: every pending PV answered that can be; what failed, each PV on its own.
-async fn round(
+/// Applies one pending PV's limits and answers on it: true once answered, false when ublkd did
+/// not answer (nothing written; the next round tries again).
+async fn answer_one(
     api: &Api<PersistentVolume>,
     ublkd: &Ublkd,
-    pending: &ListParams,
-) -> Vec<LimitsError> {
-    let list = match api.list(pending).await {
-        Ok(l) => l,
-        Err(e) => return vec![LimitsError::ListPending(e)],
-    };
-    let mut failed = Vec::new();
-    for pv in &list.items {
-        let name = pv.metadata.name.clone().unwrap_or_default();
-        let wanted = annotation(pv, WANTED).unwrap_or("");
-        let answers = match apply(ublkd, pv, wanted).await {
-            Outcome::Applied => serde_json::json!({APPLIED: wanted, REFUSED: null}),
-            Outcome::Refused(why) => {
-                tracing::warn!(pv = %name, %wanted, %why, "limits refused");
-                let refused = serde_json::json!({"wanted": wanted, "why": why}).to_string();
-                serde_json::json!({REFUSED: refused})
-            }
-            Outcome::Unanswered(why) => {
-                tracing::warn!(pv = %name, %wanted, %why, "limits not applied yet: ublkd did not answer");
-                continue;
-            }
-        };
-        let patch =
-            serde_json::json!({"metadata": {"annotations": answers, "labels": {PENDING: null}}});
-        if let Err(source) =
-            (api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await
-        {
-            failed.push(LimitsError::Answer { pv: name, source });
+    pv: &PersistentVolume,
+) -> Result<bool, LimitsError> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let wanted = annotation(pv, WANTED).unwrap_or("");
+    let answers = match apply(ublkd, pv, wanted).await {
+        Outcome::Applied => serde_json::json!({APPLIED: wanted, REFUSED: null}),
+        Outcome::Refused(why) => {
+            tracing::warn!(pv = %name, %wanted, %why, "limits refused");
+            let refused = serde_json::json!({"wanted": wanted, "why": why}).to_string();
+            serde_json::json!({REFUSED: refused})
         }
-    }
-    failed
+        Outcome::Unanswered(why) => {
+            tracing::warn!(pv = %name, %wanted, %why, "limits not applied yet: ublkd did not answer");
+            return Ok(false);
+        }
+    };
+    let patch =
+        serde_json::json!({"metadata": {"annotations": answers, "labels": {PENDING: null}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| LimitsError::Answer { pv: name, source })?;
+    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A PV pending for this node is answered once per version: not again while the watch
+    /// still shows it pending, again when it is changed, and forgotten once answered.
+    #[test]
+    fn each_pending_version_is_answered_once() {
+        let me = Node("node-a".into());
+        let pending = |name: &str, node: &str, version: &str| -> Box<PersistentVolume> {
+            Box::new(
+                serde_json::from_value(json!({"metadata": {
+                    "name": name, "resourceVersion": version, "labels": {PENDING: node}
+                }}))
+                .expect("a PersistentVolume"),
+            )
+        };
+        let mut answered = HashMap::new();
+        let names = |pvs: Vec<Box<PersistentVolume>>| -> Vec<String> {
+            pvs.iter()
+                .map(|p| p.metadata.name.clone().unwrap())
+                .collect()
+        };
+        let round = vec![
+            pending("pv-1", "node-a", "5"),
+            pending("pv-2", "node-b", "6"),
+        ];
+        assert_eq!(names(to_answer(round, &me, &mut answered)), ["pv-1"]);
+        answered.insert("pv-1".into(), Some("5".into()));
+        let round = vec![pending("pv-1", "node-a", "5")];
+        assert!(to_answer(round, &me, &mut answered).is_empty());
+        let round = vec![pending("pv-1", "node-a", "7")];
+        assert_eq!(names(to_answer(round, &me, &mut answered)), ["pv-1"]);
+        assert!(to_answer(Vec::<Box<PersistentVolume>>::new(), &me, &mut answered).is_empty());
+        assert!(answered.is_empty());
+    }
 
     fn pv(annotations: serde_json::Value) -> PersistentVolume {
         serde_json::from_value(json!({

@@ -1,6 +1,7 @@
 //! The node's volumes that no PersistentVolume names, told to its ublkd
-//! (`--report-without-pv-every`): the node plugin lists the driver's PersistentVolumes and ublkd's volumes, and reports the
-//! volumes no PV of this node (or of no node) names in two lists in a row, so that a volume
+//! (`--report-without-pv-every`): the node plugin reads ublkd's volumes and the driver's
+//! PersistentVolumes (from its watch, `watch`), and reports the volumes no PV of this node (or
+//! of no node) names in two rounds in a row, so that a volume
 //! whose PV the provisioner is about to make is never counted. ublkd shows them (the metric
 //! `ublkd_volumes_without_pv`, `ublkctl orphans`) and never deletes them: they are what a
 //! deleted node leaves when its machine comes back (`nodeloss`), or volumes made by hand.
@@ -9,17 +10,13 @@ use crate::nodeloss::plan::topology_nodes;
 use crate::ublkd::{Ublkd, UblkdError};
 use crate::Node;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Api, ListParams};
-use kube::Client;
+use kube::runtime::reflector::Store;
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("connecting to the API server: {0}")]
-    Connect(#[source] kube::Error),
-    #[error("listing PersistentVolumes: {0}")]
-    ListVolumes(#[source] kube::Error),
     #[error("listing ublkd's volumes: {0}")]
     ListUblkd(#[source] UblkdError),
     #[error("reporting to ublkd: {0}")]
@@ -28,9 +25,10 @@ pub enum ReportError {
 
 /// The volume ids the driver's PVs name for `node`: those whose topology is `node`, or that
 /// have none.
-fn named(node: &Node, pvs: &[PersistentVolume]) -> BTreeSet<String> {
+fn named<P: Borrow<PersistentVolume>>(node: &Node, pvs: &[P]) -> BTreeSet<String> {
     pvs.iter()
         .filter_map(|pv| {
+            let pv: &PersistentVolume = pv.borrow();
             let nodes = topology_nodes(pv)?;
             let handle = &pv.spec.as_ref()?.csi.as_ref()?.volume_handle;
             (nodes.is_empty() || nodes.contains(&node.0.as_str())).then(|| handle.clone())
@@ -46,10 +44,10 @@ pub struct Round {
     pub report: Vec<String>,
 }
 
-pub fn round(
+pub fn round<P: Borrow<PersistentVolume>>(
     node: &Node,
     volumes: &[String],
-    pvs: &[PersistentVolume],
+    pvs: &[P],
     before: &BTreeSet<String>,
 ) -> Round {
     let named = named(node, pvs);
@@ -63,12 +61,13 @@ pub fn round(
 }
 
 async fn once(
-    pvs: &Api<PersistentVolume>,
+    pvs: &Store<PersistentVolume>,
     ublkd: &Ublkd,
     node: &Node,
     before: &BTreeSet<String>,
 ) -> Result<Round, ReportError> {
-    // ublkd's list first: a volume made after it is named by a PV listed after it, or unseen
+    // ublkd's list first: a volume made after it is named by a PV the watch holds after it, or
+    // unseen
     let volumes: Vec<String> = ublkd
         .list()
         .await
@@ -79,13 +78,9 @@ async fn once(
         .filter(|v| v.state() != ublkd_proto::v1::VolumeState::Creating)
         .map(|v| v.id)
         .collect();
-    // from the API server's cache (resource version 0, as informers list): every node asks
-    // every minute, and a list a moment old changes nothing under the two-lists rule
-    let list = pvs
-        .list(&ListParams::default().match_any())
-        .await
-        .map_err(ReportError::ListVolumes)?;
-    let r = round(node, &volumes, &list.items, before);
+    // The watch's store, a moment behind the API server at most: a PV it has not seen yet
+    // changes nothing under the two-rounds rule.
+    let r = round(node, &volumes, &pvs.state(), before);
     ublkd
         .report_without_pv(r.report.clone())
         .await
@@ -93,11 +88,12 @@ async fn once(
     Ok(r)
 }
 
-/// Reports every `every` until the process ends; a failed round is logged and the next one
-/// tried (a round that fails changes nothing in ublkd).
-pub async fn run(ublkd: Ublkd, node: Node, every: Duration) -> Result<(), ReportError> {
-    let client = Client::try_default().await.map_err(ReportError::Connect)?;
-    let pvs: Api<PersistentVolume> = Api::all(client);
+/// Reports every `every` until the process ends, once `pvs` holds its first list; a failed
+/// round is logged and the next one tried (a round that fails changes nothing in ublkd).
+pub async fn run(ublkd: Ublkd, node: Node, every: Duration, pvs: Store<PersistentVolume>) {
+    if !crate::watch::ready(&pvs, "PersistentVolumes").await {
+        return;
+    }
     let mut before = BTreeSet::new();
     let mut reported: Vec<String> = Vec::new();
     loop {

@@ -50,9 +50,10 @@ pub fn plugin(s: &Sc) -> Result<()> {
         "the viewer may not list UblkdNodes"
     );
     let oncall = |line: &str| s.kw(&format!("ublkd {conf} --context=oncall {line}"));
-    // the node plugin's report after the writes (written every csiNode.reportStatusEvery)
+    // the node plugin's report after the writes: counters alone are written within a minute
+    // (nodestatus::REFRESH), not at every look
     let mut out = String::new();
-    let shown = s.wait(60, "kubectl ublkd pvc shows the writes", || {
+    let shown = s.wait(120, "kubectl ublkd pvc shows the writes", || {
         out = oncall("pvc x-data").unwrap_or_else(|e| format!("{e:#}"));
         // the write line: requests, then bytes (the file's 1 MiB, merged into few requests)
         let written = out.lines().find_map(|l| {
