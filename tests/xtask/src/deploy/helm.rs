@@ -40,6 +40,7 @@ const REFUSED: &[&str] = &[
     "kubeletDir=relative => kubeletDir",
     "nodeLoss.lostAfter=0s => lostAfter",
     "typo=1 => typo",
+    "monitoring.prometheusRule.enabled=true => monitoring.runbookUrl is required",
 ];
 
 /// `helm lint --strict`, and each of `REFUSED` refused for its reason; problems are returned,

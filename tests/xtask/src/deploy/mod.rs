@@ -67,7 +67,8 @@ const RENDERS: &[Render] = &[
     (
         "monitoring",
         "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,\
-         monitoring.serviceMonitor.labels.release=prometheus,monitoring.dashboard.enabled=true",
+         monitoring.serviceMonitor.labels.release=prometheus,monitoring.dashboard.enabled=true,\
+         monitoring.runbookUrl=https://runbooks.example.org/ublkd/runbooks.md",
         &[MONITORING],
         &[alerts],
     ),
