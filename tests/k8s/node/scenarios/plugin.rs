@@ -22,6 +22,7 @@ pub fn plugin(s: &Sc) -> Result<()> {
     // on-call: a service account bound to ublkd-viewer and nothing else
     s.kw("create serviceaccount oncall -n default")?;
     s.kw("create clusterrolebinding oncall-ublkd --clusterrole=ublkd-viewer --serviceaccount=default:oncall")?;
+    s.kw("create rolebinding oncall-ublkd-logs -n ublkd-system --role=ublkd-viewer-logs --serviceaccount=default:oncall")?;
     let token = s.qw("create token oncall -n default")?;
     let admin: Value =
         serde_json::from_str(&s.qw("config view --raw --minify --flatten -o json")?)?;
@@ -36,11 +37,16 @@ pub fn plugin(s: &Sc) -> Result<()> {
     let token = format!("--token={token}");
     s.q(&["config", conf, "set-credentials", "oncall", &token])?;
     config("set-context oncall --cluster=tier --user=oncall")?;
-    let can = |verb: &str, what: &str| -> Result<String> {
-        let line = format!("{conf} --context=oncall auth can-i {verb} {what} -n ublkd-system");
+    let can_in = |verb: &str, what: &str, ns: &str| -> Result<String> {
+        let line = format!("{conf} --context=oncall auth can-i {verb} {what} -n {ns}");
         let a = s.node.host.call("kubectl", &words(&line), None)?;
         Ok(a.out.trim().to_owned())
     };
+    let can = |verb: &str, what: &str| can_in(verb, what, "ublkd-system");
+    ensure!(
+        can("get", "pods/log")? == "yes" && can_in("get", "pods/log", "default")? == "no",
+        "the viewer reads pod logs outside ublkd's namespace, or not in it"
+    );
     ensure!(
         can("create", "pods/exec")? == "no",
         "the viewer may exec into ublkd's pods"
@@ -176,8 +182,61 @@ pub fn plugin(s: &Sc) -> Result<()> {
         !out.contains(".error"),
         "kubectl ublkd dump could not read a part"
     );
+    plugin_writes_only_its_own_report(s, conf)?;
     s.delete("clusterrolebinding oncall-ublkd")?;
+    s.delete("rolebinding oncall-ublkd-logs -n ublkd-system")?;
     s.delete("serviceaccount oncall -n default")?;
     s.delete("pod p-x")?;
     s.delete("pvc x-data")
+}
+
+/// Per-node trust: a token of the node plugin's service account, bound to this node's plugin
+/// pod as the kubelet's is, may write this node's UblkdNode and no other (the chart's
+/// ValidatingAdmissionPolicy on the token's node name; RBAC alone lets every node plugin patch
+/// every report). Both writes are server-side dry runs: nothing changes.
+fn plugin_writes_only_its_own_report(s: &Sc, conf: &str) -> Result<()> {
+    let plugin = s.jp(
+        &[
+            "pods",
+            "-n",
+            "ublkd-system",
+            "-l",
+            "app.kubernetes.io/name=ublkd-csi-node",
+        ],
+        "{.items[0].metadata.name}",
+    )?;
+    let token = s.qw(&format!(
+        "create token ublkd-csi-node -n ublkd-system --bound-object-kind=Pod --bound-object-name={plugin}"
+    ))?;
+    let token = format!("--token={}", token.trim());
+    s.q(&["config", conf, "set-credentials", "plugin", &token])?;
+    s.kw(&format!(
+        "config {conf} set-context plugin --cluster=tier --user=plugin"
+    ))?;
+    let write = |node: &str| -> Result<crate::kube::Answer> {
+        let report = format!(
+            "{{\"apiVersion\":\"ublkd.io/v1alpha1\",\"kind\":\"UblkdNode\",\"metadata\":{{\"name\":\"{node}\"}}}}"
+        );
+        let line = format!(
+            "{conf} --context=plugin apply --server-side --force-conflicts --field-manager=ublkd-csi --dry-run=server -f -"
+        );
+        s.node.host.call("kubectl", &words(&line), Some(&report))
+    };
+    let own = write(NODE)?;
+    s.say(format!("own report: rc {} {}{}", own.rc, own.out, own.err));
+    ensure!(
+        own.rc == 0,
+        "the node plugin may not write its own node's UblkdNode: {}",
+        own.err
+    );
+    let other = write("another-node")?;
+    s.say(format!(
+        "another node's report: rc {} {}",
+        other.rc, other.err
+    ));
+    ensure!(
+        other.rc != 0 && other.err.contains("writes only its own node's UblkdNode"),
+        "the node plugin wrote another node's UblkdNode (or was refused for another reason)"
+    );
+    Ok(())
 }

@@ -55,6 +55,12 @@ pub(super) const BASE: &[&str] = &[
     "ClusterRoleBinding ublkd-csi-faults subjects/[ublkd-csi-node]",
     "ClusterRole ublkd-csi-faults rules/*/apiGroups/[events.k8s.io]",
     "ClusterRole ublkd-csi-faults rules/*/resources/[pods]",
+    // the viewer reads logs in ublkd's namespace only
+    "ClusterRole ublkd-viewer lacks pods/log",
+    "Role ublkd-viewer-logs rules/*/resources/[pods/log]",
+    // each node plugin writes its own node's UblkdNode only (RBAC cannot say which)
+    r#"ValidatingAdmissionPolicyBinding ublkd-node-writes-its-own-report spec/validationActions = ["Deny"]"#,
+    "ValidatingAdmissionPolicy ublkd-node-writes-its-own-report spec/matchConditions/*/expression",
     "Deployment ublkd-csi-resizer pod/containers/[ublkd-csi]/args/[--resizer-only]",
     "Deployment ublkd-csi-resizer pod/containers/[csi-resizer]/args/[--leader-election]",
     "Deployment ublkd-csi-resizer pod/serviceAccountName = ublkd-csi-resizer",
