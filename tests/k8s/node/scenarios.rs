@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod admission;
+mod api_load;
 mod budget;
 mod drain;
 mod driver;
@@ -31,6 +32,8 @@ type Scenario = (&'static str, fn(&Sc) -> Result<()>);
 /// object, no pool that one of them fills and no component that one of them restarts).
 pub const PLAN: &[&[Scenario]] = &[
     &[("driver", driver::driver)],
+    // Alone, while the node is otherwise quiet: it counts what the node asks of the API server.
+    &[("api-load", api_load::api_load)],
     &[
         ("file-ext4", filesystem::file_ext4),
         ("admission", admission::admission),

@@ -24,6 +24,16 @@ use std::time::{Duration, Instant};
 const NODE: &str = "ublkd-vm";
 const NODE_IP: &str = "10.10.0.1";
 const HOST_IP: &str = "10.0.2.2";
+/// The API server's audit: every request of ublkd's namespace's service accounts (the node
+/// plugin, its sidecars, the controllers), one JSON line each, without bodies.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: [\"system:serviceaccounts:ublkd-system\"]
+  - level: None
+";
 
 /// What the control plane runs, built or unpacked by the tier.
 #[derive(Debug, Clone)]
@@ -172,6 +182,8 @@ impl Components {
         )?;
         // The node is reached at its InternalIP (its host name resolves only in the guest).
         let f = |flag: &str, file: &str| format!("--{flag}={p}/{file}");
+        fs::write(self.pki.join("audit.yaml"), AUDIT_POLICY)?;
+        let audit_log = format!("--audit-log-path={}", self.logs.join("audit.log").display());
         self.spawn(
             "kube-apiserver",
             &b.join("kube-apiserver"),
@@ -193,6 +205,8 @@ impl Components {
                 &f("kubelet-client-key", "apiserver-kubelet-client.key"),
                 "--kubelet-preferred-address-types=InternalIP",
                 "--runtime-config=storage.k8s.io/v1beta1=true",
+                &f("audit-policy-file", "audit.yaml"),
+                &audit_log,
             ],
         )?;
         let admin = format!("--kubeconfig={p}/admin-host.conf");
@@ -321,6 +335,12 @@ impl Components {
                 c
             }
             "helm" => self.command(&self.tools.helm, &[&kubeconfig]),
+            // the API server's audit log so far (the api-load scenario counts its lines)
+            "audit" => {
+                let mut c = Command::new("cat");
+                c.arg(self.logs.join("audit.log"));
+                c
+            }
             "opa" => {
                 let mut c = Command::new(&self.tools.opa);
                 c.arg("eval").arg("--data").arg(&self.tools.policies);
