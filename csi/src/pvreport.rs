@@ -94,6 +94,7 @@ pub async fn run(ublkd: Ublkd, node: Node, every: Duration, pvs: Store<Persisten
     if !crate::watch::ready(&pvs, "PersistentVolumes").await {
         return;
     }
+    tracing::info!("reporting the volumes no PersistentVolume names every {every:?}");
     let mut before = BTreeSet::new();
     let mut reported: Vec<String> = Vec::new();
     loop {

@@ -10,6 +10,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use std::fmt::Debug;
+use std::time::Duration;
 use tokio_stream::StreamExt;
 
 /// The stores the node plugin's loops read.
@@ -57,11 +58,22 @@ where
     K: kube::runtime::reflector::Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    match store.wait_until_ready().await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::error!(error = %e, "the watch of {what} never listed them");
-            false
+    loop {
+        let first = tokio::time::timeout(Duration::from_secs(60), store.wait_until_ready());
+        match first.await {
+            Ok(Ok(())) => {
+                tracing::info!("{what} listed: the loops that read them start");
+                return true;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the watch of {what} never listed them");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "no first list of {what} after a minute: the loops that read them wait"
+                )
+            }
         }
     }
 }

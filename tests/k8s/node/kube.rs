@@ -12,18 +12,27 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The node's name, as its kubelet registers it.
-pub const NODE: &str = "ublkd-vm";
+/// The first node's name, as a literal for `concat!`.
+macro_rules! first_node {
+    () => {
+        "ublkd-vm"
+    };
+}
+
+/// The first node's name, as its kubelet registers it: the node the scenarios run on (and
+/// the one `local` commands reach).
+pub const NODE: &str = first_node!();
 
 /// The node's registry as the host's helm reaches it: the node's address, which QEMU forwards
 /// (the node's containerd pulls from its loopback, 127.0.0.1:5000).
 pub const REGISTRY_FROM_HOST: &str = "10.10.0.1:5000";
 
-/// kubectl's arguments that name the ublkd pods (after `get`, or as `jp`'s `what` in words).
-pub const UBLKD_PODS: &str = "-n ublkd-system pod -l app.kubernetes.io/name=ublkd";
-
-/// kubectl's arguments for the node plugin's own log.
-pub const CSI_NODE_LOGS: &str = "-n ublkd-system logs ds/ublkd-csi-node -c ublkd-csi";
+/// kubectl's arguments that name the first node's ublkd pod (after `get`, or as `jp`'s `what`
+/// in words).
+pub const UBLKD_PODS: &str = concat!(
+    "-n ublkd-system pod -l app.kubernetes.io/name=ublkd --field-selector spec.nodeName=",
+    first_node!()
+);
 
 /// A command line's arguments: `line` split at spaces.
 pub fn words(line: &str) -> Vec<&str> {
@@ -60,6 +69,16 @@ pub struct Input {
     pub prometheus: PathBuf,
     /// The certificates and kubeconfigs `control` made.
     pub pki: PathBuf,
+    /// This node's name and address (where the API server reaches its kubelet).
+    pub name: String,
+    pub ip: String,
+    /// Every node of the cluster, this one first when it runs the scenarios.
+    pub nodes: Vec<String>,
+    /// This node's pods' addresses.
+    pub pod_subnet: String,
+    /// A node that joins the cluster: it brings itself up and waits until `stop` is in its run
+    /// directory; the first node installs the driver and runs the scenarios.
+    pub join: bool,
 }
 
 /// The node as every step sees it: what the host said, the way to its tools, where logs go,
@@ -434,10 +453,51 @@ impl<'a> Sc<'a> {
         self.k(&["exec", pod, "--", "/bin/sh", "-c", script])
     }
 
-    /// ublkctl with the arguments of `line` (words) in the node's ublkd container.
+    /// ublkctl with the arguments of `line` (words) in the first node's ublkd container.
     pub fn ublkctl(&self, line: &str) -> Result<String> {
-        let exec = "-n ublkd-system exec ds/ublkd -c ublkd -- /usr/local/bin/ublkctl";
+        let pod = self.ublkd_pod()?;
+        let exec = format!("-n ublkd-system exec {pod} -c ublkd -- /usr/local/bin/ublkctl");
         self.kw(&format!("{exec} {line}"))
+    }
+
+    /// The first node's pod of the driver's `app` (`ds/NAME` would pick any node's).
+    pub fn pod_on_node(&self, app: &str) -> Result<String> {
+        let sel = format!(
+            "-n ublkd-system pod -l app.kubernetes.io/name={app} --field-selector spec.nodeName={NODE}"
+        );
+        self.jp(&words(&sel), "{.items[0].metadata.name}")
+    }
+
+    /// kubectl's arguments for the log of `container` of the first node's pod of `app`.
+    pub fn logs_on_node(&self, app: &str, container: &str) -> String {
+        let pod = self
+            .pod_on_node(app)
+            .unwrap_or_else(|_| format!("-l app.kubernetes.io/name={app}"));
+        format!("-n ublkd-system logs {pod} -c {container}")
+    }
+
+    /// The first node's CSIStorageCapacity objects (the provisioner of each node publishes its
+    /// own, with the node in its topology): class and capacity, as the API writes them.
+    pub fn capacities_on_node(&self) -> Result<Vec<(String, String)>> {
+        let all: serde_json::Value =
+            serde_json::from_str(&self.qw("get csistoragecapacities -A -o json")?)?;
+        let items = all["items"].as_array().cloned().unwrap_or_default();
+        Ok(items
+            .iter()
+            .filter(|c| c["nodeTopology"]["matchLabels"]["ublkd.io/node"] == NODE)
+            .map(|c| {
+                let class = c["storageClassName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                (class, c["capacity"].as_str().unwrap_or_default().to_owned())
+            })
+            .collect())
+    }
+
+    /// kubectl's arguments for the first node's node plugin's own log.
+    pub fn csi_node_logs(&self) -> String {
+        self.logs_on_node("ublkd-csi-node", "ublkd-csi")
     }
 
     /// Waits up to `secs` for `f`; fails saying what never came.
@@ -508,7 +568,7 @@ spec:
             .inspect_err(|_| {
                 self.tail(25, &format!("describe pod {name}"));
                 self.tail(15, &format!("describe pvc {claim}"));
-                self.tail(30, CSI_NODE_LOGS);
+                self.tail(30, &self.csi_node_logs());
             })
             .map(drop)
     }
@@ -584,10 +644,15 @@ spec:
         self.qw(&wait).is_ok()
     }
 
-    /// The node's Ready condition is True.
+    /// The scenarios' node's Ready condition is True.
     pub fn node_ready(&self) -> bool {
+        self.node_is_ready(NODE)
+    }
+
+    /// Node `name`'s Ready condition is True.
+    pub fn node_is_ready(&self, name: &str) -> bool {
         let path = r#"{.status.conditions[?(@.type=="Ready")].status}"#;
-        self.jp_is(&["node", NODE], path, "True")
+        self.jp_is(&["node", name], path, "True")
     }
 
     /// The driver is registered in the node's CSINode.

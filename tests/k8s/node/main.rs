@@ -1,9 +1,13 @@
-//! `k8s-node INPUT`, in the guest: the Kubernetes tier's (`cargo xtask k8s-test`) one node of a cluster whose control plane runs on
-//! the host (`control`). Here: containerd, the kubelet and kube-proxy from the binaries the
-//! host built; the offline images imported; ublkd's image pushed to the node's own registry;
-//! deploy/helm/ublkd installed with `helm install` and the test's values; then the scenarios
-//! (`scenarios`). The guest reaches the control plane at 10.0.2.2 (QEMU's user network), and
-//! the API server reaches the kubelet at the node's address, 10.10.0.1, which QEMU forwards.
+//! `k8s-node INPUT`, in a guest: one node of the Kubernetes tier's (`cargo xtask k8s-test`)
+//! cluster, whose control plane runs on the host (`control`). On every node: containerd, the
+//! kubelet and kube-proxy from the binaries the host built, and the offline images imported.
+//! The first node then pushes ublkd's image to its own registry, installs deploy/helm/ublkd
+//! with `helm install` and the test's values once every node is Ready, and runs the scenarios
+//! (`scenarios`); a node that joins (`Input::join`) registers with a taint that keeps the
+//! scenarios' pods off it (the DaemonSets tolerate it), pulls ublkd's image from the first
+//! node's registry, and waits for `stop`. Each guest reaches the control plane at 10.0.2.2
+//! (QEMU's user network), and the API server reaches its kubelet at the node's address, which
+//! its QEMU forwards.
 //!
 //! Each scenario prints `SCENARIO <name> ok|FAILED <seconds>`; the exit status is the number
 //! that failed, or 100 when the cluster never came up.
@@ -23,7 +27,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-const NODE_IP: &str = "10.10.0.1";
 const HOST_IP: &str = "10.0.2.2";
 /// The node's own registry, on its loopback.
 const REGISTRY: &str = "127.0.0.1:5000";
@@ -94,6 +97,7 @@ fn main() -> Result<()> {
     let input: Input = serde_json::from_str(&text)?;
     let run = PathBuf::from(std::env::var_os("UBLKD_VM_RUN").context("UBLKD_VM_RUN is not set")?);
     let node = Node::new(input, &run)?;
+    let joined = node.input.join;
     let daemons = match bring_up(&node) {
         Ok(d) => d,
         Err(e) => {
@@ -109,6 +113,15 @@ fn main() -> Result<()> {
             std::process::exit(100);
         }
     };
+    if joined {
+        node.say("joined the cluster; waiting for the first node to finish");
+        while !run.join("stop").exists() {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        keep_pod_logs(&node);
+        drop(daemons);
+        std::process::exit(0);
+    }
     let failed = scenarios::run(&node);
     keep_pod_logs(&node);
     node.say(format!("done: {failed} failed"));
@@ -187,7 +200,8 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     fs::write(l("modprobe.log"), failed_modules)?;
     localw("sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1")?;
     localw("ip link add node0 type dummy")?;
-    localw(&format!("ip addr add {NODE_IP}/24 dev node0"))?;
+    // /32: another node's address is not on this link (the forward into that guest is).
+    localw(&format!("ip addr add {}/32 dev node0", i.ip))?;
     localw("ip link set node0 up")?;
     // The link to the control plane: QEMU's user network, its host at HOST_IP.
     let nic = fs::read_dir("/sys/class/net")?
@@ -198,8 +212,8 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     localw(&format!("ip link set {nic} up"))?;
     localw(&format!("ip addr add 10.0.2.15/24 dev {nic}"))?;
     localw(&format!("ip route add default via {HOST_IP} dev {nic}"))?;
-    localw(&format!("hostname {NODE}"))?;
-    fs::write("/etc/hosts", format!("127.0.0.1 localhost {NODE}\n"))?;
+    localw(&format!("hostname {}", i.name))?;
+    fs::write("/etc/hosts", format!("127.0.0.1 localhost {}\n", i.name))?;
     if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         localw("mount -t cgroup2 none /sys/fs/cgroup").context("no cgroup v2")?;
     }
@@ -216,10 +230,24 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
             fs::copy(e.path(), Path::new(PKI).join(&name))?;
         }
     }
-    for c in ["admin", "kubelet", "kube-proxy"] {
+    // This node's own kubelet certificates, under the names the kubelet's config gives.
+    for ext in ["crt", "key"] {
+        let serving = i.pki.join(format!("kubelet-serving-{}.{ext}", i.name));
+        fs::copy(
+            &serving,
+            Path::new(PKI).join(format!("kubelet-serving.{ext}")),
+        )
+        .with_context(|| format!("no {}", serving.display()))?;
+    }
+    let kubelet_conf = format!("kubelet-{}", i.name);
+    for (c, to) in [
+        ("admin", "admin"),
+        (kubelet_conf.as_str(), "kubelet"),
+        ("kube-proxy", "kube-proxy"),
+    ] {
         fs::copy(
             i.pki.join(format!("{c}.conf")),
-            format!("/etc/kubernetes/{c}.conf"),
+            format!("/etc/kubernetes/{to}.conf"),
         )
         .with_context(|| format!("no kubeconfig for {c}"))?;
     }
@@ -233,13 +261,17 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     let cni = i.debs.join("usr/lib/cni").to_string_lossy().into_owned();
     let config = fill(include_str!("containerd.toml"), &[("CNI_BIN", &cni)]);
     let hosts = format!("/etc/containerd/certs.d/{REGISTRY}/hosts.toml");
+    // The first node's registry: on the loopback there, through its address from the others.
+    let registry = if i.join { REGISTRY_FROM_HOST } else { REGISTRY };
+    let registry = fill(
+        include_str!("registry-hosts.toml"),
+        &[("REGISTRY", registry)],
+    );
+    let pods = fill(include_str!("pods.conflist"), &[("SUBNET", &i.pod_subnet)]);
     for (path, text) in [
         ("/etc/containerd/config.toml", config.as_str()),
-        (hosts.as_str(), include_str!("registry-hosts.toml")),
-        (
-            "/etc/cni/net.d/10-pods.conflist",
-            include_str!("pods.conflist"),
-        ),
+        (hosts.as_str(), registry.as_str()),
+        ("/etc/cni/net.d/10-pods.conflist", pods.as_str()),
     ] {
         write(path, text)?;
     }
@@ -292,8 +324,9 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     )?;
     kubelet_service(node);
     let proxy = format!(
-        "--kubeconfig=/etc/kubernetes/kube-proxy.conf --hostname-override={NODE} \
-         --cluster-cidr=10.88.0.0/16 --proxy-mode=iptables --iptables-sync-period=5m"
+        "--kubeconfig=/etc/kubernetes/kube-proxy.conf --hostname-override={} \
+         --cluster-cidr=10.88.0.0/16 --proxy-mode=iptables --iptables-sync-period=5m",
+        i.name
     );
     daemons.push(Daemon::start(
         &i.bin.join("kube-proxy"),
@@ -301,7 +334,7 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
         &[],
         &l("kube-proxy.log"),
     )?);
-    if !wait_for(600, || s.node_ready()) {
+    if !wait_for(600, || s.node_is_ready(&i.name)) {
         bail!("the node never became Ready");
     }
     node.say("node Ready");
@@ -310,6 +343,14 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     if !wait_for(120, rules) {
         bail!("kube-proxy wrote no Service rules");
     }
+    if i.join {
+        return Ok(daemons);
+    }
+    ensure!(
+        i.name == NODE,
+        "the first node is {}, the scenarios' {NODE}",
+        i.name
+    );
 
     // --- cluster add-ons: what deploy/csi/README.md ("Snapshots") has an admin install once ---
     tries(3, || {
@@ -380,6 +421,12 @@ metadata:
     pod-security.kubernetes.io/enforce: privileged
 ";
     tries(3, || s.apply(ns))?;
+    // Every node in the cluster before the install, so that the DaemonSets start everywhere.
+    let all_ready = || i.nodes.iter().all(|n| s.node_is_ready(n));
+    if !wait_for(900, all_ready) {
+        bail!("not every node became Ready: {}", i.nodes.join(", "));
+    }
+    node.say(format!("nodes Ready: {}", i.nodes.len()));
     // The chart as a release ships it: packaged with ublkd's image pinned by digest, pushed to
     // a registry as an OCI artefact, installed from there (helm runs on the host, which
     // reaches the node's registry at the node's address). The directory's chart is copied into
@@ -474,6 +521,14 @@ fn import(
 fn kubelet_service(node: &Node) {
     let kubelet = node.input.bin.join("kubelet");
     let log = node.logs.join("kubelet.log");
+    let (name, ip) = (node.input.name.clone(), node.input.ip.clone());
+    // A joined node keeps the scenarios' pods off it: only what tolerates every taint (the
+    // driver's DaemonSets) runs there.
+    let taint: &[&str] = if node.input.join {
+        &["--register-with-taints=ublkd.test/joined=true:NoSchedule"]
+    } else {
+        &[]
+    };
     std::thread::spawn(move || loop {
         let out = fs::OpenOptions::new().create(true).append(true).open(&log);
         let status = out.and_then(|out| {
@@ -481,9 +536,10 @@ fn kubelet_service(node: &Node) {
                 .args([
                     "--config=/var/lib/kubelet/config.yaml",
                     "--kubeconfig=/etc/kubernetes/kubelet.conf",
-                    &format!("--hostname-override={NODE}"),
-                    &format!("--node-ip={NODE_IP}"),
+                    &format!("--hostname-override={name}"),
+                    &format!("--node-ip={ip}"),
                 ])
+                .args(taint)
                 .stdout(out.try_clone()?)
                 .stderr(out)
                 .spawn()?;

@@ -98,6 +98,8 @@ pub struct Vm {
     /// in the guest's memory and go with it.
     pub writable_root: bool,
     pub memory_mib: u32,
+    /// Its vCPUs.
+    pub cpus: u32,
     /// What the guest's clock counts under TCG (`Clock`); KVM ignores it.
     pub clock: Clock,
     /// A NIC on QEMU's user network, QEMU in the namespace given (`Network`).
@@ -174,6 +176,7 @@ impl Vm {
             multipath: false,
             writable_root: false,
             memory_mib: 4096,
+            cpus: 2,
             clock: Clock::Wall,
             network: None,
         })
@@ -221,7 +224,7 @@ impl Vm {
             cmd.args(["-netdev", &user, "-device", "virtio-net-pci,netdev=net0"]);
         }
         cmd.args(["-nodefaults", "-display", "none", "-no-reboot"])
-            .args(["-serial", "stdio", "-smp", "2", "-m"])
+            .args(["-serial", "stdio", "-smp", &self.cpus.to_string(), "-m"])
             .arg(format!("{}M", self.memory_mib));
         if accel == "kvm" {
             cmd.args(["-accel", "kvm", "-cpu", "host"]);
@@ -236,6 +239,8 @@ impl Vm {
         ];
         let flags: String = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
         let thp = if icount { "never" } else { "madvise" };
+        // Two polled queues where there are two CPUs: the driver refuses more than the CPUs.
+        let polled = self.cpus.min(2);
         let (run, img) = (rd.display(), image.display());
         let xfer = format!("local,path={run},mount_tag=xfer,security_model=none");
         let nvme =
@@ -246,7 +251,7 @@ impl Vm {
             .arg(&self.kernel.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues=2 ublkd.run={run}{flags} transparent_hugepage={thp}"
+                "console=ttyS0 loglevel=4 panic=-1 rdinit=/init nvme.poll_queues={polled} ublkd.run={run}{flags} transparent_hugepage={thp}"
             ))
             .arg("-virtfs")
             .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")

@@ -25,7 +25,7 @@ fn audit(s: &Sc) -> Result<Vec<String>> {
 }
 
 /// Counts of one minute's requests, by agent: (node, user agent, verb) -> requests; and the
-/// writes of UblkdNodes.
+/// writes of this node's UblkdNode by its node plugin.
 struct Minute {
     by: BTreeMap<(String, String, String), u64>,
     report_writes: u64,
@@ -63,7 +63,7 @@ fn count(lines: &[String], secs: f64) -> Minute {
             verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
         );
-        if write && e["objectRef"]["resource"] == "ublkdnodes" {
+        if write && e["objectRef"]["resource"] == "ublkdnodes" && node == NODE {
             m.report_writes += 1;
         }
         *m.by.entry((node.to_owned(), who, verb)).or_default() += 1;
@@ -127,11 +127,12 @@ pub fn api_load(s: &Sc) -> Result<()> {
     let each = |line: &dyn Fn(&str) -> String| -> Result<String> {
         let script: Vec<String> = names.iter().map(|n| line(n)).collect();
         let script = script.join(" && ");
+        let pod = s.ublkd_pod()?;
         s.k(&[
             "-n",
             "ublkd-system",
             "exec",
-            "ds/ublkd",
+            &pod,
             "-c",
             "ublkd",
             "--",

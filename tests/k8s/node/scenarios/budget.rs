@@ -26,8 +26,9 @@ fn ram_capacity(s: &Sc) -> Result<(u64, u64)> {
 
 /// The CSIStorageCapacity the provisioner keeps for `class` on this node, in bytes.
 fn published(s: &Sc, class: &str) -> Option<u64> {
-    let path = format!("{{.items[?(@.storageClassName==\"{class}\")].capacity}}");
-    bytes(&s.jp(&["csistoragecapacities", "-A"], &path).ok()?).ok()
+    let on_node = s.capacities_on_node().ok()?;
+    let (_, capacity) = on_node.iter().find(|(c, _)| c == class)?;
+    bytes(capacity).ok()
 }
 
 /// The node's volume limit as the kubelet registered it (CSINode allocatable count).

@@ -1,6 +1,6 @@
 //! A node drained for maintenance and uncordoned: the claim's data stays.
 
-use crate::kube::{field, Mode, Sc, NODE};
+use crate::kube::{field, Mode, Sc, NODE, UBLKD_PODS};
 use anyhow::{ensure, Result};
 
 /// Node maintenance as docs/kubernetes.md ("Drain a node for maintenance") says: cordon and
@@ -20,7 +20,7 @@ pub fn drain(s: &Sc) -> Result<()> {
         field(&info, "state") == Some("ready"),
         "the volume {vol} is not ready after the drain"
     );
-    let ublkd = s.kw("-n ublkd-system get pods -l app.kubernetes.io/name=ublkd --no-headers")?;
+    let ublkd = s.kw(&format!("get {UBLKD_PODS} --no-headers"))?;
     ensure!(ublkd.lines().count() == 1, "the drain took ublkd's pod");
     s.kw(&format!("uncordon {NODE}"))?;
     s.pod("p-r2", "r-data", Mode::Filesystem)?;

@@ -11,7 +11,10 @@ pub fn driver(s: &Sc) -> Result<()> {
     let path =
         r#"{.items[0].status.containerStatuses[?(@.name=="ublkd")].state.running.startedAt}"#;
     let started = s.jp(&words(UBLKD_PODS), path)?;
-    let logs = s.qw("-n ublkd-system logs ds/ublkd -c ublkd --timestamps")?;
+    let logs = s.qw(&format!(
+        "{} --timestamps",
+        s.logs_on_node("ublkd", "ublkd")
+    ))?;
     let bound = logs
         .lines()
         .find(|l| l.contains("metrics on"))

@@ -1,7 +1,7 @@
 //! Faults told to the people using a volume: a FAILED volume, a missing ublk driver, a pod stuck in ContainerCreating.
 
 use super::{backing_file, kill_ublkd, unschedulable};
-use crate::kube::{field, fill, has_line, Mode, Sc, CSI_NODE_LOGS, NODE};
+use crate::kube::{field, fill, has_line, Mode, Sc, NODE};
 use anyhow::{ensure, Result};
 use std::fs;
 use std::path::Path;
@@ -42,7 +42,7 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
     fs::rename(&away, &file)?;
     shown.inspect_err(|_| {
         s.tail(15, "describe pvc f-data");
-        s.tail(30, CSI_NODE_LOGS);
+        s.tail(30, &s.csi_node_logs());
     })?;
     let failed = claim_events(s, "f-data", "VolumeFailed");
     s.say(format!("VolumeFailed: {failed}"));
@@ -54,7 +54,7 @@ pub fn volume_fault(s: &Sc) -> Result<()> {
     s.wait(60, "the pod's Events show VolumeFailed too", on_pod)?;
     let recovered = || !claim_events(s, "f-data", "VolumeRecovered").is_empty();
     s.wait(180, "a VolumeRecovered Event on the claim", recovered)
-        .inspect_err(|_| s.tail(20, "-n ublkd-system logs ds/ublkd -c ublkd"))?;
+        .inspect_err(|_| s.tail(20, &s.logs_on_node("ublkd", "ublkd")))?;
     s.wait(60, "the volume READY again", || state("ready"))?;
     s.say(s.in_pod("p-fault", read)?);
     let kinds = s.qw("get events --field-selector involvedObject.name=f-data -o custom-columns=TYPE:.type,REASON:.reason --no-headers")?;
@@ -81,16 +81,19 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
         let new = || s.ublkd_pod().is_ok_and(|p| p != old);
         s.wait(120, "a new ublkd pod", new)
     };
+    // this node's: another node's ublkd still has its ublk driver
     let capacities = || {
-        s.jp(&["csistoragecapacities", "-A"], "{.items[*].capacity}")
-            .unwrap_or_default()
+        let on_node = s.capacities_on_node().unwrap_or_default();
+        let c: Vec<String> = on_node.into_iter().map(|(_, c)| c).collect();
+        c.join(" ")
     };
     s.say(format!("capacities before: {}", capacities()));
     fs::rename(ctl, hidden)?;
     s.say("/dev/ublk-control hidden");
     let hidden_run = (|| -> Result<()> {
         restart()?;
-        let logs = "-n ublkd-system logs ds/ublkd -c ublkd";
+        let logs = s.logs_on_node("ublkd", "ublkd");
+        let logs = logs.as_str();
         let says = || s.shows(logs, "no ublk dataplane");
         s.wait(120, "ublkd's log says it has no ublk dataplane", says)?;
         // Not Ready because its readiness probe fails, saying why (not merely not yet probed).
@@ -116,7 +119,7 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
             let c = capacities();
             !c.is_empty() && c.split_whitespace().all(|q| q == "0")
         };
-        s.wait(240, "every CSIStorageCapacity reads 0", zero)?;
+        s.wait(240, "every CSIStorageCapacity of the node reads 0", zero)?;
         s.pvc("u-data", "ublkd-ram", "64Mi", Mode::Filesystem)?;
         s.start_pod("p-u", "u-data", Mode::Filesystem)?;
         unschedulable(s, "p-u", "u-data", "storage")
@@ -180,7 +183,7 @@ spec:
             .any(|l| l.contains("FailedMount") && l.contains("stuck-vol")),
         "the mount error does not name the volume"
     );
-    let logs = s.kw(CSI_NODE_LOGS)?;
+    let logs = s.kw(&s.csi_node_logs())?;
     let why: Vec<&str> = logs.lines().filter(|l| l.contains("stuck-vol")).collect();
     s.say(why[why.len().saturating_sub(3)..].join("\n"));
     let refused = |l: &&str| {

@@ -1,6 +1,6 @@
 //! VolumeAttributesClass: a claim's I/O limits changed live.
 
-use crate::kube::{field, Mode, Sc, CSI_NODE_LOGS};
+use crate::kube::{field, Mode, Sc};
 use anyhow::{bail, ensure, Result};
 use serde_json::json;
 
@@ -44,7 +44,7 @@ parameters: {writeBandwidth: 4Mi, qosBurst: 100ms}
         s.wait(180, &format!("the claim's class became {class}"), now)
             .inspect_err(|_| {
                 s.tail(15, "describe pvc m-data");
-                s.tail(20, CSI_NODE_LOGS);
+                s.tail(20, &s.csi_node_logs());
                 for c in ["csi-resizer", "ublkd-csi"] {
                     s.tail(
                         20,

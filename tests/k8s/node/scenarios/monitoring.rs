@@ -37,7 +37,10 @@ pub fn monitoring(s: &Sc) -> Result<()> {
     let pki = i.pki.to_string_lossy();
     fs::write(
         w.join("prometheus.yml"),
-        fill(conf, &[("DIR", &w.to_string_lossy()), ("PKI", &pki)]),
+        fill(
+            conf,
+            &[("DIR", &w.to_string_lossy()), ("PKI", &pki), ("NODE", NODE)],
+        ),
     )?;
     let args = format!(
         "--config.file={d}/prometheus.yml --storage.tsdb.path={d}/data \

@@ -71,7 +71,7 @@ spec:
 ",
         &[("LOST", LOST)],
     ))?;
-    s.apply(
+    s.apply(&fill(
         r#"apiVersion: apps/v1
 kind: StatefulSet
 metadata: {name: lost}
@@ -85,6 +85,12 @@ spec:
       terminationGracePeriodSeconds: 1
       # node B has no kubelet: the node lifecycle controller taints it unreachable
       tolerations: [{operator: Exists}]
+      # B, then this node: not another node of the cluster, which the toleration admits too
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@LOST@, @NODE@]}]
       containers:
         - name: app
           image: ublkd.test/busybox:test
@@ -97,7 +103,8 @@ spec:
         storageClassName: ublkd-ram
         resources: {requests: {storage: 64Mi}}
 "#,
-    )?;
+        &[("LOST", LOST), ("NODE", NODE)],
+    ))?;
     let on_node = |n: &str| s.jp_is(&["pod", "lost-0"], "{.spec.nodeName}", n);
     s.wait(300, "lost-0 scheduled to the lost node", || on_node(LOST))
         .inspect_err(|_| s.tail(20, "describe pod lost-0"))?;

@@ -1,6 +1,6 @@
 //! The node plugin's own duties: UblkdNode reports, volumes without a PV, and `kubectl ublkd`.
 
-use crate::kube::{field, has_line, words, Mode, Sc, CSI_NODE_LOGS, NODE};
+use crate::kube::{field, has_line, words, Mode, Sc, NODE};
 use anyhow::{ensure, Result};
 use serde_json::Value;
 
@@ -43,12 +43,16 @@ pub fn plugin(s: &Sc) -> Result<()> {
         Ok(a.out.trim().to_owned())
     };
     let can = |verb: &str, what: &str| can_in(verb, what, "ublkd-system");
-    ensure!(
-        can("get", "pods/log")? == "yes" && can_in("get", "pods/log", "default")? == "no",
-        "the viewer reads pod logs outside ublkd's namespace, or not in it"
+    let logs = (
+        can("get", "pods --subresource=log")?,
+        can_in("get", "pods --subresource=log", "default")?,
     );
     ensure!(
-        can("create", "pods/exec")? == "no",
+        logs == ("yes".into(), "no".into()),
+        "the viewer's pod logs, in ublkd's namespace and in default: {logs:?} (want yes, no)"
+    );
+    ensure!(
+        can("create", "pods --subresource=exec")? == "no",
         "the viewer may exec into ublkd's pods"
     );
     ensure!(
@@ -71,7 +75,7 @@ pub fn plugin(s: &Sc) -> Result<()> {
     if let Err(e) = shown {
         s.say(&out);
         s.show("get ublkdnodes -o yaml");
-        s.show(CSI_NODE_LOGS);
+        s.show(&s.csi_node_logs());
         return Err(e);
     }
     s.say(&out);
@@ -195,16 +199,7 @@ pub fn plugin(s: &Sc) -> Result<()> {
 /// ValidatingAdmissionPolicy on the token's node name; RBAC alone lets every node plugin patch
 /// every report). Both writes are server-side dry runs: nothing changes.
 fn plugin_writes_only_its_own_report(s: &Sc, conf: &str) -> Result<()> {
-    let plugin = s.jp(
-        &[
-            "pods",
-            "-n",
-            "ublkd-system",
-            "-l",
-            "app.kubernetes.io/name=ublkd-csi-node",
-        ],
-        "{.items[0].metadata.name}",
-    )?;
+    let plugin = s.pod_on_node("ublkd-csi-node")?;
     let token = s.qw(&format!(
         "create token ublkd-csi-node -n ublkd-system --bound-object-kind=Pod --bound-object-name={plugin}"
     ))?;
@@ -229,7 +224,14 @@ fn plugin_writes_only_its_own_report(s: &Sc, conf: &str) -> Result<()> {
         "the node plugin may not write its own node's UblkdNode: {}",
         own.err
     );
-    let other = write("another-node")?;
+    // the other node of the cluster when there is one, else a name no node has
+    let nodes = s.jp(&["nodes"], "{.items[*].metadata.name}")?;
+    let another = nodes
+        .split_whitespace()
+        .find(|n| *n != NODE)
+        .unwrap_or("another-node")
+        .to_owned();
+    let other = write(&another)?;
     s.say(format!(
         "another node's report: rc {} {}",
         other.rc, other.err

@@ -28,10 +28,7 @@ spec:
         s.tail(20, "describe volumesnapshot snap1");
         s.tail(30, "get volumesnapshotcontents -o yaml");
         s.tail(20, "-n kube-system logs deploy/snapshot-controller");
-        s.tail(
-            20,
-            "-n ublkd-system logs ds/ublkd-csi-node -c csi-snapshotter",
-        );
+        s.tail(20, &s.logs_on_node("ublkd-csi-node", "csi-snapshotter"));
     })?;
     let status = "{.status.restoreSize} {.status.boundVolumeSnapshotContentName}";
     s.say(format!(

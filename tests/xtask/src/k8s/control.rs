@@ -5,13 +5,12 @@
 //! Why here and not in the guest: under emulation on a 2-core host the control plane kept the
 //! guest's vCPUs so busy that the API server missed its clients' 10 s timeouts and the node
 //! never became Ready (CI, stop 29). A cluster's control plane is other machines than its nodes
-//! anyway; here it is the host, natively, and the guest is the one node. The guest's kubectl
+//! anyway; here it is the host, natively, and the guests are its nodes. The first guest's kubectl
 //! runs here too: under emulation each kubectl process cost the guest seconds of CPU.
-//! The network (the namespace has only its loopback): the guest reaches this side at 10.0.2.2
-//! (QEMU's user network: the API server on :6443, the DNS on :53), and this side reaches the
-//! kubelet at the node's address, 10.10.0.1:10250, which the namespace holds on its loopback and
-//! QEMU forwards into the guest.
-
+//! The network (the namespace has only its loopback): each guest reaches this side at 10.0.2.2
+//! (QEMU's user network: the API server on :6443, the DNS on :53), and this side reaches each
+//! node's kubelet at the node's address (`NODES`), :10250, which the namespace holds on its
+//! loopback and that node's QEMU forwards into its guest.
 use crate::apt;
 use anyhow::{bail, Context, Result};
 use std::fs::{self, File};
@@ -21,8 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const NODE: &str = "ublkd-vm";
-const NODE_IP: &str = "10.10.0.1";
+/// The cluster's nodes, each its own guest: its name, and its address, where the API server
+/// reaches its kubelet (the namespace holds it on its loopback and that guest's QEMU forwards
+/// it). The first runs the registry, the install and the scenarios; the others join.
+pub const NODES: &[(&str, &str)] = &[("ublkd-vm", "10.10.0.1"), ("ublkd-vm-b", "10.10.0.2")];
 const HOST_IP: &str = "10.0.2.2";
 /// The API server's audit: every request of ublkd's namespace's service accounts (the node
 /// plugin, its sidecars, the controllers), one JSON line each, without bodies.
@@ -60,7 +61,9 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub fn start(run_dir: &Path, t: Tools) -> Result<Self> {
+    /// The control plane, its certificates and logs in `run_dir` (the first node's), answering
+    /// the requests of each node whose run directory is in `nodes`.
+    pub fn start(run_dir: &Path, nodes: &[PathBuf], t: Tools) -> Result<Self> {
         let (pki, logs) = (run_dir.join("pki"), run_dir.join("logs"));
         fs::create_dir_all(&pki)?;
         fs::create_dir_all(&logs)?;
@@ -80,9 +83,11 @@ impl ControlPlane {
             children: Mutex::default(),
             stop: AtomicBool::default(),
         });
-        let (serve, run) = (up.clone(), up.clone());
-        let requests = run_dir.join("kubectl");
-        std::thread::spawn(move || serve.serve_requests(&requests));
+        for node in nodes {
+            let (serve, requests) = (up.clone(), node.join("kubectl"));
+            std::thread::spawn(move || serve.serve_requests(&requests));
+        }
+        let run = up.clone();
         std::thread::spawn(move || {
             if let Err(e) = run.run() {
                 eprintln!("xtask: k8s-test: the control plane: {e:#}");
@@ -159,14 +164,16 @@ impl Components {
         // `ip ARGS` in the namespace (no argument here has a space).
         let ip = |args: &str| apt::run_ok(self.command(Path::new("ip"), &[]).args(args.split(' ')));
         ip("link set lo up")?;
-        ip(&format!("addr add {NODE_IP}/32 dev lo"))?;
-        // Connections to the node leave from the loopback's 127.0.0.1, which QEMU shows the
-        // guest as its host, 10.0.2.2. From the node's own address (the default source for a
-        // local destination) the guest would answer itself, and the API server's TLS handshake
-        // with the kubelet timed out (every exec and logs request).
-        ip(&format!(
-            "route replace local {NODE_IP} dev lo proto kernel scope host src 127.0.0.1 table local"
-        ))?;
+        for (_, node_ip) in NODES {
+            ip(&format!("addr add {node_ip}/32 dev lo"))?;
+            // Connections to a node leave from the loopback's 127.0.0.1, which QEMU shows the
+            // guest as its host, 10.0.2.2. From the node's own address (the default source for
+            // a local destination) the guest would answer itself, and the API server's TLS
+            // handshake with the kubelet timed out (every exec and logs request).
+            ip(&format!(
+                "route replace local {node_ip} dev lo proto kernel scope host src 127.0.0.1 table local"
+            ))?;
+        }
         let (b, p) = (&self.tools.bin, self.pki.display());
         let etcd_dir = self.pki.with_file_name("etcd");
         self.spawn(
@@ -425,14 +432,29 @@ fn make_pki(p: &Path, bin: &Path) -> Result<()> {
         p,
         "req -x509 -new -key ca.key -sha256 -days 7 -subj /CN=ublkd-test-ca -out ca.crt",
     )?;
+    let node_ips: Vec<String> = NODES.iter().map(|(_, ip)| format!(",IP:{ip}")).collect();
     let apiserver = format!(
         "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,\
          DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:10.96.0.1,\
-         IP:{HOST_IP},IP:{NODE_IP}"
+         IP:{HOST_IP}{}",
+        node_ips.concat()
     );
-    let serving = format!("DNS:{NODE},IP:{NODE_IP}");
-    let kubelet = format!("/O=system:nodes/CN=system:node:{NODE}");
-    let node_cn = format!("/CN={NODE}");
+    // Each node's kubelet: its client certificate (NodeRestriction holds it to its own Node)
+    // and its serving one (EC: it would make itself an RSA one).
+    for (node, node_ip) in NODES {
+        let kubelet = format!("/O=system:nodes/CN=system:node:{node}");
+        cert(p, &format!("kubelet-{node}"), &kubelet, None)?;
+        let serving = format!("DNS:{node},IP:{node_ip}");
+        let serving_name = format!("kubelet-serving-{node}");
+        cert(p, &serving_name, &format!("/CN={node}"), Some(&serving))?;
+        kubeconfig(
+            p,
+            bin,
+            &format!("kubelet-{node}"),
+            HOST_IP,
+            &format!("kubelet-{node}"),
+        )?;
+    }
     let grpc = "DNS:ublkd-grpc.ublkd-system.svc,DNS:ublkd-grpc.ublkd-system.svc.cluster.local";
     for (name, subject, alt) in [
         ("apiserver", "/CN=kube-apiserver", Some(apiserver.as_str())),
@@ -443,15 +465,12 @@ fn make_pki(p: &Path, bin: &Path) -> Result<()> {
             None,
         ),
         ("scheduler", "/CN=system:kube-scheduler", None),
-        ("kubelet", &kubelet, None),
         ("kube-proxy", "/CN=system:kube-proxy", None),
         (
             "apiserver-kubelet-client",
             "/O=system:masters/CN=kube-apiserver-kubelet-client",
             None,
         ),
-        // the kubelet's serving certificate (EC: it would make itself an RSA one)
-        ("kubelet-serving", &node_cn, Some(&serving)),
         // the modify scenario's remote access (deploy/csi/README.md): ublkd's server
         // certificate for its Service's name, and the resizer's client certificate
         ("ublkd-grpc", "/CN=ublkd-grpc.ublkd-system.svc", Some(grpc)),
@@ -470,7 +489,7 @@ fn make_pki(p: &Path, bin: &Path) -> Result<()> {
         kubeconfig(p, bin, c, "127.0.0.1", c)?;
     }
     kubeconfig(p, bin, "admin", "127.0.0.1", "admin-host")?;
-    for c in ["admin", "kubelet", "kube-proxy"] {
+    for c in ["admin", "kube-proxy"] {
         kubeconfig(p, bin, c, HOST_IP, c)?;
     }
     Ok(())

@@ -13,10 +13,12 @@
 //!   `image.*` values.
 //!
 //! The control plane and the node's kubectl and helm run on the host, natively, in a network
-//! namespace of the tier's own, with QEMU in it too (`control` says why). The guest
-//! (`tests/k8s/node`, the `k8s-node` program of the tests crate) is the cluster's one node, with
-//! a writable root (a tmpfs overlay over the host root): it installs the chart with
-//! `tests/k8s/values.yaml` and runs the scenarios (tests/README.md, "3. Kubernetes").
+//! namespace of the tier's own, with QEMU in it too (`control` says why). Each node is a guest
+//! of its own (`control::NODES`, the first `UBLKD_K8S_NODES` of them: its own kernel, ublk
+//! driver, NVMe controller, containerd, kubelet and ublkd), running `tests/k8s/node`, the `k8s-node` program of the tests crate, with
+//! a writable root (a tmpfs overlay over the host root). The first installs the chart with
+//! `tests/k8s/values.yaml` and runs the scenarios (tests/README.md, "3. Kubernetes"); the
+//! others join the cluster and wait until it is done.
 
 use crate::apt::{self, PrivateApt};
 use crate::{image, oci, vm};
@@ -30,10 +32,29 @@ pub mod build;
 mod control;
 mod images;
 
-/// The node's address, where the API server reaches the kubelet and helm the node's registry
-/// (the packaged chart): the control plane's namespace holds it on its loopback and QEMU
-/// forwards those ports into the guest.
-const FORWARDS: [&str; 2] = ["tcp:10.10.0.1:10250-:10250", "tcp:10.10.0.1:5000-:5000"];
+/// What a node's QEMU forwards into its guest from the node's address (`control::NODES`): the
+/// kubelet, for the API server; and the first node's registry, for the host's helm (the
+/// packaged chart) and the other nodes' containerd (ublkd's image).
+fn forwards(first: bool, ip: &str) -> Vec<String> {
+    let mut f = vec![format!("tcp:{ip}:10250-:10250")];
+    if first {
+        f.push(format!("tcp:{ip}:5000-:5000"));
+    }
+    f
+}
+
+/// How many of `control::NODES` the cluster has: `UBLKD_K8S_NODES`, 1 unless set (the second
+/// node boots, joins and runs every scenario, but is not yet the default: tests/README.md).
+fn node_count() -> usize {
+    let asked = std::env::var("UBLKD_K8S_NODES").ok();
+    let n = asked.and_then(|v| v.parse().ok()).unwrap_or(1);
+    n.clamp(1, control::NODES.len())
+}
+
+/// The memory and vCPUs of the first node, which runs the scenarios' pods, Prometheus and the
+/// registry, and of each node that joins it, which runs only the DaemonSets' pods.
+const FIRST: (u32, u32) = (6144, 2);
+const JOINED: (u32, u32) = (3072, 1);
 
 /// Debian packages unpacked for the guest, each from the suite named (containerd 1.7 is
 /// trixie's; sid has 2.x, which Kubernetes 1.35 would take too, but the brief pins 1.x).
@@ -295,24 +316,68 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         p.kube_secs, p.image_secs
     );
     let t = Instant::now();
-    let boot = || -> Result<vm::RunResult> {
-        let mut vm = vm::Vm::new(ws, &p.kernel)?;
-        let control = control::ControlPlane::start(&vm.run_dir, p.tools.clone())?;
-        let mut input = p.input.clone();
-        input["scenarios"] = serde_json::json!(args);
-        input["pki"] = serde_json::json!(control.pki);
-        let path = vm.run_dir.join("k8s-input.json");
-        fs::write(&path, serde_json::to_string_pretty(&input)?)?;
-        let script = format!("exec {} {}\n", vm::quoted(&node), vm::quoted(&path));
-        let forwards = FORWARDS.map(str::to_owned).to_vec();
-        let netns = control.netns.clone();
-        vm.network = Some(vm::Network { netns, forwards });
-        (vm.writable_root, vm.memory_mib, vm.timeout, vm.echo) = (true, 6144, 2400, true);
-        let run = vm.run(&script);
+    // Every node booted at once, each its own guest; the first runs the scenarios and the
+    // others wait, as joined nodes, until it is done (a `stop` file in their run directory).
+    type Joined = Vec<(String, std::result::Result<vm::RunResult, String>)>;
+    let boot = || -> Result<(vm::RunResult, Joined)> {
+        let nodes = &control::NODES[..node_count()];
+        let mut vms = Vec::new();
+        for _ in nodes {
+            vms.push(vm::Vm::new(ws, &p.kernel)?);
+        }
+        let dirs: Vec<PathBuf> = vms.iter().map(|v| v.run_dir.clone()).collect();
+        let control = control::ControlPlane::start(&dirs[0], &dirs, p.tools.clone())?;
+        let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
+        let mut runs = Vec::new();
+        for (i, (mut vm, (name, ip))) in vms.into_iter().zip(nodes).enumerate() {
+            let first = i == 0;
+            let mut input = p.input.clone();
+            input["scenarios"] = serde_json::json!(args);
+            input["pki"] = serde_json::json!(control.pki);
+            input["name"] = serde_json::json!(name);
+            input["ip"] = serde_json::json!(ip);
+            input["nodes"] = serde_json::json!(names);
+            // The nodes' pods never share an address: one /24 each.
+            input["pod_subnet"] = serde_json::json!(format!("10.88.{i}.0/24"));
+            input["join"] = serde_json::json!(!first);
+            let path = vm.run_dir.join("k8s-input.json");
+            fs::write(&path, serde_json::to_string_pretty(&input)?)?;
+            let script = format!("exec {} {}\n", vm::quoted(&node), vm::quoted(&path));
+            let netns = control.netns.clone();
+            vm.network = Some(vm::Network {
+                netns,
+                forwards: forwards(first, ip),
+            });
+            let (memory, cpus) = if first { FIRST } else { JOINED };
+            (vm.writable_root, vm.memory_mib, vm.cpus) = (true, memory, cpus);
+            (vm.timeout, vm.echo) = (2400, first);
+            let stop = vm.run_dir.join("stop");
+            runs.push((
+                name.to_string(),
+                stop,
+                std::thread::spawn(move || vm.run(&script)),
+            ));
+        }
+        let mut runs = runs.into_iter();
+        let (_, _, first) = runs.next().context("no node")?;
+        let first = first.join();
+        // The others stop whatever became of the first.
+        let mut others = Vec::new();
+        for (name, stop, run) in runs {
+            if let Err(e) = fs::write(&stop, "the first node is done\n") {
+                eprintln!("xtask: k8s-test: cannot tell node {name} to stop: {e}");
+            }
+            let run = match run.join() {
+                Ok(run) => run.map_err(|e| format!("{e:#}")),
+                Err(_) => Err("its thread panicked".to_owned()),
+            };
+            others.push((name, run));
+        }
         drop(control);
-        run
+        let first = first.map_err(|_| anyhow::anyhow!("the first node's thread panicked"))??;
+        Ok((first, others))
     };
-    let mut run = boot()?;
+    let (mut run, mut others) = boot()?;
     if run.exit == vm::Exit::Panic && !run.console.iter().any(|l| l.contains("SCENARIO ")) {
         // The emulator, not the cluster: multi-threaded TCG has oopsed the guest kernel while
         // it patched its own text. Said, and tried once more.
@@ -320,7 +385,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
             "xtask: k8s-test: the guest kernel panicked before any scenario ran; booting once more\n{}",
             run.console_tail(12)
         );
-        run = boot()?;
+        (run, others) = boot()?;
     }
     let vm_secs = t.elapsed().as_secs_f64();
     let (mut passed, mut failed) = (0, 0);
@@ -335,6 +400,33 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
     });
     if let Some(up) = up {
         summary += &format!("  cluster up after {up} s of the guest's uptime\n");
+    }
+    if let Some(ready) = run
+        .console
+        .iter()
+        .find_map(|l| l.split("] nodes Ready: ").nth(1))
+    {
+        summary += &format!("  nodes Ready: {ready}\n");
+    }
+    // A joined node that did not end as asked failed the run, whatever the scenarios said.
+    let mut node_failed = 0;
+    for (name, other) in &others {
+        match other {
+            Ok(other) if other.exit == vm::Exit::Code(0) => {}
+            Ok(other) => {
+                summary += &format!(
+                    "  node {name} {} (console: {})\n{}\n",
+                    other.exit,
+                    other.run_dir.join("console.log").display(),
+                    other.console_tail(15)
+                );
+                node_failed += 1;
+            }
+            Err(e) => {
+                summary += &format!("  node {name} did not run: {e}\n");
+                node_failed += 1;
+            }
+        }
     }
     let mut took: Vec<(f64, String)> = Vec::new();
     for line in &run.console {
@@ -367,6 +459,7 @@ pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
         summary += &format!("  the guest {}\n", run.exit);
         failed = 1;
     }
+    failed += node_failed;
     summary += &format!("  slowest five:\n{}", crate::slowest_five(took, "    "));
     summary.push_str(&format!("{passed} passed, {failed} failed"));
     Ok(Tier {
