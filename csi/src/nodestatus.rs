@@ -504,11 +504,12 @@ pub async fn run(
     kubelet_dir: PathBuf,
     every: Duration,
     client: Client,
-    classes: Store<StorageClass>,
+    classes: crate::watch::Kept<StorageClass>,
 ) {
-    if !crate::watch::ready(&classes, "StorageClasses").await {
+    if !classes.ready().await {
         return;
     }
+    let classes = classes.store;
     let reporter = Reporter {
         ublkd,
         node,

@@ -19,7 +19,6 @@ use crate::ublkd::Ublkd;
 use crate::{Node, DRIVER_NAME};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::reflector::Store;
 use kube::Client;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -217,11 +216,12 @@ pub async fn run(
     node: Node,
     every: Duration,
     client: Client,
-    pvs: Store<PersistentVolume>,
+    pvs: crate::watch::Kept<PersistentVolume>,
 ) {
-    if !crate::watch::ready(&pvs, "PersistentVolumes").await {
+    if !pvs.ready().await {
         return;
     }
+    let pvs = pvs.store;
     let api: Api<PersistentVolume> = Api::all(client);
     // The version of each PV answered, by name: the store shows it pending until the watch
     // brings the answer back, and it is not answered twice.

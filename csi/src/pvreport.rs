@@ -90,10 +90,16 @@ async fn once(
 
 /// Reports every `every` until the process ends, once `pvs` holds its first list; a failed
 /// round is logged and the next one tried (a round that fails changes nothing in ublkd).
-pub async fn run(ublkd: Ublkd, node: Node, every: Duration, pvs: Store<PersistentVolume>) {
-    if !crate::watch::ready(&pvs, "PersistentVolumes").await {
+pub async fn run(
+    ublkd: Ublkd,
+    node: Node,
+    every: Duration,
+    pvs: crate::watch::Kept<PersistentVolume>,
+) {
+    if !pvs.ready().await {
         return;
     }
+    let pvs = pvs.store;
     tracing::info!("reporting the volumes no PersistentVolume names every {every:?}");
     let mut before = BTreeSet::new();
     let mut reported: Vec<String> = Vec::new();
