@@ -34,6 +34,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// Seconds after which a node's report counts as its node plugin not reporting: the plugin
+/// rewrites it at least once a minute (`check`'s default, and what `orphans` allows).
+const STALE_AFTER: i64 = 120;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "kubectl ublkd",
@@ -77,15 +81,16 @@ enum Command {
     /// Volumes no PersistentVolume names, and devices no volume owns, per node.
     Orphans {
         /// Seconds between the two looks: a volume counts as without PV only when both found
-        /// it so (a claim being provisioned has its volume a moment before its PV), each look
-        /// on a report of its own (the second waits for every node's next one).
+        /// it so (a claim being provisioned has its volume a moment before its PV). Each look
+        /// reads the PVs and every node's report, which its plugin rewrites as soon as its
+        /// volumes change; a node whose report is older than `STALE_AFTER` is unreadable.
         #[arg(long, default_value_t = 5)]
         settle: u64,
     },
     /// Preflight: every node's checks and the cluster's; exits 1 naming what is wrong.
     Check {
         /// A node report older than this many seconds counts as a node plugin not reporting.
-        #[arg(long, default_value_t = 120)]
+        #[arg(long, default_value_t = STALE_AFTER)]
         stale_after: i64,
     },
     /// A support bundle in DIR: logs, node reports, orphans, PVs, events.
@@ -240,21 +245,14 @@ async fn unnamed(
 }
 
 async fn orphans(cluster: &Cluster, out: Output, settle: u64) -> Result<ExitCode> {
-    let (first, before) = unnamed(cluster).await?;
+    let (first, _) = unnamed(cluster).await?;
     tokio::time::sleep(Duration::from_secs(settle)).await;
-    // the second look waits (up to a minute) for every node's next report
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let (second, after) = loop {
-        let (second, after) = unnamed(cluster).await?;
-        let fresh = before.iter().all(|(n, t)| after.get(n) != Some(t));
-        if fresh || tokio::time::Instant::now() > deadline {
-            break (second, after);
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    let stale: Vec<String> = before
+    let (second, after) = unnamed(cluster).await?;
+    // A node plugin rewrites its report when its volumes change and at least once a minute
+    // (ublkd-csi's nodestatus::REFRESH): one older than STALE_AFTER is not being written.
+    let stale: Vec<String> = after
         .iter()
-        .filter(|(n, t)| after.get(*n) == Some(t))
+        .filter(|(_, t)| cluster::age_seconds(t).is_none_or(|a| a > STALE_AFTER))
         .map(|(n, t)| format!("{n}: no report since {t}"))
         .collect();
     let mut rows = Vec::new();
@@ -283,7 +281,7 @@ async fn orphans(cluster: &Cluster, out: Output, settle: u64) -> Result<ExitCode
     print!("{}", out.render(&value, || report::orphans_text(&rows)));
     if !stale.is_empty() {
         bail!(
-            "some nodes did not report within a minute:\n{}",
+            "some nodes did not report within {STALE_AFTER} s:\n{}",
             stale.join("\n")
         );
     }
