@@ -506,10 +506,9 @@ pub async fn run(
     client: Client,
     classes: crate::watch::Kept<StorageClass>,
 ) {
-    if !classes.ready().await {
+    let Some(classes) = classes.listed().await else {
         return;
-    }
-    let classes = classes.store;
+    };
     let reporter = Reporter {
         ublkd,
         node,

@@ -218,10 +218,9 @@ pub async fn run(
     client: Client,
     pvs: crate::watch::Kept<PersistentVolume>,
 ) {
-    if !pvs.ready().await {
+    let Some(pvs) = pvs.listed().await else {
         return;
-    }
-    let pvs = pvs.store;
+    };
     let api: Api<PersistentVolume> = Api::all(client);
     // The version of each PV answered, by name: the store shows it pending until the watch
     // brings the answer back, and it is not answered twice.

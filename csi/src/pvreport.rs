@@ -96,10 +96,9 @@ pub async fn run(
     every: Duration,
     pvs: crate::watch::Kept<PersistentVolume>,
 ) {
-    if !pvs.ready().await {
+    let Some(pvs) = pvs.listed().await else {
         return;
-    }
-    let pvs = pvs.store;
+    };
     tracing::info!("reporting the volumes no PersistentVolume names every {every:?}");
     let mut before = BTreeSet::new();
     let mut reported: Vec<String> = Vec::new();

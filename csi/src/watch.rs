@@ -86,11 +86,11 @@ where
         Kept { store, listed }
     }
 
-    /// Waits until the store holds its first full list; false when its watch ended before.
-    pub async fn ready(&self) -> bool {
-        let mut listed = self.listed.clone();
+    /// The store, once it holds its first full list; None when its watch ended before.
+    pub async fn listed(self) -> Option<Store<K>> {
+        let mut listed = self.listed;
         let seen = listed.wait_for(|l| *l).await.is_ok();
-        seen
+        seen.then_some(self.store)
     }
 }
 
@@ -127,7 +127,8 @@ mod tests {
     async fn every_waiter_sees_the_first_list() {
         let (store, mut writer) = reflector::store::<PersistentVolume>();
         let kept = Kept::of(store, "PersistentVolumes");
-        let waiter = |k: Kept<PersistentVolume>| tokio::spawn(async move { k.ready().await });
+        let waiter =
+            |k: Kept<PersistentVolume>| tokio::spawn(async move { k.listed().await.is_some() });
         let (a, b) = (waiter(kept.clone()), waiter(kept.clone()));
         tokio::time::sleep(Duration::from_millis(50)).await;
         writer.apply_watcher_event(&watcher::Event::Init);
