@@ -262,6 +262,48 @@ fn unimplemented<T>(what: &'static str) -> Result<Response<T>, Status> {
     Err(CsiError::Unimplemented(what).into())
 }
 
+/// How long DeleteVolume waits for a volume its node still holds. Nothing orders the kubelet's
+/// unstage before the volume's delete: the PVC goes once its pod is gone, the kubelet unmounts
+/// the staged device after that (seconds later on a busy node), and without an attach step
+/// (attachRequired: false) the PV can be deleted in between. ublkd refuses to delete a held
+/// device (FAILED_PRECONDITION); answering that at once put a VolumeFailedDelete warning on a
+/// PV whose pod was deleted the ordinary way (the tier's warnings scenario, CI of stop 63).
+/// Below the provisioner's 60 s --timeout; a volume held longer is refused, and retried.
+const LET_GO_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+/// How often the delete is tried again meanwhile.
+const LET_GO_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl ControllerService {
+    /// Deletes volume `id` (with its backing file when `made_here`), waiting up to
+    /// `LET_GO_WAIT` while its device is held.
+    async fn delete_when_let_go(&self, id: &str, made_here: bool) -> Result<(), CsiError> {
+        let deadline = tokio::time::Instant::now() + LET_GO_WAIT;
+        let mut said = false;
+        loop {
+            match self.ublkd.delete(id, made_here).await {
+                Ok(()) => return Ok(()),
+                Err(crate::ublkd::UblkdError::Call(s))
+                    if s.code() == tonic::Code::FailedPrecondition
+                        && tokio::time::Instant::now() + LET_GO_POLL < deadline =>
+                {
+                    if !said {
+                        tracing::info!(
+                            volume = %id,
+                            reason = %s.message(),
+                            "the volume is still held on its node (the kubelet unstages after \
+                             the pod is gone): waiting up to {} s for it to be let go",
+                            LET_GO_WAIT.as_secs()
+                        );
+                        said = true;
+                    }
+                    tokio::time::sleep(LET_GO_POLL).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Controller for ControllerService {
     async fn create_volume(
@@ -293,10 +335,7 @@ impl Controller for ControllerService {
                 .map_err(CsiError::from)?
                 .and_then(|v| v.spec?.backend)
                 .is_some_and(|b| matches!(b, v1::volume_spec::Backend::File(f) if f.create));
-        self.ublkd
-            .delete(&req.volume_id, made_here)
-            .await
-            .map_err(CsiError::from)?;
+        self.delete_when_let_go(&req.volume_id, made_here).await?;
         tracing::info!(volume = %req.volume_id, "volume deleted");
         Ok(Response::new(spec::DeleteVolumeResponse {}))
     }

@@ -163,29 +163,36 @@ async fn the_kubelets_path_keeps_data_across_restages_and_a_ublkd_crash() -> Res
     );
     ensure!(stats.usage.len() == 2, "bytes and inodes: {stats:?}");
 
-    // Deleting a volume something still has mounted is refused: here, and in a mount
-    // namespace ublkd cannot see (as the driver's pod is to ublkd's).
-    let e = ctl
-        .delete_volume(spec::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: Default::default(),
-        })
-        .await
-        .expect_err("deleting a staged volume");
-    ensure!(e.code() == tonic::Code::FailedPrecondition, "{e:?}");
-    node.node_unpublish_volume(unpublish(&id, &t1)).await?;
-    node.node_unstage_volume(unstage(&id, &staging)).await?;
-    let dev_now = pair.daemon.ublkctl_ok(&["get-volume", &id, "-o", "json"])?;
-    let dev_now = serde_json::from_str::<serde_json::Value>(&dev_now)?["device_path"]
+    // The volume's delete can come while it is still staged (the kubelet unstages after the
+    // pod is gone, and nothing orders the two): the delete waits, and the device stays while
+    // anything holds it, here and in a mount namespace ublkd cannot see (as the driver's pod
+    // is to ublkd's); once both let go, the delete completes.
+    let dev_path = pair.daemon.ublkctl_ok(&["get-volume", &id, "-o", "json"])?;
+    let dev_path = serde_json::from_str::<serde_json::Value>(&dev_path)?["device_path"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
+    let deleting = {
+        let (mut ctl, id) = (ctl.clone(), id.clone());
+        tokio::spawn(async move {
+            ctl.delete_volume(spec::DeleteVolumeRequest {
+                volume_id: id,
+                secrets: Default::default(),
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        !deleting.is_finished() && Path::new(&dev_path).exists(),
+        "the delete of a staged volume returned (or removed its device) before it was unstaged"
+    );
     let elsewhere = pair.kubelet.join("other-namespace");
     std::fs::create_dir_all(&elsewhere)?;
     let mut holder = Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c"])
         .arg(format!(
-            "mount {dev_now} {} && echo mounted && sleep 4",
+            "mount {dev_path} {} && echo mounted && sleep 4",
             elsewhere.display()
         ))
         .stdout(Stdio::piped())
@@ -201,25 +208,21 @@ async fn the_kubelets_path_keeps_data_across_restages_and_a_ublkd_crash() -> Res
         "the other namespace mounted it: {line:?}"
     );
     ensure!(!is_mountpoint(&elsewhere), "not visible in this namespace");
-    let e = ctl
-        .delete_volume(spec::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: Default::default(),
-        })
+    node.node_unpublish_volume(unpublish(&id, &t1)).await?;
+    node.node_unstage_volume(unstage(&id, &staging)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(
+        !deleting.is_finished() && Path::new(&dev_path).exists(),
+        "the delete returned (or removed the device) while another namespace held it"
+    );
+    deleting
         .await
-        .expect_err("deleting a volume mounted in another namespace");
-    ensure!(e.code() == tonic::Code::FailedPrecondition, "{e:?}");
-    holder.wait()?;
-    let device = pair.daemon.ublkctl_ok(&["get-volume", &id, "-o", "json"])?;
-    let dev_path = serde_json::from_str::<serde_json::Value>(&device)?["device_path"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    ctl.delete_volume(spec::DeleteVolumeRequest {
-        volume_id: id.clone(),
-        secrets: Default::default(),
-    })
-    .await?;
+        .context("the delete's task")?
+        .context("the delete once the volume was let go")?;
+    ensure!(
+        holder.try_wait()?.is_some(),
+        "the delete completed while the other namespace still held the device"
+    );
     ensure!(!Path::new(&dev_path).exists(), "{dev_path} removed");
     let backing = pair.daemon.root.join(format!("{id}.img"));
     ensure!(!backing.exists(), "{} removed", backing.display());
