@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What `--help` adds below the commands: the environment every VM command reads.
 const ENVIRONMENT: &str = "\
@@ -209,39 +209,18 @@ fn test(ws: &Path) -> Result<ExitCode> {
     let t = Instant::now();
     host_tests(ws)?;
     let host = t.elapsed();
-    // Everything built first, one build at a time; then the VM suite's guest and the cluster's
-    // side by side. Each alone kept about one of this machine's two cores busy (the suite:
-    // 1,070 s of CPU in 1,010 s), its guest waiting on its tests' sleeps, fio's runtimes and
-    // the control plane; one after the other they were 2,350 of a run's 2,520 s.
-    let mut suite = suite::prepare(ws, None)?;
-    let tier = k8s::prepare_tier(ws, &[])?;
-    let built = t.elapsed() - host;
-    // The tier's console is echoed; the suite's stays in its run directory, each test's
-    // result printed as its boot ends.
-    suite.echo = false;
-    let (outcome, vm, tier, cluster) = std::thread::scope(|scope| {
-        let vm = scope.spawn(|| (suite.run(), t.elapsed() - host - built));
-        let tier = tier.run();
-        let cluster = t.elapsed() - host - built;
-        let (outcome, vm) = match vm.join() {
-            Ok(r) => r,
-            Err(_) => (
-                Err(anyhow::anyhow!("the VM suite's thread panicked")),
-                Duration::ZERO,
-            ),
-        };
-        (outcome, vm, tier, cluster)
-    });
-    let (outcome, tier) = (outcome?, tier?);
+    let outcome = suite::run(ws, None)?;
+    let vm = t.elapsed() - host;
+    let tier = k8s::run_tier(ws, &[])?;
+    let cluster = t.elapsed() - host - vm;
     // Both summaries last, the VM suite's failures with their reasons: all a CI log's tail
-    // keeps; then where the time went, for CI's time budget.
+    // keeps; then where the time went, builds included, for CI's time budget.
     println!("\nVM suite:\n{}", outcome.summary());
     println!("{}", tier.summary);
     println!(
-        "time: host tests {:.0} s, builds {:.0} s, then side by side the VM suite {:.0} s and \
-         the Kubernetes tier {:.0} s; {:.0} s in all",
+        "time: host tests {:.0} s, VM suite {:.0} s, Kubernetes tier {:.0} s \
+         (each with its builds); {:.0} s in all",
         host.as_secs_f64(),
-        built.as_secs_f64(),
         vm.as_secs_f64(),
         cluster.as_secs_f64(),
         t.elapsed().as_secs_f64()

@@ -92,24 +92,7 @@ pub fn build_node_binaries(ws: &Path, extra: &str) -> Result<PathBuf> {
     Ok(crate::dist::target_dir(ws).join("debug"))
 }
 
-/// The VM suite, built and ready to boot: what `run` runs.
-pub struct Prepared {
-    ws: PathBuf,
-    kernel: image::Kernel,
-    cases: Vec<TestCase>,
-    exports: String,
-    /// Whether the guests' consoles are echoed (off beside the Kubernetes tier, whose console
-    /// is echoed: each console stays whole in its run directory's console.log).
-    pub echo: bool,
-}
-
-/// Builds and boots the VM suite (the tests whose names match `filter`, or all).
 pub fn run(ws: &Path, filter: Option<&str>) -> Result<Outcome> {
-    prepare(ws, filter)?.run()
-}
-
-/// Builds what the VM suite needs and lists its tests (those whose names match `filter`).
-pub fn prepare(ws: &Path, filter: Option<&str>) -> Result<Prepared> {
     let kernel = image::prepare(ws)?;
     // The binaries the VM tests drive, ublkd with its test hooks.
     let bins = build_node_binaries(ws, "--features ublkd-server/test-hooks")?;
@@ -168,47 +151,16 @@ pub fn prepare(ws: &Path, filter: Option<&str>) -> Result<Prepared> {
         let csi_sanity = crate::gotools::ensure(crate::gotools::CSI_SANITY)?;
         exports.push_str(&format!(" UBLKD_CSI_SANITY={}", quoted(&csi_sanity)));
     }
-    Ok(Prepared {
-        ws: ws.to_path_buf(),
-        kernel,
-        cases,
-        exports,
-        echo: true,
-    })
-}
-
-impl Prepared {
-    /// Boots the guests and runs the tests: the multipath tests in a boot of their own.
-    pub fn run(self) -> Result<Outcome> {
-        let mut outcome = Outcome::default();
-        let (multipath, plain): (Vec<TestCase>, Vec<TestCase>) = self
-            .cases
-            .into_iter()
-            .partition(|c| c.file == MULTIPATH_FILE);
-        for (boot, multipath) in [(plain, false), (multipath, true)] {
-            if !boot.is_empty() {
-                let b = Boot {
-                    ws: &self.ws,
-                    kernel: &self.kernel,
-                    multipath,
-                    exports: &self.exports,
-                    echo: self.echo,
-                };
-                run_boot(&b, &boot, &mut outcome)?;
-            }
+    let mut outcome = Outcome::default();
+    let (multipath, plain): (Vec<TestCase>, Vec<TestCase>) =
+        cases.into_iter().partition(|c| c.file == MULTIPATH_FILE);
+    for (boot, multipath) in [(plain, false), (multipath, true)] {
+        if !boot.is_empty() {
+            run_boot(ws, &kernel, &boot, multipath, &exports, &mut outcome)?;
         }
-        println!("{}", outcome.summary());
-        Ok(outcome)
     }
-}
-
-/// One boot's settings.
-struct Boot<'a> {
-    ws: &'a Path,
-    kernel: &'a image::Kernel,
-    multipath: bool,
-    exports: &'a str,
-    echo: bool,
+    println!("{}", outcome.summary());
+    Ok(outcome)
 }
 
 /// Lines of one test's console section worth repeating: every line that names an error or a
@@ -247,12 +199,19 @@ fn failure_excerpt(console: &[String], name: &str) -> String {
 /// among them (a kernel panic, QEMU gone): the test it died in fails with the guest's last
 /// words, and the tests after it run in a fresh boot instead of all failing unread (stop 51's CI
 /// lost 35 results to one death it never showed). At most `MAX_BOOTS` boots.
-fn run_boot(b: &Boot, cases: &[TestCase], outcome: &mut Outcome) -> Result<()> {
+fn run_boot(
+    ws: &Path,
+    kernel: &image::Kernel,
+    cases: &[TestCase],
+    multipath: bool,
+    exports: &str,
+    outcome: &mut Outcome,
+) -> Result<()> {
     const MAX_BOOTS: usize = 3;
     let mut left: Vec<&TestCase> = cases.iter().collect();
     for boot in 1..=MAX_BOOTS {
         let last = boot == MAX_BOOTS;
-        let ran = boot_once(b, &left, last, outcome)?;
+        let ran = boot_once(ws, kernel, &left, multipath, exports, last, outcome)?;
         left.retain(|c| !ran.contains(&c.name));
         if left.is_empty() {
             break;
@@ -267,12 +226,14 @@ fn run_boot(b: &Boot, cases: &[TestCase], outcome: &mut Outcome) -> Result<()> {
 /// that ran (passed, failed, or were running when the guest died). A test that never started is
 /// left out of both, for another boot, unless this is the `last`: then it fails.
 fn boot_once(
-    b: &Boot,
+    ws: &Path,
+    kernel: &image::Kernel,
     cases: &[&TestCase],
+    multipath: bool,
+    exports: &str,
     last: bool,
     outcome: &mut Outcome,
 ) -> Result<Vec<String>> {
-    let (ws, kernel, multipath, exports) = (b.ws, b.kernel, b.multipath, b.exports);
     let (n, kver) = (cases.len(), &kernel.kver);
     let topology = match multipath {
         true => " with the multipath NVMe subsystem and the swap drives",
@@ -323,7 +284,7 @@ fn boot_once(
 
     let timeout = 120 + (PER_TEST_SECS + 15) * cases.len() as u64;
     let mut vm = Vm::new(ws, kernel)?;
-    (vm.timeout, vm.multipath, vm.echo) = (timeout, multipath, b.echo);
+    (vm.timeout, vm.multipath, vm.echo) = (timeout, multipath, true);
     let run = vm.run(&script)?;
 
     let results = fs::read_to_string(run.run_dir.join("results")).unwrap_or_default();

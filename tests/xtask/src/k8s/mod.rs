@@ -308,63 +308,13 @@ pub fn prepare(ws: &Path, args: &[String]) -> Result<()> {
 }
 
 pub fn run_tier(ws: &Path, args: &[String]) -> Result<Tier> {
-    prepare_tier(ws, args)?.run()
-}
-
-/// The tier, built and ready to boot: what `TierPrep::run` boots.
-pub struct TierPrep {
-    ws: PathBuf,
-    args: Vec<String>,
-    node: PathBuf,
-    all: Vec<String>,
-    p: Prepared,
-    started: Instant,
-}
-
-/// Builds the node program and everything the cluster needs (Kubernetes, images, the kernel)
-/// for the scenarios `args` (all when empty).
-pub fn prepare_tier(ws: &Path, args: &[String]) -> Result<TierPrep> {
     let started = Instant::now();
     let (node, all) = node_program(ws, args)?;
     let p = prepare_all(ws)?;
     eprintln!(
-        "xtask: k8s-test: Kubernetes binaries {:.0} s, images {:.0} s",
+        "xtask: k8s-test: Kubernetes binaries {:.0} s, images {:.0} s; booting the cluster",
         p.kube_secs, p.image_secs
     );
-    Ok(TierPrep {
-        ws: ws.to_path_buf(),
-        args: args.to_vec(),
-        node,
-        all,
-        p,
-        started,
-    })
-}
-
-impl TierPrep {
-    /// Boots the cluster, runs the scenarios, and sums them up.
-    pub fn run(self) -> Result<Tier> {
-        let TierPrep {
-            ws,
-            args,
-            node,
-            all,
-            p,
-            started,
-        } = self;
-        boot_and_run(&ws, &args, &node, &all, &p, started)
-    }
-}
-
-fn boot_and_run(
-    ws: &Path,
-    args: &[String],
-    node: &Path,
-    all: &[String],
-    p: &Prepared,
-    started: Instant,
-) -> Result<Tier> {
-    eprintln!("xtask: k8s-test: booting the cluster");
     let t = Instant::now();
     // Every node booted at once, each its own guest; the first runs the scenarios and the
     // others wait, as joined nodes, until it is done (a `stop` file in their run directory).
@@ -392,7 +342,7 @@ fn boot_and_run(
             input["join"] = serde_json::json!(!first);
             let path = vm.run_dir.join("k8s-input.json");
             fs::write(&path, serde_json::to_string_pretty(&input)?)?;
-            let script = format!("exec {} {}\n", vm::quoted(node), vm::quoted(&path));
+            let script = format!("exec {} {}\n", vm::quoted(&node), vm::quoted(&path));
             let netns = control.netns.clone();
             vm.network = Some(vm::Network {
                 netns,
@@ -494,7 +444,7 @@ fn boot_and_run(
             }
         }
     }
-    let expected = if args.is_empty() { all } else { args }.len();
+    let expected = if args.is_empty() { &all } else { args }.len();
     if passed + failed < expected {
         summary += &format!(
             "  {} scenario(s) never ran (the cluster did not come up: {}); logs in {}\n{}\n",
