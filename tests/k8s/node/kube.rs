@@ -455,9 +455,38 @@ impl<'a> Sc<'a> {
 
     /// ublkctl with the arguments of `line` (words) in the first node's ublkd container.
     pub fn ublkctl(&self, line: &str) -> Result<String> {
-        let pod = self.ublkd_pod()?;
+        self.ublkctl_on(NODE, line)
+    }
+
+    /// ublkctl with the arguments of `line` (words) in `node`'s ublkd container.
+    pub fn ublkctl_on(&self, node: &str, line: &str) -> Result<String> {
+        let sel = format!(
+            "-n ublkd-system pod -l app.kubernetes.io/name=ublkd --field-selector spec.nodeName={node}"
+        );
+        let pod = self.jp(&words(&sel), "{.items[0].metadata.name}")?;
         let exec = format!("-n ublkd-system exec {pod} -c ublkd -- /usr/local/bin/ublkctl");
         self.kw(&format!("{exec} {line}"))
+    }
+
+    /// The cluster's second node, when it has one (`UBLKD_K8S_NODES=2`).
+    pub fn second_node(&self) -> Option<&str> {
+        let other = self.node.input.nodes.iter().find(|n| *n != NODE);
+        other.map(String::as_str)
+    }
+
+    /// The second node, for a scenario that needs it (`scenarios::TWO_NODES`, which are not
+    /// run on one node).
+    pub fn other_node(&self) -> Result<&str> {
+        self.second_node()
+            .context("this scenario needs a second node, and the tier booted one")
+    }
+
+    /// A node's guest powered `off` at once (no shutdown) or `on` again, by the host.
+    pub fn power(&self, node: &str, what: &str) -> Result<()> {
+        let a = self.node.host.call("power", &[node, what], None)?;
+        ensure!(a.rc == 0, "power {node} {what}: {}", a.err.trim());
+        self.say(a.out.trim());
+        Ok(())
     }
 
     /// The first node's pod of the driver's `app` (`ds/NAME` would pick any node's).
@@ -479,12 +508,17 @@ impl<'a> Sc<'a> {
     /// The first node's CSIStorageCapacity objects (the provisioner of each node publishes its
     /// own, with the node in its topology): class and capacity, as the API writes them.
     pub fn capacities_on_node(&self) -> Result<Vec<(String, String)>> {
+        self.capacities_on(NODE)
+    }
+
+    /// `node`'s CSIStorageCapacity objects: class and capacity.
+    pub fn capacities_on(&self, node: &str) -> Result<Vec<(String, String)>> {
         let all: serde_json::Value =
             serde_json::from_str(&self.qw("get csistoragecapacities -A -o json")?)?;
         let items = all["items"].as_array().cloned().unwrap_or_default();
         Ok(items
             .iter()
-            .filter(|c| c["nodeTopology"]["matchLabels"]["ublkd.io/node"] == NODE)
+            .filter(|c| c["nodeTopology"]["matchLabels"]["ublkd.io/node"] == node)
             .map(|c| {
                 let class = c["storageClassName"]
                     .as_str()

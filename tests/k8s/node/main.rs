@@ -38,9 +38,13 @@ const PKI: &str = "/etc/kubernetes/pki";
 const STATE_DIRS: &[&str] = &[
     "/var/lib/containerd",
     "/var/lib/kubelet",
-    "/var/lib/ublkd",
+    UBLKD_STATE,
     "/var/lib/etcd",
 ];
+/// ublkd's state directory (the chart's `state_dir`).
+const UBLKD_STATE: &str = "/var/lib/ublkd";
+/// The file classes' root (tests/k8s/values.yaml).
+const VOLUMES_ROOT: &str = "/var/lib/ublkd/volumes";
 
 /// Every module the node loads, all before anything runs in parallel: a module load patches
 /// kernel text (static keys), and under TCG that has oopsed a guest once (int3 in
@@ -159,6 +163,48 @@ fn tries<T>(n: u32, mut f: impl FnMut() -> Result<T>) -> Result<T> {
     }
 }
 
+/// The file classes' root on a file system that can reflink (snapshots, restores and clones
+/// are reflinks of a backing file): XFS with reflink=1 on a loop device over a sparse file,
+/// as an admin gives a node a disk for it.
+fn volumes_disk(node: &Node) -> Result<()> {
+    let disk_dir = "/var/lib/node-disk";
+    fs::create_dir_all(disk_dir)?;
+    fs::create_dir_all(VOLUMES_ROOT)?;
+    localw(&format!("mount -t tmpfs -o mode=0755 disk {disk_dir}"))?;
+    let img = format!("{disk_dir}/volumes.img");
+    fs::File::create(&img)?.set_len(4 << 30)?;
+    if let Err(e) = localw("modprobe loop") {
+        node.say(format!("modprobe loop: {e:#}"));
+    }
+    let disk = localw(&format!("losetup --find --show {img}"))?
+        .trim()
+        .to_owned();
+    localw(&format!("mkfs.xfs -q -m reflink=1 {disk}"))?;
+    localw(&format!("mount -o discard {disk} {VOLUMES_ROOT}"))?;
+    Ok(())
+}
+
+/// A joined node's ublkd state and file volumes on the disk that outlives its guest
+/// (`Vm::state_disk`, /dev/vda): an XFS that can reflink, made on the first boot. A boot after
+/// a power-off finds ublkd's registry and its volumes' files as they were.
+fn state_disk(node: &Node) -> Result<()> {
+    const DISK: &str = "/dev/vda";
+    localw("modprobe virtio_blk")?;
+    ensure!(
+        wait_for(30, || Path::new(DISK).exists()),
+        "no {DISK}: the joined node's state disk"
+    );
+    if localw(&format!("blkid -o value -s TYPE {DISK}")).is_err() {
+        node.say(format!("{DISK}: a new state disk, formatted"));
+        localw(&format!("mkfs.xfs -q -m reflink=1 {DISK}"))?;
+    } else {
+        node.say(format!("{DISK}: the state disk of an earlier boot"));
+    }
+    localw(&format!("mount -o discard {DISK} {UBLKD_STATE}"))?;
+    fs::create_dir_all(VOLUMES_ROOT)?;
+    Ok(())
+}
+
 /// Everything up to the scenarios; what keeps running is returned, to live as long as they do.
 fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
     let i = &node.input;
@@ -171,25 +217,15 @@ fn bring_up(node: &Node) -> Result<Vec<Daemon>> {
         .context("binding the kernel's modules")?;
     for d in STATE_DIRS {
         fs::create_dir_all(d)?;
-        localw(&format!("mount -t tmpfs -o mode=0755 state {d}"))?;
+        if *d == UBLKD_STATE && i.join {
+            state_disk(node)?;
+        } else {
+            localw(&format!("mount -t tmpfs -o mode=0755 state {d}"))?;
+        }
     }
-    // The file classes' root on a file system that can reflink (snapshots, restores and clones
-    // are reflinks of a backing file): XFS with reflink=1 on a loop device over a sparse file,
-    // as an admin gives a node a disk for it.
-    let disk_dir = "/var/lib/node-disk";
-    fs::create_dir_all(disk_dir)?;
-    fs::create_dir_all("/var/lib/ublkd/volumes")?;
-    localw(&format!("mount -t tmpfs -o mode=0755 disk {disk_dir}"))?;
-    let img = format!("{disk_dir}/volumes.img");
-    fs::File::create(&img)?.set_len(4 << 30)?;
-    if let Err(e) = localw("modprobe loop") {
-        node.say(format!("modprobe loop: {e:#}"));
+    if !i.join {
+        volumes_disk(node)?;
     }
-    let disk = localw(&format!("losetup --find --show {img}"))?
-        .trim()
-        .to_owned();
-    localw(&format!("mkfs.xfs -q -m reflink=1 {disk}"))?;
-    localw(&format!("mount -o discard {disk} /var/lib/ublkd/volumes"))?;
     localw("mount --make-rshared /")?;
     let mut failed_modules = String::new();
     for m in MODULES {

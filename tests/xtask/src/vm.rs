@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// Size of the emulated NVMe namespace (sparse on the host).
 const NVME_BYTES: u64 = 1 << 30;
+/// The size of `Vm::state_disk`'s file (sparse).
+const STATE_DISK_BYTES: u64 = 2 << 30;
 /// Each namespace of the multipath subsystem (`Vm::multipath`).
 const MPATH_NS_BYTES: u64 = 256 << 20;
 /// Each of the multipath boot's two plain controllers whose names a test swaps (`Vm::multipath`).
@@ -71,7 +73,7 @@ impl RunResult {
 }
 
 /// One guest to boot, set up through its public fields before `run`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Vm {
     kernel: Kernel,
     /// Where this run's files are (shared with the guest as `UBLKD_VM_RUN`).
@@ -97,6 +99,10 @@ pub struct Vm {
     /// tier: containerd, the kubelet and etcd keep their state where they expect it). Writes stay
     /// in the guest's memory and go with it.
     pub writable_root: bool,
+    /// A disk that outlives the guest (the Kubernetes tier's joined node, which is powered off
+    /// and on again): `state.img` in the run directory, made once (sparse, `STATE_DISK_BYTES`)
+    /// and kept by every boot of this run directory; the guest's only virtio disk, /dev/vda.
+    pub state_disk: bool,
     pub memory_mib: u32,
     /// Its vCPUs.
     pub cpus: u32,
@@ -175,6 +181,7 @@ impl Vm {
             accel: None,
             multipath: false,
             writable_root: false,
+            state_disk: false,
             memory_mib: 4096,
             cpus: 2,
             clock: Clock::Wall,
@@ -259,6 +266,7 @@ impl Vm {
             .arg("-device")
             .arg("nvme,serial=ublkd-nvme0,drive=nvm,max_ioqpairs=8")
             .args(self.multipath_args()?)
+            .args(self.state_disk_args()?)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(fs::File::create(rd.join("qemu.stderr"))?);
@@ -347,6 +355,22 @@ impl Vm {
 
     /// QEMU's arguments for the multipath subsystem and the two swap drives (their images made
     /// in the run directory), or none.
+    /// QEMU's arguments for `state_disk`: the disk, made on the first boot only.
+    fn state_disk_args(&self) -> Result<Vec<String>> {
+        if !self.state_disk {
+            return Ok(Vec::new());
+        }
+        let file = self.run_dir.join("state.img");
+        if !file.exists() {
+            fs::File::create(&file)?.set_len(STATE_DISK_BYTES)?;
+        }
+        let drive = format!(
+            "file={},if=virtio,format=raw,cache=none,aio=io_uring,discard=unmap",
+            file.display()
+        );
+        Ok(vec!["-drive".into(), drive])
+    }
+
     fn multipath_args(&self) -> Result<Vec<String>> {
         if !self.multipath {
             return Ok(Vec::new());

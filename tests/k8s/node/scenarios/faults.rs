@@ -115,6 +115,7 @@ pub fn ublk_missing(s: &Sc) -> Result<()> {
         let event = || s.node_event(NODE, "UblkUnavailable");
         s.wait(120, "a UblkUnavailable Event on the Node", event)?;
         s.node_events(NODE);
+        fleet_names_the_broken_node(s)?;
         let zero = || {
             let c = capacities();
             !c.is_empty() && c.split_whitespace().all(|q| q == "0")
@@ -197,4 +198,55 @@ spec:
     s.kw("delete pod p-stuck --wait=true --timeout=120s")?;
     s.delete("pvc stuck")?;
     s.delete("pv stuck-pv")
+}
+
+/// `kubectl ublkd nodes` and `check`, this node without its ublk driver: it is named failing
+/// (check exits 1); on two nodes both are reported, the other one's checks ok.
+fn fleet_names_the_broken_node(s: &Sc) -> Result<()> {
+    let other = s.second_node();
+    // the CHECKS cell (the sixth) of a node's line: `ok`, or the failing checks
+    let checks = |out: &str, node: &str| -> Option<String> {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(node))?;
+        line.split_whitespace().nth(5).map(str::to_owned)
+    };
+    let failing = || {
+        s.kw("ublkd nodes")
+            .is_ok_and(|o| checks(&o, NODE).is_some_and(|c| c != "ok"))
+    };
+    s.wait(120, "kubectl ublkd nodes shows this node failing", failing)?;
+    let nodes = s.kw("ublkd nodes")?;
+    s.say(&nodes);
+    if let Some(other) = other {
+        ensure!(
+            checks(&nodes, other).as_deref() == Some("ok"),
+            "kubectl ublkd nodes does not show {other} healthy"
+        );
+    }
+    let a = s.node.host.call("kubectl", &["ublkd", "check"], None)?;
+    s.say(format!("{}{}", a.out, a.err));
+    let results = |node: &str| -> Vec<String> {
+        a.out
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                (cells.get(1) == Some(&node)).then(|| cells.get(2).unwrap_or(&"").to_string())
+            })
+            .collect()
+    };
+    let mine = results(NODE);
+    ensure!(
+        a.rc == 1 && mine.iter().any(|r| r == "FAIL"),
+        "kubectl ublkd check (exit {}) does not name {NODE} failing",
+        a.rc
+    );
+    if let Some(other) = other {
+        let theirs = results(other);
+        ensure!(
+            !theirs.is_empty() && theirs.iter().all(|r| r == "ok"),
+            "kubectl ublkd check does not show {other} healthy: {theirs:?}"
+        );
+    }
+    Ok(())
 }

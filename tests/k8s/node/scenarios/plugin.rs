@@ -113,6 +113,14 @@ pub fn plugin(s: &Sc) -> Result<()> {
         line.contains("ublkd-ram="),
         "kubectl ublkd nodes shows no capacity for ublkd-ram"
     );
+    let other = s.second_node();
+    if let Some(other) = other {
+        ensure!(
+            out.lines()
+                .any(|l| l.split_whitespace().next() == Some(other)),
+            "kubectl ublkd nodes has no line for {other}"
+        );
+    }
     let out = oncall("check")?;
     s.say(&out);
     let report: Value = serde_json::from_str(&s.qw(&format!("get ublkdnode {NODE} -o json"))?)?;
@@ -166,8 +174,10 @@ pub fn plugin(s: &Sc) -> Result<()> {
     );
     let out = oncall("dump oncall-dump")?;
     s.say(&out);
+    let other_report = other.map(|o| format!("nodes/{o}.json"));
     for file in [
         "nodes/ublkd-vm.json",
+        other_report.as_deref().unwrap_or("nodes/ublkd-vm.json"),
         "orphans.json",
         "check.json",
         "pvs.json",

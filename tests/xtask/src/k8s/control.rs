@@ -12,7 +12,7 @@
 //! node's kubelet at the node's address (`NODES`), :10250, which the namespace holds on its
 //! loopback and that node's QEMU forwards into its guest.
 use crate::apt;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 /// reaches its kubelet (the namespace holds it on its loopback and that guest's QEMU forwards
 /// it). The first runs the registry, the install and the scenarios; the others join.
 pub const NODES: &[(&str, &str)] = &[("ublkd-vm", "10.10.0.1"), ("ublkd-vm-b", "10.10.0.2")];
+/// In a node's run directory: its guest was powered off by a scenario (`power NODE off`), so
+/// its end is no failure, and its guest waits to be booted again.
+pub const POWERED_OFF: &str = "powered-off";
+/// In a node's run directory: boot the powered-off guest again (`power NODE on`).
+pub const POWER_ON: &str = "power-on";
 const HOST_IP: &str = "10.0.2.2";
 /// The API server's audit: every request of ublkd's namespace's service accounts (the node
 /// plugin, its sidecars, the controllers), one JSON line each, without bodies.
@@ -79,6 +84,7 @@ impl ControlPlane {
             netns: netns.clone(),
             pki: pki.clone(),
             logs,
+            nodes: nodes.to_vec(),
             tools: t,
             children: Mutex::default(),
             stop: AtomicBool::default(),
@@ -130,6 +136,8 @@ struct Components {
     netns: String,
     pki: PathBuf,
     logs: PathBuf,
+    /// Each node's run directory, in the order of `NODES`.
+    nodes: Vec<PathBuf>,
     tools: Tools,
     children: Mutex<Vec<Child>>,
     stop: AtomicBool,
@@ -323,6 +331,48 @@ impl Components {
         }
     }
 
+    /// `power NODE off|on`: kills the QEMU of NODE's guest, or asks its thread to boot it again.
+    fn power(&self, args: &[String]) -> Result<String> {
+        let [node, what] = args else {
+            bail!("usage: power NODE off|on");
+        };
+        let i = NODES
+            .iter()
+            .position(|(n, _)| n == node)
+            .with_context(|| format!("no node {node}"))?;
+        let dir = self
+            .nodes
+            .get(i)
+            .with_context(|| format!("node {node} is not booted"))?;
+        match what.as_str() {
+            "off" => {
+                // QEMU's own argument names its node's run directory (its 9p share).
+                let share = format!("local,path={},mount_tag=xfer,", dir.display());
+                let qemu = fs::read_dir("/proc")?.flatten().find_map(|e| {
+                    let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let cmdline = fs::read(e.path().join("cmdline")).ok()?;
+                    let mut args = cmdline.split(|&b| b == 0);
+                    let is_qemu = args.next()?.ends_with(b"qemu-system-x86_64");
+                    let ours = args.any(|a| a.starts_with(share.as_bytes()));
+                    (is_qemu && ours).then_some(pid)
+                });
+                let pid = qemu.with_context(|| format!("no QEMU runs node {node}"))?;
+                fs::write(dir.join(POWERED_OFF), "powered off by a scenario\n")?;
+                apt::run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
+                Ok(format!("node {node} powered off (QEMU {pid} killed)"))
+            }
+            "on" => {
+                ensure!(
+                    dir.join(POWERED_OFF).exists(),
+                    "node {node} was not powered off"
+                );
+                fs::write(dir.join(POWER_ON), "boot it again\n")?;
+                Ok(format!("node {node} powering on"))
+            }
+            _ => bail!("power {node} {what}: off or on"),
+        }
+    }
+
     fn tool(&self, words: &[String], stdin: &Path, out: &Path, err: &Path) -> Result<i32> {
         let (tool, args) = words.split_first().context("an empty request")?;
         let admin = self.pki.join("admin-host.conf");
@@ -342,6 +392,13 @@ impl Components {
                 c
             }
             "helm" => self.command(&self.tools.helm, &[&kubeconfig]),
+            // a node's guest powered off at once (its QEMU killed: no shutdown, its disks as
+            // they were), or booted again (the node-death scenario)
+            "power" => {
+                let said = self.power(args)?;
+                fs::write(out, format!("{said}\n"))?;
+                return Ok(0);
+            }
             // the API server's audit log so far (the api-load scenario counts its lines)
             "audit" => {
                 let mut c = Command::new("cat");
