@@ -305,6 +305,78 @@ pub enum Mode {
     Block,
 }
 
+/// The test pods' one container, as one line at any indentation of a pod spec: busybox
+/// sleeping until TERM, with `mount` (its `volumeMounts: [...]` or `volumeDevices: [...]`).
+pub fn sleeper(mount: &str) -> String {
+    format!(
+        r#"containers: [{{name: app, image: ublkd.test/busybox:test, command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"], {mount}}}]"#
+    )
+}
+
+/// A claim's mount in `sleeper`, volume `volume`: at /data, or as /dev/xvda.
+fn mount(mode: Mode, volume: &str) -> String {
+    match mode {
+        Mode::Filesystem => format!("volumeMounts: [{{name: {volume}, mountPath: /data}}]"),
+        Mode::Block => format!("volumeDevices: [{{name: {volume}, devicePath: /dev/xvda}}]"),
+    }
+}
+
+/// `Sc::start_pod_with`'s pod.
+fn pod_yaml(name: &str, claim: &str, mode: Mode, line: &str) -> String {
+    fill(
+        "apiVersion: v1
+kind: Pod
+metadata: {name: @NAME@}
+spec:
+  terminationGracePeriodSeconds: 1
+  @LINE@
+  @SLEEPER@
+  volumes: [{name: v, persistentVolumeClaim: {claimName: @CLAIM@}}]
+",
+        &[
+            ("NAME", name),
+            ("LINE", line),
+            ("SLEEPER", &sleeper(&mount(mode, "v"))),
+            ("CLAIM", claim),
+        ],
+    )
+}
+
+/// `Sc::statefulset`'s StatefulSet.
+fn statefulset_yaml(name: &str, replicas: u32, class: &str, spec: &str, pod: &str) -> String {
+    fill(
+        "apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: @NAME@}
+spec:
+  serviceName: @NAME@
+  replicas: @REPLICAS@
+  @SPEC@
+  selector: {matchLabels: {app: @NAME@}}
+  template:
+    metadata: {labels: {app: @NAME@}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      @SLEEPER@
+@POD@
+  volumeClaimTemplates:
+    - metadata: {name: data}
+      spec:
+        accessModes: [ReadWriteOnce]
+        storageClassName: @CLASS@
+        resources: {requests: {storage: 64Mi}}
+",
+        &[
+            ("NAME", name),
+            ("REPLICAS", &replicas.to_string()),
+            ("SPEC", spec),
+            ("SLEEPER", &sleeper(&mount(Mode::Filesystem, "data"))),
+            ("POD", pod),
+            ("CLASS", class),
+        ],
+    )
+}
+
 /// One scenario's view of the cluster: every call it makes, and what it says, go to its log.
 pub struct Sc<'a> {
     pub node: &'a Node,
@@ -568,25 +640,26 @@ spec:
 
     /// A pod that keeps the claim mounted at /data (or as /dev/xvda), not waited for.
     pub fn start_pod(&self, name: &str, claim: &str, mode: Mode) -> Result<()> {
-        let mount = match mode {
-            Mode::Filesystem => "volumeMounts: [{name: v, mountPath: /data}]",
-            Mode::Block => "volumeDevices: [{name: v, devicePath: /dev/xvda}]",
-        };
-        self.apply(&fill(
-            r#"apiVersion: v1
-kind: Pod
-metadata: {name: @NAME@}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: ublkd.test/busybox:test
-      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
-      @MOUNT@
-  volumes: [{name: v, persistentVolumeClaim: {claimName: @CLAIM@}}]
-"#,
-            &[("NAME", name), ("MOUNT", mount), ("CLAIM", claim)],
-        ))
+        self.start_pod_with(name, claim, mode, "")
+    }
+
+    /// `start_pod` with one more line of the pod's spec (`tolerations: ...`).
+    pub fn start_pod_with(&self, name: &str, claim: &str, mode: Mode, line: &str) -> Result<()> {
+        self.apply(&pod_yaml(name, claim, mode, line))
+    }
+
+    /// A StatefulSet of `replicas` sleeping pods, each with its claim `data` (64 MiB of
+    /// `class` at /data): `spec` one more line of its spec (or none), `pod` its pod spec's
+    /// lines on where to run (tolerations, affinity), each indented six spaces.
+    pub fn statefulset(
+        &self,
+        name: &str,
+        replicas: u32,
+        class: &str,
+        spec: &str,
+        pod: &str,
+    ) -> Result<()> {
+        self.apply(&statefulset_yaml(name, replicas, class, spec, pod))
     }
 
     /// start_pod, waited for until Ready.

@@ -2,7 +2,7 @@
 //! data stays.
 
 use super::placement::TOLERATE_JOINED;
-use crate::kube::{field, fill, Mode, Sc, NODE, UBLKD_PODS};
+use crate::kube::{field, fill, sleeper, Mode, Sc, NODE, UBLKD_PODS};
 use anyhow::{ensure, Result};
 
 /// Node maintenance as docs/kubernetes.md ("Drain a node for maintenance") says: cordon and
@@ -32,14 +32,16 @@ spec:
     spec:
       terminationGracePeriodSeconds: 1
       @TOLERATE@
-      containers:
-        - name: app
-          image: ublkd.test/busybox:test
-          command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
-          volumeMounts: [{name: v, mountPath: /data}]
+      @SLEEPER@
       volumes: [{name: v, persistentVolumeClaim: {claimName: r-data}}]
 "#,
-        &[("TOLERATE", TOLERATE_JOINED)],
+        &[
+            ("TOLERATE", TOLERATE_JOINED),
+            (
+                "SLEEPER",
+                &sleeper("volumeMounts: [{name: v, mountPath: /data}]"),
+            ),
+        ],
     ))?;
     let pod = || s.jp(&["pod", "-l", "app=drained"], "{.items[0].metadata.name}");
     let on = |node: &str| {

@@ -9,6 +9,21 @@ use std::time::Duration;
 /// The other node of node-loss: a Node object without a kubelet.
 const LOST: &str = "ublkd-vm-lost";
 
+/// Where the node-loss StatefulSet's pod may run (`Sc::statefulset`'s pod lines).
+fn lost_placement() -> String {
+    fill(
+        "      # node B has no kubelet: the node lifecycle controller taints it unreachable
+      tolerations: [{operator: Exists}]
+      # B, then this node: not another node of the cluster, which the toleration admits too
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@LOST@, @NODE@]}]",
+        &[("LOST", LOST), ("NODE", NODE)],
+    )
+}
+
 /// kubectl's arguments for the node-loss controller's log.
 const CONTROLLER_LOGS: &str = "-n ublkd-system logs deploy/ublkd-csi-controller";
 
@@ -71,40 +86,7 @@ spec:
 ",
         &[("LOST", LOST)],
     ))?;
-    s.apply(&fill(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: lost}
-spec:
-  serviceName: lost
-  replicas: 1
-  selector: {matchLabels: {app: lost}}
-  template:
-    metadata: {labels: {app: lost}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      # node B has no kubelet: the node lifecycle controller taints it unreachable
-      tolerations: [{operator: Exists}]
-      # B, then this node: not another node of the cluster, which the toleration admits too
-      affinity:
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-              - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@LOST@, @NODE@]}]
-      containers:
-        - name: app
-          image: ublkd.test/busybox:test
-          command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
-          volumeMounts: [{name: data, mountPath: /data}]
-  volumeClaimTemplates:
-    - metadata: {name: data}
-      spec:
-        accessModes: [ReadWriteOnce]
-        storageClassName: ublkd-ram
-        resources: {requests: {storage: 64Mi}}
-"#,
-        &[("LOST", LOST), ("NODE", NODE)],
-    ))?;
+    s.statefulset("lost", 1, "ublkd-ram", "", &lost_placement())?;
     let on_node = |n: &str| s.jp_is(&["pod", "lost-0"], "{.spec.nodeName}", n);
     s.wait(300, "lost-0 scheduled to the lost node", || on_node(LOST))
         .inspect_err(|_| s.tail(20, "describe pod lost-0"))?;

@@ -2,7 +2,7 @@
 //! its CSIStorageCapacity, and the node a volume lives on.
 
 use super::unschedulable;
-use crate::kube::{bytes, fill, local, localw, Sc, NODE};
+use crate::kube::{bytes, local, localw, Mode, Sc, NODE};
 use anyhow::{ensure, Context, Result};
 
 /// The file class's root on the first node (tests/k8s/values.yaml).
@@ -13,30 +13,6 @@ const CLAIM: &str = "256Mi";
 /// A pod's toleration of the second node's taint (the tier keeps other scenarios' pods off it).
 pub const TOLERATE_JOINED: &str =
     "tolerations: [{key: ublkd.test/joined, operator: Exists, effect: NoSchedule}]";
-
-/// A pod of `claim` that may run on either node, not waited for.
-fn anywhere(s: &Sc, name: &str, claim: &str) -> Result<()> {
-    s.apply(&fill(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {name: @NAME@}
-spec:
-  terminationGracePeriodSeconds: 1
-  @TOLERATE@
-  containers:
-    - name: app
-      image: ublkd.test/busybox:test
-      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
-      volumeMounts: [{name: v, mountPath: /data}]
-  volumes: [{name: v, persistentVolumeClaim: {claimName: @CLAIM@}}]
-"#,
-        &[
-            ("NAME", name),
-            ("CLAIM", claim),
-            ("TOLERATE", TOLERATE_JOINED),
-        ],
-    ))
-}
 
 /// The node in a PV's node affinity (the provisioner writes the volume's node there).
 fn pv_node(s: &Sc, claim: &str) -> Result<String> {
@@ -85,7 +61,7 @@ pub fn placement(s: &Sc) -> Result<()> {
             s.capacities_on(other)?
         ));
         s.claim("place-b", "ublkd-file", CLAIM, "volumeMode: Filesystem")?;
-        anywhere(s, "p-place", "place-b")?;
+        s.start_pod_with("p-place", "place-b", Mode::Filesystem, TOLERATE_JOINED)?;
         s.ready("p-place", "place-b")?;
         let ran = s.jp(&["pod", "p-place"], "{.spec.nodeName}")?;
         let lives = pv_node(s, "place-b")?;
@@ -102,7 +78,12 @@ pub fn placement(s: &Sc) -> Result<()> {
             "100Gi",
             "volumeMode: Filesystem",
         )?;
-        anywhere(s, "p-place-huge", "place-huge")?;
+        s.start_pod_with(
+            "p-place-huge",
+            "place-huge",
+            Mode::Filesystem,
+            TOLERATE_JOINED,
+        )?;
         unschedulable(s, "p-place-huge", "place-huge", "storage")
     })();
     let removed = local("rm", &["-f", &filler]);
@@ -113,41 +94,23 @@ pub fn placement(s: &Sc) -> Result<()> {
     spread(s, other)
 }
 
-/// A StatefulSet of two whose pods may not share a node: each gets its volume on its own node.
-fn spread(s: &Sc, other: &str) -> Result<()> {
-    s.apply(&fill(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: spread}
-spec:
-  serviceName: spread
-  replicas: 2
-  podManagementPolicy: Parallel
-  selector: {matchLabels: {app: spread}}
-  template:
-    metadata: {labels: {app: spread}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      @TOLERATE@
-      affinity:
+/// `spread`'s pods may not share a node (`Sc::statefulset`'s pod lines).
+const APART: &str = "      affinity:
         podAntiAffinity:
           requiredDuringSchedulingIgnoredDuringExecution:
             - labelSelector: {matchLabels: {app: spread}}
-              topologyKey: kubernetes.io/hostname
-      containers:
-        - name: app
-          image: ublkd.test/busybox:test
-          command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
-          volumeMounts: [{name: data, mountPath: /data}]
-  volumeClaimTemplates:
-    - metadata: {name: data}
-      spec:
-        accessModes: [ReadWriteOnce]
-        storageClassName: ublkd-ram
-        resources: {requests: {storage: 64Mi}}
-"#,
-        &[("TOLERATE", TOLERATE_JOINED)],
-    ))?;
+              topologyKey: kubernetes.io/hostname";
+
+/// A StatefulSet of two whose pods may not share a node: each gets its volume on its own node.
+fn spread(s: &Sc, other: &str) -> Result<()> {
+    let placement = format!("      {TOLERATE_JOINED}\n{APART}");
+    s.statefulset(
+        "spread",
+        2,
+        "ublkd-ram",
+        "podManagementPolicy: Parallel",
+        &placement,
+    )?;
     let mut placed = Vec::new();
     for i in 0..2 {
         let (pod, claim) = (format!("spread-{i}"), format!("data-spread-{i}"));

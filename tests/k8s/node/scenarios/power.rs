@@ -54,6 +54,23 @@ spec:
     .map(drop)
 }
 
+/// A pod's lines that prefer `node`, and allow the first node too (`Sc::statefulset`'s).
+fn prefer(node: &str) -> String {
+    fill(
+        "      @TOLERATE@
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@NODE@, @FIRST@]}]
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - weight: 100
+              preference:
+                matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@NODE@]}]",
+        &[("NODE", node), ("FIRST", NODE), ("TOLERATE", TOLERATE_JOINED)],
+    )
+}
+
 /// A claim of the file class on `node` (its state disk, kept through a power-off), used by the
 /// StatefulSet `name`'s one pod, which prefers `node` and may run on this node too.
 fn statefulset_on(s: &Sc, name: &str, node: &str) -> Result<()> {
@@ -69,47 +86,7 @@ fn statefulset_on(s: &Sc, name: &str, node: &str) -> Result<()> {
         &format!("{node}'s ublkd-file capacity published"),
         published,
     )?;
-    s.apply(&fill(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: @NAME@}
-spec:
-  serviceName: @NAME@
-  replicas: 1
-  selector: {matchLabels: {app: @NAME@}}
-  template:
-    metadata: {labels: {app: @NAME@}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      @TOLERATE@
-      affinity:
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-              - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@NODE@, @FIRST@]}]
-          preferredDuringSchedulingIgnoredDuringExecution:
-            - weight: 100
-              preference:
-                matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [@NODE@]}]
-      containers:
-        - name: app
-          image: ublkd.test/busybox:test
-          command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
-          volumeMounts: [{name: data, mountPath: /data}]
-  volumeClaimTemplates:
-    - metadata: {name: data}
-      spec:
-        accessModes: [ReadWriteOnce]
-        storageClassName: ublkd-file
-        resources: {requests: {storage: 64Mi}}
-"#,
-        &[
-            ("NAME", name),
-            ("NODE", node),
-            ("FIRST", NODE),
-            ("TOLERATE", TOLERATE_JOINED),
-        ],
-    ))?;
+    s.statefulset(name, 1, "ublkd-file", "", &prefer(node))?;
     let pod = format!("{name}-0");
     let on = || {
         s.jp(
