@@ -583,6 +583,13 @@ impl<'a> Sc<'a> {
         self.capacities_on(NODE)
     }
 
+    /// The CSIStorageCapacity `node`'s provisioner keeps for `class`, in bytes.
+    pub fn published(&self, node: &str, class: &str) -> Option<u64> {
+        let on_node = self.capacities_on(node).ok()?;
+        let (_, capacity) = on_node.iter().find(|(c, _)| c == class)?;
+        bytes(capacity).ok()
+    }
+
     /// `node`'s CSIStorageCapacity objects: class and capacity.
     pub fn capacities_on(&self, node: &str) -> Result<Vec<(String, String)>> {
         let all: serde_json::Value =

@@ -4,7 +4,7 @@
 //! ExpandRefused Event on the claim.
 
 use super::unschedulable;
-use crate::kube::{bytes, local, Mode, Sc, NODE};
+use crate::kube::{local, Mode, Sc, NODE};
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
@@ -22,13 +22,6 @@ fn ram_capacity(s: &Sc) -> Result<(u64, u64)> {
     let v: Value = serde_json::from_str(&out).with_context(|| format!("capacity: {out}"))?;
     let n = |k: &str| v[k].as_u64().with_context(|| format!("no {k} in {out}"));
     Ok((n("available_bytes")?, n("volumes_left")?))
-}
-
-/// The CSIStorageCapacity the provisioner keeps for `class` on this node, in bytes.
-fn published(s: &Sc, class: &str) -> Option<u64> {
-    let on_node = s.capacities_on_node().ok()?;
-    let (_, capacity) = on_node.iter().find(|(c, _)| c == class)?;
-    bytes(capacity).ok()
 }
 
 /// The node's volume limit as the kubelet registered it (CSINode allocatable count).
@@ -89,7 +82,7 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
     s.wait(
         120,
         "the RAM class's published capacity holds the fill",
-        || published(s, "ublkd-ram").is_some_and(|c| c >= size),
+        || s.published(NODE, "ublkd-ram").is_some_and(|c| c >= size),
     )?;
     s.pvc(
         "b-fill",
@@ -102,7 +95,7 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
         ram_capacity(s).is_ok_and(|(_, n)| n == 0)
     })?;
     s.wait(120, "the file class's published capacity reads 0", || {
-        published(s, "ublkd-file") == Some(0)
+        s.published(NODE, "ublkd-file") == Some(0)
     })?;
     // A small claim of another class: the scheduler sends it nowhere.
     s.pvc("b-next", "ublkd-file", "16Mi", Mode::Filesystem)?;
@@ -130,6 +123,6 @@ fn filled(s: &Sc, limit: u64) -> Result<()> {
     })?;
     // The scenarios after this one schedule claims on the published capacity.
     s.wait(120, "the file class's published capacity is back", || {
-        published(s, "ublkd-file").is_some_and(|c| c > 0)
+        s.published(NODE, "ublkd-file").is_some_and(|c| c > 0)
     })
 }

@@ -44,11 +44,7 @@ pub fn placement(s: &Sc) -> Result<()> {
     ));
     let run = (|| -> Result<()> {
         let claim = bytes(CLAIM)?;
-        let below = || {
-            let on_node = s.capacities_on_node().unwrap_or_default();
-            let file = on_node.iter().find(|(c, _)| c == "ublkd-file");
-            file.is_some_and(|(_, q)| bytes(q).is_ok_and(|b| b < claim))
-        };
+        let below = || s.published(NODE, "ublkd-file").is_some_and(|b| b < claim);
         s.wait(
             120,
             &format!("{NODE}'s ublkd-file capacity below {CLAIM}"),

@@ -2,7 +2,7 @@
 //! what it releases when the machine is real (its own guest, its own kubelet and ublkd).
 
 use super::placement::TOLERATE_JOINED;
-use crate::kube::{bytes, fill, has_line, Sc, NODE};
+use crate::kube::{fill, has_line, Sc, NODE};
 use anyhow::{ensure, Result};
 use serde_json::json;
 
@@ -76,11 +76,7 @@ fn prefer(node: &str) -> String {
 fn statefulset_on(s: &Sc, name: &str, node: &str) -> Result<()> {
     // The scheduler places a claim only where the class's capacity is published: on a node
     // that joined a moment ago, not yet (the preference for it would lose to this node).
-    let published = || {
-        let on_node = s.capacities_on(node).unwrap_or_default();
-        let file = on_node.iter().find(|(c, _)| c == "ublkd-file");
-        file.is_some_and(|(_, q)| bytes(q).is_ok_and(|b| b > 0))
-    };
+    let published = || s.published(node, "ublkd-file").is_some_and(|b| b > 0);
     s.wait(
         300,
         &format!("{node}'s ublkd-file capacity published"),
