@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// Size of the emulated NVMe namespace (sparse on the host).
 const NVME_BYTES: u64 = 1 << 30;
 /// The size of `Vm::state_disk`'s file (sparse).
-const STATE_DISK_BYTES: u64 = 2 << 30;
+const STATE_DISK_BYTES: u64 = 4 << 30;
 /// Each namespace of the multipath subsystem (`Vm::multipath`).
 const MPATH_NS_BYTES: u64 = 256 << 20;
 /// Each of the multipath boot's two plain controllers whose names a test swaps (`Vm::multipath`).
