@@ -93,6 +93,11 @@ impl ControlPlane {
             let (serve, requests) = (up.clone(), node.join("kubectl"));
             std::thread::spawn(move || serve.serve_requests(&requests));
         }
+        if let Err(e) = up.network() {
+            // best effort: the error returned says what failed; a namespace left is removed by hand
+            let _ = apt::run_ok(Command::new("ip").args(["netns", "del", &netns]));
+            return Err(e.context("the nodes' addresses in the control plane's namespace"));
+        }
         let run = up.clone();
         std::thread::spawn(move || {
             if let Err(e) = run.run() {
@@ -168,7 +173,9 @@ impl Components {
         Ok(())
     }
 
-    fn run(&self) -> Result<()> {
+    /// The namespace's loopback with every node's address, before any node's QEMU starts: a
+    /// QEMU started first could not bind its forward and the guest was booted again.
+    fn network(&self) -> Result<()> {
         // `ip ARGS` in the namespace (no argument here has a space).
         let ip = |args: &str| apt::run_ok(self.command(Path::new("ip"), &[]).args(args.split(' ')));
         ip("link set lo up")?;
@@ -182,6 +189,10 @@ impl Components {
                 "route replace local {node_ip} dev lo proto kernel scope host src 127.0.0.1 table local"
             ))?;
         }
+        Ok(())
+    }
+
+    fn run(&self) -> Result<()> {
         let (b, p) = (&self.tools.bin, self.pki.display());
         let etcd_dir = self.pki.with_file_name("etcd");
         self.spawn(
