@@ -60,39 +60,6 @@ pub fn plugin(s: &Sc) -> Result<()> {
         "the viewer may not list UblkdNodes"
     );
     let oncall = |line: &str| s.kw(&format!("ublkd {conf} --context=oncall {line}"));
-    // the node plugin's report after the writes: counters alone are written within a minute
-    // (nodestatus::REFRESH), not at every look
-    let mut out = String::new();
-    let shown = s.wait(120, "kubectl ublkd pvc shows the writes", || {
-        out = oncall("pvc x-data").unwrap_or_else(|e| format!("{e:#}"));
-        // the write line: requests, then bytes (the file's 1 MiB, merged into few requests)
-        let written = out.lines().find_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w.first() == Some(&"write")).then(|| w.get(2)?.parse::<u64>().ok())?
-        });
-        written.unwrap_or(0) >= 1 << 20
-    });
-    if let Err(e) = shown {
-        s.say(&out);
-        s.show("get ublkdnodes -o yaml");
-        s.show(&s.csi_node_logs());
-        return Err(e);
-    }
-    s.say(&out);
-    for (key, want) in [("node", NODE), ("volume", vol.as_str()), ("state", "ready")] {
-        ensure!(
-            field(&out, key) == Some(want),
-            "kubectl ublkd pvc: {key} is not {want}"
-        );
-    }
-    ensure!(
-        field(&out, "device").is_some_and(|d| d.starts_with("/dev/ublkb")),
-        "kubectl ublkd pvc does not show the device"
-    );
-    ensure!(
-        field(&out, "qos") == Some("unlimited"),
-        "kubectl ublkd pvc does not show the limits"
-    );
     let out = oncall("nodes")?;
     s.say(&out);
     let line = out
@@ -197,6 +164,40 @@ pub fn plugin(s: &Sc) -> Result<()> {
         "kubectl ublkd dump could not read a part"
     );
     plugin_writes_only_its_own_report(s, conf)?;
+    // the node plugin's report after the writes, looked at last: counters alone are written
+    // within a minute (nodestatus::REFRESH), not at every look, and that minute passes in the
+    // checks above (52 s of waiting when this came first, 2026-12-07)
+    let mut out = String::new();
+    let shown = s.wait(120, "kubectl ublkd pvc shows the writes", || {
+        out = oncall("pvc x-data").unwrap_or_else(|e| format!("{e:#}"));
+        // the write line: requests, then bytes (the file's 1 MiB, merged into few requests)
+        let written = out.lines().find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"write")).then(|| w.get(2)?.parse::<u64>().ok())?
+        });
+        written.unwrap_or(0) >= 1 << 20
+    });
+    if let Err(e) = shown {
+        s.say(&out);
+        s.show("get ublkdnodes -o yaml");
+        s.show(&s.csi_node_logs());
+        return Err(e);
+    }
+    s.say(&out);
+    for (key, want) in [("node", NODE), ("volume", vol.as_str()), ("state", "ready")] {
+        ensure!(
+            field(&out, key) == Some(want),
+            "kubectl ublkd pvc: {key} is not {want}"
+        );
+    }
+    ensure!(
+        field(&out, "device").is_some_and(|d| d.starts_with("/dev/ublkb")),
+        "kubectl ublkd pvc does not show the device"
+    );
+    ensure!(
+        field(&out, "qos") == Some("unlimited"),
+        "kubectl ublkd pvc does not show the limits"
+    );
     s.delete("clusterrolebinding oncall-ublkd")?;
     s.delete("rolebinding oncall-ublkd-logs -n ublkd-system")?;
     s.delete("serviceaccount oncall -n default")?;
