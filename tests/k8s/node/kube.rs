@@ -735,6 +735,22 @@ spec:
         events.is_ok_and(|m| !m.trim().is_empty())
     }
 
+    /// How many times the Events of `reason` on `node` were posted: one per Event, or its
+    /// series' count (events.k8s.io's, which the controller posts: no `count`).
+    pub fn event_count(&self, node: &str, reason: &str) -> Result<u64> {
+        let sel = format!("involvedObject.kind=Node,involvedObject.name={node},reason={reason}");
+        // one line per Event, "x" then the series' count if it has one
+        let lines = self.jp(
+            &["events", "-A", "--field-selector", &sel],
+            r"{range .items[*]}x{.series.count}{'\n'}{end}",
+        )?;
+        Ok(lines
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix('x'))
+            .map(|n| n.parse::<u64>().unwrap_or(1).max(1))
+            .sum())
+    }
+
     /// The controller's Events on `node`, into the log.
     pub fn node_events(&self, node: &str) {
         let sel = format!("involvedObject.kind=Node,involvedObject.name={node}");

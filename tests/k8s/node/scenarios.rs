@@ -56,18 +56,19 @@ pub const PLAN: &[&[Scenario]] = &[
     ],
     &[("snapshots", snapshots::snapshots)],
     &[("warnings", warnings::warnings)],
-    // After warnings: a wrong key is a Warning on purpose. modify's claim, class and fio are
-    // its own.
+    // After warnings: a wrong key (encrypted) and a node NotReady (node-paused) make Warnings
+    // on purpose. modify's claim, class and fio are its own; node-paused's are the second
+    // node's (its Node deleted, its kubelet stopped), and it waits most of its time: here,
+    // beside two of the first node's busiest.
     &[
         ("modify", modify::modify),
         ("encrypted", encrypted::encrypted),
+        ("node-paused", power::node_paused),
     ],
     // After warnings: a claim no node can hold is a FailedScheduling Warning on purpose. Alone:
     // it fills the first node's file pool.
     &[("placement", placement::placement)],
-    // The second node's: its kubelet stopped, then its guest powered off and on (its Node
-    // deleted each time); the first node's claims are none of their business.
-    &[("node-paused", power::node_paused)],
+    // The second node's guest powered off and on (its Node deleted).
     &[("node-dies", power::node_dies)],
     &[("ublkd-restart", restarts::ublkd_restart)],
     &[("kubelet-restart", restarts::kubelet_restart)],
@@ -81,14 +82,12 @@ pub const PLAN: &[&[Scenario]] = &[
     &[("volume-fault", faults::volume_fault)],
     &[("ublk-missing", faults::ublk_missing)],
     &[("node-loss", node_loss::node_loss)],
-    // deletes and re-registers this node: after every scenario that needs it untouched
-    &[("node-alive", node_loss::node_alive)],
     &[("uninstall", uninstall::uninstall)],
 ];
 
-/// The scenarios that need a second node: on one (`UBLKD_K8S_NODES=1`, the default of
-/// `cargo xtask test` while two do not fit CI's time), each is reported `SCENARIO NAME
-/// two-nodes`, run neither passed nor failed, and the host's summary names them.
+/// The scenarios that need a second node: on one (`UBLKD_K8S_NODES=1`, for quicker work on
+/// the others), each is reported `SCENARIO NAME two-nodes`, run neither passed nor failed, and
+/// the host's summary names them.
 pub const TWO_NODES: &[&str] = &["placement", "node-paused", "node-dies"];
 
 /// Every scenario's name, in order.

@@ -43,11 +43,11 @@ fn forwards(first: bool, ip: &str) -> Vec<String> {
     f
 }
 
-/// How many of `control::NODES` the cluster has: `UBLKD_K8S_NODES`, 1 unless set (the second
-/// node boots, joins and runs every scenario, but is not yet the default: tests/README.md).
+/// How many of `control::NODES` the cluster has: `UBLKD_K8S_NODES`, 2 unless set (1 is quicker
+/// for work on one scenario, and skips those that need a second node: tests/README.md).
 fn node_count() -> usize {
     let asked = std::env::var("UBLKD_K8S_NODES").ok();
-    let n = asked.and_then(|v| v.parse().ok()).unwrap_or(1);
+    let n = asked.and_then(|v| v.parse().ok()).unwrap_or(2);
     n.clamp(1, control::NODES.len())
 }
 
