@@ -35,7 +35,7 @@ environment:
   UBLKD_VM_ACCEL     kvm or tcg (default: kvm when a probe boot works, else tcg)
   UBLKD_VM_CPU       QEMU's -cpu model under TCG (default: max)
   UBLKD_VM_VERBOSE=1 echo the guest console while it runs
-  UBLKD_K8S_NODES    the Kubernetes tier's nodes, each its own VM: 2 (default) or 1";
+  UBLKD_K8S_NODES    the Kubernetes tier's nodes, each its own VM: 1 (default) or 2";
 
 /// ublkd's task runner: the VM harness, the test suites, the demo, the bench, packaging.
 #[derive(Debug, Parser)]
@@ -66,8 +66,9 @@ enum Task {
     },
     /// Boot the VM, run CMD inside (host root read-only, chroot), return its exit code.
     VmRun(VmRunArgs),
-    /// A Kubernetes 1.35 cluster (built from its Go modules) of two nodes, each its own VM, the
-    /// chart installed with helm as a user would, then the scenarios (all by default).
+    /// A Kubernetes 1.35 cluster (built from its Go modules), each node its own VM (one, or two
+    /// with UBLKD_K8S_NODES=2), the chart installed with helm as a user would, then the
+    /// scenarios (all by default).
     K8sTest {
         /// Scenarios to run, by name.
         scenarios: Vec<String>,

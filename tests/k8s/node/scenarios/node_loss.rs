@@ -1,9 +1,10 @@
-//! Node loss: what the node-loss controller releases once an operator says a node is gone, and
-//! what it keeps before.
+//! Node loss and a node still alive: what the node-loss controller releases, and what it keeps.
 
-use crate::kube::{field, fill, has_line, localw, words, Sc, NODE, UBLKD_PODS};
-use anyhow::{ensure, Result};
+use super::restarts::restart_kubelet;
+use crate::kube::{field, fill, has_line, localw, words, Mode, Sc, NODE, UBLKD_PODS};
+use anyhow::{bail, ensure, Result};
 use serde_json::json;
+use std::time::Duration;
 
 /// The other node of node-loss: a Node object without a kubelet.
 const LOST: &str = "ublkd-vm-lost";
@@ -194,4 +195,125 @@ spec:
     s.delete("statefulset lost")?;
     s.delete("pvc data-lost-0")?;
     s.ublkctl("delete-volume lost-vol").map(drop)
+}
+
+/// A deleted Node is not a lost one (docs/kubernetes.md, "Retire a node"): the Node object of
+/// this, the running node, deleted with one claim in use by a pod and one bound but unused. The
+/// controller's finalizer holds the Node (Terminating) and its kubelet keeps renewing its
+/// Lease, so nothing may be released: after looks enough for a provisioner to have deleted a
+/// released volume, both claims (the same uids), both PVs (still Delete) and both ublkd
+/// volumes are there, the pod still reads its data, and an Event on the Node says why. Then
+/// the Node is given back as the document says (the finalizer off, the kubelet restarted,
+/// which registers it again) and, a minute after, nothing is released either.
+pub fn node_alive(s: &Sc) -> Result<()> {
+    // Two looks of the controller and a margin (`nodeLoss.recheck`, tests/k8s/values.yaml).
+    const LOOKS: Duration = Duration::from_secs(6);
+    // file volumes: should the pod garbage collector restart ublkd while the Node is away, they
+    // are its registry's, taken back at start
+    s.pvc("a-used", "ublkd-file", "64Mi", Mode::Filesystem)?;
+    s.pvc("a-idle", "ublkd-file", "64Mi", Mode::Filesystem)?;
+    s.start_pod("p-alive", "a-used", Mode::Filesystem)?;
+    // bound by a pod of its own (WaitForFirstConsumer), then unused
+    s.pod("p-alive-idle", "a-idle", Mode::Filesystem)?;
+    s.ready("p-alive", "a-used")?;
+    s.in_pod("p-alive", "echo alive >/data/f && sync")?;
+    s.delete("pod p-alive-idle")?;
+    let mut claims = Vec::new();
+    for c in ["a-used", "a-idle"] {
+        let uid = s.jp(&["pvc", c], "{.metadata.uid}")?;
+        let pv = s.jp(&["pvc", c], "{.spec.volumeName}")?;
+        let vol = s.volume_of(c)?;
+        s.say(format!("{c}: {uid} {pv} {vol}"));
+        ensure!(!vol.is_empty(), "{c} bound to a volume");
+        claims.push((c, uid, pv, vol));
+    }
+    ensure!(
+        s.finalized(NODE),
+        "no finalizer ublkd.io/node on the node before its deletion"
+    );
+    let node_uid = s.jp(&["node", NODE], "{.metadata.uid}")?;
+    // nothing released: the claims, their PVs as the provisioner made them, the volumes
+    let intact = || -> Result<()> {
+        let vols = s.ublkctl("list-volumes")?;
+        for (c, uid, pv, vol) in &claims {
+            let now = s.jp(&["pvc", c], "{.metadata.uid} {.status.phase}")?;
+            ensure!(
+                now == format!("{uid} Bound"),
+                "{c} was deleted or unbound ({now})"
+            );
+            let got = s.jp(
+                &["pv", pv],
+                "{.spec.persistentVolumeReclaimPolicy} {.metadata.deletionTimestamp}",
+            )?;
+            ensure!(
+                got.trim_end() == "Delete",
+                "{pv} was deleted or changed ('{got}')"
+            );
+            ensure!(
+                vols.contains(vol.as_str()),
+                "ublkd's volume {vol} disappeared:\n{vols}"
+            );
+        }
+        if s.node_event(NODE, "NodeReleased") {
+            s.node_events(NODE);
+            bail!("the controller released the running node");
+        }
+        Ok(())
+    };
+    s.kw(&format!("delete node {NODE} --wait=false"))?;
+    let deleting = s.jp(&["node", NODE], "{.metadata.deletionTimestamp}")?;
+    ensure!(
+        !deleting.is_empty(),
+        "the node went at once: its finalizer did not hold it"
+    );
+    s.wait(120, "a NodeLeaseRenewed Event", || {
+        s.node_event(NODE, "NodeLeaseRenewed")
+    })
+    .inspect_err(|_| controller_said(s, NODE))?;
+    s.node_events(NODE);
+    // The controller looks every 2 s here (tests/k8s/values.yaml): two more looks. In issue 38
+    // the node's provisioner deleted the volumes of the released PVs within seconds.
+    std::thread::sleep(LOOKS);
+    intact()?;
+    let got = s.in_pod("p-alive", "cat /data/f")?;
+    ensure!(
+        got == "alive",
+        "p-alive lost its data while its Node was Terminating ({got})"
+    );
+    let n = s.event_count(NODE, "NodeLeaseRenewed")?;
+    s.say(format!(
+        "NodeLeaseRenewed posted {n} time(s) over {} s of looks",
+        LOOKS.as_secs()
+    ));
+    ensure!(n == 1, "the same decision was posted {n} times, not once");
+    s.say("nothing released while the node was Terminating; giving it back");
+    let off =
+        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["ublkd.io/node"]}}).to_string();
+    s.k(&["patch", "node", NODE, "-p", &off])?;
+    // gone, or registered again already by a kubelet that does so on its own
+    let replaced = || {
+        s.jp(&["node", NODE], "{.metadata.uid}")
+            .map_or(true, |u| u != node_uid)
+    };
+    s.wait(120, "the node went once its finalizer was off", replaced)?;
+    // the kubelet registers the Node at start
+    restart_kubelet(s)?;
+    s.wait(600, "the kubelet registered the node again", || {
+        s.node_ready()
+    })?;
+    s.wait(300, "the driver registered on the new node", || {
+        s.registered()
+    })?;
+    s.wait(300, "the controller's finalizer on the new node", || {
+        s.finalized(NODE)
+    })?;
+    s.wait(600, "the driver's pods Ready again", || s.all_ready())
+        .inspect_err(|_| s.show("-n ublkd-system get pods -o wide"))?;
+    s.say("the node registered again; one more look");
+    std::thread::sleep(LOOKS / 2);
+    intact()?;
+    s.node_events(NODE);
+    s.tail(10, CONTROLLER_LOGS);
+    s.kw("delete pod p-alive --wait=true --ignore-not-found")?;
+    s.delete("pvc a-used a-idle")
 }
