@@ -751,6 +751,18 @@ spec:
             .sum())
     }
 
+    /// That the Events of `reason` on `node` were posted once, not once per look of the
+    /// controller (said in the log, with `over`: how long it looked).
+    pub fn posted_once(&self, node: &str, reason: &str, over: Duration) -> Result<()> {
+        let n = self.event_count(node, reason)?;
+        self.say(format!(
+            "{reason} posted {n} time(s) over {} s of looks",
+            over.as_secs()
+        ));
+        ensure!(n == 1, "{reason} was posted {n} times, not once");
+        Ok(())
+    }
+
     /// The controller's Events on `node`, into the log.
     pub fn node_events(&self, node: &str) {
         let sel = format!("involvedObject.kind=Node,involvedObject.name={node}");

@@ -280,12 +280,7 @@ pub fn node_alive(s: &Sc) -> Result<()> {
         got == "alive",
         "p-alive lost its data while its Node was Terminating ({got})"
     );
-    let n = s.event_count(NODE, "NodeLeaseRenewed")?;
-    s.say(format!(
-        "NodeLeaseRenewed posted {n} time(s) over {} s of looks",
-        LOOKS.as_secs()
-    ));
-    ensure!(n == 1, "the same decision was posted {n} times, not once");
+    s.posted_once(NODE, "NodeLeaseRenewed", LOOKS)?;
     s.say("nothing released while the node was Terminating; giving it back");
     let off =
         json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["ublkd.io/node"]}}).to_string();
